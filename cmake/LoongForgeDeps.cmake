@@ -1,0 +1,54 @@
+# Third-party dependencies. Debian packages for the small libraries; LibTorch from the torch
+# wheel in the project's virtual environment (tools/install-deps), found through
+# torch.utils.cmake_prefix_path (tools/build passes it as CMAKE_PREFIX_PATH).
+find_package(Threads REQUIRED)
+find_package(yaml-cpp REQUIRED)
+find_package(spdlog REQUIRED)
+find_package(fmt REQUIRED)
+find_package(CLI11 REQUIRED)
+find_package(nlohmann_json REQUIRED)
+find_package(GTest REQUIRED)
+include(GoogleTest)
+
+# The wheel is a CUDA build: its CMake config wants the CUDA toolkit. An explicit arch list keeps
+# it from probing for a GPU on machines that have none.
+if(NOT DEFINED ENV{TORCH_CUDA_ARCH_LIST})
+  set(ENV{TORCH_CUDA_ARCH_LIST} "8.0;9.0")
+endif()
+find_program(LOONGFORGE_NVCC nvcc HINTS /usr/local/cuda/bin)
+if(LOONGFORGE_NVCC AND NOT CMAKE_CUDA_COMPILER)
+  set(CMAKE_CUDA_COMPILER ${LOONGFORGE_NVCC})
+endif()
+find_package(Torch REQUIRED)
+message(STATUS "LibTorch ${Torch_VERSION}: ${TORCH_INSTALL_PREFIX}")
+
+# loongforge::torch_cpu: what every CPU-side layer links. Deliberately not `torch`, which would
+# pull libtorch_cuda.so (and the CUDA runtime) into every process; the CUDA backend module links
+# that itself.
+add_library(loongforge_torch_cpu INTERFACE)
+target_link_libraries(loongforge_torch_cpu INTERFACE torch_cpu c10)
+target_include_directories(loongforge_torch_cpu SYSTEM INTERFACE ${TORCH_INCLUDE_DIRS})
+target_compile_definitions(loongforge_torch_cpu INTERFACE USE_C10D_GLOO)
+add_library(loongforge::torch_cpu ALIAS loongforge_torch_cpu)
+
+if(LOONGFORGE_CUDA STREQUAL "AUTO")
+  if(LOONGFORGE_NVCC)
+    set(LOONGFORGE_CUDA ON)
+  else()
+    set(LOONGFORGE_CUDA OFF)
+  endif()
+endif()
+if(LOONGFORGE_CUDA)
+  enable_language(CUDA)
+  set(CMAKE_CUDA_ARCHITECTURES ${LOONGFORGE_CUDA_ARCHS})
+  set(CMAKE_CUDA_STANDARD 20)
+  message(STATUS "LoongForge CUDA backend: ON (sm_${LOONGFORGE_CUDA_ARCHS})")
+else()
+  message(STATUS "LoongForge CUDA backend: OFF")
+endif()
+
+# The wheel ships c10d's ProcessGroupGloo.hpp but not the gloo headers it includes. The header
+# only names gloo types behind smart pointers plus one abstract store interface, so the shim in
+# cmake/gloo-shim declares exactly those names; the class layout is unaffected
+# (docs/architecture.md, "Gloo from the wheel").
+set(LOONGFORGE_GLOO_SHIM_DIR ${PROJECT_SOURCE_DIR}/cmake/gloo-shim)

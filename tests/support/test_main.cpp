@@ -1,0 +1,15 @@
+// main() of every LoongForge test binary: the gtest runner, or one rank of a multi-process
+// worker case when LF_TEST_WORKER is set (tests/support/multiprocess.h).
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+
+namespace lf::testing {
+int run_worker_main(int argc, char** argv);
+}
+
+int main(int argc, char** argv) {
+  ::testing::InitGoogleTest(&argc, argv);
+  if (std::getenv("LF_TEST_WORKER")) return lf::testing::run_worker_main(argc, argv);
+  return RUN_ALL_TESTS();
+}

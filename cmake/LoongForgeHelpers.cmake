@@ -19,12 +19,12 @@ function(loongforge_add_layer layer)
   install(TARGETS ${t} EXPORT LoongForgeTargets LIBRARY DESTINATION lib)
 endfunction()
 
-# Precompiled LibTorch header shared by every target whose TUs include ATen.
+# LibTorch-facing target: links the CPU LibTorch and precompiles cmake/torch_pch.h. (One PCH per
+# target: REUSE_FROM cannot mix -fPIC libraries and -fPIE executables.)
 function(loongforge_torch_tu target)
+  target_link_libraries(${target} PRIVATE loongforge::torch_cpu)
   if(LOONGFORGE_PCH)
-    if(TARGET loongforge_torch_pch)
-      target_precompile_headers(${target} REUSE_FROM loongforge_torch_pch)
-    endif()
+    target_precompile_headers(${target} PRIVATE ${PROJECT_SOURCE_DIR}/cmake/torch_pch.h)
   endif()
   if(LOONGFORGE_UNITY_BUILD)
     set_target_properties(${target} PROPERTIES UNITY_BUILD ON UNITY_BUILD_BATCH_SIZE 8)

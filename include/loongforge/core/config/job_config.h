@@ -1,0 +1,265 @@
+// The training job's configuration: typed sections (parallel, training, optimizer, data,
+// checkpoint, logging) with Megatron's names and defaults, plus `model` kept as a Node for the
+// model builders to validate with their own field lists. load_job() runs the whole pipeline
+// (compose, overrides, interpolation, schema, cross-field checks). Checks that need the world
+// size (divisibility by TP*PP*..., data-parallel size) belong to dist/, not here.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "loongforge/core/config/compose.h"
+#include "loongforge/core/config/node.h"
+#include "loongforge/core/config/schema.h"
+
+namespace lf::config {
+
+struct ParallelConfig {
+  int64_t tensor_model_parallel_size = 1;
+  int64_t pipeline_model_parallel_size = 1;
+  bool sequence_parallel = false;
+  int64_t context_parallel_size = 1;
+  int64_t expert_model_parallel_size = 1;
+  std::optional<int64_t> expert_tensor_parallel_size;  // null: same as tensor_model_parallel_size
+  std::optional<int64_t> num_layers_per_virtual_pipeline_stage;
+  std::string order = "tp-cp-ep-dp-pp";
+  int64_t distributed_timeout_minutes = 10;
+  std::string distributed_backend = "auto";
+  bool overlap_grad_reduce = false;
+  bool overlap_param_gather = false;
+
+  template <class V>
+  void visit(V& v) {
+    v("tensor_model_parallel_size", tensor_model_parallel_size, "Tensor model parallel size", Min{1});
+    v("pipeline_model_parallel_size", pipeline_model_parallel_size, "Pipeline model parallel size", Min{1});
+    v("sequence_parallel", sequence_parallel, "Sequence parallelism in the tensor-parallel regions");
+    v("context_parallel_size", context_parallel_size, "Context parallel size", Min{1});
+    v("expert_model_parallel_size", expert_model_parallel_size, "Expert model parallel size", Min{1});
+    v("expert_tensor_parallel_size", expert_tensor_parallel_size,
+      "Tensor parallel size of the experts (null: tensor_model_parallel_size)", Min{1});
+    v("num_layers_per_virtual_pipeline_stage", num_layers_per_virtual_pipeline_stage,
+      "Layers per virtual pipeline stage (interleaved schedule)", Min{1});
+    v("order", order, "Rank order of the parallel axes, fastest first (a permutation of tp-cp-ep-dp-pp)");
+    v("distributed_timeout_minutes", distributed_timeout_minutes,
+      "Timeout of collectives and rendezvous, in minutes", Min{1});
+    v("distributed_backend", distributed_backend,
+      "Communication backend (auto: nccl on CUDA, gloo on CPU, the plugin's on XPU)",
+      OneOf{{"auto", "nccl", "gloo", "plugin"}});
+    v("overlap_grad_reduce", overlap_grad_reduce, "Overlap the gradient reduction with the backward pass");
+    v("overlap_param_gather", overlap_param_gather, "Overlap the parameter all-gather with the forward pass");
+  }
+};
+
+struct TrainingConfig {
+  int64_t micro_batch_size = 1;
+  std::optional<int64_t> global_batch_size;  // null: micro_batch_size * data-parallel size
+  int64_t train_iters = 0;                    // required
+  int64_t seq_length = 0;                     // required
+  int64_t seed = 1234;
+  bool bf16 = false;
+  bool fp16 = false;
+  std::optional<double> loss_scale;  // null: dynamic loss scaling (fp16)
+  double initial_loss_scale = 4294967296.0;
+  double min_loss_scale = 1.0;
+  int64_t loss_scale_window = 1000;
+  int64_t hysteresis = 2;
+  std::optional<std::string> recompute_granularity;
+  std::optional<std::string> recompute_method;
+  std::optional<int64_t> recompute_num_layers;
+  bool deterministic_mode = false;
+  int64_t eval_interval = 1000;
+  int64_t eval_iters = 100;
+  std::optional<int64_t> exit_interval;
+  std::optional<double> exit_duration_in_mins;
+
+  template <class V>
+  void visit(V& v) {
+    v("micro_batch_size", micro_batch_size, "Batch size per model instance (local batch size)", Min{1});
+    v("global_batch_size", global_batch_size,
+      "Training batch size (null: micro_batch_size * data-parallel size)", Min{1});
+    v("train_iters", train_iters, "Total number of iterations to train", Required{}, Min{1});
+    v("seq_length", seq_length, "Maximum sequence length to process", Required{}, Min{1});
+    v("seed", seed, "Random seed (Python, NumPy, LibTorch)", Min{0});
+    v("bf16", bf16, "Train in bfloat16 mixed precision");
+    v("fp16", fp16, "Train in float16 mixed precision (with loss scaling)");
+    v("loss_scale", loss_scale, "Static loss scale for fp16 (null: dynamic)", Min{0});
+    v("initial_loss_scale", initial_loss_scale, "Initial dynamic loss scale", Min{1});
+    v("min_loss_scale", min_loss_scale, "Minimum dynamic loss scale", Min{0});
+    v("loss_scale_window", loss_scale_window, "Window over which to raise/lower the dynamic scale", Min{1});
+    v("hysteresis", hysteresis, "Hysteresis of the dynamic loss scaler", Min{1});
+    v("recompute_granularity", recompute_granularity, "Activation recomputation",
+      OneOf{{"full", "selective"}});
+    v("recompute_method", recompute_method, "How full recomputation splits layers (needs granularity full)",
+      OneOf{{"uniform", "block"}});
+    v("recompute_num_layers", recompute_num_layers, "Layers recomputed per chunk/stage (needs recompute_method)",
+      Min{1});
+    v("deterministic_mode", deterministic_mode, "Deterministic algorithms only (bitwise-reproducible runs)");
+    v("eval_interval", eval_interval, "Iterations between evaluations on the validation set", Min{1});
+    v("eval_iters", eval_iters, "Iterations per evaluation", Min{0});
+    v("exit_interval", exit_interval, "Exit after the iteration that is a multiple of this", Min{1});
+    v("exit_duration_in_mins", exit_duration_in_mins, "Exit after this many minutes", Min{0});
+  }
+};
+
+struct OptimizerConfig {
+  std::string optimizer = "adam";
+  double lr = 0.0;  // required
+  double min_lr = 0.0;
+  std::string lr_decay_style = "linear";
+  std::optional<int64_t> lr_decay_iters;  // null: train_iters
+  int64_t lr_warmup_iters = 0;
+  std::optional<double> lr_warmup_fraction;
+  double lr_warmup_init = 0.0;
+  std::optional<int64_t> lr_wsd_decay_iters;
+  std::string lr_wsd_decay_style = "exponential";
+  double weight_decay = 0.01;
+  double adam_beta1 = 0.9;
+  double adam_beta2 = 0.999;
+  double adam_eps = 1e-8;
+  double sgd_momentum = 0.9;
+  double clip_grad = 1.0;
+  bool use_distributed_optimizer = false;
+
+  template <class V>
+  void visit(V& v) {
+    v("optimizer", optimizer, "Optimizer (adam is AdamW: decoupled weight decay)", OneOf{{"adam", "sgd"}});
+    v("lr", lr, "Peak learning rate", Required{}, Min{0});
+    v("min_lr", min_lr, "Learning rate floor of the decay", Min{0});
+    v("lr_decay_style", lr_decay_style, "Learning rate decay",
+      OneOf{{"constant", "linear", "cosine", "inverse-square-root", "WSD"}});
+    v("lr_decay_iters", lr_decay_iters, "Iterations to decay over (null: train_iters)", Min{1});
+    v("lr_warmup_iters", lr_warmup_iters, "Iterations of linear warmup", Min{0});
+    v("lr_warmup_fraction", lr_warmup_fraction, "Warmup as a fraction of lr_decay_iters", Min{0}, Max{1});
+    v("lr_warmup_init", lr_warmup_init, "Learning rate at the start of warmup", Min{0});
+    v("lr_wsd_decay_iters", lr_wsd_decay_iters, "Iterations of the final decay of WSD", Min{1});
+    v("lr_wsd_decay_style", lr_wsd_decay_style, "Shape of WSD's final decay",
+      OneOf{{"exponential", "linear", "cosine"}});
+    v("weight_decay", weight_decay, "Weight decay coefficient", Min{0});
+    v("adam_beta1", adam_beta1, "Adam beta1", Min{0}, Max{1});
+    v("adam_beta2", adam_beta2, "Adam beta2", Min{0}, Max{1});
+    v("adam_eps", adam_eps, "Adam epsilon", Min{0});
+    v("sgd_momentum", sgd_momentum, "SGD momentum", Min{0});
+    v("clip_grad", clip_grad, "Gradient clipping by global L2 norm (0: off)", Min{0});
+    v("use_distributed_optimizer", use_distributed_optimizer,
+      "Shard optimizer state over data-parallel ranks (ZeRO-1)");
+  }
+};
+
+struct DataConfig {
+  std::vector<std::string> data_path;  // Megatron form: [path] or [w1, p1, w2, p2, ...]
+  std::vector<double> split = {969, 30, 1};
+  bool mock_data = false;
+  std::optional<std::string> tokenizer_type;
+  std::optional<std::string> tokenizer_model;
+  std::optional<std::string> vocab_file;
+  std::optional<std::string> merge_file;
+  std::optional<std::string> data_cache_path;
+  int64_t num_workers = 2;
+  bool reset_position_ids = false;
+  bool reset_attention_mask = false;
+  bool eod_mask_loss = false;
+
+  template <class V>
+  void visit(V& v) {
+    v("data_path", data_path, "Dataset prefixes, optionally weighted: [0.3, A, 0.7, B]");
+    v("split", split, "Train/validation/test proportions", Min{0});
+    v("mock_data", mock_data, "Synthetic data instead of data_path");
+    v("tokenizer_type", tokenizer_type, "Tokenizer",
+      OneOf{{"GPT2BPETokenizer", "SentencePieceTokenizer", "GPTSentencePieceTokenizer",
+             "HuggingFaceTokenizer", "Llama2Tokenizer", "TikTokenizer", "NullTokenizer"}});
+    v("tokenizer_model", tokenizer_model, "Tokenizer model file or directory");
+    v("vocab_file", vocab_file, "Vocabulary file (GPT2BPETokenizer)");
+    v("merge_file", merge_file, "BPE merge file (GPT2BPETokenizer)");
+    v("data_cache_path", data_cache_path, "Where dataset index caches are written");
+    v("num_workers", num_workers, "Data loader worker threads", Min{0});
+    v("reset_position_ids", reset_position_ids, "Restart position ids after each end-of-document token");
+    v("reset_attention_mask", reset_attention_mask, "Mask attention across end-of-document tokens");
+    v("eod_mask_loss", eod_mask_loss, "Mask the loss on end-of-document tokens");
+  }
+};
+
+struct CheckpointConfig {
+  std::optional<std::string> save;
+  std::optional<std::string> load;
+  std::optional<int64_t> save_interval;
+  bool no_save_optim = false;
+  bool no_save_rng = false;
+  bool no_load_optim = false;
+  bool no_load_rng = false;
+  bool finetune = false;
+  bool exit_on_missing_checkpoint = false;
+
+  template <class V>
+  void visit(V& v) {
+    v("save", save, "Directory checkpoints are saved to (null: no saving)");
+    v("load", load, "Directory a checkpoint is loaded from (null: start fresh)");
+    v("save_interval", save_interval, "Iterations between checkpoints", Min{1});
+    v("no_save_optim", no_save_optim, "Do not save the optimizer state");
+    v("no_save_rng", no_save_rng, "Do not save the random number generator state");
+    v("no_load_optim", no_load_optim, "Do not load the optimizer state");
+    v("no_load_rng", no_load_rng, "Do not load the random number generator state");
+    v("finetune", finetune, "Load weights only; start at iteration 0 with fresh optimizer and RNG");
+    v("exit_on_missing_checkpoint", exit_on_missing_checkpoint, "Fail when load names no checkpoint");
+  }
+};
+
+struct LoggingConfig {
+  int64_t log_interval = 100;
+  std::optional<std::string> metrics_file;
+  std::optional<std::string> tensorboard_dir;
+  bool log_params_norm = false;
+  bool log_throughput = false;
+
+  template <class V>
+  void visit(V& v) {
+    v("log_interval", log_interval, "Iterations between log lines", Min{1});
+    v("metrics_file", metrics_file, "Append one JSON object per logged iteration here (rank 0)");
+    v("tensorboard_dir", tensorboard_dir, "TensorBoard event directory (null: none)");
+    v("log_params_norm", log_params_norm, "Log the parameters' global norm");
+    v("log_throughput", log_throughput, "Log throughput (TFLOP/s per device)");
+  }
+};
+
+struct JobConfig {
+  ParallelConfig parallel;
+  TrainingConfig training;
+  OptimizerConfig optimizer;
+  DataConfig data;
+  CheckpointConfig checkpoint;
+  LoggingConfig logging;
+  Node model;  // not validated here: the model builders load it with their own field lists
+
+  // The typed sections (model is not a field: it stays a Node).
+  template <class V>
+  void visit(V& v) {
+    v("parallel", parallel, "Parallel layout");
+    v("training", training, "Training loop");
+    v("optimizer", optimizer, "Optimizer and learning-rate schedule");
+    v("data", data, "Data");
+    v("checkpoint", checkpoint, "Checkpointing");
+    v("logging", logging, "Logging and metrics");
+  }
+};
+
+// Top-level keys of a job tree: the typed sections plus `model`.
+std::vector<std::string> job_top_level_keys();
+
+// Cross-field checks that do not need the world size (min_lr <= lr, bf16 xor fp16,
+// recomputation options, parallel order, data source ...). Origins come from `resolved`.
+void validate(const JobConfig& job, const Node& resolved, ErrorList& errors);
+
+struct LoadedJob {
+  Node resolved;  // interpolated, with schema defaults filled in (origin: default)
+  JobConfig job;
+};
+
+// compose + overrides + interpolation + schema load + validate. Every problem found on the way
+// is reported in one ConfigError. options.base is set to the job defaults when empty.
+LoadedJob load_job(const ComposeOptions& options);
+
+// The configuration reference of the job sections (markdown table; docs/configuration.md).
+std::string job_fields_markdown();
+
+}  // namespace lf::config

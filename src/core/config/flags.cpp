@@ -1,0 +1,359 @@
+// The Megatron flag table and loongforge-train's command-line parser. A flag's help text comes
+// from the schema field it sets (job_config.h) unless the row gives one (model flags: the model
+// builders own those fields), so flag help, --help, and docs cannot disagree with the schema.
+#include "loongforge/core/config/flags.h"
+
+#include <algorithm>
+#include <map>
+
+#include "loongforge/core/config/job_config.h"
+
+namespace lf::config {
+namespace {
+
+using K = FlagSpec::Kind;
+
+// clang-format off
+const std::vector<FlagSpec> kTable = {
+  // parallel
+  {"--tensor-model-parallel-size", "parallel.tensor_model_parallel_size", K::value, "N", ""},
+  {"--pipeline-model-parallel-size", "parallel.pipeline_model_parallel_size", K::value, "N", ""},
+  {"--sequence-parallel", "parallel.sequence_parallel", K::store_true, "", ""},
+  {"--context-parallel-size", "parallel.context_parallel_size", K::value, "N", ""},
+  {"--expert-model-parallel-size", "parallel.expert_model_parallel_size", K::value, "N", ""},
+  {"--expert-tensor-parallel-size", "parallel.expert_tensor_parallel_size", K::value, "N", ""},
+  {"--num-layers-per-virtual-pipeline-stage", "parallel.num_layers_per_virtual_pipeline_stage", K::value, "N", ""},
+  {"--distributed-timeout-minutes", "parallel.distributed_timeout_minutes", K::value, "MIN", ""},
+  {"--distributed-backend", "parallel.distributed_backend", K::value, "NAME", ""},
+  {"--overlap-grad-reduce", "parallel.overlap_grad_reduce", K::store_true, "", ""},
+  {"--overlap-param-gather", "parallel.overlap_param_gather", K::store_true, "", ""},
+  // training
+  {"--micro-batch-size", "training.micro_batch_size", K::value, "N", ""},
+  {"--global-batch-size", "training.global_batch_size", K::value, "N", ""},
+  {"--train-iters", "training.train_iters", K::value, "N", ""},
+  {"--seq-length", "training.seq_length", K::value, "N", ""},
+  {"--seed", "training.seed", K::value, "N", ""},
+  {"--bf16", "training.bf16", K::store_true, "", ""},
+  {"--fp16", "training.fp16", K::store_true, "", ""},
+  {"--loss-scale", "training.loss_scale", K::value, "S", ""},
+  {"--initial-loss-scale", "training.initial_loss_scale", K::value, "S", ""},
+  {"--min-loss-scale", "training.min_loss_scale", K::value, "S", ""},
+  {"--loss-scale-window", "training.loss_scale_window", K::value, "N", ""},
+  {"--hysteresis", "training.hysteresis", K::value, "N", ""},
+  {"--recompute-granularity", "training.recompute_granularity", K::value, "full|selective", ""},
+  {"--recompute-method", "training.recompute_method", K::value, "uniform|block", ""},
+  {"--recompute-num-layers", "training.recompute_num_layers", K::value, "N", ""},
+  {"--deterministic-mode", "training.deterministic_mode", K::store_true, "", ""},
+  {"--eval-interval", "training.eval_interval", K::value, "N", ""},
+  {"--eval-iters", "training.eval_iters", K::value, "N", ""},
+  {"--exit-interval", "training.exit_interval", K::value, "N", ""},
+  {"--exit-duration-in-mins", "training.exit_duration_in_mins", K::value, "MIN", ""},
+  // optimizer
+  {"--optimizer", "optimizer.optimizer", K::value, "adam|sgd", ""},
+  {"--lr", "optimizer.lr", K::value, "LR", ""},
+  {"--min-lr", "optimizer.min_lr", K::value, "LR", ""},
+  {"--lr-decay-style", "optimizer.lr_decay_style", K::value, "STYLE", ""},
+  {"--lr-decay-iters", "optimizer.lr_decay_iters", K::value, "N", ""},
+  {"--lr-warmup-iters", "optimizer.lr_warmup_iters", K::value, "N", ""},
+  {"--lr-warmup-fraction", "optimizer.lr_warmup_fraction", K::value, "F", ""},
+  {"--lr-warmup-init", "optimizer.lr_warmup_init", K::value, "LR", ""},
+  {"--lr-wsd-decay-iters", "optimizer.lr_wsd_decay_iters", K::value, "N", ""},
+  {"--lr-wsd-decay-style", "optimizer.lr_wsd_decay_style", K::value, "STYLE", ""},
+  {"--weight-decay", "optimizer.weight_decay", K::value, "WD", ""},
+  {"--adam-beta1", "optimizer.adam_beta1", K::value, "B1", ""},
+  {"--adam-beta2", "optimizer.adam_beta2", K::value, "B2", ""},
+  {"--adam-eps", "optimizer.adam_eps", K::value, "EPS", ""},
+  {"--sgd-momentum", "optimizer.sgd_momentum", K::value, "M", ""},
+  {"--clip-grad", "optimizer.clip_grad", K::value, "NORM", ""},
+  {"--use-distributed-optimizer", "optimizer.use_distributed_optimizer", K::store_true, "", ""},
+  // data
+  {"--data-path", "data.data_path", K::list, "[W] PREFIX ...", ""},
+  {"--split", "data.split", K::comma_list, "TRAIN,VALID,TEST", ""},
+  {"--mock-data", "data.mock_data", K::store_true, "", ""},
+  {"--tokenizer-type", "data.tokenizer_type", K::value, "NAME", ""},
+  {"--tokenizer-model", "data.tokenizer_model", K::value, "PATH", ""},
+  {"--vocab-file", "data.vocab_file", K::value, "PATH", ""},
+  {"--merge-file", "data.merge_file", K::value, "PATH", ""},
+  {"--data-cache-path", "data.data_cache_path", K::value, "DIR", ""},
+  {"--num-workers", "data.num_workers", K::value, "N", ""},
+  {"--reset-position-ids", "data.reset_position_ids", K::store_true, "", ""},
+  {"--reset-attention-mask", "data.reset_attention_mask", K::store_true, "", ""},
+  {"--eod-mask-loss", "data.eod_mask_loss", K::store_true, "", ""},
+  // checkpoint
+  {"--save", "checkpoint.save", K::value, "DIR", ""},
+  {"--load", "checkpoint.load", K::value, "DIR", ""},
+  {"--save-interval", "checkpoint.save_interval", K::value, "N", ""},
+  {"--no-save-optim", "checkpoint.no_save_optim", K::store_true, "", ""},
+  {"--no-save-rng", "checkpoint.no_save_rng", K::store_true, "", ""},
+  {"--no-load-optim", "checkpoint.no_load_optim", K::store_true, "", ""},
+  {"--no-load-rng", "checkpoint.no_load_rng", K::store_true, "", ""},
+  {"--finetune", "checkpoint.finetune", K::store_true, "", ""},
+  {"--exit-on-missing-checkpoint", "checkpoint.exit_on_missing_checkpoint", K::store_true, "", ""},
+  // logging
+  {"--log-interval", "logging.log_interval", K::value, "N", ""},
+  {"--metrics-file", "logging.metrics_file", K::value, "PATH", ""},
+  {"--tensorboard-dir", "logging.tensorboard_dir", K::value, "DIR", ""},
+  {"--log-params-norm", "logging.log_params_norm", K::store_true, "", ""},
+  {"--log-throughput", "logging.log_throughput", K::store_true, "", ""},
+  // model (validated by the model builders)
+  {"--num-layers", "model.foundation.num_layers", K::value, "N", "Number of transformer layers"},
+  {"--hidden-size", "model.foundation.hidden_size", K::value, "N", "Hidden size"},
+  {"--ffn-hidden-size", "model.foundation.ffn_hidden_size", K::value, "N", "Hidden size of the MLP"},
+  {"--num-attention-heads", "model.foundation.num_attention_heads", K::value, "N", "Number of attention heads"},
+  {"--group-query-attention", "model.foundation.group_query_attention", K::store_true, "", "Grouped-query attention (with --num-query-groups)"},
+  {"--num-query-groups", "model.foundation.num_query_groups", K::value, "N", "Number of key/value head groups (GQA)"},
+  {"--kv-channels", "model.foundation.kv_channels", K::value, "N", "Size of one attention head (default hidden_size / heads)"},
+  {"--max-position-embeddings", "model.foundation.max_position_embeddings", K::value, "N", "Maximum sequence length of the position encoding"},
+  {"--position-embedding-type", "model.foundation.position_embedding_type", K::value, "rope|learned_absolute|none", "Position encoding"},
+  {"--rotary-base", "model.foundation.rotary_base", K::value, "BASE", "RoPE base (theta)"},
+  {"--vocab-size", "model.foundation.vocab_size", K::value, "N", "Vocabulary size (before padding)"},
+  {"--make-vocab-size-divisible-by", "model.foundation.make_vocab_size_divisible_by", K::value, "N", "Pad the vocabulary to a multiple of this (times TP size)"},
+  {"--normalization", "model.foundation.normalization", K::value, "LayerNorm|RMSNorm", "Normalization layer"},
+  {"--swiglu", "model.foundation.swiglu", K::store_true, "", "SwiGLU MLP"},
+  {"--untie-embeddings-and-output-weights", "model.foundation.untie_embeddings_and_output_weights", K::store_true, "", "Separate input embedding and output projection weights"},
+  {"--disable-bias-linear", "model.foundation.add_bias_linear", K::store_false, "", "No biases in the linear layers"},
+  {"--add-qkv-bias", "model.foundation.add_qkv_bias", K::store_true, "", "Bias in the QKV projection only"},
+  {"--qk-layernorm", "model.foundation.qk_layernorm", K::store_true, "", "Normalize queries and keys"},
+  {"--init-method-std", "model.foundation.init_method_std", K::value, "STD", "Standard deviation of the weight initialization"},
+  {"--hidden-dropout", "model.foundation.hidden_dropout", K::value, "P", "Dropout after attention and MLP"},
+  {"--attention-dropout", "model.foundation.attention_dropout", K::value, "P", "Dropout of the attention probabilities"},
+  {"--num-experts", "model.foundation.num_experts", K::value, "N", "Number of MoE experts"},
+  {"--moe-router-topk", "model.foundation.moe_router_topk", K::value, "K", "Experts per token"},
+};
+// clang-format on
+
+struct Switch {
+  std::string_view flag, metavar, help;
+};
+const std::vector<Switch> kSwitches = {
+    {"--config-file", "FILE", "Primary YAML config (its defaults list is composed from configs/)"},
+    {"--dry-run", "", "Resolve everything, print the resolved config and layout, and exit"},
+    {"--show-origin", "", "With --dry-run: print where each value came from"},
+    {"--help", "", "Print this help and exit"},
+};
+
+const std::map<std::string, FieldDoc>& schema_docs() {
+  static const std::map<std::string, FieldDoc> docs = [] {
+    std::map<std::string, FieldDoc> m;
+    for (FieldDoc& d : describe<JobConfig>()) m[d.key] = d;
+    return m;
+  }();
+  return docs;
+}
+
+std::string flag_help(const FlagSpec& f) {
+  if (!f.help.empty()) return std::string(f.help);
+  auto it = schema_docs().find(std::string(f.key));
+  return it == schema_docs().end() ? std::string() : it->second.help;
+}
+
+std::vector<std::string> all_flag_names() {
+  std::vector<std::string> names;
+  for (const FlagSpec& f : kTable) names.emplace_back(f.flag);
+  for (const Switch& s : kSwitches) names.emplace_back(s.flag);
+  return names;
+}
+
+bool looks_like_override(std::string_view a) {
+  return a.find('=') != std::string_view::npos || a.starts_with("~") || a.starts_with("+");
+}
+
+std::string section_of(std::string_view key) {
+  std::string k(key);
+  if (k.starts_with("model.")) return "model";
+  return k.substr(0, k.find('.'));
+}
+
+std::string pad(std::string s, size_t width) {
+  if (s.size() < width) s.append(width - s.size(), ' ');
+  else s += "  ";
+  return s;
+}
+
+}  // namespace
+
+const std::vector<FlagSpec>& flag_table() { return kTable; }
+
+const FlagSpec* find_flag(std::string_view flag) {
+  for (const FlagSpec& f : kTable)
+    if (f.flag == flag) return &f;
+  return nullptr;
+}
+
+TrainCommandLine parse_train_command_line(int argc, const char* const* argv) {
+  std::vector<std::string> args;
+  for (int i = 1; i < argc; ++i) args.emplace_back(argv[i]);
+  return parse_train_command_line(args);
+}
+
+TrainCommandLine parse_train_command_line(std::span<const std::string> args) {
+  TrainCommandLine cl;
+  ErrorList errors;
+  bool only_overrides = false;
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    if (only_overrides || !(a.starts_with("--") || a == "-h")) {
+      if (a == "--") continue;
+      try {
+        cl.overrides.push_back(Override::parse(a));
+      } catch (const ConfigError& e) {
+        errors.append(e);
+      }
+      continue;
+    }
+    if (a == "--") {
+      only_overrides = true;
+      continue;
+    }
+    const size_t eq = a.find('=');
+    const std::string name = a.substr(0, eq);
+    const std::optional<std::string> inline_value =
+        eq == std::string::npos ? std::nullopt : std::optional<std::string>(a.substr(eq + 1));
+    const Origin where = Origin::from_flag(a);
+    // The value of a flag: inline (--lr=3e-4) or the next argument (--lr 3e-4).
+    auto take_value = [&](std::string& out) -> bool {
+      if (inline_value) {
+        out = *inline_value;
+        return true;
+      }
+      if (i + 1 < args.size() && !args[i + 1].starts_with("--")) {
+        out = args[++i];
+        return true;
+      }
+      errors.add("", where, "flag " + name + " needs a value");
+      return false;
+    };
+    if (name == "--help" || name == "-h") {
+      cl.help = true;
+    } else if (name == "--dry-run") {
+      cl.dry_run = true;
+    } else if (name == "--show-origin") {
+      cl.show_origin = true;
+    } else if (name == "--config-file") {
+      take_value(cl.config_file);
+    } else if (const FlagSpec* f = find_flag(name)) {
+      const std::string key(f->key);
+      switch (f->kind) {
+        case K::store_true:
+        case K::store_false:
+          if (inline_value) {
+            errors.add("", where, "flag " + name + " is a switch and takes no value",
+                       "write " + name + " alone, or ++" + key + "=VALUE");
+            break;
+          }
+          cl.overrides.push_back(
+              Override::from_flag(key, Node::scalar(f->kind == K::store_true ? "true" : "false"), name));
+          break;
+        case K::value: {
+          std::string v;
+          if (take_value(v)) cl.overrides.push_back(Override::from_flag(key, Node::scalar(v), name + " " + v));
+          break;
+        }
+        case K::list: {
+          Node seq = Node::sequence();
+          std::string text = name;
+          if (inline_value) {
+            seq.push_back(Node::scalar(*inline_value));
+            text += " " + *inline_value;
+          }
+          // Values run up to the next flag or override.
+          while (!inline_value && i + 1 < args.size() && !args[i + 1].starts_with("--") &&
+                 !looks_like_override(args[i + 1])) {
+            seq.push_back(Node::scalar(args[++i]));
+            text += " " + args[i];
+          }
+          if (seq.size() == 0) {
+            errors.add("", where, "flag " + name + " needs at least one value");
+            break;
+          }
+          cl.overrides.push_back(Override::from_flag(key, std::move(seq), text));
+          break;
+        }
+        case K::comma_list: {
+          std::string v;
+          if (!take_value(v)) break;
+          Node seq = Node::sequence();
+          size_t start = 0;
+          while (true) {
+            size_t comma = v.find(',', start);
+            std::string part = v.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+            part.erase(0, part.find_first_not_of(' '));
+            part.erase(part.find_last_not_of(' ') + 1);
+            seq.push_back(Node::scalar(part));
+            if (comma == std::string::npos) break;
+            start = comma + 1;
+          }
+          cl.overrides.push_back(Override::from_flag(key, std::move(seq), name + " " + v));
+          break;
+        }
+      }
+    } else {
+      std::string near = nearest(name, all_flag_names());
+      errors.add("", where, "unknown flag " + name,
+                 (near.empty() ? std::string() : "did you mean " + near + "? ") +
+                     "see loongforge-train --help; any config key can be set with ++KEY=VALUE");
+      // Skip the unknown flag's values so that they are not taken for overrides.
+      while (!inline_value && i + 1 < args.size() && !args[i + 1].starts_with("--") &&
+             !looks_like_override(args[i + 1]))
+        ++i;
+    }
+  }
+  errors.throw_if_any();
+  return cl;
+}
+
+std::string help_text() {
+  std::string out =
+      "Usage: loongforge-train [--config-file FILE] [FLAGS...] [OVERRIDES...] [--dry-run [--show-origin]]\n"
+      "\n"
+      "Precedence: config files < flags and overrides, which apply left to right.\n"
+      "Overrides: a.b=v (existing key)  +a.b=v (new key)  ++a.b=v (add or replace)  ~a.b (delete)\n"
+      "           group=option (choose another option of a defaults-list group)\n"
+      "Values are YAML: 3, 3e-4, true, null, [1,2], {x: 1}, 'a string'.\n"
+      "\nProgram options:\n";
+  for (const Switch& s : kSwitches)
+    out += "  " + pad(std::string(s.flag) + (s.metavar.empty() ? "" : " " + std::string(s.metavar)), 44) +
+           std::string(s.help) + "\n";
+  std::string section;
+  for (const FlagSpec& f : kTable) {
+    std::string sec = section_of(f.key);
+    if (sec != section) {
+      section = sec;
+      out += "\n" + sec + " flags:\n";
+    }
+    std::string lhs = std::string(f.flag) + (f.metavar.empty() ? "" : " " + std::string(f.metavar));
+    out += "  " + pad(lhs, 44) + flag_help(f) + " [" + std::string(f.key) +
+           (f.kind == K::store_false ? "=false" : "") + "]\n";
+  }
+  return out;
+}
+
+std::string flags_markdown() {
+  auto takes = [](const FlagSpec& f) -> std::string {
+    switch (f.kind) {
+      case K::store_true: return "switch: sets `true`";
+      case K::store_false: return "switch: sets `false`";
+      case K::value: return "`" + std::string(f.metavar) + "`";
+      case K::list: return "`" + std::string(f.metavar) + "` (values up to the next flag)";
+      case K::comma_list: return "`" + std::string(f.metavar) + "` (comma-separated)";
+    }
+    return "";
+  };
+  std::string out = "| flag | takes | config key | description |\n|---|---|---|---|\n";
+  for (const Switch& s : kSwitches)
+    out += "| `" + std::string(s.flag) + "` | " + (s.metavar.empty() ? "switch" : "`" + std::string(s.metavar) + "`") +
+           " | (program option) | " + std::string(s.help) + " |\n";
+  for (const FlagSpec& f : kTable) {
+    std::string help = flag_help(f);
+    std::string t = takes(f);
+    for (std::string* s : {&help, &t}) {
+      std::string e;
+      for (char c : *s) e += c == '|' ? std::string("\\|") : std::string(1, c);
+      *s = e;
+    }
+    out += "| `" + std::string(f.flag) + "` | " + t + " | `" + std::string(f.key) + "` | " + help + " |\n";
+  }
+  return out;
+}
+
+}  // namespace lf::config

@@ -1,0 +1,189 @@
+// The job pipeline (compose -> defaults -> interpolate -> typed load -> cross-field checks) and the
+// checks that relate several keys. Each message names every key involved, its value and origin.
+#include "loongforge/core/config/job_config.h"
+
+#include <algorithm>
+#include <numeric>
+#include <set>
+#include <sstream>
+
+#include "loongforge/core/config/interpolate.h"
+#include "loongforge/core/config/yaml.h"
+
+namespace lf::config {
+namespace {
+
+class Checker {
+ public:
+  Checker(const Node& resolved, ErrorList& errors) : resolved_(resolved), errors_(errors) {}
+
+  Origin origin(const std::string& key) const {
+    const Node* n = resolved_.find_path(key);
+    return n ? n->origin() : Origin{};
+  }
+  // "optimizer.lr = 0.0003 (configs/train/base.yaml:12)"
+  std::string show(const std::string& key) const {
+    const Node* n = resolved_.find_path(key);
+    std::string v = n ? to_yaml(*n) : "(absent)\n";
+    v.pop_back();
+    return key + " = " + v + " (" + origin(key).str() + ")";
+  }
+  void fail(const std::string& key, const std::string& message, const std::string& hint = {}) {
+    errors_.add(key, origin(key), message, hint);
+  }
+  // A check runs only on keys that loaded cleanly: a check of a value that is already reported
+  // (wrong type, missing) would only restate that problem in a confusing way.
+  bool ok(std::initializer_list<const char*> keys) const {
+    for (const char* k : keys)
+      if (bad_.count(k) || !resolved_.find_path(k)) return false;
+    return true;
+  }
+  void snapshot() {
+    for (const ConfigIssue& i : errors_.issues()) bad_.insert(i.key);
+  }
+
+ private:
+  const Node& resolved_;
+  ErrorList& errors_;
+  std::set<std::string> bad_;
+};
+
+bool parses_as_number(const std::string& s) {
+  if (s.empty()) return false;
+  char* end = nullptr;
+  std::strtod(s.c_str(), &end);
+  return end == s.c_str() + s.size();
+}
+
+void check_order(const ParallelConfig& p, Checker& c) {
+  const std::vector<std::string> axes = {"tp", "cp", "ep", "dp", "pp"};
+  std::vector<std::string> tokens;
+  std::stringstream ss(p.order);
+  for (std::string t; std::getline(ss, t, '-');) tokens.push_back(t);
+  std::vector<std::string> sorted = tokens, expected = axes;
+  std::sort(sorted.begin(), sorted.end());
+  std::sort(expected.begin(), expected.end());
+  if (sorted != expected)
+    c.fail("parallel.order",
+           "parallel.order '" + p.order + "' must name each of tp, cp, ep, dp, pp exactly once, "
+           "separated by '-'",
+           "the default is tp-cp-ep-dp-pp (tensor parallel ranks adjacent)");
+}
+
+}  // namespace
+
+std::vector<std::string> job_top_level_keys() {
+  return {"parallel", "training", "optimizer", "data", "checkpoint", "logging", "model"};
+}
+
+void validate(const JobConfig& job, const Node& resolved, ErrorList& errors) {
+  Checker c(resolved, errors);
+  c.snapshot();
+  const OptimizerConfig& o = job.optimizer;
+  const TrainingConfig& t = job.training;
+  const ParallelConfig& p = job.parallel;
+  const DataConfig& d = job.data;
+
+  if (c.ok({"optimizer.min_lr", "optimizer.lr"}) && o.min_lr > o.lr)
+    c.fail("optimizer.min_lr", "min_lr exceeds lr: " + c.show("optimizer.min_lr") + " > " + c.show("optimizer.lr"),
+           "min_lr is the floor the learning rate decays to; lower it or raise lr");
+  if (c.ok({"optimizer.lr_warmup_fraction", "optimizer.lr_warmup_iters"}) && o.lr_warmup_fraction &&
+      o.lr_warmup_iters > 0)
+    c.fail("optimizer.lr_warmup_fraction",
+           "both lr_warmup_fraction and lr_warmup_iters are set: " + c.show("optimizer.lr_warmup_fraction") +
+               ", " + c.show("optimizer.lr_warmup_iters"),
+           "set only one of them (lr_warmup_iters=0 or lr_warmup_fraction=null)");
+  const int64_t decay_iters = o.lr_decay_iters.value_or(t.train_iters);
+  if (c.ok({"optimizer.lr_warmup_iters", "optimizer.lr_decay_iters", "training.train_iters"}) &&
+      o.lr_warmup_iters > 0 && decay_iters > 0 && o.lr_warmup_iters >= decay_iters)
+    c.fail("optimizer.lr_warmup_iters",
+           "warmup is not shorter than the decay: " + c.show("optimizer.lr_warmup_iters") + " >= " +
+               std::to_string(decay_iters) + " decay iterations (lr_decay_iters, else train_iters)");
+  if (c.ok({"optimizer.lr_decay_style", "optimizer.lr_wsd_decay_iters"}) && o.lr_decay_style == "WSD" &&
+      !o.lr_wsd_decay_iters)
+    c.fail("optimizer.lr_wsd_decay_iters", "lr_decay_style WSD needs optimizer.lr_wsd_decay_iters",
+           "set the length of the final decay, e.g. ++optimizer.lr_wsd_decay_iters=100");
+
+  if (c.ok({"training.bf16", "training.fp16"}) && t.bf16 && t.fp16)
+    c.fail("training.fp16", "bf16 and fp16 are both on: " + c.show("training.bf16") + ", " + c.show("training.fp16"),
+           "choose one mixed-precision mode");
+  if (c.ok({"training.global_batch_size", "training.micro_batch_size"}) && t.global_batch_size &&
+      *t.global_batch_size % t.micro_batch_size != 0)
+    c.fail("training.global_batch_size",
+           "global_batch_size is not a multiple of micro_batch_size: " + c.show("training.global_batch_size") +
+               ", " + c.show("training.micro_batch_size"));
+  const bool recompute_ok =
+      c.ok({"training.recompute_granularity", "training.recompute_method", "training.recompute_num_layers"});
+  if (recompute_ok && t.recompute_method && t.recompute_granularity != "full")
+    c.fail("training.recompute_method",
+           "recompute_method applies to full recomputation only: " + c.show("training.recompute_method") + ", " +
+               c.show("training.recompute_granularity"),
+           "set training.recompute_granularity=full, or recompute_method=null");
+  if (recompute_ok && t.recompute_granularity == "full" && (!t.recompute_method || !t.recompute_num_layers))
+    c.fail("training.recompute_granularity",
+           "full recomputation needs recompute_method and recompute_num_layers: " +
+               c.show("training.recompute_method") + ", " + c.show("training.recompute_num_layers"),
+           "e.g. --recompute-method uniform --recompute-num-layers 1");
+  if (recompute_ok && t.recompute_num_layers && !t.recompute_method && t.recompute_granularity != "full")
+    c.fail("training.recompute_num_layers", "recompute_num_layers is set without recompute_method: " +
+                                                c.show("training.recompute_num_layers"));
+
+  if (c.ok({"parallel.num_layers_per_virtual_pipeline_stage", "parallel.pipeline_model_parallel_size"}) &&
+      p.num_layers_per_virtual_pipeline_stage && p.pipeline_model_parallel_size < 2)
+    c.fail("parallel.num_layers_per_virtual_pipeline_stage",
+           "the interleaved schedule needs pipeline parallelism: " +
+               c.show("parallel.num_layers_per_virtual_pipeline_stage") + ", " +
+               c.show("parallel.pipeline_model_parallel_size"));
+  if (c.ok({"parallel.order"})) check_order(p, c);
+
+  const bool data_ok = c.ok({"data.data_path", "data.mock_data"});
+  if (data_ok && !d.mock_data && d.data_path.empty())
+    c.fail("data.data_path", "no training data: data.data_path is empty and data.mock_data is false",
+           "pass --data-path PREFIX (the .bin/.idx pair without extension), or --mock-data");
+  if (data_ok && d.data_path.size() > 1 && parses_as_number(d.data_path[0])) {
+    bool ok = d.data_path.size() % 2 == 0;
+    for (size_t i = 0; ok && i < d.data_path.size(); i += 2) ok = parses_as_number(d.data_path[i]);
+    if (!ok)
+      c.fail("data.data_path",
+             "data.data_path starts with a weight, so it must alternate weight, prefix: " + c.show("data.data_path"),
+             "write [0.3, prefixA, 0.7, prefixB] or list prefixes only");
+  }
+  double split_sum = std::accumulate(d.split.begin(), d.split.end(), 0.0);
+  if (c.ok({"data.split"}) && (d.split.empty() || d.split.size() > 3 || split_sum <= 0))
+    c.fail("data.split", "data.split must hold 1 to 3 proportions (train, validation, test) with a positive sum: " +
+                             c.show("data.split"),
+           "e.g. --split 98,2,0");
+}
+
+LoadedJob load_job(const ComposeOptions& options) {
+  ErrorList errors;
+  ComposeOptions o = options;
+  const Node defaults = defaults_node<JobConfig>();
+  if (!o.base) o.base = defaults;
+  LoadedJob out;
+  out.resolved = compose(o, errors);
+  // Again after the overrides: a key deleted with ~key falls back to its default.
+  fill_missing(out.resolved, defaults);
+  resolve_interpolations(out.resolved, errors);
+
+  Loader loader(&out.resolved, "", out.resolved.origin(), errors);
+  loader.also_valid("model");
+  out.job.visit(loader);
+  loader.finish();
+  if (const Node* model = out.resolved.find("model")) {
+    if (model->is_map())
+      out.job.model = *model;
+    else
+      detail::report_wrong_type(*model, "model", "map (section)", errors);
+  } else {
+    errors.add("model", Origin{}, "required key 'model' is missing",
+               "compose one in the defaults list, e.g. `- /models@model: causal_lm`");
+  }
+  validate(out.job, out.resolved, errors);
+  errors.throw_if_any();
+  return out;
+}
+
+std::string job_fields_markdown() { return fields_markdown(describe<JobConfig>()); }
+
+}  // namespace lf::config

@@ -1,0 +1,45 @@
+// HfBpeTokenizer: Hugging Face tokenizer.json byte-level BPE as LLaMA-3, Qwen and GPT-2 use it:
+// added/special tokens split out first (leftmost-longest), normalizer (none or NFC), Split regex
+// pre-tokenizers (PCRE2, UTF+UCP) and ByteLevel, BPE merges ("a b" or ["a","b"]) with
+// ignore_merges, ByteLevel decoding. Not SentencePiece/Unigram/WordPiece, and no post-processor
+// templates (BOS/EOS insertion is the caller's choice); unsupported parts are errors naming them.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "loongforge/data/tokenizer.h"
+
+namespace lf::data {
+
+namespace detail {
+struct BpeModel;       // immutable, shared by clones
+struct EncoderState;   // per-instance cache and regex match data
+}  // namespace detail
+
+class HfBpeTokenizer final : public Tokenizer {
+ public:
+  // path: a tokenizer.json, or a directory with one. The end-of-document token is the
+  // eos_token of a tokenizer_config.json beside it, else the first of <|endoftext|>,
+  // <|end_of_text|>, </s>, <eos> that exists.
+  explicit HfBpeTokenizer(const std::string& path);
+  ~HfBpeTokenizer() override;
+
+  void encode_into(std::string_view text, std::vector<int32_t>& out) override;
+  // Special tokens are kept (as HF's decode(ids, skip_special_tokens=False)); invalid UTF-8 from
+  // partial byte tokens becomes U+FFFD, as HF does.
+  std::string decode(std::span<const int32_t> ids) const override;
+  int64_t vocab_size() const override;
+  std::optional<int32_t> eod_id() const override;
+  std::unique_ptr<Tokenizer> clone() const override;
+  std::string describe() const override;
+
+  std::optional<int32_t> token_to_id(const std::string& token) const;  // vocab or added token
+
+ private:
+  HfBpeTokenizer(std::shared_ptr<const detail::BpeModel> model);
+  std::shared_ptr<const detail::BpeModel> model_;
+  std::unique_ptr<detail::EncoderState> state_;
+};
+
+}  // namespace lf::data

@@ -1,0 +1,55 @@
+// Tokenizers behind one interface: the HF tokenizer.json byte-level BPE (hf_bpe_tokenizer.h) and
+// a byte tokenizer that needs no files. Text in and out is UTF-8. Not a chat template or a
+// padding/truncation policy: the data pipeline works on raw id streams.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace lf::data {
+
+class Tokenizer {
+ public:
+  virtual ~Tokenizer() = default;
+  // Appends the ids of text to out. Not const: encoders keep a cache, so an instance serves one
+  // thread at a time; clone() one per thread (clones share the immutable model).
+  virtual void encode_into(std::string_view text, std::vector<int32_t>& out) = 0;
+  virtual std::string decode(std::span<const int32_t> ids) const = 0;
+  // One past the largest id (added tokens included): the dataset dtype is chosen from it.
+  virtual int64_t vocab_size() const = 0;
+  // End-of-document id appended by --append-eod; nullopt when the tokenizer has none.
+  virtual std::optional<int32_t> eod_id() const = 0;
+  virtual std::unique_ptr<Tokenizer> clone() const = 0;
+  virtual std::string describe() const = 0;
+
+  std::vector<int32_t> encode(std::string_view text) {
+    std::vector<int32_t> out;
+    encode_into(text, out);
+    return out;
+  }
+};
+
+// Bytes are ids 0..255; id 256 is the end-of-document token, so vocab_size() is 257. decode
+// renders id 256 as "<|endoftext|>".
+class ByteTokenizer final : public Tokenizer {
+ public:
+  static constexpr int32_t kEod = 256;
+  void encode_into(std::string_view text, std::vector<int32_t>& out) override;
+  std::string decode(std::span<const int32_t> ids) const override;
+  int64_t vocab_size() const override { return 257; }
+  std::optional<int32_t> eod_id() const override { return kEod; }
+  std::unique_ptr<Tokenizer> clone() const override { return std::make_unique<ByteTokenizer>(); }
+  std::string describe() const override { return "ByteTokenizer (257 ids: 256 bytes + eod)"; }
+};
+
+// By --tokenizer-type: "ByteTokenizer" (or "byte"; model ignored) or "HuggingFaceTokenizer"
+// (or "hf"; model = a tokenizer.json or a directory holding one). Throws on an unknown type,
+// listing the known ones.
+std::unique_ptr<Tokenizer> make_tokenizer(std::string_view type, const std::string& model);
+
+}  // namespace lf::data

@@ -1,0 +1,249 @@
+// tokenizer.json loading for byte-level BPE.
+#include "bpe_model.h"
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "loongforge/core/error.h"
+#include "loongforge/core/logging.h"
+#include "unicode.h"
+
+namespace lf::data::detail {
+namespace {
+
+using nlohmann::json;
+
+// GPT-2's pre-tokenizer pattern (ByteLevel with use_regex).
+constexpr const char* kGpt2Pattern =
+    R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
+
+std::string type_of(const json& j) { return j.is_object() ? j.value("type", "") : ""; }
+
+void add_normalizer(BpeModel& m, const json& j, const std::string& where) {
+  if (j.is_null()) return;
+  std::string t = type_of(j);
+  if (t == "Sequence") {
+    for (const auto& n : j.at("normalizers")) add_normalizer(m, n, where);
+  } else if (t == "NFC") {
+    m.nfc = true;
+  } else {
+    LF_FAIL(where, ": normalizer \"", t, "\" is not supported (null and NFC are)",
+            lf::hint("byte-level BPE tokenizers (LLaMA-3, Qwen, GPT-2) use null or NFC"));
+  }
+}
+
+void add_pre_tokenizer(BpeModel& m, const json& j, const std::string& where) {
+  if (j.is_null()) return;
+  std::string t = type_of(j);
+  if (t == "Sequence") {
+    for (const auto& p : j.at("pretokenizers")) add_pre_tokenizer(m, p, where);
+  } else if (t == "Split") {
+    const json& pat = j.at("pattern");
+    std::string behavior = j.value("behavior", "Isolated");
+    LF_CHECK(behavior == "Isolated", where, ": Split behavior \"", behavior,
+             "\" is not supported (Isolated is)");
+    LF_CHECK(!j.value("invert", false), where, ": Split with invert=true is not supported");
+    PreTokenizerStep s;
+    if (pat.contains("Regex"))
+      s.regex = std::make_shared<CompiledRegex>(pat.at("Regex").get<std::string>(), false, where);
+    else
+      s.regex = std::make_shared<CompiledRegex>(pat.at("String").get<std::string>(), true, where);
+    m.steps.push_back(std::move(s));
+  } else if (t == "ByteLevel") {
+    PreTokenizerStep s;
+    s.kind = PreTokenizerStep::Kind::byte_level;
+    s.add_prefix_space = j.value("add_prefix_space", false);
+    if (j.value("use_regex", true))
+      s.regex = std::make_shared<CompiledRegex>(kGpt2Pattern, false, where);
+    m.steps.push_back(std::move(s));
+  } else {
+    LF_FAIL(where, ": pre_tokenizer \"", t, "\" is not supported (Sequence, Split, ByteLevel are)",
+            lf::hint("only byte-level BPE tokenizer.json files are supported"));
+  }
+}
+
+std::string find_tokenizer_json(const std::string& path) {
+  namespace fs = std::filesystem;
+  if (fs::is_directory(path)) {
+    auto p = fs::path(path) / "tokenizer.json";
+    LF_CHECK(fs::exists(p), path, " is a directory without tokenizer.json",
+             lf::hint("--tokenizer-model takes a tokenizer.json or the directory holding it"));
+    return p.string();
+  }
+  LF_CHECK(fs::exists(path), "tokenizer file ", path, " does not exist");
+  return path;
+}
+
+json read_json(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  LF_CHECK(in.good(), "cannot open ", path);
+  try {
+    return json::parse(in);
+  } catch (const json::exception& e) {
+    LF_FAIL(path, ": not valid JSON: ", e.what());
+  }
+}
+
+}  // namespace
+
+const std::array<std::string, 256>& byte_to_unicode() {
+  static const std::array<std::string, 256> table = [] {
+    std::array<std::string, 256> t;
+    int n = 0;
+    for (int b = 0; b < 256; ++b) {
+      bool printable = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF);
+      unicode::append_utf8(t[b], printable ? static_cast<uint32_t>(b) : static_cast<uint32_t>(256 + n++));
+    }
+    return t;
+  }();
+  return table;
+}
+
+std::shared_ptr<const BpeModel> load_bpe_model(const std::string& given) {
+  auto m = std::make_shared<BpeModel>();
+  m->path = find_tokenizer_json(given);
+  const std::string& where = m->path;
+  json j = read_json(where);
+  try {
+    const json& model = j.at("model");
+    LF_CHECK(type_of(model) == "BPE" || (!model.contains("type") && model.contains("merges")),
+             where, ": model type \"", type_of(model), "\" is not supported (BPE is)");
+    LF_CHECK(!model.value("byte_fallback", false), where,
+             ": byte_fallback BPE (SentencePiece-style) is not supported; byte-level BPE is");
+    for (const char* k : {"continuing_subword_prefix", "end_of_word_suffix"})
+      LF_CHECK(!model.contains(k) || model[k].is_null() || model[k] == "", where, ": model.", k,
+               " = ", model[k].dump(), " is not supported");
+    LF_CHECK(!model.contains("dropout") || model["dropout"].is_null() || model["dropout"] == 0.0,
+             where, ": BPE dropout is not supported for encoding");
+    m->ignore_merges = model.value("ignore_merges", false);
+
+    // Reverse byte-level map: printable char -> byte.
+    std::unordered_map<std::string, unsigned char> char_byte;
+    for (int b = 0; b < 256; ++b) char_byte[byte_to_unicode()[b]] = static_cast<unsigned char>(b);
+    auto to_raw = [&](const std::string& tok, std::string& raw) {
+      raw.clear();
+      for (size_t i = 0; i < tok.size();) {
+        size_t s = i;
+        uint32_t cp;
+        if (!unicode::decode_utf8(tok, i, cp)) return false;
+        auto it = char_byte.find(tok.substr(s, i - s));
+        if (it == char_byte.end()) return false;
+        raw += static_cast<char>(it->second);
+      }
+      return true;
+    };
+
+    int32_t max_id = -1;
+    for (const auto& [tok, idv] : model.at("vocab").items()) {
+      int32_t id = idv.get<int32_t>();
+      LF_CHECK(id >= 0, where, ": vocab id ", id, " of token ", tok, " is negative");
+      m->vocab.emplace(tok, id);
+      max_id = std::max(max_id, id);
+    }
+    for (const auto& a : j.value("added_tokens", json::array())) {
+      AddedToken t{a.at("content").get<std::string>(), a.at("id").get<int32_t>(), a.value("special", false)};
+      LF_CHECK(!t.content.empty(), where, ": added token ", t.id, " is empty");
+      if (a.value("lstrip", false) || a.value("rstrip", false) || a.value("single_word", false))
+        LF_WARN(where, ": added token ", t.content,
+                " has lstrip/rstrip/single_word set; it is matched exactly");
+      max_id = std::max(max_id, t.id);
+      m->added.push_back(std::move(t));
+    }
+    m->vocab_size = max_id + 1;
+    m->id_bytes.assign(static_cast<size_t>(m->vocab_size), std::string());
+    m->id_token.assign(static_cast<size_t>(m->vocab_size), std::string());
+    std::string raw;
+    for (const auto& [tok, id] : m->vocab) {
+      m->id_token[id] = tok;
+      // ByteLevel decoder: a token all of whose chars map back to bytes becomes those bytes,
+      // any other token is emitted as its own UTF-8.
+      m->id_bytes[id] = to_raw(tok, raw) ? raw : tok;
+      if (to_raw(tok, raw)) m->raw_vocab.emplace(raw, id);
+    }
+    for (const auto& t : m->added) {
+      m->id_token[t.id] = t.content;
+      m->id_bytes[t.id] = to_raw(t.content, raw) ? raw : t.content;
+    }
+    for (int b = 0; b < 256; ++b) {
+      auto it = m->vocab.find(byte_to_unicode()[b]);
+      m->byte_id[b] = it == m->vocab.end() ? -1 : it->second;
+    }
+
+    const json& merges = model.at("merges");
+    m->merges.reserve(merges.size() * 2);
+    int32_t rank = 0;
+    for (const auto& mj : merges) {
+      std::string a, b;
+      if (mj.is_string()) {  // "a b" (tokenizers < 0.20)
+        const std::string& s = mj.get_ref<const std::string&>();
+        size_t sp = s.find(' ');
+        LF_CHECK(sp != std::string::npos && sp > 0 && sp + 1 < s.size() &&
+                     s.find(' ', sp + 1) == std::string::npos,
+                 where, ": merge ", rank, " \"", s, "\" is not two tokens separated by one space");
+        a = s.substr(0, sp), b = s.substr(sp + 1);
+      } else {  // ["a", "b"]
+        LF_CHECK(mj.is_array() && mj.size() == 2, where, ": merge ", rank, " ", mj.dump(),
+                 " is neither \"a b\" nor [\"a\", \"b\"]");
+        a = mj[0].get<std::string>(), b = mj[1].get<std::string>();
+      }
+      auto ia = m->vocab.find(a), ib = m->vocab.find(b), iab = m->vocab.find(a + b);
+      LF_CHECK(ia != m->vocab.end() && ib != m->vocab.end() && iab != m->vocab.end(), where,
+               ": merge ", rank, " (", a, ", ", b, ") uses a token missing from the vocab");
+      m->merges[static_cast<uint64_t>(static_cast<uint32_t>(ia->second)) << 32 |
+                static_cast<uint32_t>(ib->second)] = Merge{rank, iab->second};
+      ++rank;
+    }
+
+    add_normalizer(*m, j.value("normalizer", json()), where);
+    add_pre_tokenizer(*m, j.value("pre_tokenizer", json()), where);
+    std::string dec = type_of(j.value("decoder", json()));
+    if (!dec.empty() && dec != "ByteLevel")
+      LF_WARN(where, ": decoder \"", dec, "\" is decoded as ByteLevel");
+  } catch (const json::exception& e) {
+    LF_FAIL(where, ": malformed tokenizer.json: ", e.what());
+  }
+
+  m->trie.emplace_back();
+  for (size_t k = 0; k < m->added.size(); ++k) {
+    int32_t node = 0;
+    for (unsigned char c : m->added[k].content) {
+      auto& next = m->trie[static_cast<size_t>(node)].next;
+      auto it = std::find_if(next.begin(), next.end(), [c](const auto& e) { return e.first == c; });
+      if (it != next.end()) {
+        node = it->second;
+      } else {
+        int32_t fresh = static_cast<int32_t>(m->trie.size());
+        next.emplace_back(c, fresh);  // may reallocate trie below: take the index first
+        m->trie.emplace_back();
+        node = fresh;
+      }
+    }
+    m->trie[static_cast<size_t>(node)].token = static_cast<int32_t>(k);
+    m->added_first_byte[static_cast<unsigned char>(m->added[k].content[0])] = true;
+  }
+
+  // End of document: tokenizer_config.json's eos_token, else a well-known name.
+  auto cfg = std::filesystem::path(m->path).parent_path() / "tokenizer_config.json";
+  auto lookup = [&](const std::string& s) -> std::optional<int32_t> {
+    for (const auto& t : m->added)
+      if (t.content == s) return t.id;
+    auto it = m->vocab.find(s);
+    if (it != m->vocab.end()) return it->second;
+    return std::nullopt;
+  };
+  if (std::filesystem::exists(cfg)) {
+    json c = read_json(cfg.string());
+    if (c.contains("eos_token")) {
+      const json& e = c["eos_token"];
+      std::string s = e.is_string() ? e.get<std::string>() : e.is_object() ? e.value("content", "") : "";
+      if (!s.empty()) m->eod = lookup(s);
+    }
+  }
+  for (const char* name : {"<|endoftext|>", "<|end_of_text|>", "</s>", "<eos>"})
+    if (!m->eod) m->eod = lookup(name);
+  return m;
+}
+
+}  // namespace lf::data::detail

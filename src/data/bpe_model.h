@@ -1,0 +1,79 @@
+// The immutable part of an HfBpeTokenizer, loaded from tokenizer.json (internal): vocabulary,
+// merge table, added tokens, normalizer and pre-tokenizer steps. Shared by clones; encoding state
+// (caches, regex match data) lives in each tokenizer instance.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+#include "pcre_regex.h"
+
+namespace lf::data::detail {
+
+struct StringHash {
+  using is_transparent = void;
+  size_t operator()(std::string_view s) const { return std::hash<std::string_view>{}(s); }
+};
+template <class V>
+using StringMap = std::unordered_map<std::string, V, StringHash, std::equal_to<>>;
+
+// One pre-tokenizer step, applied to every piece the previous step produced.
+struct PreTokenizerStep {
+  enum class Kind { split, byte_level } kind = Kind::split;
+  std::shared_ptr<const CompiledRegex> regex;  // split; byte_level with use_regex (GPT-2's)
+  bool add_prefix_space = false;               // byte_level
+};
+
+struct Merge {
+  int32_t rank;
+  int32_t new_id;
+};
+
+struct AddedToken {
+  std::string content;
+  int32_t id;
+  bool special;
+};
+
+struct BpeModel {
+  std::string path;
+  StringMap<int32_t> vocab;           // token as written in tokenizer.json (byte-level chars)
+  StringMap<int32_t> raw_vocab;       // the same tokens as raw bytes (ignore_merges lookups)
+  std::array<int32_t, 256> byte_id{};  // initial symbol of each byte (-1: not in the vocabulary)
+  std::unordered_map<uint64_t, Merge> merges;  // key: (left id << 32) | right id
+  bool ignore_merges = false;
+  bool nfc = false;
+  std::vector<PreTokenizerStep> steps;
+  std::vector<AddedToken> added;
+  // Trie over added-token bytes for leftmost-longest matching; node 0 is the root.
+  struct TrieNode {
+    std::vector<std::pair<unsigned char, int32_t>> next;
+    int32_t token = -1;  // index into added
+  };
+  std::vector<TrieNode> trie;
+  std::array<bool, 256> added_first_byte{};
+  std::vector<std::string> id_bytes;  // what decode emits for each id
+  std::vector<std::string> id_token;  // token text for each id ("" if unused)
+  int64_t vocab_size = 0;
+  std::optional<int32_t> eod;
+
+  const Merge* find_merge(int32_t a, int32_t b) const {
+    auto it = merges.find(static_cast<uint64_t>(static_cast<uint32_t>(a)) << 32 | static_cast<uint32_t>(b));
+    return it == merges.end() ? nullptr : &it->second;
+  }
+};
+
+// Parses path (a tokenizer.json or a directory holding one); throws lf::Error naming the file
+// and the unsupported or malformed field.
+std::shared_ptr<const BpeModel> load_bpe_model(const std::string& path);
+
+// GPT-2's byte -> printable character mapping used by ByteLevel (as UTF-8 strings).
+const std::array<std::string, 256>& byte_to_unicode();
+
+}  // namespace lf::data::detail

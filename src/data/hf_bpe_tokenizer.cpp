@@ -1,0 +1,236 @@
+// HfBpeTokenizer encode/decode: added-token split, NFC, pre-tokenizer steps, BPE merges.
+#include "loongforge/data/hf_bpe_tokenizer.h"
+
+#include <algorithm>
+
+#include "bpe_model.h"
+#include "loongforge/core/error.h"
+#include "unicode.h"
+
+namespace lf::data {
+namespace detail {
+
+// Per-instance encoding state: regex match data per step and the word -> ids cache.
+struct EncoderState {
+  explicit EncoderState(const BpeModel& m) {
+    for (const auto& s : m.steps)
+      matchers.push_back(s.regex ? std::make_unique<RegexMatcher>(s.regex) : nullptr);
+  }
+  std::vector<std::unique_ptr<RegexMatcher>> matchers;
+  struct Span { uint32_t offset, count; };
+  StringMap<Span> cache;  // raw piece bytes -> ids in pool
+  std::vector<int32_t> pool;
+  struct Symbol { int32_t id, prev, next, len; };
+  std::vector<Symbol> symbols;
+  struct Candidate {
+    int32_t rank, pos, new_id;
+    bool operator<(const Candidate& o) const {  // priority_queue top = lowest rank, then leftmost
+      return rank != o.rank ? rank > o.rank : pos > o.pos;
+    }
+  };
+  std::vector<Candidate> heap;
+  std::string normalized;
+};
+
+}  // namespace detail
+
+namespace {
+// Words longer than this are merged but not cached (long whitespace or digit runs would
+// otherwise fill the cache with one-off keys). The cache is dropped when it grows too large.
+constexpr size_t kMaxCachedWord = 128;
+constexpr size_t kMaxCacheEntries = 1 << 20;
+}  // namespace
+
+HfBpeTokenizer::HfBpeTokenizer(const std::string& path)
+    : HfBpeTokenizer(detail::load_bpe_model(path)) {}
+
+HfBpeTokenizer::HfBpeTokenizer(std::shared_ptr<const detail::BpeModel> model)
+    : model_(std::move(model)), state_(std::make_unique<detail::EncoderState>(*model_)) {}
+
+HfBpeTokenizer::~HfBpeTokenizer() = default;
+
+std::unique_ptr<Tokenizer> HfBpeTokenizer::clone() const {
+  return std::unique_ptr<Tokenizer>(new HfBpeTokenizer(model_));
+}
+
+int64_t HfBpeTokenizer::vocab_size() const { return model_->vocab_size; }
+std::optional<int32_t> HfBpeTokenizer::eod_id() const { return model_->eod; }
+
+std::string HfBpeTokenizer::describe() const {
+  return lf::str("HuggingFaceTokenizer ", model_->path, " (byte-level BPE, ", model_->vocab_size,
+                 " ids, ", model_->merges.size(), " merges, ", model_->added.size(),
+                 " added tokens", model_->nfc ? ", NFC" : "",
+                 model_->ignore_merges ? ", ignore_merges" : "", ")");
+}
+
+std::optional<int32_t> HfBpeTokenizer::token_to_id(const std::string& token) const {
+  for (const auto& t : model_->added)
+    if (t.content == token) return t.id;
+  auto it = model_->vocab.find(token);
+  if (it == model_->vocab.end()) return std::nullopt;
+  return it->second;
+}
+
+namespace {
+
+// BPE on one pre-tokenized piece (raw bytes), HF's algorithm: repeatedly merge the adjacent pair
+// of lowest rank (leftmost on ties), tracked in a heap with stale entries skipped.
+void bpe_piece(const detail::BpeModel& m, detail::EncoderState& st, std::string_view piece,
+               std::vector<int32_t>& out) {
+  if (piece.empty()) return;
+  if (m.ignore_merges) {
+    auto it = m.raw_vocab.find(piece);
+    if (it != m.raw_vocab.end()) {
+      out.push_back(it->second);
+      return;
+    }
+  }
+  auto hit = st.cache.find(piece);
+  if (hit != st.cache.end()) {
+    out.insert(out.end(), st.pool.begin() + hit->second.offset,
+               st.pool.begin() + hit->second.offset + hit->second.count);
+    return;
+  }
+  auto& sym = st.symbols;
+  sym.clear();
+  for (unsigned char c : piece) {
+    int32_t id = m.byte_id[c];
+    if (id < 0) continue;  // HF drops characters missing from the vocabulary (no unk token)
+    int32_t k = static_cast<int32_t>(sym.size());
+    sym.push_back({id, k - 1, k + 1, 1});
+  }
+  if (!sym.empty()) sym.back().next = -1;
+  auto& heap = st.heap;
+  heap.clear();
+  for (size_t k = 0; k + 1 < sym.size(); ++k)
+    if (const auto* mg = m.find_merge(sym[k].id, sym[k + 1].id))
+      heap.push_back({mg->rank, static_cast<int32_t>(k), mg->new_id});
+  std::make_heap(heap.begin(), heap.end());
+  while (!heap.empty()) {
+    std::pop_heap(heap.begin(), heap.end());
+    auto top = heap.back();
+    heap.pop_back();
+    auto& cur = sym[static_cast<size_t>(top.pos)];
+    if (cur.len == 0 || cur.next < 0) continue;
+    auto& right = sym[static_cast<size_t>(cur.next)];
+    const auto* mg = m.find_merge(cur.id, right.id);
+    if (!mg || mg->new_id != top.new_id) continue;  // stale entry
+    cur.id = top.new_id;
+    cur.len += right.len;
+    right.len = 0;
+    cur.next = right.next;
+    if (cur.next >= 0) sym[static_cast<size_t>(cur.next)].prev = top.pos;
+    if (cur.prev >= 0)
+      if (const auto* p = m.find_merge(sym[static_cast<size_t>(cur.prev)].id, cur.id)) {
+        heap.push_back({p->rank, cur.prev, p->new_id});
+        std::push_heap(heap.begin(), heap.end());
+      }
+    if (cur.next >= 0)
+      if (const auto* n = m.find_merge(cur.id, sym[static_cast<size_t>(cur.next)].id)) {
+        heap.push_back({n->rank, top.pos, n->new_id});
+        std::push_heap(heap.begin(), heap.end());
+      }
+  }
+  size_t first = out.size();
+  for (size_t k = 0; k < sym.size(); ++k)
+    if (sym[k].len > 0) out.push_back(sym[k].id);
+  if (piece.size() <= kMaxCachedWord) {
+    if (st.cache.size() >= kMaxCacheEntries) st.cache.clear(), st.pool.clear();
+    uint32_t off = static_cast<uint32_t>(st.pool.size());
+    st.pool.insert(st.pool.end(), out.begin() + static_cast<std::ptrdiff_t>(first), out.end());
+    st.cache.emplace(std::string(piece),
+                     detail::EncoderState::Span{off, static_cast<uint32_t>(out.size() - first)});
+  }
+}
+
+// Runs pre-tokenizer steps [step, end) on a piece, depth first, then BPE on each final piece.
+void pre_tokenize(const detail::BpeModel& m, detail::EncoderState& st, size_t step,
+                  std::string_view piece, std::vector<int32_t>& out) {
+  if (piece.empty()) return;
+  if (step == m.steps.size()) return bpe_piece(m, st, piece, out);
+  const auto& s = m.steps[step];
+  std::string prefixed;
+  if (s.kind == detail::PreTokenizerStep::Kind::byte_level && s.add_prefix_space &&
+      piece.front() != ' ') {
+    prefixed.reserve(piece.size() + 1);
+    prefixed = " ";
+    prefixed.append(piece);
+    piece = prefixed;
+  }
+  auto* matcher = st.matchers[step].get();
+  if (!matcher) return pre_tokenize(m, st, step + 1, piece, out);
+  // Isolated: every match is a piece, and so is every gap between matches. An empty match
+  // (no real pattern has one) only moves the search on by a character.
+  size_t pos = 0, search = 0, b = 0, e = 0;
+  while (search < piece.size() && matcher->find(piece, search, b, e)) {
+    if (e == b) {
+      search = b;
+      uint32_t cp;
+      if (!unicode::decode_utf8(piece, search, cp)) search = b + 1;
+      continue;
+    }
+    if (b > pos) pre_tokenize(m, st, step + 1, piece.substr(pos, b - pos), out);
+    pre_tokenize(m, st, step + 1, piece.substr(b, e - b), out);
+    pos = search = e;
+  }
+  if (pos < piece.size()) pre_tokenize(m, st, step + 1, piece.substr(pos), out);
+}
+
+}  // namespace
+
+void HfBpeTokenizer::encode_into(std::string_view text, std::vector<int32_t>& out) {
+  const auto& m = *model_;
+  auto& st = *state_;
+  size_t bad = unicode::find_invalid_utf8(text);
+  LF_CHECK(bad == std::string_view::npos, "tokenizer input is not valid UTF-8 at byte ", bad,
+           " of ", text.size(), lf::hint("decode the input as UTF-8 before tokenizing"));
+  auto plain = [&](std::string_view seg) {
+    if (seg.empty()) return;
+    if (m.nfc && !unicode::nfc_unchanged(seg)) {
+      std::string normalized = unicode::nfc(seg);  // local: pieces point into it while used
+      pre_tokenize(m, st, 0, normalized, out);
+    } else {
+      pre_tokenize(m, st, 0, seg, out);
+    }
+  };
+  if (m.added.empty()) return plain(text);
+  // Added tokens first: at the leftmost position where any added token starts, take the
+  // longest one; the text between matches is encoded normally.
+  size_t seg_begin = 0;
+  for (size_t i = 0; i < text.size();) {
+    if (!m.added_first_byte[static_cast<unsigned char>(text[i])]) {
+      ++i;
+      continue;
+    }
+    int32_t node = 0, best = -1;
+    size_t best_end = 0;
+    for (size_t j = i; j < text.size(); ++j) {
+      const auto& next = m.trie[static_cast<size_t>(node)].next;
+      unsigned char c = static_cast<unsigned char>(text[j]);
+      auto it = std::find_if(next.begin(), next.end(), [c](const auto& e) { return e.first == c; });
+      if (it == next.end()) break;
+      node = it->second;
+      if (m.trie[static_cast<size_t>(node)].token >= 0) best = m.trie[static_cast<size_t>(node)].token, best_end = j + 1;
+    }
+    if (best < 0) {
+      ++i;
+      continue;
+    }
+    plain(text.substr(seg_begin, i - seg_begin));
+    out.push_back(m.added[static_cast<size_t>(best)].id);
+    i = seg_begin = best_end;
+  }
+  plain(text.substr(seg_begin));
+}
+
+std::string HfBpeTokenizer::decode(std::span<const int32_t> ids) const {
+  std::string bytes;
+  for (int32_t id : ids) {
+    LF_CHECK(id >= 0 && id < model_->vocab_size, "decode: token id ", id,
+             " is outside the vocabulary [0, ", model_->vocab_size, ") of ", model_->path);
+    bytes += model_->id_bytes[static_cast<size_t>(id)];
+  }
+  return unicode::utf8_lossy(bytes);
+}
+
+}  // namespace lf::data

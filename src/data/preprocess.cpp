@@ -1,0 +1,260 @@
+// jsonl -> indexed datasets: a reader thread cuts the file into chunks of whole lines, worker
+// threads parse and tokenize them, and this thread writes results strictly in chunk order (so
+// the output does not depend on the worker count).
+#include "loongforge/data/preprocess.h"
+
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <exception>
+#include <fstream>
+#include <map>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <thread>
+
+#include "loongforge/core/error.h"
+#include "loongforge/core/logging.h"
+#include "loongforge/data/indexed_dataset.h"
+
+namespace lf::data {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+struct Chunk {
+  int64_t seq = 0, first_line = 0;  // first_line: 1-based
+  std::string text;                 // whole lines, each ending in '\n'
+};
+
+struct ChunkResult {
+  // Per key: the tokens of every document of the chunk back to back, and each document's length.
+  std::vector<std::vector<int32_t>> tokens, lengths;
+  int64_t lines = 0, documents = 0, empty = 0, bytes = 0;
+  std::exception_ptr error;
+};
+
+ChunkResult tokenize_chunk(const Chunk& c, const PreprocessOptions& o, Tokenizer& tok,
+                           std::optional<int32_t> eod) {
+  ChunkResult r;
+  size_t nkeys = o.json_keys.size();
+  r.tokens.resize(nkeys);
+  r.lengths.resize(nkeys);
+  int64_t line_no = c.first_line;
+  std::vector<std::string> texts(nkeys);
+  for (size_t pos = 0; pos < c.text.size(); ++line_no) {
+    size_t nl = c.text.find('\n', pos);
+    std::string_view line(c.text.data() + pos, nl - pos);
+    pos = nl + 1;
+    ++r.lines;
+    if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
+    if (line.find_first_not_of(" \t") == std::string_view::npos) continue;  // blank line
+    nlohmann::json j;
+    try {
+      j = nlohmann::json::parse(line);
+    } catch (const nlohmann::json::exception& e) {
+      LF_FAIL(o.input, ":", line_no, ": malformed JSON line: ", e.what(),
+              lf::hint("each line must be one JSON object, e.g. {\"text\": \"...\"}"));
+    }
+    LF_CHECK(j.is_object(), o.input, ":", line_no, ": the line is JSON but not an object");
+    bool all_empty = true;
+    for (size_t k = 0; k < nkeys; ++k) {
+      auto it = j.find(o.json_keys[k]);
+      LF_CHECK(it != j.end(), o.input, ":", line_no, ": no key \"", o.json_keys[k], "\"",
+               lf::hint("choose the text field with --json-keys"));
+      LF_CHECK(it->is_string(), o.input, ":", line_no, ": key \"", o.json_keys[k],
+               "\" holds ", it->type_name(), ", not a string");
+      texts[k] = it->get<std::string>();
+      if (!texts[k].empty()) all_empty = false;
+    }
+    if (all_empty) {
+      ++r.empty;
+      continue;
+    }
+    for (size_t k = 0; k < nkeys; ++k) {
+      auto& out = r.tokens[k];
+      size_t before = out.size();
+      try {
+        tok.encode_into(texts[k], out);
+      } catch (const lf::Error& e) {
+        LF_FAIL(o.input, ":", line_no, ": key \"", o.json_keys[k], "\": ", e.message());
+      }
+      if (o.append_eod && out.size() > before) out.push_back(*eod);
+      r.lengths[k].push_back(static_cast<int32_t>(out.size() - before));
+    }
+    ++r.documents;
+  }
+  return r;
+}
+
+}  // namespace
+
+std::string preprocess_output_prefix(const std::string& prefix, const std::string& key) {
+  return prefix + "_" + key + "_document";
+}
+
+PreprocessStats preprocess_jsonl(const PreprocessOptions& o, const Tokenizer& tokenizer) {
+  LF_CHECK(o.workers >= 1, "--workers ", o.workers, " must be >= 1");
+  LF_CHECK(!o.json_keys.empty(), "--json-keys is empty");
+  LF_CHECK(!o.output_prefix.empty(), "--output-prefix is empty");
+  LF_CHECK(o.chunk_bytes > 0, "chunk size must be positive");
+  std::optional<int32_t> eod = tokenizer.eod_id();
+  LF_CHECK(!o.append_eod || eod.has_value(), "--append-eod: ", tokenizer.describe(),
+           " has no end-of-document token",
+           lf::hint("add eos_token to tokenizer_config.json beside tokenizer.json"));
+  std::ifstream in(o.input, std::ios::binary);
+  LF_CHECK(in.good(), "cannot open input ", o.input);
+
+  const auto t0 = Clock::now();
+  PreprocessStats stats;
+  stats.workers.resize(static_cast<size_t>(o.workers));
+  stats.tokens.assign(o.json_keys.size(), 0);
+  std::vector<std::unique_ptr<IndexedDatasetBuilder>> builders;
+  for (const auto& key : o.json_keys) {
+    stats.output_prefixes.push_back(preprocess_output_prefix(o.output_prefix, key));
+    builders.push_back(std::make_unique<IndexedDatasetBuilder>(
+        stats.output_prefixes.back(), optimal_dtype(tokenizer.vocab_size()), tokenizer.vocab_size()));
+  }
+
+  // Shared state. At most `window` chunks are read but not yet written, bounding memory.
+  const int64_t window = 4 * static_cast<int64_t>(o.workers);
+  std::mutex mu;
+  std::condition_variable cv;
+  std::deque<Chunk> jobs;
+  std::map<int64_t, ChunkResult> results;
+  int64_t next_to_write = 0, chunks_read = 0;
+  bool reading_done = false, abort = false;
+  std::exception_ptr reader_error;
+
+  std::thread reader([&] {
+    try {
+      int64_t line_no = 1;
+      std::string line;
+      Chunk c;
+      auto push = [&] {
+        std::unique_lock<std::mutex> lock(mu);
+        cv.wait(lock, [&] { return abort || chunks_read - next_to_write < window; });
+        if (abort) return false;
+        c.seq = chunks_read++;
+        jobs.push_back(std::move(c));
+        c = Chunk{};
+        cv.notify_all();
+        return true;
+      };
+      c.first_line = line_no;
+      while (std::getline(in, line)) {
+        if (c.text.empty()) c.first_line = line_no;
+        c.text.append(line).push_back('\n');
+        ++line_no;
+        if (static_cast<int64_t>(c.text.size()) >= o.chunk_bytes && !push()) return;
+      }
+      if (!c.text.empty()) push();
+    } catch (...) {
+      std::lock_guard<std::mutex> lock(mu);
+      reader_error = std::current_exception();
+    }
+    std::lock_guard<std::mutex> lock(mu);
+    reading_done = true;
+    cv.notify_all();
+  });
+
+  std::vector<std::thread> workers;
+  for (int w = 0; w < o.workers; ++w) {
+    workers.emplace_back([&, w] {
+      std::unique_ptr<Tokenizer> tok = tokenizer.clone();
+      for (;;) {
+        Chunk c;
+        {
+          std::unique_lock<std::mutex> lock(mu);
+          cv.wait(lock, [&] { return abort || !jobs.empty() || reading_done; });
+          if (abort || jobs.empty()) return;
+          c = std::move(jobs.front());
+          jobs.pop_front();
+        }
+        auto start = Clock::now();
+        ChunkResult r;
+        try {
+          r = tokenize_chunk(c, o, *tok, eod);
+          r.bytes = static_cast<int64_t>(c.text.size());
+        } catch (...) {
+          r.error = std::current_exception();
+        }
+        std::lock_guard<std::mutex> lock(mu);
+        auto& ws = stats.workers[static_cast<size_t>(w)];
+        ws.chunks += 1;
+        ws.bytes += static_cast<int64_t>(c.text.size());
+        ws.busy_s += std::chrono::duration<double>(Clock::now() - start).count();
+        results.emplace(c.seq, std::move(r));
+        cv.notify_all();
+      }
+    });
+  }
+
+  auto shutdown = [&] {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      abort = true;
+    }
+    cv.notify_all();
+    reader.join();
+    for (auto& t : workers) t.join();
+  };
+
+  try {
+    auto last_log = Clock::now();
+    int64_t written_bytes = 0;
+    for (;;) {
+      ChunkResult r;
+      {
+        std::unique_lock<std::mutex> lock(mu);
+        cv.wait(lock, [&] {
+          return results.count(next_to_write) || (reading_done && next_to_write == chunks_read);
+        });
+        if (!results.count(next_to_write)) {
+          if (reader_error) std::rethrow_exception(reader_error);
+          break;
+        }
+        r = std::move(results[next_to_write]);
+        results.erase(next_to_write);
+      }
+      if (r.error) std::rethrow_exception(r.error);
+      for (size_t k = 0; k < builders.size(); ++k) {
+        size_t pos = 0;
+        for (int32_t len : r.lengths[k]) {
+          builders[k]->add_sequence(std::span<const int32_t>(r.tokens[k]).subspan(pos, static_cast<size_t>(len)));
+          builders[k]->end_document();
+          pos += static_cast<size_t>(len);
+        }
+        stats.tokens[k] += static_cast<int64_t>(r.tokens[k].size());
+      }
+      stats.lines += r.lines;
+      stats.documents += r.documents;
+      stats.empty_skipped += r.empty;
+      written_bytes += r.bytes;
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        ++next_to_write;
+      }
+      cv.notify_all();
+      if (o.log_interval_s > 0 &&
+          std::chrono::duration<double>(Clock::now() - last_log).count() >= o.log_interval_s) {
+        last_log = Clock::now();
+        double s = std::chrono::duration<double>(last_log - t0).count();
+        LF_INFO("preprocess: ", stats.documents, " documents, ", written_bytes >> 20, " MiB in ",
+                static_cast<int64_t>(s), " s (", static_cast<double>(written_bytes) / 1e6 / s,
+                " MB/s)");
+      }
+    }
+  } catch (...) {
+    shutdown();
+    throw;
+  }
+  shutdown();
+  for (auto& b : builders) b->finalize();
+  for (const auto& w : stats.workers) stats.input_bytes += w.bytes;
+  stats.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+  return stats;
+}
+
+}  // namespace lf::data

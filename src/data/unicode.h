@@ -1,0 +1,25 @@
+// UTF-8 helpers and Unicode NFC for the tokenizers (internal). Tables come from
+// tools/data/gen_unicode_tables.py (Unicode version in unicode_tables.inc). Not a general
+// Unicode library: only what tokenizer.json byte-level BPE needs.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+namespace lf::data::unicode {
+
+// Decodes the code point at s[i] and advances i; false (i unchanged) on invalid UTF-8.
+bool decode_utf8(std::string_view s, size_t& i, uint32_t& cp);
+void append_utf8(std::string& out, uint32_t cp);
+// Offset of the first byte that is not valid UTF-8, or npos.
+size_t find_invalid_utf8(std::string_view s);
+// Invalid sequences become U+FFFD, one per maximal subpart (Rust's String::from_utf8_lossy).
+std::string utf8_lossy(std::string_view s);
+
+// True when s is certainly NFC without work (no code point that NFC could change).
+bool nfc_unchanged(std::string_view s);
+// Canonical composition (NFC) of valid UTF-8 s.
+std::string nfc(std::string_view s);
+
+}  // namespace lf::data::unicode

@@ -1,0 +1,184 @@
+#!/usr/bin/env python3
+"""Test oracle (Python only in tests): trains byte-level BPE tokenizer.json files with the HF
+`tokenizers` package and records what HF encodes, for test_tokenizer.cpp to compare against.
+
+    hf_tokenizer_oracle.py OUT_DIR [--target-bytes N] [--corpus-only]
+
+--corpus-only writes the tokenizers and docs.jsonl but no expectations (for benchmarks:
+docs/data.md makes its 50 MB corpus this way).
+
+Writes into OUT_DIR:
+  docs.jsonl                  {"text": ...} varied documents (CJK, emoji, digits, whitespace runs,
+                              code, special tokens, combining marks), >= target bytes in total
+  qwen/tokenizer.json         Qwen-style: NFC, Split(Qwen regex, Isolated), ByteLevel, merges as
+                              ["a","b"] (tokenizers >= 0.20), + tokenizer_config.json (eos)
+  qwen_old/tokenizer.json     the same model with merges written the old way, "a b"
+  llama3/tokenizer.json       LLaMA-3-style: no normalizer, LLaMA-3 regex, ignore_merges=true
+  gpt2/tokenizer.json         GPT-2-style: ByteLevel(add_prefix_space, use_regex) alone
+  expected.json               {variant: {"ids": [[...] per doc], "decoded": [...]}}
+  nfc.json                    [[text, NFC(text)], ...] from unicodedata
+"""
+import json
+import os
+import random
+import sys
+import unicodedata
+
+from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+
+QWEN = (r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"""
+        r"""|\s*[\r\n]+|\s+(?!\S)|\s+""")
+LLAMA3 = (r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"""
+          r"""|\s*[\r\n]+|\s+(?!\S)|\s+""")
+SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|fim_prefix|>"]
+
+WORDS = ("the of and to in is was he for it with as his on be at by had are but from or have "
+         "an they which one you were her all she there would their we him been has when who will "
+         "more no if out so said what up its about into than them can only other new some could "
+         "time these two may then do first any my now such like our over man me even most made "
+         "after also did many before must through back years where much your way well down should "
+         "because each just those people Mr how too little state good very make world still own "
+         "see men work long get here between both life being under never day same another know "
+         "while last might us great old year off come since against go came right used take three "
+         "LoongForge Megatron tokenizer PyTorch GPU naïve café résumé coöperate Zürich").split()
+HANZI = "的一是不了人我在有他这为之大来以个中上们到说国和地也子时道出而要于就下得可你年生自会那后能对着事其里所去行过家十用发天如然作方成者多日都三小军二无同么经法当起与好看学进种将还分此心前面又定见只主没公从"
+KANA = "あいうえおかきくけこさしすせそたちつてとなにぬねのはひふへほまみむめもやゆよらりるれろわをんアイウエオカキクケコサシスセソタチツテト"
+HANGUL = "한국어는세계에서가장과학적인문자입니다안녕하세요감사합니다"
+EMOJI = ["😀", "🎉", "👍🏽", "👨‍👩‍👧", "🇨🇳", "🇺🇸", "❤️", "🚀", "🤖", "✨", "🧪", "🐉"]
+OTHER = ["Привет мир", "Γειά σου Κόσμε", "مرحبا بالعالم", "नमस्ते दुनिया", "สวัสดีชาวโลก",
+         "Tiếng Việt có dấu", "Ελληνικά", "עברית"]
+COMBINING = ["e\u0301", "A\u030a", "o\u0308\u0304", "\u1100\u1161\u11a8", "\uf900", "\u212b",
+             "n\u0303", "a\u0328\u0301", "\u0915\u093c", "Tie\u0302\u0301ng Vie\u0323\u0302t",
+             "q\u0307\u0323", "\u00c5\u0301", "\u0041\u0301\u0316"]
+SPACES = ["   ", "\t\t", "\n\n\n", " \n ", "\r\n", "  \t \n", "\u3000", "\u00a0", " " * 17, "\n" * 5]
+CODE = [
+    "def f(x):\n    return x ** 2 + 3*x - 1  # comment\n",
+    "for (int i = 0; i < n; ++i) {\n\tsum += a[i] * b[i];\n}\n",
+    "SELECT id, name FROM users WHERE age >= 18 ORDER BY name;\n",
+    "const xs = [1, 2, 3].map((v) => v * 2); // => [2, 4, 6]\n",
+    "if (ptr != nullptr && ptr->next) { return *ptr; }\n",
+    "    x = {'key': \"value\", 'n': 3.14e-10}\n",
+]
+
+
+def piece(rng):
+    r = rng.random()
+    if r < 0.35:
+        words = [rng.choice(WORDS) for _ in range(rng.randint(3, 15))]
+        if rng.random() < 0.3:
+            words[0] = words[0].capitalize()
+        s = " ".join(words)
+        s += rng.choice([". ", ", ", "! ", "? ", "'s ", "'LL ", " don't ", "; ", ":\n"])
+        return s
+    if r < 0.45:
+        return "".join(rng.choice(HANZI) for _ in range(rng.randint(2, 30))) + rng.choice(["。", "，", "！", ""])
+    if r < 0.50:
+        return "".join(rng.choice(KANA) for _ in range(rng.randint(2, 20)))
+    if r < 0.53:
+        return "".join(rng.choice(HANGUL) for _ in range(rng.randint(2, 12))) + " "
+    if r < 0.58:
+        return "".join(rng.choice(EMOJI) for _ in range(rng.randint(1, 4))) + rng.choice(["", " "])
+    if r < 0.66:
+        return rng.choice([str(rng.randint(0, 10 ** rng.randint(1, 12))), f"{rng.random() * 1000:.4f}",
+                           f"{rng.randint(1900, 2100)}-{rng.randint(1, 12):02d}-{rng.randint(1, 28):02d}",
+                           "3.14159", "1,000,000", "0x7FFF"]) + rng.choice([" ", "", "\n"])
+    if r < 0.74:
+        return rng.choice(SPACES)
+    if r < 0.82:
+        return rng.choice(CODE)
+    if r < 0.86:
+        return rng.choice(SPECIALS) + rng.choice(["", "user\n", "assistant\n", " "])
+    if r < 0.92:
+        return rng.choice(COMBINING) + rng.choice(["", " ", "x"])
+    return rng.choice(OTHER) + rng.choice([" ", "\n", "."])
+
+
+def make_docs(rng, target_bytes):
+    docs, total = [], 0
+    while total < target_bytes:
+        d = "".join(piece(rng) for _ in range(rng.randint(1, 40)))
+        docs.append(d)
+        total += len(d.encode())
+    # Edge cases, each its own document.
+    docs += ["", " ", "\n", "<|endoftext|>", "<|endoftext|><|endoftext|>", "<|im_start|><|im_end|>",
+             "<|endoftext", "a<|endoftext|>b", " " * 300, "9" * 50, "😀" * 20, "e\u0301" * 5,
+             "don'T WE'LL it'S", "\r\n\r\n", "tab\tsep\tvalues\t", "x" * 500]
+    return docs
+
+
+def main():
+    out = sys.argv[1]
+    target = int(sys.argv[sys.argv.index("--target-bytes") + 1]) if "--target-bytes" in sys.argv else 120_000
+    rng = random.Random(20240611)
+    train_text = make_docs(random.Random(7), 200_000)
+    docs = make_docs(rng, target)
+
+    tok = Tokenizer(models.BPE())
+    tok.normalizer = normalizers.NFC()
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(QWEN), behavior="isolated", invert=False),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=3000, special_tokens=SPECIALS, show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(train_text, trainer)
+
+    variants = {}
+    os.makedirs(f"{out}/qwen", exist_ok=True)
+    tok.save(f"{out}/qwen/tokenizer.json")
+    with open(f"{out}/qwen/tokenizer_config.json", "w") as f:
+        json.dump({"eos_token": "<|im_end|>"}, f)
+    variants["qwen"] = f"{out}/qwen/tokenizer.json"
+
+    spec = json.load(open(variants["qwen"]))
+    merges = spec["model"]["merges"]
+    assert merges and isinstance(merges[0], list), "expected the new merges format"
+    old = dict(spec)
+    old["model"] = dict(spec["model"], merges=[f"{a} {b}" for a, b in merges])
+    os.makedirs(f"{out}/qwen_old", exist_ok=True)
+    json.dump(old, open(f"{out}/qwen_old/tokenizer.json", "w"), ensure_ascii=False)
+    variants["qwen_old"] = f"{out}/qwen_old/tokenizer.json"
+
+    llama = json.loads(json.dumps(spec))
+    llama["normalizer"] = None
+    llama["pre_tokenizer"]["pretokenizers"][0]["pattern"] = {"Regex": LLAMA3}
+    llama["model"]["ignore_merges"] = True
+    os.makedirs(f"{out}/llama3", exist_ok=True)
+    json.dump(llama, open(f"{out}/llama3/tokenizer.json", "w"), ensure_ascii=False)
+    variants["llama3"] = f"{out}/llama3/tokenizer.json"
+
+    gpt2 = json.loads(json.dumps(spec))  # GPT-2 style: ByteLevel alone, its built-in regex
+    gpt2["normalizer"] = None
+    gpt2["pre_tokenizer"] = {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True,
+                             "use_regex": True}
+    os.makedirs(f"{out}/gpt2", exist_ok=True)
+    json.dump(gpt2, open(f"{out}/gpt2/tokenizer.json", "w"), ensure_ascii=False)
+    variants["gpt2"] = f"{out}/gpt2/tokenizer.json"
+
+    with open(f"{out}/docs.jsonl", "w") as f:
+        for d in docs:
+            f.write(json.dumps({"text": d}, ensure_ascii=False) + "\n")
+    if "--corpus-only" in sys.argv:
+        print(f"{len(docs)} docs, {sum(len(d.encode()) for d in docs)} bytes")
+        return
+    expected = {}
+    for name, path in variants.items():
+        t = Tokenizer.from_file(path)
+        ids = [t.encode(d, add_special_tokens=False).ids for d in docs]
+        expected[name] = {"ids": ids,
+                          "decoded": [t.decode(i, skip_special_tokens=False) for i in ids]}
+    json.dump(expected, open(f"{out}/expected.json", "w"))
+
+    nfc_rng = random.Random(3)
+    marks = [chr(c) for c in list(range(0x300, 0x370)) + [0x1DC0, 0x20D0, 0x093C, 0x05B0, 0x0E38]]
+    bases = list("aeiouAEIOUnNcCsSzZ") + ["\u1100", "\u1161", "\u11a8", "\uac00", "\uf900", "\u2126",
+                                          "\u0915", "\u05d0", "\u0e01", "x", "\u00e9", "\u1e09"]
+    cases = COMBINING + ["".join(nfc_rng.choice(bases) + "".join(nfc_rng.choice(marks) for _ in range(nfc_rng.randint(0, 4)))
+                                 for _ in range(nfc_rng.randint(1, 6))) for _ in range(2000)]
+    json.dump([[c, unicodedata.normalize("NFC", c)] for c in cases], open(f"{out}/nfc.json", "w"))
+    print(f"{len(docs)} docs, {sum(len(d.encode()) for d in docs)} bytes, "
+          f"vocab {tok.get_vocab_size()}, merges {len(merges)}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,218 @@
+// Tokenizer tests: HF parity on >= 100 KB of varied text against the `tokenizers` package
+// (the oracle trains the tokenizer.json files at test time), NFC against Python's unicodedata,
+// the byte tokenizer, and errors for unsupported or malformed tokenizer.json files.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "loongforge/core/error.h"
+#include "loongforge/data/hf_bpe_tokenizer.h"
+#include "loongforge/data/indexed_dataset.h"
+#include "loongforge/data/tokenizer.h"
+#include "multiprocess.h"
+
+namespace {
+
+using lf::data::HfBpeTokenizer;
+using nlohmann::json;
+
+std::string python() { return lf::testing::source_dir() + "/.venv/bin/python"; }
+
+// Runs the oracle once per process; returns its output directory.
+const std::string& oracle_dir() {
+  static const std::string dir = [] {
+    std::string d = lf::testing::make_temp_dir("hf_oracle");
+    auto r = lf::testing::run_command(
+        {python(), lf::testing::source_dir() + "/tests/data/hf_tokenizer_oracle.py", d},
+        {}, std::chrono::seconds(120));
+    EXPECT_TRUE(r.ok()) << r.output;
+    return d;
+  }();
+  return dir;
+}
+
+json read_json(const std::string& path) {
+  std::ifstream in(path);
+  EXPECT_TRUE(in.good()) << path;
+  return json::parse(in);
+}
+
+std::vector<std::string> read_docs(const std::string& path) {
+  std::vector<std::string> docs;
+  std::ifstream in(path);
+  for (std::string line; std::getline(in, line);) docs.push_back(json::parse(line).at("text"));
+  return docs;
+}
+
+void expect_parity(const std::string& variant) {
+  const std::string& d = oracle_dir();
+  auto docs = read_docs(d + "/docs.jsonl");
+  json expected = read_json(d + "/expected.json").at(variant);
+  HfBpeTokenizer tok(d + "/" + variant);  // the directory form of --tokenizer-model
+  size_t bytes = 0, tokens = 0, mismatched = 0;
+  ASSERT_EQ(docs.size(), expected["ids"].size());
+  for (size_t i = 0; i < docs.size(); ++i) {
+    auto want = expected["ids"][i].get<std::vector<int32_t>>();
+    auto got = tok.encode(docs[i]);
+    bytes += docs[i].size();
+    tokens += want.size();
+    if (got != want && mismatched++ < 3) {
+      ADD_FAILURE() << variant << " doc " << i << " ids differ (" << got.size() << " vs HF "
+                    << want.size() << ")\ntext: " << json(docs[i]).dump();
+    }
+    EXPECT_EQ(tok.decode(want), expected["decoded"][i].get<std::string>()) << variant << " doc " << i;
+  }
+  EXPECT_EQ(mismatched, 0u);
+  EXPECT_GE(bytes, 100u * 1000) << "the parity corpus must be at least 100 KB";
+  // Second pass hits the word cache; it must give the same ids.
+  for (size_t i = 0; i < docs.size(); ++i)
+    ASSERT_EQ(tok.encode(docs[i]), expected["ids"][i].get<std::vector<int32_t>>()) << "cached, doc " << i;
+  std::printf("%s: %zu docs, %zu bytes, %zu tokens identical to HF\n", variant.c_str(), docs.size(),
+              bytes, tokens);
+}
+
+TEST(HfTokenizer, QwenStyleMatchesHfIdsAndDecode) { expect_parity("qwen"); }
+TEST(HfTokenizer, OldMergesFormatMatchesHf) { expect_parity("qwen_old"); }
+TEST(HfTokenizer, Llama3StyleIgnoreMergesMatchesHf) { expect_parity("llama3"); }
+
+TEST(HfTokenizer, NfcMatchesUnicodedata) {
+  const std::string& d = oracle_dir();
+  HfBpeTokenizer tok(d + "/qwen/tokenizer.json");
+  json cases = read_json(d + "/nfc.json");
+  ASSERT_GT(cases.size(), 2000u);
+  int bad = 0;
+  for (const auto& c : cases) {
+    std::string in = c[0], want = c[1];
+    // The Qwen-style tokenizer normalises with NFC and its decode is exact, so this is NFC.
+    std::string got = tok.decode(tok.encode(in));
+    if (got != want && bad++ < 5) ADD_FAILURE() << "NFC of " << json(in).dump() << ": got "
+                                                << json(got).dump() << ", want " << json(want).dump();
+  }
+  EXPECT_EQ(bad, 0);
+}
+
+TEST(HfTokenizer, SpecialTokensEodAndVocab) {
+  const std::string& d = oracle_dir();
+  HfBpeTokenizer tok(d + "/qwen");
+  auto im_end = tok.token_to_id("<|im_end|>");
+  auto eot = tok.token_to_id("<|endoftext|>");
+  ASSERT_TRUE(im_end && eot);
+  EXPECT_EQ(*eot, 0);  // trainer puts special tokens first
+  EXPECT_EQ(tok.eod_id(), im_end) << "eos_token of tokenizer_config.json";
+  EXPECT_EQ(tok.vocab_size(), 3000);
+  HfBpeTokenizer no_config(d + "/qwen_old/tokenizer.json");
+  EXPECT_EQ(no_config.eod_id(), eot) << "without a config the first well-known name is used";
+  auto ids = tok.encode("a<|im_end|><|endoftext|>b");
+  ASSERT_EQ(ids.size(), 4u);
+  EXPECT_EQ(ids[1], *im_end);
+  EXPECT_EQ(ids[2], *eot);
+  // A clone shares the model and encodes identically.
+  auto c = tok.clone();
+  EXPECT_EQ(c->encode("héllo wörld 123"), tok.encode("héllo wörld 123"));
+}
+
+TEST(HfTokenizer, InvalidUtf8InputIsAnError) {
+  HfBpeTokenizer tok(oracle_dir() + "/qwen");
+  try {
+    tok.encode(std::string("ok \xff bad"));
+    FAIL() << "expected an error";
+  } catch (const lf::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("not valid UTF-8 at byte 3"), std::string::npos) << e.what();
+  }
+}
+
+TEST(HfTokenizer, DecodeOfPartialBytesIsLossyLikeHf) {
+  HfBpeTokenizer tok(oracle_dir() + "/qwen");
+  auto ids = tok.encode("\xe4\xb8\xad");  // one CJK char = 3 bytes; byte-level ids per byte here
+  std::vector<int32_t> first_byte;
+  // The id of the byte-level char for 0xE4 alone.
+  auto e4 = tok.token_to_id("\xc3\xa4");  // byte 0xE4 maps to U+00E4 'ä'
+  ASSERT_TRUE(e4);
+  first_byte.push_back(*e4);
+  EXPECT_EQ(tok.decode(first_byte), "\xef\xbf\xbd");  // U+FFFD
+  EXPECT_EQ(tok.decode(ids), "\xe4\xb8\xad");
+}
+
+void expect_load_error(const std::string& name, const std::function<void(json&)>& edit,
+                       const std::string& needle) {
+  json spec = read_json(oracle_dir() + "/qwen/tokenizer.json");
+  edit(spec);
+  std::string dir = lf::testing::make_temp_dir("bad_tok_" + name);
+  std::string path = dir + "/tokenizer.json";
+  std::ofstream(path) << spec.dump();
+  try {
+    HfBpeTokenizer tok(path);
+    FAIL() << name << ": expected an error";
+  } catch (const lf::Error& e) {
+    std::string what = e.what();
+    EXPECT_NE(what.find(needle), std::string::npos) << name << ": " << what;
+    EXPECT_NE(what.find(path), std::string::npos) << name << " should name the file: " << what;
+  }
+}
+
+TEST(HfTokenizer, UnsupportedOrMalformedFilesAreErrorsNamingTheFile) {
+  expect_load_error("nfkc", [](json& j) { j["normalizer"] = {{"type", "NFKC"}}; },
+                    "normalizer \"NFKC\" is not supported");
+  expect_load_error("wordpiece", [](json& j) { j["model"]["type"] = "WordPiece"; },
+                    "model type \"WordPiece\"");
+  expect_load_error("byte_fallback", [](json& j) { j["model"]["byte_fallback"] = true; },
+                    "byte_fallback");
+  expect_load_error("merge", [](json& j) { j["model"]["merges"][5] = "onlyone"; },
+                    "merge 5 \"onlyone\" is not two tokens");
+  expect_load_error("merge_vocab", [](json& j) { j["model"]["merges"][7] = {"zzzq", "qqq"}; },
+                    "merge 7 (zzzq, qqq) uses a token missing from the vocab");
+  expect_load_error("regex", [](json& j) {
+    j["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] = "(unclosed";
+  }, "cannot compile the regex");
+  expect_load_error("metaspace", [](json& j) { j["pre_tokenizer"] = {{"type", "Metaspace"}}; },
+                    "pre_tokenizer \"Metaspace\" is not supported");
+}
+
+TEST(ByteTokenizer, RoundTripsBytesAndHasEod) {
+  auto tok = lf::data::make_tokenizer("ByteTokenizer", "");
+  std::string s = "12+7=19\n\xe4\xb8\xad";
+  auto ids = tok->encode(s);
+  ASSERT_EQ(ids.size(), s.size());
+  EXPECT_EQ(ids[0], '1');
+  EXPECT_EQ(ids[8], 0xe4);
+  EXPECT_EQ(tok->decode(ids), s);
+  EXPECT_EQ(tok->vocab_size(), 257);
+  EXPECT_EQ(tok->eod_id(), 256);
+  EXPECT_EQ(tok->decode(std::vector<int32_t>{'a', 256}), "a<|endoftext|>");
+  EXPECT_THROW(lf::data::make_tokenizer("SentencePiece", "x"), lf::Error);
+}
+
+}  // namespace
+
+namespace {
+
+// Preprocessing with --tokenizer-type HuggingFaceTokenizer writes HF's ids plus the eod.
+TEST(HfTokenizer, PreprocessWritesHfIds) {
+  const std::string& d = oracle_dir();
+  std::string out = lf::testing::make_temp_dir("hf_pre") + "/p";
+  auto r = lf::testing::run_command({lf::testing::binary_dir() + "/bin/loongforge-data", "preprocess",
+                                     "--input", d + "/docs.jsonl", "--tokenizer-type",
+                                     "HuggingFaceTokenizer", "--tokenizer-model", d + "/qwen",
+                                     "--append-eod", "--workers", "2", "--output-prefix", out});
+  ASSERT_TRUE(r.ok()) << r.output;
+  json expected = read_json(d + "/expected.json").at("qwen");
+  lf::data::IndexedDataset ds(out + "_text_document");
+  int64_t eod = *HfBpeTokenizer(d + "/qwen").eod_id();
+  int64_t k = 0;
+  for (const auto& ids : expected["ids"]) {
+    auto want = ids.get<std::vector<int64_t>>();
+    if (want.empty()) continue;  // empty documents are skipped
+    want.push_back(eod);
+    ASSERT_EQ(ds.get(k), want) << "document " << k;
+    ++k;
+  }
+  EXPECT_EQ(k, ds.num_sequences());
+}
+
+}  // namespace
+
+namespace {
+TEST(HfTokenizer, Gpt2StyleByteLevelRegexAndPrefixSpaceMatchesHf) { expect_parity("gpt2"); }
+}  // namespace

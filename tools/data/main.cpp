@@ -1,0 +1,145 @@
+// loongforge-data: dataset preprocessing and inspection, the demo corpus, a tokenizer benchmark.
+//   loongforge-data preprocess --input x.jsonl --json-keys text --tokenizer-type T
+//                              [--tokenizer-model M] [--append-eod] --workers N --output-prefix P
+//   loongforge-data inspect P [--tokenizer-type T --tokenizer-model M] [--vocab-size V]
+//   loongforge-data make-demo-corpus --out DIR [--seed S]
+//   loongforge-data bench-tokenizer --input x.jsonl --tokenizer-type T [--tokenizer-model M]
+// Errors from the library become one message on stderr and exit code 1 (2 for usage errors).
+#include <CLI/CLI.hpp>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <nlohmann/json.hpp>
+
+#include "commands.h"
+#include "loongforge/core/error.h"
+#include "loongforge/core/logging.h"
+#include "loongforge/data/demo_corpus.h"
+#include "loongforge/data/preprocess.h"
+#include "loongforge/data/tokenizer.h"
+
+namespace {
+
+int run_preprocess(const lf::data::PreprocessOptions& o, const std::string& type,
+                   const std::string& model) {
+  auto tok = lf::data::make_tokenizer(type, model);
+  LF_INFO("tokenizer: ", tok->describe());
+  auto s = lf::data::preprocess_jsonl(o, *tok);
+  double mb = static_cast<double>(s.input_bytes) / 1e6;
+  std::printf("input: %s, %.2f MB, %lld lines, %lld documents (%lld empty skipped)\n",
+              o.input.c_str(), mb, static_cast<long long>(s.lines),
+              static_cast<long long>(s.documents), static_cast<long long>(s.empty_skipped));
+  for (size_t k = 0; k < s.output_prefixes.size(); ++k)
+    std::printf("output: %s.{bin,idx} (%lld tokens)\n", s.output_prefixes[k].c_str(),
+                static_cast<long long>(s.tokens[k]));
+  for (size_t w = 0; w < s.workers.size(); ++w)
+    std::printf("worker %zu: %lld chunks, %.2f MB, busy %.2f s\n", w,
+                static_cast<long long>(s.workers[w].chunks),
+                static_cast<double>(s.workers[w].bytes) / 1e6, s.workers[w].busy_s);
+  std::printf("time: %.2f s, throughput: %.2f MB/s with %d workers\n", s.seconds,
+              s.seconds > 0 ? mb / s.seconds : 0.0, o.workers);
+  return 0;
+}
+
+int run_bench(const std::string& input, const std::string& key, const std::string& type,
+              const std::string& model, int repeat) {
+  auto tok = lf::data::make_tokenizer(type, model);
+  std::ifstream in(input, std::ios::binary);
+  LF_CHECK(in.good(), "cannot open ", input);
+  std::vector<std::string> docs;
+  int64_t bytes = 0;
+  for (std::string line; std::getline(in, line);) {
+    if (line.empty()) continue;
+    docs.push_back(nlohmann::json::parse(line).at(key).get<std::string>());
+    bytes += static_cast<int64_t>(docs.back().size());
+  }
+  std::vector<int32_t> ids;
+  int64_t tokens = 0;
+  for (int r = 0; r < repeat; ++r) {
+    auto t0 = std::chrono::steady_clock::now();
+    tokens = 0;
+    for (const auto& d : docs) {
+      ids.clear();
+      tok->encode_into(d, ids);
+      tokens += static_cast<int64_t>(ids.size());
+    }
+    double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    std::printf("pass %d: %zu documents, %.2f MB, %lld tokens, %.3f s, %.2f MB/s (one thread)\n",
+                r, docs.size(), static_cast<double>(bytes) / 1e6, static_cast<long long>(tokens), s,
+                static_cast<double>(bytes) / 1e6 / s);
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"loongforge-data: Megatron indexed datasets, tokenizers and the demo corpus"};
+  app.require_subcommand(1);
+
+  lf::data::PreprocessOptions po;
+  std::string type = "HuggingFaceTokenizer", model;
+  auto* pre = app.add_subcommand("preprocess", "tokenize a jsonl file into indexed datasets");
+  pre->add_option("--input", po.input, "jsonl file, one JSON object per line")->required();
+  pre->add_option("--json-keys", po.json_keys, "keys to tokenize (one dataset each)");
+  pre->add_option("--tokenizer-type", type, "HuggingFaceTokenizer | ByteTokenizer")->required();
+  pre->add_option("--tokenizer-model", model, "tokenizer.json or its directory");
+  pre->add_flag("--append-eod", po.append_eod, "end every document with the eod token");
+  pre->add_option("--workers", po.workers, "tokenizing threads")->check(CLI::PositiveNumber);
+  pre->add_option("--output-prefix", po.output_prefix,
+                  "outputs are <prefix>_<key>_document.{bin,idx}")->required();
+  pre->add_option("--chunk-bytes", po.chunk_bytes, "lines per work item, in bytes");
+  pre->add_option("--log-interval", po.log_interval_s, "seconds between progress lines");
+
+  lf::data::tools::InspectOptions io;
+  auto* ins = app.add_subcommand("inspect", "counts, dtype, length histogram and a decoded sample");
+  ins->add_option("prefix", io.prefix, "dataset path prefix (without .bin/.idx)")->required();
+  ins->add_option("--tokenizer-type", io.tokenizer_type, "decode the sample with this tokenizer");
+  ins->add_option("--tokenizer-model", io.tokenizer_model, "tokenizer.json or its directory");
+  ins->add_option("--vocab-size", io.vocab_size, "check every token id is below this");
+  ins->add_option("--sample", io.sample, "which sequence to show");
+  ins->add_option("--max-tokens", io.max_tokens, "tokens of the sample to show");
+
+  lf::data::DemoCorpusOptions dopt;
+  auto* demo = app.add_subcommand("make-demo-corpus",
+                                  "write the arithmetic demo corpus (train/valid/eval jsonl)");
+  demo->add_option("--out", dopt.out_dir, "output directory")->required();
+  demo->add_option("--seed", dopt.seed, "random seed");
+  demo->add_option("--train-docs", dopt.train_docs, "training documents");
+  demo->add_option("--valid-docs", dopt.valid_docs, "validation documents (held-out problems)");
+  demo->add_option("--eval-problems", dopt.eval_problems, "prompt/answer pairs in eval.jsonl");
+  demo->add_option("--problems-per-doc", dopt.problems_per_doc, "problems per document");
+  demo->add_option("--max-operand", dopt.max_operand, "largest operand");
+
+  std::string bench_input, bench_key = "text";
+  int repeat = 2;
+  auto* bench = app.add_subcommand("bench-tokenizer", "single-thread encoding throughput");
+  bench->add_option("--input", bench_input, "jsonl file")->required();
+  bench->add_option("--json-key", bench_key, "text key");
+  bench->add_option("--tokenizer-type", type, "HuggingFaceTokenizer | ByteTokenizer")->required();
+  bench->add_option("--tokenizer-model", model, "tokenizer.json or its directory");
+  bench->add_option("--repeat", repeat, "passes (the first fills the word cache)");
+
+  CLI11_PARSE(app, argc, argv);
+  try {
+    lf::log::init(lf::log::options_from_env(-1, 1));
+    if (*pre) return run_preprocess(po, type, model);
+    if (*ins) return lf::data::tools::run_inspect(io);
+    if (*bench) return run_bench(bench_input, bench_key, type, model, repeat);
+    if (*demo) {
+      auto f = lf::data::write_demo_corpus(dopt);
+      std::printf("wrote %s, %s, %s (%lld training problems, %lld held out)\n", f.train.c_str(),
+                  f.valid.c_str(), f.eval.c_str(), static_cast<long long>(f.train_problems),
+                  static_cast<long long>(f.heldout_problems));
+      return 0;
+    }
+  } catch (const lf::Error& e) {
+    std::fprintf(stderr, "loongforge-data: error: %s\n", e.what());
+    return 1;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "loongforge-data: error: %s\n", e.what());
+    return 1;
+  }
+  return 2;
+}

@@ -41,7 +41,8 @@ endif()
 if(LOONGFORGE_CUDA)
   enable_language(CUDA)
   set(CMAKE_CUDA_ARCHITECTURES ${LOONGFORGE_CUDA_ARCHS})
-  set(CMAKE_CUDA_STANDARD 20)
+  # CMake 3.25 does not know that nvcc 13 accepts C++20; the .cu files need only C++17.
+  set(CMAKE_CUDA_STANDARD 17)
   message(STATUS "LoongForge CUDA backend: ON (sm_${LOONGFORGE_CUDA_ARCHS})")
 else()
   message(STATUS "LoongForge CUDA backend: OFF")
@@ -50,5 +51,5 @@ endif()
 # The wheel ships c10d's ProcessGroupGloo.hpp but not the gloo headers it includes. The header
 # only names gloo types behind smart pointers plus one abstract store interface, so the shim in
 # cmake/gloo-shim declares exactly those names; the class layout is unaffected
-# (docs/architecture.md, "Gloo from the wheel").
+# (docs/distributed.md, "Gloo from the wheel").
 set(LOONGFORGE_GLOO_SHIM_DIR ${PROJECT_SOURCE_DIR}/cmake/gloo-shim)

@@ -3,6 +3,7 @@
 #pragma once
 #include <ATen/core/Tensor.h>
 #include <ATen/Functions.h>
+#include <ATen/TensorOperators.h>
 #include <c10/core/ScalarType.h>
 #include <c10/util/intrusive_ptr.h>
 #include <string>

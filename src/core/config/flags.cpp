@@ -68,6 +68,7 @@ const std::vector<FlagSpec> kTable = {
   {"--use-distributed-optimizer", "optimizer.use_distributed_optimizer", K::store_true, "", ""},
   // data
   {"--data-path", "data.data_path", K::list, "[W] PREFIX ...", ""},
+  {"--valid-data-path", "data.valid_data_path", K::list, "[W] PREFIX ...", ""},
   {"--split", "data.split", K::comma_list, "TRAIN,VALID,TEST", ""},
   {"--mock-data", "data.mock_data", K::store_true, "", ""},
   {"--tokenizer-type", "data.tokenizer_type", K::value, "NAME", ""},

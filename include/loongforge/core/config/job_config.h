@@ -149,6 +149,7 @@ struct OptimizerConfig {
 
 struct DataConfig {
   std::vector<std::string> data_path;  // Megatron form: [path] or [w1, p1, w2, p2, ...]
+  std::vector<std::string> valid_data_path;  // when set, validation reads these, not a split
   std::vector<double> split = {969, 30, 1};
   bool mock_data = false;
   std::optional<std::string> tokenizer_type;
@@ -164,11 +165,14 @@ struct DataConfig {
   template <class V>
   void visit(V& v) {
     v("data_path", data_path, "Dataset prefixes, optionally weighted: [0.3, A, 0.7, B]");
+    v("valid_data_path", valid_data_path,
+      "Validation dataset prefixes (empty: the valid part of split over data_path)");
     v("split", split, "Train/validation/test proportions", Min{0});
     v("mock_data", mock_data, "Synthetic data instead of data_path");
     v("tokenizer_type", tokenizer_type, "Tokenizer",
       OneOf{{"GPT2BPETokenizer", "SentencePieceTokenizer", "GPTSentencePieceTokenizer",
-             "HuggingFaceTokenizer", "Llama2Tokenizer", "TikTokenizer", "NullTokenizer"}});
+             "HuggingFaceTokenizer", "Llama2Tokenizer", "TikTokenizer", "NullTokenizer",
+             "ByteTokenizer"}});
     v("tokenizer_model", tokenizer_model, "Tokenizer model file or directory");
     v("vocab_file", vocab_file, "Vocabulary file (GPT2BPETokenizer)");
     v("merge_file", merge_file, "BPE merge file (GPT2BPETokenizer)");

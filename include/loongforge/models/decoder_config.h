@@ -1,0 +1,85 @@
+// The decoder-only transformer family's hyper-parameters (LLaMA / Qwen / Mistral style), with
+// Megatron's field names, as one field list that drives YAML loading, --dry-run printing and
+// validation. Not the model (models/decoder.h).
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "loongforge/core/config/schema.h"
+
+namespace lf::models {
+
+using lf::config::Max;
+using lf::config::Min;
+using lf::config::OneOf;
+using lf::config::Required;
+
+struct DecoderConfig {
+  int64_t num_layers = 0;
+  int64_t hidden_size = 0;
+  int64_t ffn_hidden_size = 0;
+  int64_t num_attention_heads = 0;
+  int64_t num_query_groups = 0;  // 0: = num_attention_heads (no GQA)
+  int64_t kv_channels = 0;       // 0: hidden_size / num_attention_heads
+  int64_t vocab_size = 0;
+  int64_t make_vocab_size_divisible_by = 128;
+  int64_t max_position_embeddings = 0;
+  std::string normalization = "RMSNorm";
+  double norm_epsilon = 1e-5;
+  bool swiglu = true;
+  std::string position_embedding_type = "rope";
+  double rotary_base = 10000;
+  bool untie_embeddings_and_output_weights = false;
+  bool add_bias_linear = false;
+  bool add_qkv_bias = false;
+  bool qk_layernorm = false;
+  double init_method_std = 0.02;
+  double hidden_dropout = 0.0;
+  double attention_dropout = 0.0;
+  bool group_query_attention = false;  // Megatron's switch; num_query_groups decides here
+
+  template <class V>
+  void visit(V& v) {
+    v("num_layers", num_layers, "Transformer layers", Required{}, Min{1});
+    v("hidden_size", hidden_size, "Hidden size", Required{}, Min{1});
+    v("ffn_hidden_size", ffn_hidden_size, "MLP hidden size", Required{}, Min{1});
+    v("num_attention_heads", num_attention_heads, "Query heads", Required{}, Min{1});
+    v("num_query_groups", num_query_groups, "Key/value heads (GQA); 0: num_attention_heads", Min{0});
+    v("kv_channels", kv_channels, "Head dimension; 0: hidden_size / num_attention_heads", Min{0});
+    v("vocab_size", vocab_size, "Vocabulary size of the tokenizer", Required{}, Min{1});
+    v("make_vocab_size_divisible_by", make_vocab_size_divisible_by,
+      "Pad the embedding table to a multiple of this (times TP)", Min{1});
+    v("max_position_embeddings", max_position_embeddings, "Longest sequence", Required{}, Min{1});
+    v("normalization", normalization, "Norm layer", OneOf{{"RMSNorm", "LayerNorm"}});
+    v("norm_epsilon", norm_epsilon, "Epsilon of the norm layers", Min{0});
+    v("swiglu", swiglu, "SwiGLU MLP (else GELU)");
+    v("position_embedding_type", position_embedding_type, "Position embedding", OneOf{{"rope"}});
+    v("rotary_base", rotary_base, "RoPE base (theta)", Min{1});
+    v("untie_embeddings_and_output_weights", untie_embeddings_and_output_weights,
+      "Separate output layer instead of the transposed embedding");
+    v("add_bias_linear", add_bias_linear, "Biases in the linear layers");
+    v("add_qkv_bias", add_qkv_bias, "Bias in the QKV projection only (Qwen2)");
+    v("qk_layernorm", qk_layernorm, "RMSNorm on queries and keys per head (Qwen3)");
+    v("init_method_std", init_method_std, "Std of the normal initialisation", Min{0});
+    v("hidden_dropout", hidden_dropout, "Dropout after attention and MLP", Min{0}, Max{1});
+    v("attention_dropout", attention_dropout, "Dropout of attention probabilities", Min{0}, Max{1});
+    v("group_query_attention", group_query_attention, "Megatron's GQA switch (num_query_groups decides)");
+  }
+
+  int64_t query_groups() const { return num_query_groups > 0 ? num_query_groups : num_attention_heads; }
+  int64_t head_dim() const { return kv_channels > 0 ? kv_channels : hidden_size / num_attention_heads; }
+  // The embedding rows: vocab_size rounded up to make_vocab_size_divisible_by * tp.
+  int64_t padded_vocab_size(int64_t tp = 1) const;
+  int64_t num_parameters() const;
+  // Training FLOPs per token (forward + backward = 3x forward) at sequence length `seq`:
+  // 6 * matmul parameters + the attention score/value products (12 * layers * seq * q-width / 2,
+  // causal). The number MFU divides by.
+  double flops_per_token(int64_t seq) const;
+  // Cross-field checks (heads divide, GQA divides, head dim even for RoPE ...); issues name the
+  // key under `prefix` and its origin in `tree`.
+  void validate(const lf::config::Node& tree, const std::string& prefix,
+                lf::config::ErrorList& errors) const;
+};
+
+}  // namespace lf::models

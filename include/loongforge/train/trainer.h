@@ -1,0 +1,63 @@
+// The training loop: micro-batches with gradient accumulation, data-parallel gradient averaging,
+// AdamW with the LR schedule, periodic logging (terminal and --metrics-file JSON lines),
+// validation, NaN/Inf detection and the exit conditions. Model and data are given to it; it does
+// not build them (tools/train does), and it does not parallelise the model itself.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "loongforge/backend/device_backend.h"
+#include "loongforge/core/config/job_config.h"
+#include "loongforge/dist/parallel_context.h"
+#include "loongforge/models/decoder.h"
+
+namespace lf::train {
+
+// Where micro-batches come from: next() returns this data-parallel rank's next micro-batch of
+// tokens [micro_batch_size, seq_length + 1] (int64; inputs are [:, :-1], labels [:, 1:]).
+class BatchSource {
+ public:
+  virtual ~BatchSource() = default;
+  virtual at::Tensor next() = 0;
+  // Starts over from the first micro-batch (validation: every evaluation sees the same data).
+  virtual void rewind() {}
+};
+
+struct EvalResult {
+  double loss = 0;      // mean per-token loss over the evaluated tokens
+  double accuracy = 0;  // fraction of tokens whose argmax prediction equals the label
+  int64_t tokens = 0;
+};
+
+struct TrainSummary {
+  int64_t iterations = 0;
+  double last_loss = 0;
+  EvalResult first_eval, last_eval;
+  double tokens_per_sec = 0;
+};
+
+class Trainer {
+ public:
+  Trainer(const lf::config::JobConfig& job, lf::models::Decoder& model,
+          const lf::dist::ParallelContext& ctx, const lf::backend::DeviceBackend& backend,
+          std::unique_ptr<BatchSource> train_data, std::unique_ptr<BatchSource> valid_data);
+  ~Trainer();
+
+  TrainSummary run();
+  // Validation over eval_iters micro-batches per DP rank, averaged over the data-parallel group.
+  EvalResult evaluate();
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// Micro-batches per step: global_batch_size / (micro_batch_size * dp); throws naming the values
+// when they do not divide.
+int64_t num_micro_batches(const lf::config::TrainingConfig& t, int dp_size);
+
+}  // namespace lf::train

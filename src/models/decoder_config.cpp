@@ -1,0 +1,56 @@
+#include "loongforge/models/decoder_config.h"
+
+namespace lf::models {
+
+int64_t DecoderConfig::padded_vocab_size(int64_t tp) const {
+  const int64_t multiple = make_vocab_size_divisible_by * tp;
+  return (vocab_size + multiple - 1) / multiple * multiple;
+}
+
+int64_t DecoderConfig::num_parameters() const {
+  const int64_t h = hidden_size, d = head_dim(), nq = num_attention_heads, nkv = query_groups(),
+                f = ffn_hidden_size, v = padded_vocab_size();
+  const int64_t mlp_in = swiglu ? 2 * f : f;
+  int64_t per_layer = (nq + 2 * nkv) * d * h + h * nq * d + mlp_in * h + h * f + 2 * h;
+  if (add_qkv_bias || add_bias_linear) per_layer += (nq + 2 * nkv) * d;
+  if (add_bias_linear) per_layer += h + mlp_in + h;
+  if (qk_layernorm) per_layer += 2 * d;
+  int64_t total = v * h + num_layers * per_layer + h;
+  if (untie_embeddings_and_output_weights) total += v * h;
+  return total;
+}
+
+double DecoderConfig::flops_per_token(int64_t seq) const {
+  const double h = hidden_size, d = head_dim(), nq = num_attention_heads,
+               nkv = query_groups(), f = ffn_hidden_size, v = padded_vocab_size();
+  const double mlp_in = swiglu ? 2 * f : f;
+  const double matmul_params =
+      num_layers * ((nq + 2 * nkv) * d * h + h * nq * d + mlp_in * h + h * f) + v * h;
+  // QK^T and PV: 2 * 2 * seq * nq * d multiply-adds per token per layer, halved by causality.
+  const double attention = num_layers * 2.0 * seq * nq * d;
+  return 6.0 * matmul_params + 3.0 * 2.0 * attention;
+}
+
+void DecoderConfig::validate(const lf::config::Node& tree, const std::string& prefix,
+                             lf::config::ErrorList& errors) const {
+  auto origin = [&](const char* key) {
+    const auto* n = tree.find(key);
+    return n ? n->origin() : lf::config::Origin::from_default();
+  };
+  auto key = [&](const char* k) { return prefix.empty() ? std::string(k) : prefix + "." + k; };
+  if (num_attention_heads > 0 && kv_channels == 0 && hidden_size % num_attention_heads != 0)
+    errors.add(key("num_attention_heads"), origin("num_attention_heads"),
+               "num_attention_heads " + std::to_string(num_attention_heads) +
+                   " does not divide hidden_size " + std::to_string(hidden_size),
+               "set kv_channels explicitly or choose a divisor of hidden_size");
+  if (query_groups() > 0 && num_attention_heads % query_groups() != 0)
+    errors.add(key("num_query_groups"), origin("num_query_groups"),
+               "num_query_groups " + std::to_string(query_groups()) +
+                   " does not divide num_attention_heads " + std::to_string(num_attention_heads),
+               "each key/value head serves a whole number of query heads");
+  if (num_attention_heads > 0 && head_dim() % 2 != 0)
+    errors.add(key("kv_channels"), origin("kv_channels"),
+               "RoPE needs an even head dimension, got " + std::to_string(head_dim()));
+}
+
+}  // namespace lf::models

@@ -1,0 +1,16 @@
+// The CUDA backend's op table: the reference math run by ATen on CUDA tensors, with the ops that
+// have a hand-written kernel (kernels/) overridden. Private to the CUDA module.
+#pragma once
+
+#include "loongforge/backend/reference_ops.h"
+
+namespace lf::backend::cuda {
+
+class CudaOps final : public ReferenceOps {
+ public:
+  RmsNormFwd rms_norm_fwd(const at::Tensor& x, const at::Tensor& w, double eps) const override;
+  at::Tensor swiglu_fwd(const at::Tensor& gate_up) const override;
+  at::Tensor swiglu_bwd(const at::Tensor& dy, const at::Tensor& gate_up) const override;
+};
+
+}  // namespace lf::backend::cuda

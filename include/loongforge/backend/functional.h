@@ -1,0 +1,39 @@
+// Autograd entry points for the fused ops: each is a torch::autograd::Function whose forward
+// calls the backend's *_fwd and whose backward calls its *_bwd, so models written against these
+// run unchanged on cpu, cuda and xpu. Not the op math (backend/op_table.h; backends/cpu is the
+// reference). The backend must outlive the autograd graphs built with it.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <optional>
+
+#include "loongforge/backend/device_backend.h"
+
+namespace lf::ops {
+
+using lf::backend::AttentionMask;
+using lf::backend::DeviceBackend;
+
+// x: [.., h], w: [h] -> [.., h]
+at::Tensor rms_norm(const DeviceBackend& be, const at::Tensor& x, const at::Tensor& w,
+                    double eps);
+// x: [.., h], w: [h], b: [h] or undefined -> [.., h]
+at::Tensor layer_norm(const DeviceBackend& be, const at::Tensor& x, const at::Tensor& w,
+                      const at::Tensor& b, double eps);
+// x: [s, b, n, d], cos/sin: [s, r] (constants: no gradient flows to them) -> [s, b, n, d]
+at::Tensor rope(const DeviceBackend& be, const at::Tensor& x, const at::Tensor& cos,
+                const at::Tensor& sin, bool interleaved = false);
+// gate_up: [.., 2f] -> [.., f]
+at::Tensor swiglu(const DeviceBackend& be, const at::Tensor& gate_up);
+// logits: [n, v], target: [n] -> per-token loss [n] fp32 (0 at ignore_index; reduce it yourself)
+at::Tensor softmax_cross_entropy(const DeviceBackend& be, const at::Tensor& logits,
+                                 const at::Tensor& target, int64_t ignore_index = -100);
+// q: [b, nq, s, d], k: [b, nkv, t, d], v: [b, nkv, t, dv] -> [b, nq, s, dv].
+// scale defaults to 1/sqrt(d). An explicit mask gets no gradient.
+at::Tensor sdpa(const DeviceBackend& be, const at::Tensor& q, const at::Tensor& k,
+                const at::Tensor& v, const AttentionMask& mask,
+                std::optional<double> scale = std::nullopt);
+
+}  // namespace lf::ops

@@ -1,0 +1,141 @@
+// OpTable: the fused ops models reach through a DeviceBackend, each as an explicit forward and
+// backward pair (forward returns what backward needs). Not autograd: backend/functional.h wraps
+// these pairs in autograd Functions; models call those.
+//
+// Conventions shared by every implementation (the CPU reference in backends/cpu pins them):
+// - Math runs in fp32 (fp64 inputs stay fp64; bf16/fp16 are upcast). Outputs named like an input
+//   (y, o, dx, dlogits ...) have that input's dtype; statistics (rstd, mean, lse, loss) are fp32
+//   (fp64 for fp64 inputs).
+// - Inputs may be non-contiguous; outputs are contiguous.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <optional>
+
+namespace lf::backend {
+
+struct RmsNormFwd {
+  at::Tensor y;     // [.., h], x's dtype
+  at::Tensor rstd;  // [..] = 1 / sqrt(mean(x^2) + eps)
+};
+struct RmsNormBwd {
+  at::Tensor dx;  // [.., h]
+  at::Tensor dw;  // [h], w's dtype
+};
+
+struct LayerNormFwd {
+  at::Tensor y;     // [.., h]
+  at::Tensor mean;  // [..]
+  at::Tensor rstd;  // [..] = 1 / sqrt(biased var + eps)
+};
+struct LayerNormBwd {
+  at::Tensor dx, dw;
+  at::Tensor db;  // undefined when the forward had no bias
+};
+
+struct CrossEntropyFwd {
+  at::Tensor loss;  // [n] fp32, 0 where target == ignore_index
+  at::Tensor lse;   // [n] fp32 logsumexp of the logits row
+};
+
+// Attention masks. Causal is aligned bottom-right (query i sees keys j <= i + t - s, as in
+// FlashAttention), which equals the usual lower triangle when s == t and is what decoding with a
+// KV cache needs. A row that sees no key gives o = 0 and lse = -inf, and no gradient.
+enum class MaskKind : int32_t {
+  none = 0,
+  causal = 1,
+  explicit_bool = 2,      // mask: bool [b|1, nq|1, s, t], true = may attend
+  explicit_additive = 3,  // mask: float [b|1, nq|1, s, t], added to the scaled scores
+};
+const char* to_string(MaskKind kind);
+
+struct AttentionMask {
+  MaskKind kind = MaskKind::none;
+  at::Tensor mask;  // only for the explicit kinds
+
+  static AttentionMask none() { return {}; }
+  static AttentionMask causal() { return {MaskKind::causal, {}}; }
+  static AttentionMask boolean(at::Tensor m) { return {MaskKind::explicit_bool, std::move(m)}; }
+  static AttentionMask additive(at::Tensor m) {
+    return {MaskKind::explicit_additive, std::move(m)};
+  }
+};
+
+struct SdpaFwd {
+  at::Tensor o;    // [b, nq, s, dv], q's dtype
+  at::Tensor lse;  // [b, nq, s] fp32, logsumexp of the masked, scaled scores
+};
+struct SdpaBwd {
+  at::Tensor dq, dk, dv;  // shapes and dtypes of q, k, v (GQA: summed over each kv group)
+};
+
+// Decoupled weight decay (Loshchilov & Hutter; torch.optim.AdamW):
+//   p -= lr * wd * p;  m = b1 m + (1-b1) g;  v = b2 v + (1-b2) g^2;
+//   p -= lr / (1 - b1^step) * m / (sqrt(v) / sqrt(1 - b2^step) + eps)
+struct AdamWHyper {
+  double lr = 1e-3;
+  double beta1 = 0.9;
+  double beta2 = 0.999;
+  double eps = 1e-8;
+  double weight_decay = 0.01;
+  int64_t step = 1;  // 1-based count of this update, for bias correction
+};
+
+class OpTable {
+ public:
+  virtual ~OpTable() = default;
+
+  // x: [.., h], w: [h]
+  virtual RmsNormFwd rms_norm_fwd(const at::Tensor& x, const at::Tensor& w, double eps) const = 0;
+  // dy, x: [.., h], w: [h], rstd: [..]
+  virtual RmsNormBwd rms_norm_bwd(const at::Tensor& dy, const at::Tensor& x, const at::Tensor& w,
+                                  const at::Tensor& rstd) const = 0;
+
+  // x: [.., h], w: [h], b: [h] or undefined
+  virtual LayerNormFwd layer_norm_fwd(const at::Tensor& x, const at::Tensor& w,
+                                      const at::Tensor& b, double eps) const = 0;
+  virtual LayerNormBwd layer_norm_bwd(const at::Tensor& dy, const at::Tensor& x,
+                                      const at::Tensor& w, bool has_bias, const at::Tensor& mean,
+                                      const at::Tensor& rstd) const = 0;
+
+  // x: [s, b, n, d]; cos, sin: [s, r] with r <= d and r even (the first r dims rotate, the rest
+  // pass through). interleaved = false rotates halves (x[:r/2], x[r/2:r]) as in Megatron/HF;
+  // true rotates pairs (x[2i], x[2i+1]) as in GPT-J. cos/sin are laid out to match.
+  virtual at::Tensor rope_fwd(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
+                              bool interleaved) const = 0;
+  // The rotation is orthogonal, so the backward is the forward with sin negated.
+  virtual at::Tensor rope_bwd(const at::Tensor& dy, const at::Tensor& cos, const at::Tensor& sin,
+                              bool interleaved) const = 0;
+
+  // gate_up: [.., 2f] = cat(gate, up) along the last dim -> y: [.., f] = silu(gate) * up
+  virtual at::Tensor swiglu_fwd(const at::Tensor& gate_up) const = 0;
+  // dy: [.., f] -> dgate_up: [.., 2f]
+  virtual at::Tensor swiglu_bwd(const at::Tensor& dy, const at::Tensor& gate_up) const = 0;
+
+  // logits: [n, v], target: [n] int64
+  virtual CrossEntropyFwd softmax_cross_entropy_fwd(const at::Tensor& logits,
+                                                    const at::Tensor& target,
+                                                    int64_t ignore_index) const = 0;
+  // dloss: [n] -> dlogits: [n, v]
+  virtual at::Tensor softmax_cross_entropy_bwd(const at::Tensor& dloss, const at::Tensor& logits,
+                                               const at::Tensor& target, const at::Tensor& lse,
+                                               int64_t ignore_index) const = 0;
+
+  // q: [b, nq, s, d], k: [b, nkv, t, d], v: [b, nkv, t, dv], nq % nkv == 0 (GQA: query head h
+  // uses kv head h / (nq / nkv)). scale multiplies q k^T (usually 1 / sqrt(d)).
+  virtual SdpaFwd sdpa_fwd(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                           const AttentionMask& mask, double scale) const = 0;
+  // dout: [b, nq, s, dv]; o, lse: from the forward
+  virtual SdpaBwd sdpa_bwd(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k,
+                           const at::Tensor& v, const at::Tensor& o, const at::Tensor& lse,
+                           const AttentionMask& mask, double scale) const = 0;
+
+  // In place on fp32 master params and their states (equal-length lists, matching shapes);
+  // grads may be any floating dtype. No backward.
+  virtual void adamw_step(at::TensorList params, at::TensorList grads, at::TensorList exp_avg,
+                          at::TensorList exp_avg_sq, const AdamWHyper& hyper) const = 0;
+};
+
+}  // namespace lf::backend

@@ -1,0 +1,49 @@
+// ReferenceOps: the reference OpTable, written as explicit ATen math with explicit backward
+// formulas (no autograd, no fused ATen kernels such as at::scaled_dot_product_attention). It is
+// what every other backend is tested against. It runs on the device of its inputs, so the CUDA
+// backend starts from it and overrides ops one kernel at a time. Not tuned for speed.
+#pragma once
+
+#include "loongforge/backend/op_table.h"
+
+namespace lf::backend {
+
+class ReferenceOps : public OpTable {
+ public:
+  RmsNormFwd rms_norm_fwd(const at::Tensor& x, const at::Tensor& w, double eps) const override;
+  RmsNormBwd rms_norm_bwd(const at::Tensor& dy, const at::Tensor& x, const at::Tensor& w,
+                          const at::Tensor& rstd) const override;
+  LayerNormFwd layer_norm_fwd(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b,
+                              double eps) const override;
+  LayerNormBwd layer_norm_bwd(const at::Tensor& dy, const at::Tensor& x, const at::Tensor& w,
+                              bool has_bias, const at::Tensor& mean,
+                              const at::Tensor& rstd) const override;
+  at::Tensor rope_fwd(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
+                      bool interleaved) const override;
+  at::Tensor rope_bwd(const at::Tensor& dy, const at::Tensor& cos, const at::Tensor& sin,
+                      bool interleaved) const override;
+  at::Tensor swiglu_fwd(const at::Tensor& gate_up) const override;
+  at::Tensor swiglu_bwd(const at::Tensor& dy, const at::Tensor& gate_up) const override;
+  CrossEntropyFwd softmax_cross_entropy_fwd(const at::Tensor& logits, const at::Tensor& target,
+                                            int64_t ignore_index) const override;
+  at::Tensor softmax_cross_entropy_bwd(const at::Tensor& dloss, const at::Tensor& logits,
+                                       const at::Tensor& target, const at::Tensor& lse,
+                                       int64_t ignore_index) const override;
+  SdpaFwd sdpa_fwd(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                   const AttentionMask& mask, double scale) const override;
+  SdpaBwd sdpa_bwd(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k,
+                   const at::Tensor& v, const at::Tensor& o, const at::Tensor& lse,
+                   const AttentionMask& mask, double scale) const override;
+  void adamw_step(at::TensorList params, at::TensorList grads, at::TensorList exp_avg,
+                  at::TensorList exp_avg_sq, const AdamWHyper& hyper) const override;
+};
+
+// Shape checks shared by every backend, so all of them reject bad input with the same message.
+void check_rms_norm_args(const at::Tensor& x, const at::Tensor& w);
+void check_rope_args(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
+void check_swiglu_args(const at::Tensor& gate_up);
+void check_cross_entropy_args(const at::Tensor& logits, const at::Tensor& target);
+void check_sdpa_args(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                     const AttentionMask& mask);
+
+}  // namespace lf::backend

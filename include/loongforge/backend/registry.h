@@ -1,0 +1,41 @@
+// Choosing a DeviceBackend: LOONGFORGE_DEVICE=cpu|cuda|xpu (unset: cuda when a GPU is visible,
+// else cpu). The CPU backend is linked in; cuda is a module (libloongforge_backend_cuda.so)
+// dlopened only when asked for, so CPU processes never load libtorch_cuda; xpu is an out-of-tree
+// plugin named by LOONGFORGE_XPU_PLUGIN (backend/xpu_plugin_abi.h). Not the backends themselves.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include "loongforge/backend/device_backend.h"
+
+namespace lf::backend {
+
+// The process-wide backend for LOONGFORGE_DEVICE (see above). Throws lf::Error when it cannot be
+// used: an unknown name, cuda without a visible GPU or without its module, xpu with a missing or
+// mismatched plugin. Backends are created once and live until process exit.
+const DeviceBackend& select_backend();
+// The process-wide backend named "cpu", "cuda" or "xpu" (same errors as select_backend).
+const DeviceBackend& backend_by_name(std::string_view name);
+// LOONGFORGE_DEVICE if set, else "cuda" when cuda_device_visible(), else "cpu".
+std::string default_device_name();
+
+// Whether the machine shows an NVIDIA GPU to this process, judged without loading any CUDA
+// library: the driver lists a GPU (/proc/driver/nvidia/gpus or /dev/nvidia0) and
+// CUDA_VISIBLE_DEVICES does not hide all of them.
+bool cuda_device_visible();
+
+// The CPU reference backend (always available).
+const DeviceBackend& cpu_backend();
+
+// Loading the modules, for the registry and for tests that need a fresh instance or a
+// particular file. Both throw lf::Error naming the path on a missing file, a missing symbol or
+// an ABI mismatch.
+//   cuda: LOONGFORGE_CUDA_MODULE if set, else libloongforge_backend_cuda.so next to
+//   libloongforge_backend.so.
+std::string cuda_module_path();
+std::unique_ptr<DeviceBackend> load_cuda_backend(const std::string& module_path);
+std::unique_ptr<DeviceBackend> load_xpu_plugin(const std::string& plugin_path);
+
+}  // namespace lf::backend

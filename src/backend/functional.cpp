@@ -1,0 +1,167 @@
+// Autograd Functions over the backend's op pairs (backend/functional.h). Each forward calls the
+// backend's *_fwd and saves what its *_bwd needs; each backward calls *_bwd. Duality: backward
+// returns exactly the vector-Jacobian product of forward, as pinned by the op harness.
+#include "loongforge/backend/functional.h"
+
+#include <torch/csrc/autograd/custom_function.h>
+
+#include <cmath>
+
+#include "loongforge/core/error.h"
+
+namespace lf::ops {
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+// The backend travels to backward as an integer in saved_data (IValues cannot hold pointers);
+// backends are process-lifetime singletons or outlive the graph by contract.
+void save_backend(AutogradContext* ctx, const DeviceBackend* be) {
+  ctx->saved_data["backend"] = static_cast<int64_t>(reinterpret_cast<intptr_t>(be));
+}
+const DeviceBackend& saved_backend(AutogradContext* ctx) {
+  return *reinterpret_cast<const DeviceBackend*>(
+      static_cast<intptr_t>(ctx->saved_data["backend"].toInt()));
+}
+
+struct RmsNormFn : torch::autograd::Function<RmsNormFn> {
+  static at::Tensor forward(AutogradContext* ctx, const DeviceBackend* be, const at::Tensor& x,
+                            const at::Tensor& w, double eps) {
+    auto r = be->ops().rms_norm_fwd(x, w, eps);
+    save_backend(ctx, be);
+    ctx->save_for_backward({x, w, r.rstd});
+    return r.y;
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list dy) {
+    auto s = ctx->get_saved_variables();
+    auto g = saved_backend(ctx).ops().rms_norm_bwd(dy[0], s[0], s[1], s[2]);
+    return {at::Tensor(), g.dx, g.dw, at::Tensor()};
+  }
+};
+
+struct LayerNormFn : torch::autograd::Function<LayerNormFn> {
+  static at::Tensor forward(AutogradContext* ctx, const DeviceBackend* be, const at::Tensor& x,
+                            const at::Tensor& w, const std::optional<at::Tensor>& b, double eps) {
+    const bool has_bias = b.has_value() && b->defined();
+    auto r = be->ops().layer_norm_fwd(x, w, has_bias ? *b : at::Tensor(), eps);
+    save_backend(ctx, be);
+    ctx->saved_data["has_bias"] = has_bias;
+    ctx->save_for_backward({x, w, r.mean, r.rstd});
+    return r.y;
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list dy) {
+    auto s = ctx->get_saved_variables();
+    auto g = saved_backend(ctx).ops().layer_norm_bwd(dy[0], s[0], s[1],
+                                                     ctx->saved_data["has_bias"].toBool(), s[2],
+                                                     s[3]);
+    return {at::Tensor(), g.dx, g.dw, g.db, at::Tensor()};
+  }
+};
+
+struct RopeFn : torch::autograd::Function<RopeFn> {
+  static at::Tensor forward(AutogradContext* ctx, const DeviceBackend* be, const at::Tensor& x,
+                            const at::Tensor& cos, const at::Tensor& sin, bool interleaved) {
+    save_backend(ctx, be);
+    ctx->saved_data["interleaved"] = interleaved;
+    ctx->save_for_backward({cos, sin});
+    return be->ops().rope_fwd(x, cos, sin, interleaved);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list dy) {
+    auto s = ctx->get_saved_variables();
+    auto dx = saved_backend(ctx).ops().rope_bwd(dy[0], s[0], s[1],
+                                                ctx->saved_data["interleaved"].toBool());
+    return {at::Tensor(), dx, at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+
+struct SwigluFn : torch::autograd::Function<SwigluFn> {
+  static at::Tensor forward(AutogradContext* ctx, const DeviceBackend* be,
+                            const at::Tensor& gate_up) {
+    save_backend(ctx, be);
+    ctx->save_for_backward({gate_up});
+    return be->ops().swiglu_fwd(gate_up);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list dy) {
+    auto s = ctx->get_saved_variables();
+    return {at::Tensor(), saved_backend(ctx).ops().swiglu_bwd(dy[0], s[0])};
+  }
+};
+
+struct CrossEntropyFn : torch::autograd::Function<CrossEntropyFn> {
+  static at::Tensor forward(AutogradContext* ctx, const DeviceBackend* be,
+                            const at::Tensor& logits, const at::Tensor& target,
+                            int64_t ignore_index) {
+    auto r = be->ops().softmax_cross_entropy_fwd(logits, target, ignore_index);
+    save_backend(ctx, be);
+    ctx->saved_data["ignore_index"] = ignore_index;
+    ctx->save_for_backward({logits, target, r.lse});
+    return r.loss;
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list dloss) {
+    auto s = ctx->get_saved_variables();
+    auto dlogits = saved_backend(ctx).ops().softmax_cross_entropy_bwd(
+        dloss[0], s[0], s[1], s[2], ctx->saved_data["ignore_index"].toInt());
+    return {at::Tensor(), dlogits, at::Tensor(), at::Tensor()};
+  }
+};
+
+struct SdpaFn : torch::autograd::Function<SdpaFn> {
+  static at::Tensor forward(AutogradContext* ctx, const DeviceBackend* be, const at::Tensor& q,
+                            const at::Tensor& k, const at::Tensor& v, int64_t mask_kind,
+                            const std::optional<at::Tensor>& mask, double scale) {
+    AttentionMask m{static_cast<backend::MaskKind>(mask_kind), mask.value_or(at::Tensor())};
+    auto r = be->ops().sdpa_fwd(q, k, v, m, scale);
+    save_backend(ctx, be);
+    ctx->saved_data["mask_kind"] = mask_kind;
+    ctx->saved_data["scale"] = scale;
+    ctx->save_for_backward({q, k, v, r.o, r.lse, m.mask});
+    return r.o;
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list dout) {
+    auto s = ctx->get_saved_variables();
+    AttentionMask m{static_cast<backend::MaskKind>(ctx->saved_data["mask_kind"].toInt()), s[5]};
+    auto g = saved_backend(ctx).ops().sdpa_bwd(dout[0], s[0], s[1], s[2], s[3], s[4], m,
+                                               ctx->saved_data["scale"].toDouble());
+    return {at::Tensor(), g.dq, g.dk, g.dv, at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+
+}  // namespace
+
+at::Tensor rms_norm(const DeviceBackend& be, const at::Tensor& x, const at::Tensor& w,
+                    double eps) {
+  return RmsNormFn::apply(&be, x, w, eps);
+}
+
+at::Tensor layer_norm(const DeviceBackend& be, const at::Tensor& x, const at::Tensor& w,
+                      const at::Tensor& b, double eps) {
+  // Optional, not undefined: custom Functions reject undefined tensor inputs.
+  return LayerNormFn::apply(&be, x, w, b.defined() ? std::optional<at::Tensor>(b) : std::nullopt,
+                            eps);
+}
+
+at::Tensor rope(const DeviceBackend& be, const at::Tensor& x, const at::Tensor& cos,
+                const at::Tensor& sin, bool interleaved) {
+  return RopeFn::apply(&be, x, cos, sin, interleaved);
+}
+
+at::Tensor swiglu(const DeviceBackend& be, const at::Tensor& gate_up) {
+  return SwigluFn::apply(&be, gate_up);
+}
+
+at::Tensor softmax_cross_entropy(const DeviceBackend& be, const at::Tensor& logits,
+                                 const at::Tensor& target, int64_t ignore_index) {
+  return CrossEntropyFn::apply(&be, logits, target, ignore_index);
+}
+
+at::Tensor sdpa(const DeviceBackend& be, const at::Tensor& q, const at::Tensor& k,
+                const at::Tensor& v, const AttentionMask& mask, std::optional<double> scale) {
+  LF_CHECK(q.dim() == 4, "sdpa: q must be [b, nq, s, d]; got ", q.sizes());
+  const double sc = scale.value_or(1.0 / std::sqrt(static_cast<double>(q.size(3))));
+  // The explicit mask is passed detached: masks are inputs, not parameters.
+  auto m = mask.mask.defined() ? std::optional<at::Tensor>(mask.mask.detach()) : std::nullopt;
+  return SdpaFn::apply(&be, q, k, v, static_cast<int64_t>(mask.kind), m, sc);
+}
+
+}  // namespace lf::ops

@@ -1,0 +1,268 @@
+// The case table of the op harness (op_cases.h).
+//
+// Tolerances: fp32 cases allow 1e-5 absolute / 1e-4 relative, enough for a different reduction
+// order (CUDA) over the few hundred terms these shapes sum, and far below any formula error
+// (which shows at 1e-2 or more). bf16 cases produce bf16 outputs: a different summation order
+// may round to the neighbouring bf16 value, one ulp = 2^-8 relative, so 2e-2 (about 2-5 ulps).
+#include "op_cases.h"
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/Functions.h>
+#include <ATen/TensorOperators.h>
+
+#include <cmath>
+#include <sstream>
+
+namespace lf::testing {
+namespace {
+
+using backend::AdamWHyper;
+using backend::AttentionMask;
+using backend::MaskKind;
+using backend::OpTable;
+
+constexpr double kF32Atol = 1e-5, kF32Rtol = 1e-4, kBf16Tol = 2e-2;
+
+struct Rng {
+  at::Generator gen;
+  explicit Rng(uint64_t seed) : gen(at::make_generator<at::CPUGeneratorImpl>(seed)) {}
+  at::Tensor randn(at::IntArrayRef shape, at::ScalarType dt, double scale = 1.0) {
+    return (at::randn(shape, gen, at::TensorOptions().dtype(at::kFloat)) * scale).to(dt);
+  }
+  at::Tensor randint(int64_t high, at::IntArrayRef shape) {
+    return at::randint(high, shape, gen, at::TensorOptions().dtype(at::kLong));
+  }
+};
+
+const char* dt_name(at::ScalarType dt) { return dt == at::kBFloat16 ? "bf16" : "f32"; }
+double atol_for(at::ScalarType dt) { return dt == at::kBFloat16 ? kBf16Tol : kF32Atol; }
+double rtol_for(at::ScalarType dt) { return dt == at::kBFloat16 ? kBf16Tol : kF32Rtol; }
+
+// cos/sin [s, r] for positions 0..s-1, laid out for the halves or the interleaved rotation.
+std::pair<at::Tensor, at::Tensor> rope_tables(int64_t s, int64_t r, bool interleaved) {
+  auto inv_freq = at::pow(10000.0, -at::arange(0, r, 2, at::kDouble) / static_cast<double>(r));
+  auto freqs = at::outer(at::arange(s, at::kDouble), inv_freq);  // [s, r/2]
+  auto emb = interleaved ? freqs.repeat_interleave(2, 1) : at::cat({freqs, freqs}, 1);
+  return {at::cos(emb).to(at::kFloat), at::sin(emb).to(at::kFloat)};
+}
+
+void add_norm_cases(std::vector<OpCase>& cases) {
+  for (auto dt : {at::kFloat, at::kBFloat16}) {
+    cases.push_back({std::string("rms_norm_") + dt_name(dt), atol_for(dt), rtol_for(dt),
+                     [dt] {
+                       Rng g(1);
+                       return std::vector<at::Tensor>{g.randn({4, 3, 64}, dt),
+                                                      g.randn({64}, dt, 0.5) + 1.0,
+                                                      g.randn({4, 3, 64}, dt)};
+                     },
+                     [](const OpTable& ops, const std::vector<at::Tensor>& in) {
+                       auto f = ops.rms_norm_fwd(in[0], in[1], 1e-6);
+                       auto b = ops.rms_norm_bwd(in[2], in[0], in[1], f.rstd);
+                       return NamedTensors{{"y", f.y}, {"rstd", f.rstd}, {"dx", b.dx},
+                                           {"dw", b.dw}};
+                     }});
+  }
+  // A non-contiguous x (a permuted view), as attention outputs often are.
+  cases.push_back({"rms_norm_f32_strided", kF32Atol, kF32Rtol,
+                   [] {
+                     Rng g(2);
+                     return std::vector<at::Tensor>{g.randn({3, 32, 5}, at::kFloat).permute({0, 2, 1}),
+                                                    g.randn({32}, at::kFloat),
+                                                    g.randn({3, 5, 32}, at::kFloat)};
+                   },
+                   [](const OpTable& ops, const std::vector<at::Tensor>& in) {
+                     auto f = ops.rms_norm_fwd(in[0], in[1], 1e-5);
+                     auto b = ops.rms_norm_bwd(in[2], in[0], in[1], f.rstd);
+                     return NamedTensors{{"y", f.y}, {"dx", b.dx}, {"dw", b.dw}};
+                   }});
+  for (auto dt : {at::kFloat, at::kBFloat16}) {
+    const bool bias = dt == at::kFloat;  // fp32 with bias, bf16 without
+    cases.push_back({std::string("layer_norm_") + dt_name(dt) + (bias ? "_bias" : "_nobias"),
+                     atol_for(dt), rtol_for(dt),
+                     [dt, bias] {
+                       Rng g(3);
+                       return std::vector<at::Tensor>{
+                           g.randn({6, 2, 48}, dt, 2.0) + 0.5, g.randn({48}, dt),
+                           bias ? g.randn({48}, dt) : at::Tensor(), g.randn({6, 2, 48}, dt)};
+                     },
+                     [](const OpTable& ops, const std::vector<at::Tensor>& in) {
+                       auto f = ops.layer_norm_fwd(in[0], in[1], in[2], 1e-5);
+                       auto b = ops.layer_norm_bwd(in[3], in[0], in[1], in[2].defined(), f.mean,
+                                                   f.rstd);
+                       NamedTensors out{{"y", f.y}, {"mean", f.mean}, {"rstd", f.rstd},
+                                        {"dx", b.dx}, {"dw", b.dw}};
+                       if (b.db.defined()) out.push_back({"db", b.db});
+                       return out;
+                     }});
+  }
+}
+
+void add_rope_swiglu_ce_cases(std::vector<OpCase>& cases) {
+  struct RopeCfg { const char* name; at::ScalarType dt; bool interleaved; int64_t r; };
+  for (RopeCfg c : {RopeCfg{"rope_f32_halves", at::kFloat, false, 16},
+                    RopeCfg{"rope_f32_interleaved_partial", at::kFloat, true, 8},
+                    RopeCfg{"rope_bf16_halves_partial", at::kBFloat16, false, 8}}) {
+    cases.push_back({c.name, atol_for(c.dt), rtol_for(c.dt),
+                     [c] {
+                       Rng g(4);
+                       auto [cos, sin] = rope_tables(6, c.r, c.interleaved);
+                       return std::vector<at::Tensor>{g.randn({6, 2, 3, 16}, c.dt), cos, sin,
+                                                      g.randn({6, 2, 3, 16}, c.dt)};
+                     },
+                     [c](const OpTable& ops, const std::vector<at::Tensor>& in) {
+                       return NamedTensors{
+                           {"y", ops.rope_fwd(in[0], in[1], in[2], c.interleaved)},
+                           {"dx", ops.rope_bwd(in[3], in[1], in[2], c.interleaved)}};
+                     }});
+  }
+  for (auto dt : {at::kFloat, at::kBFloat16}) {
+    cases.push_back({std::string("swiglu_") + dt_name(dt), atol_for(dt), rtol_for(dt),
+                     [dt] {
+                       Rng g(5);
+                       return std::vector<at::Tensor>{g.randn({5, 3, 48}, dt, 2.0),
+                                                      g.randn({5, 3, 24}, dt)};
+                     },
+                     [](const OpTable& ops, const std::vector<at::Tensor>& in) {
+                       return NamedTensors{{"y", ops.swiglu_fwd(in[0])},
+                                           {"dgate_up", ops.swiglu_bwd(in[1], in[0])}};
+                     }});
+    cases.push_back({std::string("cross_entropy_") + dt_name(dt), atol_for(dt), rtol_for(dt),
+                     [dt] {
+                       Rng g(6);
+                       auto target = g.randint(50, {16});
+                       target.index_fill_(0, at::arange(0, 16, 5), -100);  // some ignored rows
+                       return std::vector<at::Tensor>{g.randn({16, 50}, dt, 3.0), target,
+                                                      g.randn({16}, at::kFloat)};
+                     },
+                     [](const OpTable& ops, const std::vector<at::Tensor>& in) {
+                       auto f = ops.softmax_cross_entropy_fwd(in[0], in[1], -100);
+                       auto d = ops.softmax_cross_entropy_bwd(in[2], in[0], in[1], f.lse, -100);
+                       return NamedTensors{{"loss", f.loss}, {"lse", f.lse}, {"dlogits", d}};
+                     }});
+  }
+}
+
+struct SdpaCfg {
+  const char* name;
+  at::ScalarType dt;
+  int64_t b, nq, nkv, s, t, d, dv;
+  MaskKind kind;
+};
+
+void add_sdpa_cases(std::vector<OpCase>& cases) {
+  for (SdpaCfg c : {SdpaCfg{"sdpa_f32_nomask", at::kFloat, 2, 4, 4, 5, 5, 8, 8, MaskKind::none},
+                    SdpaCfg{"sdpa_f32_causal_gqa", at::kFloat, 2, 4, 2, 6, 6, 8, 8,
+                            MaskKind::causal},
+                    SdpaCfg{"sdpa_f32_causal_kvcache", at::kFloat, 1, 2, 1, 3, 7, 8, 4,
+                            MaskKind::causal},
+                    SdpaCfg{"sdpa_f32_bool_mask", at::kFloat, 2, 2, 2, 4, 6, 8, 8,
+                            MaskKind::explicit_bool},
+                    SdpaCfg{"sdpa_f32_additive_mask_gqa", at::kFloat, 1, 6, 2, 5, 5, 16, 8,
+                            MaskKind::explicit_additive},
+                    SdpaCfg{"sdpa_bf16_causal_gqa", at::kBFloat16, 2, 4, 1, 8, 8, 16, 16,
+                            MaskKind::causal}}) {
+    cases.push_back({c.name, atol_for(c.dt), rtol_for(c.dt),
+                     [c] {
+                       Rng g(7);
+                       std::vector<at::Tensor> in{g.randn({c.b, c.nq, c.s, c.d}, c.dt),
+                                                  g.randn({c.b, c.nkv, c.t, c.d}, c.dt),
+                                                  g.randn({c.b, c.nkv, c.t, c.dv}, c.dt),
+                                                  g.randn({c.b, c.nq, c.s, c.dv}, c.dt)};
+                       if (c.kind == MaskKind::explicit_bool) {
+                         // [b, 1, s, t], with row 1 of batch 0 seeing no key at all.
+                         auto m = g.randn({c.b, 1, c.s, c.t}, at::kFloat).gt(-0.3);
+                         m.select(0, 0).select(1, 1).fill_(false);
+                         in.push_back(m);
+                       } else if (c.kind == MaskKind::explicit_additive) {
+                         in.push_back(g.randn({1, 1, c.s, c.t}, at::kFloat));  // ALiBi-like bias
+                       }
+                       return in;
+                     },
+                     [c](const OpTable& ops, const std::vector<at::Tensor>& in) {
+                       AttentionMask mask{c.kind, in.size() > 4 ? in[4] : at::Tensor()};
+                       const double scale = 1.0 / std::sqrt(static_cast<double>(c.d));
+                       auto f = ops.sdpa_fwd(in[0], in[1], in[2], mask, scale);
+                       auto b = ops.sdpa_bwd(in[3], in[0], in[1], in[2], f.o, f.lse, mask, scale);
+                       return NamedTensors{{"o", f.o}, {"lse", f.lse}, {"dq", b.dq},
+                                           {"dk", b.dk}, {"dv", b.dv}};
+                     }});
+  }
+}
+
+void add_adamw_cases(std::vector<OpCase>& cases) {
+  cases.push_back({"adamw_f32_bf16_grads", kF32Atol, kF32Rtol,
+                   [] {
+                     Rng g(8);
+                     std::vector<at::Tensor> in;
+                     for (auto shape : {std::vector<int64_t>{7, 5}, std::vector<int64_t>{13}}) {
+                       in.push_back(g.randn(shape, at::kFloat));                   // param
+                       in.push_back(g.randn(shape, at::kBFloat16));                // grad
+                       in.push_back(g.randn(shape, at::kFloat, 0.1));              // exp_avg
+                       in.push_back(g.randn(shape, at::kFloat, 0.1).square());     // exp_avg_sq
+                     }
+                     return in;
+                   },
+                   [](const OpTable& ops, const std::vector<at::Tensor>& in) {
+                     std::vector<at::Tensor> p, gr, m, v;
+                     for (size_t i = 0; i < in.size(); i += 4) {
+                       p.push_back(in[i].clone());
+                       gr.push_back(in[i + 1]);
+                       m.push_back(in[i + 2].clone());
+                       v.push_back(in[i + 3].clone());
+                     }
+                     ops.adamw_step(p, gr, m, v, AdamWHyper{1e-2, 0.9, 0.95, 1e-8, 0.1, 3});
+                     NamedTensors out;
+                     for (size_t i = 0; i < p.size(); ++i) {
+                       out.push_back({"param" + std::to_string(i), p[i]});
+                       out.push_back({"exp_avg" + std::to_string(i), m[i]});
+                       out.push_back({"exp_avg_sq" + std::to_string(i), v[i]});
+                     }
+                     return out;
+                   }});
+}
+
+}  // namespace
+
+const std::vector<OpCase>& op_cases() {
+  static const std::vector<OpCase> cases = [] {
+    std::vector<OpCase> c;
+    add_norm_cases(c);
+    add_rope_swiglu_ce_cases(c);
+    add_sdpa_cases(c);
+    add_adamw_cases(c);
+    return c;
+  }();
+  return cases;
+}
+
+Closeness compare(const at::Tensor& actual, const at::Tensor& expected, double atol,
+                  double rtol) {
+  Closeness r;
+  if (actual.sizes() != expected.sizes() || actual.scalar_type() != expected.scalar_type()) {
+    r.ok = false;
+    std::ostringstream os;
+    os << "shape/dtype " << actual.sizes() << " " << actual.scalar_type() << " vs expected "
+       << expected.sizes() << " " << expected.scalar_type();
+    r.detail = os.str();
+    return r;
+  }
+  auto a = actual.cpu().to(at::kDouble), e = expected.cpu().to(at::kDouble);
+  auto same = a.eq(e).logical_or(a.isnan().logical_and(e.isnan()));  // covers +-inf
+  auto diff = (a - e).abs();
+  auto close = same.logical_or(diff.le(atol + rtol * e.abs()));
+  auto finite = at::isfinite(a).logical_and(at::isfinite(e));
+  r.max_abs = finite.any().item<bool>() ? diff.masked_select(finite).max().item<double>() : 0.0;
+  r.ok = close.all().item<bool>();
+  if (!r.ok) {
+    auto bad = close.logical_not().flatten().nonzero().flatten();
+    const int64_t first = bad[0].item<int64_t>();
+    std::ostringstream os;
+    os << bad.size(0) << " of " << a.numel() << " elements differ; first at flat index " << first
+       << ": got " << a.flatten()[first].item<double>() << ", expected "
+       << e.flatten()[first].item<double>() << "; max |diff| " << r.max_abs;
+    r.detail = os.str();
+  }
+  return r;
+}
+
+}  // namespace lf::testing

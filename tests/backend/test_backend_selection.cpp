@@ -1,0 +1,226 @@
+// Backend selection and loading: LOONGFORGE_DEVICE rules, the clear errors for cuda without a
+// GPU, a missing CUDA module, and missing / ABI-skewed / entry-less XPU plugins; plus the CPU
+// backend's memory statistics, RNG state, events, and that a CPU process never maps
+// libtorch_cuda.
+#include <gtest/gtest.h>
+
+#include <ATen/Functions.h>
+#include <ATen/TensorOperators.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <optional>
+#include <sstream>
+
+#include "loongforge/backend/registry.h"
+#include "loongforge/backend/xpu_plugin_abi.h"
+#include "loongforge/core/error.h"
+#include "multiprocess.h"
+
+namespace lf::testing {
+namespace {
+
+// Sets (or unsets, with nullopt) an environment variable for one scope.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, std::optional<std::string> value) : name_(name) {
+    if (const char* old = std::getenv(name)) old_ = old;
+    if (value) setenv(name, value->c_str(), 1);
+    else unsetenv(name);
+  }
+  ~ScopedEnv() {
+    if (old_) setenv(name_, old_->c_str(), 1);
+    else unsetenv(name_);
+  }
+
+ private:
+  const char* name_;
+  std::optional<std::string> old_;
+};
+
+std::string lib(const std::string& name) { return binary_dir() + "/lib/lib" + name + ".so"; }
+
+// Runs f, expecting lf::Error whose text contains every needle.
+template <class F>
+void expect_error(F&& f, std::initializer_list<std::string> needles) {
+  try {
+    f();
+    ADD_FAILURE() << "expected lf::Error";
+  } catch (const lf::Error& e) {
+    const std::string what = e.what();
+    for (const auto& n : needles) EXPECT_NE(what.find(n), std::string::npos) << "'" << n << "' not in: " << what;
+  }
+}
+
+TEST(BackendSelection, DeviceEnvironmentPicksTheBackend) {
+  {
+    ScopedEnv dev("LOONGFORGE_DEVICE", "cpu");
+    EXPECT_EQ(backend::select_backend().name(), "cpu");
+    EXPECT_EQ(backend::select_backend().device(), c10::Device(c10::DeviceType::CPU));
+  }
+  {
+    ScopedEnv dev("LOONGFORGE_DEVICE", std::nullopt);
+    EXPECT_EQ(backend::default_device_name(), backend::cuda_device_visible() ? "cuda" : "cpu");
+  }
+  {
+    ScopedEnv dev("LOONGFORGE_DEVICE", "tpu");
+    expect_error([] { backend::select_backend(); }, {"'tpu'", "cpu, cuda, xpu"});
+  }
+  {
+    ScopedEnv vis("CUDA_VISIBLE_DEVICES", "");
+    EXPECT_FALSE(backend::cuda_device_visible());
+  }
+}
+
+TEST(BackendSelection, XpuWithTheReferencePluginWorks) {
+  ScopedEnv dev("LOONGFORGE_DEVICE", "xpu");
+  ScopedEnv plugin("LOONGFORGE_XPU_PLUGIN", lib("loongforge_xpu_reference"));
+  const auto& be = backend::select_backend();
+  EXPECT_EQ(be.name(), "xpu");
+  EXPECT_TRUE(be.is_available());
+  auto y = be.ops().swiglu_fwd(at::tensor({0.0f, 1.0f, 2.0f, 3.0f}));  // silu(0)*2, silu(1)*3
+  EXPECT_FLOAT_EQ(y[0].item<float>(), 0.0f);
+  EXPECT_NEAR(y[1].item<float>(), 3.0 / (1.0 + std::exp(-1.0)), 1e-6);
+}
+
+// select_backend() in a fresh process (the registry keeps a backend once made) with
+// LOONGFORGE_DEVICE = args[0], LOONGFORGE_XPU_PLUGIN = args[1] ("-": unset); it must throw
+// lf::Error containing args[2].
+LF_WORKER_CASE(select_backend_fails) {
+  const auto& a = worker_args();
+  setenv("LOONGFORGE_DEVICE", a.at(0).c_str(), 1);
+  if (a.at(1) == "-") unsetenv("LOONGFORGE_XPU_PLUGIN");
+  else setenv("LOONGFORGE_XPU_PLUGIN", a.at(1).c_str(), 1);
+  expect_error([] { backend::select_backend(); }, {a.at(2)});
+}
+
+void expect_select_fails(const std::string& device, const std::string& plugin,
+                         const std::string& needle) {
+  SpawnOptions opt;
+  opt.world_size = 1;
+  opt.args = {device, plugin, needle};
+  expect_all_ok(run_workers("select_backend_fails", opt));
+}
+
+TEST(BackendSelection, XpuErrorsNameThePluginAndVersions) {
+  expect_select_fails("xpu", "-", "LOONGFORGE_DEVICE=xpu but LOONGFORGE_XPU_PLUGIN is not set");
+  expect_select_fails("xpu", "/nonexistent/libvendor_xpu.so",
+                      "XPU plugin not found: LOONGFORGE_XPU_PLUGIN=/nonexistent/libvendor_xpu.so");
+  expect_select_fails("xpu", lib("loongforge_xpu_test_abi_skew"), "XPU plugin ABI mismatch");
+  expect_error([] { backend::load_xpu_plugin("/nonexistent/libvendor_xpu.so"); },
+               {"XPU plugin not found", "/nonexistent/libvendor_xpu.so"});
+  const auto skew = lib("loongforge_xpu_test_abi_skew");
+  expect_error([&] { backend::load_xpu_plugin(skew); },
+               {"ABI mismatch", skew,
+                "implements ABI version " + std::to_string(LF_XPU_PLUGIN_ABI_VERSION + 1),
+                "requires version " + std::to_string(LF_XPU_PLUGIN_ABI_VERSION)});
+  const auto no_entry = lib("loongforge_xpu_test_no_entry");
+  expect_error([&] { backend::load_xpu_plugin(no_entry); }, {no_entry, "lf_xpu_plugin_get"});
+}
+
+TEST(BackendSelection, XpuPluginErrorsBecomeLfErrors) {
+  auto be = backend::load_xpu_plugin(lib("loongforge_xpu_reference"));
+  // The shape check runs engine-side; a failure inside the plugin comes back through
+  // last_error(): an out-of-range target reaches the plugin's reference check.
+  expect_error([&] { be->ops().rms_norm_fwd(at::randn({2, 4}), at::randn({3}), 1e-6); },
+               {"norm: x must be [.., h]"});
+  expect_error([&] {
+    be->ops().softmax_cross_entropy_fwd(at::randn({2, 4}), at::tensor({1, 9}, at::kLong), -100);
+  }, {"XPU plugin 'loongforge-reference'", "softmax_cross_entropy_fwd", "outside [0, 4)"});
+}
+
+TEST(BackendSelection, CudaWithoutGpuIsAClearErrorAfterLoadingTheModule) {
+  const std::string module = backend::cuda_module_path();
+  if (!std::ifstream(module).good())
+    GTEST_SKIP() << "the CUDA module was not built (LOONGFORGE_CUDA=OFF): " << module;
+  ScopedEnv dev("LOONGFORGE_DEVICE", "cuda");
+  if (backend::cuda_device_visible()) {
+    const auto& be = backend::select_backend();
+    EXPECT_EQ(be.name(), "cuda");
+    EXPECT_TRUE(be.device().is_cuda());
+    return;
+  }
+  // The module (and libtorch_cuda behind it) loads; the backend then refuses with the reason.
+  expect_error([] { backend::select_backend(); },
+               {"LOONGFORGE_DEVICE=cuda but no CUDA device is visible (CUDA_VISIBLE_DEVICES="});
+  // Asking again repeats the error rather than returning a half-made backend.
+  expect_error([] { backend::backend_by_name("cuda"); }, {"no CUDA device is visible"});
+}
+
+TEST(BackendSelection, MissingCudaModuleNamesThePath) {
+  ScopedEnv path("LOONGFORGE_CUDA_MODULE", "/nonexistent/libloongforge_backend_cuda.so");
+  expect_error([] { backend::load_cuda_backend(backend::cuda_module_path()); },
+               {"CUDA backend module not found at /nonexistent/libloongforge_backend_cuda.so"});
+}
+
+// A process that only uses the CPU backend must not map libtorch_cuda (run in a fresh process,
+// since other tests in this binary load the CUDA module).
+LF_WORKER_CASE(cpu_process_maps_no_libtorch_cuda) {
+  setenv("LOONGFORGE_DEVICE", "cpu", 1);
+  const auto& be = backend::select_backend();
+  auto y = be.ops().rms_norm_fwd(at::randn({2, 8}), at::ones({8}), 1e-6).y;
+  ASSERT_EQ(y.numel(), 16);
+  std::ifstream maps("/proc/self/maps");
+  std::stringstream text;
+  text << maps.rdbuf();
+  EXPECT_EQ(text.str().find("libtorch_cuda"), std::string::npos);
+}
+
+TEST(BackendSelection, CpuProcessNeverLoadsLibtorchCuda) {
+  SpawnOptions opt;
+  opt.world_size = 1;
+  expect_all_ok(run_workers("cpu_process_maps_no_libtorch_cuda", opt));
+}
+
+// ---- CPU backend services ------------------------------------------------------------------
+
+TEST(CpuBackend, MemoryStatsCountTensorBytes) {
+  const auto& be = backend::cpu_backend();
+  be.reset_peak_memory();
+  const auto before = be.memory_stats();
+  ASSERT_TRUE(before.supported);
+  {
+    auto t = at::empty({1 << 20}, at::kFloat);  // 4 MiB
+    const auto during = be.memory_stats();
+    EXPECT_GE(during.allocated_bytes - before.allocated_bytes, 4 << 20);
+    EXPECT_GE(during.peak_allocated_bytes, during.allocated_bytes);
+    EXPECT_GT(during.num_allocations, before.num_allocations);
+  }
+  const auto after = be.memory_stats();
+  EXPECT_LT(after.allocated_bytes - before.allocated_bytes, 4 << 20);  // freed
+  EXPECT_GE(after.peak_allocated_bytes - before.allocated_bytes, 4 << 20);  // peak remembers
+  be.reset_peak_memory();
+  EXPECT_LT(be.memory_stats().peak_allocated_bytes - before.allocated_bytes, 4 << 20);
+}
+
+TEST(CpuBackend, RngStateRoundTripsAndSeedReproduces) {
+  const auto& be = backend::cpu_backend();
+  be.manual_seed(1234);
+  auto a = at::randn({5});
+  be.manual_seed(1234);
+  EXPECT_TRUE(at::equal(a, at::randn({5})));
+  const auto state = be.rng_state();
+  EXPECT_FALSE(state.empty());
+  auto b = at::randn({5});
+  be.set_rng_state(state);
+  EXPECT_TRUE(at::equal(b, at::randn({5})));
+  EXPECT_FALSE(at::equal(a, b));
+}
+
+TEST(CpuBackend, EventsAndStreamsAreTrivialButCorrect) {
+  const auto& be = backend::cpu_backend();
+  auto start = be.create_event(true), end = be.create_event(true);
+  start->record(be.current_stream());
+  auto x = at::randn({256, 256});
+  auto y = at::matmul(x, x);
+  end->record(be.current_stream());
+  EXPECT_TRUE(end->query());
+  end->synchronize();
+  EXPECT_GE(start->elapsed_ms(*end), 0.0);
+  EXPECT_EQ(be.new_stream().device_type(), c10::DeviceType::CPU);
+  EXPECT_THROW(be.set_device_index(1), lf::Error);
+  be.synchronize();
+}
+
+}  // namespace
+}  // namespace lf::testing

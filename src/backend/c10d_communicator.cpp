@@ -10,17 +10,12 @@
 #include <sstream>
 
 #include "loongforge/core/error.h"
+#include "loongforge/core/strings.h"
 
 namespace lf::backend {
 namespace {
 
-std::string join(const std::vector<int>& v) {
-  std::ostringstream os;
-  os << "[";
-  for (size_t i = 0; i < v.size(); ++i) os << (i ? ", " : "") << v[i];
-  os << "]";
-  return os.str();
-}
+std::string join(const std::vector<int>& v) { return lf::bracket_list(v); }
 
 std::string seconds(std::chrono::milliseconds t) {
   std::ostringstream os;

@@ -15,6 +15,7 @@
 
 #include "loongforge/backend/c10d_communicator.h"
 #include "loongforge/core/error.h"
+#include "loongforge/core/strings.h"
 
 namespace lf::backend {
 namespace {
@@ -24,13 +25,7 @@ std::string env_or(const char* name, std::string fallback) {
   return v && *v ? std::string(v) : fallback;
 }
 
-std::string join(const std::vector<int>& v) {
-  std::ostringstream os;
-  os << "[";
-  for (size_t i = 0; i < v.size(); ++i) os << (i ? ", " : "") << v[i];
-  os << "]";
-  return os.str();
-}
+std::string join(const std::vector<int>& v) { return lf::bracket_list(v); }
 
 }  // namespace
 

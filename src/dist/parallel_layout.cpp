@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "loongforge/core/error.h"
+#include "loongforge/core/strings.h"
 
 namespace lf::dist {
 namespace {
@@ -55,13 +56,7 @@ std::vector<std::vector<int>> masked_groups(const std::vector<int>& sizes,
   return groups;
 }
 
-std::string join(const std::vector<int>& v) {
-  std::ostringstream os;
-  os << "[";
-  for (size_t i = 0; i < v.size(); ++i) os << (i ? ", " : "") << v[i];
-  os << "]";
-  return os.str();
-}
+std::string join(const std::vector<int>& v) { return lf::bracket_list(v); }
 
 }  // namespace
 

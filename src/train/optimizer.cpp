@@ -1,7 +1,6 @@
 #include "loongforge/train/optimizer.h"
 
 #include <ATen/Functions.h>
-#include <ATen/TensorOperators.h>
 #include <ATen/core/grad_mode.h>
 
 #include <cmath>
@@ -10,64 +9,44 @@
 
 namespace lf::train {
 
-AdamW::AdamW(const std::vector<lf::models::NamedParameter>& params,
-             const lf::config::OptimizerConfig& config, const lf::backend::DeviceBackend& backend)
-    : params_(params), config_(config), backend_(backend) {
-  groups_.resize(2);
+AdamW::AdamW(GradBuffer& grads, const lf::config::OptimizerConfig& config,
+             const lf::backend::DeviceBackend& backend, GradNormGroups norm_groups)
+    : grads_(grads), config_(config), backend_(backend), norm_groups_(norm_groups),
+      masters_(grads) {
+  LF_CHECK(config.optimizer == "adam", "optimizer '", config.optimizer, "' is not implemented",
+           lf::hint("use --optimizer adam (AdamW)"));
+  for (const auto& m : masters_.shards()) {
+    exp_avg_.push_back(at::zeros_like(m));
+    exp_avg_sq_.push_back(at::zeros_like(m));
+  }
   groups_[0].weight_decay = config.weight_decay;
   groups_[1].weight_decay = 0.0;
-  for (const auto& p : params_) {
-    Group& g = groups_[p.no_weight_decay ? 1 : 0];
-    at::Tensor master = p.tensor.scalar_type() == at::kFloat
-                            ? p.tensor.detach()
-                            : p.tensor.detach().to(at::kFloat).clone();
-    g.params.push_back(p.tensor);
-    g.masters.push_back(master);
-    g.exp_avg.push_back(at::zeros_like(master));
-    g.exp_avg_sq.push_back(at::zeros_like(master));
+  const auto& params = grads.parameters();
+  for (const auto& piece : grads.owned_pieces()) {
+    Group& g = groups_[params[static_cast<size_t>(piece.param)].no_weight_decay ? 1 : 0];
+    const auto b = static_cast<size_t>(piece.bucket);
+    auto view = [&](const at::Tensor& t) { return t.narrow(0, piece.reduced_offset, piece.numel); };
+    g.masters.push_back(view(masters_.shards()[b]));
+    g.grads.push_back(view(grads.reduced_grad(piece.bucket)));
+    g.exp_avg.push_back(view(exp_avg_[b]));
+    g.exp_avg_sq.push_back(view(exp_avg_sq_[b]));
   }
 }
 
-void AdamW::reduce_gradients(lf::backend::Communicator* dp) {
-  if (!dp || dp->size() == 1) return;
-  std::vector<at::Tensor> grads;
-  for (const auto& p : params_) {
-    LF_CHECK(p.tensor.grad().defined(), "parameter ", p.name, " has no gradient after backward");
-    grads.push_back(p.tensor.grad().reshape({-1}).to(at::kFloat));
+StepResult AdamW::step(double lr, bool skip_nonfinite) {
+  StepResult r;
+  r.grad_norm = global_grad_norm(grads_, norm_groups_);
+  if (!std::isfinite(r.grad_norm)) {
+    LF_CHECK(skip_nonfinite, "gradient norm is ", r.grad_norm, " at optimizer step ", step_ + 1,
+             lf::hint("lower --lr, enable --clip-grad, or check the data for corrupt tokens"));
+    r.skipped = true;
+    return r;
   }
-  auto flat = at::cat(grads);
-  dp->all_reduce(flat, lf::backend::ReduceOp::avg);
-  int64_t offset = 0;
-  for (const auto& p : params_) {
-    auto g = p.tensor.grad();
-    g.copy_(flat.narrow(0, offset, g.numel()).view(g.sizes()));
-    offset += g.numel();
-  }
-}
-
-double AdamW::grad_norm() const {
-  double sq = 0;
-  for (const auto& p : params_)
-    if (p.tensor.grad().defined())
-      sq += p.tensor.grad().to(at::kDouble).pow(2).sum().item<double>();
-  return std::sqrt(sq);
-}
-
-double AdamW::step(double lr) {
-  const double norm = grad_norm();
-  LF_CHECK(std::isfinite(norm), "gradient norm is ", norm, " at optimizer step ", step_ + 1,
-           lf::hint("lower --lr, enable --clip-grad, or check the data for corrupt tokens"));
-  const double clip = config_.clip_grad > 0 && norm > config_.clip_grad
-                          ? config_.clip_grad / (norm + 1e-6)
-                          : 1.0;
+  r.clip_coeff = clip_grads(grads_, r.grad_norm, config_.clip_grad);
   ++step_;
+  at::NoGradGuard no_grad;
   for (auto& g : groups_) {
-    if (g.params.empty()) continue;
-    std::vector<at::Tensor> grads;
-    for (auto& p : g.params) {
-      auto grad = p.grad().to(at::kFloat);
-      grads.push_back(clip != 1.0 ? grad * clip : grad);
-    }
+    if (g.masters.empty()) continue;
     lf::backend::AdamWHyper hyper;
     hyper.lr = lr;
     hyper.beta1 = config_.adam_beta1;
@@ -75,19 +54,17 @@ double AdamW::step(double lr) {
     hyper.eps = config_.adam_eps;
     hyper.weight_decay = g.weight_decay;
     hyper.step = step_;
-    backend_.ops().adamw_step(g.masters, grads, g.exp_avg, g.exp_avg_sq, hyper);
-    for (size_t i = 0; i < g.params.size(); ++i)
-      if (g.params[i].scalar_type() != at::kFloat) {  // fp32 params are their own masters
-        at::NoGradGuard no_grad;
-        g.params[i].detach().copy_(g.masters[i]);
-      }
+    backend_.ops().adamw_step(g.masters, g.grads, g.exp_avg, g.exp_avg_sq, hyper);
   }
-  return norm;
+  masters_.publish();
+  return r;
 }
 
-void AdamW::zero_grad() {
-  for (auto& p : params_)
-    if (p.tensor.grad().defined()) p.tensor.mutable_grad() = at::Tensor();
+int64_t AdamW::state_bytes() const {
+  int64_t n = masters_.bytes();
+  for (const auto& t : exp_avg_) n += t.numel() * static_cast<int64_t>(t.element_size());
+  for (const auto& t : exp_avg_sq_) n += t.numel() * static_cast<int64_t>(t.element_size());
+  return n;
 }
 
 }  // namespace lf::train

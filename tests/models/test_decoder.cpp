@@ -7,6 +7,7 @@
 #include "loongforge/backend/registry.h"
 #include "loongforge/core/config/config_error.h"
 #include "loongforge/core/config/yaml.h"
+#include "loongforge/core/error.h"
 #include "loongforge/models/causal_lm.h"
 #include "loongforge/models/decoder.h"
 
@@ -54,8 +55,10 @@ at::Tensor reference_logits(const lf::models::Decoder& m, const at::Tensor& toke
   for (int64_t i = 0; i < c.num_layers; ++i) {
     std::string pre = "decoder.layers." + std::to_string(i) + ".";
     auto h = rms(x, get(pre + "input_layernorm.weight"), c.norm_epsilon);
-    auto qkv = at::matmul(h, get(pre + "self_attention.linear_qkv.weight").t());
-    auto parts = qkv.split({nq * d, nkv * d, nkv * d}, -1);
+    // Megatron's per-group layout: for each query group, its nq/nkv query heads, its key, its value.
+    auto qkv = at::matmul(h, get(pre + "self_attention.linear_qkv.weight").t())
+                   .view({s, b, nkv, nq / nkv + 2, d});
+    auto parts = qkv.split({nq / nkv, 1, 1}, 3);
     auto q = rotate(parts[0].reshape({s, b, nq, d}), cos, sin).permute({1, 2, 0, 3});
     auto k = rotate(parts[1].reshape({s, b, nkv, d}), cos, sin).permute({1, 2, 0, 3});
     auto v = parts[2].reshape({s, b, nkv, d}).permute({1, 2, 0, 3});
@@ -69,7 +72,8 @@ at::Tensor reference_logits(const lf::models::Decoder& m, const at::Tensor& toke
     x = x + at::matmul(at::silu(gu[0]) * gu[1], get(pre + "mlp.linear_fc2.weight").t());
   }
   x = rms(x, get("decoder.final_layernorm.weight"), c.norm_epsilon);
-  return at::matmul(x, emb.t());
+  // Padding rows of the table are not part of the vocabulary: the logits stop at vocab_size.
+  return at::matmul(x, emb.t()).narrow(-1, 0, c.vocab_size);
 }
 
 TEST(Decoder, ParameterCountMatchesFormula) {
@@ -94,6 +98,34 @@ TEST(Decoder, SameSeedSameParameters) {
   for (size_t i = 0; i < a.parameters().size(); ++i)
     EXPECT_TRUE(at::equal(a.parameters()[i].tensor, b.parameters()[i].tensor));
   EXPECT_FALSE(at::equal(a.parameters()[0].tensor, c.parameters()[0].tensor));
+}
+
+TEST(Decoder, VocabularyPaddingRowsAreZeroAndDoNotChangeOtherParameters) {
+  // The padding (56 vs 64 rows) must not shift the random stream of the tensors drawn after it:
+  // TP sizes pad differently and must still build the same model.
+  const auto& be = lf::backend::cpu_backend();
+  auto c = tiny();
+  auto wide = tiny();
+  wide.make_vocab_size_divisible_by = 32;
+  lf::models::Decoder a(c, be, 5, at::kFloat), b(wide, be, 5, at::kFloat);
+  const auto& emb_a = a.parameters()[0].tensor;
+  const auto& emb_b = b.parameters()[0].tensor;
+  ASSERT_EQ(emb_a.size(0), 56);
+  ASSERT_EQ(emb_b.size(0), 64);
+  EXPECT_TRUE(at::equal(emb_a.narrow(0, 0, 50), emb_b.narrow(0, 0, 50)));
+  EXPECT_TRUE(emb_b.narrow(0, 50, 14).eq(0).all().item<bool>());
+  for (size_t i = 1; i < a.parameters().size(); ++i)
+    EXPECT_TRUE(at::equal(a.parameters()[i].tensor, b.parameters()[i].tensor))
+        << a.parameters()[i].name;
+  auto tokens = at::randint(0, 50, {2, 8}, at::TensorOptions().dtype(at::kLong));
+  EXPECT_TRUE(at::allclose(a.loss(tokens, tokens), b.loss(tokens, tokens), 1e-6, 1e-6));
+  EXPECT_EQ(a.forward(tokens).size(-1), 50);
+}
+
+TEST(Decoder, DropoutIsRefusedUntilImplemented) {
+  auto c = tiny();
+  c.hidden_dropout = 0.1;
+  EXPECT_THROW(lf::models::Decoder(c, lf::backend::cpu_backend(), 1, at::kFloat), lf::Error);
 }
 
 TEST(Decoder, BackendOpsEqualPlainAtenReference) {

@@ -62,7 +62,7 @@ TEST(TrainProgram, HelpListsMegatronFlags) {
 }
 
 TEST(TrainProgram, DryRunUnderLauncherPrintsEveryGroup) {
-  auto r = run_command({bin("loongforge-run"), "--nproc-per-node", "4", bin("loongforge-train"),
+  auto r = run_command({bin("loongforge-run"), "--standalone", "--nproc-per-node", "4", bin("loongforge-train"),
                         "--config-file", config("demo.yaml"), "--tensor-model-parallel-size", "2",
                         "--pipeline-model-parallel-size", "2", "--dry-run", "--show-origin"});
   ASSERT_EQ(r.exit_code, 0) << r.output;
@@ -77,7 +77,7 @@ TEST(TrainProgram, DryRunUnderLauncherPrintsEveryGroup) {
 }
 
 TEST(TrainProgram, LayoutThatDoesNotDivideTheWorldIsAnError) {
-  auto r = run_command({bin("loongforge-run"), "--nproc-per-node", "2", bin("loongforge-train"),
+  auto r = run_command({bin("loongforge-run"), "--standalone", "--nproc-per-node", "2", bin("loongforge-train"),
                         "--config-file", config("demo.yaml"), "--tensor-model-parallel-size", "3",
                         "--dry-run"});
   EXPECT_NE(r.exit_code, 0);
@@ -102,7 +102,7 @@ class DataParallelEquivalence : public ::testing::Test {
     auto dir = lf::testing::make_temp_dir("dp-" + tag);
     std::vector<std::string> argv;
     if (procs > 1)
-      argv = {bin("loongforge-run"), "--nproc-per-node", std::to_string(procs)};
+      argv = {bin("loongforge-run"), "--standalone", "--nproc-per-node", std::to_string(procs)};
     auto t = train_args({"--train-iters", "8", "--global-batch-size", "8", "--micro-batch-size",
                          std::to_string(micro_batch), "--metrics-file", dir + "/m.jsonl",
                          "--eval-iters", "0", "--lr-warmup-iters", "0", "--data-cache-path", dir});

@@ -1,6 +1,7 @@
 #include "train_main.h"
 
 #include <cstdio>
+#include <cstdlib>
 #include <iomanip>
 #include <iostream>
 #include <sstream>
@@ -17,6 +18,7 @@
 #include "loongforge/dist/rendezvous.h"
 #include "loongforge/models/causal_lm.h"
 #include "loongforge/models/decoder.h"
+#include "loongforge/train/param_dump.h"
 #include "loongforge/train/trainer.h"
 
 namespace lf::tools {
@@ -98,12 +100,12 @@ int train_main(const lf::config::TrainCommandLine& cl) {
     return 0;
   }
 
-  LF_CHECK(layout.size(lf::dist::Axis::tp) == 1 && layout.size(lf::dist::Axis::pp) == 1 &&
-               layout.size(lf::dist::Axis::cp) == 1 && layout.size(lf::dist::Axis::ep) == 1,
-           "training runs data-parallel only in this build (tp ",
-           layout.size(lf::dist::Axis::tp), ", pp ", layout.size(lf::dist::Axis::pp), ", cp ",
-           layout.size(lf::dist::Axis::cp), ", ep ", layout.size(lf::dist::Axis::ep), ")",
-           lf::hint("--dry-run shows any layout; tensor, pipeline, context and expert parallel "
+  LF_CHECK(layout.size(lf::dist::Axis::pp) == 1 && layout.size(lf::dist::Axis::cp) == 1 &&
+               layout.size(lf::dist::Axis::ep) == 1,
+           "training runs tensor- and data-parallel only in this build (pp ",
+           layout.size(lf::dist::Axis::pp), ", cp ", layout.size(lf::dist::Axis::cp), ", ep ",
+           layout.size(lf::dist::Axis::ep), ")",
+           lf::hint("--dry-run shows any layout; pipeline, context and expert parallel "
                     "training land with their issues (docs/architecture.md, roadmap)"));
   const auto& backend = lf::backend::select_backend();
   backend.set_device_index(env.local_rank % std::max(1, backend.device_count()));
@@ -118,15 +120,23 @@ int train_main(const lf::config::TrainCommandLine& cl) {
   lf::dist::ParallelContext ctx(rendezvous, layout, ctx_options);
 
   const auto dtype = job.training.bf16 ? at::kBFloat16 : at::kFloat;
-  lf::models::Decoder decoder(model.foundation, backend, seed, dtype);
+  // Tensor (and sequence) parallel when tp > 1: each rank keeps its shards of the model that
+  // `seed` gives on one device.
+  lf::models::Decoder decoder(model.foundation, backend, seed, dtype, &ctx,
+                              job.parallel.sequence_parallel);
   if (env.rank == 0)
     LF_INFO("model: ", model.foundation.num_parameters(), " parameters, ",
             model.foundation.num_layers, " layers, hidden ", model.foundation.hidden_size,
-            " | world ", env.world_size, " (dp ", ctx.dp_size(), ") | backend ", backend.name());
+            " | world ", env.world_size, " (tp ", ctx.tp_size(), ", dp ", ctx.dp_size(),
+            job.parallel.sequence_parallel && ctx.tp_size() > 1 ? ", sequence parallel" : "",
+            ") | backend ", backend.name());
   auto data = make_data_sources(job, model.foundation, ctx);
   lf::train::Trainer trainer(job, decoder, ctx, backend, std::move(data.train),
                              std::move(data.valid));
   auto summary = trainer.run();
+  // For equivalence tests across layouts: the final full parameters as fp32 safetensors.
+  if (const char* dump = std::getenv("LOONGFORGE_DUMP_PARAMS"); dump && *dump)
+    lf::train::dump_parameters(dump, decoder.parameters(), ctx);
   if (env.rank == 0)
     LF_INFO("done: ", summary.iterations, " iterations | final loss ", summary.last_loss,
             " | held-out loss ", summary.first_eval.loss, " -> ", summary.last_eval.loss,

@@ -1,44 +1,56 @@
-// AdamW over a model's parameters with fp32 master weights (bf16/fp16 parameters keep an fp32
-// copy; fp32 parameters are updated in place), no weight decay on norms and biases, global-norm
-// gradient clipping, and data-parallel gradient averaging. The update itself is the backend's
-// adamw_step. Not ZeRO-1 yet (see train/ roadmap in docs/architecture.md).
+// AdamW (decoupled weight decay; none on norms and biases) over the ranges of a GradBuffer this
+// rank owns: the whole model, or under ZeRO-1 (use_distributed_optimizer) its data-parallel shard,
+// whose fp32 master weights and Adam moments are the only optimizer state it keeps. One step:
+// global-norm clipping (train/grad_clip.h), the backend's adamw_step on fp32 masters with the fp32
+// main gradients, then the masters go back into the model (copy, or all-gather under ZeRO-1).
+// Not the gradient reduction (train/grad_buffer.h).
 #pragma once
 
 #include <ATen/core/Tensor.h>
 
 #include <vector>
 
-#include "loongforge/backend/communicator.h"
 #include "loongforge/backend/device_backend.h"
 #include "loongforge/core/config/job_config.h"
-#include "loongforge/models/decoder.h"
+#include "loongforge/train/grad_buffer.h"
+#include "loongforge/train/grad_clip.h"
+#include "loongforge/train/master_params.h"
 
 namespace lf::train {
 
+struct StepResult {
+  double grad_norm = 0;      // before clipping
+  double clip_coeff = 1;     // applied to the gradients (1: not clipped)
+  bool skipped = false;      // the norm was not finite and skip_nonfinite was set
+};
+
 class AdamW {
  public:
-  AdamW(const std::vector<lf::models::NamedParameter>& params,
-        const lf::config::OptimizerConfig& config, const lf::backend::DeviceBackend& backend);
+  // grads must outlive the optimizer. Reads the current parameters as the fp32 masters.
+  AdamW(GradBuffer& grads, const lf::config::OptimizerConfig& config,
+        const lf::backend::DeviceBackend& backend, GradNormGroups norm_groups = {});
 
-  // Averages gradients over `dp` (null: no data parallelism) in one flat buffer.
-  void reduce_gradients(lf::backend::Communicator* dp);
-  // Global L2 norm of the gradients (call after reduce_gradients: every DP rank then agrees).
-  double grad_norm() const;
-  // Clips to clip_grad (if > 0) and applies one AdamW update with learning rate `lr`.
-  // Returns the norm before clipping.
-  double step(double lr);
-  void zero_grad();
+  // After grads.finish_grad_sync(): clips, updates the owned masters with learning rate `lr`,
+  // publishes them into the model. A non-finite gradient norm throws naming the step, unless
+  // skip_nonfinite: then nothing is updated and the result says skipped.
+  StepResult step(double lr, bool skip_nonfinite = false);
   int64_t steps_taken() const { return step_; }
+  const MasterParams& masters() const { return masters_; }
+  // Bytes of optimizer state on this rank (masters + both moments).
+  int64_t state_bytes() const;
 
  private:
   struct Group {
-    std::vector<at::Tensor> params, masters, exp_avg, exp_avg_sq;
-    double weight_decay;
+    std::vector<at::Tensor> masters, grads, exp_avg, exp_avg_sq;  // views, one per owned piece
+    double weight_decay = 0;
   };
-  std::vector<lf::models::NamedParameter> params_;
+  GradBuffer& grads_;
   lf::config::OptimizerConfig config_;
   const lf::backend::DeviceBackend& backend_;
-  std::vector<Group> groups_;
+  GradNormGroups norm_groups_;
+  MasterParams masters_;
+  std::vector<at::Tensor> exp_avg_, exp_avg_sq_;  // per bucket, shaped like the master shards
+  Group groups_[2];  // [0]: with weight decay, [1]: without (norms, biases)
   int64_t step_ = 0;
 };
 

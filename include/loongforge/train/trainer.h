@@ -1,7 +1,9 @@
-// The training loop: micro-batches with gradient accumulation, data-parallel gradient averaging,
-// AdamW with the LR schedule, periodic logging (terminal and --metrics-file JSON lines),
-// validation, NaN/Inf detection and the exit conditions. Model and data are given to it; it does
-// not build them (tools/train does), and it does not parallelise the model itself.
+// The training loop: micro-batches with gradient accumulation into the bucketed fp32 gradient
+// buffer (train/grad_buffer.h: overlapped DP reduction, ZeRO-1), AdamW with the LR schedule
+// (train/optimizer.h), periodic logging (terminal and --metrics-file JSON lines), validation,
+// NaN/Inf detection (stop, or skip under training.skip_nonfinite_steps), deterministic mode and
+// the exit conditions. Model and data are given to it; it does not build them (tools/train does),
+// and it does not parallelise the model itself. See docs/training.md.
 #pragma once
 
 #include <ATen/core/Tensor.h>

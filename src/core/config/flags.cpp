@@ -27,6 +27,7 @@ const std::vector<FlagSpec> kTable = {
   {"--distributed-backend", "parallel.distributed_backend", K::value, "NAME", ""},
   {"--overlap-grad-reduce", "parallel.overlap_grad_reduce", K::store_true, "", ""},
   {"--overlap-param-gather", "parallel.overlap_param_gather", K::store_true, "", ""},
+  {"--ddp-bucket-size", "parallel.ddp_bucket_size", K::value, "N", ""},
   // training
   {"--micro-batch-size", "training.micro_batch_size", K::value, "N", ""},
   {"--global-batch-size", "training.global_batch_size", K::value, "N", ""},

@@ -29,6 +29,7 @@ struct ParallelConfig {
   std::string distributed_backend = "auto";
   bool overlap_grad_reduce = false;
   bool overlap_param_gather = false;
+  std::optional<int64_t> ddp_bucket_size;  // null: 40M elements
 
   template <class V>
   void visit(V& v) {
@@ -49,6 +50,8 @@ struct ParallelConfig {
       OneOf{{"auto", "nccl", "gloo", "plugin"}});
     v("overlap_grad_reduce", overlap_grad_reduce, "Overlap the gradient reduction with the backward pass");
     v("overlap_param_gather", overlap_param_gather, "Overlap the parameter all-gather with the forward pass");
+    v("ddp_bucket_size", ddp_bucket_size,
+      "Elements per data-parallel gradient bucket (null: 40M)", Min{1});
   }
 };
 
@@ -69,6 +72,7 @@ struct TrainingConfig {
   std::optional<std::string> recompute_method;
   std::optional<int64_t> recompute_num_layers;
   bool deterministic_mode = false;
+  bool skip_nonfinite_steps = false;
   int64_t eval_interval = 1000;
   int64_t eval_iters = 100;
   std::optional<int64_t> exit_interval;
@@ -96,6 +100,8 @@ struct TrainingConfig {
     v("recompute_num_layers", recompute_num_layers, "Layers recomputed per chunk/stage (needs recompute_method)",
       Min{1});
     v("deterministic_mode", deterministic_mode, "Deterministic algorithms only (bitwise-reproducible runs)");
+    v("skip_nonfinite_steps", skip_nonfinite_steps,
+      "Skip the optimizer step when the loss or gradient norm is NaN/Inf (false: stop the run)");
     v("eval_interval", eval_interval, "Iterations between evaluations on the validation set", Min{1});
     v("eval_iters", eval_iters, "Iterations per evaluation", Min{0});
     v("exit_interval", exit_interval, "Exit after the iteration that is a multiple of this", Min{1});

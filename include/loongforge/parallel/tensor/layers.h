@@ -1,0 +1,60 @@
+// Tensor-parallel layers as functions over this rank's weight shard (Megatron's ColumnParallel /
+// RowParallel linear and VocabParallelEmbedding), with optional sequence parallelism, plus the
+// helpers that cut a full tensor into the shard a rank owns. They hold no parameters: the model
+// owns its (sharded) tensors and passes them in. Not the collectives (mappings.h).
+//
+// Shapes: activations are [s, b, h]; with sequence_parallel the tensors outside TP regions are
+// [s / tp, b, h] (this rank's contiguous chunk of the sequence).
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+
+#include "loongforge/backend/communicator.h"
+
+namespace lf::parallel {
+
+using lf::backend::Communicator;
+
+// The TP group and whether activations outside TP regions are sequence-sharded. tp == nullptr
+// means no tensor parallelism: every function below is then the plain single-device op.
+struct TensorParallel {
+  Communicator* tp = nullptr;
+  bool sequence_parallel = false;
+  int size() const;
+  int rank() const;
+};
+
+// Y = X W^T (+ b) with W split along its output dim (rows): weight_shard [out / tp, in],
+// bias_shard [out / tp] or undefined.
+//   x: [s, b, in] (replicated), or [s / tp, b, in] with SP  ->  [s, b, out / tp]
+// gather_output: all-gather the result along the last dim -> [s, b, out] (not allowed with SP).
+at::Tensor column_parallel_linear(const at::Tensor& x, const at::Tensor& weight_shard,
+                                  const at::Tensor& bias_shard, const TensorParallel& tp,
+                                  bool gather_output = false);
+
+// Y = X W^T (+ b) with W split along its input dim (columns): weight_shard [out, in / tp],
+// bias [out] replicated (added once, after the reduction) or undefined.
+//   x: [s, b, in / tp]  ->  [s, b, out] (all-reduced), or [s / tp, b, out] with SP
+//   (reduce-scattered along the sequence).
+at::Tensor row_parallel_linear(const at::Tensor& x, const at::Tensor& weight_shard,
+                               const at::Tensor& bias, const TensorParallel& tp);
+
+// Embedding over a vocabulary split into tp contiguous row ranges: weight_shard [v / tp, h] holds
+// rows [rank * v / tp, (rank + 1) * v / tp). Ids outside this rank's range look up zeros, then the
+// ranks' partial results are summed.
+//   tokens: [s, b] int64 global ids  ->  [s, b, h], or [s / tp, b, h] with SP
+at::Tensor vocab_parallel_embedding(const at::Tensor& tokens, const at::Tensor& weight_shard,
+                                    const TensorParallel& tp);
+
+// Sharding of full tensors (rank `rank` of `size`), as copies:
+// the rank-th of `size` equal contiguous chunks along dim.
+at::Tensor shard_along(const at::Tensor& full, int64_t dim, int rank, int size);
+// A tensor that stacks `parts` equal blocks along dim 0 (fc1's [gate; up]): each block is
+// sharded on its own and the rank's pieces are stacked again: [gate_r; up_r].
+at::Tensor shard_stacked(const at::Tensor& full, int64_t parts, int rank, int size);
+// Inverse of shard_stacked given every rank's shard in rank order.
+at::Tensor unshard_stacked(const std::vector<at::Tensor>& shards, int64_t parts);
+
+}  // namespace lf::parallel

@@ -1,0 +1,36 @@
+// Mixed precision and ZeRO-1 parameter ownership: fp32 master weights for the ranges of a
+// GradBuffer this rank owns (the whole model without the distributed optimizer, its DP shard
+// with it), and the way back into the model's (bf16 or fp32) parameters: a copy, or an
+// all-gather over DP in the parameters' dtype. Not the update rule (train/optimizer.h).
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <vector>
+
+#include "loongforge/train/grad_buffer.h"
+
+namespace lf::train {
+
+class MasterParams {
+ public:
+  // Copies the current model parameters (through their fp32 values) into the masters.
+  explicit MasterParams(const GradBuffer& grads);
+
+  // Per bucket: [owned_end - owned_begin] fp32, aligned with grads.reduced_grad(b).
+  std::vector<at::Tensor>& shards() { return shards_; }
+  const std::vector<at::Tensor>& shards() const { return shards_; }
+  // Writes the masters into the model parameters (rounding to their dtype). Under ZeRO-1 every
+  // bucket's shards are all-gathered over DP (async, all buckets in flight, then waited in
+  // order), so every DP rank ends with the same full parameters.
+  void publish();
+  // Bytes held by the masters on this rank (for logs and tests: 1/dp of the model under ZeRO-1).
+  int64_t bytes() const;
+
+ private:
+  const GradBuffer& grads_;
+  std::vector<at::Tensor> shards_;
+  std::vector<at::Tensor> gathered_;  // ZeRO-1: per bucket [numel] in the parameter dtype
+};
+
+}  // namespace lf::train

@@ -1,0 +1,21 @@
+// A debugging and testing aid: the model's full parameters as one fp32 safetensors file (keys:
+// parameter names), so that runs under different layouts can be compared element by element.
+// loongforge-train writes it at the end of training when LOONGFORGE_DUMP_PARAMS=PATH is set.
+// Not a checkpoint (no optimizer state, no iteration; see train/checkpoint for those).
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "loongforge/dist/parallel_context.h"
+#include "loongforge/models/decoder.h"
+
+namespace lf::train {
+
+// Collective over the TP group: TP-sharded parameters (partition_dim >= 0) are all-gathered along
+// their partition dim. The rank with tp_rank 0 and dp_rank 0 of each pipeline stage writes; with
+// pp > 1 stage k writes PATH.pp<k>. Throws lf::Error naming the path if it cannot be written.
+void dump_parameters(const std::string& path, const std::vector<lf::models::NamedParameter>& params,
+                     const lf::dist::ParallelContext& ctx);
+
+}  // namespace lf::train

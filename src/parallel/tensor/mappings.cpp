@@ -1,0 +1,174 @@
+// TP / SP mappings (parallel/tensor/mappings.h). Each Function's backward is the adjoint of its
+// forward as a linear map over the TP group's stacked tensors; the duality is stated per Function.
+#include "loongforge/parallel/tensor/mappings.h"
+
+#include <ATen/Functions.h>
+#include <torch/csrc/autograd/custom_function.h>
+
+#include "loongforge/core/error.h"
+
+namespace lf::parallel {
+namespace comm {
+namespace {
+int64_t wrap(int64_t dim, const at::Tensor& x) { return dim < 0 ? dim + x.dim() : dim; }
+}  // namespace
+
+at::Tensor all_reduce(const at::Tensor& x, Communicator& tp) {
+  at::Tensor y = x.clone(at::MemoryFormat::Contiguous);
+  tp.all_reduce(y, lf::backend::ReduceOp::sum);
+  return y;
+}
+
+at::Tensor all_gather(const at::Tensor& x, Communicator& tp, int64_t dim) {
+  dim = wrap(dim, x);
+  // Gather along dim 0 of a view with `dim` moved to the front, then move it back.
+  at::Tensor front = x.movedim(dim, 0).contiguous();
+  auto sizes = front.sizes().vec();
+  sizes[0] *= tp.size();
+  at::Tensor out = at::empty(sizes, front.options());
+  tp.all_gather(out, front);
+  return out.movedim(0, dim).contiguous();
+}
+
+at::Tensor reduce_scatter(const at::Tensor& x, Communicator& tp, int64_t dim) {
+  dim = wrap(dim, x);
+  LF_CHECK(x.size(dim) % tp.size() == 0, "reduce-scatter over group '", tp.name(), "': dim ", dim,
+           " of size ", x.size(dim), " does not divide by the group size ", tp.size());
+  at::Tensor front = x.movedim(dim, 0).contiguous();
+  auto sizes = front.sizes().vec();
+  sizes[0] /= tp.size();
+  at::Tensor out = at::empty(sizes, front.options());
+  tp.reduce_scatter(out, front, lf::backend::ReduceOp::sum);
+  return out.movedim(0, dim).contiguous();
+}
+
+at::Tensor split(const at::Tensor& x, Communicator& tp, int64_t dim) {
+  dim = wrap(dim, x);
+  LF_CHECK(x.size(dim) % tp.size() == 0, "splitting over group '", tp.name(), "': dim ", dim,
+           " of size ", x.size(dim), " does not divide by the group size ", tp.size(),
+           lf::hint("sizes split by tensor parallelism must be multiples of tp"));
+  const int64_t n = x.size(dim) / tp.size();
+  return x.narrow(dim, tp.rank() * n, n).contiguous();
+}
+}  // namespace comm
+
+namespace {
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+// The communicator travels to backward as an integer (IValues cannot hold pointers); it outlives
+// the graph by contract (the ParallelContext owns it).
+void save_comm(AutogradContext* ctx, Communicator* c) {
+  ctx->saved_data["comm"] = static_cast<int64_t>(reinterpret_cast<intptr_t>(c));
+}
+Communicator& saved_comm(AutogradContext* ctx) {
+  return *reinterpret_cast<Communicator*>(static_cast<intptr_t>(ctx->saved_data["comm"].toInt()));
+}
+
+// Duality: identity is self-adjoint on each rank, but the replicas' gradients are partial sums,
+// so the adjoint of "copy one tensor to every rank" is "sum the ranks' gradients".
+struct CopyToTp : torch::autograd::Function<CopyToTp> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, Communicator* c) {
+    save_comm(ctx, c);
+    return x.view_as(x);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list dy) {
+    return {comm::all_reduce(dy[0], saved_comm(ctx)), at::Tensor()};
+  }
+};
+
+// Duality: the adjoint of "sum over ranks, result on every rank" is "copy the gradient to every
+// rank" (each rank already holds the full output gradient): identity.
+struct ReduceFromTp : torch::autograd::Function<ReduceFromTp> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, Communicator* c) {
+    return comm::all_reduce(x, *c);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list dy) {
+    return {dy[0], at::Tensor()};
+  }
+};
+
+// Duality: split along the last dim <-> all-gather along the last dim (each rank contributes the
+// gradient of its own slice).
+struct ScatterToTp : torch::autograd::Function<ScatterToTp> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, Communicator* c) {
+    save_comm(ctx, c);
+    return comm::split(x, *c, -1);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list dy) {
+    return {comm::all_gather(dy[0], saved_comm(ctx), -1), at::Tensor()};
+  }
+};
+
+// Duality: all-gather along the last dim <-> take this rank's slice of the gradient (every rank
+// holds the same full gradient, so no sum is needed).
+struct GatherFromTp : torch::autograd::Function<GatherFromTp> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, Communicator* c) {
+    save_comm(ctx, c);
+    return comm::all_gather(x, *c, -1);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list dy) {
+    return {comm::split(dy[0], saved_comm(ctx), -1), at::Tensor()};
+  }
+};
+
+// Duality: split the sequence (dim 0) <-> all-gather the sequence gradient.
+struct ScatterToSp : torch::autograd::Function<ScatterToSp> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, Communicator* c) {
+    save_comm(ctx, c);
+    return comm::split(x, *c, 0);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list dy) {
+    return {comm::all_gather(dy[0], saved_comm(ctx), 0), at::Tensor()};
+  }
+};
+
+// Duality: all-gather the sequence <-> reduce-scatter the gradient: every rank's full-sequence
+// gradient is a partial sum (its TP shard of the consumer), and the adjoint of "concatenate the
+// chunks onto every rank" sums those partials and gives each rank its chunk.
+struct GatherFromSp : torch::autograd::Function<GatherFromSp> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, Communicator* c) {
+    save_comm(ctx, c);
+    return comm::all_gather(x, *c, 0);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list dy) {
+    return {comm::reduce_scatter(dy[0], saved_comm(ctx), 0), at::Tensor()};
+  }
+};
+
+// Duality: reduce-scatter of the sequence <-> all-gather of the gradient (the adjoint of the
+// above, with the roles of forward and backward swapped).
+struct ReduceScatterToSp : torch::autograd::Function<ReduceScatterToSp> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, Communicator* c) {
+    save_comm(ctx, c);
+    return comm::reduce_scatter(x, *c, 0);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list dy) {
+    return {comm::all_gather(dy[0], saved_comm(ctx), 0), at::Tensor()};
+  }
+};
+}  // namespace
+
+at::Tensor copy_to_tp(const at::Tensor& x, Communicator& tp) {
+  return tp.size() == 1 ? x : CopyToTp::apply(x, &tp);
+}
+at::Tensor reduce_from_tp(const at::Tensor& x, Communicator& tp) {
+  return tp.size() == 1 ? x : ReduceFromTp::apply(x, &tp);
+}
+at::Tensor scatter_to_tp(const at::Tensor& x, Communicator& tp) {
+  return tp.size() == 1 ? x : ScatterToTp::apply(x, &tp);
+}
+at::Tensor gather_from_tp(const at::Tensor& x, Communicator& tp) {
+  return tp.size() == 1 ? x : GatherFromTp::apply(x, &tp);
+}
+at::Tensor scatter_to_sequence_parallel(const at::Tensor& x, Communicator& tp) {
+  return tp.size() == 1 ? x : ScatterToSp::apply(x, &tp);
+}
+at::Tensor gather_from_sequence_parallel(const at::Tensor& x, Communicator& tp) {
+  return tp.size() == 1 ? x : GatherFromSp::apply(x, &tp);
+}
+at::Tensor reduce_scatter_to_sequence_parallel(const at::Tensor& x, Communicator& tp) {
+  return tp.size() == 1 ? x : ReduceScatterToSp::apply(x, &tp);
+}
+
+}  // namespace lf::parallel

@@ -1,0 +1,160 @@
+// The decoder under tensor parallelism (TP) and TP + sequence parallelism (SP) equals the
+// single-process decoder built from the same seed: the gathered parameter shards equal its
+// parameters (initialisation does not depend on the layout), and logits, per-token loss and
+// every gathered gradient match, in fp32 and bf16. Worlds: 2 ranks (TP 2, GQA 4 heads / 2
+// groups) and 4 ranks (TP 4, 8 heads / 4 groups). The vocabulary (50) is padded differently at
+// each TP size (56 / 64), so padding independence is exercised too.
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+#include <gtest/gtest.h>
+
+#include "loongforge/backend/registry.h"
+#include "loongforge/core/error.h"
+#include "loongforge/models/decoder.h"
+#include "multiprocess.h"
+#include "tp_testing.h"
+
+namespace {
+using lf::models::Decoder;
+using lf::models::DecoderConfig;
+using lf::testing::gather_shards;
+using lf::testing::max_abs_diff;
+
+DecoderConfig tiny(int tp) {
+  DecoderConfig c;
+  c.num_layers = 2;
+  c.hidden_size = 32;
+  c.ffn_hidden_size = 48;
+  c.num_attention_heads = 4 * tp / 2;
+  c.num_query_groups = 2 * tp / 2;
+  c.kv_channels = 8;
+  c.vocab_size = 50;
+  c.make_vocab_size_divisible_by = 8;
+  c.max_position_embeddings = 16;
+  return c;
+}
+
+// Tolerances, relative to the largest magnitude of the reference tensor.
+// fp32: TP splits each matmul's reduction (row-parallel) and sums partials in another order, a
+//   few ulps (1e-7) per op through 2 layers: 1e-5 is ~100x that and far below any real bug (a
+//   missing all-reduce or a wrong shard is O(1)).
+//   (Measured: <= 4e-7.)
+// bf16: every op rounds to 8 mantissa bits (eps 2^-8 = 3.9e-3); the TP partial sums are rounded
+//   before they are added, so single and TP runs differ by a few eps after 2 layers: 3e-2
+//   (measured: <= 1.1e-2, on the small norm-weight gradients).
+struct Tolerance {
+  double values, grads;
+};
+
+void compare(const char* what, const std::string& name, const at::Tensor& got,
+             const at::Tensor& want, double rel) {
+  const double scale = std::max(1e-3, want.abs().max().to(at::kDouble).item<double>());
+  EXPECT_LE(max_abs_diff(got, want), rel * scale) << what << " " << name << " (scale " << scale << ")";
+}
+
+void check_decoder(lf::dist::ParallelContext& ctx, at::ScalarType dtype, bool sp, Tolerance tol) {
+  SCOPED_TRACE(std::string(c10::toString(dtype)) + (sp ? " TP+SP" : " TP"));
+  const auto& be = lf::backend::cpu_backend();
+  auto& tp = ctx.tp();
+  const auto c = tiny(tp.size());
+  Decoder single(c, be, 11, dtype);
+  Decoder par(c, be, 11, dtype, &ctx, sp);
+  ASSERT_EQ(par.parameters().size(), single.parameters().size());
+
+  // Initialisation: the TP model from seed 11 is the single model from seed 11, sharded.
+  for (size_t i = 0; i < par.parameters().size(); ++i) {
+    const auto& p = par.parameters()[i];
+    const auto& q = single.parameters()[i];
+    ASSERT_EQ(p.name, q.name);
+    EXPECT_EQ(p.partition_dim >= 0, p.name.find("norm") == std::string::npos) << p.name;
+    EXPECT_EQ(p.sequence_parallel, sp && p.partition_dim < 0) << p.name;
+    auto full = gather_shards(p.tensor, p.partition_dim, p.partition_blocks, tp);
+    auto want = q.tensor.detach();
+    if (full.size(0) != want.size(0)) {  // vocabulary tables: compare the real rows
+      EXPECT_TRUE(full.narrow(0, c.vocab_size, full.size(0) - c.vocab_size).eq(0).all().item<bool>());
+      full = full.narrow(0, 0, c.vocab_size);
+      want = want.narrow(0, 0, c.vocab_size);
+    }
+    EXPECT_TRUE(at::equal(full, want)) << p.name;
+  }
+
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(5);
+  auto tokens = at::randint(0, c.vocab_size, {2, 8}, gen, at::TensorOptions().dtype(at::kLong));
+  auto labels = at::randint(0, c.vocab_size, {2, 8}, gen, at::TensorOptions().dtype(at::kLong));
+  labels.index_put_({0, 3}, -100);
+  labels.index_put_({1, 0}, c.vocab_size - 1);
+
+  {
+    at::NoGradGuard no_grad;
+    auto want = single.forward(tokens);
+    auto got = par.forward(tokens);
+    ASSERT_EQ(got.sizes(), want.sizes());
+    ASSERT_EQ(got.size(-1), c.vocab_size);
+    compare("logits", "", got, want, tol.values);
+  }
+
+  auto want_loss = single.loss(tokens, labels);
+  auto got_loss = par.loss(tokens, labels);
+  ASSERT_EQ(got_loss.sizes(), want_loss.sizes());  // the whole sequence, also under SP
+  compare("loss", "", got_loss, want_loss, tol.values);
+  want_loss.sum().backward();
+  got_loss.sum().backward();
+  for (size_t i = 0; i < par.parameters().size(); ++i) {
+    const auto& p = par.parameters()[i];
+    at::Tensor g = p.tensor.grad();
+    ASSERT_TRUE(g.defined()) << p.name;
+    // What the optimizer does for `sequence_parallel` parameters: sum over TP.
+    if (p.sequence_parallel) g = lf::parallel::comm::all_reduce(g, tp);
+    auto full = gather_shards(g, p.partition_dim, p.partition_blocks, tp);
+    auto want = single.parameters()[i].tensor.grad();
+    if (full.size(0) != want.size(0)) {
+      EXPECT_EQ(full.narrow(0, c.vocab_size, full.size(0) - c.vocab_size).abs().max().item<double>(), 0);
+      full = full.narrow(0, 0, c.vocab_size);
+      want = want.narrow(0, 0, c.vocab_size);
+    }
+    compare("gradient", p.name, full, want, tol.grads);
+  }
+}
+
+LF_WORKER_CASE(tp_decoder) {
+  auto ctx = lf::testing::make_context(lf::testing::worker_world_size());
+  for (bool sp : {false, true}) {
+    check_decoder(*ctx, at::kFloat, sp, {1e-5, 1e-5});
+    check_decoder(*ctx, at::kBFloat16, sp, {3e-2, 3e-2});
+  }
+}
+
+TEST(TpDecoder, Tp2AndSpEqualSingleProcess) {
+  lf::testing::expect_all_ok(lf::testing::run_workers("tp_decoder", {.world_size = 2}));
+}
+TEST(TpDecoder, Tp4AndSpEqualSingleProcess) {
+  lf::testing::expect_all_ok(lf::testing::run_workers("tp_decoder", {.world_size = 4}));
+}
+
+// Invalid layouts are errors naming the values.
+LF_WORKER_CASE(tp_decoder_errors) {
+  auto ctx = lf::testing::make_context(2);
+  const auto& be = lf::backend::cpu_backend();
+  auto c = tiny(2);
+  c.num_query_groups = 1;
+  try {
+    Decoder d(c, be, 1, at::kFloat, ctx.get());
+    ADD_FAILURE() << "no error for 1 query group over TP 2";
+  } catch (const lf::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("num_query_groups 1"), std::string::npos) << e.what();
+  }
+  Decoder d(tiny(2), be, 1, at::kFloat, ctx.get(), /*sequence_parallel=*/true);
+  auto tokens = at::zeros({1, 7}, at::TensorOptions().dtype(at::kLong));
+  try {
+    d.forward(tokens);
+    ADD_FAILURE() << "no error for sequence 7 over TP 2 with SP";
+  } catch (const lf::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("sequence length 7"), std::string::npos) << e.what();
+  }
+}
+
+TEST(TpDecoder, IndivisibleGroupsOrSequenceNameTheValues) {
+  lf::testing::expect_all_ok(lf::testing::run_workers("tp_decoder_errors", {.world_size = 2}));
+}
+
+}  // namespace

@@ -1,0 +1,171 @@
+// The optimizer side of data/tensor parallelism: the global gradient norm under TP with sharded,
+// replicated and sequence-parallel parameters (hand-computed), with and without ZeRO-1; AdamW
+// under ZeRO-1 equal to the unsharded AdamW; bf16 parameters with fp32 masters; weight decay
+// groups.
+#include <gtest/gtest.h>
+
+#include <ATen/core/grad_mode.h>
+
+#include <cmath>
+
+#include "dp_test_util.h"
+#include "loongforge/backend/registry.h"
+#include "loongforge/train/grad_clip.h"
+#include "loongforge/train/optimizer.h"
+
+namespace {
+using namespace lf::testing;
+using lf::train::GradBuffer;
+
+// Gradient values of fake parameter `which` as TP rank `tp` sees them.
+at::Tensor fake_grad(int which, int tp, int64_t n) {
+  return (at::arange(n, at::kFloat) * 0.3 + which + 10 * tp).sin();
+}
+
+// World = tp 2 x dp (1 or 2). A: TP-sharded (each TP rank its own half), B: replicated, C:
+// replicated but sequence-parallel (each TP rank a partial gradient to be summed).
+// norm^2 = |A_0|^2 + |A_1|^2 + |B|^2 + |C_0 + C_1|^2, counted once however many ranks hold them.
+LF_WORKER_CASE(clip_under_tp) {
+  const bool zero = worker_args().size() > 0 && worker_args()[0] == "zero=1";
+  auto tc = make_context(2);
+  auto& ctx = *tc.ctx;
+  const int tp = ctx.tp_rank();
+  std::vector<lf::models::NamedParameter> params(3);
+  const int64_t sizes[3] = {6, 5, 3};
+  for (int i = 0; i < 3; ++i) {
+    params[static_cast<size_t>(i)].name = std::string(1, static_cast<char>('A' + i));
+    params[static_cast<size_t>(i)].tensor = at::zeros({sizes[i]}).set_requires_grad(true);
+  }
+  params[0].partition_dim = 0;
+  params[2].sequence_parallel = true;
+  lf::backend::Communicator* dp = ctx.dp_size() > 1 ? &ctx.dp() : nullptr;
+  GradBuffer buffer(params, dp, &ctx.tp(), {.bucket_size = 4, .distributed_optimizer = zero});
+  // Every DP rank holds the same local gradients, so the DP average is those gradients.
+  buffer.main_grad(0).copy_(fake_grad(0, tp, 6));
+  buffer.main_grad(1).copy_(fake_grad(1, 0, 5));
+  buffer.main_grad(2).copy_(fake_grad(2, tp, 3));
+  buffer.finish_grad_sync();
+
+  double want = 0;
+  for (int r = 0; r < 2; ++r) want += fake_grad(0, r, 6).to(at::kDouble).pow(2).sum().item<double>();
+  want += fake_grad(1, 0, 5).to(at::kDouble).pow(2).sum().item<double>();
+  at::Tensor c_sum = fake_grad(2, 0, 3) + fake_grad(2, 1, 3);
+  want += c_sum.to(at::kDouble).pow(2).sum().item<double>();
+  want = std::sqrt(want);
+  const double norm = lf::train::global_grad_norm(buffer, {.model_parallel = &ctx.mp(), .tp_rank = tp});
+  EXPECT_NEAR(norm, want, 1e-6 * want) << "tp rank " << tp << " dp rank " << ctx.dp_rank();
+  if (!zero) EXPECT_TRUE(at::allclose(buffer.main_grad(2), c_sum, 1e-6, 1e-7));
+
+  const double coeff = lf::train::clip_grads(buffer, norm, want / 2);
+  EXPECT_NEAR(coeff, (want / 2) / (norm + 1e-6), 1e-12);
+  const double after = lf::train::global_grad_norm(buffer, {.model_parallel = &ctx.mp(), .tp_rank = tp});
+  EXPECT_NEAR(after, want / 2, 1e-5 * want);
+  EXPECT_EQ(lf::train::clip_grads(buffer, after, want), 1.0) << "below the limit: untouched";
+}
+
+TEST(GradClip, GlobalNormUnderTpCountsReplicatedOnce) {
+  expect_all_ok(run_workers("clip_under_tp", {.world_size = 2}));
+}
+TEST(GradClip, GlobalNormUnderTpAndZero1) {
+  expect_all_ok(run_workers("clip_under_tp", {.world_size = 4, .args = {"zero=1"}}));
+}
+
+lf::config::OptimizerConfig adam_config() {
+  lf::config::OptimizerConfig c;
+  c.lr = 1e-2;
+  c.weight_decay = 0.1;
+  c.clip_grad = 1e-4;  // small enough to clip every step: exercises the shard-wise norm
+  return c;
+}
+
+// Two copies of the chain, one under ZeRO-1 and one not, over the same DP group: after three
+// steps their parameters agree to fp32 rounding (the element-wise update is the same; only the
+// norm's summation order differs), and ZeRO-1 keeps 1/dp of the optimizer state.
+LF_WORKER_CASE(zero1_equals_adamw) {
+  const bool bf16 = worker_args().size() > 0 && worker_args()[0] == "bf16=1";
+  const auto dtype = bf16 ? at::kBFloat16 : at::kFloat;
+  auto tc = make_context(1);
+  auto& dp = tc.ctx->dp();
+  const auto& backend = lf::backend::cpu_backend();
+  auto plain_params = chain_params(dtype), zero_params = chain_params(dtype);
+  GradBuffer plain(plain_params, &dp, nullptr, {.bucket_size = 16, .overlap_grad_reduce = true});
+  GradBuffer zero(zero_params, &dp, nullptr,
+                  {.bucket_size = 16, .overlap_grad_reduce = true, .distributed_optimizer = true});
+  lf::train::AdamW plain_opt(plain, adam_config(), backend), zero_opt(zero, adam_config(), backend);
+  EXPECT_LT(zero_opt.state_bytes(), plain_opt.state_bytes() * 0.6);
+  for (int step = 1; step <= 3; ++step) {
+    for (auto* b : {&plain, &zero}) b->begin_micro_batch(true);
+    chain_loss(plain_params, dp.rank(), step).backward();
+    chain_loss(zero_params, dp.rank(), step).backward();
+    plain.finish_grad_sync();
+    zero.finish_grad_sync();
+    auto a = plain_opt.step(1e-2), b = zero_opt.step(1e-2);
+    EXPECT_NEAR(a.grad_norm, b.grad_norm, 1e-6 * a.grad_norm);
+    EXPECT_LT(a.clip_coeff, 1.0);
+    plain.zero_grad();
+    zero.zero_grad();
+  }
+  for (size_t i = 0; i < plain_params.size(); ++i) {
+    const auto& p = plain_params[i].tensor;
+    EXPECT_EQ(p.scalar_type(), dtype);
+    // fp32: a few ulps of rounding in the clip coefficient. bf16: one bf16 ulp (2^-8 relative)
+    // where the fp32 masters straddle a rounding boundary.
+    const double tol = bf16 ? 8e-3 : 1e-6;
+    EXPECT_LE(max_abs(p, zero_params[i].tensor), tol) << plain_params[i].name;
+    EXPECT_GT(max_abs(p, chain_params(dtype)[i].tensor), 0.0) << "it moved";
+  }
+  if (bf16) {  // the model holds the masters rounded to bf16
+    for (const auto& piece : plain.owned_pieces()) {
+      at::Tensor m = plain_opt.masters().shards()[static_cast<size_t>(piece.bucket)].narrow(
+          0, piece.reduced_offset, piece.numel);
+      at::Tensor p = plain_params[static_cast<size_t>(piece.param)].tensor.detach().reshape({-1})
+                         .narrow(0, piece.param_offset, piece.numel);
+      EXPECT_TRUE(at::equal(p, m.to(at::kBFloat16)));
+    }
+  }
+}
+
+TEST(DistributedOptimizer, Zero1EqualsAdamWFp32) {
+  expect_all_ok(run_workers("zero1_equals_adamw", {.world_size = 2}));
+}
+TEST(DistributedOptimizer, Zero1EqualsAdamWBf16) {
+  expect_all_ok(run_workers("zero1_equals_adamw", {.world_size = 2, .args = {"bf16=1"}}));
+}
+
+// Decoupled weight decay on matrices only: with zero gradients and lr 0.1, a matrix shrinks by
+// exactly (1 - lr * wd) in fp32 and a vector (norm, bias) stays as it was.
+TEST(AdamW, NoWeightDecayOnNormsAndBiases) {
+  auto params = chain_params();
+  GradBuffer buffer(params, nullptr, nullptr, {});
+  auto config = adam_config();
+  config.clip_grad = 0;
+  lf::train::AdamW opt(buffer, config, lf::backend::cpu_backend());
+  buffer.finish_grad_sync();  // all-zero gradients
+  auto r = opt.step(0.1);
+  EXPECT_EQ(r.grad_norm, 0.0);
+  auto before = chain_params();
+  for (size_t i = 0; i < params.size(); ++i) {
+    at::Tensor want = params[i].no_weight_decay ? before[i].tensor.detach()
+                                                : before[i].tensor.detach() * (1 - 0.1 * 0.1);
+    EXPECT_LE(max_abs(params[i].tensor, want), 1e-7) << params[i].name;
+  }
+}
+
+TEST(AdamW, NonFiniteNormStopsOrSkips) {
+  auto params = chain_params();
+  GradBuffer buffer(params, nullptr, nullptr, {});
+  lf::train::AdamW opt(buffer, adam_config(), lf::backend::cpu_backend());
+  buffer.main_grad(3).fill_(std::nan(""));
+  buffer.finish_grad_sync();
+  try {
+    opt.step(0.1);
+    ADD_FAILURE() << "expected an error";
+  } catch (const lf::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("optimizer step 1"), std::string::npos) << e.what();
+  }
+  auto r = opt.step(0.1, /*skip_nonfinite=*/true);
+  EXPECT_TRUE(r.skipped);
+  EXPECT_EQ(opt.steps_taken(), 0);
+  EXPECT_TRUE(at::equal(params[0].tensor, chain_params()[0].tensor)) << "nothing updated";
+}
+}  // namespace

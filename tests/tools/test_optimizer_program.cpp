@@ -14,54 +14,15 @@
 #include <sstream>
 
 #include "multiprocess.h"
+#include "program_testing.h"
 
 namespace {
 using lf::testing::run_command;
 
-std::string bin(const std::string& name) { return lf::testing::binary_dir() + "/bin/" + name; }
-
-std::string read_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-}
-
-// name -> values, from the fp32 safetensors file that dump_parameters writes.
-std::map<std::string, std::vector<float>> read_params(const std::string& path) {
-  std::string bytes = read_file(path);
-  EXPECT_GE(bytes.size(), 8u) << path;
-  if (bytes.size() < 8) return {};
-  uint64_t n = 0;
-  for (int i = 7; i >= 0; --i) n = (n << 8) | static_cast<unsigned char>(bytes[static_cast<size_t>(i)]);
-  const std::string header = bytes.substr(8, n);
-  const char* data = bytes.data() + 8 + n;
-  std::map<std::string, std::vector<float>> out;
-  std::regex entry(R"re("([^"]+)":\{"dtype":"F32","shape":\[[0-9,]*\],"data_offsets":\[(\d+),(\d+)\]\})re");
-  for (std::sregex_iterator it(header.begin(), header.end(), entry), end; it != end; ++it) {
-    const size_t a = std::stoull((*it)[2]), b = std::stoull((*it)[3]);
-    std::vector<float> v((b - a) / 4);
-    std::memcpy(v.data(), data + a, b - a);
-    out[(*it)[1]] = std::move(v);
-  }
-  return out;
-}
-
-double max_abs_diff(const std::map<std::string, std::vector<float>>& a,
-                    const std::map<std::string, std::vector<float>>& b) {
-  EXPECT_EQ(a.size(), b.size());
-  EXPECT_FALSE(a.empty());
-  double worst = 0;
-  for (const auto& [name, va] : a) {
-    auto it = b.find(name);
-    if (it == b.end()) {
-      ADD_FAILURE() << "missing " << name;
-      continue;
-    }
-    EXPECT_EQ(va.size(), it->second.size()) << name;
-    for (size_t i = 0; i < std::min(va.size(), it->second.size()); ++i)
-      worst = std::max(worst, std::abs(static_cast<double>(va[i]) - it->second[i]));
-  }
-  return worst;
-}
+using lf::testing::bin;
+using lf::testing::max_abs_diff;
+using lf::testing::read_params;
+using lf::testing::read_file;
 
 struct Run {
   std::vector<double> losses, grad_norms;

@@ -8,11 +8,12 @@
 #include <sstream>
 
 #include "multiprocess.h"
+#include "program_testing.h"
 
 namespace {
 using lf::testing::run_command;
 
-std::string bin(const std::string& name) { return lf::testing::binary_dir() + "/bin/" + name; }
+using lf::testing::bin;
 std::string config(const std::string& name) { return lf::testing::source_dir() + "/configs/" + name; }
 
 void write(const std::string& path, const std::string& text) { std::ofstream(path) << text; }

@@ -1,0 +1,190 @@
+"""The PyTorch eager reference that tools/bench times LoongForge against.
+
+It is the decoder of src/models/decoder.cpp written plainly in eager PyTorch (same [s, b, h]
+layout, RMSNorm, RoPE on non-interleaved halves, GQA with Megatron's per-group fused QKV,
+SwiGLU with fc1 = [gate; up], tied embeddings) trained with AdamW, gradient clipping and, for
+bf16, Megatron-style mixed precision (bf16 weights, fp32 main grads and master weights), as
+LoongForge does. It is a benchmark oracle, not a runtime: nothing in LoongForge imports it.
+
+  bench_reference.py train --config-json JSON --steps N --warmup W [--bf16]
+  bench_reference.py peak --dtype fp32|bf16     # the matmul peak MFU is measured against
+
+Both print one JSON line on stdout. Threads come from OMP_NUM_THREADS (set by tools/bench).
+"""
+import argparse
+import json
+import math
+import time
+
+import torch
+import torch.nn.functional as F
+
+
+class Decoder(torch.nn.Module):
+    def __init__(self, c, dtype):
+        super().__init__()
+        h, f = c["hidden_size"], c["ffn_hidden_size"]
+        nq = c["num_attention_heads"]
+        nkv = c["num_query_groups"] or nq
+        d = c["kv_channels"] or h // nq
+        mult = c["make_vocab_size_divisible_by"]
+        v = (c["vocab_size"] + mult - 1) // mult * mult
+        self.c, self.h, self.nq, self.nkv, self.d, self.f = c, h, nq, nkv, d, f
+        std = float(c["init_method_std"])
+        out_std = std / math.sqrt(2.0 * c["num_layers"])
+
+        def param(shape, s):
+            t = torch.randn(shape) * s if s else torch.ones(shape)
+            return torch.nn.Parameter(t.to(dtype))
+
+        self.embedding = param((v, h), std)
+        self.layers = torch.nn.ModuleList()
+        for _ in range(c["num_layers"]):
+            layer = torch.nn.Module()
+            layer.input_norm = param((h,), 0)
+            layer.qkv = param(((nq + 2 * nkv) * d, h), std)
+            layer.proj = param((h, nq * d), out_std)
+            layer.pre_mlp_norm = param((h,), 0)
+            layer.fc1 = param((2 * f, h), std)
+            layer.fc2 = param((h, f), out_std)
+            self.layers.append(layer)
+        self.final_norm = param((h,), 0)
+        assert not c["untie_embeddings_and_output_weights"], "the bench configs tie embeddings"
+
+    def rope_tables(self, s, device):
+        inv_freq = float(self.c["rotary_base"]) ** (
+            -torch.arange(0, self.d, 2, dtype=torch.float64) / self.d)
+        angles = torch.outer(torch.arange(s, dtype=torch.float64), inv_freq)  # [s, d/2]
+        emb = torch.cat([angles, angles], -1)[:, None, None, :]  # [s, 1, 1, d]
+        return emb.cos().float().to(device), emb.sin().float().to(device)
+
+    @staticmethod
+    def rope(x, cos, sin):  # x: [s, b, n, d]
+        half = x.shape[-1] // 2
+        rotated = torch.cat([-x[..., half:], x[..., :half]], -1)
+        return (x.float() * cos + rotated.float() * sin).to(x.dtype)
+
+    def attention(self, layer, x, cos, sin):  # x: [s, b, h]
+        s, b, _ = x.shape
+        per_group = self.nq // self.nkv
+        qkv = F.linear(x, layer.qkv).view(s, b, self.nkv, per_group + 2, self.d)
+        q = self.rope(qkv[:, :, :, :per_group].reshape(s, b, self.nq, self.d), cos, sin)
+        k = self.rope(qkv[:, :, :, per_group], cos, sin)
+        v = qkv[:, :, :, per_group + 1]
+        # [s, b, n, d] -> [b, n, s, d]
+        o = F.scaled_dot_product_attention(q.permute(1, 2, 0, 3), k.permute(1, 2, 0, 3),
+                                           v.permute(1, 2, 0, 3), is_causal=True,
+                                           enable_gqa=True)
+        o = o.permute(2, 0, 1, 3).reshape(s, b, self.nq * self.d)
+        return F.linear(o, layer.proj)
+
+    def mlp(self, layer, x):
+        gate, up = F.linear(x, layer.fc1).chunk(2, -1)
+        return F.linear(F.silu(gate) * up, layer.fc2)
+
+    def loss(self, tokens, labels):  # tokens, labels: [b, s]
+        s = tokens.shape[1]
+        cos, sin = self.rope_tables(s, tokens.device)
+        eps = float(self.c["norm_epsilon"])  # PyYAML reads 1e-05 as a string
+        x = F.embedding(tokens.t(), self.embedding)  # [s, b, h]
+        for layer in self.layers:
+            x = x + self.attention(layer, F.rms_norm(x, (self.h,), layer.input_norm, eps), cos, sin)
+            x = x + self.mlp(layer, F.rms_norm(x, (self.h,), layer.pre_mlp_norm, eps))
+        x = F.rms_norm(x, (self.h,), self.final_norm, eps)
+        logits = F.linear(x, self.embedding)[..., : self.c["vocab_size"]]
+        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(),
+                               labels.t().reshape(-1))
+
+
+def vm_kib(field):
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    return 0
+
+
+def train(args):
+    cfg = json.loads(args.config_json)
+    c, t = cfg["model"], cfg["training"]
+    o = {k: float(cfg["optimizer"][k]) for k in
+         ("lr", "weight_decay", "adam_beta1", "adam_beta2", "adam_eps", "clip_grad")}
+    torch.manual_seed(t.get("seed", 1234))
+    baseline_kib = vm_kib("VmRSS")  # the interpreter and torch, before the model exists
+    dtype = torch.bfloat16 if args.bf16 else torch.float32
+    model = Decoder(c, dtype)
+    params = list(model.parameters())
+    # Megatron-style mixed precision: fp32 masters own the optimizer state; bf16 weights compute.
+    masters = params if not args.bf16 else [p.detach().float().requires_grad_() for p in params]
+    decay = [m for m in masters if m.dim() > 1]
+    no_decay = [m for m in masters if m.dim() <= 1]  # the norm weights, as in LoongForge
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": o["weight_decay"]},
+                             {"params": no_decay, "weight_decay": 0.0}],
+                            lr=o["lr"], betas=(o["adam_beta1"], o["adam_beta2"]),
+                            eps=o["adam_eps"], foreach=True)
+    b, s = t["micro_batch_size"], t["seq_length"]
+    assert t["global_batch_size"] == b, "the bench runs one micro-batch per step"
+    vocab = c["vocab_size"]
+    times, losses = [], []
+    for step in range(args.steps):
+        start = time.perf_counter()
+        data = torch.randint(0, vocab, (b, s + 1))  # mock data, as --mock-data
+        loss = model.loss(data[:, :-1], data[:, 1:])
+        loss.backward()
+        if args.bf16:
+            for m, p in zip(masters, params):
+                m.grad = p.grad.float()
+        torch.nn.utils.clip_grad_norm_(masters, o["clip_grad"], foreach=True)
+        opt.step()
+        if args.bf16:
+            with torch.no_grad():
+                torch._foreach_copy_(params, masters)
+        for p in params:
+            p.grad = None
+        opt.zero_grad(set_to_none=True)
+        losses.append(loss.item())
+        times.append(time.perf_counter() - start)
+    timed = times[args.warmup:]
+    print(json.dumps({"tokens_per_sec": b * s * len(timed) / sum(timed),
+                      "step_seconds": timed, "losses": losses,
+                      "parameters": sum(p.numel() for p in params),
+                      "baseline_rss_kib": baseline_kib, "threads": torch.get_num_threads()}))
+
+
+def peak(args):
+    # The best of a few large square matmuls: what this machine's BLAS reaches for the dtype.
+    dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float32
+    best = 0.0
+    for n in (1024, 2048):
+        a, b = torch.randn(n, n).to(dtype), torch.randn(n, n).to(dtype)
+        torch.mm(a, b)
+        reps, start = 0, time.perf_counter()
+        while reps < 3 or time.perf_counter() - start < 1.0:
+            torch.mm(a, b)
+            reps += 1
+            if time.perf_counter() - start > 5.0:  # a slow path (bf16 without native support)
+                break
+        best = max(best, 2.0 * n ** 3 * reps / (time.perf_counter() - start))
+        if best < 5e9:  # a larger size will not change the verdict, only take minutes
+            break
+    print(json.dumps({"dtype": args.dtype, "flops_per_sec": best,
+                      "threads": torch.get_num_threads()}))
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    tr = sub.add_parser("train")
+    tr.add_argument("--config-json", required=True,
+                    help="resolved {model, training, optimizer} from loongforge-train --dry-run")
+    tr.add_argument("--steps", type=int, required=True)
+    tr.add_argument("--warmup", type=int, required=True)
+    tr.add_argument("--bf16", action="store_true")
+    pk = sub.add_parser("peak")
+    pk.add_argument("--dtype", choices=["fp32", "bf16"], required=True)
+    args = ap.parse_args()
+    train(args) if args.cmd == "train" else peak(args)
+
+
+if __name__ == "__main__":
+    main()

@@ -4,17 +4,12 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include "dtype_access.cuh"
 #include "kernels.h"
 
 namespace lf::cuda_kernels {
 namespace {
 
-__device__ inline float load(const float* p, int64_t i) { return p[i]; }
-__device__ inline float load(const __nv_bfloat16* p, int64_t i) { return __bfloat162float(p[i]); }
-__device__ inline float load(const __half* p, int64_t i) { return __half2float(p[i]); }
-__device__ inline void store(float* p, int64_t i, float v) { p[i] = v; }
-__device__ inline void store(__nv_bfloat16* p, int64_t i, float v) { p[i] = __float2bfloat16(v); }
-__device__ inline void store(__half* p, int64_t i, float v) { p[i] = __float2half(v); }
 
 template <class T>
 __global__ void swiglu_fwd_kernel(const T* __restrict__ gu, T* __restrict__ y, int64_t rows,

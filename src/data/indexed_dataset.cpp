@@ -7,7 +7,7 @@
 #include <filesystem>
 
 #include "loongforge/core/error.h"
-#include "mapped_file.h"
+#include "loongforge/core/mapped_file.h"
 
 namespace lf::data {
 namespace {
@@ -69,7 +69,7 @@ TokenDType optimal_dtype(int64_t vocab_size) {
 // Reader
 
 IndexedDataset::IndexedDataset(std::string prefix) : prefix_(std::move(prefix)) {
-  idx_ = std::make_unique<MappedFile>(idx_path(prefix_));
+  idx_ = std::make_unique<lf::MappedFile>(idx_path(prefix_));
   const std::string& ip = idx_->path();
   const unsigned char* p = idx_->data();
   int64_t n = idx_->size();
@@ -109,7 +109,7 @@ IndexedDataset::IndexedDataset(std::string prefix) : prefix_(std::move(prefix)) 
     LF_CHECK(document_index(k) >= document_index(k - 1), ip, ": document_indices decrease at entry ",
              k, " (", document_index(k - 1), " -> ", document_index(k), ")");
 
-  bin_ = std::make_unique<MappedFile>(bin_path(prefix_));
+  bin_ = std::make_unique<lf::MappedFile>(bin_path(prefix_));
   int64_t esize = dtype_size(dtype_), bin_size = bin_->size();
   for (int64_t i = 0; i < num_sequences_; ++i) {
     int64_t len = sequence_length(i), ptr = sequence_pointer(i);

@@ -32,7 +32,11 @@ TokenDType optimal_dtype(int64_t vocab_size);
 inline std::string idx_path(const std::string& prefix) { return prefix + ".idx"; }
 inline std::string bin_path(const std::string& prefix) { return prefix + ".bin"; }
 
+}  // namespace lf::data
+namespace lf {
 class MappedFile;
+}  // namespace lf
+namespace lf::data {
 
 class IndexedDataset final : public SequenceSource {
  public:
@@ -61,7 +65,7 @@ class IndexedDataset final : public SequenceSource {
 
  private:
   std::string prefix_;
-  std::unique_ptr<MappedFile> idx_, bin_;
+  std::unique_ptr<lf::MappedFile> idx_, bin_;
   TokenDType dtype_{};
   int64_t num_sequences_ = 0, num_doc_entries_ = 0, total_tokens_ = 0;
   const unsigned char* lengths_ = nullptr;   // i32[S], possibly unaligned

@@ -1,4 +1,4 @@
-// MappedFile: a read-only memory map of a whole file (internal to the data layer). Not a writer;
+// MappedFile: a read-only memory map of a whole file (datasets, safetensors). Not a writer;
 // files are written with ordinary streams and renamed into place.
 #pragma once
 
@@ -6,7 +6,7 @@
 #include <cstdint>
 #include <string>
 
-namespace lf::data {
+namespace lf {
 
 class MappedFile {
  public:
@@ -25,4 +25,4 @@ class MappedFile {
   int64_t size_ = 0;
 };
 
-}  // namespace lf::data
+}  // namespace lf

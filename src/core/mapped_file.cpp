@@ -1,5 +1,5 @@
 // Read-only mmap of a whole file. Empty files map to a null pointer of size 0.
-#include "mapped_file.h"
+#include "loongforge/core/mapped_file.h"
 
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -11,12 +11,12 @@
 
 #include "loongforge/core/error.h"
 
-namespace lf::data {
+namespace lf {
 
 MappedFile::MappedFile(std::string path) : path_(std::move(path)) {
   int fd = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
   LF_CHECK(fd >= 0, "cannot open ", path_, ": ", std::strerror(errno),
-           lf::hint("check the path prefix (without .idx/.bin) and permissions"));
+           lf::hint("check the path and its permissions"));
   struct stat st {};
   if (::fstat(fd, &st) != 0) {
     int e = errno;
@@ -39,4 +39,4 @@ MappedFile::~MappedFile() {
   if (data_) ::munmap(const_cast<unsigned char*>(data_), static_cast<size_t>(size_));
 }
 
-}  // namespace lf::data
+}  // namespace lf

@@ -276,6 +276,25 @@ at::Tensor ReferenceOps::swiglu_bwd(const at::Tensor& dy, const at::Tensor& gate
   return at::cat({dgate, dup}, -1).to(gate_up.scalar_type()).contiguous();
 }
 
+// ---- GELU (erf form) ---------------------------------------------------------------------------
+
+at::Tensor ReferenceOps::gelu_fwd(const at::Tensor& x) const {
+  const auto ct = compute_type(x);
+  auto xf = x.to(ct);
+  return (xf * 0.5 * (1 + at::erf(xf * M_SQRT1_2))).to(x.scalar_type()).contiguous();
+}
+
+// d/dx [x Phi(x)] = Phi(x) + x phi(x), phi(x) = exp(-x^2 / 2) / sqrt(2 pi).
+at::Tensor ReferenceOps::gelu_bwd(const at::Tensor& dy, const at::Tensor& x) const {
+  LF_CHECK(dy.sizes() == x.sizes(), "gelu_bwd: dy ", shape_str(dy), " and x ", shape_str(x),
+           " must have the same shape");
+  const auto ct = compute_type(x);
+  auto xf = x.to(ct);
+  auto cdf = 0.5 * (1 + at::erf(xf * M_SQRT1_2));
+  auto pdf = at::exp(-0.5 * xf * xf) * (0.5 * M_2_SQRTPI * M_SQRT1_2);
+  return (dy.to(ct) * (cdf + xf * pdf)).to(x.scalar_type()).contiguous();
+}
+
 // ---- softmax cross-entropy -------------------------------------------------------------------
 
 CrossEntropyFwd ReferenceOps::softmax_cross_entropy_fwd(const at::Tensor& logits,

@@ -127,6 +127,22 @@ class PluginOps final : public OpTable {
     return dgu;
   }
 
+  at::Tensor gelu_fwd(const at::Tensor& x0) const override {
+    auto x = in(x0);
+    auto y = at::empty_like(x);
+    auto vx = to_view(x), vy = to_view(y);
+    p_->check(t().gelu_fwd(&vx, &vy), "gelu_fwd");
+    return y;
+  }
+  at::Tensor gelu_bwd(const at::Tensor& dy0, const at::Tensor& x0) const override {
+    LF_CHECK(dy0.sizes() == x0.sizes(), "gelu_bwd: dy and x must have the same shape");
+    auto dy = in(dy0), x = in(x0);
+    auto dx = at::empty_like(x);
+    auto vdy = to_view(dy), vx = to_view(x), vd = to_view(dx);
+    p_->check(t().gelu_bwd(&vdy, &vx, &vd), "gelu_bwd");
+    return dx;
+  }
+
   CrossEntropyFwd softmax_cross_entropy_fwd(const at::Tensor& logits0, const at::Tensor& target0,
                                             int64_t ignore_index) const override {
     check_cross_entropy_args(logits0, target0);

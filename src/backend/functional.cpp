@@ -88,6 +88,18 @@ struct SwigluFn : torch::autograd::Function<SwigluFn> {
   }
 };
 
+struct GeluFn : torch::autograd::Function<GeluFn> {
+  static at::Tensor forward(AutogradContext* ctx, const DeviceBackend* be, const at::Tensor& x) {
+    save_backend(ctx, be);
+    ctx->save_for_backward({x});
+    return be->ops().gelu_fwd(x);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list dy) {
+    auto s = ctx->get_saved_variables();
+    return {at::Tensor(), saved_backend(ctx).ops().gelu_bwd(dy[0], s[0])};
+  }
+};
+
 struct CrossEntropyFn : torch::autograd::Function<CrossEntropyFn> {
   static at::Tensor forward(AutogradContext* ctx, const DeviceBackend* be,
                             const at::Tensor& logits, const at::Tensor& target,
@@ -149,6 +161,8 @@ at::Tensor rope(const DeviceBackend& be, const at::Tensor& x, const at::Tensor& 
 at::Tensor swiglu(const DeviceBackend& be, const at::Tensor& gate_up) {
   return SwigluFn::apply(&be, gate_up);
 }
+
+at::Tensor gelu(const DeviceBackend& be, const at::Tensor& x) { return GeluFn::apply(&be, x); }
 
 at::Tensor softmax_cross_entropy(const DeviceBackend& be, const at::Tensor& logits,
                                  const at::Tensor& target, int64_t ignore_index) {

@@ -3,12 +3,14 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/Functions.h>
 #include <ATen/TensorOperators.h>
+#include <ATen/core/grad_mode.h>
 
 #include <cmath>
 
 #include "loongforge/backend/functional.h"
 #include "loongforge/core/error.h"
 #include "loongforge/dist/parallel_context.h"
+#include "loongforge/models/recompute.h"
 #include "loongforge/parallel/tensor/cross_entropy.h"
 #include "loongforge/parallel/tensor/mappings.h"
 
@@ -25,13 +27,38 @@ at::Tensor vocab_table(at::Generator& gen, int64_t vocab, int64_t padded, int64_
 }
 }  // namespace
 
-std::pair<at::Tensor, at::Tensor> rope_tables(int64_t seq, int64_t head_dim, double base,
+RopeSpec rope_spec(const DecoderConfig& c) {
+  RopeSpec r;
+  r.head_dim = c.head_dim();
+  r.base = c.rotary_base;
+  r.llama3_scaling = c.rope_scaling;
+  r.factor = c.rope_scaling_factor;
+  r.low_freq_factor = c.rope_scaling_low_freq_factor;
+  r.high_freq_factor = c.rope_scaling_high_freq_factor;
+  r.original_max_position = c.rope_scaling_original_max_position_embeddings;
+  return r;
+}
+
+std::pair<at::Tensor, at::Tensor> rope_tables(const RopeSpec& spec, int64_t start, int64_t seq,
                                               const at::TensorOptions& options) {
   // inv_freq[i] = base^(-2i/d); angle[p, i] = p * inv_freq[i]; both halves share the angles.
+  const int64_t d = spec.head_dim;
   auto f64 = at::TensorOptions().dtype(at::kDouble);
-  auto inv_freq = at::pow(base, -at::arange(0, head_dim, 2, f64) / static_cast<double>(head_dim));
-  auto angles = at::outer(at::arange(seq, f64), inv_freq);  // [s, d/2]
-  auto emb = at::cat({angles, angles}, -1);                  // [s, d]
+  auto inv_freq = at::pow(spec.base, -at::arange(0, d, 2, f64) / static_cast<double>(d));
+  if (spec.llama3_scaling) {
+    // Llama 3.1: long wavelengths slowed down by `factor`, short ones kept, a linear blend in
+    // between (in wavelength-to-context ratio).
+    const double old = static_cast<double>(spec.original_max_position);
+    const double low_wavelen = old / spec.low_freq_factor, high_wavelen = old / spec.high_freq_factor;
+    auto wavelen = 2 * M_PI / inv_freq;
+    auto scaled = at::where(wavelen > low_wavelen, inv_freq / spec.factor, inv_freq);
+    auto smooth = (old / wavelen - spec.low_freq_factor) / (spec.high_freq_factor - spec.low_freq_factor);
+    auto blended = (1 - smooth) * scaled / spec.factor + smooth * scaled;
+    auto medium = at::logical_and(wavelen >= high_wavelen, wavelen <= low_wavelen);
+    inv_freq = at::where(medium, blended, scaled);
+  }
+  auto angles = at::outer(at::arange(start, start + seq, f64), inv_freq);  // [s, d/2]
+  auto emb = at::cat({angles, angles}, -1);                                // [s, d]
   return {at::cos(emb).to(options), at::sin(emb).to(options)};
 }
 
@@ -49,8 +76,13 @@ at::Tensor Decoder::add(std::string name, const at::Tensor& full, at::ScalarType
   p.no_weight_decay = no_decay;
   p.partition_dim = tp > 1 ? partition_dim : -1;
   p.partition_blocks = tp > 1 && partition_dim >= 0 ? blocks : 1;
-  // Norm weights act on sequence-split activations; everything replicated here is a norm.
-  p.sequence_parallel = tp > 1 && tp_.sequence_parallel && partition_dim < 0;
+  // Replicated parameters that see only part of the data on each TP rank need their gradient
+  // summed over TP: with SP every replicated one (norms and the row-parallel biases act on
+  // sequence chunks); the per-head QK norms always (each rank holds different heads).
+  const bool qk_norm = p.name.find("_layernorm.weight") != std::string::npos &&
+                       (p.name.find(".q_layernorm.") != std::string::npos ||
+                        p.name.find(".k_layernorm.") != std::string::npos);
+  p.sequence_parallel = tp > 1 && partition_dim < 0 && (tp_.sequence_parallel || qk_norm);
   params_.push_back(std::move(p));
   return t;
 }
@@ -59,16 +91,16 @@ Decoder::Decoder(const DecoderConfig& c, const lf::backend::DeviceBackend& backe
                  at::ScalarType dtype, const lf::dist::ParallelContext* parallel,
                  bool sequence_parallel)
     : config_(c), backend_(backend) {
-  LF_CHECK(c.swiglu, "the decoder supports the SwiGLU MLP only for now (model swiglu: false)",
-           lf::hint("set swiglu: true"));
-  LF_CHECK(c.normalization == "RMSNorm", "the decoder supports RMSNorm only for now, got ",
-           c.normalization, lf::hint("set normalization: RMSNorm"));
-  LF_CHECK(c.hidden_dropout == 0.0 && c.attention_dropout == 0.0,
-           "the decoder has no dropout yet (hidden_dropout ", c.hidden_dropout,
-           ", attention_dropout ", c.attention_dropout, ")",
-           lf::hint("set both to 0; parallel/tensor/random.h has the TP-aware RNG streams"));
+  LF_CHECK(c.normalization == "RMSNorm" || c.normalization == "LayerNorm",
+           "normalization must be RMSNorm or LayerNorm, got ", c.normalization);
+  LF_CHECK(c.attention_dropout == 0.0, "attention_dropout ", c.attention_dropout,
+           " is not supported (the fused attention op has no dropout)",
+           lf::hint("set attention_dropout: 0; hidden_dropout is supported"));
+  LF_CHECK(c.hidden_dropout >= 0.0 && c.hidden_dropout < 1.0, "hidden_dropout must be in [0, 1), got ",
+           c.hidden_dropout);
   const int64_t h = c.hidden_size, d = c.head_dim(), nq = c.num_attention_heads,
                 nkv = c.query_groups(), f = c.ffn_hidden_size;
+  int tp_rank = 0, pp_rank = 0;
   if (parallel && parallel->tp_size() > 1) {
     const int64_t tp = parallel->tp_size();
     LF_CHECK(nq % tp == 0 && nkv % tp == 0, "num_attention_heads ", nq, " and num_query_groups ",
@@ -79,73 +111,235 @@ Decoder::Decoder(const DecoderConfig& c, const lf::backend::DeviceBackend& backe
     tp_.tp = &parallel->tp();
     tp_.sequence_parallel = sequence_parallel;
   }
+  if (parallel) {
+    tp_rank = parallel->tp_rank();
+    pp_rank = parallel->pp_rank();
+  }
+  // Dropout streams from the same seed (Megatron: --seed drives both init and dropout).
+  rng_ = lf::parallel::RngTracker(seed, tp_rank, pp_rank);
+  const bool layer_norm = c.normalization == "LayerNorm";
   const int64_t v = c.padded_vocab_size(tp_.size());
   auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
-  // Megatron's init: N(0, std) everywhere, output projections scaled by 1/sqrt(2 * layers).
-  // Every rank draws the full tensors in the same order and keeps its shard.
+  // Megatron's init: N(0, std) for weights, zeros for biases, ones for norms; output
+  // projections scaled by 1/sqrt(2 * layers). Every rank draws the full tensors in the same
+  // order and keeps its shard.
   const double std = c.init_method_std, out_std = std / std::sqrt(2.0 * c.num_layers);
   embedding_ = add("embedding.word_embeddings.weight", vocab_table(gen, c.vocab_size, v, h, std),
                    dtype, false, 0);
+  const int64_t mlp_in = c.swiglu ? 2 * f : f, mlp_blocks = c.swiglu ? 2 : 1;
   for (int64_t i = 0; i < c.num_layers; ++i) {
     std::string p = "decoder.layers." + std::to_string(i) + ".";
     Layer l;
     l.input_norm = add(p + "input_layernorm.weight", at::ones({h}), dtype, true);
+    if (layer_norm) l.input_norm_bias = add(p + "input_layernorm.bias", at::zeros({h}), dtype, true);
     l.qkv = add(p + "self_attention.linear_qkv.weight", normal(gen, {(nq + 2 * nkv) * d, h}, std),
                 dtype, false, 0);
+    if (c.add_qkv_bias || c.add_bias_linear)
+      l.qkv_bias = add(p + "self_attention.linear_qkv.bias", at::zeros({(nq + 2 * nkv) * d}), dtype,
+                       true, 0);
+    if (c.qk_layernorm) {
+      l.q_norm = add(p + "self_attention.q_layernorm.weight", at::ones({d}), dtype, true);
+      l.k_norm = add(p + "self_attention.k_layernorm.weight", at::ones({d}), dtype, true);
+    }
     l.proj = add(p + "self_attention.linear_proj.weight", normal(gen, {h, nq * d}, out_std), dtype,
                  false, 1);
+    if (c.add_bias_linear) l.proj_bias = add(p + "self_attention.linear_proj.bias", at::zeros({h}), dtype, true);
     l.pre_mlp_norm = add(p + "pre_mlp_layernorm.weight", at::ones({h}), dtype, true);
-    l.fc1 = add(p + "mlp.linear_fc1.weight", normal(gen, {2 * f, h}, std), dtype, false, 0, 2);
+    if (layer_norm) l.pre_mlp_norm_bias = add(p + "pre_mlp_layernorm.bias", at::zeros({h}), dtype, true);
+    l.fc1 = add(p + "mlp.linear_fc1.weight", normal(gen, {mlp_in, h}, std), dtype, false, 0, mlp_blocks);
+    if (c.add_bias_linear)
+      l.fc1_bias = add(p + "mlp.linear_fc1.bias", at::zeros({mlp_in}), dtype, true, 0, mlp_blocks);
     l.fc2 = add(p + "mlp.linear_fc2.weight", normal(gen, {h, f}, out_std), dtype, false, 1);
-    layers_.push_back(l);
+    if (c.add_bias_linear) l.fc2_bias = add(p + "mlp.linear_fc2.bias", at::zeros({h}), dtype, true);
+    layers_.push_back(std::move(l));
   }
   final_norm_ = add("decoder.final_layernorm.weight", at::ones({h}), dtype, true);
+  if (layer_norm) final_norm_bias_ = add("decoder.final_layernorm.bias", at::zeros({h}), dtype, true);
   if (c.untie_embeddings_and_output_weights)
     output_ = add("output_layer.weight", vocab_table(gen, c.vocab_size, v, h, std), dtype, false, 0);
 }
 
-at::Tensor Decoder::attention(const Layer& l, const at::Tensor& x, const at::Tensor& cos,
-                              const at::Tensor& sin) const {
+void Decoder::load_full_parameters(const std::map<std::string, at::Tensor>& full) {
+  at::NoGradGuard no_grad;
+  const int tp = tp_.size(), r = tp_.rank();
+  std::vector<std::string> missing;
+  for (auto& p : params_) {
+    auto it = full.find(p.name);
+    if (it == full.end()) {
+      missing.push_back(p.name);
+      continue;
+    }
+    at::Tensor t = it->second;
+    const bool vocab = p.name == "embedding.word_embeddings.weight" || p.name == "output_layer.weight";
+    const int64_t v_pad = config_.padded_vocab_size(tp);
+    if (vocab && t.dim() == 2 && t.size(0) != v_pad && t.size(0) >= config_.vocab_size) {
+      // Real rows only (HF), or padded for another TP size: keep the real rows, pad with zeros.
+      t = t.narrow(0, 0, config_.vocab_size);
+      t = at::cat({t, at::zeros({v_pad - config_.vocab_size, t.size(1)}, t.options())}, 0);
+    }
+    auto want = p.tensor.sizes().vec();
+    if (p.partition_dim >= 0) want[static_cast<size_t>(p.partition_dim)] *= tp;
+    LF_CHECK(t.sizes().vec() == want, "parameter ", p.name, ": the given tensor has shape ", t.sizes(),
+             ", the model needs ", c10::IntArrayRef(want),
+             lf::hint("the weights belong to a model with a different configuration"));
+    if (p.partition_dim >= 0)
+      t = p.partition_blocks > 1 ? lf::parallel::shard_stacked(t, p.partition_blocks, r, tp)
+                                 : lf::parallel::shard_along(t, p.partition_dim, r, tp);
+    p.tensor.copy_(t);
+  }
+  LF_CHECK(missing.empty(), missing.size(), " parameters missing, first: ", missing.empty() ? "" : missing[0],
+           lf::hint("the weights belong to a different model family or configuration"));
+  if (full.size() != params_.size()) {
+    for (const auto& [name, t] : full) {
+      bool known = false;
+      for (const auto& p : params_) known = known || p.name == name;
+      LF_CHECK(known, "tensor ", name, " is not a parameter of this model",
+               lf::hint("the weights belong to a model with a different configuration (biases, "
+                        "QK norms, tied embeddings?)"));
+    }
+  }
+}
+
+at::Tensor Decoder::norm(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b) const {
+  const double eps = config_.norm_epsilon;
+  return config_.normalization == "LayerNorm" ? lf::ops::layer_norm(backend_, x, w, b, eps)
+                                              : lf::ops::rms_norm(backend_, x, w, eps);
+}
+
+at::Tensor Decoder::hidden_dropout(const at::Tensor& x) const {
+  const double p = config_.hidden_dropout;
+  if (!training_ || p == 0.0) return x;
+  // Replicated activations draw the same mask on every TP rank; sequence-parallel chunks differ.
+  return lf::parallel::dropout(x, p,
+                               rng_.get(tp_.sequence_parallel && tp_.size() > 1
+                                            ? lf::parallel::RngTracker::kModelParallel
+                                            : lf::parallel::RngTracker::kDefault));
+}
+
+bool Decoder::recompute_layer(size_t i) const {
+  if (recompute_.granularity != RecomputeOptions::Granularity::full) return false;
+  if (recompute_.method == RecomputeOptions::Method::block)
+    return static_cast<int64_t>(i) < recompute_.num_layers;
+  return true;  // uniform: every layer, in groups of num_layers (see local_logits)
+}
+
+at::Tensor Decoder::attention(size_t i, const at::Tensor& x, const at::Tensor& cos,
+                              const at::Tensor& sin, KvCache* cache) const {
+  const Layer& l = layers_[i];
   const int64_t d = config_.head_dim(), tp = tp_.size(), groups = config_.query_groups() / tp,
                 per_group = config_.num_attention_heads / config_.query_groups(),
                 nq = groups * per_group;  // this rank's heads
-  auto qkv = lf::parallel::column_parallel_linear(x, l.qkv, {}, tp_);  // [s, b, groups (pg+2) d]
+  auto qkv = lf::parallel::column_parallel_linear(x, l.qkv, l.qkv_bias, tp_);  // [s, b, groups (pg+2) d]
   const int64_t s = qkv.size(0), b = qkv.size(1);
   qkv = qkv.view({s, b, groups, per_group + 2, d});
-  auto q = lf::ops::rope(backend_, qkv.narrow(3, 0, per_group).reshape({s, b, nq, d}), cos, sin);
-  auto k = lf::ops::rope(backend_, qkv.select(3, per_group).contiguous(), cos, sin);
+  auto q = qkv.narrow(3, 0, per_group).reshape({s, b, nq, d});
+  auto k = qkv.select(3, per_group).contiguous();  // [s, b, groups, d]
   auto v = qkv.select(3, per_group + 1);
-  // [s, b, n, d] -> [b, n, s, d]
-  auto o = lf::ops::sdpa(backend_, q.permute({1, 2, 0, 3}), k.permute({1, 2, 0, 3}),
-                         v.permute({1, 2, 0, 3}), lf::backend::AttentionMask::causal());
-  o = o.permute({2, 0, 1, 3}).reshape({s, b, nq * d});  // [s, b, nq d]
-  return lf::parallel::row_parallel_linear(o, l.proj, {}, tp_);
+  // Core attention: QK norm, RoPE, softmax(QK^T) V. [s, b, n, d] -> [s, b, nq d]
+  auto core = [this, &l, cos, sin, s, b, nq, d, cache, i](const at::Tensor& q0, const at::Tensor& k0,
+                                                           const at::Tensor& v0) {
+    at::Tensor qn = q0, kn = k0;
+    if (l.q_norm.defined()) {
+      qn = lf::ops::rms_norm(backend_, q0, l.q_norm, config_.norm_epsilon);
+      kn = lf::ops::rms_norm(backend_, k0, l.k_norm, config_.norm_epsilon);
+    }
+    auto qr = lf::ops::rope(backend_, qn, cos, sin).permute({1, 2, 0, 3});  // [b, n, s, d]
+    auto kr = lf::ops::rope(backend_, kn, cos, sin).permute({1, 2, 0, 3});
+    auto vr = v0.permute({1, 2, 0, 3});
+    auto mask = lf::backend::AttentionMask::causal();
+    if (cache) {
+      const int64_t past = cache->length;
+      if (past > 0) {
+        kr = at::cat({cache->k[i], kr}, 2);
+        vr = at::cat({cache->v[i], vr}, 2);
+      }
+      cache->k[i] = kr.contiguous();
+      cache->v[i] = vr.contiguous();
+      if (past > 0) {
+        // Query j (position past + j) sees keys 0 .. past + j: bottom-right aligned causal mask.
+        const int64_t t = past + s;
+        auto opts = at::TensorOptions().device(backend_.device());
+        auto qpos = at::arange(past, t, opts.dtype(at::kLong)).unsqueeze(1);
+        auto kpos = at::arange(0, t, opts.dtype(at::kLong)).unsqueeze(0);
+        mask = s == 1 ? lf::backend::AttentionMask::none()
+                      : lf::backend::AttentionMask::boolean((kpos <= qpos).view({1, 1, s, t}));
+      }
+    }
+    auto o = lf::ops::sdpa(backend_, qr, kr, vr, mask);  // [b, nq, s, d]
+    return o.permute({2, 0, 1, 3}).reshape({s, b, nq * d});
+  };
+  at::Tensor o;
+  if (recompute_.granularity == RecomputeOptions::Granularity::selective && !cache) {
+    std::vector<at::Tensor> in{q, k, v};
+    o = lf::models::recompute([core](const std::vector<at::Tensor>& t) { return core(t[0], t[1], t[2]); }, in);
+  } else {
+    o = core(q, k, v);
+  }
+  return lf::parallel::row_parallel_linear(o, l.proj, l.proj_bias, tp_);
 }
 
 at::Tensor Decoder::mlp(const Layer& l, const at::Tensor& x) const {
-  auto gate_up = lf::parallel::column_parallel_linear(x, l.fc1, {}, tp_);  // [s, b, 2 f / tp]
-  return lf::parallel::row_parallel_linear(lf::ops::swiglu(backend_, gate_up), l.fc2, {}, tp_);
+  auto fc1 = lf::parallel::column_parallel_linear(x, l.fc1, l.fc1_bias, tp_);  // [s, b, (2) f / tp]
+  auto act = [this](const at::Tensor& t) {
+    return config_.swiglu ? lf::ops::swiglu(backend_, t) : lf::ops::gelu(backend_, t);
+  };
+  at::Tensor a = recompute_.granularity == RecomputeOptions::Granularity::selective
+                     ? lf::models::recompute([act](const std::vector<at::Tensor>& t) { return act(t[0]); }, {fc1})
+                     : act(fc1);
+  return lf::parallel::row_parallel_linear(a, l.fc2, l.fc2_bias, tp_);
 }
 
-at::Tensor Decoder::local_logits(const at::Tensor& tokens) const {
+at::Tensor Decoder::layer_forward(size_t i, const at::Tensor& x, const at::Tensor& cos,
+                                  const at::Tensor& sin, KvCache* cache) const {
+  const Layer& l = layers_[i];
+  auto y = x + hidden_dropout(attention(i, norm(x, l.input_norm, l.input_norm_bias), cos, sin, cache));
+  return y + hidden_dropout(mlp(l, norm(y, l.pre_mlp_norm, l.pre_mlp_norm_bias)));
+}
+
+at::Tensor Decoder::local_logits(const at::Tensor& tokens, KvCache* cache) const {
   LF_CHECK(tokens.dim() == 2, "tokens must be [batch, seq], got ", tokens.sizes());
-  const int64_t s = tokens.size(1);
-  LF_CHECK(s <= config_.max_position_embeddings, "sequence length ", s,
+  const int64_t s = tokens.size(1), start = cache ? cache->length : 0;
+  LF_CHECK(start + s <= config_.max_position_embeddings, "sequence length ", start + s,
            " exceeds max_position_embeddings ", config_.max_position_embeddings,
            lf::hint("raise model max_position_embeddings or lower --seq-length"));
   LF_CHECK(!tp_.sequence_parallel || s % tp_.size() == 0, "sequence parallelism: sequence length ",
            s, " is not divisible by the tensor-model-parallel size ", tp_.size(),
            lf::hint("pick --seq-length as a multiple of the TP size"));
-  auto [cos, sin] = rope_tables(s, config_.head_dim(), config_.rotary_base,
+  LF_CHECK(!cache || !tp_.sequence_parallel, "incremental decoding with sequence parallelism",
+           lf::hint("build the decoder for generation without sequence_parallel"));
+  auto [cos, sin] = rope_tables(rope_spec(config_), start, s,
                                 at::TensorOptions().dtype(at::kFloat).device(backend_.device()));
   // [s(/tp), b, h]: the sequence chunk under SP.
   auto x = lf::parallel::vocab_parallel_embedding(tokens.t().contiguous(), embedding_, tp_);
-  const double eps = config_.norm_epsilon;
-  for (const auto& l : layers_) {
-    x = x + attention(l, lf::ops::rms_norm(backend_, x, l.input_norm, eps), cos, sin);
-    x = x + mlp(l, lf::ops::rms_norm(backend_, x, l.pre_mlp_norm, eps));
+  x = hidden_dropout(x);  // Megatron's embedding dropout uses hidden_dropout
+  if (cache && cache->k.empty()) {
+    cache->k.resize(layers_.size());
+    cache->v.resize(layers_.size());
   }
-  x = lf::ops::rms_norm(backend_, x, final_norm_, eps);
+  const size_t n = layers_.size();
+  const bool full = recompute_.granularity == RecomputeOptions::Granularity::full && !cache;
+  for (size_t i = 0; i < n;) {
+    if (full && recompute_layer(i)) {
+      // uniform: num_layers consecutive layers per checkpoint; block: one layer each, first N.
+      const size_t group = recompute_.method == RecomputeOptions::Method::uniform
+                               ? std::min(n - i, static_cast<size_t>(recompute_.num_layers))
+                               : 1;
+      std::vector<at::Tensor> in{x};
+      x = lf::models::recompute(
+          [this, i, group, cos, sin](const std::vector<at::Tensor>& t) {
+            at::Tensor y = t[0];
+            for (size_t j = i; j < i + group; ++j) y = layer_forward(j, y, cos, sin, nullptr);
+            return y;
+          },
+          in, &rng_);
+      i += group;
+    } else {
+      x = layer_forward(i, x, cos, sin, cache);
+      ++i;
+    }
+  }
+  if (cache) cache->length += s;
+  x = norm(x, final_norm_, final_norm_bias_);
   return lf::parallel::column_parallel_linear(x, output_.defined() ? output_ : embedding_, {}, tp_);
 }
 
@@ -155,6 +349,12 @@ at::Tensor Decoder::forward(const at::Tensor& tokens) const {
   return logits.narrow(-1, 0, config_.vocab_size);  // [s, b, vocab]
 }
 
+at::Tensor Decoder::forward(const at::Tensor& tokens, KvCache& cache) const {
+  at::NoGradGuard no_grad;
+  auto logits = local_logits(tokens, &cache);
+  if (tp_.size() > 1) logits = lf::parallel::gather_from_tp(logits, *tp_.tp);
+  return logits.narrow(-1, 0, config_.vocab_size);
+}
 at::Tensor Decoder::loss(const at::Tensor& tokens, const at::Tensor& labels) const {
   auto logits = local_logits(tokens);                             // [s, b, v_pad / tp]
   auto target = labels.t().reshape({-1}).to(backend_.device());  // [s b]

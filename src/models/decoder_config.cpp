@@ -11,11 +11,12 @@ int64_t DecoderConfig::num_parameters() const {
   const int64_t h = hidden_size, d = head_dim(), nq = num_attention_heads, nkv = query_groups(),
                 f = ffn_hidden_size, v = padded_vocab_size();
   const int64_t mlp_in = swiglu ? 2 * f : f;
-  int64_t per_layer = (nq + 2 * nkv) * d * h + h * nq * d + mlp_in * h + h * f + 2 * h;
+  const int64_t norm = normalization == "LayerNorm" ? 2 * h : h;  // weight (+ bias)
+  int64_t per_layer = (nq + 2 * nkv) * d * h + h * nq * d + mlp_in * h + h * f + 2 * norm;
   if (add_qkv_bias || add_bias_linear) per_layer += (nq + 2 * nkv) * d;
   if (add_bias_linear) per_layer += h + mlp_in + h;
   if (qk_layernorm) per_layer += 2 * d;
-  int64_t total = v * h + num_layers * per_layer + h;
+  int64_t total = v * h + num_layers * per_layer + norm;
   if (untie_embeddings_and_output_weights) total += v * h;
   return total;
 }
@@ -48,6 +49,19 @@ void DecoderConfig::validate(const lf::config::Node& tree, const std::string& pr
                "num_query_groups " + std::to_string(query_groups()) +
                    " does not divide num_attention_heads " + std::to_string(num_attention_heads),
                "each key/value head serves a whole number of query heads");
+  if (hidden_dropout >= 1.0)
+    errors.add(key("hidden_dropout"), origin("hidden_dropout"),
+               "hidden_dropout must be below 1, got " + std::to_string(hidden_dropout));
+  if (attention_dropout != 0.0)
+    errors.add(key("attention_dropout"), origin("attention_dropout"),
+               "attention dropout is not supported (the fused attention op has no dropout), got " +
+                   std::to_string(attention_dropout),
+               "set attention_dropout: 0 (LLaMA/Qwen pretraining uses 0); hidden_dropout is supported");
+  if (rope_scaling && rope_scaling_high_freq_factor <= rope_scaling_low_freq_factor)
+    errors.add(key("rope_scaling_high_freq_factor"), origin("rope_scaling_high_freq_factor"),
+               "rope_scaling_high_freq_factor " + std::to_string(rope_scaling_high_freq_factor) +
+                   " must exceed rope_scaling_low_freq_factor " + std::to_string(rope_scaling_low_freq_factor),
+               "Llama 3.1 uses low 1.0, high 4.0");
   if (num_attention_heads > 0 && head_dim() % 2 != 0)
     errors.add(key("kv_channels"), origin("kv_channels"),
                "RoPE needs an even head dimension, got " + std::to_string(head_dim()));

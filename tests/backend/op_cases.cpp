@@ -126,6 +126,16 @@ void add_rope_swiglu_ce_cases(std::vector<OpCase>& cases) {
                        return NamedTensors{{"y", ops.swiglu_fwd(in[0])},
                                            {"dgate_up", ops.swiglu_bwd(in[1], in[0])}};
                      }});
+    cases.push_back({std::string("gelu_") + dt_name(dt), atol_for(dt), rtol_for(dt),
+                     [dt] {
+                       Rng g(7);
+                       return std::vector<at::Tensor>{g.randn({5, 3, 24}, dt, 2.0),
+                                                      g.randn({5, 3, 24}, dt)};
+                     },
+                     [](const OpTable& ops, const std::vector<at::Tensor>& in) {
+                       return NamedTensors{{"y", ops.gelu_fwd(in[0])},
+                                           {"dx", ops.gelu_bwd(in[1], in[0])}};
+                     }});
     cases.push_back({std::string("cross_entropy_") + dt_name(dt), atol_for(dt), rtol_for(dt),
                      [dt] {
                        Rng g(6);

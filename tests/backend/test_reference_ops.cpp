@@ -249,6 +249,17 @@ TEST(ReferenceVsAten, RopeMatchesComplexRotation) {
   }
 }
 
+TEST(ReferenceFiniteDifference, Gelu) {
+  fd_check("gelu", {at::randn({3, 10}, kF64) * 2}, {0},
+           [](auto& in) { return kRef.gelu_fwd(in[0]); },
+           [](auto& in, auto& dy) { return std::vector<at::Tensor>{kRef.gelu_bwd(dy, in[0])}; });
+}
+
+TEST(ReferenceVsAten, GeluMatchesAtenErfGelu) {
+  auto x = at::randn({4, 33}) * 3;
+  expect_close(kRef.gelu_fwd(x), at::gelu(x), 1e-6, "gelu");
+}
+
 TEST(ReferenceVsAten, SwigluMatchesSiluTimesUp) {
   auto gu = at::randn({4, 2, 20});
   expect_close(kRef.swiglu_fwd(gu), at::silu(gu.narrow(-1, 0, 10)) * gu.narrow(-1, 10, 10), 1e-6,

@@ -2,6 +2,7 @@
 // same math (RMSNorm, rotate-half RoPE, GQA causal attention via at::scaled_dot_product_attention,
 // SwiGLU, cross-entropy), in logits, loss and every parameter gradient.
 #include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
 #include <gtest/gtest.h>
 
 #include "loongforge/backend/registry.h"
@@ -37,43 +38,100 @@ at::Tensor rotate(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& 
   return x * cos.unsqueeze(1).unsqueeze(1) + rot * sin.unsqueeze(1).unsqueeze(1);
 }
 
-// The same forward, written with plain ATen over the decoder's own parameter tensors.
+at::Tensor norm(const lf::models::DecoderConfig& c, const at::Tensor& x, const at::Tensor& w,
+                const at::Tensor& b) {
+  if (c.normalization == "LayerNorm") return at::layer_norm(x, {x.size(-1)}, w, b, c.norm_epsilon);
+  return rms(x, w, c.norm_epsilon);
+}
+at::Tensor linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b) {
+  auto y = at::matmul(x, w.t());
+  return b.defined() ? y + b : y;
+}
+
+// The same forward, written with plain ATen over the decoder's own parameter tensors (every
+// variant: LayerNorm, GELU, biases, QK norm, llama3 RoPE scaling through rope_tables).
 at::Tensor reference_logits(const lf::models::Decoder& m, const at::Tensor& tokens) {
   const auto& c = m.config();
   const auto& p = m.parameters();
   auto get = [&](const std::string& name) {
     for (const auto& np : p)
       if (np.name == name) return np.tensor;
-    ADD_FAILURE() << "no parameter " << name;
-    return at::Tensor();
+    return at::Tensor();  // an absent optional parameter (bias, QK norm)
   };
   const int64_t s = tokens.size(1), b = tokens.size(0), d = c.head_dim(),
                 nq = c.num_attention_heads, nkv = c.query_groups();
-  auto [cos, sin] = lf::models::rope_tables(s, d, c.rotary_base, at::kFloat);
+  auto [cos, sin] = lf::models::rope_tables(lf::models::rope_spec(c), 0, s, at::kFloat);
   auto emb = get("embedding.word_embeddings.weight");
   auto x = emb.index_select(0, tokens.t().reshape({-1})).view({s, b, -1});
   for (int64_t i = 0; i < c.num_layers; ++i) {
     std::string pre = "decoder.layers." + std::to_string(i) + ".";
-    auto h = rms(x, get(pre + "input_layernorm.weight"), c.norm_epsilon);
+    auto h = norm(c, x, get(pre + "input_layernorm.weight"), get(pre + "input_layernorm.bias"));
     // Megatron's per-group layout: for each query group, its nq/nkv query heads, its key, its value.
-    auto qkv = at::matmul(h, get(pre + "self_attention.linear_qkv.weight").t())
+    auto qkv = linear(h, get(pre + "self_attention.linear_qkv.weight"), get(pre + "self_attention.linear_qkv.bias"))
                    .view({s, b, nkv, nq / nkv + 2, d});
     auto parts = qkv.split({nq / nkv, 1, 1}, 3);
-    auto q = rotate(parts[0].reshape({s, b, nq, d}), cos, sin).permute({1, 2, 0, 3});
-    auto k = rotate(parts[1].reshape({s, b, nkv, d}), cos, sin).permute({1, 2, 0, 3});
+    auto q = parts[0].reshape({s, b, nq, d}), k = parts[1].reshape({s, b, nkv, d});
+    if (c.qk_layernorm) {
+      q = rms(q, get(pre + "self_attention.q_layernorm.weight"), c.norm_epsilon);
+      k = rms(k, get(pre + "self_attention.k_layernorm.weight"), c.norm_epsilon);
+    }
+    q = rotate(q, cos, sin).permute({1, 2, 0, 3});
+    k = rotate(k, cos, sin).permute({1, 2, 0, 3});
     auto v = parts[2].reshape({s, b, nkv, d}).permute({1, 2, 0, 3});
     k = k.repeat_interleave(nq / nkv, 1);
     v = v.repeat_interleave(nq / nkv, 1);
     auto o = at::scaled_dot_product_attention(q, k, v, {}, 0.0, /*is_causal=*/true);
     o = o.permute({2, 0, 1, 3}).reshape({s, b, nq * d});
-    x = x + at::matmul(o, get(pre + "self_attention.linear_proj.weight").t());
-    h = rms(x, get(pre + "pre_mlp_layernorm.weight"), c.norm_epsilon);
-    auto gu = at::matmul(h, get(pre + "mlp.linear_fc1.weight").t()).chunk(2, -1);
-    x = x + at::matmul(at::silu(gu[0]) * gu[1], get(pre + "mlp.linear_fc2.weight").t());
+    x = x + linear(o, get(pre + "self_attention.linear_proj.weight"), get(pre + "self_attention.linear_proj.bias"));
+    h = norm(c, x, get(pre + "pre_mlp_layernorm.weight"), get(pre + "pre_mlp_layernorm.bias"));
+    auto fc1 = linear(h, get(pre + "mlp.linear_fc1.weight"), get(pre + "mlp.linear_fc1.bias"));
+    at::Tensor act;
+    if (c.swiglu) {
+      auto gu = fc1.chunk(2, -1);
+      act = at::silu(gu[0]) * gu[1];
+    } else {
+      act = fc1 * 0.5 * (1 + at::erf(fc1 * M_SQRT1_2));  // erf GELU
+    }
+    x = x + linear(act, get(pre + "mlp.linear_fc2.weight"), get(pre + "mlp.linear_fc2.bias"));
   }
-  x = rms(x, get("decoder.final_layernorm.weight"), c.norm_epsilon);
+  x = norm(c, x, get("decoder.final_layernorm.weight"), get("decoder.final_layernorm.bias"));
+  auto out = get("output_layer.weight");
   // Padding rows of the table are not part of the vocabulary: the logits stop at vocab_size.
-  return at::matmul(x, emb.t()).narrow(-1, 0, c.vocab_size);
+  return at::matmul(x, (out.defined() ? out : emb).t()).narrow(-1, 0, c.vocab_size);
+}
+
+// The family's variants, on the tiny shape.
+struct Variant {
+  const char* name;
+  void (*apply)(DecoderConfig&);
+};
+const Variant kVariants[] = {
+    {"llama", [](DecoderConfig&) {}},
+    {"qwen2_qkv_bias", [](DecoderConfig& c) { c.add_qkv_bias = true; }},
+    {"qwen3_qk_norm_head_dim", [](DecoderConfig& c) {
+       c.qk_layernorm = true;
+       c.kv_channels = 16;  // head dim independent of hidden / heads (32 / 4 = 8)
+       c.untie_embeddings_and_output_weights = true;
+     }},
+    {"layernorm_gelu_biases", [](DecoderConfig& c) {
+       c.normalization = "LayerNorm";
+       c.swiglu = false;
+       c.add_bias_linear = true;
+     }},
+    {"llama3_rope_scaling", [](DecoderConfig& c) {
+       c.rope_scaling = true;
+       c.rope_scaling_factor = 8;
+       c.rope_scaling_original_max_position_embeddings = 8;  // scale inside the tiny context
+       c.rotary_base = 500000;
+     }},
+};
+
+// Parameters moved off their initial values (ones, zeros) so that norms and biases matter.
+void perturb(lf::models::Decoder& m, uint64_t seed) {
+  at::NoGradGuard no_grad;
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
+  for (const auto& p : m.parameters())
+    p.tensor.add_(at::randn(p.tensor.sizes(), gen, at::TensorOptions().dtype(at::kFloat)) * 0.05);
 }
 
 TEST(Decoder, ParameterCountMatchesFormula) {
@@ -122,15 +180,30 @@ TEST(Decoder, VocabularyPaddingRowsAreZeroAndDoNotChangeOtherParameters) {
   EXPECT_EQ(a.forward(tokens).size(-1), 50);
 }
 
-TEST(Decoder, DropoutIsRefusedUntilImplemented) {
+TEST(Decoder, AttentionDropoutIsRefusedNamingTheValue) {
   auto c = tiny();
-  c.hidden_dropout = 0.1;
-  EXPECT_THROW(lf::models::Decoder(c, lf::backend::cpu_backend(), 1, at::kFloat), lf::Error);
+  c.attention_dropout = 0.1;
+  try {
+    lf::models::Decoder(c, lf::backend::cpu_backend(), 1, at::kFloat);
+    FAIL();
+  } catch (const lf::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("attention_dropout 0.1"), std::string::npos) << e.what();
+  }
 }
 
-TEST(Decoder, BackendOpsEqualPlainAtenReference) {
+// Every variant through the backend's fused ops equals the plain-ATen composition, in logits,
+// loss and every parameter gradient.
+class DecoderVariant : public ::testing::TestWithParam<Variant> {};
+
+TEST_P(DecoderVariant, BackendOpsEqualPlainAtenReference) {
   const auto& be = lf::backend::cpu_backend();
-  lf::models::Decoder m(tiny(), be, 11, at::kFloat);
+  auto c = tiny();
+  GetParam().apply(c);
+  lf::models::Decoder m(c, be, 11, at::kFloat);
+  perturb(m, 12);
+  int64_t n = 0;
+  for (const auto& p : m.parameters()) n += p.tensor.numel();
+  EXPECT_EQ(n, c.num_parameters());
   auto tokens = at::randint(0, 50, {3, 12}, at::TensorOptions().dtype(at::kLong));
   auto labels = at::randint(0, 50, {3, 12}, at::TensorOptions().dtype(at::kLong));
   labels.index_put_({0, 0}, -100);  // an ignored label
@@ -158,6 +231,140 @@ TEST(Decoder, BackendOpsEqualPlainAtenReference) {
     EXPECT_TRUE(at::allclose(grads[i], p.tensor.grad(), 1e-4, 1e-5))
         << p.name << " max diff " << (grads[i] - p.tensor.grad()).abs().max();
   }
+}
+
+// Incremental decoding with the KV cache (prefill, single tokens, a multi-token chunk) gives the
+// logits of the full forward at every position.
+TEST_P(DecoderVariant, KvCacheDecodingEqualsFullForward) {
+  const auto& be = lf::backend::cpu_backend();
+  auto c = tiny();
+  GetParam().apply(c);
+  lf::models::Decoder m(c, be, 21, at::kFloat);
+  perturb(m, 22);
+  auto tokens = at::randint(0, 50, {2, 10}, at::TensorOptions().dtype(at::kLong));
+  at::Tensor full;
+  {
+    at::NoGradGuard no_grad;
+    full = m.forward(tokens);  // [10, 2, 50]
+  }
+  lf::models::KvCache cache;
+  std::vector<at::Tensor> parts;
+  int64_t pos = 0;
+  for (int64_t n : {5, 1, 1, 3}) {
+    parts.push_back(m.forward(tokens.narrow(1, pos, n), cache));
+    pos += n;
+    EXPECT_EQ(cache.length, pos);
+  }
+  auto inc = at::cat(parts, 0);
+  // Same math, attention over different key counts per call: fp32 rounding only.
+  EXPECT_TRUE(at::allclose(inc, full, 1e-5, 1e-5)) << (inc - full).abs().max();
+}
+
+INSTANTIATE_TEST_SUITE_P(Family, DecoderVariant, ::testing::ValuesIn(kVariants),
+                         [](const auto& info) { return std::string(info.param.name); });
+
+TEST(Decoder, Llama3RopeScalingMatchesTheHfFormula) {
+  // HF _compute_llama3_parameters on 8 frequencies: base 500000, factor 8, low 1, high 4, old 8192.
+  lf::models::RopeSpec spec{16, 500000, true, 8, 1, 4, 8192};
+  auto [cos, sin] = lf::models::rope_tables(spec, 1, 1, at::kDouble);  // angle = inv_freq at p = 1
+  auto inv = at::atan2(sin[0], cos[0]).narrow(0, 0, 8);
+  const double pi = 3.141592653589793;
+  for (int i = 0; i < 8; ++i) {
+    double f = std::pow(500000.0, -2.0 * i / 16), wl = 2 * pi / f, want;
+    if (wl < 8192.0 / 4) want = f;
+    else if (wl > 8192.0 / 1) want = f / 8;
+    else {
+      double sm = (8192.0 / wl - 1) / (4 - 1);
+      want = (1 - sm) * f / 8 + sm * f;
+    }
+    EXPECT_NEAR(inv[i].item<double>(), want, 1e-12 * std::max(1.0, want)) << i;
+  }
+}
+
+TEST(Decoder, HiddenDropoutInTrainingModeOnlyAndReproducible) {
+  const auto& be = lf::backend::cpu_backend();
+  auto c = tiny();
+  auto tokens = at::randint(0, 50, {2, 8}, at::TensorOptions().dtype(at::kLong));
+  lf::models::Decoder plain(c, be, 3, at::kFloat);
+  c.hidden_dropout = 0.3;
+  lf::models::Decoder a(c, be, 3, at::kFloat), b(c, be, 3, at::kFloat);
+  at::NoGradGuard no_grad;
+  auto want = plain.loss(tokens, tokens);
+  auto la = a.loss(tokens, tokens), lb = b.loss(tokens, tokens);
+  EXPECT_TRUE(at::equal(la, lb));      // same seed, same masks
+  EXPECT_FALSE(at::allclose(la, want));  // dropout changes the loss in training mode
+  EXPECT_FALSE(at::equal(a.loss(tokens, tokens), la));  // the stream advances
+  a.set_training(false);
+  EXPECT_TRUE(at::equal(a.loss(tokens, tokens), want));  // eval mode: no dropout
+}
+
+// Recomputation changes memory, not math: loss and every gradient are bit-identical to the run
+// that keeps activations (the recomputed forward repeats the same ops, and dropout replays the
+// same masks from the saved RNG state).
+TEST(Decoder, RecomputeGivesIdenticalLossAndGradients) {
+  using R = lf::models::RecomputeOptions;
+  const auto& be = lf::backend::cpu_backend();
+  auto c = tiny();
+  c.num_layers = 3;
+  c.hidden_dropout = 0.2;
+  c.qk_layernorm = true;
+  auto tokens = at::randint(0, 50, {2, 12}, at::TensorOptions().dtype(at::kLong));
+  auto run = [&](R r) {
+    lf::models::Decoder m(c, be, 9, at::kFloat);
+    m.set_recompute(r);
+    auto loss = m.loss(tokens, tokens).sum();
+    loss.backward();
+    std::vector<at::Tensor> out{loss.detach()};
+    for (const auto& p : m.parameters()) out.push_back(p.tensor.grad());
+    return out;
+  };
+  const auto want = run(R{});
+  const std::vector<std::pair<const char*, R>> modes = {
+      {"full uniform 1", {R::Granularity::full, R::Method::uniform, 1}},
+      {"full uniform 2", {R::Granularity::full, R::Method::uniform, 2}},
+      {"full block 2", {R::Granularity::full, R::Method::block, 2}},
+      {"selective", {R::Granularity::selective, R::Method::uniform, 1}},
+  };
+  for (const auto& [name, r] : modes) {
+    const auto got = run(r);
+    ASSERT_EQ(got.size(), want.size());
+    for (size_t i = 0; i < got.size(); ++i) {
+      ASSERT_TRUE(got[i].defined()) << name << " tensor " << i;
+      EXPECT_TRUE(at::equal(got[i], want[i])) << name << " tensor " << i << " max diff "
+                                               << (got[i] - want[i]).abs().max();
+    }
+  }
+}
+
+TEST(Decoder, LoadFullParametersRoundTripsAndNamesMismatches) {
+  const auto& be = lf::backend::cpu_backend();
+  auto c = tiny();
+  c.add_qkv_bias = true;
+  lf::models::Decoder a(c, be, 1, at::kFloat), b(c, be, 2, at::kFloat);
+  std::map<std::string, at::Tensor> full;
+  for (const auto& p : a.parameters()) full[p.name] = p.tensor.detach().clone();
+  // HF tables carry only the real vocabulary rows.
+  full["embedding.word_embeddings.weight"] = full["embedding.word_embeddings.weight"].narrow(0, 0, 50);
+  b.load_full_parameters(full);
+  for (size_t i = 0; i < a.parameters().size(); ++i)
+    EXPECT_TRUE(at::equal(a.parameters()[i].tensor, b.parameters()[i].tensor)) << a.parameters()[i].name;
+  auto expect_error = [&](std::map<std::string, at::Tensor> m, const std::string& text) {
+    try {
+      b.load_full_parameters(m);
+      ADD_FAILURE() << "no error for " << text;
+    } catch (const lf::Error& e) {
+      EXPECT_NE(std::string(e.what()).find(text), std::string::npos) << e.what();
+    }
+  };
+  auto missing = full;
+  missing.erase("decoder.layers.1.mlp.linear_fc2.weight");
+  expect_error(missing, "decoder.layers.1.mlp.linear_fc2.weight");
+  auto extra = full;
+  extra["decoder.layers.0.self_attention.q_layernorm.weight"] = at::ones({8});
+  expect_error(extra, "q_layernorm.weight is not a parameter of this model");
+  auto wrong = full;
+  wrong["decoder.layers.0.mlp.linear_fc1.weight"] = at::zeros({48, 32});
+  expect_error(wrong, "the model needs [96, 32]");
 }
 
 TEST(CausalLm, MisspelledFoundationKeyNamesKeyAndSuggestion) {

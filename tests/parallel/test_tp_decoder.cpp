@@ -52,22 +52,56 @@ void compare(const char* what, const std::string& name, const at::Tensor& got,
   EXPECT_LE(max_abs_diff(got, want), rel * scale) << what << " " << name << " (scale " << scale << ")";
 }
 
-void check_decoder(lf::dist::ParallelContext& ctx, at::ScalarType dtype, bool sp, Tolerance tol) {
-  SCOPED_TRACE(std::string(c10::toString(dtype)) + (sp ? " TP+SP" : " TP"));
+// Variants with parameters of every TP kind: QKV bias (split with the rows), per-head QK norms
+// (replicated, gradient summed over TP), row-parallel biases (replicated), LayerNorm biases,
+// GELU's unstacked fc1.
+DecoderConfig variant(int tp, int which) {
+  auto c = tiny(tp);
+  if (which == 1) {
+    c.add_qkv_bias = true;
+    c.qk_layernorm = true;
+    c.untie_embeddings_and_output_weights = true;
+  } else if (which == 2) {
+    c.normalization = "LayerNorm";
+    c.swiglu = false;
+    c.add_bias_linear = true;
+  }
+  return c;
+}
+
+void check_decoder(lf::dist::ParallelContext& ctx, at::ScalarType dtype, bool sp, Tolerance tol,
+                   int which = 0) {
+  SCOPED_TRACE(std::string(c10::toString(dtype)) + (sp ? " TP+SP" : " TP") + " variant " +
+               std::to_string(which));
   const auto& be = lf::backend::cpu_backend();
   auto& tp = ctx.tp();
-  const auto c = tiny(tp.size());
+  const auto c = variant(tp.size(), which);
   Decoder single(c, be, 11, dtype);
   Decoder par(c, be, 11, dtype, &ctx, sp);
   ASSERT_EQ(par.parameters().size(), single.parameters().size());
+  if (which != 0) {  // biases start at zero and norms at one: move them so that they matter
+    at::NoGradGuard no_grad;
+    for (size_t i = 0; i < par.parameters().size(); ++i) {
+      auto& q = single.parameters()[i];
+      auto gen = at::make_generator<at::CPUGeneratorImpl>(100 + i);
+      q.tensor.add_(at::randn(q.tensor.sizes(), gen, at::TensorOptions().dtype(at::kFloat)).to(dtype) * 0.05);
+    }
+    std::map<std::string, at::Tensor> full;
+    for (const auto& q : single.parameters()) full[q.name] = q.tensor.detach();
+    par.load_full_parameters(full);
+  }
 
   // Initialisation: the TP model from seed 11 is the single model from seed 11, sharded.
   for (size_t i = 0; i < par.parameters().size(); ++i) {
     const auto& p = par.parameters()[i];
     const auto& q = single.parameters()[i];
     ASSERT_EQ(p.name, q.name);
-    EXPECT_EQ(p.partition_dim >= 0, p.name.find("norm") == std::string::npos) << p.name;
-    EXPECT_EQ(p.sequence_parallel, sp && p.partition_dim < 0) << p.name;
+    const bool replicated = p.name.find("norm") != std::string::npos ||
+                            p.name.find("linear_proj.bias") != std::string::npos ||
+                            p.name.find("linear_fc2.bias") != std::string::npos;
+    EXPECT_EQ(p.partition_dim < 0, replicated) << p.name;
+    const bool qk_norm = p.name.find("q_layernorm") != std::string::npos || p.name.find("k_layernorm") != std::string::npos;
+    EXPECT_EQ(p.sequence_parallel, (sp && replicated) || qk_norm) << p.name;
     auto full = gather_shards(p.tensor, p.partition_dim, p.partition_blocks, tp);
     auto want = q.tensor.detach();
     if (full.size(0) != want.size(0)) {  // vocabulary tables: compare the real rows
@@ -121,6 +155,7 @@ LF_WORKER_CASE(tp_decoder) {
   for (bool sp : {false, true}) {
     check_decoder(*ctx, at::kFloat, sp, {1e-5, 1e-5});
     check_decoder(*ctx, at::kBFloat16, sp, {3e-2, 3e-2});
+    for (int which : {1, 2}) check_decoder(*ctx, at::kFloat, sp, {1e-5, 1e-5}, which);
   }
 }
 

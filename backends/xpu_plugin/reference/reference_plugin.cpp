@@ -121,6 +121,12 @@ int ref_swiglu_fwd(const lf_xpu_tensor* gate_up, lf_xpu_tensor* y) {
 int ref_swiglu_bwd(const lf_xpu_tensor* dy, const lf_xpu_tensor* gate_up, lf_xpu_tensor* dgu) {
   return guarded([&] { T(dgu).copy_(ops().swiglu_bwd(T(dy), T(gate_up))); });
 }
+int ref_gelu_fwd(const lf_xpu_tensor* x, lf_xpu_tensor* y) {
+  return guarded([&] { T(y).copy_(ops().gelu_fwd(T(x))); });
+}
+int ref_gelu_bwd(const lf_xpu_tensor* dy, const lf_xpu_tensor* x, lf_xpu_tensor* dx) {
+  return guarded([&] { T(dx).copy_(ops().gelu_bwd(T(dy), T(x))); });
+}
 int ref_ce_fwd(const lf_xpu_tensor* logits, const lf_xpu_tensor* target, int64_t ignore_index,
                lf_xpu_tensor* loss, lf_xpu_tensor* lse) {
   return guarded([&] {
@@ -196,6 +202,8 @@ const lf_xpu_plugin kTable = {
     &ref_rope_bwd,
     &ref_swiglu_fwd,
     &ref_swiglu_bwd,
+    &ref_gelu_fwd,
+    &ref_gelu_bwd,
     &ref_ce_fwd,
     &ref_ce_bwd,
     &ref_sdpa_fwd,

@@ -114,6 +114,11 @@ class OpTable {
   // dy: [.., f] -> dgate_up: [.., 2f]
   virtual at::Tensor swiglu_bwd(const at::Tensor& dy, const at::Tensor& gate_up) const = 0;
 
+  // x: [..] -> y = x * Phi(x) (the exact, erf form; torch's gelu(approximate='none'))
+  virtual at::Tensor gelu_fwd(const at::Tensor& x) const = 0;
+  // dy: [..] -> dx = dy * (Phi(x) + x * phi(x))
+  virtual at::Tensor gelu_bwd(const at::Tensor& dy, const at::Tensor& x) const = 0;
+
   // logits: [n, v], target: [n] int64
   virtual CrossEntropyFwd softmax_cross_entropy_fwd(const at::Tensor& logits,
                                                     const at::Tensor& target,

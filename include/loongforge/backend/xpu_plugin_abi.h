@@ -22,7 +22,7 @@
 extern "C" {
 #endif
 
-#define LF_XPU_PLUGIN_ABI_VERSION 1u
+#define LF_XPU_PLUGIN_ABI_VERSION 2u /* 2: gelu_fwd / gelu_bwd */
 #define LF_XPU_PLUGIN_ENTRY_SYMBOL "lf_xpu_plugin_get"
 #define LF_XPU_MAX_DIMS 8
 
@@ -141,6 +141,8 @@ typedef struct lf_xpu_plugin {
   int (*swiglu_fwd)(const lf_xpu_tensor* gate_up, lf_xpu_tensor* y);
   int (*swiglu_bwd)(const lf_xpu_tensor* dy, const lf_xpu_tensor* gate_up,
                     lf_xpu_tensor* dgate_up);
+  int (*gelu_fwd)(const lf_xpu_tensor* x, lf_xpu_tensor* y);
+  int (*gelu_bwd)(const lf_xpu_tensor* dy, const lf_xpu_tensor* x, lf_xpu_tensor* dx);
   int (*softmax_cross_entropy_fwd)(const lf_xpu_tensor* logits, const lf_xpu_tensor* target,
                                    int64_t ignore_index, lf_xpu_tensor* loss, lf_xpu_tensor* lse);
   int (*softmax_cross_entropy_bwd)(const lf_xpu_tensor* dloss, const lf_xpu_tensor* logits,

@@ -1,7 +1,10 @@
-// The decoder-only transformer (LLaMA/Qwen style: RMSNorm, RoPE, GQA attention, SwiGLU MLP),
-// written once for one device; every fused op goes through the DeviceBackend (backend/functional.h).
-// Given a ParallelContext it runs tensor-parallel (and sequence-parallel) through the layers of
-// parallel/tensor: it then holds only this TP rank's shards of the same parameters.
+// The decoder-only transformer family (LLaMA-2/3, Qwen2/2.5, Qwen3, Mistral style): RMSNorm or
+// LayerNorm, RoPE (optionally llama3-scaled), GQA attention with optional QKV bias and per-head QK
+// RMSNorm, SwiGLU or GELU MLP, optional linear biases, hidden dropout, activation recomputation and
+// a KV cache for generation. Written once for one device; every fused op goes through the
+// DeviceBackend (backend/functional.h). Given a ParallelContext it runs tensor-parallel (and
+// sequence-parallel) through the layers of parallel/tensor: it then holds only this TP rank's
+// shards of the same parameters.
 //
 // Parameter layouts (the full, unsharded tensors; the HF converter depends on them):
 //   embedding.word_embeddings.weight, output_layer.weight   [v_pad, h]; rows >= vocab_size are
@@ -10,23 +13,28 @@
 //   self_attention.linear_qkv.weight   [ng * (nq / ng + 2) * d, h], Megatron's per-group
 //       interleaved rows: for each query group g = 0..ng-1: its nq/ng query heads, then its key
 //       head, then its value head (d rows each). TP rank r owns groups [r ng/tp, (r+1) ng/tp): a
-//       contiguous slice along dim 0.
+//       contiguous slice along dim 0. .bias (add_qkv_bias or add_bias_linear): the same rows.
+//   self_attention.q_layernorm.weight, k_layernorm.weight  [d] (qk_layernorm), replicated.
 //   self_attention.linear_proj.weight  [h, nq * d], columns in query-head order. TP: dim 1.
-//   mlp.linear_fc1.weight              [2 f, h] = [gate; up]. TP: gate and up are split on their
-//       own, rank r holds [gate_r; up_r] (partition_blocks = 2).
-//   mlp.linear_fc2.weight              [h, f]. TP: dim 1.
-//   *layernorm.weight                  [h], replicated (sequence_parallel with SP).
+//       .bias [h] (add_bias_linear), replicated, added after the reduction.
+//   mlp.linear_fc1.weight              [2 f, h] = [gate; up] (swiglu) or [f, h] (GELU). TP: gate
+//       and up are split on their own, rank r holds [gate_r; up_r] (partition_blocks = 2).
+//       .bias [2 f] or [f] (add_bias_linear), split like the rows.
+//   mlp.linear_fc2.weight              [h, f]. TP: dim 1. .bias [h], replicated.
+//   *layernorm.weight (+ .bias with LayerNorm)  [h], replicated (sequence_parallel with SP).
 #pragma once
 
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
 #include "loongforge/backend/device_backend.h"
 #include "loongforge/models/decoder_config.h"
 #include "loongforge/parallel/tensor/layers.h"
+#include "loongforge/parallel/tensor/random.h"
 
 namespace lf::dist {
 class ParallelContext;
@@ -49,6 +57,25 @@ struct NamedParameter {
   int64_t partition_blocks = 1;
 };
 
+// Activation recomputation (Megatron's --recompute-*). full: a layer keeps only its input and
+// recomputes everything in backward; method uniform groups num_layers consecutive layers per
+// checkpoint, block checkpoints the first num_layers layers only. selective: recompute the parts
+// whose activations are large and cheap to redo: RoPE + core attention and the MLP activation.
+struct RecomputeOptions {
+  enum class Granularity { none, full, selective };
+  enum class Method { uniform, block };
+  Granularity granularity = Granularity::none;
+  Method method = Method::uniform;
+  int64_t num_layers = 1;
+};
+
+// Keys and values of the tokens seen so far, per layer, for incremental decoding
+// (Decoder::forward with a cache). k, v: [b, nkv / tp, t, d].
+struct KvCache {
+  std::vector<at::Tensor> k, v;
+  int64_t length = 0;  // tokens cached (the position of the next token)
+};
+
 class Decoder {
  public:
   // Parameters are drawn from `seed` on the CPU in a fixed order, then moved to the backend's
@@ -63,39 +90,80 @@ class Decoder {
   // tokens: [b, s] int64 -> full-vocabulary logits [s, b, vocab_size] (padding columns dropped;
   // under TP gathered over the group, so every TP rank returns the same tensor).
   at::Tensor forward(const at::Tensor& tokens) const;
+  // Incremental decoding (no autograd graph is kept): tokens [b, n] at positions cache.length ..
+  // cache.length + n - 1 attend to the cached keys/values and their own causal prefix; appends
+  // theirs to the cache. Returns full-vocabulary logits [n, b, vocab_size]. Not with SP.
+  at::Tensor forward(const at::Tensor& tokens, KvCache& cache) const;
   // tokens, labels: [b, s] -> per-token loss [s * b] fp32 over the whole sequence (labels < 0
   // are ignored: loss 0). Under TP the cross entropy is vocab-parallel (no rank forms
   // full-vocabulary logits) and every TP rank returns the same values.
   at::Tensor loss(const at::Tensor& tokens, const at::Tensor& labels) const;
 
   const std::vector<NamedParameter>& parameters() const { return params_; }
+  // Copies full (unsharded, single-device layout) tensors into this rank's shards. Every
+  // parameter must be present with its full shape; vocabulary tables may also come with exactly
+  // vocab_size rows (the padding is zero-filled). Extra names are an error (a model mismatch).
+  void load_full_parameters(const std::map<std::string, at::Tensor>& full);
+
+  // Training mode (default) applies hidden dropout; eval mode does not.
+  void set_training(bool training) { training_ = training; }
+  bool training() const { return training_; }
+  void set_recompute(const RecomputeOptions& r) { recompute_ = r; }
+  const RecomputeOptions& recompute() const { return recompute_; }
+  // The dropout streams (checkpointed with the rest of the RNG state).
+  lf::parallel::RngTracker& rng() const { return rng_; }
   const DecoderConfig& config() const { return config_; }
   int tp_size() const { return tp_.size(); }
   bool sequence_parallel() const { return tp_.sequence_parallel; }
 
  private:
   struct Layer {
-    at::Tensor input_norm, qkv, proj, pre_mlp_norm, fc1, fc2;
+    at::Tensor input_norm, input_norm_bias, qkv, qkv_bias, q_norm, k_norm, proj, proj_bias,
+        pre_mlp_norm, pre_mlp_norm_bias, fc1, fc1_bias, fc2, fc2_bias;
   };
   at::Tensor add(std::string name, const at::Tensor& full, at::ScalarType dtype, bool no_decay,
                  int64_t partition_dim = -1, int64_t blocks = 1);
+  at::Tensor norm(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b) const;
   // x: [s(/tp), b, h] -> this rank's vocab shard of the logits [s, b, v_pad / tp]
-  at::Tensor local_logits(const at::Tensor& tokens) const;
-  // x: [s(/tp), b, h] -> [s(/tp), b, h] (the residual branch, before the add)
-  at::Tensor attention(const Layer& l, const at::Tensor& x, const at::Tensor& cos,
-                       const at::Tensor& sin) const;
+  at::Tensor local_logits(const at::Tensor& tokens, KvCache* cache = nullptr) const;
+  // One layer: x [s(/tp), b, h] -> [s(/tp), b, h]; `cache`: incremental decoding of layer i.
+  at::Tensor layer_forward(size_t i, const at::Tensor& x, const at::Tensor& cos,
+                           const at::Tensor& sin, KvCache* cache) const;
+  // The residual branches, before the add: [s(/tp), b, h] -> [s(/tp), b, h]
+  at::Tensor attention(size_t i, const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
+                       KvCache* cache) const;
   at::Tensor mlp(const Layer& l, const at::Tensor& x) const;
+  at::Tensor hidden_dropout(const at::Tensor& x) const;
+  bool recompute_layer(size_t i) const;
 
   DecoderConfig config_;
   const lf::backend::DeviceBackend& backend_;
   lf::parallel::TensorParallel tp_;
   std::vector<NamedParameter> params_;
-  at::Tensor embedding_, final_norm_, output_;
+  at::Tensor embedding_, final_norm_, final_norm_bias_, output_;
   std::vector<Layer> layers_;
+  bool training_ = true;
+  RecomputeOptions recompute_;
+  mutable lf::parallel::RngTracker rng_;
 };
 
-// cos, sin: [s, head_dim] for positions 0..s-1 (Megatron's non-interleaved halves layout).
-std::pair<at::Tensor, at::Tensor> rope_tables(int64_t seq, int64_t head_dim, double base,
+// RoPE frequencies: inv_freq[i] = base^(-2i/d), optionally rescaled as in Llama 3.1 (frequencies
+// with wavelengths above original_max / low_freq_factor divided by factor, those below
+// original_max / high_freq_factor kept, a smooth blend between).
+struct RopeSpec {
+  int64_t head_dim = 0;
+  double base = 10000;
+  bool llama3_scaling = false;
+  double factor = 8, low_freq_factor = 1, high_freq_factor = 4;
+  int64_t original_max_position = 8192;
+};
+RopeSpec rope_spec(const DecoderConfig& c);
+// cos, sin: [s, head_dim] for positions start..start+s-1 (Megatron's non-interleaved halves).
+std::pair<at::Tensor, at::Tensor> rope_tables(const RopeSpec& spec, int64_t start, int64_t seq,
                                               const at::TensorOptions& options);
+inline std::pair<at::Tensor, at::Tensor> rope_tables(int64_t seq, int64_t head_dim, double base,
+                                                     const at::TensorOptions& options) {
+  return rope_tables(RopeSpec{head_dim, base}, 0, seq, options);
+}
 
 }  // namespace lf::models

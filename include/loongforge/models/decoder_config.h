@@ -30,6 +30,11 @@ struct DecoderConfig {
   bool swiglu = true;
   std::string position_embedding_type = "rope";
   double rotary_base = 10000;
+  bool rope_scaling = false;
+  double rope_scaling_factor = 8.0;
+  double rope_scaling_low_freq_factor = 1.0;
+  double rope_scaling_high_freq_factor = 4.0;
+  int64_t rope_scaling_original_max_position_embeddings = 8192;
   bool untie_embeddings_and_output_weights = false;
   bool add_bias_linear = false;
   bool add_qkv_bias = false;
@@ -53,16 +58,22 @@ struct DecoderConfig {
     v("max_position_embeddings", max_position_embeddings, "Longest sequence", Required{}, Min{1});
     v("normalization", normalization, "Norm layer", OneOf{{"RMSNorm", "LayerNorm"}});
     v("norm_epsilon", norm_epsilon, "Epsilon of the norm layers", Min{0});
-    v("swiglu", swiglu, "SwiGLU MLP (else GELU)");
+    v("swiglu", swiglu, "SwiGLU MLP (false: GELU, erf form)");
     v("position_embedding_type", position_embedding_type, "Position embedding", OneOf{{"rope"}});
     v("rotary_base", rotary_base, "RoPE base (theta)", Min{1});
+    v("rope_scaling", rope_scaling, "Llama 3.1 RoPE frequency scaling");
+    v("rope_scaling_factor", rope_scaling_factor, "Llama 3.1 scaling: factor", Min{1});
+    v("rope_scaling_low_freq_factor", rope_scaling_low_freq_factor, "Llama 3.1 scaling: low_freq_factor", Min{0});
+    v("rope_scaling_high_freq_factor", rope_scaling_high_freq_factor, "Llama 3.1 scaling: high_freq_factor", Min{0});
+    v("rope_scaling_original_max_position_embeddings", rope_scaling_original_max_position_embeddings,
+      "Llama 3.1 scaling: the pre-training context length", Min{1});
     v("untie_embeddings_and_output_weights", untie_embeddings_and_output_weights,
       "Separate output layer instead of the transposed embedding");
     v("add_bias_linear", add_bias_linear, "Biases in the linear layers");
     v("add_qkv_bias", add_qkv_bias, "Bias in the QKV projection only (Qwen2)");
     v("qk_layernorm", qk_layernorm, "RMSNorm on queries and keys per head (Qwen3)");
     v("init_method_std", init_method_std, "Std of the normal initialisation", Min{0});
-    v("hidden_dropout", hidden_dropout, "Dropout after attention and MLP", Min{0}, Max{1});
+    v("hidden_dropout", hidden_dropout, "Dropout after attention and MLP (training mode only)", Min{0}, Max{1});
     v("attention_dropout", attention_dropout, "Dropout of attention probabilities", Min{0}, Max{1});
     v("group_query_attention", group_query_attention, "Megatron's GQA switch (num_query_groups decides)");
   }

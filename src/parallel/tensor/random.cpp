@@ -5,6 +5,8 @@
 #include <ATen/Functions.h>
 #include <ATen/TensorOperators.h>
 
+#include <mutex>
+
 #include "loongforge/core/error.h"
 
 namespace lf::parallel {
@@ -33,6 +35,29 @@ uint64_t RngTracker::seed(const std::string& name) const {
   auto it = streams_.find(name);
   LF_CHECK(it != streams_.end(), "no RNG stream '", name, "'");
   return it->second.seed;
+}
+
+std::map<std::string, at::Tensor> RngTracker::state() const {
+  std::map<std::string, at::Tensor> out;
+  for (const auto& [name, s] : streams_) {
+    // Generators are shared handles: get_state reads under the generator's lock.
+    at::Generator g = s.gen;
+    std::lock_guard<std::mutex> lock(g.mutex());
+    out.emplace(name, g.get_state());
+  }
+  return out;
+}
+
+void RngTracker::set_state(const std::map<std::string, at::Tensor>& state) {
+  LF_CHECK(state.size() == streams_.size(), "RNG state has ", state.size(), " streams, this rank has ",
+           streams_.size(), lf::hint("the state was saved by a different configuration"));
+  for (auto& [name, s] : streams_) {
+    auto it = state.find(name);
+    LF_CHECK(it != state.end(), "RNG state lacks stream '", name, "'",
+             lf::hint("the state was saved by a different configuration"));
+    std::lock_guard<std::mutex> lock(s.gen.mutex());
+    s.gen.set_state(it->second);
+  }
 }
 
 at::Tensor dropout(const at::Tensor& x, double p, at::Generator& gen) {

@@ -33,6 +33,11 @@ class RngTracker {
   bool has(const std::string& name) const { return streams_.count(name) > 0; }
   at::Generator& get(const std::string& name);
   uint64_t seed(const std::string& name) const;
+  // Every stream's generator state (uint8 CPU tensors, ATen's format), for checkpoints and for
+  // replaying dropout masks in recomputation; set_state restores exactly these streams (a name
+  // this tracker lacks, or a missing one, is an error).
+  std::map<std::string, at::Tensor> state() const;
+  void set_state(const std::map<std::string, at::Tensor>& state);
 
  private:
   struct Stream {

@@ -1,0 +1,101 @@
+// Activation checkpointing as a custom autograd Function (models/recompute.h).
+#include "loongforge/models/recompute.h"
+
+#include <ATen/core/grad_mode.h>
+#include <torch/csrc/autograd/autograd.h>
+#include <torch/csrc/autograd/custom_function.h>
+
+#include <map>
+#include <string>
+
+#include "loongforge/core/error.h"
+#include "loongforge/parallel/tensor/random.h"
+
+namespace lf::models {
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+// What backward needs besides the saved inputs; travels as an IValue capsule so that its
+// lifetime is the autograd node's.
+struct Replay : torch::CustomClassHolder {
+  RecomputeFn fn;
+  std::vector<at::Tensor> inputs;  // detached views: no reference to the graph they came from
+  std::vector<bool> needs_grad;
+  lf::parallel::RngTracker* rng = nullptr;
+  std::map<std::string, at::Tensor> rng_state;
+};
+
+struct RecomputeFunction : torch::autograd::Function<RecomputeFunction> {
+  static at::Tensor forward(AutogradContext* ctx, c10::intrusive_ptr<Replay> replay,
+                            at::TensorList inputs) {
+    // Grad mode is off here: fn builds no graph, so its activations are freed on return.
+    if (replay->rng) replay->rng_state = replay->rng->state();
+    at::Tensor out = replay->fn(inputs.vec());
+    for (const auto& t : inputs) {
+      replay->needs_grad.push_back(t.requires_grad() && at::isFloatingType(t.scalar_type()));
+      replay->inputs.push_back(t.detach());
+    }
+    ctx->saved_data["replay"] = c10::IValue::make_capsule(replay);
+    return out;
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grad_out) {
+    auto replay = c10::static_intrusive_pointer_cast<Replay>(ctx->saved_data["replay"].toCapsule());
+    const auto& saved = replay->inputs;
+    // Fresh leaves that share storage with the inputs: the recomputed graph ends at them, and
+    // their gradients are returned to the engine, which routes them to the real inputs.
+    std::vector<at::Tensor> leaves;
+    std::vector<at::Tensor> wrt;
+    std::vector<size_t> wrt_index;
+    for (size_t i = 0; i < saved.size(); ++i) {
+      at::Tensor leaf = saved[i].detach();
+      if (replay->needs_grad[i]) {
+        leaf.set_requires_grad(true);
+        wrt.push_back(leaf);
+        wrt_index.push_back(i);
+      }
+      leaves.push_back(leaf);
+    }
+    std::map<std::string, at::Tensor> now;
+    if (replay->rng) {
+      now = replay->rng->state();
+      replay->rng->set_state(replay->rng_state);
+    }
+    at::Tensor out;
+    {
+      at::AutoGradMode enable(true);
+      out = replay->fn(leaves);
+    }
+    if (replay->rng) replay->rng->set_state(now);
+    variable_list grads(saved.size() + 1);  // [0]: the Replay argument
+    if (out.requires_grad()) {
+      // Reentrant backward over the recomputed graph: parameters fn reads directly (leaves of
+      // the model) accumulate their gradients here, exactly as without recomputation; the fresh
+      // input leaves collect theirs in .grad and are handed back to the engine.
+      torch::autograd::backward({out}, {grad_out[0]});
+      for (size_t j = 0; j < wrt.size(); ++j) grads[wrt_index[j] + 1] = wrt[j].grad();
+    }
+    replay->inputs.clear();  // backward runs once (retain_graph is not supported here)
+    return grads;
+  }
+};
+
+}  // namespace
+
+at::Tensor recompute(RecomputeFn fn, const std::vector<at::Tensor>& inputs,
+                     lf::parallel::RngTracker* rng) {
+  bool any = false;
+  for (const auto& t : inputs) any = any || (t.defined() && t.requires_grad());
+  if (!at::GradMode::is_enabled() || !any) return fn(inputs);
+  for (size_t i = 0; i < inputs.size(); ++i)
+    LF_CHECK(inputs[i].defined(), "recompute: input ", i, " is undefined",
+             lf::hint("pass only the tensors the recomputed function reads"));
+  auto replay = c10::make_intrusive<Replay>();
+  replay->fn = std::move(fn);
+  replay->rng = rng;
+  return RecomputeFunction::apply(replay, at::TensorList(inputs));
+}
+
+}  // namespace lf::models

@@ -5,6 +5,7 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/Functions.h>
 #include <c10/core/CPUAllocator.h>
+#include <c10/core/impl/alloc_cpu.h>
 
 #include <atomic>
 #include <chrono>
@@ -19,24 +20,27 @@
 namespace lf::backend {
 namespace {
 
-// Wraps the CPU allocator that was current at install time and counts live bytes. Each
-// allocation's context records its size, so frees are exact. Never destroyed: tensors may
-// outlive any static object.
+// c10's CPU allocation (alloc_cpu: aligned, honours c10's CPU memory settings) with live and peak
+// byte counts. Each block carries its size in a header just before the data, so the DataPtr's
+// context is the data pointer itself, as ATen kernels that use raw_allocate require. Never
+// destroyed: tensors may outlive any static object.
 class CountingCpuAllocator final : public c10::Allocator {
  public:
-  explicit CountingCpuAllocator(c10::Allocator* inner) : inner_(inner) {}
+  // A multiple of c10's alignment (64), so the data keeps alloc_cpu's alignment.
+  static constexpr size_t kHeader = 64;
 
   c10::DataPtr allocate(size_t n) override {
-    c10::DataPtr inner = inner_->allocate(n);
-    void* data = inner.get();
-    auto* ctx = new Context{std::move(inner), static_cast<int64_t>(n), this};
-    const int64_t now = allocated_.fetch_add(ctx->bytes) + ctx->bytes;
+    auto* base = static_cast<char*>(c10::alloc_cpu(n + kHeader));
+    *reinterpret_cast<int64_t*>(base) = static_cast<int64_t>(n);
+    void* data = base + kHeader;
+    const int64_t now = allocated_.fetch_add(static_cast<int64_t>(n)) + static_cast<int64_t>(n);
     int64_t peak = peak_.load();
     while (now > peak && !peak_.compare_exchange_weak(peak, now)) {
     }
     count_.fetch_add(1);
-    return {data, ctx, &Context::free, c10::Device(c10::DeviceType::CPU)};
+    return {data, data, &free_block, c10::Device(c10::DeviceType::CPU)};
   }
+  c10::DeleterFnPtr raw_deleter() const override { return &free_block; }
   void copy_data(void* dest, const void* src, std::size_t count) const override {
     std::memcpy(dest, src, count);
   }
@@ -47,29 +51,26 @@ class CountingCpuAllocator final : public c10::Allocator {
   void reset_peak() { peak_.store(allocated_.load()); }
 
  private:
-  struct Context {
-    c10::DataPtr inner;  // frees through the wrapped allocator's own deleter
-    int64_t bytes;
-    CountingCpuAllocator* owner;
-    static void free(void* p) {
-      auto* ctx = static_cast<Context*>(p);
-      ctx->owner->allocated_.fetch_sub(ctx->bytes);
-      delete ctx;
-    }
-  };
+  static void free_block(void* data);
 
-  c10::Allocator* inner_;
   std::atomic<int64_t> allocated_{0}, peak_{0}, count_{0};
 };
 
 CountingCpuAllocator& counting_allocator() {
   static CountingCpuAllocator* instance = [] {
-    auto* a = new CountingCpuAllocator(c10::GetCPUAllocator());
+    auto* a = new CountingCpuAllocator();
     // Priority above the default (0) so a later default registration does not replace it.
     c10::SetCPUAllocator(a, /*priority=*/10);
     return a;
   }();
   return *instance;
+}
+
+void CountingCpuAllocator::free_block(void* data) {
+  if (!data) return;
+  char* base = static_cast<char*>(data) - kHeader;
+  counting_allocator().allocated_.fetch_sub(*reinterpret_cast<int64_t*>(base));
+  c10::free_cpu(base);
 }
 
 class CpuEvent final : public Event {

@@ -2,6 +2,7 @@
 // GPU, a missing CUDA module, and missing / ABI-skewed / entry-less XPU plugins; plus the CPU
 // backend's memory statistics, RNG state, events, and that a CPU process never maps
 // libtorch_cuda.
+#include <c10/core/CPUAllocator.h>
 #include <gtest/gtest.h>
 
 #include <ATen/Functions.h>
@@ -191,6 +192,19 @@ TEST(CpuBackend, MemoryStatsCountTensorBytes) {
   EXPECT_GE(after.peak_allocated_bytes - before.allocated_bytes, 4 << 20);  // peak remembers
   be.reset_peak_memory();
   EXPECT_LT(be.memory_stats().peak_allocated_bytes - before.allocated_bytes, 4 << 20);
+}
+
+// ATen kernels that allocate through raw_allocate (GELU's CPU kernel, for one) need the DataPtr's
+// context to be its data pointer; the counting allocator must keep that contract.
+TEST(CpuBackend, CountingAllocatorServesRawAllocateKernels) {
+  const auto& be = lf::backend::cpu_backend();
+  const auto before = be.memory_stats().allocated_bytes;
+  auto x = at::randn({5, 3, 24});
+  auto y = at::gelu(x);
+  EXPECT_TRUE(at::allclose(y, x * 0.5 * (1 + at::erf(x * M_SQRT1_2)), 1e-6, 1e-6));
+  void* raw = c10::GetCPUAllocator()->raw_allocate(1000);
+  EXPECT_EQ(be.memory_stats().allocated_bytes - before, 2 * 5 * 3 * 24 * 4 + 1000);
+  c10::GetCPUAllocator()->raw_deallocate(raw);
 }
 
 TEST(CpuBackend, RngStateRoundTripsAndSeedReproduces) {

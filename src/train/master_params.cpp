@@ -19,8 +19,13 @@ MasterParams::MasterParams(const GradBuffer& grads) : grads_(grads) {
     if (gathers(grads))
       gathered_.push_back(at::empty({b.numel}, options.dtype(b.param_dtype)));
   }
-  const auto& params = grads.parameters();
-  for (const auto& piece : grads.owned_pieces()) {
+  reset_from_model();
+}
+
+void MasterParams::reset_from_model() {
+  at::NoGradGuard no_grad;
+  const auto& params = grads_.parameters();
+  for (const auto& piece : grads_.owned_pieces()) {
     at::Tensor flat = params[static_cast<size_t>(piece.param)].tensor.detach().reshape({-1});
     shards_[static_cast<size_t>(piece.bucket)]
         .narrow(0, piece.reduced_offset, piece.numel)

@@ -17,6 +17,10 @@ class MasterParams {
   // Copies the current model parameters (through their fp32 values) into the masters.
   explicit MasterParams(const GradBuffer& grads);
 
+  // Copies the model parameters into the masters again (after loading weights without
+  // optimizer state).
+  void reset_from_model();
+
   // Per bucket: [owned_end - owned_begin] fp32, aligned with grads.reduced_grad(b).
   std::vector<at::Tensor>& shards() { return shards_; }
   const std::vector<at::Tensor>& shards() const { return shards_; }

@@ -36,6 +36,14 @@ class AdamW {
   StepResult step(double lr, bool skip_nonfinite = false);
   int64_t steps_taken() const { return step_; }
   const MasterParams& masters() const { return masters_; }
+  // Checkpointing (train/checkpoint.h): the fp32 state per bucket, aligned with the master shards
+  // (update in place: the step's views point into them), and the step count of bias correction.
+  MasterParams& masters() { return masters_; }
+  const std::vector<at::Tensor>& exp_avg() const { return exp_avg_; }
+  const std::vector<at::Tensor>& exp_avg_sq() const { return exp_avg_sq_; }
+  std::vector<at::Tensor>& exp_avg() { return exp_avg_; }
+  std::vector<at::Tensor>& exp_avg_sq() { return exp_avg_sq_; }
+  void set_steps_taken(int64_t steps) { step_ = steps; }
   // Bytes of optimizer state on this rank (masters + both moments).
   int64_t state_bytes() const;
 

@@ -1,0 +1,499 @@
+// The save/load protocol of a training job. Who writes what (pieces are never duplicated):
+//   model_tp{t}_pp{p}.safetensors       by the DP-rank-0 rank of each (tp, pp): its parameter
+//                                       shards (replicated parameters by TP rank 0 only);
+//   optim_tp{t}_pp{p}_dp{d}.safetensors the fp32 masters and Adam moments this rank owns: under
+//                                       ZeRO-1 every DP rank its ranges, else DP rank 0;
+//   rng_rank{g}.safetensors             every rank: backend generator + dropout streams;
+//   state.json, config.yaml             rank 0; manifest.json: rank 0 at commit, from the
+//                                       fragment.rank{g}.json each rank leaves (size + CRC).
+// Commit (rank 0, after every rank reported success): manifest, fsync, rename of the temp dir,
+// tracker last. A crash at any point leaves the tracker naming a complete checkpoint.
+#include "loongforge/train/checkpoint.h"
+
+#include <ATen/Functions.h>
+#include <ATen/core/grad_mode.h>
+
+#include <atomic>
+#include <csignal>
+#include <cstring>
+#include <cstdlib>
+#include <exception>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <thread>
+
+#include "loongforge/core/error.h"
+#include "loongforge/core/logging.h"
+#include "loongforge/train/checkpoint_format.h"
+#include "checkpoint_internal.h"
+
+namespace lf::train {
+namespace fs = std::filesystem;
+using nlohmann::json;
+using namespace lf::train::ckpt;
+
+namespace {
+
+ShardSpec spec_of(const lf::models::NamedParameter& p, int tp_size, int tp_rank) {
+  ShardSpec s;
+  s.global_shape = p.tensor.sizes().vec();
+  // The split is recorded even at TP 1, so that tools can reshard to any TP later.
+  if (p.partition_dim >= 0) {
+    s.partition_dim = p.partition_dim;
+    s.blocks = p.partition_blocks;
+    s.tp_rank = tp_rank;
+    s.tp_size = tp_size;
+    s.global_shape[static_cast<size_t>(p.partition_dim)] *= tp_size;
+  }
+  return s;
+}
+
+at::Tensor host_copy(const at::Tensor& t, bool own) {
+  at::Tensor c = t.detach();
+  if (!c.device().is_cpu()) return c.to(at::kCPU).contiguous().reshape({-1});
+  c = c.contiguous().reshape({-1});
+  return own ? c.clone() : c;
+}
+
+// Element-wise max (or min) over the world; identity for one rank.
+std::vector<double> world_reduce(const lf::dist::ParallelContext& ctx, const lf::backend::DeviceBackend& b,
+                                 std::vector<double> v, lf::backend::ReduceOp op) {
+  if (ctx.world_size() == 1) return v;
+  auto t = at::tensor(v, at::TensorOptions().dtype(at::kDouble)).to(b.device());
+  ctx.world().all_reduce(t, op);
+  t = t.cpu();
+  for (size_t i = 0; i < v.size(); ++i) v[i] = t[static_cast<int64_t>(i)].item<double>();
+  return v;
+}
+
+std::string rng_file(int rank) { return "rng_rank" + std::to_string(rank) + ".safetensors"; }
+
+}  // namespace
+
+namespace ckpt {
+
+std::string model_file(int tp, int pp) {
+  return "model_tp" + std::to_string(tp) + "_pp" + std::to_string(pp) + ".safetensors";
+}
+std::string optim_file(int tp, int pp, int dp) {
+  return "optim_tp" + std::to_string(tp) + "_pp" + std::to_string(pp) + "_dp" + std::to_string(dp) +
+         ".safetensors";
+}
+
+void prepare_save_dir(const std::string& save_dir, int64_t iteration) {
+  fs::create_directories(save_dir);
+  // Leftovers of interrupted saves and deletions; a checkpoint moved aside for a re-save of the
+  // same iteration is moved back if the new one never arrived.
+  for (const auto& e : fs::directory_iterator(save_dir)) {
+    const std::string n = e.path().filename().string();
+    if (n.size() > 4 && n.starts_with("iter_") && n.ends_with(".tmp")) fs::remove_all(e.path());
+    if (n.starts_with(".iter_") && n.ends_with(".deleting")) fs::remove_all(e.path());
+    if (n.starts_with(".iter_") && n.ends_with(".old")) {
+      const std::string orig = n.substr(1, n.size() - 5);
+      if (fs::exists(fs::path(save_dir) / orig)) fs::remove_all(e.path());
+      else fs::rename(e.path(), fs::path(save_dir) / orig);
+    }
+  }
+  fs::create_directories(temp_dir(save_dir, iteration));
+}
+
+std::string temp_dir(const std::string& save_dir, int64_t iteration) {
+  return (fs::path(save_dir) / (iteration_dir_name(iteration) + ".tmp")).string();
+}
+
+void commit_checkpoint(const std::string& save_dir, int64_t iteration,
+                       const std::map<std::string, FileRecord>& files, std::optional<int64_t> keep_last) {
+  const std::string tmp = temp_dir(save_dir, iteration);
+  json m;
+  m["format"] = "loongforge-checkpoint";
+  m["version"] = kFormatVersion;
+  m["iteration"] = iteration;
+  m["files"] = json::object();
+  for (const auto& [name, r] : files) m["files"][name] = {{"bytes", r.bytes}, {"crc32", r.crc32}};
+  write_text((fs::path(tmp) / kManifestFile).string(), m.dump(1) + "\n");
+  test_crash_point("manifest written");
+  fsync_dir(tmp);
+  const fs::path final_dir = fs::path(save_dir) / iteration_dir_name(iteration);
+  const fs::path old = fs::path(save_dir) / ("." + iteration_dir_name(iteration) + ".old");
+  if (fs::exists(final_dir)) {  // a re-save of the same iteration: move the old one aside first
+    fs::remove_all(old);
+    durable_rename(final_dir.string(), old.string());
+  }
+  durable_rename(tmp, final_dir.string());
+  test_crash_point("renamed");
+  fs::remove_all(old);
+  write_tracker(save_dir, iteration);
+  test_crash_point("tracker written");
+  if (!keep_last || *keep_last <= 0) return;
+  std::vector<int64_t> its;
+  for (const auto& e : fs::directory_iterator(save_dir))
+    if (auto it = parse_iteration_dir(e.path().filename().string()); it && e.is_directory()) its.push_back(*it);
+  std::sort(its.rbegin(), its.rend());
+  for (size_t i = static_cast<size_t>(*keep_last); i < its.size(); ++i) {
+    if (its[i] == iteration) continue;
+    // Renamed first, so a half-deleted directory never looks like a checkpoint.
+    const fs::path dead = fs::path(save_dir) / ("." + iteration_dir_name(its[i]) + ".deleting");
+    fs::rename(fs::path(save_dir) / iteration_dir_name(its[i]), dead);
+    fs::remove_all(dead);
+  }
+}
+
+void test_crash_point(const char* what) {
+  static std::atomic<long> count{0};
+  static const long at = [] {
+    const char* v = std::getenv("LOONGFORGE_TEST_CKPT_CRASH_AT");
+    const char* restart = std::getenv("LOONGFORGE_RESTART_COUNT");  // first attempt only
+    return v && *v && !(restart && std::atol(restart) != 0) ? std::atol(v) : -1L;
+  }();
+  if (at >= 0 && count.fetch_add(1) == at) {
+    std::fprintf(stderr, "loongforge: test crash at checkpoint point %ld (%s)\n", at, what);
+    std::raise(SIGKILL);
+  }
+}
+
+FileRecord write_file(const std::string& dir, const std::string& name, const std::vector<Entry>& entries) {
+  auto r = write_entries((fs::path(dir) / name).string(), entries);
+  test_crash_point(name.c_str());
+  return r;
+}
+
+}  // namespace ckpt
+
+// ---------------------------------------------------------------------------------------------
+
+struct CheckpointSaver::Pending {
+  int64_t iteration = 0;
+  std::thread thread;
+  std::atomic<bool> done{false};
+  std::exception_ptr error;
+  std::map<std::string, FileRecord> rank0_files;  // rank 0's own records (the others via fragments)
+};
+
+CheckpointSaver::CheckpointSaver(SaveOptions options, const lf::dist::ParallelContext& ctx,
+                                 const lf::backend::DeviceBackend& backend)
+    : options_(std::move(options)), ctx_(ctx), backend_(backend) {
+  LF_CHECK(!options_.save_dir.empty(), "checkpoint saving needs a directory (--save)");
+}
+
+CheckpointSaver::~CheckpointSaver() {
+  if (pending_ && pending_->thread.joinable()) pending_->thread.join();
+}
+
+bool CheckpointSaver::pending() const { return pending_ != nullptr; }
+
+void CheckpointSaver::save(const TrainingProgress& progress, const GradBuffer& grads, const AdamW* optimizer,
+                           const lf::parallel::RngTracker* rng) {
+  if (pending_) commit();
+  const int rank = ctx_.global_rank();
+  const std::string tmp = temp_dir(options_.save_dir, progress.iteration);
+  // Rank 0 prepares the temp directory; everyone learns whether that worked.
+  std::string prep_error;
+  if (rank == 0) {
+    try {
+      prepare_save_dir(options_.save_dir, progress.iteration);
+    } catch (const std::exception& e) {
+      prep_error = e.what();
+    }
+  }
+  const double prep_ok = world_reduce(ctx_, backend_, {prep_error.empty() ? 1.0 : 0.0},
+                                      lf::backend::ReduceOp::min)[0];
+  LF_CHECK(prep_ok > 0, "cannot prepare checkpoint directory ", tmp,
+           prep_error.empty() ? std::string(" (failed on rank 0)") : ": " + prep_error,
+           lf::hint("check that --save names a writable directory on a file system every rank sees"));
+
+  // This rank's share, as CPU tensors (copies when written in the background).
+  const bool own = options_.async;
+  std::vector<std::pair<std::string, std::vector<Entry>>> files;
+  at::NoGradGuard no_grad;
+  const auto& params = grads.parameters();
+  const int tp = ctx_.tp_size(), tpr = ctx_.tp_rank(), ppr = ctx_.pp_rank();
+  if (grads.dp_rank() == 0) {
+    std::vector<Entry> model;
+    for (const auto& p : params) {
+      // The last pipeline stage's tied copy of the embedding equals the first stage's (their
+      // gradients are summed): stored once, by the first stage; loading fills both by name.
+      if (p.tied_copy) continue;
+      ShardSpec s = spec_of(p, tp, tpr);
+      if (s.partition_dim < 0 && tpr != 0) continue;  // replicated: TP rank 0 stores it
+      model.push_back({Piece{p.name, "param", s, 0, p.tensor.numel()}, host_copy(p.tensor, own)});
+    }
+    files.emplace_back(model_file(tpr, ppr), std::move(model));
+  }
+  const bool zero1 = grads.options().distributed_optimizer && grads.dp_size() > 1;
+  if (optimizer && options_.save_optimizer && (zero1 || grads.dp_rank() == 0)) {
+    std::vector<Entry> optim;
+    const auto& masters = optimizer->masters().shards();
+    for (const auto& piece : grads.owned_pieces()) {
+      const auto& p = params[static_cast<size_t>(piece.param)];
+      if (p.tied_copy) continue;  // the first stage stores the tied embedding's state
+      ShardSpec s = spec_of(p, tp, tpr);
+      if (s.partition_dim < 0 && tpr != 0) continue;
+      const auto b = static_cast<size_t>(piece.bucket);
+      auto add = [&](const char* kind, const at::Tensor& state) {
+        optim.push_back({Piece{p.name, kind, s, piece.param_offset, piece.param_offset + piece.numel},
+                         host_copy(state.narrow(0, piece.reduced_offset, piece.numel), own)});
+      };
+      add("master", masters[b]);
+      add("exp_avg", optimizer->exp_avg()[b]);
+      add("exp_avg_sq", optimizer->exp_avg_sq()[b]);
+    }
+    if (!optim.empty()) files.emplace_back(optim_file(tpr, ppr, grads.dp_rank()), std::move(optim));
+  }
+  if (options_.save_rng) {
+    std::vector<Entry> rngs;
+    auto add_bytes = [&](const std::string& key, at::Tensor bytes) {
+      bytes = bytes.to(at::kCPU).contiguous().reshape({-1}).clone();
+      rngs.push_back({Piece{key, "rng", ShardSpec{{bytes.numel()}}, 0, bytes.numel()}, bytes});
+    };
+    const auto state = backend_.rng_state();
+    at::Tensor t = at::empty({static_cast<int64_t>(state.size())}, at::kByte);
+    std::memcpy(t.data_ptr(), state.data(), state.size());
+    add_bytes("backend", t);
+    if (rng)
+      for (const auto& [name, st] : rng->state()) add_bytes("tracker." + name, st);
+    files.emplace_back(rng_file(rank), std::move(rngs));
+  }
+  std::vector<std::pair<std::string, std::string>> texts;
+  if (rank == 0) {
+    json s;
+    s["iteration"] = progress.iteration;
+    s["consumed_samples"] = progress.consumed_samples;
+    s["optimizer_steps"] = progress.optimizer_steps;
+    s["lr"] = progress.lr;
+    s["has_optimizer"] = optimizer != nullptr && options_.save_optimizer;
+    s["has_rng"] = options_.save_rng;
+    s["layout"] = {{"world", ctx_.world_size()}, {"tp", tp}, {"pp", ctx_.pp_size()},
+                   {"dp", ctx_.dp_size()}, {"cp", ctx_.cp_size()}, {"zero1", zero1}};
+    s["training"] = {{"global_batch_size", options_.global_batch_size}, {"seq_length", options_.seq_length}};
+    std::vector<std::string> names;
+    for (const auto& p : params) names.push_back(p.name);
+    s["params"] = names;
+    texts.emplace_back(kStateFile, s.dump(1) + "\n");
+    texts.emplace_back(kConfigFile, options_.config_yaml);
+  }
+
+  pending_ = std::make_unique<Pending>();
+  pending_->iteration = progress.iteration;
+  Pending* pd = pending_.get();
+  auto work = [pd, tmp, rank, files = std::move(files), texts = std::move(texts)]() {
+    try {
+      std::map<std::string, FileRecord> records;
+      for (const auto& [name, entries] : files) records[name] = write_file(tmp, name, entries);
+      for (const auto& [name, text] : texts) records[name] = write_text((fs::path(tmp) / name).string(), text);
+      if (rank == 0) {
+        pd->rank0_files = records;
+      } else {
+        json frag = json::object();
+        for (const auto& [name, r] : records) frag[name] = {{"bytes", r.bytes}, {"crc32", r.crc32}};
+        write_text((fs::path(tmp) / ("fragment.rank" + std::to_string(rank) + ".json")).string(),
+                   frag.dump());
+      }
+    } catch (...) {
+      pd->error = std::current_exception();
+    }
+    pd->done.store(true);
+  };
+  if (options_.async) {
+    pending_->thread = std::thread(std::move(work));
+  } else {
+    work();
+    commit();
+  }
+}
+
+void CheckpointSaver::commit() {
+  Pending& pd = *pending_;
+  if (pd.thread.joinable()) pd.thread.join();
+  std::string local_error;
+  if (pd.error) {
+    try {
+      std::rethrow_exception(pd.error);
+    } catch (const std::exception& e) {
+      local_error = e.what();
+    }
+  }
+  const int64_t iteration = pd.iteration;
+  std::map<std::string, FileRecord> files = std::move(pd.rank0_files);
+  pending_.reset();
+  const double wrote = world_reduce(ctx_, backend_, {local_error.empty() ? 1.0 : 0.0},
+                                    lf::backend::ReduceOp::min)[0];
+  std::string commit_error;
+  if (ctx_.global_rank() == 0 && wrote > 0) {
+    try {
+      const std::string tmp = temp_dir(options_.save_dir, iteration);
+      for (int r = 1; r < ctx_.world_size(); ++r) {
+        const fs::path frag = fs::path(tmp) / ("fragment.rank" + std::to_string(r) + ".json");
+        std::ifstream in(frag);
+        LF_CHECK(in.good(), "rank ", r, "'s part of checkpoint ", tmp, " is missing (", frag.string(), ")",
+                 lf::hint("every rank must see the same --save directory (a shared file system)"));
+        json j = json::parse(in);
+        for (const auto& [name, rec] : j.items())
+          files[name] = FileRecord{rec.at("bytes").get<uint64_t>(), rec.at("crc32").get<uint32_t>()};
+        in.close();
+        fs::remove(frag);
+      }
+      commit_checkpoint(options_.save_dir, iteration, files, options_.keep_last);
+    } catch (const std::exception& e) {
+      commit_error = e.what();
+    }
+  }
+  const double committed = world_reduce(ctx_, backend_, {commit_error.empty() ? 1.0 : 0.0},
+                                        lf::backend::ReduceOp::min)[0];
+  LF_CHECK(local_error.empty(), "saving checkpoint iteration ", iteration, " failed: ", local_error);
+  LF_CHECK(wrote > 0, "saving checkpoint iteration ", iteration, " failed on another rank (see its log)");
+  LF_CHECK(committed > 0, "committing checkpoint iteration ", iteration, " failed",
+           commit_error.empty() ? std::string(" on rank 0") : ": " + commit_error);
+  last_committed_ = iteration;
+  if (ctx_.global_rank() == 0)
+    LF_INFO("saved checkpoint ", (fs::path(options_.save_dir) / iteration_dir_name(iteration)).string());
+}
+
+bool CheckpointSaver::step_end(bool stop_requested) {
+  const bool busy = pending_ && !pending_->done.load();
+  auto flags = world_reduce(ctx_, backend_, {stop_requested ? 1.0 : 0.0, busy ? 1.0 : 0.0},
+                            lf::backend::ReduceOp::max);
+  if (pending_ && flags[1] == 0) commit();
+  return flags[0] > 0;
+}
+
+void CheckpointSaver::finish() {
+  if (pending_) commit();
+}
+
+// ---------------------------------------------------------------------------------------------
+
+std::optional<LoadResult> load_checkpoint(const std::string& load_dir, const LoadOptions& options,
+                                          GradBuffer& grads, AdamW& optimizer,
+                                          const lf::dist::ParallelContext& ctx,
+                                          const lf::backend::DeviceBackend& backend,
+                                          lf::parallel::RngTracker* rng) {
+  auto dir = resolve_checkpoint_dir(load_dir);
+  if (!dir) return std::nullopt;
+  CheckpointReader reader(*dir);
+  json state;
+  try {
+    state = json::parse(reader.state_json());
+  } catch (const json::exception& e) {
+    LF_FAIL("checkpoint ", *dir, ": state.json is missing or malformed: ", e.what());
+  }
+  LoadResult result;
+  result.dir = *dir;
+  at::NoGradGuard no_grad;
+  const auto& params = grads.parameters();
+  const int tp = ctx.tp_size(), tpr = ctx.tp_rank();
+  const bool has_optim = state.value("has_optimizer", false);
+  const bool want_optim = options.load_optimizer && !options.finetune;
+  LF_CHECK(!want_optim || has_optim, "checkpoint ", *dir, " has no optimizer state",
+           lf::hint("pass --no-load-optim (fresh optimizer, keeps the iteration) or --finetune "
+                    "(weights only, iteration 0)"));
+  // Weights: always (under ZeRO-1 publish() only rewrites them from the masters afterwards).
+  for (const auto& p : params) {
+    ShardSpec want = spec_of(p, tp, tpr);
+    p.tensor.detach().copy_(reader.shard(p.name, "param", want, p.tensor.scalar_type()));
+  }
+  if (want_optim) {
+    auto& masters = optimizer.masters().shards();
+    std::map<int, std::vector<const OwnedPiece*>> by_param;
+    for (const auto& piece : grads.owned_pieces()) by_param[piece.param].push_back(&piece);
+    for (const auto& [pi, pieces] : by_param) {
+      const auto& p = params[static_cast<size_t>(pi)];
+      const ShardSpec want = spec_of(p, tp, tpr);
+      for (const char* kind : {"master", "exp_avg", "exp_avg_sq"}) {
+        at::Tensor flat = reader.shard(p.name, kind, want, at::kFloat).reshape({-1});
+        auto& dst = std::string(kind) == "master" ? masters
+                    : std::string(kind) == "exp_avg" ? optimizer.exp_avg() : optimizer.exp_avg_sq();
+        for (const OwnedPiece* piece : pieces)
+          dst[static_cast<size_t>(piece->bucket)]
+              .narrow(0, piece->reduced_offset, piece->numel)
+              .copy_(flat.narrow(0, piece->param_offset, piece->numel));
+      }
+    }
+    optimizer.set_steps_taken(state.value("optimizer_steps", int64_t{0}));
+    optimizer.masters().publish();
+    result.optimizer_loaded = true;
+  } else {
+    optimizer.masters().reset_from_model();
+  }
+  if (!options.finetune) {
+    result.progress.iteration = state.value("iteration", reader.iteration());
+    result.progress.consumed_samples = state.value("consumed_samples", int64_t{0});
+    result.progress.optimizer_steps = result.optimizer_loaded ? state.value("optimizer_steps", int64_t{0}) : 0;
+    result.progress.lr = state.value("lr", 0.0);
+  }
+  if (options.load_rng && !options.finetune && state.value("has_rng", false)) {
+    const auto& l = state.at("layout");
+    const bool same = l.value("world", 0) == ctx.world_size() && l.value("tp", 0) == tp &&
+                      l.value("pp", 0) == ctx.pp_size() && l.value("dp", 0) == ctx.dp_size();
+    const std::string file = rng_file(ctx.global_rank());
+    if (same && reader.has_file(file)) {
+      backend.set_rng_state(reader.bytes(file, "backend"));
+      if (rng) {
+        auto current = rng->state();
+        std::map<std::string, at::Tensor> restored;
+        bool complete = true;
+        for (const auto& [name, t] : current) {
+          if (!reader.has("tracker." + name, "rng")) {
+            complete = false;
+            break;
+          }
+          auto b = reader.bytes(file, "tracker." + name);
+          at::Tensor s = at::empty({static_cast<int64_t>(b.size())}, at::kByte);
+          std::memcpy(s.data_ptr(), b.data(), b.size());
+          restored[name] = s;
+        }
+        if (complete) rng->set_state(restored);
+      }
+      result.rng_loaded = true;
+    } else if (ctx.global_rank() == 0) {
+      LF_WARN("checkpoint ", *dir, " was saved with another parallel layout: random number generator "
+              "states are not restored (seeded from --seed instead)");
+    }
+  }
+  return result;
+}
+
+// ---------------------------------------------------------------------------------------------
+
+void install_sigterm_handler() {
+  struct sigaction sa {};
+  sa.sa_handler = [](int) { sigterm_flag() = 1; };
+  sigemptyset(&sa.sa_mask);
+  sa.sa_flags = SA_RESTART;
+  ::sigaction(SIGTERM, &sa, nullptr);
+}
+
+bool sigterm_received() { return sigterm_flag() != 0; }
+
+volatile std::sig_atomic_t& ckpt::sigterm_flag() {
+  static volatile std::sig_atomic_t flag = 0;
+  return flag;
+}
+
+namespace {
+// RANK:ITERATION from `var`, on the first attempt of a job only; {-1, -1} when unset.
+std::pair<long, long> fault_at(const char* var) {
+  const char* v = std::getenv(var);
+  const char* restart = std::getenv("LOONGFORGE_RESTART_COUNT");
+  if (!v || !*v || (restart && std::atol(restart) != 0)) return {-1, -1};
+  const char* colon = std::strchr(v, ':');
+  if (!colon) return {-1, -1};
+  return {std::atol(v), std::atol(colon + 1)};
+}
+}  // namespace
+
+void maybe_inject_test_fault(int64_t iteration, int global_rank) {
+  static const std::pair<long, long> kill_at = fault_at("LOONGFORGE_TEST_KILL_AT");
+  static const std::pair<long, long> term_at = fault_at("LOONGFORGE_TEST_SIGTERM_AT");
+  if (kill_at.first == global_rank && kill_at.second == iteration) {
+    std::fprintf(stderr, "loongforge: test fault: rank %d kills itself after iteration %lld\n", global_rank,
+                 static_cast<long long>(iteration));
+    std::fflush(stderr);
+    std::raise(SIGKILL);
+  }
+  if (term_at.first == global_rank && term_at.second == iteration) std::raise(SIGTERM);
+}
+
+}  // namespace lf::train

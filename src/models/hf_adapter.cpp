@@ -1,0 +1,408 @@
+// HF safetensors <-> full LoongForge tensors, following a family's mapping (hf_mapping.h).
+// Every transform is a pure rearrangement (views, cat, narrow, zero padding), so
+// lf2hf(hf2lf(x)) reproduces each tensor bit for bit in its dtype.
+#include <ATen/Functions.h>
+
+#include <algorithm>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <set>
+
+#include "hf_mapping.h"
+#include "loongforge/core/config/yaml.h"
+#include "loongforge/core/error.h"
+#include "loongforge/core/safetensors.h"
+#include "loongforge/models/decoder.h"
+
+namespace lf::models::hf {
+namespace fs = std::filesystem;
+namespace st = lf::safetensors;
+
+namespace {
+
+std::string replace_layer(std::string s, int64_t layer) {
+  const auto at = s.find("<i>");
+  return at == std::string::npos ? s : s.replace(at, 3, std::to_string(layer));
+}
+
+// One LoongForge tensor and the HF tensors it is made of, for a concrete config.
+struct Planned {
+  const TensorRule* rule;
+  std::string lf;
+  std::vector<std::string> hf;
+  std::vector<std::vector<int64_t>> shapes;  // HF shapes
+};
+
+// Rules in file order; a run of per-layer rules expands layer-major (layer 0's tensors, then
+// layer 1's ...), the decoder's parameter order. Rules whose `when` fails are left out.
+std::vector<Planned> plan(const Mapping::Impl& m, const DecoderConfig& c) {
+  const json fields = config_fields(c);
+  const auto symbols = shape_symbols(c);
+  std::vector<Planned> out;
+  auto add = [&](const TensorRule& r, int64_t layer) {
+    Planned p{&r, replace_layer(r.lf, layer), {}, {}};
+    for (const auto& s : r.hf) {
+      p.hf.push_back(replace_layer(s.name, layer));
+      p.shapes.push_back(eval_shape(s.shape, symbols));
+    }
+    out.push_back(std::move(p));
+  };
+  for (size_t i = 0; i < m.tensors.size();) {
+    size_t j = i;
+    while (j < m.tensors.size() && m.tensors[j].per_layer() == m.tensors[i].per_layer()) ++j;
+    if (m.tensors[i].per_layer()) {
+      for (int64_t layer = 0; layer < c.num_layers; ++layer)
+        for (size_t k = i; k < j; ++k)
+          if (holds(m.tensors[k].when, fields, m.tensors[k].origin)) add(m.tensors[k], layer);
+    } else {
+      for (size_t k = i; k < j; ++k)
+        if (holds(m.tensors[k].when, fields, m.tensors[k].origin)) add(m.tensors[k], -1);
+    }
+    i = j;
+  }
+  return out;
+}
+
+at::ScalarType scalar_type(st::DType d, const std::string& what) {
+  switch (d) {
+    case st::DType::F32: return at::kFloat;
+    case st::DType::F16: return at::kHalf;
+    case st::DType::BF16: return at::kBFloat16;
+    case st::DType::F64: return at::kDouble;
+    default: LF_FAIL(what, " has dtype ", st::dtype_name(d), ", not a floating-point weight",
+                     lf::hint("bf16, fp16, fp32 and fp64 weights are supported"));
+  }
+}
+
+st::DType file_dtype(at::ScalarType t) {
+  switch (t) {
+    case at::kFloat: return st::DType::F32;
+    case at::kHalf: return st::DType::F16;
+    case at::kBFloat16: return st::DType::BF16;
+    case at::kDouble: return st::DType::F64;
+    default: LF_FAIL("cannot write dtype ", c10::toString(t), " to safetensors");
+  }
+}
+
+// The weights of an HF directory: every tensor by name, with the file it lives in.
+struct Weights {
+  std::vector<st::Reader> readers;
+  std::map<std::string, std::pair<const st::Reader*, const st::TensorInfo*>> tensors;
+  std::string files;  // for messages
+
+  at::Tensor load(const std::string& name) const {
+    const auto& [reader, info] = tensors.at(name);
+    auto t = at::empty(info->shape, at::TensorOptions().dtype(scalar_type(
+                                        info->dtype, "tensor '" + name + "' in " + reader->source())));
+    // A copy (not from_blob): the mapping may be unaligned and must not outlive the reader.
+    std::memcpy(t.data_ptr(), reader->data(*info), info->end - info->begin);
+    return t;
+  }
+};
+
+Weights open_weights(const std::string& dir) {
+  Weights w;
+  const fs::path index = fs::path(dir) / "model.safetensors.index.json";
+  const fs::path single = fs::path(dir) / "model.safetensors";
+  if (fs::exists(index)) {
+    const std::string ipath = lf::config::display_path(index.string());
+    const json j = read_json_file(index.string());
+    LF_CHECK(j.contains("weight_map") && j["weight_map"].is_object(), ipath,
+             ": no weight_map object");
+    std::map<std::string, size_t> file_reader;
+    for (const auto& [name, file] : j["weight_map"].items()) {
+      LF_CHECK(file.is_string(), ipath, ": weight_map['", name, "'] is not a file name");
+      const std::string f = file.get<std::string>();
+      if (!file_reader.count(f)) {
+        const fs::path p = fs::path(dir) / f;
+        LF_CHECK(fs::exists(p), ipath, " names shard '", f, "' (for tensor '", name,
+                 "'), but ", lf::config::display_path(p.string()), " does not exist",
+                 lf::hint("the download is incomplete: fetch every model-*.safetensors file"));
+        file_reader[f] = w.readers.size();
+        w.readers.push_back(st::Reader::open(p.string()));
+        w.files += (w.files.empty() ? "" : ", ") + f;
+      }
+    }
+    for (const auto& [name, file] : j["weight_map"].items()) {
+      const st::Reader& r = w.readers[file_reader[file.get<std::string>()]];
+      const st::TensorInfo* info = r.find(name);
+      LF_CHECK(info != nullptr, ipath, " places tensor '", name, "' in ", r.source(),
+               ", which does not hold it");
+      w.tensors[name] = {&r, info};
+    }
+  } else {
+    LF_CHECK(fs::exists(single), "no model.safetensors or model.safetensors.index.json in ", dir,
+             lf::hint("only safetensors weights are read; re-save the model with "
+                      "save_pretrained(..., safe_serialization=True)"));
+    w.readers.push_back(st::Reader::open(single.string()));
+    w.files = "model.safetensors";
+    for (const auto& t : w.readers.back().tensors()) w.tensors[t.name] = {&w.readers.back(), &t};
+  }
+  return w;
+}
+
+// HF tensors -> the LoongForge tensor.
+at::Tensor to_lf(const Planned& p, std::vector<at::Tensor> in, const DecoderConfig& c,
+                 int64_t vocab_rows) {
+  const std::string& t = p.rule->transform;
+  if (t == "copy") return in[0];
+  if (t == "vocab") {
+    if (vocab_rows == in[0].size(0)) return in[0];
+    auto pad_shape = in[0].sizes().vec();
+    pad_shape[0] = vocab_rows - in[0].size(0);
+    return at::cat({in[0], at::zeros(pad_shape, in[0].options())}, 0);
+  }
+  if (t == "concat") return in.size() == 1 ? in[0] : at::cat(in, 0);
+  // qkv: [q; k; v] rows -> per query group g: its nq/ng query heads, its key, its value.
+  const int64_t nq = c.num_attention_heads, ng = c.query_groups(), d = c.head_dim();
+  if (in.size() == 1) in = in[0].split_with_sizes({nq * d, ng * d, ng * d}, 0);
+  auto rest = in[0].sizes().slice(1).vec();
+  auto grouped = [&](const at::Tensor& x, int64_t heads) {
+    std::vector<int64_t> s{ng, heads, d};
+    s.insert(s.end(), rest.begin(), rest.end());
+    return x.reshape(s);
+  };
+  auto out = at::cat({grouped(in[0], nq / ng), grouped(in[1], 1), grouped(in[2], 1)}, 1);
+  std::vector<int64_t> flat{(nq + 2 * ng) * d};
+  flat.insert(flat.end(), rest.begin(), rest.end());
+  return out.reshape(flat).contiguous();
+}
+
+// The LoongForge tensor -> its HF tensors (shapes checked by the caller).
+std::vector<at::Tensor> to_hf(const Planned& p, const at::Tensor& x, const DecoderConfig& c) {
+  const std::string& t = p.rule->transform;
+  if (t == "copy") return {x};
+  if (t == "vocab") return {x.narrow(0, 0, c.vocab_size)};
+  if (t == "concat") {
+    std::vector<int64_t> rows;
+    for (const auto& s : p.shapes) rows.push_back(s[0]);
+    return x.split_with_sizes(rows, 0);
+  }
+  const int64_t nq = c.num_attention_heads, ng = c.query_groups(), d = c.head_dim(),
+                pg = nq / ng;
+  auto rest = x.sizes().slice(1).vec();
+  std::vector<int64_t> s{ng, pg + 2, d};
+  s.insert(s.end(), rest.begin(), rest.end());
+  auto g = x.reshape(s);
+  auto flat = [&](const at::Tensor& y, int64_t heads) {
+    std::vector<int64_t> f{heads * d};
+    f.insert(f.end(), rest.begin(), rest.end());
+    return y.reshape(f);
+  };
+  auto q = flat(g.narrow(1, 0, pg), nq), k = flat(g.narrow(1, pg, 1), ng),
+       v = flat(g.narrow(1, pg + 1, 1), ng);
+  if (p.hf.size() == 1) return {at::cat({q, k, v}, 0)};
+  return {q, k, v};
+}
+
+// The LoongForge shape a rule produces from the expected HF shapes (vocab: `vocab_rows` rows).
+std::vector<int64_t> lf_shape(const Planned& p, const DecoderConfig& c, int64_t vocab_rows) {
+  auto s = p.shapes[0];
+  const std::string& t = p.rule->transform;
+  if (t == "vocab") s[0] = vocab_rows;
+  if (t == "concat" || (t == "qkv" && p.shapes.size() == 3))
+    for (size_t i = 1; i < p.shapes.size(); ++i) s[0] += p.shapes[i][0];
+  return s;
+}
+
+std::string shard_name(size_t i, size_t n) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "model-%05zu-of-%05zu.safetensors", i + 1, n);
+  return buf;
+}
+
+bool is_weight_file(const std::string& name) {
+  static const std::regex re(R"(model(-\d{5}-of-\d{5})?\.safetensors(\.index\.json)?)");
+  return std::regex_match(name, re);
+}
+
+void write_text(const fs::path& path, const std::string& text) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out << text;
+  out.close();
+  LF_CHECK(out.good(), "cannot write ", path.string());
+}
+
+}  // namespace
+
+bool is_hf_model_dir(const std::string& dir) {
+  std::error_code ec;
+  const fs::path d(dir);
+  return fs::is_regular_file(d / "config.json", ec) &&
+         (fs::is_regular_file(d / "model.safetensors", ec) ||
+          fs::is_regular_file(d / "model.safetensors.index.json", ec));
+}
+
+HfModel read_hf(const std::string& hf_dir, const ReadOptions& options) {
+  LF_CHECK(fs::is_directory(hf_dir), "HF model directory ", hf_dir, " does not exist");
+  const std::string cfg_path = (fs::path(hf_dir) / "config.json").string();
+  const json j = read_json_file(cfg_path);
+  std::string arch, type = j.value("model_type", std::string());
+  if (j.contains("architectures") && j["architectures"].is_array() && !j["architectures"].empty())
+    arch = j["architectures"][0].get<std::string>();
+  Mapping mapping = [&] {
+    try {
+      return mapping_for_architecture(arch, type, options.configs_root);
+    } catch (const lf::Error& e) {
+      LF_FAIL(lf::config::display_path(cfg_path), ": ", e.message(), lf::hint(e.hint()));
+    }
+  }();
+  HfModel out;
+  out.architecture = mapping.architecture();
+  out.config = config_from_json(j, mapping.impl(), lf::config::display_path(cfg_path));
+  const DecoderConfig& c = out.config;
+  const Weights w = open_weights(hf_dir);
+  const int64_t vocab_rows = c.padded_vocab_size(options.vocab_tp);
+  std::set<std::string> used;
+  for (const auto& p : plan(mapping.impl(), c)) {
+    std::vector<at::Tensor> in;
+    for (size_t k = 0; k < p.hf.size(); ++k) {
+      const std::string& name = p.hf[k];
+      auto it = w.tensors.find(name);
+      LF_CHECK(it != w.tensors.end(), "HF tensor '", name, "' (for ", p.lf, ") is missing from ",
+               hf_dir, " (", w.files, ")",
+               lf::hint("config.json does not describe these weights, or a file is incomplete"));
+      const auto& shape = it->second.second->shape;
+      LF_CHECK(shape == p.shapes[k], "HF tensor '", name, "' in ", it->second.first->source(),
+               " has shape ", shape_text(shape), ", but config.json implies ",
+               shape_text(p.shapes[k]), " (", p.rule->origin, ")",
+               lf::hint("config.json and the weights disagree: check hidden_size, "
+                        "intermediate_size, head counts, head_dim and vocab_size"));
+      in.push_back(w.load(name));
+      used.insert(name);
+    }
+    at::Tensor t = to_lf(p, std::move(in), c, vocab_rows);
+    if (options.dtype) t = t.to(*options.dtype);
+    out.tensors.emplace_back(p.lf, t);
+  }
+  const json fields = config_fields(c);
+  for (const auto& [name, where] : w.tensors) {
+    if (used.count(name)) continue;
+    bool ignored = false;
+    for (const auto& r : mapping.impl().ignore)
+      if (std::regex_match(name, r.pattern) && holds(r.when, fields, mapping.path())) ignored = true;
+    LF_CHECK(ignored, "HF tensor '", name, "' in ", where.first->source(),
+             " has no place in the ", mapping.model_type(), " mapping (", mapping.path(), ")",
+             lf::hint("config.json may not match the weights (e.g. num_hidden_layers), or the "
+                      "mapping lacks an entry (docs/conversion.md)"));
+  }
+  return out;
+}
+
+DecoderConfig load_hf_into(Decoder& decoder, const std::string& hf_dir,
+                           const std::string& configs_root) {
+  const DecoderConfig& want = decoder.config();
+  // Checked before the weights are read (config.json is small; the weights may be 100s of GB).
+  const DecoderConfig have = read_hf_config(hf_dir, nullptr, configs_root);
+  const auto diffs = model_differences(want, have);
+  if (!diffs.empty()) {
+    std::string list;
+    for (const auto& d : diffs) list += "\n  " + d.field + ": model " + d.ours + ", config.json " + d.theirs;
+    LF_FAIL("the HF model in ", hf_dir, " is not the configured model:", list,
+            lf::hint("choose the matching preset (configs/models/), or set these model.foundation "
+                     "fields to config.json's values"));
+  }
+  ReadOptions options;
+  options.configs_root = configs_root;
+  options.vocab_tp = decoder.tp_size();
+  HfModel m = read_hf(hf_dir, options);
+  decoder.load_full_parameters({m.tensors.begin(), m.tensors.end()});
+  return m.config;
+}
+
+void write_hf(const std::string& out_dir, const DecoderConfig& c, const NamedTensors& full,
+              const WriteOptions& options) {
+  const at::ScalarType dtype = options.dtype;
+  LF_CHECK(dtype == at::kBFloat16 || dtype == at::kHalf || dtype == at::kFloat,
+           "HF export dtype must be bf16, fp16 or fp32, got ", c10::toString(dtype));
+  const Mapping mapping = options.architecture.empty()
+                              ? mapping_for_config(c, options.configs_root)
+                              : mapping_for_architecture(options.architecture, "", options.configs_root);
+  const std::string config_text = hf_config_json(c, mapping, dtype);
+  std::map<std::string, at::Tensor> by_name;
+  for (const auto& [name, t] : full)
+    LF_CHECK(by_name.emplace(name, t).second, "tensor '", name, "' given twice");
+
+  // Every HF tensor (checked shapes), with its byte size, in mapping order.
+  struct Out {
+    const Planned* p;
+    size_t k;
+    std::vector<int64_t> shape;
+    uint64_t bytes;
+  };
+  const auto planned = plan(mapping.impl(), c);
+  std::vector<Out> outs;
+  std::set<std::string> used;
+  for (const auto& p : planned) {
+    auto it = by_name.find(p.lf);
+    LF_CHECK(it != by_name.end(), "the model lacks tensor '", p.lf, "', which the ",
+             mapping.model_type(), " mapping (", p.rule->origin, ") exports");
+    const at::Tensor& x = it->second;
+    auto want = lf_shape(p, c, x.dim() > 0 ? x.size(0) : 0);
+    const bool vocab_ok = p.rule->transform != "vocab" || x.size(0) >= c.vocab_size;
+    LF_CHECK(x.sizes().vec() == want && vocab_ok, "tensor '", p.lf, "' has shape ",
+             shape_text(x.sizes().vec()), ", but the configuration implies ", shape_text(want),
+             p.rule->transform == "vocab" ? " (at least vocab_size rows)" : "");
+    used.insert(p.lf);
+    for (size_t k = 0; k < p.hf.size(); ++k) {
+      int64_t n = 1;
+      for (auto d : p.shapes[k]) n *= d;
+      outs.push_back({&p, k, p.shapes[k], static_cast<uint64_t>(n) * c10::elementSize(dtype)});
+    }
+  }
+  for (const auto& [name, t] : full)
+    LF_CHECK(used.count(name), "tensor '", name, "' has no place in the ", mapping.model_type(),
+             " mapping (", mapping.path(), ")",
+             lf::hint("the configuration does not match the tensors (e.g. num_layers, "
+                      "untie_embeddings_and_output_weights)"));
+
+  // Shards as HF forms them: in order, a new one when the next tensor would overflow.
+  std::vector<std::vector<size_t>> shards(1);
+  uint64_t shard_bytes = 0, total = 0;
+  for (size_t i = 0; i < outs.size(); ++i) {
+    if (!shards.back().empty() && shard_bytes + outs[i].bytes > static_cast<uint64_t>(options.max_shard_bytes))
+      shards.emplace_back(), shard_bytes = 0;
+    shards.back().push_back(i);
+    shard_bytes += outs[i].bytes;
+    total += outs[i].bytes;
+  }
+  fs::create_directories(out_dir);
+  std::set<std::string> written{"config.json"};
+  json weight_map = json::object();
+  for (size_t s = 0; s < shards.size(); ++s) {
+    const std::string file = shards.size() == 1 ? "model.safetensors" : shard_name(s, shards.size());
+    // Materialise only this shard's tensors (bounded memory for large models).
+    std::vector<at::Tensor> keep;
+    st::Writer writer;
+    writer.set_metadata("format", "pt");
+    const Planned* last = nullptr;
+    std::vector<at::Tensor> parts;
+    for (size_t i : shards[s]) {
+      const Out& o = outs[i];
+      if (o.p != last) parts = to_hf(*o.p, by_name.at(o.p->lf).detach().cpu(), c), last = o.p;
+      at::Tensor t = parts[o.k].to(dtype).contiguous();
+      LF_CHECK(t.sizes().vec() == o.shape, "internal: ", o.p->hf[o.k], " came out as ",
+               shape_text(t.sizes().vec()), ", expected ", shape_text(o.shape));
+      keep.push_back(t);
+      writer.add(o.p->hf[o.k], file_dtype(dtype), o.shape, t.data_ptr());
+      weight_map[o.p->hf[o.k]] = file;
+    }
+    writer.write((fs::path(out_dir) / file).string());
+    written.insert(file);
+  }
+  if (shards.size() > 1) {
+    json index = {{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}};
+    write_text(fs::path(out_dir) / "model.safetensors.index.json", index.dump(2) + "\n");
+    written.insert("model.safetensors.index.json");
+  }
+  write_text(fs::path(out_dir) / "config.json", config_text);
+  // Weight files of an earlier export would contradict the new index (or shadow it).
+  for (const auto& e : fs::directory_iterator(out_dir)) {
+    const std::string name = e.path().filename().string();
+    if (is_weight_file(name) && !written.count(name)) fs::remove(e.path());
+  }
+}
+
+}  // namespace lf::models::hf

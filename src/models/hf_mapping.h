@@ -1,0 +1,80 @@
+// Internal to the HF adapter: the parsed form of a family's hf.yaml (Mapping::Impl), the
+// config.json <-> DecoderConfig translation and the shape expressions. Not a public header; the
+// API is include/loongforge/models/hf_adapter.h.
+#pragma once
+
+#include <map>
+#include <nlohmann/json.hpp>
+#include <regex>
+#include <string>
+#include <vector>
+
+#include "loongforge/core/config/node.h"
+#include "loongforge/models/hf_adapter.h"
+
+namespace lf::models::hf {
+
+using json = nlohmann::json;
+
+struct HfTensorSpec {
+  std::string name;                // may contain <i>
+  std::vector<std::string> shape;  // sums of products of symbols / integers: "nq*d", "2*f"
+};
+
+struct TensorRule {
+  std::string lf;  // may contain <i>
+  std::vector<HfTensorSpec> hf;
+  std::string transform = "copy";  // copy | vocab | qkv | concat
+  std::string when;                // "" | field | !field
+  std::string origin;              // file:line of the entry, for messages
+  bool per_layer() const { return lf.find("<i>") != std::string::npos; }
+};
+
+struct IgnoreRule {
+  std::regex pattern;
+  std::string text, when;
+};
+
+struct ConfigKey {
+  std::string hf_key, field;
+  bool negate = false;
+  bool has_default = false;
+  json default_value;
+};
+
+struct RopeScaling {
+  std::string type, flag;
+  std::vector<std::pair<std::string, std::string>> fields;  // HF key -> foundation field
+};
+
+struct Mapping::Impl {
+  std::string path, architecture, model_type;
+  std::vector<std::pair<std::string, json>> fixed;      // foundation field -> value
+  std::vector<std::pair<std::string, json>> constants;  // config.json key -> value
+  std::vector<ConfigKey> config;
+  std::string rope_theta_field;
+  std::vector<RopeScaling> rope_scaling;
+  std::vector<TensorRule> tensors;
+  std::vector<IgnoreRule> ignore;
+};
+
+// Every field of the config as JSON (int64 / double / bool / string), with kv_channels and
+// num_query_groups resolved (head_dim(), query_groups()).
+json config_fields(const DecoderConfig& config);
+// `when` of a rule: "" is true; "x" / "!x" read the boolean field x.
+bool holds(const std::string& when, const json& fields, const std::string& where);
+
+// config.json (parsed) -> DecoderConfig, validated; `source` names the file in messages.
+DecoderConfig config_from_json(const json& j, const Mapping::Impl& m, const std::string& source);
+json config_to_json(const DecoderConfig& config, const Mapping::Impl& m, at::ScalarType dtype);
+
+// A JSON file; errors name it.
+json read_json_file(const std::string& path);
+
+// Shape expressions: the symbols h, f, nq, nkv, d, vocab, layers.
+std::map<std::string, int64_t> shape_symbols(const DecoderConfig& config);
+std::vector<int64_t> eval_shape(const std::vector<std::string>& shape,
+                                const std::map<std::string, int64_t>& symbols);
+std::string shape_text(const std::vector<int64_t>& shape);  // "[64, 32]"
+
+}  // namespace lf::models::hf

@@ -1,0 +1,92 @@
+"""HF transformers oracle for the HF conversion parity tests (tests/models/test_hf_parity.cpp).
+Python is a test oracle only; LoongForge never runs it.
+
+  hf_oracle.py make OUT
+      For each family (llama, qwen2, qwen3): a tiny random model (fixed seed, GQA, vocabulary 200
+      so LoongForge pads it, every norm weight and bias random too), saved with save_pretrained to
+      OUT/<family>/hf (fp32, sharded with an index for llama) and OUT/<family>/hf_bf16 (bf16,
+      sharded), and OUT/<family>/logits.safetensors: input_ids [2, 9] int64, logits [2, 9, 200]
+      fp32 of the fp32 model.
+  hf_oracle.py logits DIR IDS OUT [DIR IDS OUT ...]
+      Loads DIR with AutoModelForCausalLM (fp32) and writes its logits for IDS's input_ids to OUT.
+"""
+import os
+import sys
+
+import torch
+from safetensors.torch import load_file, save_file
+from transformers import (AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, Qwen2Config,
+                          Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM)
+
+VOCAB = 200
+COMMON = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+              num_key_value_heads=2, vocab_size=VOCAB, max_position_embeddings=64)
+
+
+def families():
+    return {
+        # Untied, llama3 RoPE scaling (original context 32: head_dim 16 has frequencies on both
+        # sides of the scaled band and in it).
+        "llama": (LlamaForCausalLM, LlamaConfig(
+            **COMMON, rms_norm_eps=1e-5, tie_word_embeddings=False, rope_theta=500000.0,
+            rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                          "high_freq_factor": 4.0, "original_max_position_embeddings": 32})),
+        # Tied embeddings, QKV bias.
+        "qwen2": (Qwen2ForCausalLM, Qwen2Config(
+            **COMMON, rms_norm_eps=1e-6, tie_word_embeddings=True, rope_theta=1000000.0)),
+        # Untied, QK RMSNorm, head_dim 32 != hidden / heads.
+        "qwen3": (Qwen3ForCausalLM, Qwen3Config(
+            **COMMON, head_dim=32, rms_norm_eps=1e-6, tie_word_embeddings=False,
+            rope_theta=1000000.0)),
+    }
+
+
+def randomize(model, seed):
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            noise = torch.randn(p.shape, generator=g)
+            if name.endswith("norm.weight"):
+                p.copy_(1.0 + 0.2 * noise)
+            elif name.endswith("bias"):
+                p.copy_(0.1 * noise)
+            else:
+                p.copy_(0.05 * noise)
+
+
+def logits_of(model, ids):
+    with torch.no_grad():
+        return model(input_ids=ids).logits.float().contiguous()
+
+
+def make(out):
+    ids = torch.randint(0, VOCAB, (2, 9), generator=torch.Generator().manual_seed(7))
+    for seed, (family, (cls, config)) in enumerate(families().items()):
+        torch.manual_seed(seed)
+        config.architectures = [cls.__name__]
+        model = cls(config).float().eval()
+        randomize(model, 100 + seed)
+        d = os.path.join(out, family)
+        shard = "20KB" if family == "llama" else "50GB"
+        model.save_pretrained(os.path.join(d, "hf"), max_shard_size=shard)
+        save_file({"input_ids": ids, "logits": logits_of(model, ids)},
+                  os.path.join(d, "logits.safetensors"))
+        model.to(torch.bfloat16).save_pretrained(os.path.join(d, "hf_bf16"), max_shard_size="30KB")
+
+
+def logits(triplets):
+    for i in range(0, len(triplets), 3):
+        d, ids_file, out = triplets[i:i + 3]
+        model = AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32).eval()
+        ids = load_file(ids_file)["input_ids"]
+        save_file({"input_ids": ids, "logits": logits_of(model, ids)}, out)
+
+
+if __name__ == "__main__":
+    torch.set_num_threads(1)
+    if len(sys.argv) == 3 and sys.argv[1] == "make":
+        make(sys.argv[2])
+    elif len(sys.argv) >= 5 and sys.argv[1] == "logits" and len(sys.argv[2:]) % 3 == 0:
+        logits(sys.argv[2:])
+    else:
+        sys.exit(__doc__)

@@ -1,0 +1,519 @@
+// HF conversion against HF transformers (tests/models/hf_oracle.py, Python as an oracle only):
+// tiny random llama / qwen2 / qwen3 models built and saved by transformers, read by the HF adapter
+// (models/hf_adapter.h), loaded into lf::models::Decoder at TP=1 and TP=2: our logits equal
+// transformers' fp32 logits within 1e-4. Exporting what we read (library, and loongforge-convert
+// hf2lf at TP=2 + lf2hf) reproduces every tensor bit for bit (fp32 and bf16, sharded) and
+// transformers loads the export with the same logits. Broken
+// inputs (missing shard, shapes that contradict config.json, unknown architecture, unsupported
+// config values, stray tensors) are lf::Errors naming the file and tensor (these and the
+// fused-layout test run without Python).
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <tuple>
+
+#include <unistd.h>
+#include <nlohmann/json.hpp>
+
+#include "../parallel/tp_testing.h"
+#include "loongforge/backend/registry.h"
+#include "loongforge/core/config/schema.h"
+#include "loongforge/core/config/yaml.h"
+#include "loongforge/core/error.h"
+#include "loongforge/core/safetensors.h"
+#include "loongforge/models/decoder.h"
+#include "loongforge/models/hf_adapter.h"
+#include "multiprocess.h"
+
+namespace {
+namespace fs = std::filesystem;
+namespace hf = lf::models::hf;
+using nlohmann::json;
+
+const char* kFamilies[] = {"llama", "qwen2", "qwen3"};
+
+std::string python() { return lf::testing::source_dir() + "/.venv/bin/python"; }
+std::string oracle_script() { return lf::testing::source_dir() + "/tests/models/hf_oracle.py"; }
+
+// Skips (rather than fails) only when Python or transformers is genuinely missing.
+bool missing_python(const std::string& output) {
+  return output.find("No module named 'transformers'") != std::string::npos ||
+         output.find("No module named 'torch'") != std::string::npos;
+}
+
+std::string read_text(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+// The oracle's models: "" when transformers is unavailable. Made once and cached in the build tree
+// under a name keyed by the script's text (ctest runs every case in its own process, and the
+// oracle takes ~15 s): written to a temporary directory, then renamed into place, so concurrent
+// test processes either win the rename or use the winner's.
+const std::string& oracle_dir() {
+  static const std::string dir = []() -> std::string {
+    if (!fs::exists(python())) return "";
+    const std::string key = std::to_string(std::hash<std::string>{}(read_text(oracle_script())));
+    const std::string cache = lf::testing::binary_dir() + "/test-cache/hf_oracle-" + key;
+    if (fs::exists(cache + "/qwen3/logits.safetensors")) return cache;
+    const std::string tmp = cache + ".tmp-" + std::to_string(::getpid());
+    std::error_code ec;
+    fs::remove_all(tmp, ec);
+    fs::create_directories(tmp);
+    auto r = lf::testing::run_command({python(), oracle_script(), "make", tmp}, {},
+                                      std::chrono::seconds(240));
+    if (!r.ok() && missing_python(r.output)) return "";
+    EXPECT_TRUE(r.ok()) << r.output;
+    if (!r.ok()) return tmp;
+    fs::rename(tmp, cache, ec);  // fails harmlessly when another process got there first
+    if (ec) fs::remove_all(tmp, ec);
+    return cache;
+  }();
+  return dir;
+}
+
+#define REQUIRE_ORACLE()                                                                  \
+  if (oracle_dir().empty()) GTEST_SKIP() << "transformers is not installed in " << python(); \
+  ASSERT_TRUE(fs::exists(oracle_dir() + "/qwen3/logits.safetensors"))
+
+at::Tensor read_tensor(const std::string& file, const std::string& name) {
+  auto r = lf::safetensors::Reader::open(file);
+  const auto& info = r.at(name);
+  auto dtype = info.dtype == lf::safetensors::DType::I64 ? at::kLong : at::kFloat;
+  auto t = at::empty(info.shape, at::TensorOptions().dtype(dtype));
+  std::memcpy(t.data_ptr(), r.data(info), info.end - info.begin);
+  return t;
+}
+
+// Our logits for the oracle's input ids, [b, s, vocab] like transformers'; returns max |ours - HF|.
+double logits_difference(const std::string& family, const lf::dist::ParallelContext* ctx) {
+  const std::string d = oracle_dir() + "/" + family;
+  // As a program loading an HF directory does: the model from config.json, then its weights.
+  lf::models::Decoder decoder(hf::read_hf_config(d + "/hf"), lf::backend::cpu_backend(), 1,
+                              at::kFloat, ctx);
+  decoder.set_training(false);
+  hf::load_hf_into(decoder, d + "/hf");
+  auto ids = read_tensor(d + "/logits.safetensors", "input_ids");
+  auto want = read_tensor(d + "/logits.safetensors", "logits");
+  at::NoGradGuard no_grad;
+  auto got = decoder.forward(ids).permute({1, 0, 2});  // [s, b, v] -> [b, s, v]
+  EXPECT_EQ(got.sizes(), want.sizes());
+  EXPECT_GT(want.abs().max().item<double>(), 0.1);  // a real signal, not all zeros
+  return lf::testing::max_abs_diff(got, want);
+}
+
+// fp32 end to end; the only differences are the order of floating-point reductions (fused
+// RMSNorm, SDPA vs eager attention, TP partial sums): ~1e-6 on O(1) logits. A wrong layout,
+// bias, norm or RoPE is O(0.1) or more.
+constexpr double kTolerance = 1e-4;
+
+TEST(HfParity, LogitsMatchTransformers) {
+  REQUIRE_ORACLE();
+  for (const char* family : kFamilies) {
+    const double diff = logits_difference(family, nullptr);
+    std::printf("[hf parity] %s TP=1: max |logits - transformers| = %.3g\n", family, diff);
+    RecordProperty(std::string(family) + "_tp1_max_abs_diff", std::to_string(diff));
+    EXPECT_LE(diff, kTolerance) << family;
+  }
+}
+
+LF_WORKER_CASE(hf_parity_tp2) {
+  const std::string dir = lf::testing::worker_args().at(0);
+  auto ctx = lf::testing::make_context(2);
+  for (const char* family : kFamilies) {
+    // oracle_dir() is this process's; the parent's directory comes as an argument.
+    const std::string d = dir + "/" + family;
+    // The full tensors (vocabulary padded for TP 2) into this rank's shards.
+    hf::ReadOptions ro;
+    ro.vocab_tp = 2;
+    auto m = hf::read_hf(d + "/hf", ro);
+    lf::models::Decoder decoder(m.config, lf::backend::cpu_backend(), 1, at::kFloat, ctx.get());
+    decoder.set_training(false);
+    decoder.load_full_parameters({m.tensors.begin(), m.tensors.end()});
+    auto ids = read_tensor(d + "/logits.safetensors", "input_ids");
+    auto want = read_tensor(d + "/logits.safetensors", "logits");
+    at::NoGradGuard no_grad;
+    auto got = decoder.forward(ids).permute({1, 0, 2});
+    ASSERT_EQ(got.sizes(), want.sizes());
+    const double diff = lf::testing::max_abs_diff(got, want);
+    std::printf("[hf parity] %s TP=2 rank %d: max |logits - transformers| = %.3g\n", family,
+                lf::testing::worker_rank(), diff);
+    EXPECT_LE(diff, kTolerance) << family;
+  }
+}
+
+TEST(HfParity, LogitsMatchTransformersAtTp2) {
+  REQUIRE_ORACLE();
+  auto results = lf::testing::run_workers("hf_parity_tp2", {.world_size = 2, .args = {oracle_dir()}});
+  lf::testing::expect_all_ok(results);
+  for (const auto& r : results)
+    for (size_t at = r.output.find("[hf parity]"); at != std::string::npos;
+         at = r.output.find("[hf parity]", at + 1))
+      std::printf("%s\n", r.output.substr(at, r.output.find('\n', at) - at).c_str());
+}
+
+// name -> (dtype, shape, bytes) of every tensor of an HF directory.
+using Contents = std::map<std::string, std::tuple<std::string, std::vector<int64_t>, std::string>>;
+Contents contents(const std::string& dir) {
+  Contents out;
+  for (const auto& f : fs::directory_iterator(dir)) {
+    if (f.path().extension() != ".safetensors") continue;
+    auto r = lf::safetensors::Reader::open(f.path().string());
+    for (const auto& t : r.tensors()) {
+      std::string bytes(reinterpret_cast<const char*>(r.data(t)), t.end - t.begin);
+      EXPECT_TRUE(out.emplace(t.name, std::make_tuple(std::string(lf::safetensors::dtype_name(t.dtype)),
+                                                      t.shape, std::move(bytes))).second)
+          << t.name << " twice in " << dir;
+    }
+  }
+  return out;
+}
+
+void expect_same_tensors(const std::string& src, const std::string& dst) {
+  auto want = contents(src), got = contents(dst);
+  ASSERT_EQ(got.size(), want.size()) << dst;
+  for (const auto& [name, value] : want) {
+    auto it = got.find(name);
+    ASSERT_NE(it, got.end()) << name;
+    EXPECT_EQ(std::get<0>(it->second), std::get<0>(value)) << name;
+    EXPECT_EQ(std::get<1>(it->second), std::get<1>(value)) << name;
+    EXPECT_TRUE(std::get<2>(it->second) == std::get<2>(value)) << name << " differs in " << dst;
+  }
+}
+
+// lf2hf(hf2lf(x)) == x for transformers' own files, through the library (read_hf + write_hf)
+// and through the programs (loongforge-convert hf2lf at TP=2 into a native checkpoint, lf2hf
+// back); transformers loads the program's export with identical logits.
+TEST(HfRoundTrip, ExportReproducesEveryTensorAndLoadsInTransformers) {
+  REQUIRE_ORACLE();
+  const std::string convert = lf::testing::binary_dir() + "/bin/loongforge-convert";
+  const std::string out = lf::testing::make_temp_dir("hf_roundtrip");
+  std::vector<std::string> oracle_args{python(), oracle_script(), "logits"};
+  for (const char* family : kFamilies) {
+    for (const std::string variant : {"hf", "hf_bf16"}) {
+      SCOPED_TRACE(std::string(family) + "/" + variant);
+      const std::string src = oracle_dir() + "/" + family + "/" + variant;
+      const std::string dtype = variant == "hf" ? "fp32" : "bf16";
+      // Library.
+      auto m = hf::read_hf(src);  // the files' dtype is kept
+      hf::WriteOptions wo;
+      wo.dtype = variant == "hf" ? at::kFloat : at::kBFloat16;
+      wo.max_shard_bytes = 40'000;  // several shards + an index
+      const std::string lib = out + "/" + family + "_" + variant + "_lib";
+      hf::write_hf(lib, m.config, m.tensors, wo);
+      EXPECT_TRUE(fs::exists(lib + "/model.safetensors.index.json"));
+      expect_same_tensors(src, lib);
+      EXPECT_EQ(hf::model_section_yaml(hf::read_hf_config(lib)), hf::model_section_yaml(m.config));
+      // Programs.
+      const std::string ckpt = out + "/" + family + "_" + variant + "_ckpt",
+                        prog = out + "/" + family + "_" + variant + "_prog";
+      auto r = lf::testing::run_command({convert, "hf2lf", "--hf-dir", src, "--out", ckpt, "--tp", "2"});
+      ASSERT_TRUE(r.ok()) << r.output;
+      r = lf::testing::run_command({convert, "lf2hf", "--load", ckpt, "--out", prog, "--dtype", dtype});
+      ASSERT_TRUE(r.ok()) << r.output;
+      expect_same_tensors(src, prog);
+      if (variant == "hf")
+        for (const std::string& s : {prog, oracle_dir() + "/" + family + "/logits.safetensors",
+                                     out + "/" + family + "_logits.safetensors"})
+          oracle_args.push_back(s);
+    }
+  }
+  auto r = lf::testing::run_command(oracle_args, {}, std::chrono::seconds(240));
+  ASSERT_TRUE(r.ok()) << r.output;
+  for (const char* family : kFamilies) {
+    auto want = read_tensor(oracle_dir() + "/" + family + "/logits.safetensors", "logits");
+    auto got = read_tensor(out + "/" + family + "_logits.safetensors", "logits");
+    // Bit-identical weights through the same transformers code: identical logits.
+    EXPECT_EQ(lf::testing::max_abs_diff(got, want), 0.0) << family;
+  }
+}
+
+// A model directory to break, independent of Python: the family's tiny preset with random
+// weights, written by the adapter (llama sharded with an index, the others one file).
+std::string copy_model(const std::string& family, const std::string& tag) {
+  auto node = lf::config::parse_yaml_file(lf::testing::source_dir() + "/configs/models/" + family +
+                                          "/tiny.yaml");
+  auto c = lf::config::load<lf::models::DecoderConfig>(node, "model.foundation");
+  lf::models::Decoder model(c, lf::backend::cpu_backend(), 9, at::kFloat);
+  hf::NamedTensors full;
+  for (const auto& p : model.parameters()) full.emplace_back(p.name, p.tensor.detach());
+  const std::string d = lf::testing::make_temp_dir("hf_broken_" + tag);
+  hf::WriteOptions wo;
+  wo.dtype = at::kFloat;
+  if (family == "llama") wo.max_shard_bytes = 20'000;
+  hf::write_hf(d, c, full, wo);
+  return d;
+}
+
+void edit_config(const std::string& dir, const std::function<void(json&)>& edit) {
+  json j;
+  std::ifstream(dir + "/config.json") >> j;
+  edit(j);
+  std::ofstream(dir + "/config.json") << j.dump(2);
+}
+
+// The lf::Error message of read_hf(dir); fails the test when it does not throw.
+std::string read_error(const std::string& dir) {
+  try {
+    hf::read_hf(dir);
+  } catch (const lf::Error& e) {
+    return e.what();
+  }
+  ADD_FAILURE() << "read_hf(" << dir << ") did not throw";
+  return "";
+}
+
+#define EXPECT_MENTIONS(text, part) \
+  EXPECT_NE((text).find(part), std::string::npos) << "expected '" << (part) << "' in: " << (text)
+
+TEST(HfErrors, MissingShardNamesTheFile) {
+  const std::string d = copy_model("llama", "shard");  // sharded: model-0000i-of-0000n + index
+  EXPECT_TRUE(hf::is_hf_model_dir(d));
+  EXPECT_FALSE(hf::is_hf_model_dir(d + "/nowhere"));
+  json index;
+  std::ifstream(d + "/model.safetensors.index.json") >> index;
+  const std::string shard = index["weight_map"]["model.layers.1.mlp.up_proj.weight"];
+  ASSERT_NE(shard, "model-00001-of-00001.safetensors");
+  fs::remove(d + "/" + shard);
+  const std::string e = read_error(d);
+  EXPECT_MENTIONS(e, shard);
+  EXPECT_MENTIONS(e, "model.safetensors.index.json");
+}
+
+TEST(HfErrors, ShapesThatContradictConfigNameTheTensor) {
+  const std::string d = copy_model("qwen3", "shape");
+  edit_config(d, [](json& j) { j["intermediate_size"] = 128; });  // tiny: 176
+  const std::string e = read_error(d);
+  EXPECT_MENTIONS(e, "model.layers.0.mlp.gate_proj.weight");
+  EXPECT_MENTIONS(e, "[176, 64]");
+  EXPECT_MENTIONS(e, "[128, 64]");
+  EXPECT_MENTIONS(e, "model.safetensors");
+}
+
+TEST(HfErrors, UnknownArchitectureNamesConfigAndKnownFamilies) {
+  const std::string d = copy_model("qwen2", "arch");
+  edit_config(d, [](json& j) {
+    j["architectures"] = {"FooForCausalLM"};
+    j["model_type"] = "foo";
+  });
+  const std::string e = read_error(d);
+  EXPECT_MENTIONS(e, "FooForCausalLM");
+  EXPECT_MENTIONS(e, "config.json");
+  EXPECT_MENTIONS(e, "Qwen3ForCausalLM");
+}
+
+TEST(HfErrors, UnsupportedConfigValuesAndStrayTensors) {
+  const std::string a = copy_model("qwen3", "bias");
+  edit_config(a, [](json& j) { j["attention_bias"] = true; });
+  EXPECT_MENTIONS(read_error(a), "attention_bias");
+  const std::string r = copy_model("qwen2", "rope");
+  edit_config(r, [](json& j) { j["rope_scaling"] = {{"rope_type", "yarn"}, {"factor", 4.0}}; });
+  EXPECT_MENTIONS(read_error(r), "yarn");
+  // One layer fewer in config.json than in the weights: layer 1's tensors have no place.
+  const std::string l = copy_model("llama", "layers");
+  edit_config(l, [](json& j) { j["num_hidden_layers"] = 1; });
+  EXPECT_MENTIONS(read_error(l), "model.layers.1.");
+  // No weights at all.
+  const std::string n = copy_model("qwen2", "none");
+  fs::remove(n + "/model.safetensors");
+  EXPECT_MENTIONS(read_error(n), "no model.safetensors");
+}
+
+std::string replace_once(std::string text, const std::string& from, const std::string& to) {
+  const auto at = text.find(from);
+  EXPECT_NE(at, std::string::npos) << "'" << from << "' not in the mapping";
+  return at == std::string::npos ? text : text.replace(at, from.size(), to);
+}
+
+// Fused HF layouts (one qkv_proj = [q; k; v], one gate_up_proj = [gate; up], as e.g. Phi-3 stores
+// them) are data too: a mapping declaring them exports and imports the model's tensors exactly,
+// and its fused tensors are the unfused family's tensors stacked.
+TEST(HfMapping, FusedQkvAndGateUpAreData) {
+  const std::string root = lf::testing::make_temp_dir("hf_fused_configs");
+  const std::string llama = read_text(lf::testing::source_dir() + "/configs/models/llama/hf.yaml");
+  std::string fused = replace_once(llama, "architecture: LlamaForCausalLM", "architecture: FusedLlama");
+  fused = replace_once(fused, "model_type: llama", "model_type: fused_llama");
+  const std::string unfused_qkv =
+      "      - {name: model.layers.<i>.self_attn.q_proj.weight, shape: [nq*d, h]}\n"
+      "      - {name: model.layers.<i>.self_attn.k_proj.weight, shape: [nkv*d, h]}\n"
+      "      - {name: model.layers.<i>.self_attn.v_proj.weight, shape: [nkv*d, h]}\n";
+  fused = replace_once(fused, unfused_qkv,
+                       "      - {name: model.layers.<i>.self_attn.qkv_proj.weight, shape: [nq*d + 2*nkv*d, h]}\n");
+  fused = replace_once(fused,
+                       "      - {name: model.layers.<i>.mlp.gate_proj.weight, shape: [f, h]}\n"
+                       "      - {name: model.layers.<i>.mlp.up_proj.weight, shape: [f, h]}\n",
+                       "      - {name: model.layers.<i>.mlp.gate_up_proj.weight, shape: [2*f, h]}\n");
+  for (const auto& [family, text] : {std::pair{"llama", llama}, std::pair{"fused", fused}}) {
+    fs::create_directories(root + "/models/" + family);
+    std::ofstream(root + "/models/" + family + "/hf.yaml") << text;
+  }
+  lf::models::DecoderConfig c;
+  c.num_layers = 2;
+  c.hidden_size = 32;
+  c.ffn_hidden_size = 48;
+  c.num_attention_heads = 4;
+  c.num_query_groups = 2;
+  c.vocab_size = 50;
+  c.max_position_embeddings = 16;
+  c.untie_embeddings_and_output_weights = true;
+  lf::models::Decoder model(c, lf::backend::cpu_backend(), 5, at::kFloat);
+  hf::NamedTensors full;
+  for (const auto& p : model.parameters()) full.emplace_back(p.name, p.tensor.detach().clone());
+  const std::string out = lf::testing::make_temp_dir("hf_fused");
+  for (const char* arch : {"LlamaForCausalLM", "FusedLlama"}) {
+    hf::WriteOptions wo;
+    wo.configs_root = root;
+    wo.architecture = arch;
+    wo.dtype = at::kFloat;
+    hf::write_hf(out + "/" + arch, c, full, wo);
+    hf::ReadOptions ro;
+    ro.configs_root = root;
+    auto back = hf::read_hf(out + "/" + arch, ro);
+    EXPECT_EQ(back.architecture, arch);
+    ASSERT_EQ(back.tensors.size(), full.size());
+    for (size_t i = 0; i < full.size(); ++i) {
+      EXPECT_EQ(back.tensors[i].first, full[i].first);
+      EXPECT_TRUE(at::equal(back.tensors[i].second, full[i].second)) << arch << " " << full[i].first;
+    }
+  }
+  const std::string a = out + "/LlamaForCausalLM/model.safetensors",
+                    b = out + "/FusedLlama/model.safetensors";
+  for (const std::string layer : {"model.layers.0.", "model.layers.1."}) {
+    auto qkv = read_tensor(b, layer + "self_attn.qkv_proj.weight");
+    EXPECT_TRUE(at::equal(qkv, at::cat({read_tensor(a, layer + "self_attn.q_proj.weight"),
+                                        read_tensor(a, layer + "self_attn.k_proj.weight"),
+                                        read_tensor(a, layer + "self_attn.v_proj.weight")})));
+    auto gate_up = read_tensor(b, layer + "mlp.gate_up_proj.weight");
+    EXPECT_TRUE(at::equal(gate_up, at::cat({read_tensor(a, layer + "mlp.gate_proj.weight"),
+                                            read_tensor(a, layer + "mlp.up_proj.weight")})));
+  }
+  // Ours is the per-group interleaved layout, not HF's [q; k; v]: the two differ.
+  EXPECT_FALSE(at::equal(full[2].second, read_tensor(b, "model.layers.0.self_attn.qkv_proj.weight")))
+      << full[2].first;
+}
+
+// Loading an HF directory into a decoder configured for another model is an error listing every
+// difference, raised before any weight is read.
+TEST(HfErrors, LoadIntoAMismatchedDecoderListsTheDifferences) {
+  const std::string d = copy_model("qwen3", "mismatch");
+  auto c = hf::read_hf_config(d);
+  c.ffn_hidden_size = 128;
+  c.norm_epsilon = 1e-5;
+  lf::models::Decoder decoder(c, lf::backend::cpu_backend(), 1, at::kFloat);
+  try {
+    hf::load_hf_into(decoder, d);
+    ADD_FAILURE() << "no error";
+  } catch (const lf::Error& e) {
+    const std::string what = e.what();
+    EXPECT_MENTIONS(what, "ffn_hidden_size: model 128, config.json 176");
+    EXPECT_MENTIONS(what, "norm_epsilon");
+  }
+  // The matching decoder loads, and holds the file's weights.
+  lf::models::Decoder ok(hf::read_hf_config(d), lf::backend::cpu_backend(), 1, at::kFloat);
+  hf::load_hf_into(ok, d);
+  auto m = hf::read_hf(d);
+  for (size_t i = 0; i < m.tensors.size(); ++i)
+    EXPECT_TRUE(at::equal(ok.parameters()[i].tensor.detach(), m.tensors[i].second))
+        << m.tensors[i].first;
+}
+
+// Rewrites dir/model.safetensors with `extra` added and `drop` left out.
+void rewrite_weights(const std::string& dir, const std::string& drop,
+                     const std::vector<std::pair<std::string, at::Tensor>>& extra) {
+  const std::string path = dir + "/model.safetensors";
+  std::string bytes = read_text(path);  // the Writer below must not read the file it replaces
+  auto r = lf::safetensors::Reader::from_bytes(bytes, path);
+  lf::safetensors::Writer w;
+  for (const auto& t : r.tensors())
+    if (t.name != drop) w.add(t.name, t.dtype, t.shape, r.data(t));
+  for (const auto& [name, t] : extra)
+    w.add(name, lf::safetensors::DType::F32, t.sizes().vec(), t.data_ptr());
+  w.write(path);
+}
+
+// A tied model whose file nevertheless stores lm_head.weight (some exports do) reads fine; an
+// untied one without it is an error naming the tensor.
+TEST(HfErrors, TiedLmHeadIgnoredMissingTensorNamed) {
+  const std::string tied = copy_model("qwen3", "tied");  // tiny qwen3: tied embeddings
+  auto before = hf::read_hf(tied);
+  auto head = at::randn({256, 64});
+  rewrite_weights(tied, "", {{"lm_head.weight", head}});
+  auto after = hf::read_hf(tied);
+  ASSERT_EQ(after.tensors.size(), before.tensors.size());
+  EXPECT_FALSE(after.config.untie_embeddings_and_output_weights);
+  const std::string untied = copy_model("qwen2", "untied");  // tiny qwen2: untied
+  rewrite_weights(untied, "lm_head.weight", {});
+  const std::string e = read_error(untied);
+  EXPECT_MENTIONS(e, "lm_head.weight");
+  EXPECT_MENTIONS(e, "output_layer.weight");
+  EXPECT_MENTIONS(e, "missing");
+}
+
+// config.json keys: transformers 4 style (rope_theta + rope_scaling) as published checkpoints
+// have them, and transformers 5 style (rope_parameters) as the oracle writes them.
+TEST(HfConfig, ReadsBothRopeStylesAndExportsWhatItReads) {
+  const std::string d = lf::testing::make_temp_dir("hf_config");
+  std::ofstream(d + "/config.json") << R"({
+    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 4096,
+    "intermediate_size": 14336, "num_hidden_layers": 32, "num_attention_heads": 32,
+    "num_key_value_heads": 8, "vocab_size": 128256, "max_position_embeddings": 131072,
+    "rms_norm_eps": 1e-05, "rope_theta": 500000.0, "tie_word_embeddings": false,
+    "attention_bias": false, "mlp_bias": false, "hidden_act": "silu",
+    "rope_scaling": {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                     "original_max_position_embeddings": 8192, "rope_type": "llama3"}})";
+  auto c = hf::read_hf_config(d);
+  EXPECT_EQ(c.num_parameters(), 8'030'261'248);  // Llama-3.1-8B
+  EXPECT_TRUE(c.rope_scaling);
+  EXPECT_DOUBLE_EQ(c.rotary_base, 500000.0);
+  EXPECT_EQ(c.rope_scaling_original_max_position_embeddings, 8192);
+  EXPECT_TRUE(c.untie_embeddings_and_output_weights);
+  EXPECT_DOUBLE_EQ(c.norm_epsilon, 1e-5);
+  auto j = json::parse(hf::hf_config_json(c, hf::mapping_for_config(c), at::kBFloat16));
+  EXPECT_EQ(j["architectures"][0], "LlamaForCausalLM");
+  EXPECT_EQ(j["rope_scaling"]["rope_type"], "llama3");
+  EXPECT_EQ(j["num_key_value_heads"], 8);
+  EXPECT_EQ(j["tie_word_embeddings"], false);
+  EXPECT_EQ(j["torch_dtype"], "bfloat16");
+
+  // A model no family can express is an error that says why.
+  lf::models::DecoderConfig odd = c;
+  odd.add_qkv_bias = true;
+  odd.rope_scaling = true;  // Qwen2 has QKV bias but no llama3 scaling; Llama has no QKV bias
+  try {
+    hf::mapping_for_config(odd);
+    ADD_FAILURE() << "no error";
+  } catch (const lf::Error& e) {
+    EXPECT_MENTIONS(std::string(e.what()), "no HF family can express");
+    EXPECT_MENTIONS(std::string(e.what()), "rope_scaling");
+  }
+  // Qwen2's config.json has no head_dim: a head dimension other than hidden / heads is lost.
+  lf::models::DecoderConfig q = c;
+  q.add_qkv_bias = true;
+  q.rope_scaling = false;
+  q.kv_channels = 64;
+  try {
+    hf::hf_config_json(q, hf::mapping_for_architecture("Qwen2ForCausalLM"), at::kFloat);
+    ADD_FAILURE() << "no error";
+  } catch (const lf::Error& e) {
+    EXPECT_MENTIONS(std::string(e.what()), "kv_channels");
+  }
+}
+
+TEST(HfConfig, OracleConfigsUseTransformers5Keys) {
+  REQUIRE_ORACLE();
+  json j;
+  std::ifstream(oracle_dir() + "/llama/hf/config.json") >> j;
+  if (!j.contains("rope_parameters")) GTEST_SKIP() << "transformers < 5 writes rope_scaling";
+  auto c = hf::read_hf_config(oracle_dir() + "/llama/hf");
+  EXPECT_TRUE(c.rope_scaling);
+  EXPECT_EQ(c.rope_scaling_original_max_position_embeddings, 32);
+  EXPECT_DOUBLE_EQ(c.rotary_base, 500000.0);
+}
+
+}  // namespace

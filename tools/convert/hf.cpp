@@ -1,0 +1,122 @@
+// hf2lf and lf2hf: HF transformers directories <-> native LoongForge checkpoints, through the
+// family mappings of models/hf_adapter.h and the offline entry points of train/checkpoint.h.
+#include <ATen/core/Tensor.h>
+
+#include <cctype>
+#include <cstdio>
+#include <filesystem>
+#include <map>
+
+#include "commands.h"
+#include "loongforge/core/error.h"
+#include "loongforge/models/hf_adapter.h"
+#include "loongforge/train/checkpoint.h"
+
+namespace lf::tools::convert {
+namespace {
+namespace hf = lf::models::hf;
+
+at::ScalarType parse_dtype(const std::string& s) {
+  static const std::map<std::string, at::ScalarType> names{
+      {"bf16", at::kBFloat16}, {"bfloat16", at::kBFloat16}, {"fp16", at::kHalf},
+      {"float16", at::kHalf},  {"fp32", at::kFloat},        {"float32", at::kFloat}};
+  auto it = names.find(s);
+  LF_CHECK(it != names.end(), "unknown --dtype '", s, "'", lf::hint("bf16, fp16 or fp32"));
+  return it->second;
+}
+
+// "5GB", "500MB", "2GiB", "123" (bytes), as HF's max_shard_size.
+int64_t parse_size(const std::string& s) {
+  size_t digits = 0;
+  while (digits < s.size() && (std::isdigit(static_cast<unsigned char>(s[digits])) || s[digits] == '.'))
+    ++digits;
+  static const std::map<std::string, double> units{
+      {"", 1},      {"B", 1},          {"KB", 1e3},       {"MB", 1e6},       {"GB", 1e9},
+      {"KiB", 1024}, {"MiB", 1048576}, {"GiB", 1073741824.0}};
+  auto unit = units.find(s.substr(digits));
+  LF_CHECK(digits > 0 && unit != units.end(), "cannot read size '", s, "'",
+           lf::hint("e.g. 5GB, 500MB, 2GiB or a byte count"));
+  const double v = std::stod(s.substr(0, digits)) * unit->second;
+  LF_CHECK(v >= 1, "size '", s, "' is too small");
+  return static_cast<int64_t>(v);
+}
+
+int64_t count(const hf::NamedTensors& tensors) {
+  int64_t n = 0;
+  for (const auto& [name, t] : tensors) n += t.numel();
+  return n;
+}
+
+struct Hf2LfArgs {
+  std::string hf_dir, out, dtype = "keep";
+  int tp = 1, pp = 1;
+};
+
+void run_hf2lf(const Hf2LfArgs& a) {
+  hf::ReadOptions options;
+  options.vocab_tp = a.tp;
+  if (a.dtype != "keep") options.dtype = parse_dtype(a.dtype);
+  hf::HfModel m = hf::read_hf(a.hf_dir, options);
+  const auto& c = m.config;
+  // The layout checks the decoder would make at load time, made now (before writing anything).
+  LF_CHECK(c.num_attention_heads % a.tp == 0 && c.query_groups() % a.tp == 0 &&
+               c.ffn_hidden_size % a.tp == 0,
+           "--tp ", a.tp, " must divide num_attention_heads ", c.num_attention_heads,
+           ", the query groups ", c.query_groups(), " and ffn_hidden_size ", c.ffn_hidden_size,
+           lf::hint("each TP rank owns whole query groups"));
+  LF_CHECK(c.num_layers % a.pp == 0, "--pp ", a.pp, " must divide num_layers ", c.num_layers);
+  lf::train::write_model_checkpoint(a.out, /*iteration=*/0, m.tensors, hf::model_section_yaml(c),
+                                    a.tp, a.pp);
+  std::printf("converted %s (%lld parameters, %lld layers) from %s to %s (tp %d, pp %d)\n",
+              m.architecture.c_str(), static_cast<long long>(c.num_parameters()),
+              static_cast<long long>(c.num_layers), a.hf_dir.c_str(), a.out.c_str(), a.tp, a.pp);
+}
+
+struct Lf2HfArgs {
+  std::string load, out, dtype = "bf16", architecture, max_shard_size = "5GB";
+  int64_t iteration = -1;
+};
+
+void run_lf2hf(const Lf2HfArgs& a) {
+  hf::WriteOptions options;
+  options.dtype = parse_dtype(a.dtype);
+  options.architecture = a.architecture;
+  options.max_shard_bytes = parse_size(a.max_shard_size);
+  lf::train::FullModel m = lf::train::read_model_checkpoint(a.load, a.iteration);
+  const auto config = hf::config_from_model_section(
+      m.config_yaml, a.load + " (iteration " + std::to_string(m.iteration) + ", config.yaml)");
+  hf::write_hf(a.out, config, m.tensors, options);
+  std::printf("exported iteration %lld of %s (%lld values) to %s as %s\n",
+              static_cast<long long>(m.iteration), a.load.c_str(),
+              static_cast<long long>(count(m.tensors)), a.out.c_str(), a.dtype.c_str());
+}
+
+}  // namespace
+
+void add_hf2lf_command(CLI::App& app) {
+  auto args = std::make_shared<Hf2LfArgs>();
+  auto* c = app.add_subcommand("hf2lf", "HF transformers directory -> native LoongForge checkpoint");
+  c->add_option("--hf-dir", args->hf_dir, "HF model directory (config.json + safetensors)")
+      ->required()->check(CLI::ExistingDirectory);
+  c->add_option("--out", args->out, "checkpoint directory to write (iter_0000000 inside)")->required();
+  c->add_option("--tp", args->tp, "tensor-parallel size of the written shards")->check(CLI::PositiveNumber);
+  c->add_option("--pp", args->pp, "pipeline-parallel size of the written shards")->check(CLI::PositiveNumber);
+  c->add_option("--dtype", args->dtype, "keep (the files' dtype), bf16, fp16 or fp32");
+  c->callback([args] { run_hf2lf(*args); });
+}
+
+void add_lf2hf_command(CLI::App& app) {
+  auto args = std::make_shared<Lf2HfArgs>();
+  auto* c = app.add_subcommand("lf2hf", "native LoongForge checkpoint -> HF transformers directory");
+  c->add_option("--load", args->load, "checkpoint directory (its latest iteration by default)")
+      ->required()->check(CLI::ExistingDirectory);
+  c->add_option("--out", args->out, "HF directory to write (config.json + safetensors)")->required();
+  c->add_option("--dtype", args->dtype, "bf16 (default), fp16 or fp32");
+  c->add_option("--iteration", args->iteration, "iteration to export (default: the latest)");
+  c->add_option("--architecture", args->architecture,
+                "HF architecture, e.g. Qwen3ForCausalLM (default: the one family that fits)");
+  c->add_option("--max-shard-size", args->max_shard_size, "largest safetensors file (HF style: 5GB)");
+  c->callback([args] { run_lf2hf(*args); });
+}
+
+}  // namespace lf::tools::convert

@@ -1,0 +1,59 @@
+// Point-to-point exchange between adjacent pipeline stages over the pipeline group: activations
+// go forward (stage k -> k+1), their gradients backward (k+1 -> k). Every message is a small
+// shape header (dtype, rank, dims) followed by the data, so shapes are agreed at run time
+// (variable sequence lengths work). Not a schedule (pipeline/schedules.h decides the order).
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <memory>
+#include <vector>
+
+#include "loongforge/backend/communicator.h"
+
+namespace lf::parallel::pipeline {
+
+class StageExchange {
+ public:
+  // pp: this rank's pipeline group (group rank = stage index); `device`: where received tensors
+  // are allocated. Timeouts are the communicator's. pp must outlive the exchange.
+  StageExchange(lf::backend::Communicator& pp, c10::Device device);
+  ~StageExchange();  // waits for sends still in flight (errors are swallowed: use flush())
+
+  int stage() const { return pp_.rank(); }
+  int num_stages() const { return pp_.size(); }
+  bool is_first() const { return stage() == 0; }
+  bool is_last() const { return stage() == num_stages() - 1; }
+
+  // Single direction. On the stage without that neighbour: no-op / undefined tensor.
+  void send_forward(const at::Tensor& activation);  // to the next stage
+  at::Tensor recv_forward();                        // from the previous stage
+  void send_backward(const at::Tensor& grad);       // to the previous stage
+  at::Tensor recv_backward();                       // from the next stage
+  // Both at once (1F1B steady state): the send is started asynchronously before the blocking
+  // receive, so two neighbours exchanging in opposite directions never wait on each other.
+  at::Tensor send_forward_recv_backward(const at::Tensor& activation);
+  at::Tensor send_backward_recv_forward(const at::Tensor& grad);
+  // Waits for every send started so far (rethrows its failure naming stage and peer).
+  void flush();
+
+  // Dimensions a header can carry.
+  static constexpr int kMaxDims = 8;
+
+ private:
+  struct Pending {
+    std::shared_ptr<lf::backend::Work> header, data;
+    at::Tensor header_tensor, data_tensor;  // kept alive until the sends complete
+    int peer = 0;
+    const char* what = "";
+  };
+  void send(const at::Tensor& t, int peer, int tag, const char* what);
+  at::Tensor recv(int peer, int tag, const char* what);
+  void wait(Pending& p);
+
+  lf::backend::Communicator& pp_;
+  c10::Device device_;
+  std::vector<Pending> pending_;
+};
+
+}  // namespace lf::parallel::pipeline

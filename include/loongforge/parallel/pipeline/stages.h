@@ -1,0 +1,27 @@
+// The layer split of a pipeline: which contiguous range of decoder layers each stage holds,
+// evenly or with Megatron's uneven first/last stage sizes. Pure arithmetic (no tensors, no
+// groups); the decoder builds its stage from it and --dry-run prints it.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <vector>
+
+namespace lf::parallel::pipeline {
+
+// Layers [begin, end) of the full model (global indices).
+struct LayerRange {
+  int64_t begin = 0;
+  int64_t end = 0;
+  int64_t size() const { return end - begin; }
+};
+
+// One range per stage, in stage order, covering [0, num_layers). Without first/last every stage
+// holds num_layers / pp layers (an error naming both values when that does not divide). With
+// Megatron's --decoder-first-pipeline-num-layers / --decoder-last-pipeline-num-layers the first
+// and/or last stage hold the given counts and the remaining layers split evenly over the other
+// stages (an error naming the values when they do not). Uneven counts need pp > 1.
+std::vector<LayerRange> split_layers(int64_t num_layers, int pp, std::optional<int64_t> first = {},
+                                     std::optional<int64_t> last = {});
+
+}  // namespace lf::parallel::pipeline

@@ -1,0 +1,273 @@
+// Pipeline parallelism in-process: the layer split (even, uneven, errors naming the values), the
+// stage-to-stage exchange with shapes agreed at run time (variable shapes and dtypes, both
+// directions), and the decoder split into PP = 2 / 4 stages under the no-pipelining and 1F1B
+// schedules, whose loss and every gradient equal the single-process decoder from the same seed
+// over micro-batches of different sequence lengths (tied and untied embeddings, uneven split).
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+#include <gtest/gtest.h>
+
+#include <map>
+
+#include "loongforge/backend/registry.h"
+#include "loongforge/core/error.h"
+#include "loongforge/dist/launch_env.h"
+#include "loongforge/dist/parallel_context.h"
+#include "loongforge/dist/rendezvous.h"
+#include "loongforge/models/decoder.h"
+#include "loongforge/parallel/pipeline/p2p.h"
+#include "loongforge/parallel/pipeline/schedules.h"
+#include "loongforge/parallel/pipeline/stages.h"
+#include "multiprocess.h"
+
+namespace {
+using lf::models::Decoder;
+using lf::models::DecoderConfig;
+namespace pl = lf::parallel::pipeline;
+
+// pp stages over the worker's world (dp = world / pp). Once per process.
+std::unique_ptr<lf::dist::ParallelContext> make_pp_context(int pp) {
+  static lf::dist::Rendezvous rendezvous(lf::dist::detect_launch_env(), std::chrono::seconds(60));
+  lf::dist::ParallelSizes sizes;
+  sizes.pp = pp;
+  lf::dist::ParallelLayout layout(rendezvous.world_size(), sizes);
+  lf::dist::ParallelContextOptions options;
+  options.timeout = std::chrono::seconds(60);
+  options.kinds = {lf::dist::GroupKind::world, lf::dist::GroupKind::pp, lf::dist::GroupKind::dp,
+                   lf::dist::GroupKind::embedding};
+  return std::make_unique<lf::dist::ParallelContext>(rendezvous, layout, options);
+}
+
+std::string message_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const lf::Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(PipelineSplit, EvenAndUneven) {
+  auto even = pl::split_layers(8, 4);
+  ASSERT_EQ(even.size(), 4u);
+  for (int k = 0; k < 4; ++k) {
+    EXPECT_EQ(even[k].begin, 2 * k);
+    EXPECT_EQ(even[k].end, 2 * k + 2);
+  }
+  // Megatron's uneven split: first / last given, the rest even over the other stages.
+  auto uneven = pl::split_layers(10, 4, 1, 3);
+  std::vector<int64_t> sizes;
+  for (const auto& r : uneven) sizes.push_back(r.size());
+  EXPECT_EQ(sizes, (std::vector<int64_t>{1, 3, 3, 3}));
+  EXPECT_EQ(uneven.back().end, 10);
+  auto first_only = pl::split_layers(5, 3, 1);
+  EXPECT_EQ(first_only[0].size(), 1);
+  EXPECT_EQ(first_only[1].size(), 2);
+  EXPECT_EQ(first_only[2].size(), 2);
+  EXPECT_EQ(pl::warmup_forwards(0, 4, 8), 3);
+  EXPECT_EQ(pl::warmup_forwards(3, 4, 8), 0);
+  EXPECT_EQ(pl::warmup_forwards(0, 4, 2), 2);
+}
+
+TEST(PipelineSplit, ErrorsNameTheValues) {
+  auto m = message_of([] { pl::split_layers(3, 2); });
+  EXPECT_NE(m.find("num_layers 3 is not divisible by parallel.pipeline_model_parallel_size 2"),
+            std::string::npos)
+      << m;
+  m = message_of([] { pl::split_layers(10, 4, 2); });  // 8 left for 3 stages
+  EXPECT_NE(m.find("leaves 8 layers for the other 3"), std::string::npos) << m;
+  m = message_of([] { pl::split_layers(4, 1, 2); });
+  EXPECT_NE(m.find("pipeline_model_parallel_size > 1"), std::string::npos) << m;
+}
+
+// Every stage sends forward tensors whose shape and dtype change per message (the receiver knows
+// neither in advance), each stage checks what it got and passes it on plus one; then the same
+// backward. Single direction and the combined calls of 1F1B.
+LF_WORKER_CASE(pp_exchange) {
+  auto ctx = make_pp_context(lf::testing::worker_world_size());
+  pl::StageExchange ex(ctx->pp(), c10::Device(c10::kCPU));
+  const int stage = ex.stage(), n = ex.num_stages();
+  ASSERT_EQ(n, lf::testing::worker_world_size());
+  auto make = [](int i) {
+    // [i + 1, 2, 3] float, then a 1-d bf16, then a 4-d int64: shapes and dtypes vary.
+    if (i % 3 == 0) return at::arange(6 * (i + 1), at::kFloat).view({i + 1, 2, 3});
+    if (i % 3 == 1) return at::arange(5 + i, at::kFloat).to(at::kBFloat16);
+    return at::arange(2 * 1 * 3 * (i + 1), at::kLong).view({2, 1, 3, i + 1});
+  };
+  for (int i = 0; i < 6; ++i) {
+    at::Tensor t = ex.is_first() ? make(i) : ex.recv_forward();
+    if (!ex.is_first()) {
+      ASSERT_EQ(t.sizes(), make(i).sizes()) << "message " << i << " at stage " << stage;
+      ASSERT_EQ(t.scalar_type(), make(i).scalar_type());
+      EXPECT_TRUE(at::equal(t, make(i) + stage)) << "message " << i << " at stage " << stage;
+    }
+    ex.send_forward(t + 1);
+  }
+  for (int i = 0; i < 6; ++i) {
+    at::Tensor t = ex.is_last() ? make(i) * 2 : ex.recv_backward();
+    if (!ex.is_last()) EXPECT_TRUE(at::equal(t, make(i) * 2 + (n - 1 - stage))) << i;
+    ex.send_backward(t + 1);
+  }
+  // Opposite directions at once: stage k sends forward and waits for the gradient while stage
+  // k + 1 sends its gradient and waits for the activation (the 1F1B steady state).
+  for (int i = 0; i < 3; ++i) {
+    at::Tensor act = at::full({i + 2, 3}, 10.0 * stage + i);
+    if (stage % 2 == 0) {
+      at::Tensor g = ex.send_forward_recv_backward(act);
+      if (!ex.is_last()) EXPECT_TRUE(at::equal(g, at::full({i + 4}, -1.0 * (stage + 1))));
+    } else {
+      at::Tensor a = ex.send_backward_recv_forward(at::full({i + 4}, -1.0 * stage));
+      EXPECT_TRUE(at::equal(a, at::full({i + 2, 3}, 10.0 * (stage - 1) + i)));
+    }
+  }
+  ex.flush();
+}
+
+TEST(PipelineExchange, VariableShapesBothDirectionsPp2) {
+  lf::testing::expect_all_ok(lf::testing::run_workers("pp_exchange", {.world_size = 2}));
+}
+TEST(PipelineExchange, VariableShapesBothDirectionsPp4) {
+  lf::testing::expect_all_ok(lf::testing::run_workers("pp_exchange", {.world_size = 4}));
+}
+
+DecoderConfig tiny(bool untied) {
+  DecoderConfig c;
+  c.num_layers = 4;
+  c.hidden_size = 32;
+  c.ffn_hidden_size = 48;
+  c.num_attention_heads = 4;
+  c.num_query_groups = 2;
+  c.kv_channels = 8;
+  c.vocab_size = 50;
+  c.make_vocab_size_divisible_by = 8;
+  c.max_position_embeddings = 16;
+  if (untied) {
+    c.untie_embeddings_and_output_weights = true;
+    c.qk_layernorm = true;
+    c.add_qkv_bias = true;
+  }
+  return c;
+}
+
+// Micro-batches of different sequence lengths (the stages learn each shape from the header).
+constexpr int64_t kMicroBatches = 4;
+std::pair<at::Tensor, at::Tensor> micro_batch(int64_t m, int64_t vocab) {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(100 + m);
+  const int64_t s = 6 + 2 * m;  // 6, 8, 10, 12
+  auto tokens = at::randint(0, vocab, {2, s}, gen, at::TensorOptions().dtype(at::kLong));
+  auto labels = at::randint(0, vocab, {2, s}, gen, at::TensorOptions().dtype(at::kLong));
+  labels.index_put_({0, 1}, -100);
+  return {tokens, labels};
+}
+
+// The scaled per-micro-batch loss of the trainer: sum / (tokens x micro-batches).
+at::Tensor scaled(const at::Tensor& per_token) {
+  return per_token.sum() / static_cast<double>(per_token.numel() * kMicroBatches);
+}
+
+// Tolerance (fp32, relative to the largest magnitude of the reference): the stages compute the
+// same ops on the same numbers as the single process; only the accumulation order of gradients
+// that meet (the tied embedding: two stages' parts summed by an all-reduce) and ATen's kernel
+// choices for different-sized blocks differ, a few ulps (1e-7). 1e-5 is far below any real
+// error (a lost micro-batch, a wrong stage boundary or a missing gradient is O(1e-2) or more).
+constexpr double kRel = 1e-5;
+
+void check_pipeline(lf::dist::ParallelContext& ctx, bool untied, bool one_f_one_b,
+                    std::optional<int64_t> first = {}, std::optional<int64_t> last = {}) {
+  SCOPED_TRACE(std::string(untied ? "untied" : "tied") + (one_f_one_b ? " 1F1B" : " no pipelining") +
+               (first ? " uneven" : ""));
+  const auto& be = lf::backend::cpu_backend();
+  const auto c = tiny(untied);
+  Decoder single(c, be, 11, at::kFloat);
+  if (untied) {  // biases start at zero and norms at one: move them so that they matter
+    at::NoGradGuard no_grad;
+    for (size_t i = 0; i < single.parameters().size(); ++i) {
+      auto& q = single.parameters()[i];
+      auto gen = at::make_generator<at::CPUGeneratorImpl>(300 + i);
+      q.tensor.add_(at::randn(q.tensor.sizes(), gen, at::TensorOptions().dtype(at::kFloat)) * 0.05);
+    }
+  }
+  double want_loss = 0;
+  for (int64_t m = 0; m < kMicroBatches; ++m) {
+    auto [tokens, labels] = micro_batch(m, c.vocab_size);
+    auto l = scaled(single.loss(tokens, labels));
+    l.backward();
+    want_loss += l.item<double>();
+  }
+
+  const auto stage = lf::models::pipeline_stage(c, ctx.pp_size(), ctx.pp_rank(), first, last);
+  Decoder part(c, be, 11, at::kFloat, &ctx, false, stage);
+  if (untied) {
+    std::map<std::string, at::Tensor> full;
+    for (const auto& q : single.parameters()) full[q.name] = q.tensor.detach();
+    part.load_full_parameters(full);  // other stages' names are accepted
+  }
+  std::map<std::string, const lf::models::NamedParameter*> by_name;
+  for (const auto& q : single.parameters()) by_name[q.name] = &q;
+  // Initialisation independent of the layout: each stage's tensors are the single model's.
+  for (const auto& p : part.parameters()) {
+    ASSERT_TRUE(by_name.count(p.name)) << p.name;
+    EXPECT_TRUE(at::equal(p.tensor, by_name[p.name]->tensor)) << p.name;
+    EXPECT_EQ(p.tied_copy, !untied && stage.last && !stage.first && p.name.starts_with("embedding"))
+        << p.name;
+  }
+
+  pl::StageExchange ex(ctx.pp(), be.device());
+  pl::StageStep step;
+  step.forward = [&](int64_t m, const at::Tensor& input) {
+    auto [tokens, labels] = micro_batch(m, c.vocab_size);
+    auto out = part.stage_forward(stage.first ? tokens : input, labels);
+    return stage.last ? scaled(out) : out;
+  };
+  int64_t next_backward = 0;
+  step.before_backward = [&](int64_t m) { EXPECT_EQ(m, next_backward++); };
+  double loss = one_f_one_b ? pl::run_1f1b(ex, kMicroBatches, step)
+                            : pl::run_without_pipelining(ex, kMicroBatches, step);
+  EXPECT_EQ(next_backward, kMicroBatches);
+  auto t = at::full({1}, loss, at::kDouble);
+  ctx.pp().broadcast(t, ctx.pp_size() - 1);
+  EXPECT_NEAR(t.item<double>(), want_loss, kRel * std::abs(want_loss));
+
+  for (const auto& p : part.parameters()) {
+    at::Tensor g = p.tensor.grad();
+    ASSERT_TRUE(g.defined()) << p.name;
+    // Tied embeddings: the first stage's and the last stage's copy are summed (the trainer does
+    // this over the embedding group).
+    if (!untied && p.name.starts_with("embedding") && ctx.pp_size() > 1) {
+      g = g.clone();
+      ctx.embedding().all_reduce(g, lf::backend::ReduceOp::sum);
+    }
+    const auto want = by_name[p.name]->tensor.grad();
+    const double scale = std::max(1e-3, want.abs().max().item<double>());
+    EXPECT_LE((g - want).abs().max().item<double>(), kRel * scale) << p.name;
+  }
+  // Clear for the next case (the reference is rebuilt).
+  for (const auto& p : part.parameters()) p.tensor.mutable_grad() = at::Tensor();
+}
+
+LF_WORKER_CASE(pp_decoder) {
+  auto ctx = make_pp_context(lf::testing::worker_world_size());
+  for (bool untied : {false, true})
+    for (bool f1b : {false, true}) check_pipeline(*ctx, untied, f1b);
+  if (ctx->pp_size() == 2) {
+    check_pipeline(*ctx, false, true, 1, {});  // layers 1 + 3
+    check_pipeline(*ctx, true, true, {}, 1);   // layers 3 + 1
+  } else {
+    check_pipeline(*ctx, false, true, {}, 1);  // 1 + 1 + 1 + 1 via last only
+  }
+  // A stage is not a whole model.
+  const auto c = tiny(false);
+  Decoder part(c, lf::backend::cpu_backend(), 1, at::kFloat, ctx.get(), false,
+               lf::models::pipeline_stage(c, ctx->pp_size(), ctx->pp_rank()));
+  auto m = message_of([&] { part.loss(at::zeros({1, 4}, at::kLong), at::zeros({1, 4}, at::kLong)); });
+  EXPECT_NE(m.find("needs the whole model"), std::string::npos) << m;
+}
+
+TEST(PipelineDecoder, Pp2EqualsSingleProcess) {
+  lf::testing::expect_all_ok(lf::testing::run_workers("pp_decoder", {.world_size = 2}));
+}
+TEST(PipelineDecoder, Pp4EqualsSingleProcess) {
+  lf::testing::expect_all_ok(lf::testing::run_workers("pp_decoder", {.world_size = 4}));
+}
+
+}  // namespace

@@ -13,7 +13,7 @@
 #include <mutex>
 
 #include "loongforge/backend/c10d_communicator.h"
-#include "loongforge/backend/reference_ops.h"
+#include "cpu_ops.h"
 #include "loongforge/backend/registry.h"
 #include "loongforge/core/error.h"
 
@@ -165,7 +165,7 @@ class CpuBackend final : public DeviceBackend {
 
  private:
   std::string name_ = "cpu";
-  ReferenceOps ops_;
+  CpuOps ops_;
 };
 
 }  // namespace

@@ -11,6 +11,7 @@
 #include "loongforge/core/error.h"
 #include "loongforge/dist/parallel_context.h"
 #include "loongforge/models/recompute.h"
+#include "loongforge/parallel/pipeline/stages.h"
 #include "loongforge/parallel/tensor/cross_entropy.h"
 #include "loongforge/parallel/tensor/mappings.h"
 
@@ -62,8 +63,19 @@ std::pair<at::Tensor, at::Tensor> rope_tables(const RopeSpec& spec, int64_t star
   return {at::cos(emb).to(options), at::sin(emb).to(options)};
 }
 
+PipelineStage pipeline_stage(const DecoderConfig& config, int pp, int pp_rank,
+                             std::optional<int64_t> first_stage_layers,
+                             std::optional<int64_t> last_stage_layers) {
+  const auto ranges = lf::parallel::pipeline::split_layers(config.num_layers, pp, first_stage_layers,
+                                                           last_stage_layers);
+  LF_CHECK(pp_rank >= 0 && pp_rank < pp, "pipeline rank ", pp_rank, " is outside [0, ", pp, ")");
+  const auto& r = ranges[static_cast<size_t>(pp_rank)];
+  return PipelineStage{r.begin, r.end, pp_rank == 0, pp_rank == pp - 1};
+}
+
 at::Tensor Decoder::add(std::string name, const at::Tensor& full, at::ScalarType dtype,
                         bool no_decay, int64_t partition_dim, int64_t blocks) {
+  if (!keep_) return {};  // another pipeline stage's tensor: drawn, not kept
   const int tp = tp_.size(), r = tp_.rank();
   at::Tensor t = full;
   if (tp > 1 && partition_dim >= 0)
@@ -90,7 +102,19 @@ at::Tensor Decoder::add(std::string name, const at::Tensor& full, at::ScalarType
 Decoder::Decoder(const DecoderConfig& c, const lf::backend::DeviceBackend& backend, uint64_t seed,
                  at::ScalarType dtype, const lf::dist::ParallelContext* parallel,
                  bool sequence_parallel)
-    : config_(c), backend_(backend) {
+    : Decoder(c, backend, seed, dtype, parallel, sequence_parallel, PipelineStage{}) {}
+
+Decoder::Decoder(const DecoderConfig& c, const lf::backend::DeviceBackend& backend, uint64_t seed,
+                 at::ScalarType dtype, const lf::dist::ParallelContext* parallel,
+                 bool sequence_parallel, const PipelineStage& stage)
+    : config_(c), backend_(backend), stage_(stage) {
+  if (stage_.layer_end < 0) stage_.layer_end = c.num_layers;
+  LF_CHECK(stage_.layer_begin >= 0 && stage_.layer_begin <= stage_.layer_end &&
+               stage_.layer_end <= c.num_layers && (!stage_.first || stage_.layer_begin == 0) &&
+               (!stage_.last || stage_.layer_end == c.num_layers),
+           "pipeline stage layers [", stage_.layer_begin, ", ", stage_.layer_end, ") (first ",
+           stage_.first, ", last ", stage_.last, ") do not fit a model of ", c.num_layers, " layers",
+           lf::hint("build stages with lf::models::pipeline_stage()"));
   LF_CHECK(c.normalization == "RMSNorm" || c.normalization == "LayerNorm",
            "normalization must be RMSNorm or LayerNorm, got ", c.normalization);
   LF_CHECK(c.attention_dropout == 0.0, "attention_dropout ", c.attention_dropout,
@@ -124,11 +148,13 @@ Decoder::Decoder(const DecoderConfig& c, const lf::backend::DeviceBackend& backe
   // projections scaled by 1/sqrt(2 * layers). Every rank draws the full tensors in the same
   // order and keeps its shard.
   const double std = c.init_method_std, out_std = std / std::sqrt(2.0 * c.num_layers);
-  embedding_ = add("embedding.word_embeddings.weight", vocab_table(gen, c.vocab_size, v, h, std),
-                   dtype, false, 0);
+  const at::Tensor embedding_full = vocab_table(gen, c.vocab_size, v, h, std);
+  keep_ = stage_.first;
+  embedding_ = add("embedding.word_embeddings.weight", embedding_full, dtype, false, 0);
   const int64_t mlp_in = c.swiglu ? 2 * f : f, mlp_blocks = c.swiglu ? 2 : 1;
   for (int64_t i = 0; i < c.num_layers; ++i) {
     std::string p = "decoder.layers." + std::to_string(i) + ".";
+    keep_ = i >= stage_.layer_begin && i < stage_.layer_end;
     Layer l;
     l.input_norm = add(p + "input_layernorm.weight", at::ones({h}), dtype, true);
     if (layer_norm) l.input_norm_bias = add(p + "input_layernorm.bias", at::zeros({h}), dtype, true);
@@ -151,12 +177,26 @@ Decoder::Decoder(const DecoderConfig& c, const lf::backend::DeviceBackend& backe
       l.fc1_bias = add(p + "mlp.linear_fc1.bias", at::zeros({mlp_in}), dtype, true, 0, mlp_blocks);
     l.fc2 = add(p + "mlp.linear_fc2.weight", normal(gen, {h, f}, out_std), dtype, false, 1);
     if (c.add_bias_linear) l.fc2_bias = add(p + "mlp.linear_fc2.bias", at::zeros({h}), dtype, true);
-    layers_.push_back(std::move(l));
+    if (keep_) layers_.push_back(std::move(l));
   }
+  keep_ = stage_.last;
   final_norm_ = add("decoder.final_layernorm.weight", at::ones({h}), dtype, true);
   if (layer_norm) final_norm_bias_ = add("decoder.final_layernorm.bias", at::zeros({h}), dtype, true);
   if (c.untie_embeddings_and_output_weights)
     output_ = add("output_layer.weight", vocab_table(gen, c.vocab_size, v, h, std), dtype, false, 0);
+  else if (stage_.last && !stage_.first) {
+    // Tied embeddings over several stages: the last stage's output layer starts as a copy of the
+    // embedding and stays one because their gradients are summed over the embedding group.
+    output_ = add("embedding.word_embeddings.weight", embedding_full, dtype, false, 0);
+    params_.back().tied_copy = true;
+  }
+  keep_ = true;
+}
+
+void Decoder::check_whole_model(const char* what) const {
+  LF_CHECK(stage_.first && stage_.last, what, " needs the whole model; this decoder is a pipeline "
+           "stage with layers [", stage_.layer_begin, ", ", stage_.layer_end, ")",
+           lf::hint("run a pipeline stage with stage_forward() under a pipeline schedule"));
 }
 
 void Decoder::load_full_parameters(const std::map<std::string, at::Tensor>& full) {
@@ -190,9 +230,23 @@ void Decoder::load_full_parameters(const std::map<std::string, at::Tensor>& full
   LF_CHECK(missing.empty(), missing.size(), " parameters missing, first: ", missing.empty() ? "" : missing[0],
            lf::hint("the weights belong to a different model family or configuration"));
   if (full.size() != params_.size()) {
+    const bool whole = stage_.first && stage_.last;
     for (const auto& [name, t] : full) {
       bool known = false;
       for (const auto& p : params_) known = known || p.name == name;
+      if (!whole && !known) {
+        // A pipeline stage holds part of the model: other stages' names are expected.
+        const std::string layers = "decoder.layers.";
+        if (name.rfind(layers, 0) == 0) {
+          const auto dot = name.find('.', layers.size());
+          const std::string idx = name.substr(layers.size(), dot - layers.size());
+          known = !idx.empty() && idx.find_first_not_of("0123456789") == std::string::npos &&
+                  std::stoll(idx) < config_.num_layers;
+        } else {
+          known = name == "embedding.word_embeddings.weight" || name == "output_layer.weight" ||
+                  name.rfind("decoder.final_layernorm.", 0) == 0;
+        }
+      }
       LF_CHECK(known, "tensor ", name, " is not a parameter of this model",
                lf::hint("the weights belong to a model with a different configuration (biases, "
                         "QK norms, tied embeddings?)"));
@@ -255,15 +309,8 @@ at::Tensor Decoder::attention(size_t i, const at::Tensor& x, const at::Tensor& c
       }
       cache->k[i] = kr.contiguous();
       cache->v[i] = vr.contiguous();
-      if (past > 0) {
-        // Query j (position past + j) sees keys 0 .. past + j: bottom-right aligned causal mask.
-        const int64_t t = past + s;
-        auto opts = at::TensorOptions().device(backend_.device());
-        auto qpos = at::arange(past, t, opts.dtype(at::kLong)).unsqueeze(1);
-        auto kpos = at::arange(0, t, opts.dtype(at::kLong)).unsqueeze(0);
-        mask = s == 1 ? lf::backend::AttentionMask::none()
-                      : lf::backend::AttentionMask::boolean((kpos <= qpos).view({1, 1, s, t}));
-      }
+      // The causal mask is bottom-right aligned (backend/op_table.h): query j, at position
+      // past + j, sees keys 0 .. past + j, the cached ones included.
     }
     auto o = lf::ops::sdpa(backend_, qr, kr, vr, mask);  // [b, nq, s, d]
     return o.permute({2, 0, 1, 3}).reshape({s, b, nq * d});
@@ -296,22 +343,26 @@ at::Tensor Decoder::layer_forward(size_t i, const at::Tensor& x, const at::Tenso
   return y + hidden_dropout(mlp(l, norm(y, l.pre_mlp_norm, l.pre_mlp_norm_bias)));
 }
 
-at::Tensor Decoder::local_logits(const at::Tensor& tokens, KvCache* cache) const {
+at::Tensor Decoder::embed(const at::Tensor& tokens, int64_t start) const {
   LF_CHECK(tokens.dim() == 2, "tokens must be [batch, seq], got ", tokens.sizes());
-  const int64_t s = tokens.size(1), start = cache ? cache->length : 0;
+  const int64_t s = tokens.size(1);
   LF_CHECK(start + s <= config_.max_position_embeddings, "sequence length ", start + s,
            " exceeds max_position_embeddings ", config_.max_position_embeddings,
            lf::hint("raise model max_position_embeddings or lower --seq-length"));
   LF_CHECK(!tp_.sequence_parallel || s % tp_.size() == 0, "sequence parallelism: sequence length ",
            s, " is not divisible by the tensor-model-parallel size ", tp_.size(),
            lf::hint("pick --seq-length as a multiple of the TP size"));
-  LF_CHECK(!cache || !tp_.sequence_parallel, "incremental decoding with sequence parallelism",
-           lf::hint("build the decoder for generation without sequence_parallel"));
-  auto [cos, sin] = rope_tables(rope_spec(config_), start, s,
-                                at::TensorOptions().dtype(at::kFloat).device(backend_.device()));
   // [s(/tp), b, h]: the sequence chunk under SP.
   auto x = lf::parallel::vocab_parallel_embedding(tokens.t().contiguous(), embedding_, tp_);
-  x = hidden_dropout(x);  // Megatron's embedding dropout uses hidden_dropout
+  return hidden_dropout(x);  // Megatron's embedding dropout uses hidden_dropout
+}
+
+at::Tensor Decoder::run_layers(at::Tensor x, int64_t start, int64_t s, KvCache* cache) const {
+  LF_CHECK(start + s <= config_.max_position_embeddings, "sequence length ", start + s,
+           " exceeds max_position_embeddings ", config_.max_position_embeddings,
+           lf::hint("raise model max_position_embeddings or lower --seq-length"));
+  auto [cos, sin] = rope_tables(rope_spec(config_), start, s,
+                                at::TensorOptions().dtype(at::kFloat).device(backend_.device()));
   if (cache && cache->k.empty()) {
     cache->k.resize(layers_.size());
     cache->v.resize(layers_.size());
@@ -339,24 +390,68 @@ at::Tensor Decoder::local_logits(const at::Tensor& tokens, KvCache* cache) const
     }
   }
   if (cache) cache->length += s;
-  x = norm(x, final_norm_, final_norm_bias_);
-  return lf::parallel::column_parallel_linear(x, output_.defined() ? output_ : embedding_, {}, tp_);
+  return x;
 }
 
-at::Tensor Decoder::forward(const at::Tensor& tokens) const {
-  auto logits = local_logits(tokens);  // [s, b, v_pad / tp]
+at::Tensor Decoder::head(const at::Tensor& x) const {
+  auto y = norm(x, final_norm_, final_norm_bias_);
+  return lf::parallel::column_parallel_linear(y, output_.defined() ? output_ : embedding_, {}, tp_);
+}
+
+at::Tensor Decoder::local_logits(const at::Tensor& tokens, KvCache* cache) const {
+  LF_CHECK(tokens.dim() == 2, "tokens must be [batch, seq], got ", tokens.sizes());
+  LF_CHECK(!cache || !tp_.sequence_parallel, "incremental decoding with sequence parallelism",
+           lf::hint("build the decoder for generation without sequence_parallel"));
+  const int64_t s = tokens.size(1), start = cache ? cache->length : 0;
+  return head(run_layers(embed(tokens, start), start, s, cache));
+}
+
+at::Tensor Decoder::stage_forward(const at::Tensor& input, const at::Tensor& labels) const {
+  LF_CHECK(input.defined(), "pipeline stage with layers [", stage_.layer_begin, ", ",
+           stage_.layer_end, "): no input");
+  at::Tensor x;
+  int64_t s = 0;
+  if (stage_.first) {
+    s = input.size(-1);
+    x = embed(input, 0);
+  } else {
+    LF_CHECK(input.dim() == 3 && input.size(2) == config_.hidden_size, "pipeline stage with layers [",
+             stage_.layer_begin, ", ", stage_.layer_end, "): hidden states must be [s, b, ",
+             config_.hidden_size, "], got ", input.sizes());
+    // Under SP the stages exchange sequence chunks [s / tp, b, h].
+    s = input.size(0) * (tp_.sequence_parallel ? tp_.size() : 1);
+    x = input;
+  }
+  x = run_layers(x, 0, s, nullptr);
+  if (!stage_.last) return x;
+  auto logits = head(x);
+  return labels.defined() ? loss_of(logits, labels) : full_logits(logits);
+}
+
+at::Tensor Decoder::full_logits(const at::Tensor& local) const {
+  auto logits = local;  // [s, b, v_pad / tp]
   if (tp_.size() > 1) logits = lf::parallel::gather_from_tp(logits, *tp_.tp);
   return logits.narrow(-1, 0, config_.vocab_size);  // [s, b, vocab]
 }
 
-at::Tensor Decoder::forward(const at::Tensor& tokens, KvCache& cache) const {
-  at::NoGradGuard no_grad;
-  auto logits = local_logits(tokens, &cache);
-  if (tp_.size() > 1) logits = lf::parallel::gather_from_tp(logits, *tp_.tp);
-  return logits.narrow(-1, 0, config_.vocab_size);
+at::Tensor Decoder::forward(const at::Tensor& tokens) const {
+  check_whole_model("Decoder::forward");
+  return full_logits(local_logits(tokens));
 }
+
+at::Tensor Decoder::forward(const at::Tensor& tokens, KvCache& cache) const {
+  check_whole_model("Decoder::forward with a KV cache");
+  at::NoGradGuard no_grad;
+  return full_logits(local_logits(tokens, &cache));
+}
+
 at::Tensor Decoder::loss(const at::Tensor& tokens, const at::Tensor& labels) const {
-  auto logits = local_logits(tokens);                             // [s, b, v_pad / tp]
+  check_whole_model("Decoder::loss");
+  return loss_of(local_logits(tokens), labels);
+}
+
+at::Tensor Decoder::loss_of(const at::Tensor& logits, const at::Tensor& labels) const {
+  // logits: [s, b, v_pad / tp]
   auto target = labels.t().reshape({-1}).to(backend_.device());  // [s b]
   auto flat = logits.reshape({-1, logits.size(-1)});
   if (tp_.size() > 1)

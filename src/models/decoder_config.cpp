@@ -67,4 +67,41 @@ void DecoderConfig::validate(const lf::config::Node& tree, const std::string& pr
                "RoPE needs an even head dimension, got " + std::to_string(head_dim()));
 }
 
+void DecoderConfig::validate_layout(const lf::config::Node& job, int64_t tp, bool sequence_parallel,
+                                    int64_t seq_length, lf::config::ErrorList& errors) const {
+  auto origin = [&](const std::string& path) {
+    const lf::config::Node* n = &job;
+    size_t start = 0;
+    while (n && start <= path.size()) {
+      const size_t dot = path.find('.', start);
+      n = n->find(path.substr(start, dot == std::string::npos ? std::string::npos : dot - start));
+      if (dot == std::string::npos) break;
+      start = dot + 1;
+    }
+    return n ? n->origin() : lf::config::Origin::from_default();
+  };
+  const std::string tp_text = "parallel.tensor_model_parallel_size " + std::to_string(tp);
+  auto divisible = [&](const char* field, int64_t value) {
+    if (tp > 1 && value % tp != 0) {
+      const std::string key = std::string("model.foundation.") + field;
+      errors.add(key, origin(key),
+                 key + " " + std::to_string(value) + " is not divisible by " + tp_text,
+                 "each tensor-parallel rank needs an equal share; pick a TP size that divides it");
+    }
+  };
+  divisible("num_attention_heads", num_attention_heads);
+  divisible("num_query_groups", query_groups());
+  divisible("ffn_hidden_size", ffn_hidden_size);
+  if (sequence_parallel && tp > 1 && seq_length % tp != 0)
+    errors.add("training.seq_length", origin("training.seq_length"),
+               "training.seq_length " + std::to_string(seq_length) + " is not divisible by " + tp_text +
+                   " (sequence parallelism splits the sequence)",
+               "pick --seq-length as a multiple of the TP size, or drop --sequence-parallel");
+  if (seq_length > max_position_embeddings)
+    errors.add("training.seq_length", origin("training.seq_length"),
+               "training.seq_length " + std::to_string(seq_length) + " exceeds model.foundation.max_position_embeddings " +
+                   std::to_string(max_position_embeddings),
+               "lower --seq-length or raise max_position_embeddings");
+}
+
 }  // namespace lf::models

@@ -15,6 +15,7 @@ double global_grad_norm(const GradBuffer& grads, const GradNormGroups& groups) {
   for (const auto& piece : grads.owned_pieces()) {
     const auto& p = params[static_cast<size_t>(piece.param)];
     if (p.partition_dim < 0 && groups.tp_rank != 0) continue;  // replicated: counted once
+    if (p.tied_copy) continue;  // the first pipeline stage counts the tied embedding
     at::Tensor g = grads.reduced_grad(piece.bucket).narrow(0, piece.reduced_offset, piece.numel);
     sq += g.to(at::kDouble).pow(2).sum();
   }

@@ -12,12 +12,13 @@
 
 namespace lf::train {
 
-void dump_parameters(const std::string& path, const std::vector<lf::models::NamedParameter>& params,
-                     const lf::dist::ParallelContext& ctx) {
+std::vector<std::pair<std::string, at::Tensor>> gather_full_parameters(
+    const std::vector<lf::models::NamedParameter>& params, const lf::dist::ParallelContext& ctx) {
   at::NoGradGuard no_grad;
   const bool tp = ctx.tp_size() > 1;
   std::vector<std::pair<std::string, at::Tensor>> full;
   for (const auto& p : params) {
+    if (p.tied_copy) continue;  // the first pipeline stage's embedding (same values)
     at::Tensor t = p.tensor.detach().to(at::kCPU, at::kFloat);
     if (tp && p.partition_dim >= 0) {
       // all_gather concatenates along dim 0: bring the partition dim there and back.
@@ -32,6 +33,12 @@ void dump_parameters(const std::string& path, const std::vector<lf::models::Name
     }
     full.emplace_back(p.name, t.contiguous());
   }
+  return full;
+}
+
+void dump_parameters(const std::string& path, const std::vector<lf::models::NamedParameter>& params,
+                     const lf::dist::ParallelContext& ctx) {
+  const auto full = gather_full_parameters(params, ctx);
   if (ctx.tp_rank() != 0 || ctx.dp_rank() != 0) return;
   const std::string file = ctx.pp_size() > 1 ? path + ".pp" + std::to_string(ctx.pp_rank()) : path;
   // safetensors: u64 little-endian header length, JSON header, raw little-endian data.

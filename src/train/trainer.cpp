@@ -15,9 +15,12 @@
 #include "loongforge/backend/functional.h"
 #include "loongforge/core/error.h"
 #include "loongforge/core/logging.h"
+#include "loongforge/parallel/pipeline/p2p.h"
+#include "loongforge/parallel/pipeline/schedules.h"
 #include "loongforge/train/grad_buffer.h"
 #include "loongforge/train/lr_schedule.h"
 #include "loongforge/train/optimizer.h"
+#include "trainer_checkpointing.h"
 
 namespace lf::train {
 
@@ -40,10 +43,20 @@ lf::backend::Communicator* grad_reduce_group(const lf::dist::ParallelContext& ct
   return ctx.cp_size() > 1 ? &ctx.dp_cp() : &ctx.dp();
 }
 
-GradBufferOptions grad_buffer_options(const lf::config::JobConfig& job) {
+// Tied embeddings split over pipeline stages: the first stage's embedding and the last stage's
+// copy of it get their gradients summed over the embedding group.
+bool has_tied_copy(const lf::models::Decoder& m) {
+  for (const auto& p : m.parameters())
+    if (p.tied_copy) return true;
+  return m.stage().first && !m.stage().last && !m.config().untie_embeddings_and_output_weights;
+}
+
+GradBufferOptions grad_buffer_options(const lf::config::JobConfig& job, const lf::models::Decoder& m) {
   GradBufferOptions o;
   if (job.parallel.ddp_bucket_size) o.bucket_size = *job.parallel.ddp_bucket_size;
-  o.overlap_grad_reduce = job.parallel.overlap_grad_reduce;
+  // The embedding-group sum must happen before the DP reduction starts, so a bucket must not
+  // launch from the hooks (the sum is done between backward and finish_grad_sync).
+  o.overlap_grad_reduce = job.parallel.overlap_grad_reduce && !has_tied_copy(m);
   o.distributed_optimizer = job.optimizer.use_distributed_optimizer;
   return o;
 }
@@ -75,6 +88,9 @@ struct Trainer::Impl {
   AdamW optimizer;
   LrSchedule schedule;
   int64_t micro_batches;
+  TrainerCheckpointing checkpoints;
+  // Pipeline parallelism (pp > 1): activations and gradients to and from the adjacent stages.
+  std::unique_ptr<lf::parallel::pipeline::StageExchange> exchange;
 
   Impl(const lf::config::JobConfig& j, lf::models::Decoder& m, const lf::dist::ParallelContext& c,
        const lf::backend::DeviceBackend& b, std::unique_ptr<BatchSource> t,
@@ -82,10 +98,15 @@ struct Trainer::Impl {
       : job(j), model(m), ctx(c), backend(b), train_data(std::move(t)), valid_data(std::move(v)),
         deterministic(apply_determinism(j.training)),
         grads(m.parameters(), grad_reduce_group(c), c.tp_size() > 1 ? &c.tp() : nullptr,
-              grad_buffer_options(j)),
+              grad_buffer_options(j, m)),
         optimizer(grads, j.optimizer, b, norm_groups(c)),
         schedule(j.optimizer, j.training.train_iters),
-        micro_batches(num_micro_batches(j.training, c.dp_size())) {}
+        micro_batches(num_micro_batches(j.training, c.dp_size())),
+        checkpoints(j, m, c, b, grads, optimizer, schedule,
+                    j.training.micro_batch_size * c.dp_size() * micro_batches) {
+    if (c.pp_size() > 1)
+      exchange = std::make_unique<lf::parallel::pipeline::StageExchange>(c.pp(), b.device());
+  }
 
   lf::backend::Communicator* dp() const { return ctx.dp_size() > 1 ? &ctx.dp() : nullptr; }
 
@@ -99,6 +120,7 @@ struct Trainer::Impl {
   // One forward/backward over the step's micro-batches, gradients reduced over DP; returns the
   // mean per-token loss of the global batch.
   double forward_backward() {
+    if (exchange) return forward_backward_pipelined();
     const int64_t s = job.training.seq_length;
     double loss_sum = 0;
     for (int64_t m = 0; m < micro_batches; ++m) {
@@ -115,25 +137,104 @@ struct Trainer::Impl {
     grads.finish_grad_sync();
     return dp_mean(loss_sum);
   }
+
+  // pp > 1: this stage's part of the step under 1F1B. Every stage reads the micro-batches (the
+  // first needs the tokens, the last the labels; the others keep the data stream in step). The
+  // loss is known on the last stage and broadcast over the pipeline group.
+  double forward_backward_pipelined() {
+    const int64_t s = job.training.seq_length;
+    const auto& stage = model.stage();
+    lf::parallel::pipeline::StageStep step;
+    step.forward = [&](int64_t, const at::Tensor& input) {
+      at::Tensor batch = train_data->next();  // [mb, s + 1]
+      auto labels = batch.narrow(1, 1, s).to(backend.device());
+      if (!stage.last) return model.stage_forward(stage.first ? batch.narrow(1, 0, s).to(backend.device()) : input);
+      auto per_token = model.stage_forward(stage.first ? batch.narrow(1, 0, s).to(backend.device()) : input, labels);
+      return per_token.sum() / static_cast<double>(per_token.numel() * micro_batches);
+    };
+    step.before_backward = [&](int64_t m) { grads.begin_micro_batch(m == micro_batches - 1); };
+    double loss_sum = lf::parallel::pipeline::run_1f1b(*exchange, micro_batches, step);
+    // Tied embeddings: sum the embedding's gradient over the first and last stage (Megatron's
+    // _allreduce_word_embedding_grads), before the DP reduction (both are sums).
+    if (has_tied_copy(model) && ctx.in_embedding_group() && ctx.embedding().size() > 1) {
+      for (size_t i = 0; i < model.parameters().size(); ++i) {
+        const auto& p = model.parameters()[i];
+        if (p.name != "embedding.word_embeddings.weight") continue;
+        at::Tensor g = grads.main_grad(static_cast<int>(i));
+        ctx.embedding().all_reduce(g, lf::backend::ReduceOp::sum);
+      }
+    }
+    grads.finish_grad_sync();
+    auto t = at::full({1}, loss_sum, at::TensorOptions().dtype(at::kDouble).device(backend.device()));
+    ctx.pp().broadcast(t, ctx.pp_size() - 1);
+    return dp_mean(t.item<double>());
+  }
+
+  // pp > 1 validation: forward only through the stages; the last one scores, then broadcasts
+  // [loss sum, correct, tokens] over the pipeline group.
+  at::Tensor evaluate_pipelined(int64_t iters) {
+    const int64_t s = job.training.seq_length;
+    const auto& stage = model.stage();
+    double loss_sum = 0, correct = 0, tokens = 0;
+    for (int64_t i = 0; i < iters; ++i) {
+      at::Tensor batch = valid_data->next();
+      at::Tensor input = stage.first ? batch.narrow(1, 0, s).to(backend.device()) : exchange->recv_forward();
+      at::Tensor out = model.stage_forward(input);
+      if (!stage.last) {
+        exchange->send_forward(out);
+        continue;
+      }
+      auto target = batch.narrow(1, 1, s).to(backend.device()).t().reshape({-1});
+      auto flat = out.reshape({-1, out.size(-1)});
+      loss_sum += lf::ops::softmax_cross_entropy(backend, flat, target).sum().item<double>();
+      correct += flat.argmax(-1).eq(target).sum().item<double>();
+      tokens += static_cast<double>(target.numel());
+    }
+    exchange->flush();
+    auto totals = at::tensor({loss_sum, correct, tokens}, at::TensorOptions().dtype(at::kDouble))
+                      .to(backend.device());
+    ctx.pp().broadcast(totals, ctx.pp_size() - 1);
+    return totals;
+  }
 };
 
 Trainer::Trainer(const lf::config::JobConfig& job, lf::models::Decoder& model,
                  const lf::dist::ParallelContext& ctx, const lf::backend::DeviceBackend& backend,
                  std::unique_ptr<BatchSource> train_data, std::unique_ptr<BatchSource> valid_data)
     : impl_(std::make_unique<Impl>(job, model, ctx, backend, std::move(train_data),
-                                   std::move(valid_data))) {}
+                                   std::move(valid_data))) {
+  model.set_recompute(recompute_options(job.training));
+}
+
+lf::models::RecomputeOptions recompute_options(const lf::config::TrainingConfig& t) {
+  using R = lf::models::RecomputeOptions;
+  R r;
+  if (!t.recompute_granularity) return r;
+  r.granularity = *t.recompute_granularity == "full" ? R::Granularity::full : R::Granularity::selective;
+  r.method = t.recompute_method.value_or("uniform") == "block" ? R::Method::block : R::Method::uniform;
+  r.num_layers = t.recompute_num_layers.value_or(1);
+  return r;
+}
 
 Trainer::~Trainer() = default;
+
+void Trainer::set_config_yaml(std::string yaml) { impl_->checkpoints.set_config_yaml(std::move(yaml)); }
 
 EvalResult Trainer::evaluate() {
   auto& I = *impl_;
   EvalResult r;
   if (!I.valid_data || I.job.training.eval_iters == 0) return r;
   at::NoGradGuard no_grad;
+  // Eval mode (no dropout) for the evaluation only.
+  struct TrainingMode {
+    lf::models::Decoder& m;
+    ~TrainingMode() { m.set_training(true); }
+  } restore{I.model};
+  I.model.set_training(false);
   I.valid_data->rewind();
   const int64_t s = I.job.training.seq_length;
   double loss_sum = 0, correct = 0, tokens = 0;
-  for (int64_t i = 0; i < I.job.training.eval_iters; ++i) {
+  for (int64_t i = 0; i < I.job.training.eval_iters && !I.exchange; ++i) {
     at::Tensor batch = I.valid_data->next();
     auto inputs = batch.narrow(1, 0, s).to(I.backend.device());
     auto labels = batch.narrow(1, 1, s).to(I.backend.device());
@@ -144,8 +245,9 @@ EvalResult Trainer::evaluate() {
     correct += flat.argmax(-1).eq(target).sum().item<double>();
     tokens += static_cast<double>(target.numel());
   }
-  auto totals = at::tensor({loss_sum, correct, tokens}, at::TensorOptions().dtype(at::kDouble))
-                    .to(I.backend.device());
+  auto totals = I.exchange ? I.evaluate_pipelined(I.job.training.eval_iters)
+                           : at::tensor({loss_sum, correct, tokens}, at::TensorOptions().dtype(at::kDouble))
+                                 .to(I.backend.device());
   if (I.dp()) I.dp()->all_reduce(totals, lf::backend::ReduceOp::sum);
   r.loss = totals[0].item<double>() / totals[2].item<double>();
   r.accuracy = totals[1].item<double>() / totals[2].item<double>();
@@ -176,6 +278,8 @@ TrainSummary Trainer::run() {
             I.deterministic ? " | deterministic mode" : "");
   }
   TrainSummary summary;
+  summary.start_iteration = I.checkpoints.load(*I.train_data);
+  summary.iterations = summary.start_iteration;
   summary.first_eval = evaluate();
   if (rank0 && summary.first_eval.tokens > 0)
     LF_INFO("validation before training | loss ", summary.first_eval.loss, " | accuracy ",
@@ -183,7 +287,7 @@ TrainSummary Trainer::run() {
   const auto start = std::chrono::steady_clock::now();
   auto window_start = start;
   int64_t window_iters = 0;
-  for (int64_t it = 1; it <= t.train_iters; ++it) {
+  for (int64_t it = summary.start_iteration + 1; it <= t.train_iters; ++it) {
     const double loss = I.forward_backward();
     const bool skip = t.skip_nonfinite_steps;
     const double lr = I.schedule.lr(it);
@@ -213,7 +317,7 @@ TrainSummary Trainer::run() {
       const double secs = std::chrono::duration<double>(now - window_start).count();
       const double tps = tokens_per_step * window_iters / std::max(secs, 1e-9);
       const double elapsed = std::chrono::duration<double>(now - start).count();
-      const double eta = elapsed / it * (t.train_iters - it);
+      const double eta = elapsed / (it - summary.start_iteration) * (t.train_iters - it);
       window_start = now;
       window_iters = 0;
       summary.tokens_per_sec = tps;
@@ -224,14 +328,20 @@ TrainSummary Trainer::run() {
         line << std::setprecision(4) << "iteration " << it << "/" << t.train_iters
              << " | consumed samples " << it * global_batch << " | loss " << loss << " | lr "
              << lr << " | grad norm " << grad_norm << " | tokens/s " << std::setprecision(6)
-             << tps << " | TFLOP/s per rank " << std::setprecision(3) << flops / 1e12
-             << " | ETA " << std::setprecision(3) << eta << " s";
+             << tps << " | TFLOP/s per rank " << std::setprecision(3) << flops / 1e12;
+        // Peak of live tensor bytes on this rank since the start (the backend's allocator).
+        const auto mem = I.backend.memory_stats();
+        const double peak_mib = static_cast<double>(mem.peak_allocated_bytes) / (1 << 20);
+        if (mem.supported) line << " | peak memory " << std::setprecision(5) << peak_mib << " MiB";
+        line << " | ETA " << std::setprecision(3) << eta << " s";
         LF_INFO(line.str());
         if (metrics.is_open()) {
           metrics << std::setprecision(10) << "{\"iteration\": " << it << ", \"loss\": " << loss
                   << ", \"grad_norm\": " << grad_norm << ", \"lr\": " << lr
                   << ", \"tokens_per_sec\": " << tps << ", \"consumed_samples\": "
-                  << it * global_batch << "}\n";
+                  << it * global_batch;
+          if (mem.supported) metrics << ", \"peak_memory_mib\": " << peak_mib;
+          metrics << "}\n";
           metrics.flush();
         }
       }
@@ -240,6 +350,10 @@ TrainSummary Trainer::run() {
       auto e = evaluate();
       if (rank0 && e.tokens > 0)
         LF_INFO("validation at iteration ", it, " | loss ", e.loss, " | accuracy ", e.accuracy);
+    }
+    if (I.checkpoints.after_step(it)) {
+      summary.preempted = true;
+      break;
     }
     if (t.exit_interval && it % *t.exit_interval == 0) {
       if (rank0) LF_INFO("exiting at iteration ", it, " (exit_interval ", *t.exit_interval, ")");
@@ -258,6 +372,7 @@ TrainSummary Trainer::run() {
       }
     }
   }
+  I.checkpoints.finish(summary.iterations);
   summary.last_eval = evaluate();
   if (rank0 && summary.last_eval.tokens > 0)
     LF_INFO("validation after training | loss ", summary.last_eval.loss, " | accuracy ",

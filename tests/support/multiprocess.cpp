@@ -138,12 +138,30 @@ int free_port() {
   return port;
 }
 
+namespace {
+// The directories this test process made; removed when its tests pass (remove_temp_dirs).
+std::vector<std::string>& temp_dirs() {
+  static std::vector<std::string> dirs;
+  return dirs;
+}
+}  // namespace
+
 std::string make_temp_dir(const std::string& prefix) {
   auto base = std::filesystem::temp_directory_path() / "loongforge-tests";
   std::filesystem::create_directories(base);
   std::string templ = (base / (prefix + "-XXXXXX")).string();
   if (!mkdtemp(templ.data())) throw std::runtime_error("mkdtemp failed for " + templ);
+  temp_dirs().push_back(templ);
   return templ;
+}
+
+void remove_temp_dirs() {
+  if (const char* keep = std::getenv("LOONGFORGE_KEEP_TEST_DIRS"); keep && *keep) return;
+  for (const auto& d : temp_dirs()) {
+    std::error_code ec;  // best effort: a directory another process still writes may stay
+    std::filesystem::remove_all(d, ec);
+  }
+  temp_dirs().clear();
 }
 
 std::string source_dir() {

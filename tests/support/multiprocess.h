@@ -64,6 +64,10 @@ RankResult run_command(const std::vector<std::string>& argv,
                        const std::vector<std::pair<std::string, std::string>>& env = {},
                        std::chrono::seconds timeout = std::chrono::seconds(120));
 
+// Removes every directory make_temp_dir made in this process (test_main calls it when all tests
+// passed; failures keep theirs for inspection; LOONGFORGE_KEEP_TEST_DIRS=1 keeps everything).
+void remove_temp_dirs();
+
 }  // namespace lf::testing
 
 // Defines a worker case. Its body may use gtest EXPECT_*/ASSERT_* (a failure makes the worker

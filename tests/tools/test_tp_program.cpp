@@ -122,18 +122,28 @@ TEST(TensorParallelEquivalence, Bf16Tp2AndSpWithinBf16Tolerance) {
       kBf16LossRel, kBf16ParamAbs, "bf16 TP 2 + SP");
 }
 
+// Layout clashes are configuration errors found before any process group exists, so --dry-run
+// reports them too, naming both keys and values.
 TEST(TensorParallelErrors, SequenceNotDivisibleWithSpNamesTheValues) {
-  auto r = train(2, {"--tensor-model-parallel-size", "2", "--sequence-parallel", "--seq-length",
-                     "63"}, "sp-odd");
-  EXPECT_NE(r.exit_code, 0);
-  EXPECT_NE(r.output.find("sequence length 63"), std::string::npos) << r.output;
+  for (bool dry : {true, false}) {
+    std::vector<std::string> a = {"--tensor-model-parallel-size", "2", "--sequence-parallel", "--seq-length", "63"};
+    if (dry) a.push_back("--dry-run");
+    auto r = train(2, a, dry ? "sp-odd-dry" : "sp-odd");
+    EXPECT_NE(r.exit_code, 0);
+    EXPECT_NE(r.output.find("training.seq_length 63 is not divisible by parallel.tensor_model_parallel_size 2"),
+              std::string::npos)
+        << r.output;
+  }
 }
 
 TEST(TensorParallelErrors, QueryGroupsNotDivisibleNameTheValues) {
   // The demo model has 2 query groups: TP 4 cannot give each rank whole groups.
-  auto r = train(4, {"--tensor-model-parallel-size", "4"}, "tp4");
+  auto r = train(4, {"--tensor-model-parallel-size", "4", "--dry-run"}, "tp4");
   EXPECT_NE(r.exit_code, 0);
-  EXPECT_NE(r.output.find("num_query_groups 2"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("model.foundation.num_query_groups 2 is not divisible by "
+                          "parallel.tensor_model_parallel_size 4"),
+            std::string::npos)
+      << r.output;
 }
 
 }  // namespace

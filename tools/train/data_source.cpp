@@ -30,10 +30,15 @@ class LoaderSource final : public lf::train::BatchSource {
                            at::TensorOptions().dtype(at::kLong));
     return t.clone();
   }
-  void rewind() override {
+  void rewind() override { seek(0); }
+  // Megatron's sampler state: the global consumed-sample count (any DP size continues it).
+  bool seek(int64_t consumed_samples) override {
     loader_.reset();
+    lf::data::PretrainingSampler::State state;
+    state.consumed_samples = consumed_samples;
     loader_ = std::make_unique<lf::data::BackgroundLoader>(
-        dataset_, lf::data::PretrainingSampler(dataset_->size(), micro_batch_, dp_rank_, dp_size_));
+        dataset_, lf::data::PretrainingSampler(dataset_->size(), micro_batch_, dp_rank_, dp_size_, state));
+    return true;
   }
 
  private:

@@ -18,6 +18,9 @@
 #include "loongforge/dist/rendezvous.h"
 #include "loongforge/models/causal_lm.h"
 #include "loongforge/models/decoder.h"
+#include "loongforge/models/hf_adapter.h"
+#include "loongforge/parallel/pipeline/stages.h"
+#include "loongforge/train/checkpoint.h"
 #include "loongforge/train/param_dump.h"
 #include "loongforge/train/trainer.h"
 
@@ -73,6 +76,45 @@ std::string estimates(const lf::config::JobConfig& job, const lf::models::Decode
   return os.str();
 }
 
+// The pipeline split: layers and parameters (of the full model; / tp per rank) of every stage.
+std::vector<lf::parallel::pipeline::LayerRange> stage_layers(const lf::config::ParallelConfig& p,
+                                                             const lf::models::DecoderConfig& m,
+                                                             int pp) {
+  return lf::parallel::pipeline::split_layers(m.num_layers, pp, p.decoder_first_pipeline_num_layers,
+                                              p.decoder_last_pipeline_num_layers);
+}
+
+std::string stage_assignment(const lf::config::JobConfig& job, const lf::models::DecoderConfig& m,
+                             const lf::dist::ParallelLayout& layout) {
+  const int tp = layout.size(lf::dist::Axis::tp), pp = layout.size(lf::dist::Axis::pp);
+  const auto ranges = stage_layers(job.parallel, m, pp);
+  // num_parameters() = vocab table(s) + layers + final norm; every layer has the same count.
+  const int64_t h = m.hidden_size, vocab = m.padded_vocab_size() * h;
+  const int64_t final_norm = m.normalization == "LayerNorm" ? 2 * h : h;
+  const int64_t tables = m.untie_embeddings_and_output_weights ? 2 * vocab : vocab;
+  const int64_t per_layer = (m.num_parameters() - tables - final_norm) / m.num_layers;
+  std::ostringstream os;
+  os << "pipeline stages (" << pp << "):\n";
+  for (int k = 0; k < pp; ++k) {
+    const auto& r = ranges[static_cast<size_t>(k)];
+    int64_t params = r.size() * per_layer;
+    std::string extra;
+    if (k == 0) params += vocab, extra += " + embedding";
+    if (k == pp - 1) {
+      params += final_norm;
+      // Tied embeddings over several stages: the last stage holds a copy as its output layer.
+      if (m.untie_embeddings_and_output_weights || pp > 1) params += vocab;
+      extra += m.untie_embeddings_and_output_weights ? " + final norm + output layer"
+                                                     : (pp > 1 ? " + final norm + tied output copy"
+                                                               : " + final norm");
+    }
+    os << "  stage " << k << ": layers " << r.begin << ".." << r.end - 1 << " (" << r.size()
+       << ")" << extra << " | " << params << " parameters (" << params / tp << " per rank, / tp "
+       << tp << ")\n";
+  }
+  return os.str();
+}
+
 }  // namespace
 
 int train_main(const lf::config::TrainCommandLine& cl) {
@@ -86,27 +128,43 @@ int train_main(const lf::config::TrainCommandLine& cl) {
   auto model = lf::models::load_causal_lm(loaded.job.model);
   loaded.resolved.set("model", model.resolved);
   auto layout = make_layout(job.parallel, env.world_size);
-  // Checks that need the world size.
+  // Checks that need the world size (reported by --dry-run too, as configuration errors).
   lf::train::num_micro_batches(job.training, layout.size(lf::dist::Axis::dp));
+  {
+    lf::config::ErrorList errors;
+    model.foundation.validate_layout(loaded.resolved, layout.size(lf::dist::Axis::tp),
+                                     job.parallel.sequence_parallel, job.training.seq_length, errors);
+    errors.throw_if_any();
+  }
+  // The pipeline split (layers not divisible by pp, bad first/last stage sizes: errors naming both).
+  const auto stages = stage_layers(job.parallel, model.foundation, layout.size(lf::dist::Axis::pp));
 
   if (cl.dry_run) {
     if (env.rank == 0) {
       std::cout << "# resolved configuration\n"
                 << lf::config::to_yaml(loaded.resolved, cl.show_origin) << "\n# parallel layout ("
                 << env.world_size << " ranks, launched by " << env.source << ")\n"
-                << layout.describe() << "\n" << estimates(job, model.foundation, layout);
+                << layout.describe() << "\n" << stage_assignment(job, model.foundation, layout)
+                << estimates(job, model.foundation, layout);
       std::cout.flush();
     }
     return 0;
   }
 
-  LF_CHECK(layout.size(lf::dist::Axis::pp) == 1 && layout.size(lf::dist::Axis::cp) == 1 &&
-               layout.size(lf::dist::Axis::ep) == 1,
-           "training runs tensor- and data-parallel only in this build (pp ",
-           layout.size(lf::dist::Axis::pp), ", cp ", layout.size(lf::dist::Axis::cp), ", ep ",
-           layout.size(lf::dist::Axis::ep), ")",
-           lf::hint("--dry-run shows any layout; pipeline, context and expert parallel "
-                    "training land with their issues (docs/architecture.md, roadmap)"));
+  LF_CHECK(layout.size(lf::dist::Axis::cp) == 1 && layout.size(lf::dist::Axis::ep) == 1,
+           "training runs tensor-, pipeline- and data-parallel only in this build (cp ",
+           layout.size(lf::dist::Axis::cp), ", ep ", layout.size(lf::dist::Axis::ep), ")",
+           lf::hint("--dry-run shows any layout; context and expert parallel training land with "
+                    "their issues (docs/architecture.md, roadmap)"));
+  LF_CHECK(!job.parallel.num_layers_per_virtual_pipeline_stage,
+           "parallel.num_layers_per_virtual_pipeline_stage ",
+           job.parallel.num_layers_per_virtual_pipeline_stage.value_or(0),
+           ": the interleaved pipeline schedule is not implemented yet (1F1B is)",
+           lf::hint("drop --num-layers-per-virtual-pipeline-stage"));
+  LF_CHECK(!job.checkpoint.save_hf || layout.size(lf::dist::Axis::pp) == 1,
+           "--save-hf with pipeline-model-parallel size ", layout.size(lf::dist::Axis::pp),
+           " is not supported yet (each stage holds part of the weights)",
+           lf::hint("save a checkpoint with --save and export it with loongforge-convert lf2hf"));
   const auto& backend = lf::backend::select_backend();
   backend.set_device_index(env.local_rank % std::max(1, backend.device_count()));
   const uint64_t seed = static_cast<uint64_t>(job.training.seed);
@@ -122,21 +180,48 @@ int train_main(const lf::config::TrainCommandLine& cl) {
   const auto dtype = job.training.bf16 ? at::kBFloat16 : at::kFloat;
   // Tensor (and sequence) parallel when tp > 1: each rank keeps its shards of the model that
   // `seed` gives on one device.
+  // Pipeline parallel when pp > 1: this rank's stage (its layers, embedding first, head last).
+  const auto& range = stages[static_cast<size_t>(ctx.pp_rank())];
+  const lf::models::PipelineStage stage{range.begin, range.end, ctx.is_first_stage(),
+                                        ctx.is_last_stage()};
   lf::models::Decoder decoder(model.foundation, backend, seed, dtype, &ctx,
-                              job.parallel.sequence_parallel);
+                              job.parallel.sequence_parallel, stage);
   if (env.rank == 0)
     LF_INFO("model: ", model.foundation.num_parameters(), " parameters, ",
             model.foundation.num_layers, " layers, hidden ", model.foundation.hidden_size,
-            " | world ", env.world_size, " (tp ", ctx.tp_size(), ", dp ", ctx.dp_size(),
+            " | world ", env.world_size, " (tp ", ctx.tp_size(), ", pp ", ctx.pp_size(), ", dp ", ctx.dp_size(),
             job.parallel.sequence_parallel && ctx.tp_size() > 1 ? ", sequence parallel" : "",
             ") | backend ", backend.name());
+  // --load of an HF model directory: its weights, converted on the fly (this rank's shards),
+  // then training starts at iteration 0 (an HF directory holds no optimizer or progress).
+  lf::config::JobConfig trainer_job = job;
+  if (job.checkpoint.load && lf::models::hf::is_hf_model_dir(*job.checkpoint.load)) {
+    lf::models::hf::load_hf_into(decoder, *job.checkpoint.load);
+    if (env.rank == 0)
+      LF_INFO("loaded HF weights from ", *job.checkpoint.load, "; starting at iteration 0");
+    trainer_job.checkpoint.load.reset();
+  }
   auto data = make_data_sources(job, model.foundation, ctx);
-  lf::train::Trainer trainer(job, decoder, ctx, backend, std::move(data.train),
+  lf::train::Trainer trainer(trainer_job, decoder, ctx, backend, std::move(data.train),
                              std::move(data.valid));
+  trainer.set_config_yaml(lf::config::to_yaml(loaded.resolved));
+  // Preemption: finish the step, save, exit 0 (only meaningful with --save).
+  if (job.checkpoint.save) lf::train::install_sigterm_handler();
   auto summary = trainer.run();
   // For equivalence tests across layouts: the final full parameters as fp32 safetensors.
   if (const char* dump = std::getenv("LOONGFORGE_DUMP_PARAMS"); dump && *dump)
     lf::train::dump_parameters(dump, decoder.parameters(), ctx);
+  // --save-hf: the final weights as an HF model directory (bf16 when training in bf16).
+  if (job.checkpoint.save_hf) {
+    const auto full = lf::train::gather_full_parameters(decoder.parameters(), ctx);
+    if (ctx.tp_rank() == 0 && ctx.dp_rank() == 0) {
+      lf::models::hf::WriteOptions wo;
+      wo.dtype = job.training.bf16 ? at::kBFloat16 : at::kFloat;
+      lf::models::hf::write_hf(*job.checkpoint.save_hf, model.foundation, full, wo);
+      LF_INFO("exported HF weights to ", *job.checkpoint.save_hf);
+    }
+    ctx.world().barrier();
+  }
   if (env.rank == 0)
     LF_INFO("done: ", summary.iterations, " iterations | final loss ", summary.last_loss,
             " | held-out loss ", summary.first_eval.loss, " -> ", summary.last_eval.loss,

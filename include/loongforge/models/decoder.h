@@ -22,12 +22,17 @@
 //       .bias [2 f] or [f] (add_bias_linear), split like the rows.
 //   mlp.linear_fc2.weight              [h, f]. TP: dim 1. .bias [h], replicated.
 //   *layernorm.weight (+ .bias with LayerNorm)  [h], replicated (sequence_parallel with SP).
+//
+// Pipeline parallelism: built for a PipelineStage, the decoder holds a contiguous range of layers
+// (names keep their global index, decoder.layers.<i>...), the embedding on the first stage, the
+// final norm and output layer on the last; stage_forward() runs that part.
 #pragma once
 
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -55,7 +60,25 @@ struct NamedParameter {
   // The full tensor stacks this many equal blocks along partition_dim, each split over TP on its
   // own (fc1's [gate; up]: 2); a shard is then [block0_r; block1_r; ...].
   int64_t partition_blocks = 1;
+  // Pipeline parallelism with tied embeddings: the last stage's copy of the first stage's
+  // embedding (same name, same values), used as its output layer. Its gradient is summed with the
+  // owner's over the embedding group before the optimizer (Megatron); the gradient norm, the
+  // parameter dump and checkpoints skip it (the owner counts).
+  bool tied_copy = false;
 };
+
+// The part of the model one pipeline stage holds: layers [layer_begin, layer_end) (global
+// indices), the embedding when first, final norm + output layer (and loss) when last.
+struct PipelineStage {
+  int64_t layer_begin = 0;
+  int64_t layer_end = -1;  // -1: num_layers (the whole model)
+  bool first = true, last = true;
+};
+// Stage pp_rank of pp, layers split by lf::parallel::pipeline::split_layers (even, or the uneven
+// first/last stage sizes; errors name the values).
+PipelineStage pipeline_stage(const DecoderConfig& config, int pp, int pp_rank,
+                             std::optional<int64_t> first_stage_layers = {},
+                             std::optional<int64_t> last_stage_layers = {});
 
 // Activation recomputation (Megatron's --recompute-*). full: a layer keeps only its input and
 // recomputes everything in backward; method uniform groups num_layers consecutive layers per
@@ -86,6 +109,13 @@ class Decoder {
   Decoder(const DecoderConfig& config, const lf::backend::DeviceBackend& backend, uint64_t seed,
           at::ScalarType dtype, const lf::dist::ParallelContext* parallel = nullptr,
           bool sequence_parallel = false);
+  // One pipeline stage of that model: every rank still draws every tensor in the same order (so
+  // the PP model from seed S is the single-device model from seed S split by layers) and keeps
+  // its stage's. With tied embeddings the last stage (when not also first) holds a tied_copy of
+  // the embedding as its output layer.
+  Decoder(const DecoderConfig& config, const lf::backend::DeviceBackend& backend, uint64_t seed,
+          at::ScalarType dtype, const lf::dist::ParallelContext* parallel, bool sequence_parallel,
+          const PipelineStage& stage);
 
   // tokens: [b, s] int64 -> full-vocabulary logits [s, b, vocab_size] (padding columns dropped;
   // under TP gathered over the group, so every TP rank returns the same tensor).
@@ -98,6 +128,12 @@ class Decoder {
   // are ignored: loss 0). Under TP the cross entropy is vocab-parallel (no rank forms
   // full-vocabulary logits) and every TP rank returns the same values.
   at::Tensor loss(const at::Tensor& tokens, const at::Tensor& labels) const;
+  // This stage's part. input: tokens [b, s] on the first stage, else the previous stage's hidden
+  // states [s(/tp with SP), b, h]. Returns hidden states [s(/tp), b, h] unless last; on the last
+  // stage the per-token loss [s * b] (labels [b, s] given) or full logits [s, b, vocab] (labels
+  // undefined), as loss() / forward(). forward(), loss() and the KV cache need the whole model.
+  at::Tensor stage_forward(const at::Tensor& input, const at::Tensor& labels = {}) const;
+  const PipelineStage& stage() const { return stage_; }
 
   const std::vector<NamedParameter>& parameters() const { return params_; }
   // Copies full (unsharded, single-device layout) tensors into this rank's shards. Every
@@ -121,8 +157,20 @@ class Decoder {
     at::Tensor input_norm, input_norm_bias, qkv, qkv_bias, q_norm, k_norm, proj, proj_bias,
         pre_mlp_norm, pre_mlp_norm_bias, fc1, fc1_bias, fc2, fc2_bias;
   };
+  // Registers `full` (this rank's shard of it) as a parameter; while keep_ is false (a tensor of
+  // another pipeline stage) it only lets the draw happen and returns an undefined tensor.
   at::Tensor add(std::string name, const at::Tensor& full, at::ScalarType dtype, bool no_decay,
                  int64_t partition_dim = -1, int64_t blocks = 1);
+  void check_whole_model(const char* what) const;
+  // tokens [b, s] -> [s(/tp), b, h] (embedding + its dropout)
+  at::Tensor embed(const at::Tensor& tokens, int64_t start) const;
+  // This stage's layers: [s(/tp), b, h] -> [s(/tp), b, h]; s: the full sequence length.
+  at::Tensor run_layers(at::Tensor x, int64_t start, int64_t s, KvCache* cache) const;
+  // Final norm + output layer: [s(/tp), b, h] -> this rank's vocab shard [s, b, v_pad / tp]
+  at::Tensor head(const at::Tensor& x) const;
+  // Local logits -> per-token loss [s b] / full logits [s, b, vocab]
+  at::Tensor loss_of(const at::Tensor& logits, const at::Tensor& labels) const;
+  at::Tensor full_logits(const at::Tensor& logits) const;
   at::Tensor norm(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b) const;
   // x: [s(/tp), b, h] -> this rank's vocab shard of the logits [s, b, v_pad / tp]
   at::Tensor local_logits(const at::Tensor& tokens, KvCache* cache = nullptr) const;
@@ -141,7 +189,9 @@ class Decoder {
   lf::parallel::TensorParallel tp_;
   std::vector<NamedParameter> params_;
   at::Tensor embedding_, final_norm_, final_norm_bias_, output_;
-  std::vector<Layer> layers_;
+  std::vector<Layer> layers_;  // this stage's: layers_[j] is global layer stage_.layer_begin + j
+  PipelineStage stage_;
+  bool keep_ = true;
   bool training_ = true;
   RecomputeOptions recompute_;
   mutable lf::parallel::RngTracker rng_;

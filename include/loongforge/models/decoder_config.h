@@ -91,6 +91,12 @@ struct DecoderConfig {
   // key under `prefix` and its origin in `tree`.
   void validate(const lf::config::Node& tree, const std::string& prefix,
                 lf::config::ErrorList& errors) const;
+  // Checks against a parallel layout, before any process group exists (--dry-run reports them):
+  // heads, query groups and ffn_hidden_size divisible by tp; with sequence parallelism the
+  // sequence too; seq_length within max_position_embeddings. `job` is the resolved job tree
+  // (issues name model.foundation.<field> and the training/parallel keys with their origins).
+  void validate_layout(const lf::config::Node& job, int64_t tp, bool sequence_parallel,
+                       int64_t seq_length, lf::config::ErrorList& errors) const;
 };
 
 }  // namespace lf::models

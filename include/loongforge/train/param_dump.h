@@ -18,4 +18,10 @@ namespace lf::train {
 void dump_parameters(const std::string& path, const std::vector<lf::models::NamedParameter>& params,
                      const lf::dist::ParallelContext& ctx);
 
+// Collective over the TP group: every parameter as its full (unsharded) fp32 CPU tensor, in the
+// model's order, on every TP rank (vocabulary tables keep this TP size's padding rows). A
+// pipeline stage's tied_copy of the embedding is left out (the first stage has it).
+std::vector<std::pair<std::string, at::Tensor>> gather_full_parameters(
+    const std::vector<lf::models::NamedParameter>& params, const lf::dist::ParallelContext& ctx);
+
 }  // namespace lf::train

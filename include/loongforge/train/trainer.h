@@ -27,6 +27,9 @@ class BatchSource {
   virtual at::Tensor next() = 0;
   // Starts over from the first micro-batch (validation: every evaluation sees the same data).
   virtual void rewind() {}
+  // Resume: continue after `consumed_samples` samples of the global stream (all DP ranks).
+  // false: not supported (the trainer then skips whole micro-batches with next()).
+  virtual bool seek(int64_t consumed_samples) { return false; }
 };
 
 struct EvalResult {
@@ -40,6 +43,8 @@ struct TrainSummary {
   double last_loss = 0;
   EvalResult first_eval, last_eval;
   double tokens_per_sec = 0;
+  int64_t start_iteration = 0;  // loaded from --load (0: fresh start)
+  bool preempted = false;       // stopped by SIGTERM after saving a checkpoint
 };
 
 class Trainer {
@@ -49,6 +54,10 @@ class Trainer {
           std::unique_ptr<BatchSource> train_data, std::unique_ptr<BatchSource> valid_data);
   ~Trainer();
 
+  // The resolved configuration saved as config.yaml in checkpoints.
+  void set_config_yaml(std::string yaml);
+  // Loads --load (when set), trains to train_iters with --save checkpoints, SIGTERM handling and
+  // a final save (docs/checkpoints.md).
   TrainSummary run();
   // Validation over eval_iters micro-batches per DP rank, averaged over the data-parallel group.
   EvalResult evaluate();
@@ -57,6 +66,10 @@ class Trainer {
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };
+
+// The model's activation recomputation from training.recompute_* (Megatron semantics: uniform
+// with num_layers 1 when only the granularity is given).
+lf::models::RecomputeOptions recompute_options(const lf::config::TrainingConfig& t);
 
 // Micro-batches per step: global_batch_size / (micro_batch_size * dp); throws naming the values
 // when they do not divide.

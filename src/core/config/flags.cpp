@@ -23,6 +23,8 @@ const std::vector<FlagSpec> kTable = {
   {"--expert-model-parallel-size", "parallel.expert_model_parallel_size", K::value, "N", ""},
   {"--expert-tensor-parallel-size", "parallel.expert_tensor_parallel_size", K::value, "N", ""},
   {"--num-layers-per-virtual-pipeline-stage", "parallel.num_layers_per_virtual_pipeline_stage", K::value, "N", ""},
+  {"--decoder-first-pipeline-num-layers", "parallel.decoder_first_pipeline_num_layers", K::value, "N", ""},
+  {"--decoder-last-pipeline-num-layers", "parallel.decoder_last_pipeline_num_layers", K::value, "N", ""},
   {"--distributed-timeout-minutes", "parallel.distributed_timeout_minutes", K::value, "MIN", ""},
   {"--distributed-backend", "parallel.distributed_backend", K::value, "NAME", ""},
   {"--overlap-grad-reduce", "parallel.overlap_grad_reduce", K::store_true, "", ""},
@@ -91,6 +93,9 @@ const std::vector<FlagSpec> kTable = {
   {"--no-load-rng", "checkpoint.no_load_rng", K::store_true, "", ""},
   {"--finetune", "checkpoint.finetune", K::store_true, "", ""},
   {"--exit-on-missing-checkpoint", "checkpoint.exit_on_missing_checkpoint", K::store_true, "", ""},
+  {"--ckpt-keep-last", "checkpoint.ckpt_keep_last", K::value, "N", ""},
+  {"--async-save", "checkpoint.async_save", K::store_true, "", ""},
+  {"--save-hf", "checkpoint.save_hf", K::value, "DIR", ""},
   // logging
   {"--log-interval", "logging.log_interval", K::value, "N", ""},
   {"--metrics-file", "logging.metrics_file", K::value, "PATH", ""},

@@ -24,6 +24,8 @@ struct ParallelConfig {
   int64_t expert_model_parallel_size = 1;
   std::optional<int64_t> expert_tensor_parallel_size;  // null: same as tensor_model_parallel_size
   std::optional<int64_t> num_layers_per_virtual_pipeline_stage;
+  std::optional<int64_t> decoder_first_pipeline_num_layers;  // null: even split
+  std::optional<int64_t> decoder_last_pipeline_num_layers;   // null: even split
   std::string order = "tp-cp-ep-dp-pp";
   int64_t distributed_timeout_minutes = 10;
   std::string distributed_backend = "auto";
@@ -42,6 +44,12 @@ struct ParallelConfig {
       "Tensor parallel size of the experts (null: tensor_model_parallel_size)", Min{1});
     v("num_layers_per_virtual_pipeline_stage", num_layers_per_virtual_pipeline_stage,
       "Layers per virtual pipeline stage (interleaved schedule)", Min{1});
+    v("decoder_first_pipeline_num_layers", decoder_first_pipeline_num_layers,
+      "Layers on the first pipeline stage (null: even split); the other stages split the rest evenly",
+      Min{1});
+    v("decoder_last_pipeline_num_layers", decoder_last_pipeline_num_layers,
+      "Layers on the last pipeline stage (null: even split); the other stages split the rest evenly",
+      Min{1});
     v("order", order, "Rank order of the parallel axes, fastest first (a permutation of tp-cp-ep-dp-pp)");
     v("distributed_timeout_minutes", distributed_timeout_minutes,
       "Timeout of collectives and rendezvous, in minutes", Min{1});
@@ -200,6 +208,9 @@ struct CheckpointConfig {
   bool no_load_rng = false;
   bool finetune = false;
   bool exit_on_missing_checkpoint = false;
+  std::optional<int64_t> ckpt_keep_last;  // null: keep every checkpoint
+  bool async_save = false;
+  std::optional<std::string> save_hf;
 
   template <class V>
   void visit(V& v) {
@@ -212,6 +223,9 @@ struct CheckpointConfig {
     v("no_load_rng", no_load_rng, "Do not load the random number generator state");
     v("finetune", finetune, "Load weights only; start at iteration 0 with fresh optimizer and RNG");
     v("exit_on_missing_checkpoint", exit_on_missing_checkpoint, "Fail when load names no checkpoint");
+    v("ckpt_keep_last", ckpt_keep_last, "Keep only the newest N checkpoints in save (null: all)", Min{1});
+    v("async_save", async_save, "Write checkpoints in the background while training continues");
+    v("save_hf", save_hf, "Export the final weights as an HF model directory (config.json + safetensors)");
   }
 };
 

@@ -1,0 +1,54 @@
+// CpuOps: fused CPU attention (backends/cpu/cpu_ops.h).
+#include "cpu_ops.h"
+
+#include <ATen/Functions.h>
+#include <ATen/ops/_scaled_dot_product_flash_attention_for_cpu.h>
+#include <ATen/ops/_scaled_dot_product_flash_attention_for_cpu_backward.h>
+
+namespace lf::backend {
+namespace {
+
+// ATen's CPU flash kernel aligns a causal mask top-left; ours is bottom-right (KV cache). They
+// agree when s == t. Explicit masks stay on the reference path.
+bool flash_applies(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const AttentionMask& mask) {
+  const bool dtype_ok = (q.scalar_type() == at::kFloat || q.scalar_type() == at::kBFloat16) &&
+                        k.scalar_type() == q.scalar_type() && v.scalar_type() == q.scalar_type();
+  const bool mask_ok = mask.kind == MaskKind::none || (mask.kind == MaskKind::causal && q.size(2) == k.size(2));
+  return q.device().is_cpu() && dtype_ok && mask_ok && q.size(-1) == v.size(-1);
+}
+
+// GQA: each kv head serves q.size(1) / k.size(1) query heads.
+at::Tensor expand_heads(const at::Tensor& t, int64_t group) {
+  return group == 1 ? t : t.repeat_interleave(group, 1);
+}
+at::Tensor sum_groups(const at::Tensor& g, int64_t group) {
+  if (group == 1) return g;
+  auto s = g.sizes().vec();  // [b, nkv * group, t, d]
+  return g.view({s[0], s[1] / group, group, s[2], s[3]}).sum(2);
+}
+
+}  // namespace
+
+SdpaFwd CpuOps::sdpa_fwd(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                         const AttentionMask& mask, double scale) const {
+  check_sdpa_args(q, k, v, mask);
+  if (!flash_applies(q, k, v, mask)) return ReferenceOps::sdpa_fwd(q, k, v, mask, scale);
+  const int64_t group = q.size(1) / k.size(1);
+  auto [o, lse] = at::_scaled_dot_product_flash_attention_for_cpu(
+      q, expand_heads(k, group), expand_heads(v, group), 0.0, mask.kind == MaskKind::causal, {}, scale);
+  return {o.contiguous(), lse.to(at::kFloat).contiguous()};
+}
+
+SdpaBwd CpuOps::sdpa_bwd(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k,
+                         const at::Tensor& v, const at::Tensor& o, const at::Tensor& lse,
+                         const AttentionMask& mask, double scale) const {
+  check_sdpa_args(q, k, v, mask);
+  if (!flash_applies(q, k, v, mask)) return ReferenceOps::sdpa_bwd(dout, q, k, v, o, lse, mask, scale);
+  const int64_t group = q.size(1) / k.size(1);
+  auto [dq, dk, dv] = at::_scaled_dot_product_flash_attention_for_cpu_backward(
+      dout.contiguous(), q, expand_heads(k, group), expand_heads(v, group), o, lse, 0.0,
+      mask.kind == MaskKind::causal, {}, scale);
+  return {dq.contiguous(), sum_groups(dk, group).contiguous(), sum_groups(dv, group).contiguous()};
+}
+
+}  // namespace lf::backend

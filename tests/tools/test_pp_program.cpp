@@ -139,7 +139,10 @@ TEST(PipelineParallelDryRun, ShowsTheStageAssignment) {
   ASSERT_EQ(r.exit_code, 0) << r.output;
   // 8 layers over 4 stages with 2 on the last: 2 + 2 + 2 + 2.
   for (const char* s : {"stage 0: layers 0..1 (2) + embedding", "stage 1: layers 2..3 (2)",
-                        "stage 3: layers 6..7 (2) + final norm + tied output copy"})
+                        "stage 3: layers 6..7 (2) + final norm + tied output copy",
+                        // Memory per stage: 1F1B keeps pp - k micro-batches in flight on stage k.
+                        "per-rank estimates by pipeline stage", "(4 micro-batches in flight)",
+                        "(1 micro-batch in flight)"})
     EXPECT_NE(r.output.find(s), std::string::npos) << s << "\n" << r.output;
 }
 

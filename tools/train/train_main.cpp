@@ -45,37 +45,6 @@ std::string human_bytes(double b) {
   return os.str();
 }
 
-// Per-rank estimates from the parameter count and Megatron's activation formula
-// (s*b*h*(34 + 5*a*s/h) bytes per layer in 16-bit, /tp; doubled in fp32).
-std::string estimates(const lf::config::JobConfig& job, const lf::models::DecoderConfig& m,
-                      const lf::dist::ParallelLayout& layout) {
-  const int tp = layout.size(lf::dist::Axis::tp), pp = layout.size(lf::dist::Axis::pp),
-            dp = layout.size(lf::dist::Axis::dp);
-  const bool half = job.training.bf16 || job.training.fp16;
-  const double params = static_cast<double>(m.num_parameters()) / (tp * pp);
-  const double weight_bytes = params * (half ? 2 : 4);
-  const double grad_bytes = params * 4;  // fp32 main gradients
-  double optim_bytes = params * (8 + (half ? 4 : 0));  // Adam m, v (+ fp32 master)
-  if (job.optimizer.use_distributed_optimizer) optim_bytes /= dp;
-  const double s = job.training.seq_length, b = job.training.micro_batch_size,
-               h = m.hidden_size, a = m.num_attention_heads;
-  const double act = s * b * h * (34 + 5 * a * s / h) * (m.num_layers / static_cast<double>(pp)) /
-                     tp * (half ? 1 : 2);
-  std::ostringstream os;
-  os << "per-rank estimates (every rank of a pipeline stage is alike):\n"
-     << "  parameters      " << static_cast<int64_t>(params) << " of "
-     << m.num_parameters() << " (/ tp " << tp << " x pp " << pp << ")\n"
-     << "  weights         " << human_bytes(weight_bytes) << "\n"
-     << "  gradients       " << human_bytes(grad_bytes) << " (fp32)\n"
-     << "  optimizer       " << human_bytes(optim_bytes)
-     << (job.optimizer.use_distributed_optimizer ? " (sharded over dp)" : "") << "\n"
-     << "  activations     " << human_bytes(act) << " per micro-batch in flight\n"
-     << "  total           " << human_bytes(weight_bytes + grad_bytes + optim_bytes + act) << "\n"
-     << "  model FLOPs     " << std::setprecision(4) << m.flops_per_token(job.training.seq_length)
-     << " per token (training)\n";
-  return os.str();
-}
-
 // The pipeline split: layers and parameters (of the full model; / tp per rank) of every stage.
 std::vector<lf::parallel::pipeline::LayerRange> stage_layers(const lf::config::ParallelConfig& p,
                                                              const lf::models::DecoderConfig& m,
@@ -84,33 +53,89 @@ std::vector<lf::parallel::pipeline::LayerRange> stage_layers(const lf::config::P
                                               p.decoder_last_pipeline_num_layers);
 }
 
-std::string stage_assignment(const lf::config::JobConfig& job, const lf::models::DecoderConfig& m,
-                             const lf::dist::ParallelLayout& layout) {
-  const int tp = layout.size(lf::dist::Axis::tp), pp = layout.size(lf::dist::Axis::pp);
-  const auto ranges = stage_layers(job.parallel, m, pp);
+struct StageCount {
+  lf::parallel::pipeline::LayerRange range;
+  int64_t params = 0;  // of the full model's tensors this stage holds (before / tp)
+  std::string extra;   // what besides layers
+};
+
+std::vector<StageCount> stage_counts(const lf::config::JobConfig& job, const lf::models::DecoderConfig& m,
+                                     int pp) {
   // num_parameters() = vocab table(s) + layers + final norm; every layer has the same count.
   const int64_t h = m.hidden_size, vocab = m.padded_vocab_size() * h;
   const int64_t final_norm = m.normalization == "LayerNorm" ? 2 * h : h;
   const int64_t tables = m.untie_embeddings_and_output_weights ? 2 * vocab : vocab;
   const int64_t per_layer = (m.num_parameters() - tables - final_norm) / m.num_layers;
+  std::vector<StageCount> out;
+  for (const auto& r : stage_layers(job.parallel, m, pp)) {
+    const int k = static_cast<int>(out.size());
+    StageCount c{r, r.size() * per_layer, ""};
+    if (k == 0) c.params += vocab, c.extra += " + embedding";
+    if (k == pp - 1) {
+      c.params += final_norm;
+      // Tied embeddings over several stages: the last stage holds a copy as its output layer.
+      if (m.untie_embeddings_and_output_weights || pp > 1) c.params += vocab;
+      c.extra += m.untie_embeddings_and_output_weights ? " + final norm + output layer"
+                                                       : (pp > 1 ? " + final norm + tied output copy"
+                                                                 : " + final norm");
+    }
+    out.push_back(std::move(c));
+  }
+  return out;
+}
+
+// Per-rank estimates from the stage's parameter count and Megatron's activation formula
+// (s*b*h*(34 + 5*a*s/h) bytes per layer in 16-bit, /tp; doubled in fp32). Under 1F1B stage k
+// holds the activations of up to pp - k micro-batches at once.
+std::string estimates(const lf::config::JobConfig& job, const lf::models::DecoderConfig& m,
+                      const lf::dist::ParallelLayout& layout) {
+  const int tp = layout.size(lf::dist::Axis::tp), pp = layout.size(lf::dist::Axis::pp),
+            dp = layout.size(lf::dist::Axis::dp);
+  const bool half = job.training.bf16 || job.training.fp16;
+  const double s = job.training.seq_length, b = job.training.micro_batch_size,
+               h = m.hidden_size, a = m.num_attention_heads;
+  const double act_per_layer = s * b * h * (34 + 5 * a * s / h) / tp * (half ? 1 : 2);
+  const int64_t micro_batches = lf::train::num_micro_batches(job.training, dp);
+  std::ostringstream os;
+  os << "per-rank estimates" << (pp > 1 ? " by pipeline stage" : "")
+     << " (every rank of a pipeline stage is alike):\n";
+  const auto counts = stage_counts(job, m, pp);
+  for (size_t k = 0; k < counts.size(); ++k) {
+    const double params = static_cast<double>(counts[k].params) / tp;
+    const double weight_bytes = params * (half ? 2 : 4);
+    const double grad_bytes = params * 4;                 // fp32 main gradients
+    double optim_bytes = params * (8 + (half ? 4 : 0));  // Adam m, v (+ fp32 master)
+    if (job.optimizer.use_distributed_optimizer) optim_bytes /= dp;
+    const int64_t in_flight = pp > 1 ? std::min<int64_t>(pp - static_cast<int64_t>(k), micro_batches) : 1;
+    const double act = act_per_layer * static_cast<double>(counts[k].range.size()) * static_cast<double>(in_flight);
+    const std::string pad = pp > 1 ? "    " : "  ";
+    if (pp > 1) os << "  stage " << k << ":\n";
+    os << pad << "parameters      " << static_cast<int64_t>(params) << " of " << m.num_parameters()
+       << " (/ tp " << tp << (pp > 1 ? ", this stage's layers" : "") << ")\n"
+       << pad << "weights         " << human_bytes(weight_bytes) << "\n"
+       << pad << "gradients       " << human_bytes(grad_bytes) << " (fp32)\n"
+       << pad << "optimizer       " << human_bytes(optim_bytes)
+       << (job.optimizer.use_distributed_optimizer ? " (sharded over dp)" : "") << "\n"
+       << pad << "activations     " << human_bytes(act) << " (" << in_flight << " micro-batch"
+       << (in_flight > 1 ? "es" : "") << " in flight)\n"
+       << pad << "total           " << human_bytes(weight_bytes + grad_bytes + optim_bytes + act) << "\n";
+  }
+  os << "  model FLOPs     " << std::setprecision(4) << m.flops_per_token(job.training.seq_length)
+     << " per token (training)\n";
+  return os.str();
+}
+
+std::string stage_assignment(const lf::config::JobConfig& job, const lf::models::DecoderConfig& m,
+                             const lf::dist::ParallelLayout& layout) {
+  const int tp = layout.size(lf::dist::Axis::tp), pp = layout.size(lf::dist::Axis::pp);
   std::ostringstream os;
   os << "pipeline stages (" << pp << "):\n";
-  for (int k = 0; k < pp; ++k) {
-    const auto& r = ranges[static_cast<size_t>(k)];
-    int64_t params = r.size() * per_layer;
-    std::string extra;
-    if (k == 0) params += vocab, extra += " + embedding";
-    if (k == pp - 1) {
-      params += final_norm;
-      // Tied embeddings over several stages: the last stage holds a copy as its output layer.
-      if (m.untie_embeddings_and_output_weights || pp > 1) params += vocab;
-      extra += m.untie_embeddings_and_output_weights ? " + final norm + output layer"
-                                                     : (pp > 1 ? " + final norm + tied output copy"
-                                                               : " + final norm");
-    }
-    os << "  stage " << k << ": layers " << r.begin << ".." << r.end - 1 << " (" << r.size()
-       << ")" << extra << " | " << params << " parameters (" << params / tp << " per rank, / tp "
-       << tp << ")\n";
+  const auto counts = stage_counts(job, m, pp);
+  for (size_t k = 0; k < counts.size(); ++k) {
+    const auto& c = counts[k];
+    os << "  stage " << k << ": layers " << c.range.begin << ".." << c.range.end - 1 << " ("
+       << c.range.size() << ")" << c.extra << " | " << c.params << " parameters (" << c.params / tp
+       << " per rank, / tp " << tp << ")\n";
   }
   return os.str();
 }
@@ -192,6 +217,11 @@ int train_main(const lf::config::TrainCommandLine& cl) {
             " | world ", env.world_size, " (tp ", ctx.tp_size(), ", pp ", ctx.pp_size(), ", dp ", ctx.dp_size(),
             job.parallel.sequence_parallel && ctx.tp_size() > 1 ? ", sequence parallel" : "",
             ") | backend ", backend.name());
+  if (env.rank == 0 && job.parallel.overlap_grad_reduce && ctx.pp_size() > 1 &&
+      !model.foundation.untie_embeddings_and_output_weights)
+    LF_WARN("--overlap-grad-reduce is off on the first and last pipeline stages: the tied "
+            "embedding's gradient is summed over the embedding group before the data-parallel "
+            "reduction (untie_embeddings_and_output_weights keeps the overlap everywhere)");
   // --load of an HF model directory: its weights, converted on the fly (this rank's shards),
   // then training starts at iteration 0 (an HF directory holds no optimizer or progress).
   lf::config::JobConfig trainer_job = job;

@@ -91,6 +91,7 @@ struct Trainer::Impl {
   TrainerCheckpointing checkpoints;
   // Pipeline parallelism (pp > 1): activations and gradients to and from the adjacent stages.
   std::unique_ptr<lf::parallel::pipeline::StageExchange> exchange;
+  std::unique_ptr<lf::parallel::pipeline::ScheduleTrace> trace;  // --pipeline-trace
 
   Impl(const lf::config::JobConfig& j, lf::models::Decoder& m, const lf::dist::ParallelContext& c,
        const lf::backend::DeviceBackend& b, std::unique_ptr<BatchSource> t,
@@ -104,8 +105,10 @@ struct Trainer::Impl {
         micro_batches(num_micro_batches(j.training, c.dp_size())),
         checkpoints(j, m, c, b, grads, optimizer, schedule,
                     j.training.micro_batch_size * c.dp_size() * micro_batches) {
-    if (c.pp_size() > 1)
+    if (c.pp_size() > 1) {
       exchange = std::make_unique<lf::parallel::pipeline::StageExchange>(c.pp(), b.device());
+      if (j.parallel.pipeline_trace) trace = std::make_unique<lf::parallel::pipeline::ScheduleTrace>();
+    }
   }
 
   lf::backend::Communicator* dp() const { return ctx.dp_size() > 1 ? &ctx.dp() : nullptr; }
@@ -153,7 +156,7 @@ struct Trainer::Impl {
       return per_token.sum() / static_cast<double>(per_token.numel() * micro_batches);
     };
     step.before_backward = [&](int64_t m) { grads.begin_micro_batch(m == micro_batches - 1); };
-    double loss_sum = lf::parallel::pipeline::run_1f1b(*exchange, micro_batches, step);
+    double loss_sum = lf::parallel::pipeline::run_1f1b(*exchange, micro_batches, step, trace.get());
     // Tied embeddings: sum the embedding's gradient over the first and last stage (Megatron's
     // _allreduce_word_embedding_grads), before the DP reduction (both are sums).
     if (has_tied_copy(model) && ctx.in_embedding_group() && ctx.embedding().size() > 1) {
@@ -373,6 +376,18 @@ TrainSummary Trainer::run() {
     }
   }
   I.checkpoints.finish(summary.iterations);
+  if (I.trace && !I.trace->steps.empty()) {
+    // Each stage writes its timeline; the bubble is averaged over the stages.
+    const std::string path = *I.job.parallel.pipeline_trace + ".stage" + std::to_string(I.ctx.pp_rank()) + ".json";
+    if (I.ctx.tp_rank() == 0 && I.ctx.dp_rank() == 0) I.trace->write_chrome_trace(path, I.ctx.pp_rank());
+    auto bubble = at::full({1}, I.trace->bubble_fraction(), at::TensorOptions().dtype(at::kDouble).device(I.backend.device()));
+    I.ctx.pp().all_reduce(bubble, lf::backend::ReduceOp::avg);
+    const double p = I.ctx.pp_size(), m = static_cast<double>(I.micro_batches);
+    if (rank0)
+      LF_INFO("pipeline bubble: ", bubble.item<double>(), " of each step (1F1B ideal (p - 1) / (m + p - 1) = ",
+              (p - 1) / (m + p - 1), " for p ", p, ", m ", m, ") | trace: ", *I.job.parallel.pipeline_trace,
+              ".stage<k>.json");
+  }
   summary.last_eval = evaluate();
   if (rank0 && summary.last_eval.tokens > 0)
     LF_INFO("validation after training | loss ", summary.last_eval.loss, " | accuracy ",

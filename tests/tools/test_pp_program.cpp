@@ -146,6 +146,21 @@ TEST(PipelineParallelDryRun, ShowsTheStageAssignment) {
     EXPECT_NE(r.output.find(s), std::string::npos) << s << "\n" << r.output;
 }
 
+// --pipeline-trace: every stage writes its Chrome trace and rank 0 prints the measured bubble.
+TEST(PipelineParallelTrace, WritesEveryStageAndPrintsTheBubble) {
+  auto dir = lf::testing::make_temp_dir("pp-trace");
+  auto r = train(2, 2, 2, {"--pipeline-trace", dir + "/trace"}, "trace");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("pipeline bubble: "), std::string::npos) << r.output;
+  for (const char* stage : {"0", "1"}) {
+    std::ifstream in(dir + "/trace.stage" + stage + ".json");
+    const std::string json((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    EXPECT_NE(json.find("\"traceEvents\""), std::string::npos) << stage;
+    EXPECT_NE(json.find("\"name\": \"F3\""), std::string::npos) << stage;  // 4 micro-batches per step
+    EXPECT_NE(json.find("\"name\": \"step 9\""), std::string::npos) << stage;  // 10 steps
+  }
+}
+
 // Layout clashes are configuration errors found before any process group exists, so --dry-run
 // reports them too, naming both values.
 TEST(PipelineParallelErrors, LayersNotDivisibleNameTheValues) {

@@ -4,7 +4,10 @@
 #include <ATen/core/grad_mode.h>
 
 #include <algorithm>
+#include <chrono>
 #include <deque>
+#include <fstream>
+#include <iomanip>
 
 #include "loongforge/core/error.h"
 
@@ -18,16 +21,59 @@ struct InFlight {
   at::Tensor input, output;
 };
 
+double now_us() {
+  return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+// Records one compute call into the trace (if any).
+class Timed {
+ public:
+  Timed(ScheduleTrace* trace, char kind, int64_t m) : trace_(trace), kind_(kind), m_(m), start_(trace ? now_us() : 0) {}
+  ~Timed() {
+    if (trace_) trace_->events.push_back({kind_, m_, start_, now_us() - start_});
+  }
+
+ private:
+  ScheduleTrace* trace_;
+  char kind_;
+  int64_t m_;
+  double start_;
+};
+
+// The step span of a trace: a barrier at both ends, so all stages share start and end.
+class TracedStep {
+ public:
+  TracedStep(StageExchange& ex, ScheduleTrace* trace) : ex_(ex), trace_(trace) {
+    if (!trace_) return;
+    ex_.barrier();
+    start_ = now_us();
+  }
+  void finish() {
+    if (!trace_) return;
+    ex_.barrier();
+    trace_->steps.emplace_back(start_, now_us());
+  }
+
+ private:
+  StageExchange& ex_;
+  ScheduleTrace* trace_;
+  double start_ = 0;
+};
+
 class Runner {
  public:
-  Runner(StageExchange& ex, const StageStep& step) : ex_(ex), step_(step) {}
+  Runner(StageExchange& ex, const StageStep& step, ScheduleTrace* trace = nullptr)
+      : ex_(ex), step_(step), trace_(trace) {}
 
   // Forward of the next micro-batch on `input` (from recv_forward); returns what to send on.
   at::Tensor forward(const at::Tensor& received) {
     InFlight f;
     f.m = next_forward_++;
     if (received.defined()) f.input = received.detach().set_requires_grad(true);
-    f.output = step_.forward(f.m, f.input);
+    {
+      Timed t(trace_, 'F', f.m);
+      f.output = step_.forward(f.m, f.input);
+    }
     LF_CHECK(f.output.defined(), "pipeline stage ", ex_.stage(), ": the forward step of micro-batch ",
              f.m, " returned nothing");
     if (ex_.is_last()) {
@@ -47,6 +93,7 @@ class Runner {
     InFlight f = std::move(in_flight_.front());
     in_flight_.pop_front();
     if (step_.before_backward) step_.before_backward(f.m);
+    Timed t(trace_, 'B', f.m);
     if (ex_.is_last()) {
       f.output.backward();
     } else {
@@ -69,6 +116,7 @@ class Runner {
  private:
   StageExchange& ex_;
   const StageStep& step_;
+  ScheduleTrace* trace_;
   std::deque<InFlight> in_flight_;
   int64_t next_forward_ = 0;
   double loss_sum_ = 0;
@@ -86,18 +134,48 @@ int64_t warmup_forwards(int stage, int stages, int64_t micro_batches) {
   return std::min<int64_t>(stages - stage - 1, micro_batches);
 }
 
-double run_without_pipelining(StageExchange& ex, int64_t micro_batches, const StageStep& step) {
+double ScheduleTrace::bubble_fraction() const {
+  double total = 0, busy = 0;
+  for (const auto& [start, end] : steps) total += end - start;
+  for (const auto& e : events) busy += e.duration_us;
+  return total > 0 ? std::max(0.0, 1.0 - busy / total) : 0.0;
+}
+
+void ScheduleTrace::write_chrome_trace(const std::string& path, int stage) const {
+  std::ofstream out(path);
+  LF_CHECK(out.good(), "cannot write the pipeline trace ", path,
+           lf::hint("check that --pipeline-trace names a writable path"));
+  out << std::fixed << std::setprecision(1) << "{\"traceEvents\": [\n";
+  out << "{\"name\": \"process_name\", \"ph\": \"M\", \"pid\": " << stage
+      << ", \"args\": {\"name\": \"stage " << stage << "\"}}";
+  for (size_t i = 0; i < steps.size(); ++i)
+    out << ",\n{\"name\": \"step " << i << "\", \"ph\": \"X\", \"pid\": " << stage
+        << ", \"tid\": 0, \"ts\": " << steps[i].first << ", \"dur\": " << steps[i].second - steps[i].first << "}";
+  for (const auto& e : events)
+    out << ",\n{\"name\": \"" << e.kind << e.micro_batch << "\", \"cat\": \""
+        << (e.kind == 'F' ? "forward" : "backward") << "\", \"ph\": \"X\", \"pid\": " << stage
+        << ", \"tid\": 1, \"ts\": " << e.start_us << ", \"dur\": " << e.duration_us << "}";
+  out << "\n], \"displayTimeUnit\": \"ms\", \"otherData\": {\"stage\": " << stage
+      << ", \"bubble_fraction\": " << std::setprecision(4) << bubble_fraction() << "}}\n";
+  LF_CHECK(out.good(), "writing the pipeline trace ", path, " failed");
+}
+
+double run_without_pipelining(StageExchange& ex, int64_t micro_batches, const StageStep& step,
+                              ScheduleTrace* trace) {
   check_args(ex, micro_batches, step);
-  Runner r(ex, step);
+  TracedStep span(ex, trace);
+  Runner r(ex, step, trace);
   for (int64_t m = 0; m < micro_batches; ++m) ex.send_forward(r.forward(ex.recv_forward()));
   for (int64_t m = 0; m < micro_batches; ++m) ex.send_backward(r.backward(ex.recv_backward()));
   ex.flush();
+  span.finish();
   return r.loss_sum();
 }
 
-double run_1f1b(StageExchange& ex, int64_t micro_batches, const StageStep& step) {
+double run_1f1b(StageExchange& ex, int64_t micro_batches, const StageStep& step, ScheduleTrace* trace) {
   check_args(ex, micro_batches, step);
-  Runner r(ex, step);
+  TracedStep span(ex, trace);
+  Runner r(ex, step, trace);
   const int64_t warmup = warmup_forwards(ex.stage(), ex.num_stages(), micro_batches);
   const int64_t steady = micro_batches - warmup;
   for (int64_t i = 0; i < warmup; ++i) ex.send_forward(r.forward(ex.recv_forward()));
@@ -114,6 +192,7 @@ double run_1f1b(StageExchange& ex, int64_t micro_batches, const StageStep& step)
   }
   for (int64_t i = 0; i < warmup; ++i) ex.send_backward(r.backward(ex.recv_backward()));
   ex.flush();
+  span.finish();
   LF_DCHECK(r.idle(), "1F1B left micro-batches in flight");
   return r.loss_sum();
 }

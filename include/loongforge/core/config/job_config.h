@@ -32,6 +32,7 @@ struct ParallelConfig {
   bool overlap_grad_reduce = false;
   bool overlap_param_gather = false;
   std::optional<int64_t> ddp_bucket_size;  // null: 40M elements
+  std::optional<std::string> pipeline_trace;
 
   template <class V>
   void visit(V& v) {
@@ -57,6 +58,8 @@ struct ParallelConfig {
       "Communication backend (auto: nccl on CUDA, gloo on CPU, the plugin's on XPU)",
       OneOf{{"auto", "nccl", "gloo", "plugin"}});
     v("overlap_grad_reduce", overlap_grad_reduce, "Overlap the gradient reduction with the backward pass");
+    v("pipeline_trace", pipeline_trace,
+      "Write a Chrome trace of every pipeline stage's forwards/backwards to PATH.stage<k>.json and print the bubble");
     v("overlap_param_gather", overlap_param_gather, "Overlap the parameter all-gather with the forward pass");
     v("ddp_bucket_size", ddp_bucket_size,
       "Elements per data-parallel gradient bucket (null: 40M)", Min{1});

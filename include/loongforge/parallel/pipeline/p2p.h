@@ -36,6 +36,8 @@ class StageExchange {
   at::Tensor send_backward_recv_forward(const at::Tensor& grad);
   // Waits for every send started so far (rethrows its failure naming stage and peer).
   void flush();
+  // Every stage of the group waits for the others (aligned step timing for traces).
+  void barrier() { pp_.barrier(); }
 
   // Dimensions a header can carry.
   static constexpr int kMaxDims = 8;

@@ -9,6 +9,8 @@
 
 #include <cstdint>
 #include <functional>
+#include <string>
+#include <vector>
 
 #include "loongforge/parallel/pipeline/p2p.h"
 
@@ -25,11 +27,34 @@ struct StageStep {
   std::function<void(int64_t m)> before_backward;
 };
 
+// A timeline of one stage's compute (--pipeline-trace): each forward and backward with its start
+// and duration, and the span of each step, which starts and ends at a barrier of the pipeline
+// group so that every stage measures the same step time. Times: microseconds of the machine's
+// steady clock (comparable between processes on one node).
+struct ScheduleTrace {
+  struct Event {
+    char kind;  // 'F' or 'B'
+    int64_t micro_batch;
+    double start_us, duration_us;
+  };
+  std::vector<Event> events;
+  std::vector<std::pair<double, double>> steps;  // [start, end) of each traced step
+
+  // Idle share of this stage over the traced steps: 1 - compute time / step time. For equal
+  // stages of fixed cost 1F1B gives (p - 1) / (m + p - 1).
+  double bubble_fraction() const;
+  // Chrome trace JSON (chrome://tracing, Perfetto): one complete event per forward/backward on
+  // row `stage`, plus one per step.
+  void write_chrome_trace(const std::string& path, int stage) const;
+};
+
 // Both return, on the last stage, the sum of the scalar losses (0 elsewhere), and leave every
 // parameter's gradient accumulated over the micro-batches. Every stage of the group must call
-// the same schedule with the same micro-batch count.
-double run_without_pipelining(StageExchange& exchange, int64_t micro_batches, const StageStep& step);
-double run_1f1b(StageExchange& exchange, int64_t micro_batches, const StageStep& step);
+// the same schedule with the same micro-batch count (and all of them with a trace, or none).
+double run_without_pipelining(StageExchange& exchange, int64_t micro_batches, const StageStep& step,
+                              ScheduleTrace* trace = nullptr);
+double run_1f1b(StageExchange& exchange, int64_t micro_batches, const StageStep& step,
+                ScheduleTrace* trace = nullptr);
 
 // The number of warm-up forwards of 1F1B on `stage` of `stages` (Megatron: stages - stage - 1,
 // at most the micro-batch count).

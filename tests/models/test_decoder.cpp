@@ -11,22 +11,12 @@
 #include "loongforge/core/error.h"
 #include "loongforge/models/causal_lm.h"
 #include "loongforge/models/decoder.h"
+#include "tiny_decoder.h"
 
 namespace {
 using lf::models::DecoderConfig;
 
-DecoderConfig tiny() {
-  DecoderConfig c;
-  c.num_layers = 2;
-  c.hidden_size = 32;
-  c.ffn_hidden_size = 48;
-  c.num_attention_heads = 4;
-  c.num_query_groups = 2;
-  c.vocab_size = 50;
-  c.make_vocab_size_divisible_by = 8;
-  c.max_position_embeddings = 16;
-  return c;
-}
+DecoderConfig tiny() { return lf::testing::tiny_decoder_config(); }
 
 at::Tensor rms(const at::Tensor& x, const at::Tensor& w, double eps) {
   return x * at::rsqrt(x.pow(2).mean(-1, true) + eps) * w;

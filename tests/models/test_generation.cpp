@@ -7,19 +7,13 @@
 #include "loongforge/backend/registry.h"
 #include "loongforge/core/error.h"
 #include "loongforge/models/generation.h"
+#include "tiny_decoder.h"
 
 namespace {
 using lf::models::SamplingOptions;
 
 lf::models::DecoderConfig tiny() {
-  lf::models::DecoderConfig c;
-  c.num_layers = 2;
-  c.hidden_size = 32;
-  c.ffn_hidden_size = 48;
-  c.num_attention_heads = 4;
-  c.num_query_groups = 2;
-  c.vocab_size = 50;
-  c.make_vocab_size_divisible_by = 8;
+  auto c = lf::testing::tiny_decoder_config();
   c.max_position_embeddings = 24;
   c.qk_layernorm = true;
   return c;

@@ -30,6 +30,7 @@
 #include "loongforge/models/decoder.h"
 #include "loongforge/models/hf_adapter.h"
 #include "multiprocess.h"
+#include "tiny_decoder.h"
 
 namespace {
 namespace fs = std::filesystem;
@@ -353,14 +354,8 @@ TEST(HfMapping, FusedQkvAndGateUpAreData) {
     fs::create_directories(root + "/models/" + family);
     std::ofstream(root + "/models/" + family + "/hf.yaml") << text;
   }
-  lf::models::DecoderConfig c;
-  c.num_layers = 2;
-  c.hidden_size = 32;
-  c.ffn_hidden_size = 48;
-  c.num_attention_heads = 4;
-  c.num_query_groups = 2;
-  c.vocab_size = 50;
-  c.max_position_embeddings = 16;
+  auto c = lf::testing::tiny_decoder_config();
+  c.make_vocab_size_divisible_by = 128;  // the default: 50 rows padded to 128
   c.untie_embeddings_and_output_weights = true;
   lf::models::Decoder model(c, lf::backend::cpu_backend(), 5, at::kFloat);
   hf::NamedTensors full;

@@ -161,6 +161,15 @@ TEST(PipelineParallelTrace, WritesEveryStageAndPrintsTheBubble) {
   }
 }
 
+TEST(PipelineParallelTrace, WithoutPipelineIsAConfigurationError) {
+  auto r = run_command({bin("loongforge-train"), "--config-file", lf::testing::source_dir() + "/configs/demo.yaml",
+                        "--pipeline-trace", "/tmp/never", "--dry-run"});
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("parallel.pipeline_trace is set but parallel.pipeline_model_parallel_size is 1"),
+            std::string::npos)
+      << r.output;
+}
+
 // Layout clashes are configuration errors found before any process group exists, so --dry-run
 // reports them too, naming both values.
 TEST(PipelineParallelErrors, LayersNotDivisibleNameTheValues) {

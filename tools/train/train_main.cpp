@@ -159,6 +159,15 @@ int train_main(const lf::config::TrainCommandLine& cl) {
     lf::config::ErrorList errors;
     model.foundation.validate_layout(loaded.resolved, layout.size(lf::dist::Axis::tp),
                                      job.parallel.sequence_parallel, job.training.seq_length, errors);
+    // A trace the run would never write is a mistake to report, not to skip silently.
+    if (job.parallel.pipeline_trace && layout.size(lf::dist::Axis::pp) == 1) {
+      const auto* n = loaded.resolved.find("parallel");
+      const auto* key = n ? n->find("pipeline_trace") : nullptr;
+      errors.add("parallel.pipeline_trace", key ? key->origin() : lf::config::Origin::from_default(),
+                 "parallel.pipeline_trace is set but parallel.pipeline_model_parallel_size is 1: there "
+                 "is no pipeline schedule to trace",
+                 "add --pipeline-model-parallel-size N (N > 1), or drop --pipeline-trace");
+    }
     errors.throw_if_any();
   }
   // The pipeline split (layers not divisible by pp, bad first/last stage sizes: errors naming both).

@@ -351,9 +351,10 @@ SdpaFwd ReferenceOps::sdpa_fwd(const at::Tensor& q, const at::Tensor& k, const a
 }
 
 // With P = softmax(S), S = scale * q k^T (+ mask):  dv = P^T do,  dP = do v^T,
-// dS = P * (dP - rowsum(P * dP)),  dq = scale * dS k,  dk = scale * dS^T q; GQA sums dk and dv
-// over each kv group. rowsum(P * dP) equals rowsum(do * o) in exact arithmetic; the reference
-// uses the former so a rounded bf16 o does not leak into the gradient.
+// dS = P * (dP - D),  dq = scale * dS k,  dk = scale * dS^T q; GQA sums dk and dv over each kv
+// group. D = rowsum(do * o) (= rowsum(P * dP) when o is this block's own output): taken from the
+// given o, as FlashAttention does, so that o and lse of a larger attention this block is part of
+// give this block's share of the gradient (op_table.h; lf::ops::sdpa_after_prefix).
 SdpaBwd ReferenceOps::sdpa_bwd(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k,
                                const at::Tensor& v, const at::Tensor& o, const at::Tensor& lse,
                                const AttentionMask& mask, double scale) const {
@@ -368,7 +369,7 @@ SdpaBwd ReferenceOps::sdpa_bwd(const at::Tensor& dout, const at::Tensor& q, cons
   auto p = probs_from_lse(scores, lse.to(ct));                          // [b, nq, s, t]
   auto dv = at::matmul(p.transpose(-2, -1), dof);                       // [b, nq, t, dv]
   auto dp = at::matmul(dof, vf.transpose(-2, -1));                      // [b, nq, s, t]
-  auto ds = p * (dp - (p * dp).sum(-1, true));
+  auto ds = p * (dp - (dof * o.to(ct)).sum(-1, true));
   auto dq = at::matmul(ds, kf) * scale;
   auto dk = at::matmul(ds.transpose(-2, -1), qf) * scale;
   return {dq.to(q.scalar_type()).contiguous(),

@@ -139,6 +139,34 @@ struct SdpaFn : torch::autograd::Function<SdpaFn> {
   }
 };
 
+// o = softmax over [prefix keys | own keys] applied to [v_prefix | v]: the two parts' outputs
+// weighted by exp(lse_part - lse). Backward: each part's gradient from the merged o and lse
+// (the backend's sdpa_bwd contract).
+struct SdpaAfterPrefixFn : torch::autograd::Function<SdpaAfterPrefixFn> {
+  static at::Tensor forward(AutogradContext* ctx, const DeviceBackend* be, const at::Tensor& q,
+                            const at::Tensor& kp, const at::Tensor& vp, const at::Tensor& k,
+                            const at::Tensor& v, double scale) {
+    auto a = be->ops().sdpa_fwd(q, kp, vp, AttentionMask::none(), scale);
+    auto b = be->ops().sdpa_fwd(q, k, v, AttentionMask::causal(), scale);
+    auto lse = at::logaddexp(a.lse, b.lse);  // [b, nq, s] fp32
+    auto o = (a.o.to(at::kFloat) * (a.lse - lse).exp().unsqueeze(-1) +
+              b.o.to(at::kFloat) * (b.lse - lse).exp().unsqueeze(-1))
+                 .to(q.scalar_type());
+    save_backend(ctx, be);
+    ctx->saved_data["scale"] = scale;
+    ctx->save_for_backward({q, kp, vp, k, v, o, lse});
+    return o;
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list dout) {
+    auto s = ctx->get_saved_variables();
+    const double scale = ctx->saved_data["scale"].toDouble();
+    const auto& ops = saved_backend(ctx).ops();
+    auto a = ops.sdpa_bwd(dout[0], s[0], s[1], s[2], s[5], s[6], AttentionMask::none(), scale);
+    auto b = ops.sdpa_bwd(dout[0], s[0], s[3], s[4], s[5], s[6], AttentionMask::causal(), scale);
+    return {at::Tensor(), a.dq + b.dq, a.dk, a.dv, b.dk, b.dv, at::Tensor()};
+  }
+};
+
 }  // namespace
 
 at::Tensor rms_norm(const DeviceBackend& be, const at::Tensor& x, const at::Tensor& w,
@@ -176,6 +204,17 @@ at::Tensor sdpa(const DeviceBackend& be, const at::Tensor& q, const at::Tensor& 
   // The explicit mask is passed detached: masks are inputs, not parameters.
   auto m = mask.mask.defined() ? std::optional<at::Tensor>(mask.mask.detach()) : std::nullopt;
   return SdpaFn::apply(&be, q, k, v, static_cast<int64_t>(mask.kind), m, sc);
+}
+
+at::Tensor sdpa_after_prefix(const DeviceBackend& be, const at::Tensor& q, const at::Tensor& k_prefix,
+                             const at::Tensor& v_prefix, const at::Tensor& k, const at::Tensor& v,
+                             std::optional<double> scale) {
+  LF_CHECK(q.dim() == 4 && k.dim() == 4 && k_prefix.dim() == 4, "sdpa_after_prefix: q, k and k_prefix must be 4-d, got ",
+           q.sizes(), ", ", k.sizes(), ", ", k_prefix.sizes());
+  LF_CHECK(k.size(2) == q.size(2), "sdpa_after_prefix: the chunk's own keys (", k.size(2),
+           ") must match its queries (", q.size(2), ")");
+  const double sc = scale.value_or(1.0 / std::sqrt(static_cast<double>(q.size(3))));
+  return SdpaAfterPrefixFn::apply(&be, q, k_prefix, v_prefix, k, v, sc);
 }
 
 }  // namespace lf::ops

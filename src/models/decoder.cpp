@@ -65,12 +65,24 @@ std::pair<at::Tensor, at::Tensor> rope_tables(const RopeSpec& spec, int64_t star
 
 PipelineStage pipeline_stage(const DecoderConfig& config, int pp, int pp_rank,
                              std::optional<int64_t> first_stage_layers,
-                             std::optional<int64_t> last_stage_layers) {
-  const auto ranges = lf::parallel::pipeline::split_layers(config.num_layers, pp, first_stage_layers,
-                                                           last_stage_layers);
+                             std::optional<int64_t> last_stage_layers,
+                             std::optional<int64_t> layers_per_virtual_stage) {
   LF_CHECK(pp_rank >= 0 && pp_rank < pp, "pipeline rank ", pp_rank, " is outside [0, ", pp, ")");
-  const auto& r = ranges[static_cast<size_t>(pp_rank)];
-  return PipelineStage{r.begin, r.end, pp_rank == 0, pp_rank == pp - 1};
+  PipelineStage stage;
+  stage.first = pp_rank == 0;
+  stage.last = pp_rank == pp - 1;
+  if (layers_per_virtual_stage) {
+    LF_CHECK(!first_stage_layers && !last_stage_layers,
+             "parallel.num_layers_per_virtual_pipeline_stage cannot be combined with "
+             "parallel.decoder_first_pipeline_num_layers / decoder_last_pipeline_num_layers",
+             lf::hint("use either virtual stages (interleaved schedule) or an uneven split"));
+    stage.chunks = lf::parallel::pipeline::split_virtual_layers(config.num_layers, pp,
+                                                                *layers_per_virtual_stage)[static_cast<size_t>(pp_rank)];
+  } else {
+    stage.chunks = {lf::parallel::pipeline::split_layers(config.num_layers, pp, first_stage_layers,
+                                                         last_stage_layers)[static_cast<size_t>(pp_rank)]};
+  }
+  return stage;
 }
 
 at::Tensor Decoder::add(std::string name, const at::Tensor& full, at::ScalarType dtype,
@@ -108,13 +120,18 @@ Decoder::Decoder(const DecoderConfig& c, const lf::backend::DeviceBackend& backe
                  at::ScalarType dtype, const lf::dist::ParallelContext* parallel,
                  bool sequence_parallel, const PipelineStage& stage)
     : config_(c), backend_(backend), stage_(stage) {
-  if (stage_.layer_end < 0) stage_.layer_end = c.num_layers;
-  LF_CHECK(stage_.layer_begin >= 0 && stage_.layer_begin <= stage_.layer_end &&
-               stage_.layer_end <= c.num_layers && (!stage_.first || stage_.layer_begin == 0) &&
-               (!stage_.last || stage_.layer_end == c.num_layers),
-           "pipeline stage layers [", stage_.layer_begin, ", ", stage_.layer_end, ") (first ",
-           stage_.first, ", last ", stage_.last, ") do not fit a model of ", c.num_layers, " layers",
-           lf::hint("build stages with lf::models::pipeline_stage()"));
+  if (stage_.chunks.empty()) stage_.chunks = {{0, c.num_layers}};
+  {
+    bool ok = stage_.chunks.front().begin >= 0 && stage_.chunks.back().end <= c.num_layers &&
+              (!stage_.first || stage_.chunks.front().begin == 0) &&
+              (!stage_.last || stage_.chunks.back().end == c.num_layers);
+    for (size_t k = 0; k < stage_.chunks.size(); ++k)
+      ok = ok && stage_.chunks[k].begin <= stage_.chunks[k].end &&
+           (k == 0 || stage_.chunks[k - 1].end <= stage_.chunks[k].begin);
+    LF_CHECK(ok, "pipeline stage ", describe_stage(), " (first ", stage_.first, ", last ", stage_.last,
+             ") does not fit a model of ", c.num_layers, " layers",
+             lf::hint("build stages with lf::models::pipeline_stage()"));
+  }
   LF_CHECK(c.normalization == "RMSNorm" || c.normalization == "LayerNorm",
            "normalization must be RMSNorm or LayerNorm, got ", c.normalization);
   LF_CHECK(c.attention_dropout == 0.0, "attention_dropout ", c.attention_dropout,
@@ -154,7 +171,8 @@ Decoder::Decoder(const DecoderConfig& c, const lf::backend::DeviceBackend& backe
   const int64_t mlp_in = c.swiglu ? 2 * f : f, mlp_blocks = c.swiglu ? 2 : 1;
   for (int64_t i = 0; i < c.num_layers; ++i) {
     std::string p = "decoder.layers." + std::to_string(i) + ".";
-    keep_ = i >= stage_.layer_begin && i < stage_.layer_end;
+    keep_ = false;
+    for (const auto& r : stage_.chunks) keep_ = keep_ || (i >= r.begin && i < r.end);
     Layer l;
     l.input_norm = add(p + "input_layernorm.weight", at::ones({h}), dtype, true);
     if (layer_norm) l.input_norm_bias = add(p + "input_layernorm.bias", at::zeros({h}), dtype, true);
@@ -193,9 +211,25 @@ Decoder::Decoder(const DecoderConfig& c, const lf::backend::DeviceBackend& backe
   keep_ = true;
 }
 
+std::string Decoder::describe_stage() const {
+  std::string out = "layers ";
+  for (size_t k = 0; k < stage_.chunks.size(); ++k)
+    out += (k ? " + [" : "[") + std::to_string(stage_.chunks[k].begin) + ", " +
+           std::to_string(stage_.chunks[k].end) + ")";
+  return out;
+}
+
+std::pair<size_t, size_t> Decoder::chunk_layers(int64_t c) const {
+  LF_CHECK(c >= 0 && c < stage_.num_chunks(), "model chunk ", c, " of a pipeline stage with ",
+           stage_.num_chunks(), " chunk(s) (", describe_stage(), ")");
+  size_t begin = 0;
+  for (int64_t k = 0; k < c; ++k) begin += static_cast<size_t>(stage_.chunks[static_cast<size_t>(k)].size());
+  return {begin, begin + static_cast<size_t>(stage_.chunks[static_cast<size_t>(c)].size())};
+}
+
 void Decoder::check_whole_model(const char* what) const {
-  LF_CHECK(stage_.first && stage_.last, what, " needs the whole model; this decoder is a pipeline "
-           "stage with layers [", stage_.layer_begin, ", ", stage_.layer_end, ")",
+  LF_CHECK(stage_.first && stage_.last && stage_.num_chunks() == 1, what,
+           " needs the whole model; this decoder is a pipeline stage with ", describe_stage(),
            lf::hint("run a pipeline stage with stage_forward() under a pipeline schedule"));
 }
 
@@ -270,6 +304,7 @@ at::Tensor Decoder::hidden_dropout(const at::Tensor& x) const {
                                             : lf::parallel::RngTracker::kDefault));
 }
 
+// i: the layer's index within its model chunk (block: the first num_layers of each chunk).
 bool Decoder::recompute_layer(size_t i) const {
   if (recompute_.granularity != RecomputeOptions::Granularity::full) return false;
   if (recompute_.method == RecomputeOptions::Method::block)
@@ -278,7 +313,7 @@ bool Decoder::recompute_layer(size_t i) const {
 }
 
 at::Tensor Decoder::attention(size_t i, const at::Tensor& x, const at::Tensor& cos,
-                              const at::Tensor& sin, KvCache* cache) const {
+                              const at::Tensor& sin, KvCache* cache, ChunkAttention* chunk) const {
   const Layer& l = layers_[i];
   const int64_t d = config_.head_dim(), tp = tp_.size(), groups = config_.query_groups() / tp,
                 per_group = config_.num_attention_heads / config_.query_groups(),
@@ -290,8 +325,8 @@ at::Tensor Decoder::attention(size_t i, const at::Tensor& x, const at::Tensor& c
   auto k = qkv.select(3, per_group).contiguous();  // [s, b, groups, d]
   auto v = qkv.select(3, per_group + 1);
   // Core attention: QK norm, RoPE, softmax(QK^T) V. [s, b, n, d] -> [s, b, nq d]
-  auto core = [this, &l, cos, sin, s, b, nq, d, cache, i](const at::Tensor& q0, const at::Tensor& k0,
-                                                           const at::Tensor& v0) {
+  auto core = [this, &l, cos, sin, s, b, nq, d, cache, chunk, i](const at::Tensor& q0, const at::Tensor& k0,
+                                                                  const at::Tensor& v0) {
     at::Tensor qn = q0, kn = k0;
     if (l.q_norm.defined()) {
       qn = lf::ops::rms_norm(backend_, q0, l.q_norm, config_.norm_epsilon);
@@ -312,11 +347,22 @@ at::Tensor Decoder::attention(size_t i, const at::Tensor& x, const at::Tensor& c
       // The causal mask is bottom-right aligned (backend/op_table.h): query j, at position
       // past + j, sees keys 0 .. past + j, the cached ones included.
     }
-    auto o = lf::ops::sdpa(backend_, qr, kr, vr, mask);  // [b, nq, s, d]
+    at::Tensor o;
+    if (chunk) {
+      // ChunkPipe: this chunk's queries over the earlier chunks' keys and its own, causally.
+      chunk->k[i] = kr;
+      chunk->v[i] = vr;
+      const bool prefix = i < chunk->prefix_k.size() && chunk->prefix_k[i].defined() &&
+                          chunk->prefix_k[i].size(2) > 0;
+      o = prefix ? lf::ops::sdpa_after_prefix(backend_, qr, chunk->prefix_k[i], chunk->prefix_v[i], kr, vr)
+                 : lf::ops::sdpa(backend_, qr, kr, vr, mask);
+    } else {
+      o = lf::ops::sdpa(backend_, qr, kr, vr, mask);  // [b, nq, s, d]
+    }
     return o.permute({2, 0, 1, 3}).reshape({s, b, nq * d});
   };
   at::Tensor o;
-  if (recompute_.granularity == RecomputeOptions::Granularity::selective && !cache) {
+  if (recompute_.granularity == RecomputeOptions::Granularity::selective && !cache && !chunk) {
     std::vector<at::Tensor> in{q, k, v};
     o = lf::models::recompute([core](const std::vector<at::Tensor>& t) { return core(t[0], t[1], t[2]); }, in);
   } else {
@@ -337,9 +383,9 @@ at::Tensor Decoder::mlp(const Layer& l, const at::Tensor& x) const {
 }
 
 at::Tensor Decoder::layer_forward(size_t i, const at::Tensor& x, const at::Tensor& cos,
-                                  const at::Tensor& sin, KvCache* cache) const {
+                                  const at::Tensor& sin, KvCache* cache, ChunkAttention* chunk) const {
   const Layer& l = layers_[i];
-  auto y = x + hidden_dropout(attention(i, norm(x, l.input_norm, l.input_norm_bias), cos, sin, cache));
+  auto y = x + hidden_dropout(attention(i, norm(x, l.input_norm, l.input_norm_bias), cos, sin, cache, chunk));
   return y + hidden_dropout(mlp(l, norm(y, l.pre_mlp_norm, l.pre_mlp_norm_bias)));
 }
 
@@ -357,7 +403,8 @@ at::Tensor Decoder::embed(const at::Tensor& tokens, int64_t start) const {
   return hidden_dropout(x);  // Megatron's embedding dropout uses hidden_dropout
 }
 
-at::Tensor Decoder::run_layers(at::Tensor x, int64_t start, int64_t s, KvCache* cache) const {
+at::Tensor Decoder::run_layers(at::Tensor x, int64_t start, int64_t s, KvCache* cache, size_t lo,
+                               size_t hi, ChunkAttention* chunk) const {
   LF_CHECK(start + s <= config_.max_position_embeddings, "sequence length ", start + s,
            " exceeds max_position_embeddings ", config_.max_position_embeddings,
            lf::hint("raise model max_position_embeddings or lower --seq-length"));
@@ -367,10 +414,14 @@ at::Tensor Decoder::run_layers(at::Tensor x, int64_t start, int64_t s, KvCache* 
     cache->k.resize(layers_.size());
     cache->v.resize(layers_.size());
   }
-  const size_t n = layers_.size();
-  const bool full = recompute_.granularity == RecomputeOptions::Granularity::full && !cache;
-  for (size_t i = 0; i < n;) {
-    if (full && recompute_layer(i)) {
+  if (chunk) {
+    chunk->k.assign(layers_.size(), at::Tensor());
+    chunk->v.assign(layers_.size(), at::Tensor());
+  }
+  const size_t n = std::min(hi, layers_.size());
+  const bool full = recompute_.granularity == RecomputeOptions::Granularity::full && !cache && !chunk;
+  for (size_t i = lo; i < n;) {
+    if (full && recompute_layer(i - lo)) {
       // uniform: num_layers consecutive layers per checkpoint; block: one layer each, first N.
       const size_t group = recompute_.method == RecomputeOptions::Method::uniform
                                ? std::min(n - i, static_cast<size_t>(recompute_.num_layers))
@@ -385,7 +436,7 @@ at::Tensor Decoder::run_layers(at::Tensor x, int64_t start, int64_t s, KvCache* 
           in, &rng_);
       i += group;
     } else {
-      x = layer_forward(i, x, cos, sin, cache);
+      x = layer_forward(i, x, cos, sin, cache, chunk);
       ++i;
     }
   }
@@ -406,24 +457,37 @@ at::Tensor Decoder::local_logits(const at::Tensor& tokens, KvCache* cache) const
   return head(run_layers(embed(tokens, start), start, s, cache));
 }
 
-at::Tensor Decoder::stage_forward(const at::Tensor& input, const at::Tensor& labels) const {
-  LF_CHECK(input.defined(), "pipeline stage with layers [", stage_.layer_begin, ", ",
-           stage_.layer_end, "): no input");
+at::Tensor Decoder::stage_forward(const at::Tensor& input, const at::Tensor& labels, int64_t chunk) const {
+  return stage_forward_impl(input, labels, chunk, 0, nullptr, true);
+}
+
+at::Tensor Decoder::stage_forward_chunk(const at::Tensor& input, const at::Tensor& labels, int64_t start,
+                                        ChunkAttention& kv, bool with_head) const {
+  LF_CHECK(stage_.num_chunks() == 1, "ChunkPipe runs one model chunk per pipeline rank; this stage has ",
+           describe_stage(), lf::hint("drop --num-layers-per-virtual-pipeline-stage with --chunkpipe-chunk-size"));
+  return stage_forward_impl(input, labels, 0, start, &kv, with_head);
+}
+
+at::Tensor Decoder::stage_forward_impl(const at::Tensor& input, const at::Tensor& labels, int64_t chunk,
+                                       int64_t start, ChunkAttention* kv, bool with_head) const {
+  LF_CHECK(input.defined(), "pipeline stage with ", describe_stage(), ": no input");
+  const auto [lo, hi] = chunk_layers(chunk);
+  const bool embeds = stage_.first && chunk == 0, heads = stage_.last && chunk == stage_.num_chunks() - 1;
   at::Tensor x;
   int64_t s = 0;
-  if (stage_.first) {
+  if (embeds) {
     s = input.size(-1);
-    x = embed(input, 0);
+    x = embed(input, start);
   } else {
-    LF_CHECK(input.dim() == 3 && input.size(2) == config_.hidden_size, "pipeline stage with layers [",
-             stage_.layer_begin, ", ", stage_.layer_end, "): hidden states must be [s, b, ",
-             config_.hidden_size, "], got ", input.sizes());
+    LF_CHECK(input.dim() == 3 && input.size(2) == config_.hidden_size, "pipeline stage with ",
+             describe_stage(), ": hidden states must be [s, b, ", config_.hidden_size, "], got ",
+             input.sizes());
     // Under SP the stages exchange sequence chunks [s / tp, b, h].
     s = input.size(0) * (tp_.sequence_parallel ? tp_.size() : 1);
     x = input;
   }
-  x = run_layers(x, 0, s, nullptr);
-  if (!stage_.last) return x;
+  x = run_layers(x, start, s, nullptr, lo, hi, kv);
+  if (!heads || !with_head) return x;
   auto logits = head(x);
   return labels.defined() ? loss_of(logits, labels) : full_logits(logits);
 }

@@ -10,11 +10,13 @@
 #include <cstdio>
 #include <fstream>
 #include <iomanip>
+#include <map>
 #include <sstream>
 
 #include "loongforge/backend/functional.h"
 #include "loongforge/core/error.h"
 #include "loongforge/core/logging.h"
+#include "loongforge/parallel/pipeline/chunkpipe.h"
 #include "loongforge/parallel/pipeline/p2p.h"
 #include "loongforge/parallel/pipeline/schedules.h"
 #include "loongforge/train/grad_buffer.h"
@@ -123,6 +125,7 @@ struct Trainer::Impl {
   // One forward/backward over the step's micro-batches, gradients reduced over DP; returns the
   // mean per-token loss of the global batch.
   double forward_backward() {
+    if (job.parallel.chunkpipe_chunk_size) return forward_backward_chunkpipe();
     if (exchange) return forward_backward_pipelined();
     const int64_t s = job.training.seq_length;
     double loss_sum = 0;
@@ -156,7 +159,51 @@ struct Trainer::Impl {
       return per_token.sum() / static_cast<double>(per_token.numel() * micro_batches);
     };
     step.before_backward = [&](int64_t m) { grads.begin_micro_batch(m == micro_batches - 1); };
-    double loss_sum = lf::parallel::pipeline::run_1f1b(*exchange, micro_batches, step, trace.get());
+    double loss_sum = stage.num_chunks() > 1 ? run_interleaved()
+                                             : lf::parallel::pipeline::run_1f1b(*exchange, micro_batches, step, trace.get());
+    return finish_pipelined(loss_sum);
+  }
+
+  // ChunkPipe (--chunkpipe-chunk-size c): each micro-batch's sequence runs as s / c chunks through
+  // the stages (pipeline/chunkpipe.h), every chunk's loss scaled as in the unchunked step. The
+  // first pass draws the dropout masks; the recomputation replays them from the saved RNG state.
+  double forward_backward_chunkpipe() {
+    const int64_t s = job.training.seq_length, c = *job.parallel.chunkpipe_chunk_size, chunks = s / c;
+    const auto& stage = model.stage();
+    double loss_sum = 0;
+    for (int64_t m = 0; m < micro_batches; ++m) {
+      at::Tensor batch = train_data->next();  // [mb, s + 1]
+      // Dropout streams: before each chunk of the first pass (replayed), and after the last one
+      // (where the next micro-batch continues).
+      std::vector<std::map<std::string, at::Tensor>> rng_states(static_cast<size_t>(chunks) + 1);
+      lf::parallel::pipeline::ChunkPipeStep step;
+      step.forward = [&](int64_t k, const at::Tensor& input, lf::models::ChunkAttention& kv, bool with_grad) {
+        if (with_grad)
+          model.rng().set_state(rng_states[static_cast<size_t>(k)]);
+        else
+          rng_states[static_cast<size_t>(k)] = model.rng().state();
+        at::Tensor in = stage.first ? batch.narrow(1, k * c, c).to(backend.device()) : input;
+        if (!with_grad) {
+          auto out = model.stage_forward_chunk(in, {}, k * c, kv, /*with_head=*/false);
+          if (k == chunks - 1) rng_states.back() = model.rng().state();
+          return out;
+        }
+        if (!stage.last) return model.stage_forward_chunk(in, {}, k * c, kv);
+        auto per_token = model.stage_forward_chunk(in, batch.narrow(1, k * c + 1, c).to(backend.device()), k * c, kv);
+        return per_token.sum() / static_cast<double>(per_token.numel() * chunks * micro_batches);
+      };
+      step.before_backward = [&](int64_t k) { grads.begin_micro_batch(m == micro_batches - 1 && k == 0); };
+      loss_sum += lf::parallel::pipeline::run_chunkpipe(exchange.get(), chunks, step, trace.get());
+      model.rng().set_state(rng_states.back());
+    }
+    if (exchange) return finish_pipelined(loss_sum);
+    grads.finish_grad_sync();
+    return dp_mean(loss_sum);
+  }
+
+  // After a pipelined step: the tied embedding's gradient summed over its group, the DP
+  // reduction, and the loss (known on the last stage) broadcast over the pipeline group.
+  double finish_pipelined(double loss_sum) {
     // Tied embeddings: sum the embedding's gradient over the first and last stage (Megatron's
     // _allreduce_word_embedding_grads), before the DP reduction (both are sums).
     if (has_tied_copy(model) && ctx.in_embedding_group() && ctx.embedding().size() > 1) {
@@ -173,20 +220,56 @@ struct Trainer::Impl {
     return dp_mean(t.item<double>());
   }
 
+  // Interleaved 1F1B: chunk 0 of the first stage reads the tokens, the last stage's last chunk
+  // the labels. The forwards of a micro-batch's chunks are not consecutive, so each micro-batch is
+  // read once (in micro-batch order, keeping every rank's data stream in step) and kept until its
+  // last chunk has run forward.
+  double run_interleaved() {
+    const int64_t s = job.training.seq_length;
+    const auto& stage = model.stage();
+    const int chunks = static_cast<int>(stage.num_chunks());
+    std::map<int64_t, std::pair<at::Tensor, int>> batches;  // m -> (batch, forwards left)
+    int64_t next_read = 0;
+    lf::parallel::pipeline::VirtualStageStep step;
+    step.forward = [&](int chunk, int64_t m, const at::Tensor& input) {
+      while (next_read <= m) batches[next_read++] = {train_data->next(), chunks};
+      auto& [batch, left] = batches.at(m);
+      const at::Tensor b = batch;
+      if (--left == 0) batches.erase(m);
+      const bool embeds = stage.first && chunk == 0, heads = stage.last && chunk == chunks - 1;
+      at::Tensor in = embeds ? b.narrow(1, 0, s).to(backend.device()) : input;
+      if (!heads) return model.stage_forward(in, {}, chunk);
+      auto per_token = model.stage_forward(in, b.narrow(1, 1, s).to(backend.device()), chunk);
+      return per_token.sum() / static_cast<double>(per_token.numel() * micro_batches);
+    };
+    step.before_backward = [&](int, int64_t, bool final) { grads.begin_micro_batch(final); };
+    return lf::parallel::pipeline::run_interleaved_1f1b(*exchange, chunks, micro_batches, step, trace.get());
+  }
+
   // pp > 1 validation: forward only through the stages; the last one scores, then broadcasts
   // [loss sum, correct, tokens] over the pipeline group.
   at::Tensor evaluate_pipelined(int64_t iters) {
     const int64_t s = job.training.seq_length;
     const auto& stage = model.stage();
     double loss_sum = 0, correct = 0, tokens = 0;
+    const int64_t chunks = stage.num_chunks();
     for (int64_t i = 0; i < iters; ++i) {
       at::Tensor batch = valid_data->next();
-      at::Tensor input = stage.first ? batch.narrow(1, 0, s).to(backend.device()) : exchange->recv_forward();
-      at::Tensor out = model.stage_forward(input);
-      if (!stage.last) {
-        exchange->send_forward(out);
-        continue;
+      at::Tensor out;
+      // Model chunks in order (virtual stages travel the ring; one chunk: stage to stage).
+      for (int64_t c = 0; c < chunks; ++c) {
+        const int64_t vs = c * ctx.pp_size() + ctx.pp_rank(), msg = vs * iters + i;
+        at::Tensor input = stage.first && c == 0 ? batch.narrow(1, 0, s).to(backend.device())
+                           : chunks > 1          ? exchange->recv_forward_ring(msg - iters)
+                                                 : exchange->recv_forward();
+        out = model.stage_forward(input, {}, c);
+        if (stage.last && c == chunks - 1) break;
+        if (chunks > 1)
+          exchange->send_forward_ring(out, msg);
+        else
+          exchange->send_forward(out);
       }
+      if (!stage.last) continue;
       auto target = batch.narrow(1, 1, s).to(backend.device()).t().reshape({-1});
       auto flat = out.reshape({-1, out.size(-1)});
       loss_sum += lf::ops::softmax_cross_entropy(backend, flat, target).sum().item<double>();

@@ -155,6 +155,25 @@ TEST_P(FunctionalOnBackend, GradientsReachTheRightInputs) {
     expect_close(g[1], gr[1], "sdpa dk");
     expect_close(g[2], gr[2], "sdpa dv");
   }
+  {  // sdpa_after_prefix (ChunkPipe): a chunk of 5 queries over 7 earlier keys and its own 5 equals
+     // causal attention over the concatenated 12 keys, gradients included (each part's backward
+     // from the merged output and lse).
+    auto q0 = at::randn({2, 4, 5, 8}), kp0 = at::randn({2, 2, 7, 8}), vp0 = at::randn({2, 2, 7, 8}),
+         k0 = at::randn({2, 2, 5, 8}), v0 = at::randn({2, 2, 5, 8});
+    auto q = leaf(q0), kp = leaf(kp0), vp = leaf(vp0), k = leaf(k0), v = leaf(v0);
+    auto o = lf::ops::sdpa_after_prefix(*be, q, kp, vp, k, v);
+    auto g = grad_of((o * o.detach().sin()).sum(), {q, kp, vp, k, v});
+    auto qr = q0.requires_grad_(), kpr = kp0.requires_grad_(), vpr = vp0.requires_grad_(),
+         kr = k0.requires_grad_(), vr = v0.requires_grad_();
+    // Bottom-right causal over [prefix | own]: query i sees keys 0 .. 7 + i.
+    auto keep = at::ones({5, 12}, at::kBool).tril(7);
+    auto orf = at::scaled_dot_product_attention(qr, at::cat({kpr, kr}, 2), at::cat({vpr, vr}, 2), keep,
+                                                0.0, false, std::nullopt, /*enable_gqa=*/true);
+    auto gr = grad_of((orf * orf.detach().sin()).sum(), {qr, kpr, vpr, kr, vr});
+    expect_close(o.cpu(), orf, "sdpa_after_prefix o");
+    const char* names[] = {"dq", "dk_prefix", "dv_prefix", "dk", "dv"};
+    for (int i = 0; i < 5; ++i) expect_close(g[i], gr[i], names[i]);
+  }
   {  // rms_norm -> swiglu -> rope -> cross-entropy chained: the graph composes
     auto x0 = at::randn({4, 1, 1, 16}), w0 = at::randn({16});
     auto x = leaf(x0), w = leaf(w0);

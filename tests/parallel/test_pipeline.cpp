@@ -1,13 +1,16 @@
 // Pipeline parallelism in-process: the layer split (even, uneven, errors naming the values), the
 // stage-to-stage exchange with shapes agreed at run time (variable shapes and dtypes, both
-// directions), and the decoder split into PP = 2 / 4 stages under the no-pipelining and 1F1B
-// schedules, whose loss and every gradient equal the single-process decoder from the same seed
-// over micro-batches of different sequence lengths (tied and untied embeddings, uneven split).
+// directions), the interleaved order (simulated: no deadlock, the theoretical bubble), and the
+// decoder split into PP = 2 / 4 stages under the no-pipelining, 1F1B and interleaved schedules,
+// whose loss and every gradient equal the single-process decoder from the same seed over
+// micro-batches of different sequence lengths (tied and untied embeddings, uneven split).
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <map>
+#include <tuple>
 
 #include "loongforge/backend/registry.h"
 #include "loongforge/core/error.h"
@@ -67,6 +70,88 @@ TEST(PipelineSplit, EvenAndUneven) {
   EXPECT_EQ(pl::warmup_forwards(0, 4, 8), 3);
   EXPECT_EQ(pl::warmup_forwards(3, 4, 8), 0);
   EXPECT_EQ(pl::warmup_forwards(0, 4, 2), 2);
+}
+
+TEST(PipelineSplit, VirtualStagesGoRoundTheRanks) {
+  // 8 layers, pp 2, 2 layers per virtual stage: virtual stages 0..3; rank r holds c * 2 + r.
+  auto v = pl::split_virtual_layers(8, 2, 2);
+  ASSERT_EQ(v.size(), 2u);
+  ASSERT_EQ(v[0].size(), 2u);
+  EXPECT_EQ(v[0][0].begin, 0);
+  EXPECT_EQ(v[0][1].begin, 4);
+  EXPECT_EQ(v[1][0].begin, 2);
+  EXPECT_EQ(v[1][1].end, 8);
+  auto m = message_of([] { pl::split_virtual_layers(6, 2, 2); });
+  EXPECT_NE(m.find("num_layers 6 is not divisible by parallel.pipeline_model_parallel_size 2 x "
+                   "parallel.num_layers_per_virtual_pipeline_stage 2 = 4"),
+            std::string::npos)
+      << m;
+  DecoderConfig c;
+  c.num_layers = 8;
+  auto stage = lf::models::pipeline_stage(c, 2, 1, {}, {}, 2);
+  EXPECT_FALSE(stage.first);
+  EXPECT_TRUE(stage.last);
+  EXPECT_EQ(stage.num_chunks(), 2);
+  m = message_of([&] { lf::models::pipeline_stage(c, 2, 1, 2, {}, 2); });
+  EXPECT_NE(m.find("cannot be combined"), std::string::npos) << m;
+}
+
+// The interleaved order, executed by a discrete-event simulation of the stages with the runner's
+// rules (an op waits for the op that produces its input on the neighbouring stage; sends never
+// block): every op runs once (no deadlock), each backward after its forward, and with forward
+// cost 1 / v and backward 2 / v per chunk every stage idles exactly (p - 1) / (v m + p - 1) of the
+// step, the interleaved bubble (v = 1 reproduces 1F1B's (p - 1) / (m + p - 1)).
+TEST(PipelineInterleavedOrder, NoDeadlockAndTheTheoreticalBubble) {
+  struct Case {
+    int p, v;
+    int64_t m;
+  };
+  for (const Case& c : {Case{2, 2, 2}, Case{2, 2, 4}, Case{4, 2, 4}, Case{4, 2, 8}, Case{4, 4, 8},
+                        Case{3, 2, 6}, Case{8, 2, 16}, Case{4, 1, 8}}) {
+    SCOPED_TRACE("p " + std::to_string(c.p) + " v " + std::to_string(c.v) + " m " + std::to_string(c.m));
+    std::vector<std::vector<pl::ScheduledOp>> orders;
+    for (int r = 0; r < c.p; ++r) orders.push_back(pl::interleaved_1f1b_order(r, c.p, c.v, c.m));
+    for (const auto& o : orders) ASSERT_EQ(o.size(), static_cast<size_t>(2 * c.v * c.m));
+    // (kind, virtual stage, micro-batch) -> finish time
+    std::map<std::tuple<char, int64_t, int64_t>, double> done;
+    std::vector<size_t> pos(static_cast<size_t>(c.p), 0);
+    std::vector<double> clock(static_cast<size_t>(c.p), 0), busy(static_cast<size_t>(c.p), 0);
+    const int64_t last = static_cast<int64_t>(c.p) * c.v - 1;
+    for (bool progress = true; progress;) {
+      progress = false;
+      for (int r = 0; r < c.p; ++r) {
+        auto& i = pos[static_cast<size_t>(r)];
+        while (i < orders[static_cast<size_t>(r)].size()) {
+          const auto op = orders[static_cast<size_t>(r)][i];
+          const int64_t vs = static_cast<int64_t>(op.chunk) * c.p + r;
+          std::optional<std::tuple<char, int64_t, int64_t>> dep;
+          if (op.kind == 'F' && vs > 0) dep = std::make_tuple('F', vs - 1, op.micro_batch);
+          if (op.kind == 'B') {
+            ASSERT_TRUE(done.count({'F', vs, op.micro_batch})) << "backward before its forward";
+            if (vs < last) dep = std::make_tuple('B', vs + 1, op.micro_batch);
+          }
+          if (dep && !done.count(*dep)) break;
+          const double start = std::max(clock[static_cast<size_t>(r)], dep ? done[*dep] : 0.0);
+          const double cost = (op.kind == 'F' ? 1.0 : 2.0) / c.v;
+          clock[static_cast<size_t>(r)] = start + cost;
+          busy[static_cast<size_t>(r)] += cost;
+          ASSERT_TRUE(done.emplace(std::make_tuple(op.kind, vs, op.micro_batch), start + cost).second)
+              << "op twice";
+          ++i;
+          progress = true;
+        }
+      }
+    }
+    for (int r = 0; r < c.p; ++r)
+      ASSERT_EQ(pos[static_cast<size_t>(r)], orders[static_cast<size_t>(r)].size()) << "deadlock at stage " << r;
+    const double step = *std::max_element(clock.begin(), clock.end());
+    const double theory = (c.p - 1.0) / (c.v * c.m + c.p - 1.0);
+    for (int r = 0; r < c.p; ++r) EXPECT_NEAR(1 - busy[static_cast<size_t>(r)] / step, theory, 1e-9) << r;
+  }
+  auto m = message_of([] { pl::interleaved_1f1b_order(0, 4, 2, 6); });
+  EXPECT_NE(m.find("needs the number of micro-batches (6) to be a multiple of parallel.pipeline_model_parallel_size 4"),
+            std::string::npos)
+      << m;
 }
 
 TEST(PipelineSplit, ErrorsNameTheValues) {
@@ -172,12 +257,16 @@ at::Tensor scaled(const at::Tensor& per_token) {
 // error (a lost micro-batch, a wrong stage boundary or a missing gradient is O(1e-2) or more).
 constexpr double kRel = 1e-5;
 
+// virtual_layers: interleaved 1F1B with that many layers per virtual stage (the model then has
+// 8 layers: v = 2 at PP 4).
 void check_pipeline(lf::dist::ParallelContext& ctx, bool untied, bool one_f_one_b,
-                    std::optional<int64_t> first = {}, std::optional<int64_t> last = {}) {
+                    std::optional<int64_t> first = {}, std::optional<int64_t> last = {},
+                    std::optional<int64_t> virtual_layers = {}) {
   SCOPED_TRACE(std::string(untied ? "untied" : "tied") + (one_f_one_b ? " 1F1B" : " no pipelining") +
-               (first ? " uneven" : ""));
+               (first || last ? " uneven" : "") + (virtual_layers ? " interleaved" : ""));
   const auto& be = lf::backend::cpu_backend();
-  const auto c = tiny(untied);
+  auto c = tiny(untied);
+  if (virtual_layers) c.num_layers = 8;
   Decoder single(c, be, 11, at::kFloat);
   if (untied) {  // biases start at zero and norms at one: move them so that they matter
     at::NoGradGuard no_grad;
@@ -195,7 +284,7 @@ void check_pipeline(lf::dist::ParallelContext& ctx, bool untied, bool one_f_one_
     want_loss += l.item<double>();
   }
 
-  const auto stage = lf::models::pipeline_stage(c, ctx.pp_size(), ctx.pp_rank(), first, last);
+  const auto stage = lf::models::pipeline_stage(c, ctx.pp_size(), ctx.pp_rank(), first, last, virtual_layers);
   Decoder part(c, be, 11, at::kFloat, &ctx, false, stage);
   if (untied) {
     std::map<std::string, at::Tensor> full;
@@ -221,9 +310,25 @@ void check_pipeline(lf::dist::ParallelContext& ctx, bool untied, bool one_f_one_
   };
   int64_t next_backward = 0;
   step.before_backward = [&](int64_t m) { EXPECT_EQ(m, next_backward++); };
-  double loss = one_f_one_b ? pl::run_1f1b(ex, kMicroBatches, step)
-                            : pl::run_without_pipelining(ex, kMicroBatches, step);
-  EXPECT_EQ(next_backward, kMicroBatches);
+  double loss = 0;
+  if (virtual_layers) {
+    const int chunks = static_cast<int>(stage.num_chunks());
+    ASSERT_GT(chunks, 1);
+    pl::VirtualStageStep vstep;
+    vstep.forward = [&](int chunk, int64_t m, const at::Tensor& input) {
+      auto [tokens, labels] = micro_batch(m, c.vocab_size);
+      const bool embeds = stage.first && chunk == 0, heads = stage.last && chunk == chunks - 1;
+      auto out = part.stage_forward(embeds ? tokens : input, heads ? labels : at::Tensor(), chunk);
+      return heads ? scaled(out) : out;
+    };
+    int64_t finals = 0;
+    vstep.before_backward = [&](int, int64_t, bool final) { finals += final; };
+    loss = pl::run_interleaved_1f1b(ex, chunks, kMicroBatches, vstep);
+    EXPECT_EQ(finals, 1);
+  } else {
+    loss = one_f_one_b ? pl::run_1f1b(ex, kMicroBatches, step) : pl::run_without_pipelining(ex, kMicroBatches, step);
+    EXPECT_EQ(next_backward, kMicroBatches);
+  }
   auto t = at::full({1}, loss, at::kDouble);
   ctx.pp().broadcast(t, ctx.pp_size() - 1);
   EXPECT_NEAR(t.item<double>(), want_loss, kRel * std::abs(want_loss));
@@ -255,6 +360,9 @@ LF_WORKER_CASE(pp_decoder) {
   } else {
     check_pipeline(*ctx, false, true, {}, 1);  // 1 + 1 + 1 + 1 via last only
   }
+  // Interleaved, v = 2 (8 layers): PP 2 with 2 layers per virtual stage, PP 4 with 1.
+  check_pipeline(*ctx, false, true, {}, {}, ctx->pp_size() == 2 ? 2 : 1);
+  check_pipeline(*ctx, true, true, {}, {}, ctx->pp_size() == 2 ? 2 : 1);
   // A stage is not a whole model.
   const auto c = tiny(false);
   Decoder part(c, lf::backend::cpu_backend(), 1, at::kFloat, ctx.get(), false,

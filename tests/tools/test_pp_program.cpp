@@ -1,7 +1,8 @@
 // loongforge-train under pipeline parallelism, launched by loongforge-run: PP = 2 and PP = 4 with
-// 1F1B and TP = 2 x PP = 2 on 4 processes train the same model as one process (same seed, same
-// global batch, 10 steps), step by step and in the final parameters (every stage's dump merged);
-// an uneven split; the layer split errors and the stage assignment of --dry-run.
+// 1F1B and interleaved (v = 2), and TP = 2 x PP = 2 on 4 processes, train the same model as one
+// process (same seed, same global batch, 10 steps), step by step and in the final parameters
+// (every stage's dump merged); an uneven split; the layer split errors and the stage assignment
+// of --dry-run.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -119,6 +120,21 @@ TEST(PipelineParallelEquivalence, Pp4OneFOneBEqualsSingleProcess) {
   expect_same_training(train(1, 1, 4, {}, "single4"), train(4, 4, 4, {}, "pp4"), "PP 4 (1F1B)");
 }
 
+// Interleaved 1F1B, v = 2 model chunks per stage (one layer per virtual stage): PP 2 holds layers
+// 0 + 2 and 1 + 3; PP 4 on 8 layers holds 0 + 4, 1 + 5, 2 + 6, 3 + 7 (the activations go round the
+// ring twice). 4 micro-batches per step, a multiple of pp as the schedule needs.
+TEST(PipelineParallelEquivalence, Pp2InterleavedEqualsSingleProcess) {
+  expect_same_training(train(1, 1, 4, {}, "single-v4"),
+                       train(2, 2, 4, {"--num-layers-per-virtual-pipeline-stage", "1"}, "pp2-v2"),
+                       "PP 2 interleaved (v 2)");
+}
+
+TEST(PipelineParallelEquivalence, Pp4InterleavedEqualsSingleProcess) {
+  expect_same_training(train(1, 1, 8, {}, "single-v8"),
+                       train(4, 4, 8, {"--num-layers-per-virtual-pipeline-stage", "1"}, "pp4-v2"),
+                       "PP 4 interleaved (v 2)");
+}
+
 TEST(PipelineParallelEquivalence, Tp2TimesPp2EqualsSingleProcess) {
   expect_same_training(train(1, 1, 2, {}, "single-tp"),
                        train(4, 2, 2, {"--tensor-model-parallel-size", "2", "--sequence-parallel"}, "tp2pp2"),
@@ -143,6 +159,18 @@ TEST(PipelineParallelDryRun, ShowsTheStageAssignment) {
                         // Memory per stage: 1F1B keeps pp - k micro-batches in flight on stage k.
                         "per-rank estimates by pipeline stage", "(4 micro-batches in flight)",
                         "(1 micro-batch in flight)"})
+    EXPECT_NE(r.output.find(s), std::string::npos) << s << "\n" << r.output;
+}
+
+TEST(PipelineParallelDryRun, ShowsTheModelChunksOfTheInterleavedSchedule) {
+  auto r = train(4, 4, 8, {"--dry-run", "--num-layers-per-virtual-pipeline-stage", "1", "--global-batch-size", "16"},
+                 "dry-v2");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  // Virtual stage c * 4 + k on stage k. Activations in flight with m = 8: Megatron's warm-up
+  // forwards 2 (pp - k - 1) + (v - 1) pp, plus one: 11 on stage 0, 5 on stage 3.
+  for (const char* s : {"stage 0: layers 0..0 + 4..4 (2 in 2 model chunks) + embedding",
+                        "stage 3: layers 3..3 + 7..7 (2 in 2 model chunks) + final norm",
+                        "(11 model-chunk micro-batches in flight)", "(5 model-chunk micro-batches in flight)"})
     EXPECT_NE(r.output.find(s), std::string::npos) << s << "\n" << r.output;
 }
 
@@ -186,6 +214,21 @@ TEST(PipelineParallelErrors, LayersNotDivisibleNameTheValues) {
   auto r = train(2, 2, 4, {"--dry-run", "--decoder-first-pipeline-num-layers", "5"}, "first5");
   EXPECT_NE(r.exit_code, 0);
   EXPECT_NE(r.output.find("decoder_first_pipeline_num_layers 5"), std::string::npos) << r.output;
+  // Virtual stages: 6 layers cannot make chunks of 2 on each of 2 stages evenly (needs 4 | 6).
+  r = train(2, 2, 6, {"--dry-run", "--num-layers-per-virtual-pipeline-stage", "2"}, "virt6");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.output.find("model.foundation.num_layers 6 is not divisible by parallel.pipeline_model_parallel_size "
+                          "2 x parallel.num_layers_per_virtual_pipeline_stage 2 = 4"),
+            std::string::npos)
+      << r.output;
+  // The interleaved schedule needs the micro-batch count (global 2 / micro 2 = 1) a multiple of pp.
+  r = train(2, 2, 4, {"--dry-run", "--num-layers-per-virtual-pipeline-stage", "1", "--global-batch-size", "2"},
+            "virt-mb");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.output.find("needs the number of micro-batches (1) to be a multiple of "
+                          "parallel.pipeline_model_parallel_size 2"),
+            std::string::npos)
+      << r.output;
 }
 
 }  // namespace

@@ -19,6 +19,7 @@
 #include "loongforge/models/causal_lm.h"
 #include "loongforge/models/decoder.h"
 #include "loongforge/models/hf_adapter.h"
+#include "loongforge/parallel/pipeline/schedules.h"
 #include "loongforge/parallel/pipeline/stages.h"
 #include "loongforge/train/checkpoint.h"
 #include "loongforge/train/param_dump.h"
@@ -45,16 +46,9 @@ std::string human_bytes(double b) {
   return os.str();
 }
 
-// The pipeline split: layers and parameters (of the full model; / tp per rank) of every stage.
-std::vector<lf::parallel::pipeline::LayerRange> stage_layers(const lf::config::ParallelConfig& p,
-                                                             const lf::models::DecoderConfig& m,
-                                                             int pp) {
-  return lf::parallel::pipeline::split_layers(m.num_layers, pp, p.decoder_first_pipeline_num_layers,
-                                              p.decoder_last_pipeline_num_layers);
-}
-
 struct StageCount {
-  lf::parallel::pipeline::LayerRange range;
+  std::vector<lf::parallel::pipeline::LayerRange> chunks;  // model chunks (several: interleaved)
+  int64_t layers = 0;
   int64_t params = 0;  // of the full model's tensors this stage holds (before / tp)
   std::string extra;   // what besides layers
 };
@@ -67,9 +61,14 @@ std::vector<StageCount> stage_counts(const lf::config::JobConfig& job, const lf:
   const int64_t tables = m.untie_embeddings_and_output_weights ? 2 * vocab : vocab;
   const int64_t per_layer = (m.num_parameters() - tables - final_norm) / m.num_layers;
   std::vector<StageCount> out;
-  for (const auto& r : stage_layers(job.parallel, m, pp)) {
-    const int k = static_cast<int>(out.size());
-    StageCount c{r, r.size() * per_layer, ""};
+  for (int k = 0; k < pp; ++k) {
+    const auto stage = lf::models::pipeline_stage(m, pp, k, job.parallel.decoder_first_pipeline_num_layers,
+                                                  job.parallel.decoder_last_pipeline_num_layers,
+                                                  pp > 1 ? job.parallel.num_layers_per_virtual_pipeline_stage
+                                                         : std::nullopt);
+    StageCount c{stage.chunks, 0, 0, ""};
+    for (const auto& r : stage.chunks) c.layers += r.size();
+    c.params = c.layers * per_layer;
     if (k == 0) c.params += vocab, c.extra += " + embedding";
     if (k == pp - 1) {
       c.params += final_norm;
@@ -86,7 +85,8 @@ std::vector<StageCount> stage_counts(const lf::config::JobConfig& job, const lf:
 
 // Per-rank estimates from the stage's parameter count and Megatron's activation formula
 // (s*b*h*(34 + 5*a*s/h) bytes per layer in 16-bit, /tp; doubled in fp32). Under 1F1B stage k
-// holds the activations of up to pp - k micro-batches at once.
+// holds the activations of up to pp - k micro-batches at once; interleaved, up to its warm-up
+// forwards + 1 model chunks' worth.
 std::string estimates(const lf::config::JobConfig& job, const lf::models::DecoderConfig& m,
                       const lf::dist::ParallelLayout& layout) {
   const int tp = layout.size(lf::dist::Axis::tp), pp = layout.size(lf::dist::Axis::pp),
@@ -106,8 +106,29 @@ std::string estimates(const lf::config::JobConfig& job, const lf::models::Decode
     const double grad_bytes = params * 4;                 // fp32 main gradients
     double optim_bytes = params * (8 + (half ? 4 : 0));  // Adam m, v (+ fp32 master)
     if (job.optimizer.use_distributed_optimizer) optim_bytes /= dp;
-    const int64_t in_flight = pp > 1 ? std::min<int64_t>(pp - static_cast<int64_t>(k), micro_batches) : 1;
-    const double act = act_per_layer * static_cast<double>(counts[k].range.size()) * static_cast<double>(in_flight);
+    const auto& c = counts[k];
+    const int64_t v = static_cast<int64_t>(c.chunks.size()), chunk_layers = c.chunks.front().size();
+    int64_t in_flight = pp > 1 ? std::min<int64_t>(pp - static_cast<int64_t>(k), micro_batches) : 1;
+    double act = act_per_layer * static_cast<double>(c.layers) * static_cast<double>(in_flight);
+    if (v > 1 && micro_batches % pp == 0) {  // interleaved: chunk-micro-batches in flight
+      const auto order = lf::parallel::pipeline::interleaved_1f1b_order(static_cast<int>(k), pp, static_cast<int>(v), micro_batches);
+      int64_t live = 0, most = 0;
+      for (const auto& op : order) most = std::max(most, live += op.kind == 'F' ? 1 : -1);
+      in_flight = most;
+      act = act_per_layer * static_cast<double>(chunk_layers) * static_cast<double>(most);
+    }
+    std::string act_note = std::to_string(in_flight) + (v > 1 ? " model-chunk micro-batch" : " micro-batch") +
+                           (in_flight > 1 ? "es" : "") + " in flight";
+    if (const auto chunk = job.parallel.chunkpipe_chunk_size) {
+      // ChunkPipe: one chunk's activations (attention over the whole prefix is flash: O(chunk)),
+      // plus the kept keys/values of the sequence with their gradients (x 3 with the transient
+      // prefix gradient) and, past the first stage, the stage's inputs.
+      const double cs = static_cast<double>(*chunk);
+      const double kv = s * b * 2.0 * static_cast<double>(m.query_groups() * m.head_dim()) / tp * (half ? 2 : 4);
+      act = cs * b * h * 34 / tp * (half ? 1 : 2) * static_cast<double>(c.layers) +
+            3 * kv * static_cast<double>(c.layers) + (k > 0 ? s * b * h / tp * (half ? 2 : 4) : 0.0);
+      act_note = "one chunk of " + std::to_string(*chunk) + " tokens + the sequence's keys/values";
+    }
     const std::string pad = pp > 1 ? "    " : "  ";
     if (pp > 1) os << "  stage " << k << ":\n";
     os << pad << "parameters      " << static_cast<int64_t>(params) << " of " << m.num_parameters()
@@ -116,8 +137,7 @@ std::string estimates(const lf::config::JobConfig& job, const lf::models::Decode
        << pad << "gradients       " << human_bytes(grad_bytes) << " (fp32)\n"
        << pad << "optimizer       " << human_bytes(optim_bytes)
        << (job.optimizer.use_distributed_optimizer ? " (sharded over dp)" : "") << "\n"
-       << pad << "activations     " << human_bytes(act) << " (" << in_flight << " micro-batch"
-       << (in_flight > 1 ? "es" : "") << " in flight)\n"
+       << pad << "activations     " << human_bytes(act) << " (" << act_note << ")\n"
        << pad << "total           " << human_bytes(weight_bytes + grad_bytes + optim_bytes + act) << "\n";
   }
   os << "  model FLOPs     " << std::setprecision(4) << m.flops_per_token(job.training.seq_length)
@@ -133,9 +153,11 @@ std::string stage_assignment(const lf::config::JobConfig& job, const lf::models:
   const auto counts = stage_counts(job, m, pp);
   for (size_t k = 0; k < counts.size(); ++k) {
     const auto& c = counts[k];
-    os << "  stage " << k << ": layers " << c.range.begin << ".." << c.range.end - 1 << " ("
-       << c.range.size() << ")" << c.extra << " | " << c.params << " parameters (" << c.params / tp
-       << " per rank, / tp " << tp << ")\n";
+    os << "  stage " << k << ": layers ";
+    for (size_t j = 0; j < c.chunks.size(); ++j)
+      os << (j ? " + " : "") << c.chunks[j].begin << ".." << c.chunks[j].end - 1;
+    os << " (" << c.layers << (c.chunks.size() > 1 ? " in " + std::to_string(c.chunks.size()) + " model chunks" : "")
+       << ")" << c.extra << " | " << c.params << " parameters (" << c.params / tp << " per rank, / tp " << tp << ")\n";
   }
   return os.str();
 }
@@ -170,8 +192,13 @@ int train_main(const lf::config::TrainCommandLine& cl) {
     }
     errors.throw_if_any();
   }
-  // The pipeline split (layers not divisible by pp, bad first/last stage sizes: errors naming both).
-  const auto stages = stage_layers(job.parallel, model.foundation, layout.size(lf::dist::Axis::pp));
+  // The pipeline split (layers not divisible by pp, bad first/last stage sizes, virtual stages:
+  // errors naming the values), and the interleaved schedule's micro-batch count.
+  const auto counts = stage_counts(job, model.foundation, layout.size(lf::dist::Axis::pp));
+  if (counts.front().chunks.size() > 1)
+    lf::parallel::pipeline::interleaved_1f1b_order(0, layout.size(lf::dist::Axis::pp),
+                                                   static_cast<int>(counts.front().chunks.size()),
+                                                   lf::train::num_micro_batches(job.training, layout.size(lf::dist::Axis::dp)));
 
   if (cl.dry_run) {
     if (env.rank == 0) {
@@ -190,11 +217,6 @@ int train_main(const lf::config::TrainCommandLine& cl) {
            layout.size(lf::dist::Axis::cp), ", ep ", layout.size(lf::dist::Axis::ep), ")",
            lf::hint("--dry-run shows any layout; context and expert parallel training land with "
                     "their issues (docs/architecture.md, roadmap)"));
-  LF_CHECK(!job.parallel.num_layers_per_virtual_pipeline_stage,
-           "parallel.num_layers_per_virtual_pipeline_stage ",
-           job.parallel.num_layers_per_virtual_pipeline_stage.value_or(0),
-           ": the interleaved pipeline schedule is not implemented yet (1F1B is)",
-           lf::hint("drop --num-layers-per-virtual-pipeline-stage"));
   LF_CHECK(!job.checkpoint.save_hf || layout.size(lf::dist::Axis::pp) == 1,
            "--save-hf with pipeline-model-parallel size ", layout.size(lf::dist::Axis::pp),
            " is not supported yet (each stage holds part of the weights)",
@@ -215,9 +237,10 @@ int train_main(const lf::config::TrainCommandLine& cl) {
   // Tensor (and sequence) parallel when tp > 1: each rank keeps its shards of the model that
   // `seed` gives on one device.
   // Pipeline parallel when pp > 1: this rank's stage (its layers, embedding first, head last).
-  const auto& range = stages[static_cast<size_t>(ctx.pp_rank())];
-  const lf::models::PipelineStage stage{range.begin, range.end, ctx.is_first_stage(),
-                                        ctx.is_last_stage()};
+  const auto stage = lf::models::pipeline_stage(model.foundation, ctx.pp_size(), ctx.pp_rank(),
+                                                job.parallel.decoder_first_pipeline_num_layers,
+                                                job.parallel.decoder_last_pipeline_num_layers,
+                                                job.parallel.num_layers_per_virtual_pipeline_stage);
   lf::models::Decoder decoder(model.foundation, backend, seed, dtype, &ctx,
                               job.parallel.sequence_parallel, stage);
   if (env.rank == 0)

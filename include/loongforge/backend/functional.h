@@ -38,4 +38,13 @@ at::Tensor sdpa(const DeviceBackend& be, const at::Tensor& q, const at::Tensor& 
                 const at::Tensor& v, const AttentionMask& mask,
                 std::optional<double> scale = std::nullopt);
 
+// Attention of a chunk of a sequence over the keys of the chunks before it (ChunkPipe): q [b, nq,
+// s, d] sees every key of k_prefix/v_prefix [b, nkv, t, d] and its own chunk's k/v [b, nkv, s, d]
+// causally. Equals sdpa(q, cat(k_prefix, k), cat(v_prefix, v), causal) (gradients to all five
+// inputs) without concatenating: two attentions merged by their log-sum-exp, so the prefix is
+// never copied and each part can use a flash kernel.
+at::Tensor sdpa_after_prefix(const DeviceBackend& be, const at::Tensor& q, const at::Tensor& k_prefix,
+                             const at::Tensor& v_prefix, const at::Tensor& k, const at::Tensor& v,
+                             std::optional<double> scale = std::nullopt);
+
 }  // namespace lf::ops

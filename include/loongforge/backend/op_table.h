@@ -132,7 +132,9 @@ class OpTable {
   // uses kv head h / (nq / nkv)). scale multiplies q k^T (usually 1 / sqrt(d)).
   virtual SdpaFwd sdpa_fwd(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                            const AttentionMask& mask, double scale) const = 0;
-  // dout: [b, nq, s, dv]; o, lse: from the forward
+  // dout: [b, nq, s, dv]; o, lse: from the forward. Or those of a larger attention whose keys
+  // include these (the rows' total over several key blocks, merged by lse): the result is then
+  // this block's share of the gradient. Hence D = rowsum(dout * o) must come from the given o.
   virtual SdpaBwd sdpa_bwd(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k,
                            const at::Tensor& v, const at::Tensor& o, const at::Tensor& lse,
                            const AttentionMask& mask, double scale) const = 0;

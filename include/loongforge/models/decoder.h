@@ -38,6 +38,8 @@
 
 #include "loongforge/backend/device_backend.h"
 #include "loongforge/models/decoder_config.h"
+#include "loongforge/parallel/pipeline/chunk_attention.h"
+#include "loongforge/parallel/pipeline/stages.h"
 #include "loongforge/parallel/tensor/layers.h"
 #include "loongforge/parallel/tensor/random.h"
 
@@ -67,18 +69,25 @@ struct NamedParameter {
   bool tied_copy = false;
 };
 
-// The part of the model one pipeline stage holds: layers [layer_begin, layer_end) (global
-// indices), the embedding when first, final norm + output layer (and loss) when last.
+// The part of the model one pipeline rank holds: one or more model chunks, each a contiguous range
+// of layers (global indices); several under the interleaved schedule (virtual stages, in
+// virtual-stage order). The embedding comes before chunk 0 when first, the final norm and output
+// layer (and loss) after the last chunk when last.
 struct PipelineStage {
-  int64_t layer_begin = 0;
-  int64_t layer_end = -1;  // -1: num_layers (the whole model)
+  std::vector<lf::parallel::pipeline::LayerRange> chunks;  // empty: the whole model, one chunk
   bool first = true, last = true;
+  int64_t num_chunks() const { return chunks.empty() ? 1 : static_cast<int64_t>(chunks.size()); }
 };
-// Stage pp_rank of pp, layers split by lf::parallel::pipeline::split_layers (even, or the uneven
-// first/last stage sizes; errors name the values).
+// Rank pp_rank of pp: its layers by lf::parallel::pipeline::split_layers (even, or the uneven
+// first/last stage sizes), or with layers_per_virtual_stage its model chunks by
+// split_virtual_layers (interleaved schedule). Errors name the values.
 PipelineStage pipeline_stage(const DecoderConfig& config, int pp, int pp_rank,
                              std::optional<int64_t> first_stage_layers = {},
-                             std::optional<int64_t> last_stage_layers = {});
+                             std::optional<int64_t> last_stage_layers = {},
+                             std::optional<int64_t> layers_per_virtual_stage = {});
+
+// ChunkPipe: a chunk's attention over the keys and values of the earlier chunks.
+using ChunkAttention = lf::parallel::pipeline::ChunkAttention;
 
 // Activation recomputation (Megatron's --recompute-*). full: a layer keeps only its input and
 // recomputes everything in backward; method uniform groups num_layers consecutive layers per
@@ -132,8 +141,18 @@ class Decoder {
   // states [s(/tp with SP), b, h]. Returns hidden states [s(/tp), b, h] unless last; on the last
   // stage the per-token loss [s * b] (labels [b, s] given) or full logits [s, b, vocab] (labels
   // undefined), as loss() / forward(). forward(), loss() and the KV cache need the whole model.
-  at::Tensor stage_forward(const at::Tensor& input, const at::Tensor& labels = {}) const;
+  // chunk: which of this rank's model chunks (interleaved schedule); the embedding runs before
+  // chunk 0 on the first rank, the head after the last chunk on the last rank.
+  at::Tensor stage_forward(const at::Tensor& input, const at::Tensor& labels = {}, int64_t chunk = 0) const;
+  // ChunkPipe: stage_forward for the tokens at positions [start, start + c) of a sequence whose
+  // earlier chunks' keys/values are in `kv` (this chunk's are added to it). with_head = false on the
+  // last stage returns the hidden states instead of the loss (a pass that only needs the keys and
+  // values). One model chunk per rank; no activation recomputation (ChunkPipe recomputes).
+  at::Tensor stage_forward_chunk(const at::Tensor& input, const at::Tensor& labels, int64_t start,
+                                 ChunkAttention& kv, bool with_head = true) const;
   const PipelineStage& stage() const { return stage_; }
+  // "layers [a, b)" or "layers [a, b) + [c, d)" (virtual stages): for messages.
+  std::string describe_stage() const;
 
   const std::vector<NamedParameter>& parameters() const { return params_; }
   // Copies full (unsharded, single-device layout) tensors into this rank's shards. Every
@@ -164,8 +183,10 @@ class Decoder {
   void check_whole_model(const char* what) const;
   // tokens [b, s] -> [s(/tp), b, h] (embedding + its dropout)
   at::Tensor embed(const at::Tensor& tokens, int64_t start) const;
-  // This stage's layers: [s(/tp), b, h] -> [s(/tp), b, h]; s: the full sequence length.
-  at::Tensor run_layers(at::Tensor x, int64_t start, int64_t s, KvCache* cache) const;
+  // Local layers [lo, hi) (default: all of this rank's): [s(/tp), b, h] -> [s(/tp), b, h]; s: the
+  // full sequence length of the input; `chunk`: ChunkPipe's keys/values.
+  at::Tensor run_layers(at::Tensor x, int64_t start, int64_t s, KvCache* cache, size_t lo = 0,
+                        size_t hi = SIZE_MAX, ChunkAttention* chunk = nullptr) const;
   // Final norm + output layer: [s(/tp), b, h] -> this rank's vocab shard [s, b, v_pad / tp]
   at::Tensor head(const at::Tensor& x) const;
   // Local logits -> per-token loss [s b] / full logits [s, b, vocab]
@@ -176,20 +197,24 @@ class Decoder {
   at::Tensor local_logits(const at::Tensor& tokens, KvCache* cache = nullptr) const;
   // One layer: x [s(/tp), b, h] -> [s(/tp), b, h]; `cache`: incremental decoding of layer i.
   at::Tensor layer_forward(size_t i, const at::Tensor& x, const at::Tensor& cos,
-                           const at::Tensor& sin, KvCache* cache) const;
+                           const at::Tensor& sin, KvCache* cache, ChunkAttention* chunk = nullptr) const;
   // The residual branches, before the add: [s(/tp), b, h] -> [s(/tp), b, h]
   at::Tensor attention(size_t i, const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
-                       KvCache* cache) const;
+                       KvCache* cache, ChunkAttention* chunk = nullptr) const;
   at::Tensor mlp(const Layer& l, const at::Tensor& x) const;
   at::Tensor hidden_dropout(const at::Tensor& x) const;
   bool recompute_layer(size_t i) const;
+  at::Tensor stage_forward_impl(const at::Tensor& input, const at::Tensor& labels, int64_t chunk,
+                                int64_t start, ChunkAttention* kv, bool with_head) const;
+  // Local layer indices [begin, end) of model chunk c.
+  std::pair<size_t, size_t> chunk_layers(int64_t c) const;
 
   DecoderConfig config_;
   const lf::backend::DeviceBackend& backend_;
   lf::parallel::TensorParallel tp_;
   std::vector<NamedParameter> params_;
   at::Tensor embedding_, final_norm_, final_norm_bias_, output_;
-  std::vector<Layer> layers_;  // this stage's: layers_[j] is global layer stage_.layer_begin + j
+  std::vector<Layer> layers_;  // this rank's, chunk after chunk in global order within each
   PipelineStage stage_;
   bool keep_ = true;
   bool training_ = true;

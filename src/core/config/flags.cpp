@@ -24,6 +24,7 @@ const std::vector<FlagSpec> kTable = {
   {"--expert-tensor-parallel-size", "parallel.expert_tensor_parallel_size", K::value, "N", ""},
   {"--num-layers-per-virtual-pipeline-stage", "parallel.num_layers_per_virtual_pipeline_stage", K::value, "N", ""},
   {"--pipeline-trace", "parallel.pipeline_trace", K::value, "PATH", ""},
+  {"--chunkpipe-chunk-size", "parallel.chunkpipe_chunk_size", K::value, "N", ""},
   {"--decoder-first-pipeline-num-layers", "parallel.decoder_first_pipeline_num_layers", K::value, "N", ""},
   {"--decoder-last-pipeline-num-layers", "parallel.decoder_last_pipeline_num_layers", K::value, "N", ""},
   {"--distributed-timeout-minutes", "parallel.distributed_timeout_minutes", K::value, "MIN", ""},

@@ -135,6 +135,31 @@ void validate(const JobConfig& job, const Node& resolved, ErrorList& errors) {
                c.show("parallel.num_layers_per_virtual_pipeline_stage") + ", " +
                c.show("parallel.pipeline_model_parallel_size"));
   if (c.ok({"parallel.order"})) check_order(p, c);
+  if (p.chunkpipe_chunk_size) {
+    const int64_t n = *p.chunkpipe_chunk_size;
+    if (c.ok({"training.seq_length"}) && t.seq_length > 0 && t.seq_length % n != 0)
+      c.fail("parallel.chunkpipe_chunk_size",
+             "the sequence does not split into whole chunks: " + c.show("training.seq_length") + ", " +
+                 c.show("parallel.chunkpipe_chunk_size"),
+             "pick a chunk size dividing the sequence length");
+    if (c.ok({"parallel.sequence_parallel", "parallel.tensor_model_parallel_size"}) && p.sequence_parallel &&
+        n % p.tensor_model_parallel_size != 0)
+      c.fail("parallel.chunkpipe_chunk_size",
+             "with sequence parallelism each chunk is split over the tensor-parallel ranks, so the chunk "
+             "size must be a multiple of the TP size: " +
+                 c.show("parallel.chunkpipe_chunk_size") + ", " + c.show("parallel.tensor_model_parallel_size"),
+             "pick a chunk size that is a multiple of " + std::to_string(p.tensor_model_parallel_size));
+    if (c.ok({"parallel.context_parallel_size"}) && p.context_parallel_size > 1)
+      c.fail("parallel.chunkpipe_chunk_size",
+             "ChunkPipe and context parallelism both split the sequence: " + c.show("parallel.chunkpipe_chunk_size") +
+                 ", " + c.show("parallel.context_parallel_size"),
+             "use one of them: drop --chunkpipe-chunk-size or set --context-parallel-size 1");
+    if (c.ok({"parallel.num_layers_per_virtual_pipeline_stage"}) && p.num_layers_per_virtual_pipeline_stage)
+      c.fail("parallel.chunkpipe_chunk_size",
+             "ChunkPipe runs its own schedule, not the interleaved one: " + c.show("parallel.chunkpipe_chunk_size") +
+                 ", " + c.show("parallel.num_layers_per_virtual_pipeline_stage"),
+             "drop --num-layers-per-virtual-pipeline-stage");
+  }
 
   const bool data_ok = c.ok({"data.data_path", "data.mock_data"});
   if (data_ok && !d.mock_data && d.data_path.empty())

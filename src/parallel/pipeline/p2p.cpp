@@ -10,8 +10,8 @@ namespace lf::parallel::pipeline {
 namespace {
 // Tags: header and data of each direction apart, so a message can never be taken for another.
 constexpr int kForwardHeader = 101, kForwardData = 102, kBackwardHeader = 201, kBackwardData = 202;
-// Header: [dtype, ndim, dims[0..kMaxDims)] as int64.
-constexpr int64_t kHeaderSize = 2 + StageExchange::kMaxDims;
+// Header: [dtype, ndim, dims[0..kMaxDims), message id (-1: unchecked)] as int64.
+constexpr int64_t kHeaderSize = 3 + StageExchange::kMaxDims;
 
 std::string where(const lf::backend::Communicator& pp, int peer, const char* what) {
   return "pipeline stage " + std::to_string(pp.rank()) + " of " + std::to_string(pp.size()) + ", " +
@@ -44,7 +44,7 @@ StageExchange::~StageExchange() {
   }
 }
 
-void StageExchange::send(const at::Tensor& t, int peer, int tag_header, const char* what) {
+void StageExchange::send(const at::Tensor& t, int peer, int tag_header, const char* what, int64_t id) {
   LF_CHECK(t.defined(), where(pp_, peer, what), ": nothing to send (undefined tensor)");
   LF_CHECK(t.dim() <= kMaxDims, where(pp_, peer, what), ": a ", t.dim(),
            "-dimensional tensor exceeds the header's ", kMaxDims, " dimensions");
@@ -56,6 +56,7 @@ void StageExchange::send(const at::Tensor& t, int peer, int tag_header, const ch
   h[0] = static_cast<int64_t>(t.scalar_type());
   h[1] = t.dim();
   for (int64_t d = 0; d < t.dim(); ++d) h[static_cast<size_t>(2 + d)] = t.size(d);
+  h[kHeaderSize - 1] = id;
   p.header_tensor = at::tensor(h, at::TensorOptions().dtype(at::kLong)).to(device_);
   naming(pp_, peer, what, [&] {
     p.header = pp_.send(p.header_tensor, peer, tag_header, /*async=*/true);
@@ -65,7 +66,7 @@ void StageExchange::send(const at::Tensor& t, int peer, int tag_header, const ch
   pending_.push_back(std::move(p));
 }
 
-at::Tensor StageExchange::recv(int peer, int tag_header, const char* what) {
+at::Tensor StageExchange::recv(int peer, int tag_header, const char* what, int64_t id) {
   at::Tensor header = at::empty({kHeaderSize}, at::TensorOptions().dtype(at::kLong).device(device_));
   naming(pp_, peer, what, [&] { return pp_.recv(header, peer, tag_header); });
   const auto h = header.to(at::kCPU);
@@ -74,6 +75,10 @@ at::Tensor StageExchange::recv(int peer, int tag_header, const char* what) {
                v[0] < static_cast<int64_t>(at::ScalarType::NumOptions),
            where(pp_, peer, what), ": malformed shape header (dtype ", v[0], ", ", v[1], " dims)",
            lf::hint("the stages disagree on the order of messages: a schedule mismatch"));
+  LF_CHECK(id < 0 || v[kHeaderSize - 1] == id, where(pp_, peer, what), ": got message ",
+           v[kHeaderSize - 1], " while the schedule expects message ", id,
+           lf::hint("the stages disagree on the order of messages: a schedule mismatch (same "
+                    "micro-batch count and virtual stages on every stage?)"));
   std::vector<int64_t> sizes(v + 2, v + 2 + v[1]);
   for (int64_t s : sizes)
     LF_CHECK(s >= 0, where(pp_, peer, what), ": negative size in the shape header");
@@ -114,6 +119,22 @@ void StageExchange::send_backward(const at::Tensor& grad) {
 at::Tensor StageExchange::recv_backward() {
   if (is_last()) return {};
   return recv(stage() + 1, kBackwardHeader, "receiving gradients from");
+}
+
+void StageExchange::send_forward_ring(const at::Tensor& activation, int64_t id) {
+  send(activation, (stage() + 1) % num_stages(), kForwardHeader, "sending activations to", id);
+}
+
+at::Tensor StageExchange::recv_forward_ring(int64_t id) {
+  return recv((stage() + num_stages() - 1) % num_stages(), kForwardHeader, "receiving activations from", id);
+}
+
+void StageExchange::send_backward_ring(const at::Tensor& grad, int64_t id) {
+  send(grad, (stage() + num_stages() - 1) % num_stages(), kBackwardHeader, "sending gradients to", id);
+}
+
+at::Tensor StageExchange::recv_backward_ring(int64_t id) {
+  return recv((stage() + 1) % num_stages(), kBackwardHeader, "receiving gradients from", id);
 }
 
 at::Tensor StageExchange::send_forward_recv_backward(const at::Tensor& activation) {

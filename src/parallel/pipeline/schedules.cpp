@@ -28,15 +28,17 @@ double now_us() {
 // Records one compute call into the trace (if any).
 class Timed {
  public:
-  Timed(ScheduleTrace* trace, char kind, int64_t m) : trace_(trace), kind_(kind), m_(m), start_(trace ? now_us() : 0) {}
+  Timed(ScheduleTrace* trace, char kind, int64_t m, int chunk = 0)
+      : trace_(trace), kind_(kind), m_(m), chunk_(chunk), start_(trace ? now_us() : 0) {}
   ~Timed() {
-    if (trace_) trace_->events.push_back({kind_, m_, start_, now_us() - start_});
+    if (trace_) trace_->events.push_back({kind_, m_, start_, now_us() - start_, chunk_});
   }
 
  private:
   ScheduleTrace* trace_;
   char kind_;
   int64_t m_;
+  int chunk_;
   double start_;
 };
 
@@ -152,7 +154,8 @@ void ScheduleTrace::write_chrome_trace(const std::string& path, int stage) const
     out << ",\n{\"name\": \"step " << i << "\", \"ph\": \"X\", \"pid\": " << stage
         << ", \"tid\": 0, \"ts\": " << steps[i].first << ", \"dur\": " << steps[i].second - steps[i].first << "}";
   for (const auto& e : events)
-    out << ",\n{\"name\": \"" << e.kind << e.micro_batch << "\", \"cat\": \""
+    out << ",\n{\"name\": \"" << e.kind << e.micro_batch
+        << (e.chunk > 0 ? "." + std::to_string(e.chunk) : std::string()) << "\", \"cat\": \""
         << (e.kind == 'F' ? "forward" : "backward") << "\", \"ph\": \"X\", \"pid\": " << stage
         << ", \"tid\": 1, \"ts\": " << e.start_us << ", \"dur\": " << e.duration_us << "}";
   out << "\n], \"displayTimeUnit\": \"ms\", \"otherData\": {\"stage\": " << stage
@@ -195,6 +198,99 @@ double run_1f1b(StageExchange& ex, int64_t micro_batches, const StageStep& step,
   span.finish();
   LF_DCHECK(r.idle(), "1F1B left micro-batches in flight");
   return r.loss_sum();
+}
+
+std::vector<ScheduledOp> interleaved_1f1b_order(int stage, int stages, int chunks, int64_t m) {
+  LF_CHECK(stages >= 1 && stage >= 0 && stage < stages && chunks >= 1, "interleaved schedule: stage ", stage,
+           " of ", stages, " with ", chunks, " model chunks");
+  LF_CHECK(m >= 1 && m % stages == 0, "the interleaved pipeline schedule needs the number of micro-batches (",
+           m, ") to be a multiple of parallel.pipeline_model_parallel_size ", stages,
+           lf::hint("set --global-batch-size to a multiple of micro-batch size x data-parallel size x " +
+                    std::to_string(stages)));
+  const int64_t p = stages, v = chunks, total = m * v;
+  const int64_t warmup = m == p ? total : std::min<int64_t>(2 * (p - stage - 1) + (v - 1) * p, total);
+  auto chunk_of = [&](int64_t k, bool forward) {
+    const int64_t c = (k % (p * v)) / p;
+    return static_cast<int>(forward ? c : v - 1 - c);
+  };
+  auto micro_batch_of = [&](int64_t k) { return (k / (p * v)) * p + k % p; };
+  std::vector<ScheduledOp> ops;
+  ops.reserve(static_cast<size_t>(2 * total));
+  for (int64_t k = 0; k < warmup; ++k) ops.push_back({'F', chunk_of(k, true), micro_batch_of(k)});
+  for (int64_t i = 0; i < total - warmup; ++i) {
+    ops.push_back({'F', chunk_of(warmup + i, true), micro_batch_of(warmup + i)});
+    ops.push_back({'B', chunk_of(i, false), micro_batch_of(i)});
+  }
+  for (int64_t i = total - warmup; i < total; ++i) ops.push_back({'B', chunk_of(i, false), micro_batch_of(i)});
+  return ops;
+}
+
+// Runs the order with receives just before the op that needs them and sends started
+// asynchronously after it. That only ever waits later than Megatron's pre-posted receives, so the
+// order's freedom from deadlock carries over (and tests/parallel/test_pipeline.cpp simulates it).
+double run_interleaved_1f1b(StageExchange& ex, int chunks, int64_t micro_batches, const VirtualStageStep& step,
+                            ScheduleTrace* trace) {
+  LF_CHECK(static_cast<bool>(step.forward), "pipeline schedule: VirtualStageStep::forward is not set");
+  const auto ops = interleaved_1f1b_order(ex.stage(), ex.num_stages(), chunks, micro_batches);
+  const int p = ex.num_stages();
+  TracedStep span(ex, trace);
+  // Virtual stage of chunk c here, and the message id of (virtual stage, micro-batch).
+  auto vstage = [&](int c) { return static_cast<int64_t>(c) * p + ex.stage(); };
+  auto id = [&](int64_t vs, int64_t m) { return vs * micro_batches + m; };
+  const int64_t last_vs = static_cast<int64_t>(chunks) * p - 1;
+  std::vector<std::deque<InFlight>> in_flight(static_cast<size_t>(chunks));
+  double loss_sum = 0;
+  int64_t backwards_left = static_cast<int64_t>(chunks) * micro_batches;
+  for (const auto& op : ops) {
+    const int64_t vs = vstage(op.chunk);
+    if (op.kind == 'F') {
+      InFlight f;
+      f.m = op.micro_batch;
+      if (vs > 0) f.input = ex.recv_forward_ring(id(vs - 1, f.m)).set_requires_grad(true);
+      {
+        Timed t(trace, 'F', f.m, op.chunk);
+        f.output = step.forward(op.chunk, f.m, f.input);
+      }
+      LF_CHECK(f.output.defined(), "pipeline stage ", ex.stage(), ": the forward step of chunk ", op.chunk,
+               ", micro-batch ", f.m, " returned nothing");
+      if (vs == last_vs) {
+        LF_CHECK(f.output.numel() == 1, "pipeline stage ", ex.stage(),
+                 ": the last virtual stage's forward step must return the scalar loss, got shape ",
+                 f.output.sizes());
+        loss_sum += f.output.detach().to(at::kDouble).item<double>();
+      } else {
+        ex.send_forward_ring(f.output, id(vs, f.m));
+      }
+      in_flight[static_cast<size_t>(op.chunk)].push_back(std::move(f));
+      continue;
+    }
+    auto& queue = in_flight[static_cast<size_t>(op.chunk)];
+    LF_CHECK(!queue.empty() && queue.front().m == op.micro_batch, "pipeline stage ", ex.stage(),
+             ": backward of chunk ", op.chunk, ", micro-batch ", op.micro_batch, " without its forward");
+    InFlight f = std::move(queue.front());
+    queue.pop_front();
+    at::Tensor output_grad;
+    if (vs != last_vs) output_grad = ex.recv_backward_ring(id(vs, f.m));
+    if (step.before_backward) step.before_backward(op.chunk, f.m, --backwards_left == 0);
+    {
+      Timed t(trace, 'B', f.m, op.chunk);
+      if (vs == last_vs) {
+        f.output.backward();
+      } else {
+        LF_CHECK(output_grad.sizes() == f.output.sizes(), "pipeline stage ", ex.stage(),
+                 ": the gradient received for chunk ", op.chunk, ", micro-batch ", f.m, " has shape ",
+                 output_grad.sizes(), ", its activation ", f.output.sizes());
+        f.output.backward(output_grad.to(f.output.scalar_type()));
+      }
+    }
+    if (vs > 0) {
+      at::Tensor g = f.input.grad();
+      ex.send_backward_ring(g.defined() ? g : at::zeros_like(f.input), id(vs - 1, f.m));
+    }
+  }
+  ex.flush();
+  span.finish();
+  return loss_sum;
 }
 
 }  // namespace lf::parallel::pipeline

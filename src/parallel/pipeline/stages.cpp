@@ -51,4 +51,25 @@ std::vector<LayerRange> split_layers(int64_t num_layers, int pp, std::optional<i
   return out;
 }
 
+std::vector<std::vector<LayerRange>> split_virtual_layers(int64_t num_layers, int pp,
+                                                          int64_t layers_per_virtual_stage) {
+  LF_CHECK(pp >= 2, "parallel.num_layers_per_virtual_pipeline_stage needs "
+           "parallel.pipeline_model_parallel_size >= 2, got ", pp);
+  const int64_t l = layers_per_virtual_stage;
+  LF_CHECK(l >= 1, "parallel.num_layers_per_virtual_pipeline_stage must be >= 1, got ", l);
+  LF_CHECK(num_layers % (pp * l) == 0, "model.foundation.num_layers ", num_layers,
+           " is not divisible by parallel.pipeline_model_parallel_size ", pp,
+           " x parallel.num_layers_per_virtual_pipeline_stage ", l, " = ", pp * l,
+           lf::hint("every rank holds the same number of model chunks of " + std::to_string(l) +
+                    " layers: pick the layers per virtual stage so that pp x it divides the layer count"));
+  const int64_t v = num_layers / (pp * l);
+  std::vector<std::vector<LayerRange>> out(static_cast<size_t>(pp));
+  for (int64_t c = 0; c < v; ++c)
+    for (int64_t r = 0; r < pp; ++r) {
+      const int64_t begin = (c * pp + r) * l;
+      out[static_cast<size_t>(r)].push_back({begin, begin + l});
+    }
+  return out;
+}
+
 }  // namespace lf::parallel::pipeline

@@ -33,6 +33,7 @@ struct ParallelConfig {
   bool overlap_param_gather = false;
   std::optional<int64_t> ddp_bucket_size;  // null: 40M elements
   std::optional<std::string> pipeline_trace;
+  std::optional<int64_t> chunkpipe_chunk_size;  // null: whole sequences
 
   template <class V>
   void visit(V& v) {
@@ -60,6 +61,10 @@ struct ParallelConfig {
     v("overlap_grad_reduce", overlap_grad_reduce, "Overlap the gradient reduction with the backward pass");
     v("pipeline_trace", pipeline_trace,
       "Write a Chrome trace of every pipeline stage's forwards/backwards to PATH.stage<k>.json and print the bubble");
+    v("chunkpipe_chunk_size", chunkpipe_chunk_size,
+      "ChunkPipe: split each sequence into chunks of N tokens that flow through the pipeline as "
+      "consecutive micro-batches (activation memory bounded by the chunk, not the sequence)",
+      Min{1});
     v("overlap_param_gather", overlap_param_gather, "Overlap the parameter all-gather with the forward pass");
     v("ddp_bucket_size", ddp_bucket_size,
       "Elements per data-parallel gradient bucket (null: 40M)", Min{1});

@@ -34,6 +34,14 @@ class StageExchange {
   // receive, so two neighbours exchanging in opposite directions never wait on each other.
   at::Tensor send_forward_recv_backward(const at::Tensor& activation);
   at::Tensor send_backward_recv_forward(const at::Tensor& grad);
+  // The interleaved schedule's ring: activations go to stage (k + 1) % p (the last stage's model
+  // chunk c feeds the first stage's chunk c + 1), gradients the other way. `id` names the message
+  // (virtual stage and micro-batch): the receiver states the id it expects, and a different one is
+  // an error naming both (the stages disagree on the schedule) instead of a silent mix-up.
+  void send_forward_ring(const at::Tensor& activation, int64_t id);
+  at::Tensor recv_forward_ring(int64_t id);
+  void send_backward_ring(const at::Tensor& grad, int64_t id);
+  at::Tensor recv_backward_ring(int64_t id);
   // Waits for every send started so far (rethrows its failure naming stage and peer).
   void flush();
   // Every stage of the group waits for the others (aligned step timing for traces).
@@ -49,8 +57,8 @@ class StageExchange {
     int peer = 0;
     const char* what = "";
   };
-  void send(const at::Tensor& t, int peer, int tag, const char* what);
-  at::Tensor recv(int peer, int tag, const char* what);
+  void send(const at::Tensor& t, int peer, int tag, const char* what, int64_t id = -1);
+  at::Tensor recv(int peer, int tag, const char* what, int64_t id = -1);
   void wait(Pending& p);
 
   lf::backend::Communicator& pp_;

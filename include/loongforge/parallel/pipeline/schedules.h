@@ -1,8 +1,9 @@
 // Pipeline schedules over the micro-batches of one step: no pipelining (every forward, then every
-// backward: accumulation only) and 1F1B (Megatron's non-interleaved schedule: pp - stage - 1
-// warm-up forwards, then one forward / one backward, then the remaining backwards). A schedule
-// runs one stage's part and moves activations and gradients through a StageExchange; the model
-// and the data are behind StageStep. Not interleaved (virtual stages) nor ChunkPipe.
+// backward: accumulation only), 1F1B (Megatron's non-interleaved schedule: pp - stage - 1
+// warm-up forwards, then one forward / one backward, then the remaining backwards) and
+// interleaved 1F1B over virtual stages (Megatron's order). A schedule runs one stage's part and
+// moves activations and gradients through a StageExchange; the model and the data are behind
+// StageStep. ChunkPipe (chunks of one sequence) is parallel/pipeline/chunkpipe.h.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -27,6 +28,31 @@ struct StageStep {
   std::function<void(int64_t m)> before_backward;
 };
 
+// The interleaved schedule's step: rank r's model chunk c is virtual stage c * pp + r.
+struct VirtualStageStep {
+  // As StageStep::forward for model chunk `chunk`. input is undefined only for chunk 0 on the
+  // first stage; the last stage's last chunk returns the scaled loss.
+  std::function<at::Tensor(int chunk, int64_t m, const at::Tensor& input)> forward;
+  // Before each backward; `final`: the last backward of the step on this rank (chunk 0 of the
+  // last micro-batch), after which every gradient of this rank is complete.
+  std::function<void(int chunk, int64_t m, bool final)> before_backward;
+};
+
+// One compute call of a schedule on one stage.
+struct ScheduledOp {
+  char kind;  // 'F' or 'B'
+  int chunk;
+  int64_t micro_batch;
+  bool operator==(const ScheduledOp&) const = default;
+};
+
+// Megatron's interleaved 1F1B order on `stage` of `stages` with `chunks` model chunks per stage:
+// forward k runs chunk (k mod (pp v)) / pp of micro-batch (k / (pp v)) pp + k mod pp, backward k
+// the chunks in reverse; 2 (pp - stage - 1) + (v - 1) pp warm-up forwards (all of them when
+// m == pp), then one forward / one backward, then the remaining backwards. Needs m a multiple of
+// pp (an error naming both). With equal chunk costs the bubble is (pp - 1) / (v m + pp - 1).
+std::vector<ScheduledOp> interleaved_1f1b_order(int stage, int stages, int chunks, int64_t micro_batches);
+
 // A timeline of one stage's compute (--pipeline-trace): each forward and backward with its start
 // and duration, and the span of each step, which starts and ends at a barrier of the pipeline
 // group so that every stage measures the same step time. Times: microseconds of the machine's
@@ -36,6 +62,7 @@ struct ScheduleTrace {
     char kind;  // 'F' or 'B'
     int64_t micro_batch;
     double start_us, duration_us;
+    int chunk = 0;  // model chunk (interleaved schedule)
   };
   std::vector<Event> events;
   std::vector<std::pair<double, double>> steps;  // [start, end) of each traced step
@@ -55,6 +82,12 @@ double run_without_pipelining(StageExchange& exchange, int64_t micro_batches, co
                               ScheduleTrace* trace = nullptr);
 double run_1f1b(StageExchange& exchange, int64_t micro_batches, const StageStep& step,
                 ScheduleTrace* trace = nullptr);
+
+// Interleaved 1F1B over this stage's `chunks` model chunks (interleaved_1f1b_order). Activations
+// and gradients travel the ring of StageExchange with message ids checked. Every stage must use the
+// same chunk and micro-batch counts.
+double run_interleaved_1f1b(StageExchange& exchange, int chunks, int64_t micro_batches,
+                            const VirtualStageStep& step, ScheduleTrace* trace = nullptr);
 
 // The number of warm-up forwards of 1F1B on `stage` of `stages` (Megatron: stages - stage - 1,
 // at most the micro-batch count).

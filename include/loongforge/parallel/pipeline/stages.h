@@ -24,4 +24,11 @@ struct LayerRange {
 std::vector<LayerRange> split_layers(int64_t num_layers, int pp, std::optional<int64_t> first = {},
                                      std::optional<int64_t> last = {});
 
+// The interleaved schedule's split (Megatron's --num-layers-per-virtual-pipeline-stage L): the
+// model is cut into num_layers / L virtual stages of L layers; virtual stage c * pp + r is rank
+// r's model chunk c, so every rank holds v = num_layers / (pp * L) chunks. Result[r][c]: rank r's
+// chunk c. Errors name the values when num_layers is not a multiple of pp * L.
+std::vector<std::vector<LayerRange>> split_virtual_layers(int64_t num_layers, int pp,
+                                                          int64_t layers_per_virtual_stage);
+
 }  // namespace lf::parallel::pipeline

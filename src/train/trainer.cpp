@@ -246,6 +246,48 @@ struct Trainer::Impl {
     return lf::parallel::pipeline::run_interleaved_1f1b(*exchange, chunks, micro_batches, step, trace.get());
   }
 
+  // ChunkPipe validation: each sequence in chunks, forward only (one chunk's logits at a time);
+  // a chunk's prefix is the concatenation of the earlier chunks' keys/values. Under pp > 1 the
+  // chunks travel the stages in order and the last one scores. Returns [loss sum, correct, tokens].
+  at::Tensor evaluate_chunked(int64_t iters) {
+    const int64_t c = *job.parallel.chunkpipe_chunk_size, chunks = job.training.seq_length / c;
+    const auto& stage = model.stage();
+    double loss_sum = 0, correct = 0, tokens = 0;
+    for (int64_t i = 0; i < iters; ++i) {
+      at::Tensor batch = valid_data->next();
+      std::vector<at::Tensor> keys, values;  // per layer: the keys/values of the chunks so far
+      for (int64_t k = 0; k < chunks; ++k) {
+        at::Tensor input = stage.first ? batch.narrow(1, k * c, c).to(backend.device()) : exchange->recv_forward();
+        lf::models::ChunkAttention kv;
+        kv.prefix_k = keys;
+        kv.prefix_v = values;
+        at::Tensor out = model.stage_forward_chunk(input, {}, k * c, kv);
+        keys.resize(kv.k.size());
+        values.resize(kv.v.size());
+        for (size_t l = 0; l < kv.k.size(); ++l) {
+          keys[l] = keys[l].defined() ? at::cat({keys[l], kv.k[l]}, 2) : kv.k[l];
+          values[l] = values[l].defined() ? at::cat({values[l], kv.v[l]}, 2) : kv.v[l];
+        }
+        if (!stage.last) {
+          exchange->send_forward(out);
+          continue;
+        }
+        auto target = batch.narrow(1, k * c + 1, c).to(backend.device()).t().reshape({-1});
+        auto flat = out.reshape({-1, out.size(-1)});
+        loss_sum += lf::ops::softmax_cross_entropy(backend, flat, target).sum().item<double>();
+        correct += flat.argmax(-1).eq(target).sum().item<double>();
+        tokens += static_cast<double>(target.numel());
+      }
+    }
+    auto totals = at::tensor({loss_sum, correct, tokens}, at::TensorOptions().dtype(at::kDouble))
+                      .to(backend.device());
+    if (exchange) {
+      exchange->flush();
+      ctx.pp().broadcast(totals, ctx.pp_size() - 1);
+    }
+    return totals;
+  }
+
   // pp > 1 validation: forward only through the stages; the last one scores, then broadcasts
   // [loss sum, correct, tokens] over the pipeline group.
   at::Tensor evaluate_pipelined(int64_t iters) {
@@ -320,7 +362,8 @@ EvalResult Trainer::evaluate() {
   I.valid_data->rewind();
   const int64_t s = I.job.training.seq_length;
   double loss_sum = 0, correct = 0, tokens = 0;
-  for (int64_t i = 0; i < I.job.training.eval_iters && !I.exchange; ++i) {
+  const bool chunked = I.job.parallel.chunkpipe_chunk_size.has_value();
+  for (int64_t i = 0; i < I.job.training.eval_iters && !I.exchange && !chunked; ++i) {
     at::Tensor batch = I.valid_data->next();
     auto inputs = batch.narrow(1, 0, s).to(I.backend.device());
     auto labels = batch.narrow(1, 1, s).to(I.backend.device());
@@ -331,9 +374,10 @@ EvalResult Trainer::evaluate() {
     correct += flat.argmax(-1).eq(target).sum().item<double>();
     tokens += static_cast<double>(target.numel());
   }
-  auto totals = I.exchange ? I.evaluate_pipelined(I.job.training.eval_iters)
-                           : at::tensor({loss_sum, correct, tokens}, at::TensorOptions().dtype(at::kDouble))
-                                 .to(I.backend.device());
+  auto totals = chunked      ? I.evaluate_chunked(I.job.training.eval_iters)
+                : I.exchange ? I.evaluate_pipelined(I.job.training.eval_iters)
+                             : at::tensor({loss_sum, correct, tokens}, at::TensorOptions().dtype(at::kDouble))
+                                   .to(I.backend.device());
   if (I.dp()) I.dp()->all_reduce(totals, lf::backend::ReduceOp::sum);
   r.loss = totals[0].item<double>() / totals[2].item<double>();
   r.accuracy = totals[1].item<double>() / totals[2].item<double>();

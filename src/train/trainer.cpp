@@ -509,11 +509,24 @@ TrainSummary Trainer::run() {
     if (I.ctx.tp_rank() == 0 && I.ctx.dp_rank() == 0) I.trace->write_chrome_trace(path, I.ctx.pp_rank());
     auto bubble = at::full({1}, I.trace->bubble_fraction(), at::TensorOptions().dtype(at::kDouble).device(I.backend.device()));
     I.ctx.pp().all_reduce(bubble, lf::backend::ReduceOp::avg);
+    // The ideal of equal stages: 1F1B (p - 1) / (m + p - 1); interleaved (p - 1) / (v m + p - 1);
+    // ChunkPipe, whose sequences of n chunks pass forward then backward, (p - 1) / (n + p - 1).
     const double p = I.ctx.pp_size(), m = static_cast<double>(I.micro_batches);
+    const double v = static_cast<double>(I.model.stage().num_chunks());
+    std::ostringstream ideal;
+    if (const auto c = I.job.parallel.chunkpipe_chunk_size) {
+      const double n = static_cast<double>(t.seq_length / *c);
+      ideal << "ChunkPipe ideal (p - 1) / (n + p - 1) = " << (p - 1) / (n + p - 1) << " for p " << p << ", n " << n
+            << " chunks";
+    } else if (v > 1) {
+      ideal << "interleaved ideal (p - 1) / (v m + p - 1) = " << (p - 1) / (v * m + p - 1) << " for p " << p
+            << ", v " << v << ", m " << m;
+    } else {
+      ideal << "1F1B ideal (p - 1) / (m + p - 1) = " << (p - 1) / (m + p - 1) << " for p " << p << ", m " << m;
+    }
     if (rank0)
-      LF_INFO("pipeline bubble: ", bubble.item<double>(), " of each step (1F1B ideal (p - 1) / (m + p - 1) = ",
-              (p - 1) / (m + p - 1), " for p ", p, ", m ", m, ") | trace: ", *I.job.parallel.pipeline_trace,
-              ".stage<k>.json");
+      LF_INFO("pipeline bubble: ", bubble.item<double>(), " of each step (", ideal.str(), ") | trace: ",
+              *I.job.parallel.pipeline_trace, ".stage<k>.json");
   }
   summary.last_eval = evaluate();
   if (rank0 && summary.last_eval.tokens > 0)

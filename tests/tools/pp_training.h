@@ -1,7 +1,8 @@
-// Pipeline-parallel training runs for program tests: loongforge-train (under loongforge-run for
-// several processes) on the demo model with mock data for 10 steps, its per-step losses and
-// gradient norms from the metrics file and the final parameters (every stage's dump merged), and
-// the comparison of two such runs. Shared by test_pp_program.cpp and test_chunkpipe_program.cpp.
+// Training runs for the program-level equivalence tests: loongforge-train (under loongforge-run
+// for several processes) on the demo model with mock data for 10 steps, its per-step losses and
+// gradient norms from the metrics file and the final parameters (every pipeline stage's dump
+// merged), and the comparison of two such runs. Shared by test_tp_program.cpp,
+// test_pp_program.cpp and test_chunkpipe_program.cpp.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -82,9 +83,12 @@ inline TrainRun train(int procs, int pp, int layers, std::vector<std::string> ex
 // The gradient norm is compared too (1e-4 relative, as in test_optimizer_program.cpp): Adam is
 // nearly invariant to the gradients' scale, so a norm that counted the tied embedding twice or
 // missed a stage would hardly move loss or weights, but changes the norm by >1e-2.
-constexpr double kLossRel = 1e-5, kParamAbs = 1e-5, kNormRel = 1e-4;
+struct Tolerances {
+  double loss_rel = 1e-5, param_abs = 1e-5, norm_rel = 1e-4;
+};
 
-inline void expect_same_training(const TrainRun& want, const TrainRun& got, const char* what) {
+inline void expect_same_training(const TrainRun& want, const TrainRun& got, const char* what,
+                                 const Tolerances& tol = {}) {
   ASSERT_EQ(want.exit_code, 0) << want.output;
   ASSERT_EQ(got.exit_code, 0) << got.output;
   ASSERT_EQ(want.losses.size(), 10u) << want.output;
@@ -92,20 +96,20 @@ inline void expect_same_training(const TrainRun& want, const TrainRun& got, cons
   EXPECT_LT(want.losses.back(), want.losses.front());  // it learns
   double worst_rel = 0;
   for (size_t i = 0; i < want.losses.size(); ++i) {
-    EXPECT_NEAR(got.losses[i], want.losses[i], kLossRel * std::abs(want.losses[i]))
+    EXPECT_NEAR(got.losses[i], want.losses[i], tol.loss_rel * std::abs(want.losses[i]))
         << what << ", step " << i + 1;
     worst_rel = std::max(worst_rel, std::abs(got.losses[i] - want.losses[i]) / std::abs(want.losses[i]));
   }
   ASSERT_EQ(got.grad_norms.size(), want.grad_norms.size());
   double worst_norm = 0;
   for (size_t i = 0; i < want.grad_norms.size(); ++i) {
-    EXPECT_NEAR(got.grad_norms[i], want.grad_norms[i], kNormRel * std::abs(want.grad_norms[i]))
+    EXPECT_NEAR(got.grad_norms[i], want.grad_norms[i], tol.norm_rel * std::abs(want.grad_norms[i]))
         << what << ", step " << i + 1;
     worst_norm = std::max(worst_norm, std::abs(got.grad_norms[i] - want.grad_norms[i]) /
                                           std::abs(want.grad_norms[i]));
   }
   const double params = max_abs_diff(want.params, got.params);  // also: the same names
-  EXPECT_LE(params, kParamAbs) << what;
+  EXPECT_LE(params, tol.param_abs) << what;
   std::cout << what << ": worst per-step loss relative difference " << worst_rel
             << ", gradient norm " << worst_norm << ", final parameters max-abs difference " << params
             << "\n";

@@ -90,6 +90,25 @@ TEST(PipelineParallelTrace, WritesEveryStageAndPrintsTheBubble) {
     EXPECT_NE(json.find("\"name\": \"F3\""), std::string::npos) << stage;  // 4 micro-batches per step
     EXPECT_NE(json.find("\"name\": \"step 9\""), std::string::npos) << stage;  // 10 steps
   }
+  EXPECT_NE(r.output.find("1F1B ideal (p - 1) / (m + p - 1) = 0.2 for p 2, m 4"), std::string::npos) << r.output;
+}
+
+// The other schedules print their own ideal next to the measured bubble; interleaved chunks are
+// named F<m>.<chunk> in the trace.
+TEST(PipelineParallelTrace, InterleavedAndChunkPipeNameTheirIdeal) {
+  auto dir = lf::testing::make_temp_dir("pp-trace-v");
+  auto r = train(2, 2, 4, {"--pipeline-trace", dir + "/v", "--num-layers-per-virtual-pipeline-stage", "1"}, "trace-v");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("interleaved ideal (p - 1) / (v m + p - 1) = 0.111111 for p 2, v 2, m 4"),
+            std::string::npos)
+      << r.output;
+  std::ifstream in(dir + "/v.stage1.json");
+  const std::string json((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_NE(json.find("\"name\": \"B3.1\""), std::string::npos);
+  r = train(2, 2, 2, {"--pipeline-trace", dir + "/c", "--chunkpipe-chunk-size", "16"}, "trace-c");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("ChunkPipe ideal (p - 1) / (n + p - 1) = 0.111111 for p 2, n 8 chunks"), std::string::npos)
+      << r.output;
 }
 
 TEST(PipelineParallelTrace, WithoutPipelineIsAConfigurationError) {

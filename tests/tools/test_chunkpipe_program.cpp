@@ -23,6 +23,16 @@ TEST(ChunkPipeProgram, EightChunksTrainLikeWholeSequences) {
                        "ChunkPipe, 8 chunks of 16 tokens, one process");
 }
 
+// bf16: the chunks' attention merges two bf16 partial outputs by their fp32 log-sum-exp and the
+// key/value gradients accumulate in fp32, so the runs differ by bf16 rounding only: the
+// tolerances of the bf16 TP test (test_tp_program.cpp).
+TEST(ChunkPipeProgram, Bf16ChunksTrainLikeWholeSequences) {
+  expect_same_training(train(1, 1, 2, {"--bf16"}, "cp-whole-bf16"),
+                       train(1, 1, 2, {"--bf16", "--chunkpipe-chunk-size", "16"}, "cp-chunks-bf16"),
+                       "ChunkPipe bf16, 8 chunks of 16 tokens",
+                       lf::testing::Tolerances{.loss_rel = 1e-3, .param_abs = 8e-3, .norm_rel = 1e-2});
+}
+
 TEST(ChunkPipeProgram, Pp2EqualsWholeSequencesInOneProcess) {
   expect_same_training(train(1, 1, 2, {}, "cp-whole-pp"), train(2, 2, 2, {"--chunkpipe-chunk-size", "16"}, "cp-pp2"),
                        "ChunkPipe at PP 2, 8 chunks of 16 tokens");

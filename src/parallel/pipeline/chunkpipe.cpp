@@ -55,8 +55,9 @@ struct KvStore {
           auto shape = t.sizes().vec();
           shape[2] = chunks * chunk_len;
           dst.push_back(at::empty(shape, t.options()));
+          // Gradients accumulate over up to `chunks` contributions: fp32 even for a bf16 model.
           shape[2] = (chunks - 1) * chunk_len;
-          grad.push_back(at::zeros(shape, t.options()));
+          grad.push_back(at::zeros(shape, t.options().dtype(at::kFloat)));
         }
       }
     }
@@ -114,7 +115,9 @@ double run_chunkpipe(StageExchange* ex, int64_t chunks, const ChunkPipeStep& ste
   // the gradients later chunks left on this chunk's keys/values; the prefix's gradients go to the
   // earlier chunks' slots.
   double loss_sum = 0;
-  const at::Tensor anchor = at::zeros({}, at::TensorOptions().dtype(at::kFloat)).set_requires_grad(true);
+  const at::Tensor anchor =
+      at::zeros({}, at::TensorOptions().dtype(at::kFloat).device(store.k.empty() ? c10::Device(c10::kCPU) : store.k[0].device()))
+          .set_requires_grad(true);
   for (int64_t k = chunks - 1; k >= 0; --k) {
     at::Tensor output_grad = last ? at::Tensor() : ex->recv_backward();
     const double start = trace ? now_us() : 0;
@@ -141,9 +144,9 @@ double run_chunkpipe(StageExchange* ex, int64_t chunks, const ChunkPipeStep& ste
     if (k < chunks - 1) {  // the last chunk's keys/values are seen by no later chunk
       for (size_t l = 0; l < store.k.size(); ++l) {
         roots.push_back(kv.k[l]);
-        grads.push_back(store.dk[l].narrow(2, past, store.chunk_len));
+        grads.push_back(store.dk[l].narrow(2, past, store.chunk_len).to(kv.k[l].scalar_type()));
         roots.push_back(kv.v[l]);
-        grads.push_back(store.dv[l].narrow(2, past, store.chunk_len));
+        grads.push_back(store.dv[l].narrow(2, past, store.chunk_len).to(kv.v[l].scalar_type()));
       }
     }
     torch::autograd::backward(roots, grads);

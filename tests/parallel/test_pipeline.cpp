@@ -148,6 +148,29 @@ TEST(PipelineInterleavedOrder, NoDeadlockAndTheTheoreticalBubble) {
     const double theory = (c.p - 1.0) / (c.v * c.m + c.p - 1.0);
     for (int r = 0; r < c.p; ++r) EXPECT_NEAR(1 - busy[static_cast<size_t>(r)] / step, theory, 1e-9) << r;
   }
+  // Between every ordered pair of ranks, the messages (activations and gradients together) are sent
+  // in the order the receiver needs them, for 140 layouts. So a transport that matches sends to
+  // receives by order alone (NCCL, which ignores tags) pairs them right, even at p = 2 where both
+  // kinds travel between the same two ranks.
+  for (int p = 2; p <= 8; ++p)
+    for (int v = 1; v <= 4; ++v)
+      for (int64_t m = p; m <= 5 * p; m += p) {
+        using Msg = std::tuple<char, int64_t, int64_t>;  // kind, producing virtual stage, micro-batch
+        std::map<std::pair<int, int>, std::vector<Msg>> sent, needed;
+        const int64_t last = static_cast<int64_t>(p) * v - 1;
+        for (int r = 0; r < p; ++r)
+          for (const auto& op : pl::interleaved_1f1b_order(r, p, v, m)) {
+            const int64_t vs = static_cast<int64_t>(op.chunk) * p + r;
+            if (op.kind == 'F') {
+              if (vs < last) sent[{r, (r + 1) % p}].emplace_back('a', vs, op.micro_batch);
+              if (vs > 0) needed[{(r + p - 1) % p, r}].emplace_back('a', vs - 1, op.micro_batch);
+            } else {
+              if (vs > 0) sent[{r, (r + p - 1) % p}].emplace_back('g', vs, op.micro_batch);
+              if (vs < last) needed[{(r + 1) % p, r}].emplace_back('g', vs + 1, op.micro_batch);
+            }
+          }
+        EXPECT_EQ(sent, needed) << "p " << p << " v " << v << " m " << m;
+      }
   auto m = message_of([] { pl::interleaved_1f1b_order(0, 4, 2, 6); });
   EXPECT_NE(m.find("needs the number of micro-batches (6) to be a multiple of parallel.pipeline_model_parallel_size 4"),
             std::string::npos)

@@ -4,6 +4,7 @@
 #include <ATen/core/grad_mode.h>
 
 #include <cstdint>
+#include <cstring>
 #include <fstream>
 #include <sstream>
 
@@ -34,6 +35,50 @@ std::vector<std::pair<std::string, at::Tensor>> gather_full_parameters(
     full.emplace_back(p.name, t.contiguous());
   }
   return full;
+}
+
+std::vector<std::pair<std::string, at::Tensor>> gather_pipeline_parameters(
+    std::vector<std::pair<std::string, at::Tensor>> stage_params, const lf::dist::ParallelContext& ctx) {
+  if (ctx.pp_size() == 1) return stage_params;
+  auto& pp = ctx.pp();
+  // Per tensor: [name length, dtype, ndim, dims...] then the name's bytes, then the data.
+  constexpr int kCount = 310, kHeader = 311, kName = 312, kData = 313;
+  constexpr int64_t kMaxDims = 8;
+  const auto i64 = at::TensorOptions().dtype(at::kLong);
+  if (pp.rank() != 0) {
+    at::Tensor count = at::full({1}, static_cast<int64_t>(stage_params.size()), i64);
+    pp.send(count, 0, kCount);
+    for (auto& [name, t] : stage_params) {
+      LF_CHECK(t.dim() <= kMaxDims, "parameter ", name, " has ", t.dim(), " dimensions");
+      std::vector<int64_t> h(3 + kMaxDims, 0);
+      h[0] = static_cast<int64_t>(name.size());
+      h[1] = static_cast<int64_t>(t.scalar_type());
+      h[2] = t.dim();
+      for (int64_t d = 0; d < t.dim(); ++d) h[static_cast<size_t>(3 + d)] = t.size(d);
+      pp.send(at::tensor(h, i64), 0, kHeader);
+      at::Tensor bytes = at::empty({static_cast<int64_t>(name.size())}, at::kByte);
+      std::memcpy(bytes.data_ptr(), name.data(), name.size());
+      pp.send(bytes, 0, kName);
+      pp.send(t.contiguous(), 0, kData);
+    }
+    return {};
+  }
+  for (int k = 1; k < pp.size(); ++k) {
+    at::Tensor count = at::empty({1}, i64);
+    pp.recv(count, k, kCount);
+    for (int64_t i = 0; i < count.item<int64_t>(); ++i) {
+      at::Tensor h = at::empty({3 + kMaxDims}, i64);
+      pp.recv(h, k, kHeader);
+      const int64_t* v = h.data_ptr<int64_t>();
+      at::Tensor bytes = at::empty({v[0]}, at::kByte);
+      pp.recv(bytes, k, kName);
+      std::vector<int64_t> sizes(v + 3, v + 3 + v[2]);
+      at::Tensor t = at::empty(sizes, at::TensorOptions().dtype(static_cast<at::ScalarType>(v[1])));
+      pp.recv(t, k, kData);
+      stage_params.emplace_back(std::string(static_cast<const char*>(bytes.data_ptr()), static_cast<size_t>(v[0])), t);
+    }
+  }
+  return stage_params;
 }
 
 void dump_parameters(const std::string& path, const std::vector<lf::models::NamedParameter>& params,

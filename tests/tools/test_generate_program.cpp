@@ -147,6 +147,40 @@ TEST(GenerateProgram, TrainSaveHfThenLoadHfKeepsTheWeights) {
   }
 }
 
+// --save-hf under pipeline parallelism (interleaved: each stage holds non-contiguous layers, the
+// last stage a tied copy of the embedding): the first stage gathers every stage's weights and
+// writes them; loaded back in one process, or into PP 2 stages, they equal the stages' own dumps.
+TEST(GenerateProgram, SaveHfUnderPipelineParallelismHasEveryStagesWeights) {
+  auto d = lf::testing::make_temp_dir("savehf-pp");
+  const std::string cfg = lf::testing::source_dir() + "/configs/demo.yaml";
+  auto a = run_command({bin("loongforge-run"), "--standalone", "--nproc-per-node", "2", bin("loongforge-train"),
+                        "--config-file", cfg, "--train-iters", "3", "--eval-iters", "0", "--save-hf", d + "/hf",
+                        "--pipeline-model-parallel-size", "2", "model.foundation.num_layers=4",
+                        "--num-layers-per-virtual-pipeline-stage", "1"},
+                       {{"LOONGFORGE_DUMP_PARAMS", d + "/trained.safetensors"}});
+  ASSERT_EQ(a.exit_code, 0) << a.output;
+  auto trained = lf::testing::read_params(d + "/trained.safetensors.pp0");
+  for (auto& [name, v] : lf::testing::read_params(d + "/trained.safetensors.pp1")) trained[name] = std::move(v);
+  const std::string out = d + "/loaded.safetensors";
+  auto b = run_command({bin("loongforge-train"), "--config-file", cfg, "--train-iters", "1", "--eval-iters", "0",
+                        "--load", d + "/hf", "model.foundation.num_layers=4", "--lr", "0", "--min-lr", "0",
+                        "--lr-warmup-iters", "0"},
+                       {{"LOONGFORGE_DUMP_PARAMS", out}});
+  ASSERT_EQ(b.exit_code, 0) << b.output;
+  EXPECT_EQ(lf::testing::max_abs_diff(trained, lf::testing::read_params(out)), 0.0);
+  // And --load of the HF directory into PP 2 stages (1F1B): each stage takes its layers.
+  const std::string out2 = d + "/loaded-pp.safetensors";
+  auto c = run_command({bin("loongforge-run"), "--standalone", "--nproc-per-node", "2", bin("loongforge-train"),
+                        "--config-file", cfg, "--train-iters", "1", "--eval-iters", "0", "--load", d + "/hf",
+                        "model.foundation.num_layers=4", "--lr", "0", "--min-lr", "0", "--lr-warmup-iters", "0",
+                        "--pipeline-model-parallel-size", "2"},
+                       {{"LOONGFORGE_DUMP_PARAMS", out2}});
+  ASSERT_EQ(c.exit_code, 0) << c.output;
+  auto loaded = lf::testing::read_params(out2 + ".pp0");
+  for (auto& [name, v] : lf::testing::read_params(out2 + ".pp1")) loaded[name] = std::move(v);
+  EXPECT_EQ(lf::testing::max_abs_diff(trained, loaded), 0.0);
+}
+
 TEST(GenerateProgram, MistakesAreClearErrors) {
   const auto& d = checkpoint();
   struct Case {

@@ -217,10 +217,6 @@ int train_main(const lf::config::TrainCommandLine& cl) {
            layout.size(lf::dist::Axis::cp), ", ep ", layout.size(lf::dist::Axis::ep), ")",
            lf::hint("--dry-run shows any layout; context and expert parallel training land with "
                     "their issues (docs/architecture.md, roadmap)"));
-  LF_CHECK(!job.checkpoint.save_hf || layout.size(lf::dist::Axis::pp) == 1,
-           "--save-hf with pipeline-model-parallel size ", layout.size(lf::dist::Axis::pp),
-           " is not supported yet (each stage holds part of the weights)",
-           lf::hint("save a checkpoint with --save and export it with loongforge-convert lf2hf"));
   const auto& backend = lf::backend::select_backend();
   backend.set_device_index(env.local_rank % std::max(1, backend.device_count()));
   const uint64_t seed = static_cast<uint64_t>(job.training.seed);
@@ -275,12 +271,17 @@ int train_main(const lf::config::TrainCommandLine& cl) {
     lf::train::dump_parameters(dump, decoder.parameters(), ctx);
   // --save-hf: the final weights as an HF model directory (bf16 when training in bf16).
   if (job.checkpoint.save_hf) {
-    const auto full = lf::train::gather_full_parameters(decoder.parameters(), ctx);
+    // TP shards gathered on every rank of a stage; with pp > 1 the stages' parts then go to the
+    // first stage (its tp_rank 0 / dp_rank 0 rank writes).
+    auto full = lf::train::gather_full_parameters(decoder.parameters(), ctx);
     if (ctx.tp_rank() == 0 && ctx.dp_rank() == 0) {
-      lf::models::hf::WriteOptions wo;
-      wo.dtype = job.training.bf16 ? at::kBFloat16 : at::kFloat;
-      lf::models::hf::write_hf(*job.checkpoint.save_hf, model.foundation, full, wo);
-      LF_INFO("exported HF weights to ", *job.checkpoint.save_hf);
+      full = lf::train::gather_pipeline_parameters(std::move(full), ctx);
+      if (ctx.pp_rank() == 0) {
+        lf::models::hf::WriteOptions wo;
+        wo.dtype = job.training.bf16 ? at::kBFloat16 : at::kFloat;
+        lf::models::hf::write_hf(*job.checkpoint.save_hf, model.foundation, full, wo);
+        LF_INFO("exported HF weights to ", *job.checkpoint.save_hf);
+      }
     }
     ctx.world().barrier();
   }

@@ -24,4 +24,10 @@ void dump_parameters(const std::string& path, const std::vector<lf::models::Name
 std::vector<std::pair<std::string, at::Tensor>> gather_full_parameters(
     const std::vector<lf::models::NamedParameter>& params, const lf::dist::ParallelContext& ctx);
 
+// Collective over the pipeline group: each stage's gather_full_parameters() result brought to
+// pipeline rank 0, in stage order (the whole model there); the other stages get an empty list.
+// Called by the ranks of one pipeline group (e.g. tp_rank 0, dp_rank 0), every stage alike.
+std::vector<std::pair<std::string, at::Tensor>> gather_pipeline_parameters(
+    std::vector<std::pair<std::string, at::Tensor>> stage_params, const lf::dist::ParallelContext& ctx);
+
 }  // namespace lf::train

@@ -1,7 +1,8 @@
 // The CPU backend's op table: the reference math (backend/reference_ops.h) with attention routed
 // to ATen's fused CPU flash-attention kernels where they apply (no mask, or a causal mask over a
-// square score matrix; fp32/bf16; equal q/v head sizes). Everything else, and every other case,
-// is the reference. The op harness checks this table against ReferenceOps on every case.
+// square score matrix; fp32/bf16; equal q/v head sizes) and one-pass kernels for RMSNorm, SwiGLU
+// and RoPE (cpu_fused.cpp). Everything else, and every other case, is the reference. The op
+// harness checks this table against ReferenceOps on every case.
 #pragma once
 
 #include "loongforge/backend/reference_ops.h"
@@ -10,6 +11,18 @@ namespace lf::backend {
 
 class CpuOps final : public ReferenceOps {
  public:
+  // Fused one-pass kernels (cpu_fused.cpp) for contiguous fp32/bf16 input; else the reference.
+  RmsNormFwd rms_norm_fwd(const at::Tensor& x, const at::Tensor& w, double eps) const override;
+  RmsNormBwd rms_norm_bwd(const at::Tensor& dy, const at::Tensor& x, const at::Tensor& w,
+                          const at::Tensor& rstd) const override;
+  at::Tensor swiglu_fwd(const at::Tensor& gate_up) const override;
+  at::Tensor swiglu_bwd(const at::Tensor& dy, const at::Tensor& gate_up) const override;
+  // Fused for non-interleaved RoPE on fp32 x with fp32 tables (bf16 x: the reference).
+  at::Tensor rope_fwd(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
+                      bool interleaved) const override;
+  at::Tensor rope_bwd(const at::Tensor& dy, const at::Tensor& cos, const at::Tensor& sin,
+                      bool interleaved) const override;
+
   SdpaFwd sdpa_fwd(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                    const AttentionMask& mask, double scale) const override;
   SdpaBwd sdpa_bwd(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k,

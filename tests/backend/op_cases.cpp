@@ -115,6 +115,18 @@ void add_rope_swiglu_ce_cases(std::vector<OpCase>& cases) {
                            {"dx", ops.rope_bwd(in[3], in[1], in[2], c.interleaved)}};
                      }});
   }
+  // Tables with different halves (the contract allows any; real tables repeat the angles, which
+  // would hide a kernel that mixes up the halves' cos/sin), rotating 8 of 16 dims.
+  cases.push_back({"rope_f32_halves_partial_arbitrary_tables", kF32Atol, kF32Rtol,
+                   [] {
+                     Rng g(6);
+                     return std::vector<at::Tensor>{g.randn({6, 2, 3, 16}, at::kFloat), g.randn({6, 8}, at::kFloat),
+                                                    g.randn({6, 8}, at::kFloat), g.randn({6, 2, 3, 16}, at::kFloat)};
+                   },
+                   [](const OpTable& ops, const std::vector<at::Tensor>& in) {
+                     return NamedTensors{{"y", ops.rope_fwd(in[0], in[1], in[2], false)},
+                                         {"dx", ops.rope_bwd(in[3], in[1], in[2], false)}};
+                   }});
   for (auto dt : {at::kFloat, at::kBFloat16}) {
     cases.push_back({std::string("swiglu_") + dt_name(dt), atol_for(dt), rtol_for(dt),
                      [dt] {

@@ -1,0 +1,230 @@
+// CpuOps: fused CPU kernels for RMSNorm, SwiGLU and RoPE (backends/cpu/cpu_ops.h). Each op is one
+// parallel loop over rows instead of the reference's 4-6 ATen ops, each its own parallel region
+// with a barrier: on a small CPU those barriers cost more than the arithmetic
+// (docs/performance.md). Same math as the reference in fp32 (row sums in double); contiguous
+// fp32 or bf16 only, anything else goes to the reference. The op harness checks every case
+// against ReferenceOps.
+#include <ATen/Functions.h>
+#include <ATen/Parallel.h>
+#include <c10/util/BFloat16.h>
+
+#include <cmath>
+
+#include "cpu_ops.h"
+
+namespace lf::backend {
+namespace {
+
+bool fusable(std::initializer_list<const at::Tensor*> ts) {
+  const auto dtype = (*ts.begin())->scalar_type();
+  if (dtype != at::kFloat && dtype != at::kBFloat16) return false;
+  for (const auto* t : ts)
+    if (!t->device().is_cpu() || t->scalar_type() != dtype || !t->is_contiguous()) return false;
+  return true;
+}
+
+// Rows per task: enough work per thread that the split is worth a region.
+int64_t grain(int64_t row_len) { return std::max<int64_t>(1, 16384 / std::max<int64_t>(1, row_len)); }
+
+template <class T>
+void rms_norm_fwd_kernel(const at::Tensor& x, const at::Tensor& w, double eps, at::Tensor& y, at::Tensor& rstd) {
+  const int64_t h = x.size(-1), rows = x.numel() / h;
+  const T* xp = x.data_ptr<T>();
+  const T* wp = w.data_ptr<T>();
+  T* yp = y.data_ptr<T>();
+  float* rp = rstd.data_ptr<float>();
+  at::parallel_for(0, rows, grain(h), [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      const T* xr = xp + i * h;
+      double ss = 0;
+      for (int64_t j = 0; j < h; ++j) ss += static_cast<double>(static_cast<float>(xr[j])) * static_cast<float>(xr[j]);
+      const float r = static_cast<float>(1.0 / std::sqrt(ss / static_cast<double>(h) + eps));
+      rp[i] = r;
+      T* yr = yp + i * h;
+      for (int64_t j = 0; j < h; ++j) yr[j] = static_cast<T>(static_cast<float>(xr[j]) * r * static_cast<float>(wp[j]));
+    }
+  });
+}
+
+// dx = rstd (g - xhat mean(g xhat)) with g = dy w, xhat = x rstd; dw = sum over rows of dy xhat
+// (per-thread partial sums, added at the end).
+template <class T>
+void rms_norm_bwd_kernel(const at::Tensor& dy, const at::Tensor& x, const at::Tensor& w, const at::Tensor& rstd,
+                         at::Tensor& dx, at::Tensor& dw_partial) {
+  const int64_t h = x.size(-1), rows = x.numel() / h;
+  const T* dyp = dy.data_ptr<T>();
+  const T* xp = x.data_ptr<T>();
+  const T* wp = w.data_ptr<T>();
+  const float* rp = rstd.data_ptr<float>();
+  T* dxp = dx.data_ptr<T>();
+  float* part = dw_partial.data_ptr<float>();
+  at::parallel_for(0, rows, grain(h), [&](int64_t begin, int64_t end) {
+    float* acc = part + at::get_thread_num() * h;
+    for (int64_t i = begin; i < end; ++i) {
+      const T* dyr = dyp + i * h;
+      const T* xr = xp + i * h;
+      const float r = rp[i];
+      double dot = 0;
+      for (int64_t j = 0; j < h; ++j)
+        dot += static_cast<double>(static_cast<float>(dyr[j]) * static_cast<float>(wp[j])) * (static_cast<float>(xr[j]) * r);
+      const float m = static_cast<float>(dot / static_cast<double>(h));
+      T* dxr = dxp + i * h;
+      for (int64_t j = 0; j < h; ++j) {
+        const float xhat = static_cast<float>(xr[j]) * r, d = static_cast<float>(dyr[j]);
+        dxr[j] = static_cast<T>(r * (d * static_cast<float>(wp[j]) - xhat * m));
+        acc[j] += d * xhat;
+      }
+    }
+  });
+}
+
+template <class T>
+void swiglu_fwd_kernel(const at::Tensor& gu, at::Tensor& y) {
+  const int64_t f = gu.size(-1) / 2, rows = gu.numel() / (2 * f);
+  const T* p = gu.data_ptr<T>();
+  T* yp = y.data_ptr<T>();
+  at::parallel_for(0, rows, grain(2 * f), [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      const T* g = p + i * 2 * f;
+      const T* u = g + f;
+      T* yr = yp + i * f;
+      for (int64_t j = 0; j < f; ++j) {
+        const float gv = static_cast<float>(g[j]);
+        yr[j] = static_cast<T>(gv / (1.0f + std::exp(-gv)) * static_cast<float>(u[j]));
+      }
+    }
+  });
+}
+
+template <class T>
+void swiglu_bwd_kernel(const at::Tensor& dy, const at::Tensor& gu, at::Tensor& dgu) {
+  const int64_t f = gu.size(-1) / 2, rows = gu.numel() / (2 * f);
+  const T* p = gu.data_ptr<T>();
+  const T* dyp = dy.data_ptr<T>();
+  T* out = dgu.data_ptr<T>();
+  at::parallel_for(0, rows, grain(2 * f), [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      const T* g = p + i * 2 * f;
+      const T* u = g + f;
+      const T* d = dyp + i * f;
+      T* dg = out + i * 2 * f;
+      T* du = dg + f;
+      for (int64_t j = 0; j < f; ++j) {
+        const float gv = static_cast<float>(g[j]), uv = static_cast<float>(u[j]), dv = static_cast<float>(d[j]);
+        const float sig = 1.0f / (1.0f + std::exp(-gv));
+        dg[j] = static_cast<T>(dv * uv * sig * (1.0f + gv * (1.0f - sig)));
+        du[j] = static_cast<T>(dv * gv * sig);
+      }
+    }
+  });
+}
+
+// Non-interleaved halves over the first r dims (Megatron/HF); the rest passes through.
+// forward:  y[i] = x[i] c[i] - x[i+q] s[i],   y[i+q] = x[i+q] c[i+q] + x[i] s[i+q]   (q = r / 2)
+// backward (the transpose): dx[i] = dy[i] c[i] + dy[i+q] s[i+q],  dx[i+q] = dy[i+q] c[i+q] - dy[i] s[i]
+template <class T>
+void rope_kernel(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, bool transpose, at::Tensor& y) {
+  const int64_t s = x.size(0), d = x.size(3), per_pos = x.size(1) * x.size(2), r = cos.size(1), q = r / 2;
+  const T* xp = x.data_ptr<T>();
+  const T* cp = cos.data_ptr<T>();
+  const T* sp = sin.data_ptr<T>();
+  T* yp = y.data_ptr<T>();
+  at::parallel_for(0, s * per_pos, grain(d), [&](int64_t begin, int64_t end) {
+    for (int64_t row = begin; row < end; ++row) {
+      const int64_t pos = row / per_pos;
+      const T* xr = xp + row * d;
+      const T* c = cp + pos * r;
+      const T* sn = sp + pos * r;
+      T* yr = yp + row * d;
+      for (int64_t i = 0; i < q; ++i) {
+        const float a = static_cast<float>(xr[i]), b = static_cast<float>(xr[i + q]);
+        const float ci = static_cast<float>(c[i]), cq = static_cast<float>(c[i + q]);
+        const float si = static_cast<float>(sn[i]), sq = static_cast<float>(sn[i + q]);
+        if (transpose) {
+          yr[i] = static_cast<T>(a * ci + b * sq);
+          yr[i + q] = static_cast<T>(b * cq - a * si);
+        } else {
+          yr[i] = static_cast<T>(a * ci - b * si);
+          yr[i + q] = static_cast<T>(b * cq + a * sq);
+        }
+      }
+      for (int64_t j = r; j < d; ++j) yr[j] = xr[j];
+    }
+  });
+}
+
+#define LF_CPU_DISPATCH(dtype, ...)          \
+  if ((dtype) == at::kFloat) {               \
+    using scalar = float;                    \
+    __VA_ARGS__;                             \
+  } else {                                   \
+    using scalar = c10::BFloat16;            \
+    __VA_ARGS__;                             \
+  }
+
+}  // namespace
+
+RmsNormFwd CpuOps::rms_norm_fwd(const at::Tensor& x, const at::Tensor& w, double eps) const {
+  check_rms_norm_args(x, w);
+  if (!fusable({&x, &w})) return ReferenceOps::rms_norm_fwd(x, w, eps);
+  at::Tensor y = at::empty_like(x);
+  auto sizes = x.sizes().vec();
+  sizes.pop_back();
+  at::Tensor rstd = at::empty(sizes, x.options().dtype(at::kFloat));
+  LF_CPU_DISPATCH(x.scalar_type(), rms_norm_fwd_kernel<scalar>(x, w, eps, y, rstd));
+  return {y, rstd};
+}
+
+RmsNormBwd CpuOps::rms_norm_bwd(const at::Tensor& dy, const at::Tensor& x, const at::Tensor& w,
+                                const at::Tensor& rstd) const {
+  check_rms_norm_args(x, w);
+  if (!fusable({&x, &dy, &w}) || rstd.scalar_type() != at::kFloat || !rstd.is_contiguous() ||
+      dy.sizes() != x.sizes())
+    return ReferenceOps::rms_norm_bwd(dy, x, w, rstd);
+  at::Tensor dx = at::empty_like(x);
+  at::Tensor partial = at::zeros({at::get_num_threads(), x.size(-1)}, x.options().dtype(at::kFloat));
+  LF_CPU_DISPATCH(x.scalar_type(), rms_norm_bwd_kernel<scalar>(dy, x, w, rstd, dx, partial));
+  return {dx, partial.sum(0).to(w.scalar_type())};
+}
+
+at::Tensor CpuOps::swiglu_fwd(const at::Tensor& gate_up) const {
+  check_swiglu_args(gate_up);
+  if (!fusable({&gate_up})) return ReferenceOps::swiglu_fwd(gate_up);
+  auto sizes = gate_up.sizes().vec();
+  sizes.back() /= 2;
+  at::Tensor y = at::empty(sizes, gate_up.options());
+  LF_CPU_DISPATCH(gate_up.scalar_type(), swiglu_fwd_kernel<scalar>(gate_up, y));
+  return y;
+}
+
+at::Tensor CpuOps::swiglu_bwd(const at::Tensor& dy, const at::Tensor& gate_up) const {
+  check_swiglu_args(gate_up);
+  if (!fusable({&gate_up, &dy}) || dy.numel() * 2 != gate_up.numel()) return ReferenceOps::swiglu_bwd(dy, gate_up);
+  at::Tensor dgu = at::empty_like(gate_up);
+  LF_CPU_DISPATCH(gate_up.scalar_type(), swiglu_bwd_kernel<scalar>(dy, gate_up, dgu));
+  return dgu;
+}
+
+at::Tensor CpuOps::rope_fwd(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
+                            bool interleaved) const {
+  check_rope_args(x, cos, sin);
+  if (interleaved || !fusable({&x}) || cos.scalar_type() != at::kFloat || sin.scalar_type() != at::kFloat ||
+      !cos.is_contiguous() || !sin.is_contiguous() || x.scalar_type() != at::kFloat)
+    return ReferenceOps::rope_fwd(x, cos, sin, interleaved);
+  at::Tensor y = at::empty_like(x);
+  rope_kernel<float>(x, cos, sin, /*transpose=*/false, y);
+  return y;
+}
+
+at::Tensor CpuOps::rope_bwd(const at::Tensor& dy, const at::Tensor& cos, const at::Tensor& sin,
+                            bool interleaved) const {
+  check_rope_args(dy, cos, sin);
+  if (interleaved || !fusable({&dy}) || cos.scalar_type() != at::kFloat || sin.scalar_type() != at::kFloat ||
+      !cos.is_contiguous() || !sin.is_contiguous() || dy.scalar_type() != at::kFloat)
+    return ReferenceOps::rope_bwd(dy, cos, sin, interleaved);
+  at::Tensor dx = at::empty_like(dy);
+  rope_kernel<float>(dy, cos, sin, /*transpose=*/true, dx);
+  return dx;
+}
+
+}  // namespace lf::backend

@@ -23,6 +23,16 @@ TEST(ChunkPipeProgram, EightChunksTrainLikeWholeSequences) {
                        "ChunkPipe, 8 chunks of 16 tokens, one process");
 }
 
+// Data parallel with the overlapped, ZeRO-1 gradient path: each chunk's backward adds to the
+// gradients, and only the last chunk's (chunk 0 of the last sequence) may start the reduction.
+TEST(ChunkPipeProgram, Dp2WithOverlappedReductionEqualsWholeSequences) {
+  expect_same_training(train(1, 1, 2, {}, "cp-whole-dp"),
+                       train(2, 1, 2, {"--chunkpipe-chunk-size", "16", "--overlap-grad-reduce",
+                                       "--use-distributed-optimizer", "--ddp-bucket-size", "20000"},
+                             "cp-dp2"),
+                       "ChunkPipe at DP 2, overlapped reduction, ZeRO-1");
+}
+
 // bf16: the chunks' attention merges two bf16 partial outputs by their fp32 log-sum-exp and the
 // key/value gradients accumulate in fp32, so the runs differ by bf16 rounding only: the
 // tolerances of the bf16 TP test (test_tp_program.cpp).

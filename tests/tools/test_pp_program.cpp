@@ -38,6 +38,19 @@ TEST(PipelineParallelEquivalence, Pp4InterleavedEqualsSingleProcess) {
                        "PP 4 interleaved (v 2)");
 }
 
+// Interleaved under data parallelism with the overlapped reduction: a model chunk's parameters
+// get their last gradient at different times; only the final backward may start buckets, the
+// others are reduced after the step's backwards.
+TEST(PipelineParallelEquivalence, Pp2InterleavedTimesDp2OverlappedEqualsSingleProcess) {
+  // Untied embeddings: tied ones turn the overlap off on the end stages (here: both).
+  const std::string untie = "++model.foundation.untie_embeddings_and_output_weights=true";
+  expect_same_training(train(1, 1, 4, {untie}, "single-v4dp"),
+                       train(4, 2, 4, {"--num-layers-per-virtual-pipeline-stage", "1", "--overlap-grad-reduce",
+                                       "--ddp-bucket-size", "20000", untie},
+                             "pp2-v2-dp2"),
+                       "PP 2 interleaved x DP 2, overlapped reduction");
+}
+
 TEST(PipelineParallelEquivalence, Tp2TimesPp2EqualsSingleProcess) {
   expect_same_training(train(1, 1, 2, {}, "single-tp"),
                        train(4, 2, 2, {"--tensor-model-parallel-size", "2", "--sequence-parallel"}, "tp2pp2"),

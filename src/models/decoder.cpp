@@ -66,12 +66,19 @@ std::pair<at::Tensor, at::Tensor> rope_tables(const RopeSpec& spec, int64_t star
 PipelineStage pipeline_stage(const DecoderConfig& config, int pp, int pp_rank,
                              std::optional<int64_t> first_stage_layers,
                              std::optional<int64_t> last_stage_layers,
-                             std::optional<int64_t> layers_per_virtual_stage) {
+                             std::optional<int64_t> layers_per_virtual_stage,
+                             const std::optional<std::string>& layout) {
   LF_CHECK(pp_rank >= 0 && pp_rank < pp, "pipeline rank ", pp_rank, " is outside [0, ", pp, ")");
   PipelineStage stage;
   stage.first = pp_rank == 0;
   stage.last = pp_rank == pp - 1;
-  if (layers_per_virtual_stage) {
+  if (layout) {
+    LF_CHECK(!first_stage_layers && !last_stage_layers && !layers_per_virtual_stage,
+             "parallel.pipeline_model_parallel_layout cannot be combined with "
+             "parallel.decoder_first/last_pipeline_num_layers or num_layers_per_virtual_pipeline_stage",
+             lf::hint("the layout string says everything: drop the other split flags"));
+    stage.chunks = lf::parallel::pipeline::split_by_layout(*layout, config.num_layers, pp)[static_cast<size_t>(pp_rank)];
+  } else if (layers_per_virtual_stage) {
     LF_CHECK(!first_stage_layers && !last_stage_layers,
              "parallel.num_layers_per_virtual_pipeline_stage cannot be combined with "
              "parallel.decoder_first_pipeline_num_layers / decoder_last_pipeline_num_layers",

@@ -96,6 +96,39 @@ TEST(PipelineSplit, VirtualStagesGoRoundTheRanks) {
   EXPECT_NE(m.find("cannot be combined"), std::string::npos) << m;
 }
 
+TEST(PipelineSplit, LayoutStringsAsMegatron) {
+  // 4 stages over pp 2 (v = 2), an embedding-only first stage and a loss-only last stage:
+  // stage 0 "E" (no layers), 1 "ttt" (0..2), 2 "t" (3), 3 "L" (none).
+  auto l = pl::split_by_layout("E|t*3|t|L", 4, 2);
+  ASSERT_EQ(l.size(), 2u);
+  ASSERT_EQ(l[0].size(), 2u);
+  EXPECT_EQ(l[0][0].size(), 0);
+  EXPECT_EQ(l[0][1].begin, 3);
+  EXPECT_EQ(l[0][1].end, 4);
+  EXPECT_EQ(l[1][0].begin, 0);
+  EXPECT_EQ(l[1][0].end, 3);
+  EXPECT_EQ(l[1][1].size(), 0);
+  // Groups, commas and spaces: "Et*2|(t|)*2, tL" = Ett | t | t | tL over pp 4.
+  auto g = pl::split_by_layout("Et*2|(t|)*2, tL", 5, 4);
+  std::vector<int64_t> sizes;
+  for (const auto& r : g) sizes.push_back(r[0].size());
+  EXPECT_EQ(sizes, (std::vector<int64_t>{2, 1, 1, 1}));
+  for (const auto& [layout, want] : std::vector<std::pair<std::string, std::string>>{
+           {"Et|t|tL", "has 3 stages, not a multiple of parallel.pipeline_model_parallel_size 2"},
+           {"Et|ttL", "places 3 decoder layers ('t'), model.foundation.num_layers is 4"},
+           {"Ett|ttm|L", "symbol 'm' at position 6 (MTP layers) is not supported"},
+           {"tEt|ttL", "'E' in stage 0 must open the first stage"},
+           {"Ett|tt", "needs 'E' (embedding) in the first stage and 'L' (loss) in the last"},
+           {"E(tt|ttL", "'(' is not closed"}}) {
+    auto m = message_of([&] { pl::split_by_layout(layout, 4, 2); });
+    EXPECT_NE(m.find(want), std::string::npos) << layout << ": " << m;
+  }
+  DecoderConfig c;
+  c.num_layers = 4;
+  auto m = message_of([&] { lf::models::pipeline_stage(c, 2, 0, 1, {}, {}, std::string("Et|ttt|L")); });
+  EXPECT_NE(m.find("cannot be combined"), std::string::npos) << m;
+}
+
 // The interleaved order, executed by a discrete-event simulation of the stages with the runner's
 // rules (an op waits for the op that produces its input on the neighbouring stage; sends never
 // block): every op runs once (no deadlock), each backward after its forward, and with forward
@@ -284,9 +317,10 @@ constexpr double kRel = 1e-5;
 // 8 layers: v = 2 at PP 4).
 void check_pipeline(lf::dist::ParallelContext& ctx, bool untied, bool one_f_one_b,
                     std::optional<int64_t> first = {}, std::optional<int64_t> last = {},
-                    std::optional<int64_t> virtual_layers = {}) {
+                    std::optional<int64_t> virtual_layers = {}, std::optional<std::string> layout = {}) {
   SCOPED_TRACE(std::string(untied ? "untied" : "tied") + (one_f_one_b ? " 1F1B" : " no pipelining") +
-               (first || last ? " uneven" : "") + (virtual_layers ? " interleaved" : ""));
+               (first || last ? " uneven" : "") + (virtual_layers ? " interleaved" : "") +
+               (layout ? " layout " + *layout : ""));
   const auto& be = lf::backend::cpu_backend();
   auto c = tiny(untied);
   if (virtual_layers) c.num_layers = 8;
@@ -307,7 +341,7 @@ void check_pipeline(lf::dist::ParallelContext& ctx, bool untied, bool one_f_one_
     want_loss += l.item<double>();
   }
 
-  const auto stage = lf::models::pipeline_stage(c, ctx.pp_size(), ctx.pp_rank(), first, last, virtual_layers);
+  const auto stage = lf::models::pipeline_stage(c, ctx.pp_size(), ctx.pp_rank(), first, last, virtual_layers, layout);
   Decoder part(c, be, 11, at::kFloat, &ctx, false, stage);
   if (untied) {
     std::map<std::string, at::Tensor> full;
@@ -334,7 +368,7 @@ void check_pipeline(lf::dist::ParallelContext& ctx, bool untied, bool one_f_one_
   int64_t next_backward = 0;
   step.before_backward = [&](int64_t m) { EXPECT_EQ(m, next_backward++); };
   double loss = 0;
-  if (virtual_layers) {
+  if (virtual_layers || stage.num_chunks() > 1) {
     const int chunks = static_cast<int>(stage.num_chunks());
     ASSERT_GT(chunks, 1);
     pl::VirtualStageStep vstep;
@@ -382,6 +416,11 @@ LF_WORKER_CASE(pp_decoder) {
     check_pipeline(*ctx, true, true, {}, 1);   // layers 3 + 1
   } else {
     check_pipeline(*ctx, false, true, {}, 1);  // 1 + 1 + 1 + 1 via last only
+  }
+  if (ctx->pp_size() == 2) {
+    // A layout string with empty model chunks: rank 0 holds the embedding and layer 3, rank 1
+    // layers 0..2 and the head (checked with the virtual-stage schedule below via the layout).
+    check_pipeline(*ctx, true, true, {}, {}, {}, std::string("E|t*3|t|L"));
   }
   // Interleaved, v = 2 (8 layers): PP 2 with 2 layers per virtual stage, PP 4 with 1.
   check_pipeline(*ctx, false, true, {}, {}, ctx->pp_size() == 2 ? 2 : 1);

@@ -38,6 +38,14 @@ TEST(PipelineParallelEquivalence, Pp4InterleavedEqualsSingleProcess) {
                        "PP 4 interleaved (v 2)");
 }
 
+// Megatron's layout string: 4 layers as "Et|tt|t|L" over PP 2 (v = 2: rank 0 holds the embedding +
+// layer 0 and layer 3, rank 1 layers 1-2 and the loss with no layer of its own).
+TEST(PipelineParallelEquivalence, Pp2LayoutStringEqualsSingleProcess) {
+  expect_same_training(train(1, 1, 4, {}, "single-layout"),
+                       train(2, 2, 4, {"--pipeline-model-parallel-layout", "Et|tt|t|L"}, "pp2-layout"),
+                       "PP 2, layout Et|tt|t|L");
+}
+
 // Interleaved under data parallelism with the overlapped reduction: a model chunk's parameters
 // get their last gradient at different times; only the final backward may start buckets, the
 // others are reduced after the step's backwards.
@@ -88,6 +96,18 @@ TEST(PipelineParallelDryRun, ShowsTheModelChunksOfTheInterleavedSchedule) {
                         "stage 3: layers 3..3 + 7..7 (2 in 2 model chunks) + final norm",
                         "(11 model-chunk micro-batches in flight)", "(5 model-chunk micro-batches in flight)"})
     EXPECT_NE(r.output.find(s), std::string::npos) << s << "\n" << r.output;
+}
+
+TEST(PipelineParallelDryRun, ShowsTheLayoutStringsStages) {
+  auto r = train(2, 2, 4, {"--dry-run", "--pipeline-model-parallel-layout", "E|t*3|t|L"}, "dry-layout");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  for (const char* s : {"stage 0: layers none + 3..3 (1 in 2 model chunks) + embedding",
+                        "stage 1: layers 0..2 + none (3 in 2 model chunks) + final norm"})
+    EXPECT_NE(r.output.find(s), std::string::npos) << s << "\n" << r.output;
+  r = train(2, 2, 4, {"--dry-run", "--pipeline-model-parallel-layout", "Et|ttt|t|L"}, "dry-layout-bad");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.output.find("places 5 decoder layers ('t'), model.foundation.num_layers is 4"), std::string::npos)
+      << r.output;
 }
 
 // --pipeline-trace: every stage writes its Chrome trace and rank 0 prints the measured bubble.

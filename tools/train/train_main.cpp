@@ -65,7 +65,8 @@ std::vector<StageCount> stage_counts(const lf::config::JobConfig& job, const lf:
     const auto stage = lf::models::pipeline_stage(m, pp, k, job.parallel.decoder_first_pipeline_num_layers,
                                                   job.parallel.decoder_last_pipeline_num_layers,
                                                   pp > 1 ? job.parallel.num_layers_per_virtual_pipeline_stage
-                                                         : std::nullopt);
+                                                         : std::nullopt,
+                                                  job.parallel.pipeline_model_parallel_layout);
     StageCount c{stage.chunks, 0, 0, ""};
     for (const auto& r : stage.chunks) c.layers += r.size();
     c.params = c.layers * per_layer;
@@ -107,7 +108,9 @@ std::string estimates(const lf::config::JobConfig& job, const lf::models::Decode
     double optim_bytes = params * (8 + (half ? 4 : 0));  // Adam m, v (+ fp32 master)
     if (job.optimizer.use_distributed_optimizer) optim_bytes /= dp;
     const auto& c = counts[k];
-    const int64_t v = static_cast<int64_t>(c.chunks.size()), chunk_layers = c.chunks.front().size();
+    const int64_t v = static_cast<int64_t>(c.chunks.size());
+    int64_t chunk_layers = 0;  // the largest model chunk (a layout may make them uneven)
+    for (const auto& r : c.chunks) chunk_layers = std::max(chunk_layers, r.size());
     int64_t in_flight = pp > 1 ? std::min<int64_t>(pp - static_cast<int64_t>(k), micro_batches) : 1;
     double act = act_per_layer * static_cast<double>(c.layers) * static_cast<double>(in_flight);
     if (v > 1 && micro_batches % pp == 0) {  // interleaved: chunk-micro-batches in flight
@@ -154,8 +157,13 @@ std::string stage_assignment(const lf::config::JobConfig& job, const lf::models:
   for (size_t k = 0; k < counts.size(); ++k) {
     const auto& c = counts[k];
     os << "  stage " << k << ": layers ";
-    for (size_t j = 0; j < c.chunks.size(); ++j)
-      os << (j ? " + " : "") << c.chunks[j].begin << ".." << c.chunks[j].end - 1;
+    for (size_t j = 0; j < c.chunks.size(); ++j) {
+      os << (j ? " + " : "");
+      if (c.chunks[j].size() == 0)
+        os << "none";  // an empty model chunk (a layout string's embedding- or loss-only stage)
+      else
+        os << c.chunks[j].begin << ".." << c.chunks[j].end - 1;
+    }
     os << " (" << c.layers << (c.chunks.size() > 1 ? " in " + std::to_string(c.chunks.size()) + " model chunks" : "")
        << ")" << c.extra << " | " << c.params << " parameters (" << c.params / tp << " per rank, / tp " << tp << ")\n";
   }
@@ -195,6 +203,10 @@ int train_main(const lf::config::TrainCommandLine& cl) {
   // The pipeline split (layers not divisible by pp, bad first/last stage sizes, virtual stages:
   // errors naming the values), and the interleaved schedule's micro-batch count.
   const auto counts = stage_counts(job, model.foundation, layout.size(lf::dist::Axis::pp));
+  LF_CHECK(counts.front().chunks.size() == 1 || !job.parallel.chunkpipe_chunk_size,
+           "ChunkPipe runs one model chunk per pipeline rank, parallel.pipeline_model_parallel_layout '",
+           job.parallel.pipeline_model_parallel_layout.value_or(""), "' gives ", counts.front().chunks.size(),
+           lf::hint("list exactly pp stages in the layout with --chunkpipe-chunk-size"));
   if (counts.front().chunks.size() > 1)
     lf::parallel::pipeline::interleaved_1f1b_order(0, layout.size(lf::dist::Axis::pp),
                                                    static_cast<int>(counts.front().chunks.size()),
@@ -236,7 +248,8 @@ int train_main(const lf::config::TrainCommandLine& cl) {
   const auto stage = lf::models::pipeline_stage(model.foundation, ctx.pp_size(), ctx.pp_rank(),
                                                 job.parallel.decoder_first_pipeline_num_layers,
                                                 job.parallel.decoder_last_pipeline_num_layers,
-                                                job.parallel.num_layers_per_virtual_pipeline_stage);
+                                                job.parallel.num_layers_per_virtual_pipeline_stage,
+                                                job.parallel.pipeline_model_parallel_layout);
   lf::models::Decoder decoder(model.foundation, backend, seed, dtype, &ctx,
                               job.parallel.sequence_parallel, stage);
   if (env.rank == 0)

@@ -79,12 +79,15 @@ struct PipelineStage {
   int64_t num_chunks() const { return chunks.empty() ? 1 : static_cast<int64_t>(chunks.size()); }
 };
 // Rank pp_rank of pp: its layers by lf::parallel::pipeline::split_layers (even, or the uneven
-// first/last stage sizes), or with layers_per_virtual_stage its model chunks by
-// split_virtual_layers (interleaved schedule). Errors name the values.
+// first/last stage sizes), with layers_per_virtual_stage its model chunks by
+// split_virtual_layers (interleaved schedule), or with a layout string (Megatron's
+// --pipeline-model-parallel-layout) by split_by_layout. At most one of the three ways; errors
+// name the values.
 PipelineStage pipeline_stage(const DecoderConfig& config, int pp, int pp_rank,
                              std::optional<int64_t> first_stage_layers = {},
                              std::optional<int64_t> last_stage_layers = {},
-                             std::optional<int64_t> layers_per_virtual_stage = {});
+                             std::optional<int64_t> layers_per_virtual_stage = {},
+                             const std::optional<std::string>& layout = {});
 
 // ChunkPipe: a chunk's attention over the keys and values of the earlier chunks.
 using ChunkAttention = lf::parallel::pipeline::ChunkAttention;

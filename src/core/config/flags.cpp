@@ -27,6 +27,7 @@ const std::vector<FlagSpec> kTable = {
   {"--chunkpipe-chunk-size", "parallel.chunkpipe_chunk_size", K::value, "N", ""},
   {"--decoder-first-pipeline-num-layers", "parallel.decoder_first_pipeline_num_layers", K::value, "N", ""},
   {"--decoder-last-pipeline-num-layers", "parallel.decoder_last_pipeline_num_layers", K::value, "N", ""},
+  {"--pipeline-model-parallel-layout", "parallel.pipeline_model_parallel_layout", K::value, "LAYOUT", ""},
   {"--distributed-timeout-minutes", "parallel.distributed_timeout_minutes", K::value, "MIN", ""},
   {"--distributed-backend", "parallel.distributed_backend", K::value, "NAME", ""},
   {"--overlap-grad-reduce", "parallel.overlap_grad_reduce", K::store_true, "", ""},

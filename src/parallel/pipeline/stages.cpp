@@ -1,5 +1,6 @@
 #include "loongforge/parallel/pipeline/stages.h"
 
+#include <cctype>
 #include <string>
 
 #include "loongforge/core/error.h"
@@ -69,6 +70,90 @@ std::vector<std::vector<LayerRange>> split_virtual_layers(int64_t num_layers, in
       const int64_t begin = (c * pp + r) * l;
       out[static_cast<size_t>(r)].push_back({begin, begin + l});
     }
+  return out;
+}
+
+namespace {
+// Expands x*N and (...)*N, drops ',' and spaces: "Et*2|(t|)*2L" -> "Ett|t|t|L".
+std::string expand_layout(const std::string& layout, size_t& i, bool nested) {
+  std::string out;
+  while (i < layout.size()) {
+    const char c = layout[i];
+    if (c == ')') {
+      LF_CHECK(nested, "pipeline layout '", layout, "': ')' at position ", i, " has no '('");
+      return out;
+    }
+    std::string unit;
+    if (c == '(') {
+      ++i;
+      unit = expand_layout(layout, i, true);
+      LF_CHECK(i < layout.size() && layout[i] == ')', "pipeline layout '", layout, "': '(' is not closed");
+      ++i;
+    } else if (c == ',' || c == ' ') {
+      ++i;
+      continue;
+    } else {
+      LF_CHECK(c == 'E' || c == 't' || c == 'L' || c == '|', "pipeline layout '", layout, "': symbol '",
+               std::string(1, c), "' at position ", i,
+               c == 'm' ? " (MTP layers) is not supported" : " is not one of E, t, L, |, (, ), *N",
+               lf::hint("E = embedding, t = decoder layer, L = loss, | between stages, e.g. Et*3|t*4|t*3L"));
+      unit = std::string(1, c);
+      ++i;
+    }
+    int64_t times = 1;
+    if (i < layout.size() && layout[i] == '*') {
+      size_t j = ++i;
+      while (i < layout.size() && std::isdigit(static_cast<unsigned char>(layout[i]))) ++i;
+      LF_CHECK(i > j, "pipeline layout '", layout, "': '*' at position ", j - 1, " needs a count");
+      times = std::stoll(layout.substr(j, i - j));
+    }
+    for (int64_t k = 0; k < times; ++k) out += unit;
+  }
+  LF_CHECK(!nested, "pipeline layout '", layout, "': '(' is not closed");
+  return out;
+}
+}  // namespace
+
+std::vector<std::vector<LayerRange>> split_by_layout(const std::string& layout, int64_t num_layers, int pp) {
+  LF_CHECK(pp >= 1, "pipeline-model-parallel size must be >= 1, got ", pp);
+  size_t pos = 0;
+  const std::string flat = expand_layout(layout, pos, false);
+  std::vector<std::string> stages(1);
+  for (char c : flat) {
+    if (c == '|')
+      stages.emplace_back();
+    else
+      stages.back() += c;
+  }
+  const int64_t n = static_cast<int64_t>(stages.size());
+  LF_CHECK(n % pp == 0, "parallel.pipeline_model_parallel_layout '", layout, "' has ", n,
+           " stages, not a multiple of parallel.pipeline_model_parallel_size ", pp,
+           lf::hint("list pp x v stages: every rank's first model chunk, then every rank's second, ..."));
+  int64_t layers = 0;
+  for (int64_t k = 0; k < n; ++k) {
+    const auto& st = stages[static_cast<size_t>(k)];
+    for (size_t j = 0; j < st.size(); ++j) {
+      if (st[j] == 't') ++layers;
+      const bool ok = st[j] == 't' || (st[j] == 'E' && k == 0 && j == 0) || (st[j] == 'L' && k == n - 1 && j + 1 == st.size());
+      LF_CHECK(ok, "parallel.pipeline_model_parallel_layout '", layout, "': '", std::string(1, st[j]), "' in stage ", k,
+               " must ", st[j] == 'E' ? "open the first stage" : "close the last stage",
+               lf::hint("the embedding runs before everything, the loss after everything"));
+    }
+  }
+  LF_CHECK(flat.find('E') != std::string::npos && flat.find('L') != std::string::npos,
+           "parallel.pipeline_model_parallel_layout '", layout, "' needs 'E' (embedding) in the first stage and 'L' "
+           "(loss) in the last", lf::hint("e.g. Et*3|t*4|t*4|t*3L for 14 layers over 4 stages"));
+  LF_CHECK(layers == num_layers, "parallel.pipeline_model_parallel_layout '", layout, "' places ", layers,
+           " decoder layers ('t'), model.foundation.num_layers is ", num_layers,
+           lf::hint("give exactly one 't' per decoder layer"));
+  std::vector<std::vector<LayerRange>> out(static_cast<size_t>(pp));
+  int64_t at = 0;
+  for (int64_t k = 0; k < n; ++k) {
+    int64_t count = 0;
+    for (char c : stages[static_cast<size_t>(k)]) count += c == 't';
+    out[static_cast<size_t>(k % pp)].push_back({at, at + count});
+    at += count;
+  }
   return out;
 }
 

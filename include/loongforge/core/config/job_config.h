@@ -26,6 +26,7 @@ struct ParallelConfig {
   std::optional<int64_t> num_layers_per_virtual_pipeline_stage;
   std::optional<int64_t> decoder_first_pipeline_num_layers;  // null: even split
   std::optional<int64_t> decoder_last_pipeline_num_layers;   // null: even split
+  std::optional<std::string> pipeline_model_parallel_layout;  // Megatron's layout string
   std::string order = "tp-cp-ep-dp-pp";
   int64_t distributed_timeout_minutes = 10;
   std::string distributed_backend = "auto";
@@ -52,6 +53,9 @@ struct ParallelConfig {
     v("decoder_last_pipeline_num_layers", decoder_last_pipeline_num_layers,
       "Layers on the last pipeline stage (null: even split); the other stages split the rest evenly",
       Min{1});
+    v("pipeline_model_parallel_layout", pipeline_model_parallel_layout,
+      "Stages as a layout string, e.g. Et*3|t*4|t*4|t*3L: E embedding, t decoder layer, L loss, | between "
+      "stages, x*N and (...)*N repeat; pp x v stages give v model chunks per rank (interleaved)");
     v("order", order, "Rank order of the parallel axes, fastest first (a permutation of tp-cp-ep-dp-pp)");
     v("distributed_timeout_minutes", distributed_timeout_minutes,
       "Timeout of collectives and rendezvous, in minutes", Min{1});

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <string>
 #include <vector>
 
 namespace lf::parallel::pipeline {
@@ -30,5 +31,13 @@ std::vector<LayerRange> split_layers(int64_t num_layers, int pp, std::optional<i
 // chunk c. Errors name the values when num_layers is not a multiple of pp * L.
 std::vector<std::vector<LayerRange>> split_virtual_layers(int64_t num_layers, int pp,
                                                           int64_t layers_per_virtual_stage);
+
+// Megatron's --pipeline-model-parallel-layout: stages separated by '|', listed in forward order
+// (every rank's chunk 0, then every rank's chunk 1, ...), so the stage count is pp x v. 'E' is
+// the embedding (first stage, first), 't' a decoder layer, 'L' the loss (last stage, last); 'x*N'
+// repeats one symbol, '(...)*N' a group; ',' and spaces are ignored; empty stages are allowed.
+// MTP ('m') is not supported. Result[r][c]: rank r's chunk c (layers in order). Errors name the
+// layout and what is wrong (layer count, stage count, symbols).
+std::vector<std::vector<LayerRange>> split_by_layout(const std::string& layout, int64_t num_layers, int pp);
 
 }  // namespace lf::parallel::pipeline

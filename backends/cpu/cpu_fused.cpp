@@ -23,6 +23,11 @@ bool fusable(std::initializer_list<const at::Tensor*> ts) {
   return true;
 }
 
+// The fused RoPE: halves (not interleaved), fp32 x with contiguous fp32 tables.
+bool rope_fusable(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, bool interleaved) {
+  return !interleaved && x.scalar_type() == at::kFloat && fusable({&x, &cos, &sin});
+}
+
 // Rows per task: enough work per thread that the split is worth a region.
 int64_t grain(int64_t row_len) { return std::max<int64_t>(1, 16384 / std::max<int64_t>(1, row_len)); }
 
@@ -208,9 +213,7 @@ at::Tensor CpuOps::swiglu_bwd(const at::Tensor& dy, const at::Tensor& gate_up) c
 at::Tensor CpuOps::rope_fwd(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
                             bool interleaved) const {
   check_rope_args(x, cos, sin);
-  if (interleaved || !fusable({&x}) || cos.scalar_type() != at::kFloat || sin.scalar_type() != at::kFloat ||
-      !cos.is_contiguous() || !sin.is_contiguous() || x.scalar_type() != at::kFloat)
-    return ReferenceOps::rope_fwd(x, cos, sin, interleaved);
+  if (!rope_fusable(x, cos, sin, interleaved)) return ReferenceOps::rope_fwd(x, cos, sin, interleaved);
   at::Tensor y = at::empty_like(x);
   rope_kernel<float>(x, cos, sin, /*transpose=*/false, y);
   return y;
@@ -219,9 +222,7 @@ at::Tensor CpuOps::rope_fwd(const at::Tensor& x, const at::Tensor& cos, const at
 at::Tensor CpuOps::rope_bwd(const at::Tensor& dy, const at::Tensor& cos, const at::Tensor& sin,
                             bool interleaved) const {
   check_rope_args(dy, cos, sin);
-  if (interleaved || !fusable({&dy}) || cos.scalar_type() != at::kFloat || sin.scalar_type() != at::kFloat ||
-      !cos.is_contiguous() || !sin.is_contiguous() || dy.scalar_type() != at::kFloat)
-    return ReferenceOps::rope_bwd(dy, cos, sin, interleaved);
+  if (!rope_fusable(dy, cos, sin, interleaved)) return ReferenceOps::rope_bwd(dy, cos, sin, interleaved);
   at::Tensor dx = at::empty_like(dy);
   rope_kernel<float>(dy, cos, sin, /*transpose=*/true, dx);
   return dx;

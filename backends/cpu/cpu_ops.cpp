@@ -27,6 +27,15 @@ at::Tensor sum_groups(const at::Tensor& g, int64_t group) {
   return g.view({s[0], s[1] / group, group, s[2], s[3]}).sum(2);
 }
 
+// GQA without a mask: the queries that share a kv head are stacked along the sequence, so the
+// flash kernel sees nkv heads of group * s queries and K/V are never copied per query head (a
+// long key prefix would otherwise be repeated group times, forward and backward).
+// [b, nkv * group, s, d] -> [b, nkv, group * s, d]
+at::Tensor fold_queries(const at::Tensor& t, int64_t group) {
+  const auto n = t.sizes();
+  return t.contiguous().view({n[0], n[1] / group, group * n[2], n[3]});
+}
+
 }  // namespace
 
 SdpaFwd CpuOps::sdpa_fwd(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
@@ -34,6 +43,10 @@ SdpaFwd CpuOps::sdpa_fwd(const at::Tensor& q, const at::Tensor& k, const at::Ten
   check_sdpa_args(q, k, v, mask);
   if (!flash_applies(q, k, v, mask)) return ReferenceOps::sdpa_fwd(q, k, v, mask, scale);
   const int64_t group = q.size(1) / k.size(1);
+  if (group > 1 && mask.kind == MaskKind::none) {
+    auto [o, lse] = at::_scaled_dot_product_flash_attention_for_cpu(fold_queries(q, group), k, v, 0.0, false, {}, scale);
+    return {o.reshape(q.sizes()).contiguous(), lse.to(at::kFloat).reshape({q.size(0), q.size(1), q.size(2)}).contiguous()};
+  }
   auto [o, lse] = at::_scaled_dot_product_flash_attention_for_cpu(
       q, expand_heads(k, group), expand_heads(v, group), 0.0, mask.kind == MaskKind::causal, {}, scale);
   return {o.contiguous(), lse.to(at::kFloat).contiguous()};
@@ -45,6 +58,13 @@ SdpaBwd CpuOps::sdpa_bwd(const at::Tensor& dout, const at::Tensor& q, const at::
   check_sdpa_args(q, k, v, mask);
   if (!flash_applies(q, k, v, mask)) return ReferenceOps::sdpa_bwd(dout, q, k, v, o, lse, mask, scale);
   const int64_t group = q.size(1) / k.size(1);
+  if (group > 1 && mask.kind == MaskKind::none) {
+    const auto lse_folded = lse.contiguous().view({q.size(0), k.size(1), group * q.size(2)});
+    auto [dq, dk, dv] = at::_scaled_dot_product_flash_attention_for_cpu_backward(
+        fold_queries(dout, group), fold_queries(q, group), k, v, fold_queries(o, group), lse_folded, 0.0, false, {},
+        scale);
+    return {dq.reshape(q.sizes()).contiguous(), dk.contiguous(), dv.contiguous()};
+  }
   auto [dq, dk, dv] = at::_scaled_dot_product_flash_attention_for_cpu_backward(
       dout.contiguous(), q, expand_heads(k, group), expand_heads(v, group), o, lse, 0.0,
       mask.kind == MaskKind::causal, {}, scale);

@@ -182,7 +182,12 @@ void add_sdpa_cases(std::vector<OpCase>& cases) {
                     SdpaCfg{"sdpa_f32_additive_mask_gqa", at::kFloat, 1, 6, 2, 5, 5, 16, 8,
                             MaskKind::explicit_additive},
                     SdpaCfg{"sdpa_bf16_causal_gqa", at::kBFloat16, 2, 4, 1, 8, 8, 16, 16,
-                            MaskKind::causal}}) {
+                            MaskKind::causal},
+                    // GQA without a mask over more keys than queries (ChunkPipe's prefix part;
+                    // the CPU kernel folds each group's queries instead of copying K/V).
+                    SdpaCfg{"sdpa_f32_nomask_gqa_long_keys", at::kFloat, 2, 6, 2, 5, 9, 8, 8, MaskKind::none},
+                    SdpaCfg{"sdpa_bf16_nomask_gqa_long_keys", at::kBFloat16, 1, 4, 1, 6, 11, 16, 16,
+                            MaskKind::none}}) {
     cases.push_back({c.name, atol_for(c.dt), rtol_for(c.dt),
                      [c] {
                        Rng g(7);

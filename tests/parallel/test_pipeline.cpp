@@ -22,6 +22,7 @@
 #include "loongforge/parallel/pipeline/schedules.h"
 #include "loongforge/parallel/pipeline/stages.h"
 #include "multiprocess.h"
+#include "../models/tiny_decoder.h"
 
 namespace {
 using lf::models::Decoder;
@@ -272,16 +273,8 @@ TEST(PipelineExchange, VariableShapesBothDirectionsPp4) {
 }
 
 DecoderConfig tiny(bool untied) {
-  DecoderConfig c;
+  DecoderConfig c = lf::testing::tiny_decoder_config();  // vocabulary 50 padded to 56, 16 positions
   c.num_layers = 4;
-  c.hidden_size = 32;
-  c.ffn_hidden_size = 48;
-  c.num_attention_heads = 4;
-  c.num_query_groups = 2;
-  c.kv_channels = 8;
-  c.vocab_size = 50;
-  c.make_vocab_size_divisible_by = 8;
-  c.max_position_embeddings = 16;
   if (untied) {
     c.untie_embeddings_and_output_weights = true;
     c.qk_layernorm = true;

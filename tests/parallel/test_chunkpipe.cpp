@@ -207,17 +207,21 @@ std::unique_ptr<lf::dist::ParallelContext> make_pp_context(int pp) {
       rendezvous, lf::dist::ParallelLayout(rendezvous.world_size(), sizes), options);
 }
 
-// PP = 2: layer 0 + embedding on stage 0, layer 1 + head on stage 1; 8 chunks of 128 tokens.
+// PP = 2: layer 0 + embedding on stage 0, layer 1 + head on stage 1 (or by a layout: the
+// embedding alone, then both layers and the head); 8 chunks of 128 tokens.
 LF_WORKER_CASE(chunkpipe_pp) {
   auto ctx = make_pp_context(2);
   const auto& be = lf::backend::cpu_backend();
-  for (bool variant : {false, true}) {
-    SCOPED_TRACE(variant ? "untied" : "tied");
-    const auto c = model(1024, variant);
+  // Third case: a layout whose first stage holds the embedding alone (no layers, no keys/values).
+  for (int variant : {0, 1, 2}) {
+    SCOPED_TRACE(variant == 0 ? "tied" : variant == 1 ? "untied" : "layout E|ttL");
+    const auto c = model(1024, variant == 1);
     Decoder whole(c, be, 9, at::kFloat);
-    if (variant) perturb(whole);
-    Decoder part(c, be, 9, at::kFloat, ctx.get(), false, lf::models::pipeline_stage(c, 2, ctx->pp_rank()));
-    if (variant) part.load_full_parameters(full_parameters(whole));
+    if (variant == 1) perturb(whole);
+    const auto stage = variant == 2 ? lf::models::pipeline_stage(c, 2, ctx->pp_rank(), {}, {}, {}, std::string("E|ttL"))
+                                    : lf::models::pipeline_stage(c, 2, ctx->pp_rank());
+    Decoder part(c, be, 9, at::kFloat, ctx.get(), false, stage);
+    if (variant == 1) part.load_full_parameters(full_parameters(whole));
     auto [tokens, labels] = sequence(2, 1024, c.vocab_size);
     const double want = unchunked(whole, tokens, labels);
     pl::StageExchange ex(ctx->pp(), be.device());
@@ -226,7 +230,7 @@ LF_WORKER_CASE(chunkpipe_pp) {
     auto t = at::full({1}, loss, at::kDouble);
     ctx->pp().broadcast(t, 1);
     EXPECT_NEAR(t.item<double>(), want, kRel * std::abs(want));
-    expect_grads_equal(part, whole, variant ? nullptr : &ctx->embedding());
+    expect_grads_equal(part, whole, variant == 1 ? nullptr : &ctx->embedding());
   }
 }
 

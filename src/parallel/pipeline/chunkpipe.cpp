@@ -42,8 +42,10 @@ struct KvStore {
   int64_t chunk_len = 0;
 
   void append(int64_t chunk, int64_t chunks, const ChunkAttention& kv, const char* where) {
-    LF_CHECK(!kv.k.empty() && kv.k.size() == kv.v.size(), where, ": the forward step of chunk ", chunk,
-             " left no keys/values (the model must fill ChunkAttention::k and ::v)");
+    LF_CHECK(kv.k.size() == kv.v.size() && (chunk == 0 || kv.k.size() == k.size()), where,
+             ": the forward step of chunk ", chunk, " left ", kv.k.size(), " keys and ", kv.v.size(),
+             " values, chunk 0 ", k.size(), " (one of each per layer of the stage)");
+    if (kv.k.empty()) return;  // a stage without layers (e.g. the embedding alone)
     if (chunk == 0) {
       chunk_len = kv.k[0].size(2);
       for (const auto* src : {&kv.k, &kv.v}) {

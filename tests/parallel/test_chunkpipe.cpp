@@ -13,6 +13,7 @@
 
 #include "loongforge/backend/registry.h"
 #include "loongforge/core/error.h"
+#include "error_message.h"
 #include "loongforge/dist/launch_env.h"
 #include "loongforge/dist/parallel_context.h"
 #include "loongforge/dist/rendezvous.h"
@@ -260,15 +261,6 @@ TEST(ChunkPipe, Tp2WithSequenceParallelEqualsUnchunked) {
   lf::testing::expect_all_ok(lf::testing::run_workers("chunkpipe_tp", {.world_size = 2}));
 }
 
-std::string message_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const lf::Error& e) {
-    return e.what();
-  }
-  return "no error";
-}
-
 TEST(ChunkPipe, UnequalChunksAndVirtualStagesAreErrors) {
   const auto& be = lf::backend::cpu_backend();
   auto c = model(64, false);
@@ -277,7 +269,7 @@ TEST(ChunkPipe, UnequalChunksAndVirtualStagesAreErrors) {
   two_chunks.chunks = {{0, 2}, {2, 4}};
   Decoder d(c, be, 1, at::kFloat, nullptr, false, two_chunks);
   pl::ChunkAttention kv;
-  auto m = message_of([&] { d.stage_forward_chunk(at::zeros({1, 8}, at::kLong), {}, 0, kv); });
+  auto m = lf::testing::error_message([&] { d.stage_forward_chunk(at::zeros({1, 8}, at::kLong), {}, 0, kv); });
   EXPECT_NE(m.find("ChunkPipe runs one model chunk per pipeline rank"), std::string::npos) << m;
   Decoder whole(model(64, false), be, 1, at::kFloat);
   pl::ChunkPipeStep step;
@@ -286,7 +278,7 @@ TEST(ChunkPipe, UnequalChunksAndVirtualStagesAreErrors) {
     const int64_t len = k == 0 ? 16 : 8;  // the second chunk is shorter
     return whole.stage_forward_chunk(tokens.narrow(1, 0, len), {}, 0, a, false);
   };
-  m = message_of([&] { pl::run_chunkpipe(nullptr, 2, step); });
+  m = lf::testing::error_message([&] { pl::run_chunkpipe(nullptr, 2, step); });
   EXPECT_NE(m.find("chunk 1 has 8 tokens, chunk 0 had 16"), std::string::npos) << m;
 }
 

@@ -14,6 +14,7 @@
 
 #include "loongforge/backend/registry.h"
 #include "loongforge/core/error.h"
+#include "error_message.h"
 #include "loongforge/dist/launch_env.h"
 #include "loongforge/dist/parallel_context.h"
 #include "loongforge/dist/rendezvous.h"
@@ -40,15 +41,6 @@ std::unique_ptr<lf::dist::ParallelContext> make_pp_context(int pp) {
   options.kinds = {lf::dist::GroupKind::world, lf::dist::GroupKind::pp, lf::dist::GroupKind::dp,
                    lf::dist::GroupKind::embedding};
   return std::make_unique<lf::dist::ParallelContext>(rendezvous, layout, options);
-}
-
-std::string message_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const lf::Error& e) {
-    return e.what();
-  }
-  return "";
 }
 
 TEST(PipelineSplit, EvenAndUneven) {
@@ -82,7 +74,7 @@ TEST(PipelineSplit, VirtualStagesGoRoundTheRanks) {
   EXPECT_EQ(v[0][1].begin, 4);
   EXPECT_EQ(v[1][0].begin, 2);
   EXPECT_EQ(v[1][1].end, 8);
-  auto m = message_of([] { pl::split_virtual_layers(6, 2, 2); });
+  auto m = lf::testing::error_message([] { pl::split_virtual_layers(6, 2, 2); });
   EXPECT_NE(m.find("num_layers 6 is not divisible by parallel.pipeline_model_parallel_size 2 x "
                    "parallel.num_layers_per_virtual_pipeline_stage 2 = 4"),
             std::string::npos)
@@ -93,7 +85,7 @@ TEST(PipelineSplit, VirtualStagesGoRoundTheRanks) {
   EXPECT_FALSE(stage.first);
   EXPECT_TRUE(stage.last);
   EXPECT_EQ(stage.num_chunks(), 2);
-  m = message_of([&] { lf::models::pipeline_stage(c, 2, 1, 2, {}, 2); });
+  m = lf::testing::error_message([&] { lf::models::pipeline_stage(c, 2, 1, 2, {}, 2); });
   EXPECT_NE(m.find("cannot be combined"), std::string::npos) << m;
 }
 
@@ -121,12 +113,12 @@ TEST(PipelineSplit, LayoutStringsAsMegatron) {
            {"tEt|ttL", "'E' in stage 0 must open the first stage"},
            {"Ett|tt", "needs 'E' (embedding) in the first stage and 'L' (loss) in the last"},
            {"E(tt|ttL", "'(' is not closed"}}) {
-    auto m = message_of([&] { pl::split_by_layout(layout, 4, 2); });
+    auto m = lf::testing::error_message([&] { pl::split_by_layout(layout, 4, 2); });
     EXPECT_NE(m.find(want), std::string::npos) << layout << ": " << m;
   }
   DecoderConfig c;
   c.num_layers = 4;
-  auto m = message_of([&] { lf::models::pipeline_stage(c, 2, 0, 1, {}, {}, std::string("Et|ttt|L")); });
+  auto m = lf::testing::error_message([&] { lf::models::pipeline_stage(c, 2, 0, 1, {}, {}, std::string("Et|ttt|L")); });
   EXPECT_NE(m.find("cannot be combined"), std::string::npos) << m;
 }
 
@@ -205,20 +197,20 @@ TEST(PipelineInterleavedOrder, NoDeadlockAndTheTheoreticalBubble) {
           }
         EXPECT_EQ(sent, needed) << "p " << p << " v " << v << " m " << m;
       }
-  auto m = message_of([] { pl::interleaved_1f1b_order(0, 4, 2, 6); });
+  auto m = lf::testing::error_message([] { pl::interleaved_1f1b_order(0, 4, 2, 6); });
   EXPECT_NE(m.find("needs the number of micro-batches (6) to be a multiple of parallel.pipeline_model_parallel_size 4"),
             std::string::npos)
       << m;
 }
 
 TEST(PipelineSplit, ErrorsNameTheValues) {
-  auto m = message_of([] { pl::split_layers(3, 2); });
+  auto m = lf::testing::error_message([] { pl::split_layers(3, 2); });
   EXPECT_NE(m.find("num_layers 3 is not divisible by parallel.pipeline_model_parallel_size 2"),
             std::string::npos)
       << m;
-  m = message_of([] { pl::split_layers(10, 4, 2); });  // 8 left for 3 stages
+  m = lf::testing::error_message([] { pl::split_layers(10, 4, 2); });  // 8 left for 3 stages
   EXPECT_NE(m.find("leaves 8 layers for the other 3"), std::string::npos) << m;
-  m = message_of([] { pl::split_layers(4, 1, 2); });
+  m = lf::testing::error_message([] { pl::split_layers(4, 1, 2); });
   EXPECT_NE(m.find("pipeline_model_parallel_size > 1"), std::string::npos) << m;
 }
 
@@ -422,7 +414,7 @@ LF_WORKER_CASE(pp_decoder) {
   const auto c = tiny(false);
   Decoder part(c, lf::backend::cpu_backend(), 1, at::kFloat, ctx.get(), false,
                lf::models::pipeline_stage(c, ctx->pp_size(), ctx->pp_rank()));
-  auto m = message_of([&] { part.loss(at::zeros({1, 4}, at::kLong), at::zeros({1, 4}, at::kLong)); });
+  auto m = lf::testing::error_message([&] { part.loss(at::zeros({1, 4}, at::kLong), at::zeros({1, 4}, at::kLong)); });
   EXPECT_NE(m.find("needs the whole model"), std::string::npos) << m;
 }
 

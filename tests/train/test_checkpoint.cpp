@@ -20,6 +20,7 @@
 #include <thread>
 
 #include "loongforge/core/error.h"
+#include "error_message.h"
 #include "loongforge/train/checkpoint.h"
 #include "loongforge/train/checkpoint_format.h"
 #include "multiprocess.h"
@@ -65,15 +66,6 @@ void expect_equal_models(const std::vector<std::pair<std::string, at::Tensor>>& 
   }
 }
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const lf::Error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
-
 TEST(CheckpointFormat, ModelCheckpointRoundTripsAtTp2Pp2) {
   auto dir = lf::testing::make_temp_dir("ckpt-roundtrip");
   auto tensors = model_tensors(7);
@@ -112,11 +104,11 @@ TEST(CheckpointFormat, VocabularyPaddingAdaptsToTheLayout) {
   EXPECT_TRUE(at::equal(r.shard("embedding.word_embeddings.weight", "param", want, at::kFloat),
                         tensors.front().second));
   want.global_shape = {62, 16};
-  EXPECT_NE(error_of([&] { r.shard("embedding.word_embeddings.weight", "param", want, at::kFloat); })
+  EXPECT_NE(lf::testing::error_message([&] { r.shard("embedding.word_embeddings.weight", "param", want, at::kFloat); })
                 .find("not padding"),
             std::string::npos);
   want.global_shape = {64, 17};
-  EXPECT_NE(error_of([&] { r.shard("embedding.word_embeddings.weight", "param", want, at::kFloat); })
+  EXPECT_NE(lf::testing::error_message([&] { r.shard("embedding.word_embeddings.weight", "param", want, at::kFloat); })
                 .find("the model expects [64,17]"),
             std::string::npos);
 }
@@ -131,7 +123,7 @@ TEST(CheckpointFormat, ReshardKeepsEveryTensor) {
   EXPECT_EQ(got.iteration, 5);
   EXPECT_EQ(got.config_yaml, "x: 1\n");
   expect_equal_models(tensors, got, "resharded");
-  EXPECT_NE(error_of([&] { lf::train::reshard_checkpoint(a, a, 2, 1, 1); }).find("being read"), std::string::npos);
+  EXPECT_NE(lf::testing::error_message([&] { lf::train::reshard_checkpoint(a, a, 2, 1, 1); }).find("being read"), std::string::npos);
 }
 
 TEST(CheckpointFormat, DamageIsAnErrorNamingTheFile) {
@@ -148,43 +140,43 @@ TEST(CheckpointFormat, DamageIsAnErrorNamingTheFile) {
     f.seekp(-5, std::ios::end);
     f.put('\x7f');
     f.close();
-    auto msg = error_of([&] { lf::train::read_model_checkpoint(dir); });
+    auto msg = lf::testing::error_message([&] { lf::train::read_model_checkpoint(dir); });
     EXPECT_NE(msg.find("model_tp1_pp0.safetensors"), std::string::npos) << msg;
     EXPECT_NE(msg.find("checksum"), std::string::npos) << msg;
   }
   {  // truncated
     auto dir = fresh("trunc");
     fs::resize_file(fs::path(dir) / shard, fs::file_size(fs::path(dir) / shard) - 100);
-    auto msg = error_of([&] { lf::train::read_model_checkpoint(dir); });
+    auto msg = lf::testing::error_message([&] { lf::train::read_model_checkpoint(dir); });
     EXPECT_NE(msg.find("model_tp1_pp0.safetensors"), std::string::npos) << msg;
     EXPECT_NE(msg.find("truncated"), std::string::npos) << msg;
   }
   {  // a missing shard
     auto dir = fresh("missing");
     fs::remove(fs::path(dir) / shard);
-    auto msg = error_of([&] { lf::train::read_model_checkpoint(dir); });
+    auto msg = lf::testing::error_message([&] { lf::train::read_model_checkpoint(dir); });
     EXPECT_NE(msg.find("model_tp1_pp0.safetensors"), std::string::npos) << msg;
     EXPECT_NE(msg.find("missing"), std::string::npos) << msg;
   }
   {  // a malformed manifest
     auto dir = fresh("manifest");
     std::ofstream(fs::path(dir) / "iter_0000003/manifest.json") << "{\"format\": ";
-    auto msg = error_of([&] { lf::train::read_model_checkpoint(dir); });
+    auto msg = lf::testing::error_message([&] { lf::train::read_model_checkpoint(dir); });
     EXPECT_NE(msg.find("manifest.json"), std::string::npos) << msg;
   }
   {  // a tracker that is not a number, and one naming an absent iteration
     auto dir = fresh("tracker");
     std::ofstream(fs::path(dir) / "latest_checkpointed_iteration.txt") << "banana\n";
-    auto msg = error_of([&] { lf::train::read_model_checkpoint(dir); });
+    auto msg = lf::testing::error_message([&] { lf::train::read_model_checkpoint(dir); });
     EXPECT_NE(msg.find("latest_checkpointed_iteration.txt"), std::string::npos) << msg;
     std::ofstream(fs::path(dir) / "latest_checkpointed_iteration.txt") << "9\n";
-    msg = error_of([&] { lf::train::read_model_checkpoint(dir); });
+    msg = lf::testing::error_message([&] { lf::train::read_model_checkpoint(dir); });
     EXPECT_NE(msg.find("iter_0000009"), std::string::npos) << msg;
   }
   {  // no checkpoint at all
     auto dir = lf::testing::make_temp_dir("ckpt-empty");
     EXPECT_FALSE(lf::train::ckpt::resolve_checkpoint_dir(dir).has_value());
-    auto msg = error_of([&] { lf::train::read_model_checkpoint(dir); });
+    auto msg = lf::testing::error_message([&] { lf::train::read_model_checkpoint(dir); });
     EXPECT_NE(msg.find("holds no checkpoint"), std::string::npos) << msg;
   }
 }

@@ -26,7 +26,7 @@ using lf::testing::read_file;
 
 struct Run {
   std::vector<double> losses, grad_norms;
-  std::vector<std::string> metric_lines;  // without tokens_per_sec (timing)
+  std::vector<std::string> metric_lines;  // without tokens_per_sec and peak_memory_mib (measurements)
   std::map<std::string, std::vector<float>> params;
   std::string params_bytes;
 };
@@ -50,12 +50,15 @@ Run train(int procs, int micro_batch, std::vector<std::string> extra, const std:
   Run out;
   std::ifstream in(dir + "/m.jsonl");
   std::string line;
-  std::regex loss_re("\"loss\": ([-0-9.eE+]+)"), norm_re("\"grad_norm\": ([-0-9.eE+]+)"), tps_re("\"tokens_per_sec\": [-0-9.eE+]+");
+  std::regex loss_re("\"loss\": ([-0-9.eE+]+)"), norm_re("\"grad_norm\": ([-0-9.eE+]+)"), measured_re(", \"(tokens_per_sec|peak_memory_mib)\": [-0-9.eE+]+");
   while (std::getline(in, line)) {
     std::smatch m;
     if (std::regex_search(line, m, loss_re)) out.losses.push_back(std::stod(m[1]));
     if (std::regex_search(line, m, norm_re)) out.grad_norms.push_back(std::stod(m[1]));
-    out.metric_lines.push_back(std::regex_replace(line, tps_re, ""));
+    // Timing and the allocator's peak are measurements, not results: the peak depends on when
+    // allocations off the main thread (communication, data loading) meet the step's own, which a
+    // deterministic run does not fix (seen to differ by 28 KiB at iteration 9 of two runs).
+    out.metric_lines.push_back(std::regex_replace(line, measured_re, ""));
   }
   EXPECT_EQ(out.losses.size(), 10u) << r.output;
   out.params_bytes = read_file(dir + "/p.safetensors");

@@ -6,9 +6,52 @@
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
+#include <netdb.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
 #include "loongforge/core/error.h"
 
 namespace lf::dist {
+namespace {
+
+// A listening socket bound to host:port only (not every interface): the TCPStore server takes
+// it over (TCPStoreOptions::masterListenFd). Tries each address the host resolves to.
+int listen_on(const std::string& host, int port, int rank) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  const std::string service = std::to_string(port);
+  const int rc = ::getaddrinfo(host.c_str(), service.c_str(), &hints, &found);
+  LF_CHECK(rc == 0 && found, "rendezvous: rank ", rank, " cannot resolve MASTER_ADDR ", host, ": ", ::gai_strerror(rc),
+           lf::hint("MASTER_ADDR must name this host (node 0): an address or a resolvable host name"));
+  std::string last_error = "no address";
+  int fd = -1;
+  for (addrinfo* a = found; a && fd < 0; a = a->ai_next) {
+    const int s = ::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
+    if (s < 0) continue;
+    const int one = 1;
+    ::setsockopt(s, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+    if (::bind(s, a->ai_addr, a->ai_addrlen) == 0 && ::listen(s, 2048) == 0) {
+      fd = s;
+    } else {
+      last_error = std::strerror(errno);
+      ::close(s);
+    }
+  }
+  ::freeaddrinfo(found);
+  LF_CHECK(fd >= 0, "rendezvous: rank 0 cannot listen on MASTER_ADDR:MASTER_PORT = ", host, ":", port, ": ",
+           last_error,
+           lf::hint("is MASTER_PORT free, and is MASTER_ADDR an address of this host (node 0)?"));
+  return fd;
+}
+
+}  // namespace
 
 Rendezvous::Rendezvous(const LaunchEnv& env, std::chrono::milliseconds timeout)
     : env_(env), timeout_(timeout) {
@@ -27,6 +70,9 @@ Rendezvous::Rendezvous(const LaunchEnv& env, std::chrono::milliseconds timeout)
   opts.numWorkers = static_cast<std::size_t>(env.world_size);
   opts.waitWorkers = true;
   opts.timeout = timeout;
+  // The server listens only on the address it was given (loopback for a one-node job), never on
+  // every interface.
+  if (opts.isServer) opts.masterListenFd = listen_on(env.master_addr, env.master_port, env.rank);
   try {
     c10::intrusive_ptr<c10d::Store> tcp =
         c10::make_intrusive<c10d::TCPStore>(env.master_addr, opts);

@@ -38,7 +38,7 @@ int64_t sample_token(const at::Tensor& logits, const SamplingOptions& o, at::Gen
   return ids[pick].item<int64_t>();
 }
 
-std::vector<int64_t> generate(const Decoder& model, const std::vector<int64_t>& prompt,
+std::vector<int64_t> generate(const CausalLm& model, const std::vector<int64_t>& prompt,
                               const GenerateOptions& o) {
   LF_CHECK(!prompt.empty(), "generate: the prompt is empty", lf::hint("give at least one token"));
   const int64_t max_pos = model.config().max_position_embeddings;

@@ -14,7 +14,7 @@
 #include "loongforge/core/config/yaml.h"
 #include "loongforge/core/error.h"
 #include "loongforge/core/safetensors.h"
-#include "loongforge/models/decoder.h"
+#include "loongforge/models/composites/causal_lm.h"
 
 namespace lf::models::hf {
 namespace fs = std::filesystem;
@@ -291,7 +291,7 @@ HfModel read_hf(const std::string& hf_dir, const ReadOptions& options) {
   return out;
 }
 
-DecoderConfig load_hf_into(Decoder& decoder, const std::string& hf_dir,
+DecoderConfig load_hf_into(CausalLm& decoder, const std::string& hf_dir,
                            const std::string& configs_root) {
   const DecoderConfig& want = decoder.config();
   // Checked before the weights are read (config.json is small; the weights may be 100s of GB).

@@ -13,7 +13,7 @@
 #include "loongforge/core/config/schema.h"
 #include "loongforge/core/config/yaml.h"
 #include "loongforge/core/error.h"
-#include "loongforge/models/causal_lm.h"
+#include "loongforge/models/composites/causal_lm.h"
 
 namespace lf::models::hf {
 namespace fs = std::filesystem;

@@ -1,7 +1,9 @@
-// The save/load protocol of a training job. Who writes what (pieces are never duplicated):
-//   model_tp{t}_pp{p}.safetensors       by the DP-rank-0 rank of each (tp, pp): its parameter
-//                                       shards (replicated parameters by TP rank 0 only);
-//   optim_tp{t}_pp{p}_dp{d}.safetensors the fp32 masters and Adam moments this rank owns: under
+// The save/load protocol of a training job. Who writes what (pieces are never duplicated), per
+// parameter group (files of groups other than "model" carry the group's name: model_<g>_tp..):
+//   model_tp{t}_pp{p}.safetensors       by the DP-rank-0 rank of each (tp, pp) of the group's
+//                                       layout: its parameter shards (replicated parameters by
+//                                       TP rank 0 only);
+//   optim_tp{t}_pp{p}_dp{d}.safetensors the fp32 masters and moments this rank owns: under
 //                                       ZeRO-1 every DP rank its ranges, else DP rank 0;
 //   rng_rank{g}.safetensors             every rank: backend generator + dropout streams;
 //   state.json, config.yaml             rank 0; manifest.json: rank 0 at commit, from the
@@ -37,20 +39,6 @@ using namespace lf::train::ckpt;
 
 namespace {
 
-ShardSpec spec_of(const lf::models::NamedParameter& p, int tp_size, int tp_rank) {
-  ShardSpec s;
-  s.global_shape = p.tensor.sizes().vec();
-  // The split is recorded even at TP 1, so that tools can reshard to any TP later.
-  if (p.partition_dim >= 0) {
-    s.partition_dim = p.partition_dim;
-    s.blocks = p.partition_blocks;
-    s.tp_rank = tp_rank;
-    s.tp_size = tp_size;
-    s.global_shape[static_cast<size_t>(p.partition_dim)] *= tp_size;
-  }
-  return s;
-}
-
 at::Tensor host_copy(const at::Tensor& t, bool own) {
   at::Tensor c = t.detach();
   if (!c.device().is_cpu()) return c.to(at::kCPU).contiguous().reshape({-1});
@@ -75,11 +63,13 @@ std::string rng_file(int rank) { return "rng_rank" + std::to_string(rank) + ".sa
 
 namespace ckpt {
 
-std::string model_file(int tp, int pp) {
-  return "model_tp" + std::to_string(tp) + "_pp" + std::to_string(pp) + ".safetensors";
+std::string model_file(int tp, int pp, const std::string& group) {
+  const std::string infix = group == "model" ? "" : group + "_";
+  return "model_" + infix + "tp" + std::to_string(tp) + "_pp" + std::to_string(pp) + ".safetensors";
 }
-std::string optim_file(int tp, int pp, int dp) {
-  return "optim_tp" + std::to_string(tp) + "_pp" + std::to_string(pp) + "_dp" + std::to_string(dp) +
+std::string optim_file(int tp, int pp, int dp, const std::string& group) {
+  const std::string infix = group == "model" ? "" : group + "_";
+  return "optim_" + infix + "tp" + std::to_string(tp) + "_pp" + std::to_string(pp) + "_dp" + std::to_string(dp) +
          ".safetensors";
 }
 
@@ -105,7 +95,8 @@ std::string temp_dir(const std::string& save_dir, int64_t iteration) {
 }
 
 void commit_checkpoint(const std::string& save_dir, int64_t iteration,
-                       const std::map<std::string, FileRecord>& files, std::optional<int64_t> keep_last) {
+                       const std::map<std::string, FileRecord>& files, std::optional<int64_t> keep_last,
+                       SaveHooks* hooks) {
   const std::string tmp = temp_dir(save_dir, iteration);
   json m;
   m["format"] = "loongforge-checkpoint";
@@ -114,7 +105,7 @@ void commit_checkpoint(const std::string& save_dir, int64_t iteration,
   m["files"] = json::object();
   for (const auto& [name, r] : files) m["files"][name] = {{"bytes", r.bytes}, {"crc32", r.crc32}};
   write_text((fs::path(tmp) / kManifestFile).string(), m.dump(1) + "\n");
-  test_crash_point("manifest written");
+  save_point(hooks, "manifest written");
   fsync_dir(tmp);
   const fs::path final_dir = fs::path(save_dir) / iteration_dir_name(iteration);
   const fs::path old = fs::path(save_dir) / ("." + iteration_dir_name(iteration) + ".old");
@@ -123,10 +114,10 @@ void commit_checkpoint(const std::string& save_dir, int64_t iteration,
     durable_rename(final_dir.string(), old.string());
   }
   durable_rename(tmp, final_dir.string());
-  test_crash_point("renamed");
+  save_point(hooks, "renamed");
   fs::remove_all(old);
   write_tracker(save_dir, iteration);
-  test_crash_point("tracker written");
+  save_point(hooks, "tracker written");
   if (!keep_last || *keep_last <= 0) return;
   std::vector<int64_t> its;
   for (const auto& e : fs::directory_iterator(save_dir))
@@ -141,22 +132,10 @@ void commit_checkpoint(const std::string& save_dir, int64_t iteration,
   }
 }
 
-void test_crash_point(const char* what) {
-  static std::atomic<long> count{0};
-  static const long at = [] {
-    const char* v = std::getenv("LOONGFORGE_TEST_CKPT_CRASH_AT");
-    const char* restart = std::getenv("LOONGFORGE_RESTART_COUNT");  // first attempt only
-    return v && *v && !(restart && std::atol(restart) != 0) ? std::atol(v) : -1L;
-  }();
-  if (at >= 0 && count.fetch_add(1) == at) {
-    std::fprintf(stderr, "loongforge: test crash at checkpoint point %ld (%s)\n", at, what);
-    std::raise(SIGKILL);
-  }
-}
-
-FileRecord write_file(const std::string& dir, const std::string& name, const std::vector<Entry>& entries) {
+FileRecord write_file(const std::string& dir, const std::string& name, const std::vector<Entry>& entries,
+                      SaveHooks* hooks) {
   auto r = write_entries((fs::path(dir) / name).string(), entries);
-  test_crash_point(name.c_str());
+  save_point(hooks, name.c_str());
   return r;
 }
 
@@ -184,8 +163,9 @@ CheckpointSaver::~CheckpointSaver() {
 
 bool CheckpointSaver::pending() const { return pending_ != nullptr; }
 
-void CheckpointSaver::save(const TrainingProgress& progress, const GradBuffer& grads, const AdamW* optimizer,
-                           const lf::parallel::RngTracker* rng) {
+void CheckpointSaver::save(const TrainingProgress& progress, const std::vector<CheckpointGroup>& groups,
+                           const Optimizer* optimizer, const std::map<std::string, at::Tensor>& rng,
+                           const LossScaler* scaler) {
   if (pending_) commit();
   const int rank = ctx_.global_rank();
   const std::string tmp = temp_dir(options_.save_dir, progress.iteration);
@@ -208,39 +188,49 @@ void CheckpointSaver::save(const TrainingProgress& progress, const GradBuffer& g
   const bool own = options_.async;
   std::vector<std::pair<std::string, std::vector<Entry>>> files;
   at::NoGradGuard no_grad;
-  const auto& params = grads.parameters();
-  const int tp = ctx_.tp_size(), tpr = ctx_.tp_rank(), ppr = ctx_.pp_rank();
-  if (grads.dp_rank() == 0) {
-    std::vector<Entry> model;
-    for (const auto& p : params) {
-      // The last pipeline stage's tied copy of the embedding equals the first stage's (their
-      // gradients are summed): stored once, by the first stage; loading fills both by name.
-      if (p.tied_copy) continue;
-      ShardSpec s = spec_of(p, tp, tpr);
-      if (s.partition_dim < 0 && tpr != 0) continue;  // replicated: TP rank 0 stores it
-      model.push_back({Piece{p.name, "param", s, 0, p.tensor.numel()}, host_copy(p.tensor, own)});
+  const bool with_optimizer = optimizer && options_.save_optimizer;
+  bool any_zero1 = false;
+  std::vector<std::string> names;
+  for (const auto& g : groups) {
+    const auto& gctx = *g.context;
+    const int tpr = gctx.tp_rank(), ppr = gctx.pp_rank();
+    for (const auto& p : *g.params) names.push_back(p.name);
+    // One writer per (tp, pp) of the group's layout: its data-parallel rank 0.
+    if (gctx.dp_rank() == 0 && gctx.cp_rank() == 0) {
+      std::vector<Entry> model;
+      for (const auto& p : *g.params) {
+        // The last pipeline stage's tied copy of the embedding equals the first stage's (their
+        // gradients are summed): stored once, by the first stage; loading fills both by name.
+        if (p.tied_copy) continue;
+        if (!p.is_split() && p.tp_rank != 0) continue;  // replicated: TP rank 0 stores it
+        model.push_back({Piece{p.name, "param", ShardSpec::of(p), 0, p.tensor.numel()}, host_copy(p.tensor, own)});
+      }
+      if (!model.empty()) files.emplace_back(model_file(tpr, ppr, g.name), std::move(model));
     }
-    files.emplace_back(model_file(tpr, ppr), std::move(model));
-  }
-  const bool zero1 = grads.options().distributed_optimizer && grads.dp_size() > 1;
-  if (optimizer && options_.save_optimizer && (zero1 || grads.dp_rank() == 0)) {
+    if (!with_optimizer || g.buffer < 0) continue;
+    const auto& st = optimizer->buffers()[static_cast<size_t>(g.buffer)];
+    const GradBuffer& grads = *st.grads;
+    const bool zero1 = grads.options().distributed_optimizer && grads.dp_size() > 1;
+    any_zero1 = any_zero1 || zero1;
+    if (!zero1 && grads.dp_rank() != 0) continue;
     std::vector<Entry> optim;
-    const auto& masters = optimizer->masters().shards();
+    const auto& params = grads.parameters();
+    const auto kinds = optimizer->moment_kinds();
     for (const auto& piece : grads.owned_pieces()) {
       const auto& p = params[static_cast<size_t>(piece.param)];
       if (p.tied_copy) continue;  // the first stage stores the tied embedding's state
-      ShardSpec s = spec_of(p, tp, tpr);
-      if (s.partition_dim < 0 && tpr != 0) continue;
+      if (!p.is_split() && p.tp_rank != 0) continue;
+      const ShardSpec spec = ShardSpec::of(p);
       const auto b = static_cast<size_t>(piece.bucket);
-      auto add = [&](const char* kind, const at::Tensor& state) {
-        optim.push_back({Piece{p.name, kind, s, piece.param_offset, piece.param_offset + piece.numel},
+      auto add = [&](const std::string& kind) {
+        const at::Tensor& state = optimizer->state(static_cast<size_t>(g.buffer), kind)[b];
+        optim.push_back({Piece{p.name, kind, spec, piece.param_offset, piece.param_offset + piece.numel},
                          host_copy(state.narrow(0, piece.reduced_offset, piece.numel), own)});
       };
-      add("master", masters[b]);
-      add("exp_avg", optimizer->exp_avg()[b]);
-      add("exp_avg_sq", optimizer->exp_avg_sq()[b]);
+      add("master");
+      for (const auto& k : kinds) add(k);
     }
-    if (!optim.empty()) files.emplace_back(optim_file(tpr, ppr, grads.dp_rank()), std::move(optim));
+    if (!optim.empty()) files.emplace_back(optim_file(tpr, ppr, grads.dp_rank(), g.name), std::move(optim));
   }
   if (options_.save_rng) {
     std::vector<Entry> rngs;
@@ -252,8 +242,7 @@ void CheckpointSaver::save(const TrainingProgress& progress, const GradBuffer& g
     at::Tensor t = at::empty({static_cast<int64_t>(state.size())}, at::kByte);
     std::memcpy(t.data_ptr(), state.data(), state.size());
     add_bytes("backend", t);
-    if (rng)
-      for (const auto& [name, st] : rng->state()) add_bytes("tracker." + name, st);
+    for (const auto& [name, st] : rng) add_bytes("tracker." + name, st);
     files.emplace_back(rng_file(rank), std::move(rngs));
   }
   std::vector<std::pair<std::string, std::string>> texts;
@@ -263,13 +252,17 @@ void CheckpointSaver::save(const TrainingProgress& progress, const GradBuffer& g
     s["consumed_samples"] = progress.consumed_samples;
     s["optimizer_steps"] = progress.optimizer_steps;
     s["lr"] = progress.lr;
-    s["has_optimizer"] = optimizer != nullptr && options_.save_optimizer;
+    s["has_optimizer"] = with_optimizer;
+    s["optimizer"] = optimizer ? optimizer->name() : std::string("none");
     s["has_rng"] = options_.save_rng;
-    s["layout"] = {{"world", ctx_.world_size()}, {"tp", tp}, {"pp", ctx_.pp_size()},
-                   {"dp", ctx_.dp_size()}, {"cp", ctx_.cp_size()}, {"zero1", zero1}};
+    s["layout"] = {{"world", ctx_.world_size()}, {"tp", ctx_.tp_size()}, {"pp", ctx_.pp_size()},
+                   {"dp", ctx_.dp_size()}, {"cp", ctx_.cp_size()}, {"zero1", any_zero1}};
     s["training"] = {{"global_batch_size", options_.global_batch_size}, {"seq_length", options_.seq_length}};
-    std::vector<std::string> names;
-    for (const auto& p : params) names.push_back(p.name);
+    if (scaler && scaler->active()) {
+      const auto ls = scaler->state();
+      s["loss_scaler"] = {{"scale", ls.scale}, {"growth_tracker", ls.growth_tracker},
+                          {"hysteresis_tracker", ls.hysteresis_tracker}};
+    }
     s["params"] = names;
     texts.emplace_back(kStateFile, s.dump(1) + "\n");
     texts.emplace_back(kConfigFile, options_.config_yaml);
@@ -278,10 +271,10 @@ void CheckpointSaver::save(const TrainingProgress& progress, const GradBuffer& g
   pending_ = std::make_unique<Pending>();
   pending_->iteration = progress.iteration;
   Pending* pd = pending_.get();
-  auto work = [pd, tmp, rank, files = std::move(files), texts = std::move(texts)]() {
+  auto work = [pd, tmp, rank, hooks = options_.hooks, files = std::move(files), texts = std::move(texts)]() {
     try {
       std::map<std::string, FileRecord> records;
-      for (const auto& [name, entries] : files) records[name] = write_file(tmp, name, entries);
+      for (const auto& [name, entries] : files) records[name] = write_file(tmp, name, entries, hooks);
       for (const auto& [name, text] : texts) records[name] = write_text((fs::path(tmp) / name).string(), text);
       if (rank == 0) {
         pd->rank0_files = records;
@@ -335,7 +328,7 @@ void CheckpointSaver::commit() {
         in.close();
         fs::remove(frag);
       }
-      commit_checkpoint(options_.save_dir, iteration, files, options_.keep_last);
+      commit_checkpoint(options_.save_dir, iteration, files, options_.keep_last, options_.hooks);
     } catch (const std::exception& e) {
       commit_error = e.what();
     }
@@ -366,10 +359,10 @@ void CheckpointSaver::finish() {
 // ---------------------------------------------------------------------------------------------
 
 std::optional<LoadResult> load_checkpoint(const std::string& load_dir, const LoadOptions& options,
-                                          GradBuffer& grads, AdamW& optimizer,
+                                          const std::vector<CheckpointGroup>& groups, Optimizer& optimizer,
                                           const lf::dist::ParallelContext& ctx,
                                           const lf::backend::DeviceBackend& backend,
-                                          lf::parallel::RngTracker* rng) {
+                                          const std::map<std::string, at::Tensor>& rng_names) {
   auto dir = resolve_checkpoint_dir(load_dir);
   if (!dir) return std::nullopt;
   CheckpointReader reader(*dir);
@@ -382,40 +375,51 @@ std::optional<LoadResult> load_checkpoint(const std::string& load_dir, const Loa
   LoadResult result;
   result.dir = *dir;
   at::NoGradGuard no_grad;
-  const auto& params = grads.parameters();
-  const int tp = ctx.tp_size(), tpr = ctx.tp_rank();
   const bool has_optim = state.value("has_optimizer", false);
   const bool want_optim = options.load_optimizer && !options.finetune;
   LF_CHECK(!want_optim || has_optim, "checkpoint ", *dir, " has no optimizer state",
            lf::hint("pass --no-load-optim (fresh optimizer, keeps the iteration) or --finetune "
                     "(weights only, iteration 0)"));
+  const std::string saved_optimizer = state.value("optimizer", std::string("adam"));
+  LF_CHECK(!want_optim || saved_optimizer == optimizer.name(), "checkpoint ", *dir, " holds the state of optimizer '",
+           saved_optimizer, "', this run uses '", optimizer.name(), "'",
+           lf::hint("use --optimizer " + saved_optimizer + ", or --no-load-optim to start the optimizer afresh"));
   // Weights: always (under ZeRO-1 publish() only rewrites them from the masters afterwards).
-  for (const auto& p : params) {
-    ShardSpec want = spec_of(p, tp, tpr);
-    p.tensor.detach().copy_(reader.shard(p.name, "param", want, p.tensor.scalar_type()));
-  }
+  for (const auto& g : groups)
+    for (const auto& p : *g.params)
+      p.tensor.detach().copy_(reader.shard(p.name, "param", ShardSpec::of(p), p.tensor.scalar_type()));
   if (want_optim) {
-    auto& masters = optimizer.masters().shards();
-    std::map<int, std::vector<const OwnedPiece*>> by_param;
-    for (const auto& piece : grads.owned_pieces()) by_param[piece.param].push_back(&piece);
-    for (const auto& [pi, pieces] : by_param) {
-      const auto& p = params[static_cast<size_t>(pi)];
-      const ShardSpec want = spec_of(p, tp, tpr);
-      for (const char* kind : {"master", "exp_avg", "exp_avg_sq"}) {
-        at::Tensor flat = reader.shard(p.name, kind, want, at::kFloat).reshape({-1});
-        auto& dst = std::string(kind) == "master" ? masters
-                    : std::string(kind) == "exp_avg" ? optimizer.exp_avg() : optimizer.exp_avg_sq();
-        for (const OwnedPiece* piece : pieces)
-          dst[static_cast<size_t>(piece->bucket)]
-              .narrow(0, piece->reduced_offset, piece->numel)
-              .copy_(flat.narrow(0, piece->param_offset, piece->numel));
+    std::vector<std::string> kinds = optimizer.moment_kinds();
+    kinds.insert(kinds.begin(), "master");
+    for (const auto& g : groups) {
+      if (g.buffer < 0) continue;
+      const GradBuffer& grads = *optimizer.buffers()[static_cast<size_t>(g.buffer)].grads;
+      const auto& params = grads.parameters();
+      std::map<int, std::vector<const lf::parallel::OwnedPiece*>> by_param;
+      for (const auto& piece : grads.owned_pieces()) by_param[piece.param].push_back(&piece);
+      for (const auto& [pi, pieces] : by_param) {
+        const auto& p = params[static_cast<size_t>(pi)];
+        const ShardSpec want = ShardSpec::of(p);
+        for (const auto& kind : kinds) {
+          at::Tensor flat = reader.shard(p.name, kind, want, at::kFloat).reshape({-1});
+          auto& dst = optimizer.state(static_cast<size_t>(g.buffer), kind);
+          for (const auto* piece : pieces)
+            dst[static_cast<size_t>(piece->bucket)]
+                .narrow(0, piece->reduced_offset, piece->numel)
+                .copy_(flat.narrow(0, piece->param_offset, piece->numel));
+        }
       }
     }
     optimizer.set_steps_taken(state.value("optimizer_steps", int64_t{0}));
-    optimizer.masters().publish();
+    optimizer.publish();
     result.optimizer_loaded = true;
+    if (state.contains("loss_scaler")) {
+      const auto& ls = state["loss_scaler"];
+      result.loss_scaler = LossScaler::State{ls.value("scale", 1.0), ls.value("growth_tracker", int64_t{0}),
+                                             ls.value("hysteresis_tracker", int64_t{0})};
+    }
   } else {
-    optimizer.masters().reset_from_model();
+    optimizer.reset_masters_from_model();
   }
   if (!options.finetune) {
     result.progress.iteration = state.value("iteration", reader.iteration());
@@ -425,27 +429,23 @@ std::optional<LoadResult> load_checkpoint(const std::string& load_dir, const Loa
   }
   if (options.load_rng && !options.finetune && state.value("has_rng", false)) {
     const auto& l = state.at("layout");
-    const bool same = l.value("world", 0) == ctx.world_size() && l.value("tp", 0) == tp &&
+    const bool same = l.value("world", 0) == ctx.world_size() && l.value("tp", 0) == ctx.tp_size() &&
                       l.value("pp", 0) == ctx.pp_size() && l.value("dp", 0) == ctx.dp_size();
     const std::string file = rng_file(ctx.global_rank());
     if (same && reader.has_file(file)) {
       backend.set_rng_state(reader.bytes(file, "backend"));
-      if (rng) {
-        auto current = rng->state();
-        std::map<std::string, at::Tensor> restored;
-        bool complete = true;
-        for (const auto& [name, t] : current) {
-          if (!reader.has("tracker." + name, "rng")) {
-            complete = false;
-            break;
-          }
-          auto b = reader.bytes(file, "tracker." + name);
-          at::Tensor s = at::empty({static_cast<int64_t>(b.size())}, at::kByte);
-          std::memcpy(s.data_ptr(), b.data(), b.size());
-          restored[name] = s;
+      bool complete = true;
+      for (const auto& [name, t] : rng_names) {
+        if (!reader.has("tracker." + name, "rng")) {
+          complete = false;
+          break;
         }
-        if (complete) rng->set_state(restored);
+        auto b = reader.bytes(file, "tracker." + name);
+        at::Tensor s = at::empty({static_cast<int64_t>(b.size())}, at::kByte);
+        std::memcpy(s.data_ptr(), b.data(), b.size());
+        result.rng[name] = s;
       }
+      if (!complete) result.rng.clear();
       result.rng_loaded = true;
     } else if (ctx.global_rank() == 0) {
       LF_WARN("checkpoint ", *dir, " was saved with another parallel layout: random number generator "
@@ -470,30 +470,6 @@ bool sigterm_received() { return sigterm_flag() != 0; }
 volatile std::sig_atomic_t& ckpt::sigterm_flag() {
   static volatile std::sig_atomic_t flag = 0;
   return flag;
-}
-
-namespace {
-// RANK:ITERATION from `var`, on the first attempt of a job only; {-1, -1} when unset.
-std::pair<long, long> fault_at(const char* var) {
-  const char* v = std::getenv(var);
-  const char* restart = std::getenv("LOONGFORGE_RESTART_COUNT");
-  if (!v || !*v || (restart && std::atol(restart) != 0)) return {-1, -1};
-  const char* colon = std::strchr(v, ':');
-  if (!colon) return {-1, -1};
-  return {std::atol(v), std::atol(colon + 1)};
-}
-}  // namespace
-
-void maybe_inject_test_fault(int64_t iteration, int global_rank) {
-  static const std::pair<long, long> kill_at = fault_at("LOONGFORGE_TEST_KILL_AT");
-  static const std::pair<long, long> term_at = fault_at("LOONGFORGE_TEST_SIGTERM_AT");
-  if (kill_at.first == global_rank && kill_at.second == iteration) {
-    std::fprintf(stderr, "loongforge: test fault: rank %d kills itself after iteration %lld\n", global_rank,
-                 static_cast<long long>(iteration));
-    std::fflush(stderr);
-    std::raise(SIGKILL);
-  }
-  if (term_at.first == global_rank && term_at.second == iteration) std::raise(SIGTERM);
 }
 
 }  // namespace lf::train

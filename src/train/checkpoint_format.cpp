@@ -56,12 +56,15 @@ at::ScalarType from_st(lf::safetensors::DType t, const std::string& what) {
   }
 }
 
+bool is_vocab_param(const std::string& name);
+
 json piece_json(const Piece& p) {
   return json{{"param", p.param},
               {"kind", p.kind},
               {"global_shape", p.shard.global_shape},
               {"partition_dim", p.shard.partition_dim},
               {"blocks", p.shard.blocks},
+              {"vocab", p.shard.vocab},
               {"tp_rank", p.shard.tp_rank},
               {"tp_size", p.shard.tp_size},
               {"offsets", p.shard.offsets()},
@@ -76,6 +79,7 @@ Piece piece_from_json(const json& j, const std::string& what) {
     p.shard.global_shape = j.at("global_shape").get<std::vector<int64_t>>();
     p.shard.partition_dim = j.at("partition_dim").get<int64_t>();
     p.shard.blocks = j.at("blocks").get<int64_t>();
+    p.shard.vocab = j.value("vocab", is_vocab_param(p.param));
     p.shard.tp_rank = j.at("tp_rank").get<int>();
     p.shard.tp_size = j.at("tp_size").get<int>();
     const auto range = j.at("flat_range").get<std::vector<int64_t>>();
@@ -112,11 +116,18 @@ std::string shape_str(const std::vector<int64_t>& s) { return json(s).dump(); }
 
 }  // namespace
 
-std::vector<int64_t> ShardSpec::shard_shape() const {
-  auto s = global_shape;
-  if (partition_dim >= 0) s[static_cast<size_t>(partition_dim)] /= tp_size;
+ShardSpec ShardSpec::of(const lf::parallel::Parameter& p) {
+  ShardSpec s;
+  s.global_shape = p.full_shape();
+  s.partition_dim = p.sharding.dim;
+  s.blocks = p.sharding.blocks;
+  s.vocab = p.sharding.vocab;
+  s.tp_rank = p.tp_rank;
+  s.tp_size = p.tp_size;
   return s;
 }
+
+std::vector<int64_t> ShardSpec::shard_shape() const { return sharding().shard_shape(global_shape, tp_size); }
 
 int64_t ShardSpec::shard_numel() const {
   int64_t n = 1;
@@ -124,13 +135,7 @@ int64_t ShardSpec::shard_numel() const {
   return n;
 }
 
-std::vector<int64_t> ShardSpec::offsets() const {
-  std::vector<int64_t> o(global_shape.size(), 0);
-  if (partition_dim >= 0)
-    o[static_cast<size_t>(partition_dim)] =
-        tp_rank * (global_shape[static_cast<size_t>(partition_dim)] / blocks / tp_size);
-  return o;
-}
+std::vector<int64_t> ShardSpec::offsets() const { return sharding().offsets(global_shape, tp_rank, tp_size); }
 
 void ShardSpec::validate(const std::string& what) const {
   for (int64_t d : global_shape) LF_CHECK(d >= 0, what, ": negative dimension in ", shape_str(global_shape));
@@ -459,11 +464,7 @@ at::Tensor CheckpointReader::full(const std::string& param, const std::string& k
 }
 
 at::Tensor cut_shard(const at::Tensor& full, const ShardSpec& spec) {
-  if (spec.partition_dim < 0 || spec.tp_size == 1) return full.contiguous();
-  const int64_t d = spec.partition_dim, blk = full.size(d) / spec.blocks, part = blk / spec.tp_size;
-  std::vector<at::Tensor> pieces;
-  for (int64_t b = 0; b < spec.blocks; ++b) pieces.push_back(full.narrow(d, b * blk + spec.tp_rank * part, part));
-  return at::cat(pieces, d).contiguous();
+  return spec.sharding().shard(full, spec.tp_rank, spec.tp_size);
 }
 
 at::Tensor CheckpointReader::shard(const std::string& param, const std::string& kind,
@@ -471,7 +472,7 @@ at::Tensor CheckpointReader::shard(const std::string& param, const std::string& 
   at::Tensor full_t = full(param, kind);
   const auto have = full_t.sizes().vec();
   if (have != want.global_shape) {
-    bool vocab_only = is_vocab_param(param) && have.size() == want.global_shape.size() && !have.empty();
+    bool vocab_only = want.vocab && have.size() == want.global_shape.size() && !have.empty();
     for (size_t i = 1; vocab_only && i < have.size(); ++i) vocab_only = have[i] == want.global_shape[i];
     LF_CHECK(vocab_only, "checkpoint ", dir_, ": ", param, " has shape ", shape_str(have),
              ", the model expects ", shape_str(want.global_shape),

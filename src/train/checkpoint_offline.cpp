@@ -21,15 +21,6 @@ using namespace lf::train::ckpt;
 
 namespace {
 
-bool ends_with(const std::string& s, const char* suffix) {
-  const std::string t(suffix);
-  return s.size() >= t.size() && s.compare(s.size() - t.size(), t.size(), t) == 0;
-}
-
-bool is_vocab(const std::string& name) {
-  return ends_with(name, "word_embeddings.weight") || ends_with(name, "output_layer.weight");
-}
-
 // decoder.layers.<i>.... -> i, else -1.
 int64_t layer_of(const std::string& name) {
   const std::string pre = "decoder.layers.";
@@ -50,9 +41,7 @@ int stage_of(const std::string& name, int64_t num_layers, int pp) {
   return 0;
 }
 
-struct Split {
-  int64_t dim = -1, blocks = 1;
-};
+using Split = lf::parallel::Sharding;
 
 using FullFn = std::function<at::Tensor(const std::string& name, const std::string& kind)>;
 
@@ -60,7 +49,8 @@ using FullFn = std::function<at::Tensor(const std::string& name, const std::stri
 // optimizer kinds into dp contiguous ranges of each shard), one output file at a time.
 void write_split(const std::string& tmp, const std::vector<std::string>& names,
                  const std::map<std::string, Split>& splits, const std::vector<std::string>& kinds,
-                 const FullFn& full_of, int tp, int pp, int dp, std::map<std::string, FileRecord>& records) {
+                 const FullFn& full_of, int tp, int pp, int dp, std::map<std::string, FileRecord>& records,
+                 SaveHooks* hooks = nullptr) {
   int64_t num_layers = 0;
   for (const auto& n : names) num_layers = std::max(num_layers, layer_of(n) + 1);
   LF_CHECK(pp == 1 || (num_layers > 0 && num_layers % pp == 0), "cannot split ", num_layers,
@@ -82,7 +72,7 @@ void write_split(const std::string& tmp, const std::vector<std::string>& names,
           if (sp.dim >= 0) {  // recorded even at TP 1 (reshard needs it)
             LF_CHECK(sp.dim < full.dim(), name, ": split dim ", sp.dim, " of a ", full.dim(), "-d tensor");
             const int64_t size = full.size(sp.dim), unit = sp.blocks * tp;
-            if (size % unit != 0 && is_vocab(name) && sp.dim == 0 && sp.blocks == 1) {
+            if (size % unit != 0 && sp.vocab && sp.dim == 0 && sp.blocks == 1) {
               // Vocabulary rows: pad with zero rows (the loader adapts padding to its layout).
               auto shape = s.global_shape;
               shape[0] = (size + unit - 1) / unit * unit;
@@ -93,6 +83,7 @@ void write_split(const std::string& tmp, const std::vector<std::string>& names,
             }
             s.partition_dim = sp.dim;
             s.blocks = sp.blocks;
+            s.vocab = sp.vocab;
             s.tp_rank = tpr;
             s.tp_size = tp;
           }
@@ -109,27 +100,19 @@ void write_split(const std::string& tmp, const std::vector<std::string>& names,
           }
         }
       }
-      if (!model.empty()) records[model_file(tpr, ppr)] = write_file(tmp, model_file(tpr, ppr), model);
+      if (!model.empty()) records[model_file(tpr, ppr)] = write_file(tmp, model_file(tpr, ppr), model, hooks);
       for (int d = 0; d < dp; ++d)
         if (!optim[static_cast<size_t>(d)].empty())
-          records[optim_file(tpr, ppr, d)] = write_file(tmp, optim_file(tpr, ppr, d), optim[static_cast<size_t>(d)]);
+          records[optim_file(tpr, ppr, d)] = write_file(tmp, optim_file(tpr, ppr, d), optim[static_cast<size_t>(d)], hooks);
     }
 }
 
 }  // namespace
 
-std::pair<int64_t, int64_t> tp_split_of(const std::string& name, int64_t fc1_blocks) {
-  if (is_vocab(name)) return {0, 1};
-  if (ends_with(name, "linear_qkv.weight") || ends_with(name, "linear_qkv.bias")) return {0, 1};
-  if (ends_with(name, "linear_proj.weight")) return {1, 1};
-  if (ends_with(name, "linear_fc1.weight") || ends_with(name, "linear_fc1.bias")) return {0, fc1_blocks};
-  if (ends_with(name, "linear_fc2.weight")) return {1, 1};
-  return {-1, 1};
-}
-
 void write_model_checkpoint(const std::string& save_dir, int64_t iteration,
                             const std::vector<std::pair<std::string, at::Tensor>>& full_tensors,
-                            const std::string& config_yaml, int tp, int pp) {
+                            const std::map<std::string, lf::parallel::Sharding>& shardings,
+                            const std::string& config_yaml, int tp, int pp, SaveHooks* hooks) {
   LF_CHECK(tp >= 1 && pp >= 1, "write_model_checkpoint: tp ", tp, " and pp ", pp, " must be >= 1");
   LF_CHECK(iteration >= 0, "write_model_checkpoint: negative iteration ", iteration);
   at::NoGradGuard no_grad;
@@ -142,22 +125,16 @@ void write_model_checkpoint(const std::string& save_dir, int64_t iteration,
   }
   std::map<std::string, Split> splits;
   for (const auto& n : names) {
-    int64_t fc1_blocks = 1;
-    if (ends_with(n, "linear_fc1.weight") || ends_with(n, "linear_fc1.bias")) {
-      // SwiGLU's fc1 stacks [gate; up]: twice fc2's input width.
-      const std::string base = n.substr(0, n.rfind("linear_fc1"));
-      auto fc2 = by_name.find(base + "linear_fc2.weight");
-      if (fc2 != by_name.end() && fc2->second.dim() == 2 && by_name[n].size(0) == 2 * fc2->second.size(1))
-        fc1_blocks = 2;
-    }
-    auto [dim, blocks] = tp_split_of(n, fc1_blocks);
-    splits[n] = Split{dim, blocks};
+    auto it = shardings.find(n);
+    LF_CHECK(it != shardings.end(), "write_model_checkpoint: tensor ", n, " is not a parameter of the model",
+             lf::hint("the tensors belong to another model configuration"));
+    splits[n] = it->second;
   }
   prepare_save_dir(save_dir, iteration);
   const std::string tmp = temp_dir(save_dir, iteration);
   std::map<std::string, FileRecord> records;
   write_split(tmp, names, splits, {"param"}, [&](const std::string& n, const std::string&) { return by_name.at(n); },
-              tp, pp, 1, records);
+              tp, pp, 1, records, hooks);
   json s;
   s["iteration"] = iteration;
   s["consumed_samples"] = 0;
@@ -169,7 +146,7 @@ void write_model_checkpoint(const std::string& save_dir, int64_t iteration,
   s["params"] = names;
   records[kStateFile] = write_text((fs::path(tmp) / kStateFile).string(), s.dump(1) + "\n");
   records[kConfigFile] = write_text((fs::path(tmp) / kConfigFile).string(), config_yaml);
-  commit_checkpoint(save_dir, iteration, records, std::nullopt);
+  commit_checkpoint(save_dir, iteration, records, std::nullopt, hooks);
 }
 
 FullModel read_model_checkpoint(const std::string& load_dir, int64_t iteration) {
@@ -199,8 +176,7 @@ void reshard_checkpoint(const std::string& load_dir, const std::string& save_dir
   const auto names = reader.params("param");
   std::map<std::string, Split> splits;
   for (const auto& n : names) {
-    const ShardSpec l = reader.layout_of(n, "param");
-    splits[n] = Split{l.partition_dim, l.blocks};
+    splits[n] = reader.layout_of(n, "param").sharding();
   }
   std::vector<std::string> kinds = {"param"};
   const bool optim = state.value("has_optimizer", false);

@@ -7,33 +7,41 @@
 
 namespace lf::train {
 
-double global_grad_norm(const GradBuffer& grads, const GradNormGroups& groups) {
-  const auto& params = grads.parameters();
+double global_grad_norm(const std::vector<GradBuffer*>& grads, lf::backend::Communicator* world) {
   // One fp64 accumulator, pieces in a fixed order: the result does not depend on thread timing.
-  // On the gradients' device: the collectives below may be NCCL, which takes device tensors only.
-  at::Tensor sq = at::zeros({1}, grads.main_grad().options().dtype(at::kDouble));
-  for (const auto& piece : grads.owned_pieces()) {
-    const auto& p = params[static_cast<size_t>(piece.param)];
-    if (p.partition_dim < 0 && groups.tp_rank != 0) continue;  // replicated: counted once
-    if (p.tied_copy) continue;  // the first pipeline stage counts the tied embedding
-    at::Tensor g = grads.reduced_grad(piece.bucket).narrow(0, piece.reduced_offset, piece.numel);
-    sq += g.to(at::kDouble).pow(2).sum();
+  // On the gradients' device: the all-reduce may be NCCL, which takes device tensors only.
+  at::Tensor sq;
+  for (const GradBuffer* g : grads) {
+    if (!sq.defined()) sq = at::zeros({1}, g->main_grad().options().dtype(at::kDouble));
+    const bool sharded = g->options().distributed_optimizer && g->dp_size() > 1;
+    if (!sharded && g->dp_rank() != 0) continue;  // every DP rank holds the same reduced gradient
+    const auto& params = g->parameters();
+    for (const auto& piece : g->owned_pieces()) {
+      const auto& p = params[static_cast<size_t>(piece.param)];
+      if (!p.is_split() && p.tp_rank != 0) continue;  // replicated over TP: counted once
+      if (p.tied_copy) continue;                      // the first pipeline stage counts the tied embedding
+      at::Tensor r = g->reduced_grad(piece.bucket).narrow(0, piece.reduced_offset, piece.numel);
+      sq += r.to(at::kDouble).pow(2).sum();
+    }
   }
-  if (grads.options().distributed_optimizer && grads.dp_size() > 1)
-    grads.dp()->all_reduce(sq, lf::backend::ReduceOp::sum);
-  if (groups.model_parallel && groups.model_parallel->size() > 1)
-    groups.model_parallel->all_reduce(sq, lf::backend::ReduceOp::sum);
+  if (!sq.defined()) sq = at::zeros({1}, at::TensorOptions().dtype(at::kDouble));
+  if (world && world->size() > 1) world->all_reduce(sq, lf::backend::ReduceOp::sum);
   return std::sqrt(sq.item<double>());
 }
 
-double clip_grads(GradBuffer& grads, double norm, double max_norm) {
+void scale_grads(const std::vector<GradBuffer*>& grads, double factor) {
+  at::NoGradGuard no_grad;
+  for (GradBuffer* g : grads)
+    for (size_t b = 0; b < g->buckets().size(); ++b) {
+      at::Tensor r = g->reduced_grad(static_cast<int>(b));
+      r.mul_(factor);
+    }
+}
+
+double clip_grads(const std::vector<GradBuffer*>& grads, double norm, double max_norm) {
   if (max_norm <= 0 || !(norm > max_norm)) return 1.0;
   const double coeff = max_norm / (norm + 1e-6);
-  at::NoGradGuard no_grad;
-  for (size_t b = 0; b < grads.buckets().size(); ++b) {
-    at::Tensor g = grads.reduced_grad(static_cast<int>(b));
-    g.mul_(coeff);
-  }
+  scale_grads(grads, coeff);
   return coeff;
 }
 

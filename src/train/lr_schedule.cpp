@@ -43,6 +43,7 @@ double LrSchedule::lr(int64_t step) const {
       const std::string& s = c_.lr_wsd_decay_style;
       if (s == "linear") coeff = 1.0 - r;
       else if (s == "cosine") coeff = 0.5 * (std::cos(std::numbers::pi * r) + 1.0);
+      else if (s == "minus_sqrt") coeff = 1.0 - std::sqrt(r);
       else coeff = 2.0 * std::pow(0.5, r) - 1.0;  // exponential
     }
   } else {

@@ -9,30 +9,18 @@
 #include <sstream>
 
 #include "loongforge/core/error.h"
-#include "loongforge/parallel/tensor/layers.h"
+#include "loongforge/parallel/sharding.h"
 
 namespace lf::train {
 
 std::vector<std::pair<std::string, at::Tensor>> gather_full_parameters(
-    const std::vector<lf::models::NamedParameter>& params, const lf::dist::ParallelContext& ctx) {
+    const std::vector<lf::parallel::Parameter>& params, lf::backend::Communicator* tp) {
   at::NoGradGuard no_grad;
-  const bool tp = ctx.tp_size() > 1;
   std::vector<std::pair<std::string, at::Tensor>> full;
   for (const auto& p : params) {
     if (p.tied_copy) continue;  // the first pipeline stage's embedding (same values)
-    at::Tensor t = p.tensor.detach().to(at::kCPU, at::kFloat);
-    if (tp && p.partition_dim >= 0) {
-      // all_gather concatenates along dim 0: bring the partition dim there and back.
-      at::Tensor local = p.tensor.detach().movedim(p.partition_dim, 0).contiguous();
-      auto sizes = local.sizes().vec();
-      sizes[0] *= ctx.tp_size();
-      at::Tensor out = at::empty(sizes, local.options());
-      ctx.tp().all_gather(out, local);
-      t = out.movedim(0, p.partition_dim).to(at::kCPU, at::kFloat);
-      if (p.partition_blocks > 1)  // ranks hold [gate_r; up_r] (models/decoder.h) -> [gate; up]
-        t = lf::parallel::unshard_stacked(t.chunk(ctx.tp_size(), 0), p.partition_blocks);
-    }
-    full.emplace_back(p.name, t.contiguous());
+    at::Tensor t = p.is_split() ? p.sharding.gather(p.tensor, *tp) : p.tensor.detach();
+    full.emplace_back(p.name, t.to(at::kCPU, at::kFloat).contiguous());
   }
   return full;
 }
@@ -81,9 +69,14 @@ std::vector<std::pair<std::string, at::Tensor>> gather_pipeline_parameters(
   return stage_params;
 }
 
-void dump_parameters(const std::string& path, const std::vector<lf::models::NamedParameter>& params,
+void dump_parameters(const std::string& path, const std::vector<lf::models::ParameterGroup>& groups,
                      const lf::dist::ParallelContext& ctx) {
-  const auto full = gather_full_parameters(params, ctx);
+  std::vector<std::pair<std::string, at::Tensor>> full;
+  for (const auto& g : groups) {
+    lf::backend::Communicator* tp = g.context && g.context->tp_size() > 1 ? &g.context->tp() : nullptr;
+    auto part = gather_full_parameters(g.params, tp);
+    full.insert(full.end(), part.begin(), part.end());
+  }
   if (ctx.tp_rank() != 0 || ctx.dp_rank() != 0) return;
   const std::string file = ctx.pp_size() > 1 ? path + ".pp" + std::to_string(ctx.pp_rank()) : path;
   // safetensors: u64 little-endian header length, JSON header, raw little-endian data.

@@ -6,8 +6,10 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "loongforge/train/checkpoint.h"
+#include "loongforge/train/loss_scaler.h"
 #include "loongforge/train/lr_schedule.h"
 #include "loongforge/train/trainer.h"
 
@@ -15,18 +17,17 @@ namespace lf::train {
 
 class TrainerCheckpointing {
  public:
-  TrainerCheckpointing(const lf::config::JobConfig& job, lf::models::Decoder& model,
-                       const lf::dist::ParallelContext& ctx, const lf::backend::DeviceBackend& backend,
-                       GradBuffer& grads, AdamW& optimizer, const LrSchedule& schedule,
-                       int64_t global_batch);
+  TrainerCheckpointing(const lf::config::JobConfig& job, lf::models::Model& model, const lf::dist::ParallelContext& ctx,
+                       const lf::backend::DeviceBackend& backend, std::vector<CheckpointGroup> groups,
+                       Optimizer& optimizer, LossScaler& scaler, const LrSchedule& schedule, int64_t global_batch,
+                       TrainerHooks hooks);
   ~TrainerCheckpointing();
-
   void set_config_yaml(std::string yaml) { config_yaml_ = std::move(yaml); }
   // --load: restores the state and positions the train data; returns the last completed
   // iteration (0 for a fresh start or --finetune).
   int64_t load(BatchSource& train_data);
   // After iteration `it`: periodic save, a SIGTERM agreed by all ranks (save, then true: stop),
-  // a finished background save committed, the test fault hook.
+  // a finished background save committed, the test hook.
   bool after_step(int64_t it);
   // The end of training at iteration `it`: the final save (--save) and the wait for a pending
   // background save.
@@ -38,13 +39,15 @@ class TrainerCheckpointing {
   void save(int64_t it);
 
   const lf::config::JobConfig& job_;
-  lf::models::Decoder& model_;
+  lf::models::Model& model_;
   const lf::dist::ParallelContext& ctx_;
   const lf::backend::DeviceBackend& backend_;
-  GradBuffer& grads_;
-  AdamW& optimizer_;
+  std::vector<CheckpointGroup> groups_;
+  Optimizer& optimizer_;
+  LossScaler& scaler_;
   const LrSchedule& schedule_;
   int64_t global_batch_;
+  TrainerHooks hooks_;
   std::string config_yaml_;
   std::unique_ptr<CheckpointSaver> saver_;
   int64_t start_iteration_ = 0, start_consumed_ = 0, last_saved_ = -1;

@@ -172,7 +172,7 @@ TEST(BackgroundLoader, DeliversSamplerOrderAndResumesExactly) {
                                                    lf::data::DocRange{0, 300}, c);
   const int64_t total = 200;
   // Uninterrupted run on rank 1 of 2, micro-batch 3.
-  std::vector<lf::data::Batch> all;
+  std::vector<lf::data::TokenBatch> all;
   {
     lf::data::BackgroundLoader loader(ds, PretrainingSampler(total, 3, 1, 2), {2});
     while (auto b = loader.next()) all.push_back(std::move(*b));

@@ -9,8 +9,8 @@
 #include "loongforge/core/config/config_error.h"
 #include "loongforge/core/config/yaml.h"
 #include "loongforge/core/error.h"
-#include "loongforge/models/causal_lm.h"
-#include "loongforge/models/decoder.h"
+#include "loongforge/models/composites/causal_lm.h"
+#include "loongforge/models/composites/causal_lm.h"
 #include "tiny_decoder.h"
 
 namespace {
@@ -40,7 +40,7 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b)
 
 // The same forward, written with plain ATen over the decoder's own parameter tensors (every
 // variant: LayerNorm, GELU, biases, QK norm, llama3 RoPE scaling through rope_tables).
-at::Tensor reference_logits(const lf::models::Decoder& m, const at::Tensor& tokens) {
+at::Tensor reference_logits(const lf::models::CausalLm& m, const at::Tensor& tokens) {
   const auto& c = m.config();
   const auto& p = m.parameters();
   auto get = [&](const std::string& name) {
@@ -117,7 +117,7 @@ const Variant kVariants[] = {
 };
 
 // Parameters moved off their initial values (ones, zeros) so that norms and biases matter.
-void perturb(lf::models::Decoder& m, uint64_t seed) {
+void perturb(lf::models::CausalLm& m, uint64_t seed) {
   at::NoGradGuard no_grad;
   auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
   for (const auto& p : m.parameters())
@@ -129,7 +129,7 @@ TEST(Decoder, ParameterCountMatchesFormula) {
   for (bool untie : {false, true}) {
     auto c = tiny();
     c.untie_embeddings_and_output_weights = untie;
-    lf::models::Decoder m(c, be, 7, at::kFloat);
+    lf::models::CausalLm m(c, be, 7, at::kFloat);
     int64_t n = 0;
     for (const auto& p : m.parameters()) n += p.tensor.numel();
     EXPECT_EQ(n, c.num_parameters());
@@ -141,7 +141,7 @@ TEST(Decoder, ParameterCountMatchesFormula) {
 
 TEST(Decoder, SameSeedSameParameters) {
   const auto& be = lf::backend::cpu_backend();
-  lf::models::Decoder a(tiny(), be, 3, at::kFloat), b(tiny(), be, 3, at::kFloat),
+  lf::models::CausalLm a(tiny(), be, 3, at::kFloat), b(tiny(), be, 3, at::kFloat),
       c(tiny(), be, 4, at::kFloat);
   for (size_t i = 0; i < a.parameters().size(); ++i)
     EXPECT_TRUE(at::equal(a.parameters()[i].tensor, b.parameters()[i].tensor));
@@ -155,7 +155,7 @@ TEST(Decoder, VocabularyPaddingRowsAreZeroAndDoNotChangeOtherParameters) {
   auto c = tiny();
   auto wide = tiny();
   wide.make_vocab_size_divisible_by = 32;
-  lf::models::Decoder a(c, be, 5, at::kFloat), b(wide, be, 5, at::kFloat);
+  lf::models::CausalLm a(c, be, 5, at::kFloat), b(wide, be, 5, at::kFloat);
   const auto& emb_a = a.parameters()[0].tensor;
   const auto& emb_b = b.parameters()[0].tensor;
   ASSERT_EQ(emb_a.size(0), 56);
@@ -174,7 +174,7 @@ TEST(Decoder, AttentionDropoutIsRefusedNamingTheValue) {
   auto c = tiny();
   c.attention_dropout = 0.1;
   try {
-    lf::models::Decoder(c, lf::backend::cpu_backend(), 1, at::kFloat);
+    lf::models::CausalLm(c, lf::backend::cpu_backend(), 1, at::kFloat);
     FAIL();
   } catch (const lf::Error& e) {
     EXPECT_NE(std::string(e.what()).find("attention_dropout 0.1"), std::string::npos) << e.what();
@@ -189,7 +189,7 @@ TEST_P(DecoderVariant, BackendOpsEqualPlainAtenReference) {
   const auto& be = lf::backend::cpu_backend();
   auto c = tiny();
   GetParam().apply(c);
-  lf::models::Decoder m(c, be, 11, at::kFloat);
+  lf::models::CausalLm m(c, be, 11, at::kFloat);
   perturb(m, 12);
   int64_t n = 0;
   for (const auto& p : m.parameters()) n += p.tensor.numel();
@@ -229,7 +229,7 @@ TEST_P(DecoderVariant, KvCacheDecodingEqualsFullForward) {
   const auto& be = lf::backend::cpu_backend();
   auto c = tiny();
   GetParam().apply(c);
-  lf::models::Decoder m(c, be, 21, at::kFloat);
+  lf::models::CausalLm m(c, be, 21, at::kFloat);
   perturb(m, 22);
   auto tokens = at::randint(0, 50, {2, 10}, at::TensorOptions().dtype(at::kLong));
   at::Tensor full;
@@ -275,9 +275,9 @@ TEST(Decoder, HiddenDropoutInTrainingModeOnlyAndReproducible) {
   const auto& be = lf::backend::cpu_backend();
   auto c = tiny();
   auto tokens = at::randint(0, 50, {2, 8}, at::TensorOptions().dtype(at::kLong));
-  lf::models::Decoder plain(c, be, 3, at::kFloat);
+  lf::models::CausalLm plain(c, be, 3, at::kFloat);
   c.hidden_dropout = 0.3;
-  lf::models::Decoder a(c, be, 3, at::kFloat), b(c, be, 3, at::kFloat);
+  lf::models::CausalLm a(c, be, 3, at::kFloat), b(c, be, 3, at::kFloat);
   at::NoGradGuard no_grad;
   auto want = plain.loss(tokens, tokens);
   auto la = a.loss(tokens, tokens), lb = b.loss(tokens, tokens);
@@ -300,7 +300,7 @@ TEST(Decoder, RecomputeGivesIdenticalLossAndGradients) {
   c.qk_layernorm = true;
   auto tokens = at::randint(0, 50, {2, 12}, at::TensorOptions().dtype(at::kLong));
   auto run = [&](R r) {
-    lf::models::Decoder m(c, be, 9, at::kFloat);
+    lf::models::CausalLm m(c, be, 9, at::kFloat);
     m.set_recompute(r);
     auto loss = m.loss(tokens, tokens).sum();
     loss.backward();
@@ -330,7 +330,7 @@ TEST(Decoder, LoadFullParametersRoundTripsAndNamesMismatches) {
   const auto& be = lf::backend::cpu_backend();
   auto c = tiny();
   c.add_qkv_bias = true;
-  lf::models::Decoder a(c, be, 1, at::kFloat), b(c, be, 2, at::kFloat);
+  lf::models::CausalLm a(c, be, 1, at::kFloat), b(c, be, 2, at::kFloat);
   std::map<std::string, at::Tensor> full;
   for (const auto& p : a.parameters()) full[p.name] = p.tensor.detach().clone();
   // HF tables carry only the real vocabulary rows.

@@ -76,7 +76,7 @@ TEST(Sampling, InvalidOptionsNameTheValue) {
 }
 
 TEST(Generate, KvCacheEqualsRecomputingThePrefix) {
-  lf::models::Decoder m(tiny(), lf::backend::cpu_backend(), 5, at::kFloat);
+  lf::models::CausalLm m(tiny(), lf::backend::cpu_backend(), 5, at::kFloat);
   {
     at::NoGradGuard no_grad;  // a model with some structure: perturbed weights
     auto gen = at::make_generator<at::CPUGeneratorImpl>(6);
@@ -96,7 +96,7 @@ TEST(Generate, KvCacheEqualsRecomputingThePrefix) {
 }
 
 TEST(Generate, SeedStopTokensAndContextLimit) {
-  lf::models::Decoder m(tiny(), lf::backend::cpu_backend(), 5, at::kFloat);
+  lf::models::CausalLm m(tiny(), lf::backend::cpu_backend(), 5, at::kFloat);
   lf::models::GenerateOptions o;
   o.sampling = {1.5, 0, 1.0};  // hot: the draws differ between seeds
   o.max_new_tokens = 40;       // more than the context leaves: 24 - 4 = 20

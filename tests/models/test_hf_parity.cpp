@@ -1,6 +1,6 @@
 // HF conversion against HF transformers (tests/models/hf_oracle.py, Python as an oracle only):
 // tiny random llama / qwen2 / qwen3 models built and saved by transformers, read by the HF adapter
-// (models/hf_adapter.h), loaded into lf::models::Decoder at TP=1 and TP=2: our logits equal
+// (models/hf_adapter.h), loaded into lf::models::CausalLm at TP=1 and TP=2: our logits equal
 // transformers' fp32 logits within 1e-4. Exporting what we read (library, and loongforge-convert
 // hf2lf at TP=2 + lf2hf) reproduces every tensor bit for bit (fp32 and bf16, sharded) and
 // transformers loads the export with the same logits. Broken
@@ -27,7 +27,7 @@
 #include "loongforge/core/config/yaml.h"
 #include "loongforge/core/error.h"
 #include "loongforge/core/safetensors.h"
-#include "loongforge/models/decoder.h"
+#include "loongforge/models/composites/causal_lm.h"
 #include "loongforge/models/hf_adapter.h"
 #include "multiprocess.h"
 #include "tiny_decoder.h"
@@ -96,7 +96,7 @@ at::Tensor read_tensor(const std::string& file, const std::string& name) {
 double logits_difference(const std::string& family, const lf::dist::ParallelContext* ctx) {
   const std::string d = oracle_dir() + "/" + family;
   // As a program loading an HF directory does: the model from config.json, then its weights.
-  lf::models::Decoder decoder(hf::read_hf_config(d + "/hf"), lf::backend::cpu_backend(), 1,
+  lf::models::CausalLm decoder(hf::read_hf_config(d + "/hf"), lf::backend::cpu_backend(), 1,
                               at::kFloat, ctx);
   decoder.set_training(false);
   hf::load_hf_into(decoder, d + "/hf");
@@ -134,7 +134,7 @@ LF_WORKER_CASE(hf_parity_tp2) {
     hf::ReadOptions ro;
     ro.vocab_tp = 2;
     auto m = hf::read_hf(d + "/hf", ro);
-    lf::models::Decoder decoder(m.config, lf::backend::cpu_backend(), 1, at::kFloat, ctx.get());
+    lf::models::CausalLm decoder(m.config, lf::backend::cpu_backend(), 1, at::kFloat, ctx.get());
     decoder.set_training(false);
     decoder.load_full_parameters({m.tensors.begin(), m.tensors.end()});
     auto ids = read_tensor(d + "/logits.safetensors", "input_ids");
@@ -241,7 +241,7 @@ std::string copy_model(const std::string& family, const std::string& tag) {
   auto node = lf::config::parse_yaml_file(lf::testing::source_dir() + "/configs/models/" + family +
                                           "/tiny.yaml");
   auto c = lf::config::load<lf::models::DecoderConfig>(node, "model.foundation");
-  lf::models::Decoder model(c, lf::backend::cpu_backend(), 9, at::kFloat);
+  lf::models::CausalLm model(c, lf::backend::cpu_backend(), 9, at::kFloat);
   hf::NamedTensors full;
   for (const auto& p : model.parameters()) full.emplace_back(p.name, p.tensor.detach());
   const std::string d = lf::testing::make_temp_dir("hf_broken_" + tag);
@@ -357,7 +357,7 @@ TEST(HfMapping, FusedQkvAndGateUpAreData) {
   auto c = lf::testing::tiny_decoder_config();
   c.make_vocab_size_divisible_by = 128;  // the default: 50 rows padded to 128
   c.untie_embeddings_and_output_weights = true;
-  lf::models::Decoder model(c, lf::backend::cpu_backend(), 5, at::kFloat);
+  lf::models::CausalLm model(c, lf::backend::cpu_backend(), 5, at::kFloat);
   hf::NamedTensors full;
   for (const auto& p : model.parameters()) full.emplace_back(p.name, p.tensor.detach().clone());
   const std::string out = lf::testing::make_temp_dir("hf_fused");
@@ -400,7 +400,7 @@ TEST(HfErrors, LoadIntoAMismatchedDecoderListsTheDifferences) {
   auto c = hf::read_hf_config(d);
   c.ffn_hidden_size = 128;
   c.norm_epsilon = 1e-5;
-  lf::models::Decoder decoder(c, lf::backend::cpu_backend(), 1, at::kFloat);
+  lf::models::CausalLm decoder(c, lf::backend::cpu_backend(), 1, at::kFloat);
   try {
     hf::load_hf_into(decoder, d);
     ADD_FAILURE() << "no error";
@@ -410,7 +410,7 @@ TEST(HfErrors, LoadIntoAMismatchedDecoderListsTheDifferences) {
     EXPECT_MENTIONS(what, "norm_epsilon");
   }
   // The matching decoder loads, and holds the file's weights.
-  lf::models::Decoder ok(hf::read_hf_config(d), lf::backend::cpu_backend(), 1, at::kFloat);
+  lf::models::CausalLm ok(hf::read_hf_config(d), lf::backend::cpu_backend(), 1, at::kFloat);
   hf::load_hf_into(ok, d);
   auto m = hf::read_hf(d);
   for (size_t i = 0; i < m.tensors.size(); ++i)

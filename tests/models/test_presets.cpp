@@ -10,7 +10,7 @@
 
 #include "loongforge/core/config/compose.h"
 #include "loongforge/core/config/job_config.h"
-#include "loongforge/models/causal_lm.h"
+#include "loongforge/models/composites/causal_lm.h"
 #include "loongforge/models/hf_adapter.h"
 #include "multiprocess.h"
 

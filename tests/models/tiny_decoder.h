@@ -2,7 +2,7 @@
 // vocabulary 50 padded to 56 (so padding is exercised), 16 positions. Tests adjust fields.
 #pragma once
 
-#include "loongforge/models/decoder_config.h"
+#include "loongforge/models/foundations/decoder_config.h"
 
 namespace lf::testing {
 

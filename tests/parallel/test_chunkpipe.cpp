@@ -17,14 +17,14 @@
 #include "loongforge/dist/launch_env.h"
 #include "loongforge/dist/parallel_context.h"
 #include "loongforge/dist/rendezvous.h"
-#include "loongforge/models/decoder.h"
+#include "loongforge/models/composites/causal_lm.h"
 #include "loongforge/parallel/pipeline/chunkpipe.h"
 #include "multiprocess.h"
 #include "tp_testing.h"
 #include "../models/tiny_decoder.h"
 
 namespace {
-using lf::models::Decoder;
+using Decoder = lf::models::CausalLm;
 using lf::models::DecoderConfig;
 namespace pl = lf::parallel::pipeline;
 using RngStates = std::vector<std::map<std::string, at::Tensor>>;
@@ -72,7 +72,7 @@ pl::ChunkPipeStep chunk_step(const Decoder& d, const at::Tensor& tokens, const a
                              RngStates& rng) {
   const double denom = static_cast<double>(tokens.numel());
   pl::ChunkPipeStep step;
-  step.forward = [&d, tokens, labels, c, denom, &rng](int64_t k, const at::Tensor& input, pl::ChunkAttention& kv,
+  step.forward = [&d, tokens, labels, c, denom, &rng](int64_t k, const pl::TensorMap& input, pl::ChunkAttention& kv,
                                                        bool with_grad) {
     if (static_cast<int64_t>(rng.size()) <= k) rng.resize(static_cast<size_t>(k + 1));
     if (with_grad)
@@ -80,9 +80,13 @@ pl::ChunkPipeStep chunk_step(const Decoder& d, const at::Tensor& tokens, const a
     else
       rng[static_cast<size_t>(k)] = d.rng().state();
     const auto& stage = d.stage();
-    at::Tensor in = stage.first ? tokens.narrow(1, k * c, c) : input;
-    if (!stage.last || !with_grad) return d.stage_forward_chunk(in, {}, k * c, kv, /*with_head=*/false);
-    return d.stage_forward_chunk(in, labels.narrow(1, k * c, c), k * c, kv).sum() / denom;
+    at::Tensor in = stage.first ? tokens.narrow(1, k * c, c) : input.at("hidden_states");
+    pl::StageResult r;
+    if (!stage.last || !with_grad)
+      r.activations.set("hidden_states", d.stage_forward_chunk(in, {}, k * c, kv, /*with_head=*/false));
+    else
+      r.loss = d.stage_forward_chunk(in, labels.narrow(1, k * c, c), k * c, kv).sum() / denom;
+    return r;
   };
   return step;
 }
@@ -95,7 +99,7 @@ constexpr double kRel = 1e-5;
 
 void expect_grads_equal(const Decoder& got, const Decoder& want, lf::backend::Communicator* tied_group = nullptr,
                         lf::backend::Communicator* tp = nullptr) {
-  std::map<std::string, const lf::models::NamedParameter*> by_name;
+  std::map<std::string, const lf::parallel::Parameter*> by_name;
   for (const auto& q : want.parameters()) by_name[q.name] = &q;
   for (const auto& p : got.parameters()) {
     at::Tensor g = p.tensor.grad();
@@ -103,7 +107,7 @@ void expect_grads_equal(const Decoder& got, const Decoder& want, lf::backend::Co
     g = g.clone();
     if (tied_group && p.name.starts_with("embedding")) tied_group->all_reduce(g, lf::backend::ReduceOp::sum);
     if (tp && p.sequence_parallel) tp->all_reduce(g, lf::backend::ReduceOp::sum);
-    if (tp) g = lf::testing::gather_shards(g, p.partition_dim, p.partition_blocks, *tp);
+    if (tp) g = lf::testing::gather_shards(g, p.sharding.dim, p.sharding.blocks, *tp);
     ASSERT_TRUE(by_name.count(p.name)) << p.name;
     auto w = by_name[p.name]->tensor.grad();
     if (g.size(0) != w.size(0) && g.dim() == 2) {  // vocabulary padding differs with TP: real rows
@@ -274,9 +278,11 @@ TEST(ChunkPipe, UnequalChunksAndVirtualStagesAreErrors) {
   Decoder whole(model(64, false), be, 1, at::kFloat);
   pl::ChunkPipeStep step;
   auto tokens = at::zeros({1, 64}, at::kLong);
-  step.forward = [&](int64_t k, const at::Tensor&, pl::ChunkAttention& a, bool) {
+  step.forward = [&](int64_t k, const pl::TensorMap&, pl::ChunkAttention& a, bool) {
     const int64_t len = k == 0 ? 16 : 8;  // the second chunk is shorter
-    return whole.stage_forward_chunk(tokens.narrow(1, 0, len), {}, 0, a, false);
+    pl::StageResult r;
+    r.activations.set("hidden_states", whole.stage_forward_chunk(tokens.narrow(1, 0, len), {}, 0, a, false));
+    return r;
   };
   m = lf::testing::error_message([&] { pl::run_chunkpipe(nullptr, 2, step); });
   EXPECT_NE(m.find("chunk 1 has 8 tokens, chunk 0 had 16"), std::string::npos) << m;

@@ -17,6 +17,7 @@
 namespace lf::parallel {
 namespace {
 constexpr double kTol = 1e-5;
+using lf::testing::shard_along;
 
 at::Tensor randn(at::Generator& g, std::vector<int64_t> shape) {
   return at::normal(0.0, 1.0, shape, g, at::kFloat);

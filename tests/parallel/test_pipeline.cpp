@@ -18,7 +18,7 @@
 #include "loongforge/dist/launch_env.h"
 #include "loongforge/dist/parallel_context.h"
 #include "loongforge/dist/rendezvous.h"
-#include "loongforge/models/decoder.h"
+#include "loongforge/models/composites/causal_lm.h"
 #include "loongforge/parallel/pipeline/p2p.h"
 #include "loongforge/parallel/pipeline/schedules.h"
 #include "loongforge/parallel/pipeline/stages.h"
@@ -26,7 +26,7 @@
 #include "../models/tiny_decoder.h"
 
 namespace {
-using lf::models::Decoder;
+using Decoder = lf::models::CausalLm;
 using lf::models::DecoderConfig;
 namespace pl = lf::parallel::pipeline;
 
@@ -333,7 +333,7 @@ void check_pipeline(lf::dist::ParallelContext& ctx, bool untied, bool one_f_one_
     for (const auto& q : single.parameters()) full[q.name] = q.tensor.detach();
     part.load_full_parameters(full);  // other stages' names are accepted
   }
-  std::map<std::string, const lf::models::NamedParameter*> by_name;
+  std::map<std::string, const lf::parallel::Parameter*> by_name;
   for (const auto& q : single.parameters()) by_name[q.name] = &q;
   // Initialisation independent of the layout: each stage's tensors are the single model's.
   for (const auto& p : part.parameters()) {
@@ -345,10 +345,15 @@ void check_pipeline(lf::dist::ParallelContext& ctx, bool untied, bool one_f_one_
 
   pl::StageExchange ex(ctx.pp(), be.device());
   pl::StageStep step;
-  step.forward = [&](int64_t m, const at::Tensor& input) {
+  step.forward = [&](int64_t m, const pl::TensorMap& input) {
     auto [tokens, labels] = micro_batch(m, c.vocab_size);
-    auto out = part.stage_forward(stage.first ? tokens : input, labels);
-    return stage.last ? scaled(out) : out;
+    auto out = part.stage_forward(stage.first ? tokens : input.at("hidden_states"), labels);
+    pl::StageResult r;
+    if (stage.last)
+      r.loss = scaled(out);
+    else
+      r.activations.set("hidden_states", out);
+    return r;
   };
   int64_t next_backward = 0;
   step.before_backward = [&](int64_t m) { EXPECT_EQ(m, next_backward++); };
@@ -357,11 +362,16 @@ void check_pipeline(lf::dist::ParallelContext& ctx, bool untied, bool one_f_one_
     const int chunks = static_cast<int>(stage.num_chunks());
     ASSERT_GT(chunks, 1);
     pl::VirtualStageStep vstep;
-    vstep.forward = [&](int chunk, int64_t m, const at::Tensor& input) {
+    vstep.forward = [&](int chunk, int64_t m, const pl::TensorMap& input) {
       auto [tokens, labels] = micro_batch(m, c.vocab_size);
       const bool embeds = stage.first && chunk == 0, heads = stage.last && chunk == chunks - 1;
-      auto out = part.stage_forward(embeds ? tokens : input, heads ? labels : at::Tensor(), chunk);
-      return heads ? scaled(out) : out;
+      auto out = part.stage_forward(embeds ? tokens : input.at("hidden_states"), heads ? labels : at::Tensor(), chunk);
+      pl::StageResult r;
+      if (heads)
+        r.loss = scaled(out);
+      else
+        r.activations.set("hidden_states", out);
+      return r;
     };
     int64_t finals = 0;
     vstep.before_backward = [&](int, int64_t, bool final) { finals += final; };

@@ -44,16 +44,21 @@ struct SlowBackward : torch::autograd::Function<SlowBackward> {
 };
 
 // A stage, or one model chunk of an interleaved stage, of fixed cost.
-at::Tensor synthetic_forward(const at::Tensor& input, bool last, int scale = 1) {
+pl::StageResult synthetic_forward(const pl::TensorMap& input, bool last, int scale = 1) {
   std::this_thread::sleep_for(std::chrono::milliseconds(kForwardMs * scale));
-  at::Tensor x = input.defined() ? input : at::ones({16}).set_requires_grad(true);
+  at::Tensor x = input.contains("x") ? input.at("x") : at::ones({16}).set_requires_grad(true);
   at::Tensor y = SlowBackward::apply(x, kBackwardMs * scale);
-  return last ? y.sum() : y;
+  pl::StageResult r;
+  if (last)
+    r.loss = y.sum();
+  else
+    r.activations.set("x", y);
+  return r;
 }
 
 pl::StageStep synthetic_stage(bool last) {
   pl::StageStep step;
-  step.forward = [last](int64_t, const at::Tensor& input) { return synthetic_forward(input, last); };
+  step.forward = [last](int64_t, const pl::TensorMap& input) { return synthetic_forward(input, last); };
   return step;
 }
 
@@ -72,7 +77,7 @@ LF_WORKER_CASE(pp_bubble) {
   pl::ScheduleTrace one_f_one_b, plain;
   // Warm-up at no cost: the first messages also open the connections.
   pl::StageStep free;
-  free.forward = [&](int64_t, const at::Tensor& input) { return synthetic_forward(input, ex.is_last(), 0); };
+  free.forward = [&](int64_t, const pl::TensorMap& input) { return synthetic_forward(input, ex.is_last(), 0); };
   pl::run_1f1b(ex, m, free);
   pl::run_1f1b(ex, m, step, &one_f_one_b);
   pl::run_without_pipelining(ex, m, step, &plain);
@@ -94,7 +99,7 @@ LF_WORKER_CASE(pp_bubble) {
   // of the p2p messages weighs the same in both measurements.
   const int v = 2;
   pl::VirtualStageStep vstep;
-  vstep.forward = [&](int chunk, int64_t, const at::Tensor& input) {
+  vstep.forward = [&](int chunk, int64_t, const pl::TensorMap& input) {
     return synthetic_forward(input, ex.is_last() && chunk == v - 1);
   };
   pl::ScheduleTrace interleaved;

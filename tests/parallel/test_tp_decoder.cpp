@@ -10,12 +10,12 @@
 
 #include "loongforge/backend/registry.h"
 #include "loongforge/core/error.h"
-#include "loongforge/models/decoder.h"
+#include "loongforge/models/composites/causal_lm.h"
 #include "multiprocess.h"
 #include "tp_testing.h"
 
 namespace {
-using lf::models::Decoder;
+using Decoder = lf::models::CausalLm;
 using lf::models::DecoderConfig;
 using lf::testing::gather_shards;
 using lf::testing::max_abs_diff;
@@ -99,10 +99,11 @@ void check_decoder(lf::dist::ParallelContext& ctx, at::ScalarType dtype, bool sp
     const bool replicated = p.name.find("norm") != std::string::npos ||
                             p.name.find("linear_proj.bias") != std::string::npos ||
                             p.name.find("linear_fc2.bias") != std::string::npos;
-    EXPECT_EQ(p.partition_dim < 0, replicated) << p.name;
+    EXPECT_EQ(p.sharding.is_replicated(), replicated) << p.name;
+    EXPECT_EQ(p.is_split(), !replicated) << p.name;
     const bool qk_norm = p.name.find("q_layernorm") != std::string::npos || p.name.find("k_layernorm") != std::string::npos;
     EXPECT_EQ(p.sequence_parallel, (sp && replicated) || qk_norm) << p.name;
-    auto full = gather_shards(p.tensor, p.partition_dim, p.partition_blocks, tp);
+    auto full = gather_shards(p.tensor, p.sharding.dim, p.sharding.blocks, tp);
     auto want = q.tensor.detach();
     if (full.size(0) != want.size(0)) {  // vocabulary tables: compare the real rows
       EXPECT_TRUE(full.narrow(0, c.vocab_size, full.size(0) - c.vocab_size).eq(0).all().item<bool>());
@@ -139,7 +140,7 @@ void check_decoder(lf::dist::ParallelContext& ctx, at::ScalarType dtype, bool sp
     ASSERT_TRUE(g.defined()) << p.name;
     // What the optimizer does for `sequence_parallel` parameters: sum over TP.
     if (p.sequence_parallel) g = lf::parallel::comm::all_reduce(g, tp);
-    auto full = gather_shards(g, p.partition_dim, p.partition_blocks, tp);
+    auto full = gather_shards(g, p.sharding.dim, p.sharding.blocks, tp);
     auto want = single.parameters()[i].tensor.grad();
     if (full.size(0) != want.size(0)) {
       EXPECT_EQ(full.narrow(0, c.vocab_size, full.size(0) - c.vocab_size).abs().max().item<double>(), 0);

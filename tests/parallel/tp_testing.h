@@ -11,6 +11,7 @@
 #include "loongforge/dist/launch_env.h"
 #include "loongforge/dist/parallel_context.h"
 #include "loongforge/dist/rendezvous.h"
+#include "loongforge/parallel/sharding.h"
 #include "loongforge/parallel/tensor/layers.h"
 #include "loongforge/parallel/tensor/mappings.h"
 
@@ -52,10 +53,12 @@ inline double scale_of(const at::Tensor& t) {
 inline at::Tensor gather_shards(const at::Tensor& shard, int64_t partition_dim, int64_t blocks,
                                 lf::backend::Communicator& tp) {
   if (partition_dim < 0 || tp.size() == 1) return shard;
-  at::Tensor flat = lf::parallel::comm::all_gather(shard.detach(), tp, 0);  // [tp * rows, ...]
-  std::vector<at::Tensor> shards = flat.chunk(tp.size(), 0);
-  if (blocks > 1) return lf::parallel::unshard_stacked(shards, blocks);
-  return at::cat(shards, partition_dim);
+  return lf::parallel::Sharding::along(partition_dim, blocks).gather(shard.detach(), tp);
+}
+
+// Rank `rank`'s contiguous chunk of `full` along dim (negative: from the end), of `size` chunks.
+inline at::Tensor shard_along(const at::Tensor& full, int64_t dim, int rank, int size) {
+  return lf::parallel::Sharding::along(dim < 0 ? dim + full.dim() : dim).shard(full, rank, size);
 }
 
 }  // namespace lf::testing

@@ -15,7 +15,7 @@
 #include "loongforge/core/config/schema.h"
 #include "loongforge/core/config/yaml.h"
 #include "loongforge/core/safetensors.h"
-#include "loongforge/models/decoder.h"
+#include "loongforge/models/composites/causal_lm.h"
 #include "loongforge/models/hf_adapter.h"
 #include "program_testing.h"
 
@@ -35,7 +35,7 @@ lf::models::DecoderConfig tiny(const std::string& family) {
 std::string make_hf_dir(const std::string& family, at::ScalarType dtype = at::kFloat) {
   auto c = tiny(family);
   if (family == "llama") c.rope_scaling = true;
-  lf::models::Decoder d(c, lf::backend::cpu_backend(), 3, at::kFloat);
+  lf::models::CausalLm d(c, lf::backend::cpu_backend(), 3, at::kFloat);
   hf::NamedTensors full;
   for (const auto& p : d.parameters()) {
     // Random norms and biases too, so a swapped norm or bias cannot hide.

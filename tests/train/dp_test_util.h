@@ -13,7 +13,7 @@
 #include "loongforge/dist/launch_env.h"
 #include "loongforge/dist/parallel_context.h"
 #include "loongforge/dist/rendezvous.h"
-#include "loongforge/models/decoder.h"
+#include "loongforge/parallel/sharding.h"
 #include "multiprocess.h"
 
 namespace lf::testing {
@@ -37,14 +37,14 @@ inline TestContext make_context(int tp) {
 
 // Same values on every rank (a function of the index only), varied sizes so that buckets split
 // inside and between parameters.
-inline std::vector<lf::models::NamedParameter> chain_params(at::ScalarType dtype = at::kFloat) {
+inline std::vector<lf::parallel::Parameter> chain_params(at::ScalarType dtype = at::kFloat) {
   const std::vector<std::vector<int64_t>> shapes = {{5}, {3, 4}, {7}, {2, 3}, {11}, {6}, {4, 2}};
-  std::vector<lf::models::NamedParameter> out;
+  std::vector<lf::parallel::Parameter> out;
   for (size_t i = 0; i < shapes.size(); ++i) {
     int64_t n = 1;
     for (auto d : shapes[i]) n *= d;
     at::Tensor t = (at::arange(n, at::kFloat) * 0.37 + static_cast<double>(i)).sin().reshape(shapes[i]);
-    lf::models::NamedParameter p;
+    lf::parallel::Parameter p;
     p.name = "p" + std::to_string(i);
     p.tensor = t.to(dtype).set_requires_grad(true);
     p.no_weight_decay = shapes[i].size() == 1;
@@ -55,7 +55,7 @@ inline std::vector<lf::models::NamedParameter> chain_params(at::ScalarType dtype
 
 // A scalar loss over the chain for micro-batch `mb` on DP rank `rank`: h <- h * (1 + 0.1 *
 // mean(p_i * x_i)), so backward reaches the last parameter first.
-inline at::Tensor chain_loss(const std::vector<lf::models::NamedParameter>& params, int rank,
+inline at::Tensor chain_loss(const std::vector<lf::parallel::Parameter>& params, int rank,
                              int mb) {
   at::Tensor h = at::ones({}, at::kFloat);
   for (size_t i = 0; i < params.size(); ++i) {

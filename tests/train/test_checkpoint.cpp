@@ -21,6 +21,7 @@
 
 #include "loongforge/core/error.h"
 #include "error_message.h"
+#include "loongforge/models/composites/causal_lm.h"
 #include "loongforge/train/checkpoint.h"
 #include "loongforge/train/checkpoint_format.h"
 #include "multiprocess.h"
@@ -57,6 +58,20 @@ std::vector<std::pair<std::string, at::Tensor>> model_tensors(int64_t salt, int6
   return out;
 }
 
+// The shardings the model itself records for those tensors (what the HF converter passes).
+std::map<std::string, lf::parallel::Sharding> shardings(int64_t vocab = 64) {
+  lf::models::DecoderConfig c;
+  c.num_layers = 2;
+  c.hidden_size = 16;
+  c.ffn_hidden_size = 24;
+  c.num_attention_heads = 4;
+  c.num_query_groups = 2;
+  c.vocab_size = vocab;
+  c.max_position_embeddings = 16;
+  c.untie_embeddings_and_output_weights = true;
+  return lf::models::causal_lm_shardings(c);
+}
+
 void expect_equal_models(const std::vector<std::pair<std::string, at::Tensor>>& want,
                          const lf::train::FullModel& got, const std::string& what) {
   ASSERT_EQ(got.tensors.size(), want.size()) << what;
@@ -69,7 +84,7 @@ void expect_equal_models(const std::vector<std::pair<std::string, at::Tensor>>& 
 TEST(CheckpointFormat, ModelCheckpointRoundTripsAtTp2Pp2) {
   auto dir = lf::testing::make_temp_dir("ckpt-roundtrip");
   auto tensors = model_tensors(7);
-  lf::train::write_model_checkpoint(dir, 42, tensors, "model: tiny\n", 2, 2);
+  lf::train::write_model_checkpoint(dir, 42, tensors, shardings(), "model: tiny\n", 2, 2);
   for (const char* f : {"model_tp0_pp0.safetensors", "model_tp1_pp0.safetensors", "model_tp0_pp1.safetensors",
                         "model_tp1_pp1.safetensors", "manifest.json", "state.json", "config.yaml"})
     EXPECT_TRUE(fs::exists(fs::path(dir) / "iter_0000042" / f)) << f;
@@ -91,7 +106,7 @@ TEST(CheckpointFormat, ModelCheckpointRoundTripsAtTp2Pp2) {
 TEST(CheckpointFormat, VocabularyPaddingAdaptsToTheLayout) {
   auto dir = lf::testing::make_temp_dir("ckpt-vocab");
   auto tensors = model_tensors(3, /*vocab=*/63);  // 63 rows do not split over TP 2: padded to 64
-  lf::train::write_model_checkpoint(dir, 1, tensors, "", 2, 1);
+  lf::train::write_model_checkpoint(dir, 1, tensors, shardings(), "", 2, 1);
   auto got = lf::train::read_model_checkpoint(dir);
   const at::Tensor emb = got.tensors.front().second;
   ASSERT_EQ(emb.size(0), 64);
@@ -100,6 +115,7 @@ TEST(CheckpointFormat, VocabularyPaddingAdaptsToTheLayout) {
   // Loading into a model with 63 rows drops the zero row; 62 rows would drop real data.
   CheckpointReader r(fs::path(dir) / "iter_0000001");
   lf::train::ckpt::ShardSpec want;
+  want.vocab = true;
   want.global_shape = {63, 16};
   EXPECT_TRUE(at::equal(r.shard("embedding.word_embeddings.weight", "param", want, at::kFloat),
                         tensors.front().second));
@@ -116,7 +132,7 @@ TEST(CheckpointFormat, VocabularyPaddingAdaptsToTheLayout) {
 TEST(CheckpointFormat, ReshardKeepsEveryTensor) {
   auto a = lf::testing::make_temp_dir("ckpt-reshard-a"), b = lf::testing::make_temp_dir("ckpt-reshard-b");
   auto tensors = model_tensors(11);
-  lf::train::write_model_checkpoint(a, 5, tensors, "x: 1\n", 1, 1);
+  lf::train::write_model_checkpoint(a, 5, tensors, shardings(), "x: 1\n", 1, 1);
   lf::train::reshard_checkpoint(a, b, 2, 2, 2);
   EXPECT_TRUE(fs::exists(fs::path(b) / "iter_0000005" / "model_tp1_pp1.safetensors"));
   auto got = lf::train::read_model_checkpoint(b);
@@ -130,7 +146,7 @@ TEST(CheckpointFormat, DamageIsAnErrorNamingTheFile) {
   auto tensors = model_tensors(1);
   auto fresh = [&](const std::string& tag) {
     auto dir = lf::testing::make_temp_dir("ckpt-damage-" + tag);
-    lf::train::write_model_checkpoint(dir, 3, tensors, "", 2, 1);
+    lf::train::write_model_checkpoint(dir, 3, tensors, shardings(), "", 2, 1);
     return dir;
   };
   const std::string shard = "iter_0000003/model_tp1_pp0.safetensors";
@@ -183,30 +199,42 @@ TEST(CheckpointFormat, DamageIsAnErrorNamingTheFile) {
 
 TEST(CheckpointFormat, ResavingAnIterationReplacesIt) {
   auto dir = lf::testing::make_temp_dir("ckpt-resave");
-  lf::train::write_model_checkpoint(dir, 4, model_tensors(1), "", 1, 1);
-  lf::train::write_model_checkpoint(dir, 4, model_tensors(2), "", 2, 1);
+  lf::train::write_model_checkpoint(dir, 4, model_tensors(1), shardings(), "", 1, 1);
+  lf::train::write_model_checkpoint(dir, 4, model_tensors(2), shardings(), "", 2, 1);
   expect_equal_models(model_tensors(2), lf::train::read_model_checkpoint(dir), "re-saved");
   EXPECT_FALSE(fs::exists(fs::path(dir) / ".iter_0000004.old"));
 }
 
 // ---- crash safety ------------------------------------------------------------------------------
 
+// Kills the process (SIGKILL) at the N-th point (0-based) a save passes: after each file, the
+// manifest, the rename, the tracker.
+struct CrashAt : lf::train::SaveHooks {
+  explicit CrashAt(long at) : at(at) {}
+  void at_save_point(const char*) override {
+    if (at >= 0 && count++ == at) raise(SIGKILL);
+  }
+  long at, count = 0;
+};
+
 // The saving process: commits iterations tracker+1, tracker+2, ... until killed.
 LF_WORKER_CASE(checkpoint_save_loop) {
   const std::string dir = lf::testing::worker_args().at(0);
+  const auto& args = lf::testing::worker_args();
+  CrashAt hooks(args.size() > 1 ? std::atol(args[1].c_str()) : -1);
   int64_t it = lf::train::ckpt::read_tracker(dir).value_or(0) + 1;
-  for (;; ++it) lf::train::write_model_checkpoint(dir, it, model_tensors(it, 256), "", 2, 1);
+  for (;; ++it) lf::train::write_model_checkpoint(dir, it, model_tensors(it, 256), shardings(256), "", 2, 1, &hooks);
 }
 
 pid_t start_saver(const std::string& dir, const std::string& crash_at) {
   const pid_t pid = fork();
   if (pid == 0) {
     setenv("LF_TEST_WORKER", "checkpoint_save_loop", 1);
-    if (!crash_at.empty()) setenv("LOONGFORGE_TEST_CKPT_CRASH_AT", crash_at.c_str(), 1);
     int devnull = open("/dev/null", O_WRONLY);
     dup2(devnull, 1);
     dup2(devnull, 2);
-    execl("/proc/self/exe", "/proc/self/exe", dir.c_str(), static_cast<char*>(nullptr));
+    execl("/proc/self/exe", "/proc/self/exe", dir.c_str(), crash_at.empty() ? "-1" : crash_at.c_str(),
+          static_cast<char*>(nullptr));
     _exit(127);
   }
   return pid;
@@ -282,7 +310,7 @@ TEST(CheckpointCrashSafety, KilledAtEveryStepOfTheCommit) {
     if (point >= 4 && point <= 8) EXPECT_EQ(tracked.value_or(-1), 1) << point;
     if (point == 9) EXPECT_EQ(tracked.value_or(-1), 2) << point;
     // A new save after the crash cleans up and commits.
-    lf::train::write_model_checkpoint(dir, 7, model_tensors(7, 256), "", 1, 1);
+    lf::train::write_model_checkpoint(dir, 7, model_tensors(7, 256), shardings(256), "", 1, 1);
     EXPECT_EQ(lf::train::read_model_checkpoint(dir).iteration, 7);
     for (const auto& e : fs::directory_iterator(dir))
       EXPECT_FALSE(e.path().filename().string().ends_with(".tmp")) << e.path();

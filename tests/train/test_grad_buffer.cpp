@@ -8,12 +8,12 @@
 #include <string>
 
 #include "dp_test_util.h"
-#include "loongforge/train/grad_buffer.h"
+#include "loongforge/parallel/data/grad_buffer.h"
 
 namespace {
 using namespace lf::testing;
-using lf::train::GradBuffer;
-using lf::train::GradBufferOptions;
+using lf::parallel::GradBuffer;
+using lf::parallel::GradBufferOptions;
 
 bool arg_flag(const std::string& name) {
   for (const auto& a : worker_args())

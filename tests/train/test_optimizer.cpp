@@ -15,7 +15,7 @@
 
 namespace {
 using namespace lf::testing;
-using lf::train::GradBuffer;
+using lf::parallel::GradBuffer;
 
 // Gradient values of fake parameter `which` as TP rank `tp` sees them.
 at::Tensor fake_grad(int which, int tp, int64_t n) {
@@ -30,13 +30,17 @@ LF_WORKER_CASE(clip_under_tp) {
   auto tc = make_context(2);
   auto& ctx = *tc.ctx;
   const int tp = ctx.tp_rank();
-  std::vector<lf::models::NamedParameter> params(3);
+  std::vector<lf::parallel::Parameter> params(3);
   const int64_t sizes[3] = {6, 5, 3};
   for (int i = 0; i < 3; ++i) {
     params[static_cast<size_t>(i)].name = std::string(1, static_cast<char>('A' + i));
     params[static_cast<size_t>(i)].tensor = at::zeros({sizes[i]}).set_requires_grad(true);
   }
-  params[0].partition_dim = 0;
+  for (auto& p : params) {
+    p.tp_size = 2;
+    p.tp_rank = tp;
+  }
+  params[0].sharding = lf::parallel::Sharding::along(0);
   params[2].sequence_parallel = true;
   lf::backend::Communicator* dp = ctx.dp_size() > 1 ? &ctx.dp() : nullptr;
   GradBuffer buffer(params, dp, &ctx.tp(), {.bucket_size = 4, .distributed_optimizer = zero});
@@ -52,15 +56,15 @@ LF_WORKER_CASE(clip_under_tp) {
   at::Tensor c_sum = fake_grad(2, 0, 3) + fake_grad(2, 1, 3);
   want += c_sum.to(at::kDouble).pow(2).sum().item<double>();
   want = std::sqrt(want);
-  const double norm = lf::train::global_grad_norm(buffer, {.model_parallel = &ctx.mp(), .tp_rank = tp});
+  const double norm = lf::train::global_grad_norm({&buffer}, &ctx.world());
   EXPECT_NEAR(norm, want, 1e-6 * want) << "tp rank " << tp << " dp rank " << ctx.dp_rank();
   if (!zero) EXPECT_TRUE(at::allclose(buffer.main_grad(2), c_sum, 1e-6, 1e-7));
 
-  const double coeff = lf::train::clip_grads(buffer, norm, want / 2);
+  const double coeff = lf::train::clip_grads({&buffer}, norm, want / 2);
   EXPECT_NEAR(coeff, (want / 2) / (norm + 1e-6), 1e-12);
-  const double after = lf::train::global_grad_norm(buffer, {.model_parallel = &ctx.mp(), .tp_rank = tp});
+  const double after = lf::train::global_grad_norm({&buffer}, &ctx.world());
   EXPECT_NEAR(after, want / 2, 1e-5 * want);
-  EXPECT_EQ(lf::train::clip_grads(buffer, after, want), 1.0) << "below the limit: untouched";
+  EXPECT_EQ(lf::train::clip_grads({&buffer}, after, want), 1.0) << "below the limit: untouched";
 }
 
 TEST(GradClip, GlobalNormUnderTpCountsReplicatedOnce) {
@@ -91,7 +95,8 @@ LF_WORKER_CASE(zero1_equals_adamw) {
   GradBuffer plain(plain_params, &dp, nullptr, {.bucket_size = 16, .overlap_grad_reduce = true});
   GradBuffer zero(zero_params, &dp, nullptr,
                   {.bucket_size = 16, .overlap_grad_reduce = true, .distributed_optimizer = true});
-  lf::train::AdamW plain_opt(plain, adam_config(), backend), zero_opt(zero, adam_config(), backend);
+  lf::train::Optimizer plain_opt({&plain}, adam_config(), backend, &tc.ctx->world()),
+      zero_opt({&zero}, adam_config(), backend, &tc.ctx->world());
   EXPECT_LT(zero_opt.state_bytes(), plain_opt.state_bytes() * 0.6);
   for (int step = 1; step <= 3; ++step) {
     for (auto* b : {&plain, &zero}) b->begin_micro_batch(true);
@@ -116,7 +121,7 @@ LF_WORKER_CASE(zero1_equals_adamw) {
   }
   if (bf16) {  // the model holds the masters rounded to bf16
     for (const auto& piece : plain.owned_pieces()) {
-      at::Tensor m = plain_opt.masters().shards()[static_cast<size_t>(piece.bucket)].narrow(
+      at::Tensor m = plain_opt.state(0, "master")[static_cast<size_t>(piece.bucket)].narrow(
           0, piece.reduced_offset, piece.numel);
       at::Tensor p = plain_params[static_cast<size_t>(piece.param)].tensor.detach().reshape({-1})
                          .narrow(0, piece.param_offset, piece.numel);
@@ -139,7 +144,7 @@ TEST(AdamW, NoWeightDecayOnNormsAndBiases) {
   GradBuffer buffer(params, nullptr, nullptr, {});
   auto config = adam_config();
   config.clip_grad = 0;
-  lf::train::AdamW opt(buffer, config, lf::backend::cpu_backend());
+  lf::train::Optimizer opt({&buffer}, config, lf::backend::cpu_backend());
   buffer.finish_grad_sync();  // all-zero gradients
   auto r = opt.step(0.1);
   EXPECT_EQ(r.grad_norm, 0.0);
@@ -154,7 +159,7 @@ TEST(AdamW, NoWeightDecayOnNormsAndBiases) {
 TEST(AdamW, NonFiniteNormStopsOrSkips) {
   auto params = chain_params();
   GradBuffer buffer(params, nullptr, nullptr, {});
-  lf::train::AdamW opt(buffer, adam_config(), lf::backend::cpu_backend());
+  lf::train::Optimizer opt({&buffer}, adam_config(), lf::backend::cpu_backend());
   buffer.main_grad(3).fill_(std::nan(""));
   buffer.finish_grad_sync();
   try {

@@ -9,6 +9,7 @@
 
 #include "commands.h"
 #include "loongforge/core/error.h"
+#include "loongforge/models/composites/causal_lm.h"
 #include "loongforge/models/hf_adapter.h"
 #include "loongforge/train/checkpoint.h"
 
@@ -65,8 +66,8 @@ void run_hf2lf(const Hf2LfArgs& a) {
            ", the query groups ", c.query_groups(), " and ffn_hidden_size ", c.ffn_hidden_size,
            lf::hint("each TP rank owns whole query groups"));
   LF_CHECK(c.num_layers % a.pp == 0, "--pp ", a.pp, " must divide num_layers ", c.num_layers);
-  lf::train::write_model_checkpoint(a.out, /*iteration=*/0, m.tensors, hf::model_section_yaml(c),
-                                    a.tp, a.pp);
+  lf::train::write_model_checkpoint(a.out, /*iteration=*/0, m.tensors, lf::models::causal_lm_shardings(c),
+                                    hf::model_section_yaml(c), a.tp, a.pp);
   std::printf("converted %s (%lld parameters, %lld layers) from %s to %s (tp %d, pp %d)\n",
               m.architecture.c_str(), static_cast<long long>(c.num_parameters()),
               static_cast<long long>(c.num_layers), a.hf_dir.c_str(), a.out.c_str(), a.tp, a.pp);

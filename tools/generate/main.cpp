@@ -81,7 +81,7 @@ std::vector<int64_t> to64(const std::vector<int32_t>& v) { return {v.begin(), v.
 std::vector<int32_t> to32(const std::vector<int64_t>& v) { return {v.begin(), v.end()}; }
 
 // Full-sequence logits of `ids` -> `path`, tensor "logits" [tokens, vocab] float32.
-void dump_logits(const lf::models::Decoder& model, const std::vector<int64_t>& ids, const std::string& path) {
+void dump_logits(const lf::models::CausalLm& model, const std::vector<int64_t>& ids, const std::string& path) {
   at::NoGradGuard no_grad;
   at::Tensor logits = model.forward(at::tensor(ids, at::TensorOptions().dtype(at::kLong)).unsqueeze(0))
                           .select(1, 0)
@@ -111,7 +111,7 @@ int run(Options& o) {
   const auto t0 = std::chrono::steady_clock::now();
   Loaded loaded = load_model(o.load, o.iteration);
   const auto& be = lf::backend::select_backend();
-  lf::models::Decoder model(loaded.config, be, 0, o.bf16 ? at::kBFloat16 : at::kFloat);
+  lf::models::CausalLm model(loaded.config, be, 0, o.bf16 ? at::kBFloat16 : at::kFloat);
   model.load_full_parameters(loaded.tensors);
   loaded.tensors.clear();
   model.set_training(false);

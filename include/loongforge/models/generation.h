@@ -1,4 +1,4 @@
-// Autoregressive sampling from a Decoder with its KV cache: greedy, temperature, top-k and
+// Autoregressive sampling from a causal LM with its KV cache: greedy, temperature, top-k and
 // top-p (nucleus) sampling. Not a serving engine: one sequence at a time, no batching or
 // speculative decoding. loongforge-generate (tools/generate) is built on it.
 #pragma once
@@ -9,7 +9,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "loongforge/models/decoder.h"
+#include "loongforge/models/composites/causal_lm.h"
 
 namespace lf::models {
 
@@ -34,7 +34,7 @@ struct GenerateOptions {
 // The tokens generated after `prompt` (non-empty), at most max_new_tokens and never past the
 // model's max_position_embeddings. Under TP every rank returns the same tokens (the logits are
 // gathered and every rank draws from the same seed).
-std::vector<int64_t> generate(const Decoder& model, const std::vector<int64_t>& prompt,
+std::vector<int64_t> generate(const CausalLm& model, const std::vector<int64_t>& prompt,
                               const GenerateOptions& options);
 
 }  // namespace lf::models

@@ -13,10 +13,10 @@
 #include <utility>
 #include <vector>
 
-#include "loongforge/models/decoder_config.h"
+#include "loongforge/models/foundations/decoder_config.h"
 
 namespace lf::models {
-class Decoder;
+class CausalLm;
 }
 
 namespace lf::models::hf {
@@ -108,7 +108,7 @@ std::vector<ConfigDifference> model_differences(const DecoderConfig& a, const De
 // and copies its weights into `decoder` (this rank's shards at the decoder's TP size), after
 // checking that config.json describes the decoder's model (an lf::Error lists every difference).
 // Returns the configuration read.
-DecoderConfig load_hf_into(Decoder& decoder, const std::string& hf_dir,
+DecoderConfig load_hf_into(CausalLm& decoder, const std::string& hf_dir,
                            const std::string& configs_root = "");
 
 // The `model:` section (type causal_lm + the foundation's fields) that loongforge-train and

@@ -1,6 +1,6 @@
 // Activation checkpointing: run a piece of the model without keeping its intermediate
 // activations and recompute them during backward (Megatron's CheckpointFunction, in C++ autograd).
-// Not the policy of what to recompute (models/decoder.h RecomputeOptions decides that).
+// Not the policy of what to recompute (RecomputeOptions, models/blocks/transformer_layer.h).
 #pragma once
 
 #include <ATen/core/Tensor.h>

@@ -1,13 +1,15 @@
 // Native checkpoints of a training job: SAVE/iter_NNNNNNN/ + SAVE/latest_checkpointed_iteration.txt,
 // written atomically (temp dir, fsync, rename, tracker last), loadable under any other TP/DP layout
-// (every tensor records its global shape and place), optionally written in the background. Also
-// the offline entry points (model-only checkpoints from full tensors, reading them back,
+// (every tensor records its global shape and place), optionally written in the background. A
+// model's parameter groups (one per component layout) each write their own files. Also the
+// offline entry points (model-only checkpoints from full tensors, reading them back,
 // resharding). Not the file format itself (train/checkpoint_format.h). See docs/checkpoints.md.
 #pragma once
 
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -16,14 +18,22 @@
 
 #include "loongforge/backend/device_backend.h"
 #include "loongforge/dist/parallel_context.h"
-#include "loongforge/train/grad_buffer.h"
+#include "loongforge/parallel/data/grad_buffer.h"
+#include "loongforge/parallel/sharding.h"
+#include "loongforge/train/loss_scaler.h"
 #include "loongforge/train/optimizer.h"
 
-namespace lf::parallel {
-class RngTracker;
-}
-
 namespace lf::train {
+
+// One parameter group as checkpoints see it: its parameters (shards with their Sharding), the
+// layout they follow (files are named by its TP/PP coordinates, written by its DP rank 0) and,
+// when trainable, the optimizer buffer its state lives in.
+struct CheckpointGroup {
+  std::string name;  // "model": model_tp{t}_pp{p}.safetensors; others model_<name>_tp{t}_pp{p}...
+  const std::vector<lf::parallel::Parameter>* params = nullptr;
+  const lf::dist::ParallelContext* context = nullptr;
+  int buffer = -1;  // index into Optimizer::buffers(); -1: frozen (weights only)
+};
 
 // The scalar progress of a run that a checkpoint stores besides tensors.
 struct TrainingProgress {
@@ -31,6 +41,14 @@ struct TrainingProgress {
   int64_t consumed_samples = 0;  // over all DP ranks (data/sampler.h SamplerState)
   int64_t optimizer_steps = 0;   // AdamW steps taken (skipped non-finite steps do not count)
   double lr = 0;                 // the learning rate of `iteration` (informational)
+};
+
+// Points in a save where a test may stop the process (crash-safety tests). Production programs
+// pass none; a test build of a program passes its own (tests/tools/fault_hooks.cpp).
+struct SaveHooks {
+  virtual ~SaveHooks() = default;
+  // After each file, the manifest, the rename and the tracker of a save (`what` names it).
+  virtual void at_save_point(const char* what) {}
 };
 
 struct SaveOptions {
@@ -41,6 +59,7 @@ struct SaveOptions {
   bool async = false;                // write in a background thread from a CPU copy
   std::string config_yaml;           // the resolved configuration, stored as config.yaml
   int64_t global_batch_size = 0, seq_length = 0;  // recorded in state.json
+  SaveHooks* hooks = nullptr;                      // tests only
 };
 
 // Saves the checkpoints of one job. Every method is collective over the job's world (all ranks
@@ -58,9 +77,10 @@ class CheckpointSaver {
   CheckpointSaver& operator=(const CheckpointSaver&) = delete;
 
   // optimizer may be null (or options.save_optimizer false): model only. rng: the model's dropout
-  // streams (may be null), saved with the backend generator of every rank.
-  void save(const TrainingProgress& progress, const GradBuffer& grads, const AdamW* optimizer,
-            const lf::parallel::RngTracker* rng = nullptr);
+  // streams (possibly empty), saved with the backend generator of every rank. scaler: the loss
+  // scale and its trackers (null: none).
+  void save(const TrainingProgress& progress, const std::vector<CheckpointGroup>& groups, const Optimizer* optimizer,
+            const std::map<std::string, at::Tensor>& rng = {}, const LossScaler* scaler = nullptr);
   // Once per iteration: commits a finished background save and returns whether any rank
   // asked to stop (`stop_requested`, e.g. SIGTERM), so that all ranks agree. One small
   // all-reduce; nothing when the world has one rank.
@@ -92,26 +112,31 @@ struct LoadResult {
   std::string dir;  // the iter_* directory loaded
   TrainingProgress progress;  // zero under finetune
   bool optimizer_loaded = false, rng_loaded = false;
+  std::map<std::string, at::Tensor> rng;  // the model's dropout streams (when rng_loaded)
+  std::optional<LossScaler::State> loss_scaler;
 };
 
 // Collective. Loads the checkpoint `load_dir` resolves to (ckpt::resolve_checkpoint_dir) into the
-// model parameters (grads.parameters(), any TP layout), the optimizer state (any DP/ZeRO-1
-// layout) and this rank's RNG (only when the world layout equals the saved one). nullopt when
-// load_dir holds no checkpoint. Call before training starts.
+// groups' parameters (any TP layout), the optimizer state (any DP/ZeRO-1 layout) and this rank's
+// RNG (only when the world layout equals the saved one; `rng_names`: the streams the model has,
+// returned in LoadResult::rng). nullopt when load_dir holds no checkpoint. Call before training
+// starts.
 std::optional<LoadResult> load_checkpoint(const std::string& load_dir, const LoadOptions& options,
-                                          GradBuffer& grads, AdamW& optimizer,
+                                          const std::vector<CheckpointGroup>& groups, Optimizer& optimizer,
                                           const lf::dist::ParallelContext& ctx,
                                           const lf::backend::DeviceBackend& backend,
-                                          lf::parallel::RngTracker* rng = nullptr);
+                                          const std::map<std::string, at::Tensor>& rng_names = {});
 
 // --- offline (single process, CPU; tools/convert) ------------------------------------------
 
 // Writes a model-only checkpoint (iteration `iteration`, no optimizer/RNG) from full, unsharded
-// tensors named as the single-device Decoder names them, sharded for tp x pp, with the model
+// tensors, each cut for tp x pp by its Sharding in `shardings` (the model's own parameter records,
+// e.g. lf::models::causal_lm_parameter_specs: a name missing there is an error), with the model
 // config YAML text stored as the resolved config.
 void write_model_checkpoint(const std::string& save_dir, int64_t iteration,
                             const std::vector<std::pair<std::string, at::Tensor>>& full_tensors,
-                            const std::string& config_yaml, int tp, int pp);
+                            const std::map<std::string, lf::parallel::Sharding>& shardings,
+                            const std::string& config_yaml, int tp, int pp, SaveHooks* hooks = nullptr);
 
 // Reads the model tensors of a checkpoint (latest iteration, or `iteration` >= 0), reassembled
 // to full tensors, plus its stored config YAML. Embedding/output rows past the vocabulary are
@@ -130,20 +155,13 @@ FullModel read_model_checkpoint(const std::string& load_dir, int64_t iteration =
 void reshard_checkpoint(const std::string& load_dir, const std::string& save_dir, int tp, int pp,
                         int dp, int64_t iteration = -1);
 
-// How a full tensor named as the Decoder names it is split over TP (dim, blocks); `fc1_blocks`
-// is 2 for a SwiGLU fc1 ([gate; up]).
-std::pair<int64_t, int64_t> tp_split_of(const std::string& name, int64_t fc1_blocks);
-
-// --- preemption and test hooks ---------------------------------------------------------------
+// --- preemption -------------------------------------------------------------------------------
 
 // SIGTERM sets a flag (and nothing else) that sigterm_received() reads; the trainer finishes its
 // step, saves and exits 0.
 void install_sigterm_handler();
 bool sigterm_received();
 
-// Test-only fault injection: LOONGFORGE_TEST_KILL_AT=RANK:ITERATION makes global rank RANK kill
-// itself (SIGKILL) after iteration ITERATION, on the first attempt only (LOONGFORGE_RESTART_COUNT
-// unset or 0). LOONGFORGE_TEST_SIGTERM_AT=RANK:ITERATION sends that rank SIGTERM instead.
-void maybe_inject_test_fault(int64_t iteration, int global_rank);
+
 
 }  // namespace lf::train

@@ -14,6 +14,8 @@
 #include <string>
 #include <vector>
 
+#include "loongforge/parallel/sharding.h"
+
 namespace lf {
 class MappedFile;
 }
@@ -29,16 +31,20 @@ inline constexpr const char* kManifestFile = "manifest.json";
 inline constexpr const char* kStateFile = "state.json";
 inline constexpr const char* kConfigFile = "config.yaml";
 
-// Where one stored tensor lies in its parameter's full tensor. A parameter split over TP along
-// partition_dim stacks `blocks` equal blocks along that dim (fc1 = [gate; up]: 2), each split on
-// its own; TP rank r of n holds [block0_r; block1_r; ...] (models/decoder.h). partition_dim < 0:
-// the whole tensor. The stored piece is the range [flat_begin, flat_end) of the flattened shard
-// (ZeRO-1 owns contiguous ranges of the flat gradient buffer, so a DP rank holds a slice of it).
+// Where one stored tensor lies in its parameter's full tensor: the parameter's Sharding
+// (parallel/sharding.h: split dim, stacked blocks, vocabulary padding), recorded at every TP size,
+// and the TP rank that stored it. The stored piece is the range [flat_begin, flat_end) of the
+// flattened shard (ZeRO-1 owns contiguous ranges of the flat gradient buffer, so a DP rank holds
+// a slice of it).
 struct ShardSpec {
   std::vector<int64_t> global_shape;
   int64_t partition_dim = -1;
   int64_t blocks = 1;
+  bool vocab = false;  // dim 0 is a padded vocabulary (loaders adapt the padding rows)
   int tp_rank = 0, tp_size = 1;
+  // The record of a model parameter (its full shape, split and TP coordinates).
+  static ShardSpec of(const lf::parallel::Parameter& p);
+  lf::parallel::Sharding sharding() const { return {partition_dim, blocks, vocab}; }
 
   std::vector<int64_t> shard_shape() const;
   int64_t shard_numel() const;
@@ -49,7 +55,7 @@ struct ShardSpec {
 };
 
 struct Piece {
-  std::string param;  // parameter name (models/decoder.h)
+  std::string param;  // parameter name (models/foundations/decoder.h)
   std::string kind;   // "param", "master", "exp_avg", "exp_avg_sq"
   ShardSpec shard;
   int64_t flat_begin = 0, flat_end = 0;

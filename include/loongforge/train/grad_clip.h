@@ -1,31 +1,30 @@
-// Global-norm gradient clipping under tensor and data parallelism (Megatron's
-// get_grad_norm_fp32 + clip_grad_by_total_norm_fp32) over a GradBuffer's reduced gradients.
-// Not the reduction itself (train/grad_buffer.h) nor the update (train/optimizer.h).
+// Global-norm gradient clipping over every gradient buffer of a model (Megatron's
+// get_grad_norm_fp32 + clip_grad_by_total_norm_fp32), whatever each buffer's layout. Not the
+// reduction itself (parallel/data/grad_buffer.h) nor the update (train/optimizer.h).
 #pragma once
 
+#include <vector>
+
 #include "loongforge/backend/communicator.h"
-#include "loongforge/train/grad_buffer.h"
+#include "loongforge/parallel/data/grad_buffer.h"
 
 namespace lf::train {
 
-// Who must agree on the norm and how to count each gradient element exactly once.
-struct GradNormGroups {
-  // The model-parallel group (tp x pp): every rank of it holds different parameters or different
-  // shards of them. Null or size 1: none.
-  lf::backend::Communicator* model_parallel = nullptr;
-  // This rank's index in its TP group: parameters replicated over TP (partition_dim < 0) are
-  // counted on TP rank 0 only, TP-sharded ones on every TP rank.
-  int tp_rank = 0;
-};
+using lf::parallel::GradBuffer;
 
-// sqrt of the sum of squares of every gradient element of the whole model, after
-// grads.finish_grad_sync(). Each rank sums (in fp64, in buffer order) the squares of the elements
-// it owns and counts; the sum is all-reduced over DP when each DP rank owns a shard (ZeRO-1),
-// then over the model-parallel group. Every rank of the job returns the same value.
-double global_grad_norm(const GradBuffer& grads, const GradNormGroups& groups);
+// sqrt of the sum of squares of every gradient element of the whole model, after every buffer's
+// finish_grad_sync(). Each element is counted by exactly one rank of the job: a parameter
+// replicated over its TP group by TP rank 0; a buffer's reduced gradient by its data-parallel
+// rank 0, or under ZeRO-1 by the rank owning the shard; a pipeline stage's tied copy not at all
+// (the owner counts). Every rank sums its share in fp64 in buffer order, then one all-reduce
+// over `world` (null or size 1: none). Every rank of the job returns the same value.
+double global_grad_norm(const std::vector<GradBuffer*>& grads, lf::backend::Communicator* world);
 
-// Multiplies the reduced gradients by max_norm / (norm + 1e-6) when that is < 1 (clip_grad > 0).
+// Multiplies the reduced gradients by max_norm / (norm + 1e-6) when that is < 1 (max_norm > 0).
 // Returns the coefficient applied (1 when none).
-double clip_grads(GradBuffer& grads, double norm, double max_norm);
+double clip_grads(const std::vector<GradBuffer*>& grads, double norm, double max_norm);
+
+// Multiplies every reduced gradient by `factor` (unscaling a loss-scaled backward).
+void scale_grads(const std::vector<GradBuffer*>& grads, double factor);
 
 }  // namespace lf::train

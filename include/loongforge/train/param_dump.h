@@ -8,21 +8,24 @@
 #include <vector>
 
 #include "loongforge/dist/parallel_context.h"
-#include "loongforge/models/decoder.h"
+#include "loongforge/models/model.h"
 
 namespace lf::train {
 
-// Collective over the TP group: TP-sharded parameters (partition_dim >= 0) are all-gathered along
-// their partition dim. The rank with tp_rank 0 and dp_rank 0 of each pipeline stage writes; with
-// pp > 1 stage k writes PATH.pp<k>. Throws lf::Error naming the path if it cannot be written.
-void dump_parameters(const std::string& path, const std::vector<lf::models::NamedParameter>& params,
+// Collective over every group's TP group: split parameters are all-gathered by their Sharding.
+// The rank with tp_rank 0 and dp_rank 0 of each pipeline stage of the job's context `ctx` writes
+// every group's parameters it holds (a component on its own layout is placed so that this rank
+// holds its TP rank 0 shards); with pp > 1 stage k writes PATH.pp<k>. Throws lf::Error naming the
+// path if it cannot be written.
+void dump_parameters(const std::string& path, const std::vector<lf::models::ParameterGroup>& groups,
                      const lf::dist::ParallelContext& ctx);
 
-// Collective over the TP group: every parameter as its full (unsharded) fp32 CPU tensor, in the
-// model's order, on every TP rank (vocabulary tables keep this TP size's padding rows). A
-// pipeline stage's tied_copy of the embedding is left out (the first stage has it).
+// Collective over the parameters' TP group (`tp`; null or size 1: none): every parameter as its
+// full (unsharded) fp32 CPU tensor, in the model's order, on every TP rank (vocabulary tables
+// keep this TP size's padding rows). A pipeline stage's tied_copy of the embedding is left out
+// (the first stage has it).
 std::vector<std::pair<std::string, at::Tensor>> gather_full_parameters(
-    const std::vector<lf::models::NamedParameter>& params, const lf::dist::ParallelContext& ctx);
+    const std::vector<lf::parallel::Parameter>& params, lf::backend::Communicator* tp);
 
 // Collective over the pipeline group: each stage's gather_full_parameters() result brought to
 // pipeline rank 0, in stage order (the whole model there); the other stages get an empty list.

@@ -1,30 +1,35 @@
-// The training loop: micro-batches with gradient accumulation into the bucketed fp32 gradient
-// buffer (train/grad_buffer.h: overlapped DP reduction, ZeRO-1), AdamW with the LR schedule
-// (train/optimizer.h), periodic logging (terminal and --metrics-file JSON lines), validation,
-// NaN/Inf detection (stop, or skip under training.skip_nonfinite_steps), deterministic mode and
-// the exit conditions. Model and data are given to it; it does not build them (tools/train does),
-// and it does not parallelise the model itself. See docs/training.md.
+// The training loop over any lf::models::Model: micro-batches as named tensors, one gradient
+// buffer per parameter group (parallel/data/grad_buffer.h: overlapped DP reduction, ZeRO-1), the
+// optimizer (AdamW / SGD, train/optimizer.h) with the LR schedule and loss scaling (fp16), the
+// pipeline schedules (1F1B, interleaved, ChunkPipe) over the model's stage, periodic logging
+// (terminal, --metrics-file JSON lines, --tensorboard-dir), validation, NaN/Inf handling,
+// deterministic mode and the exit conditions. Loss terms are normalised by their unit counts over
+// the whole global batch. Model and data are given to it; it does not build them (tools/train
+// does), it never names a model family. See docs/training.md.
 #pragma once
 
 #include <ATen/core/Tensor.h>
 
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 
 #include "loongforge/backend/device_backend.h"
 #include "loongforge/core/config/job_config.h"
+#include "loongforge/data/batch.h"
 #include "loongforge/dist/parallel_context.h"
-#include "loongforge/models/decoder.h"
+#include "loongforge/models/model.h"
+#include "loongforge/train/checkpoint.h"
 
 namespace lf::train {
 
-// Where micro-batches come from: next() returns this data-parallel rank's next micro-batch of
-// tokens [micro_batch_size, seq_length + 1] (int64; inputs are [:, :-1], labels [:, 1:]).
+// Where micro-batches come from: next() returns this data-parallel rank's next micro-batch (CPU
+// tensors; the trainer moves them to the device).
 class BatchSource {
  public:
   virtual ~BatchSource() = default;
-  virtual at::Tensor next() = 0;
+  virtual lf::data::Batch next() = 0;
   // Starts over from the first micro-batch (validation: every evaluation sees the same data).
   virtual void rewind() {}
   // Resume: continue after `consumed_samples` samples of the global stream (all DP ranks).
@@ -33,9 +38,10 @@ class BatchSource {
 };
 
 struct EvalResult {
-  double loss = 0;      // mean per-token loss over the evaluated tokens
-  double accuracy = 0;  // fraction of tokens whose argmax prediction equals the label
-  int64_t tokens = 0;
+  lf::models::Metrics metrics;  // summed over every evaluated micro-batch and rank
+  bool ran = false;
+  // sum / count of `name` (0 when absent).
+  double value(const std::string& name) const;
 };
 
 struct TrainSummary {
@@ -43,15 +49,22 @@ struct TrainSummary {
   double last_loss = 0;
   EvalResult first_eval, last_eval;
   double tokens_per_sec = 0;
-  int64_t start_iteration = 0;  // loaded from --load (0: fresh start)
-  bool preempted = false;       // stopped by SIGTERM after saving a checkpoint
+  int64_t start_iteration = 0;    // loaded from --load (0: fresh start)
+  int64_t skipped_iterations = 0; // fp16 overflows and skipped non-finite steps
+  bool preempted = false;         // stopped by SIGTERM after saving a checkpoint
+};
+
+// Seams for tests only (a program's test build installs them; production passes none).
+struct TrainerHooks {
+  std::function<void(int64_t iteration, int global_rank)> after_iteration;
+  SaveHooks* save = nullptr;
 };
 
 class Trainer {
  public:
-  Trainer(const lf::config::JobConfig& job, lf::models::Decoder& model,
-          const lf::dist::ParallelContext& ctx, const lf::backend::DeviceBackend& backend,
-          std::unique_ptr<BatchSource> train_data, std::unique_ptr<BatchSource> valid_data);
+  Trainer(const lf::config::JobConfig& job, lf::models::Model& model, const lf::dist::ParallelContext& ctx,
+          const lf::backend::DeviceBackend& backend, std::unique_ptr<BatchSource> train_data,
+          std::unique_ptr<BatchSource> valid_data, TrainerHooks hooks = {});
   ~Trainer();
 
   // The resolved configuration saved as config.yaml in checkpoints.
@@ -59,7 +72,7 @@ class Trainer {
   // Loads --load (when set), trains to train_iters with --save checkpoints, SIGTERM handling and
   // a final save (docs/checkpoints.md).
   TrainSummary run();
-  // Validation over eval_iters micro-batches per DP rank, averaged over the data-parallel group.
+  // Validation over eval_iters micro-batches per DP rank; every rank gets the same sums.
   EvalResult evaluate();
 
  private:
@@ -74,5 +87,9 @@ lf::models::RecomputeOptions recompute_options(const lf::config::TrainingConfig&
 // Micro-batches per step: global_batch_size / (micro_batch_size * dp); throws naming the values
 // when they do not divide.
 int64_t num_micro_batches(const lf::config::TrainingConfig& t, int dp_size);
+
+// How a metric or loss term is shown in the progress line and the final summary: "lm loss" as
+// "loss", others as named.
+std::string display_name(const std::string& metric);
 
 }  // namespace lf::train

@@ -90,16 +90,16 @@ double run_chunkpipe(StageExchange* ex, int64_t chunks, const ChunkPipeStep& ste
 
   // Pass 1, every chunk forward without autograd: keys/values and the stage's inputs are kept.
   KvStore store;
-  std::vector<at::Tensor> inputs(static_cast<size_t>(chunks));
+  std::vector<TensorMap> inputs(static_cast<size_t>(chunks));
   for (int64_t k = 0; k < chunks; ++k) {
-    at::Tensor input = first ? at::Tensor() : ex->recv_forward();
+    TensorMap input = first ? TensorMap() : ex->recv_forward_map();
     inputs[static_cast<size_t>(k)] = input;
     ChunkAttention kv;
     for (size_t l = 0; l < store.k.size(); ++l) {
       kv.prefix_k.push_back(store.k[l].narrow(2, 0, k * store.chunk_len));
       kv.prefix_v.push_back(store.v[l].narrow(2, 0, k * store.chunk_len));
     }
-    at::Tensor out;
+    StageResult out;
     {
       at::NoGradGuard no_grad;
       const double start = trace ? now_us() : 0;
@@ -108,8 +108,13 @@ double run_chunkpipe(StageExchange* ex, int64_t chunks, const ChunkPipeStep& ste
     }
     store.append(k, chunks, kv, where.c_str());
     if (!last) {
-      LF_CHECK(out.defined(), where, ": the forward step of chunk ", k, " returned nothing");
-      ex->send_forward(out);
+      LF_CHECK(!out.activations.empty(), where, ": the forward step of chunk ", k, " returned nothing");
+      // The first pass runs without autograd: the receiver learns from the manifest that these
+      // carry gradients in the recomputation.
+      TensorMap send;
+      for (const auto& [name, t] : out.activations.items())
+        send.set(name, t.is_floating_point() ? t.detach().set_requires_grad(true) : t);
+      ex->send_forward(send);
     }
   }
 
@@ -121,10 +126,11 @@ double run_chunkpipe(StageExchange* ex, int64_t chunks, const ChunkPipeStep& ste
       at::zeros({}, at::TensorOptions().dtype(at::kFloat).device(store.k.empty() ? c10::Device(c10::kCPU) : store.k[0].device()))
           .set_requires_grad(true);
   for (int64_t k = chunks - 1; k >= 0; --k) {
-    at::Tensor output_grad = last ? at::Tensor() : ex->recv_backward();
+    TensorMap output_grads = last ? TensorMap() : ex->recv_backward_map();
     const double start = trace ? now_us() : 0;
-    at::Tensor input = inputs[static_cast<size_t>(k)];
-    if (input.defined()) input = input.detach().set_requires_grad(true);
+    TensorMap input;
+    for (const auto& [name, t] : inputs[static_cast<size_t>(k)].items())
+      input.set(name, t.is_floating_point() ? t.detach().set_requires_grad(true) : t);
     const int64_t past = k * store.chunk_len;
     ChunkAttention kv;
     for (size_t l = 0; l < store.k.size() && k > 0; ++l) {
@@ -132,16 +138,25 @@ double run_chunkpipe(StageExchange* ex, int64_t chunks, const ChunkPipeStep& ste
       kv.prefix_v.push_back(GradSink::apply(anchor, store.v[l].narrow(2, 0, past), store.dv[l].narrow(2, 0, past)));
     }
     if (step.before_backward) step.before_backward(k);
-    at::Tensor out = step.forward(k, input, kv, true);
-    LF_CHECK(out.defined() && kv.k.size() == store.k.size(), where, ": the recomputation of chunk ", k,
-             " returned nothing or other keys/values than the first pass");
-    std::vector<at::Tensor> roots{out}, grads{last ? at::ones_like(out) : output_grad.to(out.scalar_type())};
+    StageResult out = step.forward(k, input, kv, true);
+    LF_CHECK(kv.k.size() == store.k.size(), where, ": the recomputation of chunk ", k,
+             " returned other keys/values than the first pass");
+    std::vector<at::Tensor> roots, grads;
     if (last) {
-      LF_CHECK(out.numel() == 1, where, ": the last stage's step must return the scalar loss, got shape ", out.sizes());
-      loss_sum += out.detach().to(at::kDouble).item<double>();
+      LF_CHECK(out.loss.defined() && out.loss.numel() == 1, where,
+               ": the last stage's step must return the scalar loss");
+      loss_sum += out.loss.detach().to(at::kDouble).item<double>();
+      roots.push_back(out.loss);
+      grads.push_back(at::ones_like(out.loss));
     } else {
-      LF_CHECK(output_grad.sizes() == out.sizes(), where, ": the gradient received for chunk ", k, " has shape ",
-               output_grad.sizes(), ", its activation ", out.sizes());
+      for (const auto& [name, t] : out.activations.items()) {
+        if (!t.requires_grad()) continue;
+        const at::Tensor* g = output_grads.find(name);
+        LF_CHECK(g && g->sizes() == t.sizes(), where, ": the gradient received for chunk ", k, " '", name,
+                 "' has shape ", g ? g->sizes() : c10::IntArrayRef{}, ", its activation ", t.sizes());
+        roots.push_back(t);
+        grads.push_back(g->to(t.scalar_type()));
+      }
     }
     if (k < chunks - 1) {  // the last chunk's keys/values are seen by no later chunk
       for (size_t l = 0; l < store.k.size(); ++l) {
@@ -153,10 +168,15 @@ double run_chunkpipe(StageExchange* ex, int64_t chunks, const ChunkPipeStep& ste
     }
     torch::autograd::backward(roots, grads);
     record('B', k, start);
-    inputs[static_cast<size_t>(k)] = at::Tensor();
+    inputs[static_cast<size_t>(k)] = TensorMap();
     if (!first) {
-      at::Tensor g = input.grad();
-      ex->send_backward(g.defined() ? g : at::zeros_like(input));
+      TensorMap input_grads;
+      for (const auto& [name, t] : input.items()) {
+        if (!t.requires_grad()) continue;
+        at::Tensor g = t.grad();
+        input_grads.set(name, g.defined() ? g : at::zeros_like(t));
+      }
+      ex->send_backward(input_grads);
     }
   }
   if (ex) ex->flush();
@@ -165,6 +185,55 @@ double run_chunkpipe(StageExchange* ex, int64_t chunks, const ChunkPipeStep& ste
     trace->steps.emplace_back(step_start, now_us());
   }
   return loss_sum;
+}
+
+double chunkpipe_train(StageExchange* ex, const lf::data::Batch& micro, int64_t s, int64_t c,
+                       const ChunkedStage& stage, ScheduleTrace* trace) {
+  LF_CHECK(c >= 1 && s % c == 0, "ChunkPipe: a sequence of ", s, " tokens does not split into chunks of ", c);
+  const int64_t chunks = s / c;
+  const bool rng = stage.rng_state && stage.set_rng_state;
+  // Dropout streams before each chunk of the first pass (replayed), and after the last one
+  // (where the next micro-batch continues).
+  std::vector<std::map<std::string, at::Tensor>> rng_states(static_cast<size_t>(chunks) + 1);
+  ChunkPipeStep step;
+  step.forward = [&](int64_t k, const TensorMap& input, ChunkAttention& kv, bool with_grad) {
+    if (rng) {
+      if (with_grad)
+        stage.set_rng_state(rng_states[static_cast<size_t>(k)]);
+      else
+        rng_states[static_cast<size_t>(k)] = stage.rng_state();
+    }
+    const lf::data::Batch chunk = micro.slice_sequence(k * c, c);
+    StageResult out = stage.forward(chunk, input, k * c, kv, /*with_head=*/with_grad);
+    if (rng && !with_grad && k == chunks - 1) rng_states.back() = stage.rng_state();
+    return out;
+  };
+  step.before_backward = stage.before_backward;
+  const double loss = run_chunkpipe(ex, chunks, step, trace);
+  if (rng) stage.set_rng_state(rng_states.back());
+  return loss;
+}
+
+void chunkpipe_evaluate(StageExchange* ex, const lf::data::Batch& micro, int64_t s, int64_t c,
+                        const ChunkedStage& stage) {
+  LF_CHECK(c >= 1 && s % c == 0, "ChunkPipe: a sequence of ", s, " tokens does not split into chunks of ", c);
+  const bool first = !ex || ex->is_first(), last = !ex || ex->is_last();
+  std::vector<at::Tensor> keys, values;  // per layer: the keys/values of the chunks so far
+  for (int64_t k = 0; k < s / c; ++k) {
+    TensorMap input = first ? TensorMap() : ex->recv_forward_map();
+    ChunkAttention kv;
+    kv.prefix_k = keys;
+    kv.prefix_v = values;
+    StageResult out = stage.forward(micro.slice_sequence(k * c, c), input, k * c, kv, /*with_head=*/true);
+    keys.resize(kv.k.size());
+    values.resize(kv.v.size());
+    for (size_t l = 0; l < kv.k.size(); ++l) {
+      keys[l] = keys[l].defined() ? at::cat({keys[l], kv.k[l]}, 2) : kv.k[l];
+      values[l] = values[l].defined() ? at::cat({values[l], kv.v[l]}, 2) : kv.v[l];
+    }
+    if (!last) ex->send_forward(out.activations);
+  }
+  if (ex) ex->flush();
 }
 
 }  // namespace lf::parallel::pipeline

@@ -2,6 +2,7 @@
 
 #include <ATen/Functions.h>
 #include <ATen/core/grad_mode.h>
+#include <torch/csrc/autograd/autograd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -18,7 +19,8 @@ namespace {
 // and the output (the sent activation or the loss).
 struct InFlight {
   int64_t m = 0;
-  at::Tensor input, output;
+  TensorMap input;
+  StageResult output;
 };
 
 double now_us() {
@@ -67,49 +69,39 @@ class Runner {
   Runner(StageExchange& ex, const StageStep& step, ScheduleTrace* trace = nullptr)
       : ex_(ex), step_(step), trace_(trace) {}
 
-  // Forward of the next micro-batch on `input` (from recv_forward); returns what to send on.
-  at::Tensor forward(const at::Tensor& received) {
+  // Forward of the next micro-batch on `received` (from recv_forward); returns what to send on.
+  TensorMap forward(const TensorMap& received) {
     InFlight f;
     f.m = next_forward_++;
-    if (received.defined()) f.input = received.detach().set_requires_grad(true);
+    f.input = received;
     {
       Timed t(trace_, 'F', f.m);
       f.output = step_.forward(f.m, f.input);
     }
-    LF_CHECK(f.output.defined(), "pipeline stage ", ex_.stage(), ": the forward step of micro-batch ",
-             f.m, " returned nothing");
     if (ex_.is_last()) {
-      LF_CHECK(f.output.numel() == 1, "pipeline stage ", ex_.stage(),
-               ": the last stage's forward step must return the scalar loss, got shape ",
-               f.output.sizes());
-      loss_sum_ += f.output.detach().to(at::kDouble).item<double>();
+      LF_CHECK(f.output.loss.defined() && f.output.loss.numel() == 1, "pipeline stage ", ex_.stage(),
+               ": the last stage's forward step must return the scalar loss, got ",
+               f.output.loss.defined() ? f.output.loss.sizes() : c10::IntArrayRef{});
+      loss_sum_ += f.output.loss.detach().to(at::kDouble).item<double>();
+    } else {
+      LF_CHECK(!f.output.activations.empty(), "pipeline stage ", ex_.stage(), ": the forward step of micro-batch ",
+               f.m, " returned no activations");
     }
-    in_flight_.push_back(f);
-    return ex_.is_last() ? at::Tensor() : f.output;
+    TensorMap out = ex_.is_last() ? TensorMap() : f.output.activations;
+    in_flight_.push_back(std::move(f));
+    return out;
   }
 
-  // Backward of the oldest micro-batch in flight with the gradient of its output (undefined on
-  // the last stage); returns the gradient of its input (undefined on the first stage).
-  at::Tensor backward(const at::Tensor& output_grad) {
+  // Backward of the oldest micro-batch in flight with the gradients of its outputs (empty on the
+  // last stage); returns the gradients of its inputs (empty on the first stage).
+  TensorMap backward(const TensorMap& output_grads) {
     LF_CHECK(!in_flight_.empty(), "pipeline stage ", ex_.stage(), ": backward without a forward");
     InFlight f = std::move(in_flight_.front());
     in_flight_.pop_front();
     if (step_.before_backward) step_.before_backward(f.m);
     Timed t(trace_, 'B', f.m);
-    if (ex_.is_last()) {
-      f.output.backward();
-    } else {
-      LF_CHECK(output_grad.defined() && output_grad.sizes() == f.output.sizes(), "pipeline stage ",
-               ex_.stage(), ": the gradient received for micro-batch ", f.m, " has shape ",
-               output_grad.defined() ? output_grad.sizes() : c10::IntArrayRef{},
-               ", its activation ", f.output.sizes());
-      f.output.backward(output_grad.to(f.output.scalar_type()));
-    }
-    if (ex_.is_first()) return {};
-    at::Tensor g = f.input.grad();
-    // An input that does not reach the output still sends a (zero) gradient: the previous stage
-    // waits for one.
-    return g.defined() ? g : at::zeros_like(f.input);
+    return stage_backward(f.output, output_grads, f.input, ex_.is_last(),
+                          "pipeline stage " + std::to_string(ex_.stage()) + ", micro-batch " + std::to_string(f.m));
   }
 
   double loss_sum() const { return loss_sum_; }
@@ -163,13 +155,41 @@ void ScheduleTrace::write_chrome_trace(const std::string& path, int stage) const
   LF_CHECK(out.good(), "writing the pipeline trace ", path, " failed");
 }
 
+TensorMap stage_backward(const StageResult& output, const TensorMap& output_grads, const TensorMap& input,
+                         bool last, const std::string& where) {
+  std::vector<at::Tensor> roots, grads;
+  if (last) {
+    roots.push_back(output.loss);
+    grads.push_back(at::ones_like(output.loss));
+  } else {
+    for (const auto& [name, t] : output.activations.items()) {
+      if (!t.requires_grad()) continue;
+      const at::Tensor* g = output_grads.find(name);
+      LF_CHECK(g && g->sizes() == t.sizes(), where, ": the gradient received for '", name, "' has shape ",
+               g ? g->sizes() : c10::IntArrayRef{}, ", its activation ", t.sizes(), " (received: ",
+               output_grads.describe(), ")");
+      roots.push_back(t);
+      grads.push_back(g->to(t.scalar_type()));
+    }
+  }
+  if (!roots.empty()) torch::autograd::backward(roots, grads);
+  TensorMap input_grads;
+  for (const auto& [name, t] : input.items()) {
+    if (!t.requires_grad()) continue;
+    at::Tensor g = t.grad();
+    // An input that does not reach the output still sends a (zero) gradient.
+    input_grads.set(name, g.defined() ? g : at::zeros_like(t));
+  }
+  return input_grads;
+}
+
 double run_without_pipelining(StageExchange& ex, int64_t micro_batches, const StageStep& step,
                               ScheduleTrace* trace) {
   check_args(ex, micro_batches, step);
   TracedStep span(ex, trace);
   Runner r(ex, step, trace);
-  for (int64_t m = 0; m < micro_batches; ++m) ex.send_forward(r.forward(ex.recv_forward()));
-  for (int64_t m = 0; m < micro_batches; ++m) ex.send_backward(r.backward(ex.recv_backward()));
+  for (int64_t m = 0; m < micro_batches; ++m) ex.send_forward(r.forward(ex.recv_forward_map()));
+  for (int64_t m = 0; m < micro_batches; ++m) ex.send_backward(r.backward(ex.recv_backward_map()));
   ex.flush();
   span.finish();
   return r.loss_sum();
@@ -181,19 +201,18 @@ double run_1f1b(StageExchange& ex, int64_t micro_batches, const StageStep& step,
   Runner r(ex, step, trace);
   const int64_t warmup = warmup_forwards(ex.stage(), ex.num_stages(), micro_batches);
   const int64_t steady = micro_batches - warmup;
-  for (int64_t i = 0; i < warmup; ++i) ex.send_forward(r.forward(ex.recv_forward()));
-  at::Tensor input = steady > 0 ? ex.recv_forward() : at::Tensor();
+  for (int64_t i = 0; i < warmup; ++i) ex.send_forward(r.forward(ex.recv_forward_map()));
+  TensorMap input = steady > 0 ? ex.recv_forward_map() : TensorMap();
   for (int64_t i = 0; i < steady; ++i) {
-    // One forward, then the backward of the oldest micro-batch in flight.
-    at::Tensor output_grad = ex.send_forward_recv_backward(r.forward(input));
-    at::Tensor input_grad = r.backward(output_grad);
-    if (i == steady - 1) {
-      ex.send_backward(input_grad);
-    } else {
-      input = ex.send_backward_recv_forward(input_grad);
-    }
+    // One forward, then the backward of the oldest micro-batch in flight. Each send is started
+    // (asynchronously) before the blocking receive, so neighbours exchanging in opposite
+    // directions never wait on each other.
+    ex.send_forward(r.forward(input));
+    TensorMap input_grad = r.backward(ex.recv_backward_map());
+    ex.send_backward(input_grad);
+    if (i != steady - 1) input = ex.recv_forward_map();
   }
-  for (int64_t i = 0; i < warmup; ++i) ex.send_backward(r.backward(ex.recv_backward()));
+  for (int64_t i = 0; i < warmup; ++i) ex.send_backward(r.backward(ex.recv_backward_map()));
   ex.flush();
   span.finish();
   LF_DCHECK(r.idle(), "1F1B left micro-batches in flight");
@@ -246,20 +265,19 @@ double run_interleaved_1f1b(StageExchange& ex, int chunks, int64_t micro_batches
     if (op.kind == 'F') {
       InFlight f;
       f.m = op.micro_batch;
-      if (vs > 0) f.input = ex.recv_forward_ring(id(vs - 1, f.m)).set_requires_grad(true);
+      if (vs > 0) f.input = ex.recv_forward_map(id(vs - 1, f.m), /*ring=*/true);
       {
         Timed t(trace, 'F', f.m, op.chunk);
         f.output = step.forward(op.chunk, f.m, f.input);
       }
-      LF_CHECK(f.output.defined(), "pipeline stage ", ex.stage(), ": the forward step of chunk ", op.chunk,
-               ", micro-batch ", f.m, " returned nothing");
       if (vs == last_vs) {
-        LF_CHECK(f.output.numel() == 1, "pipeline stage ", ex.stage(),
-                 ": the last virtual stage's forward step must return the scalar loss, got shape ",
-                 f.output.sizes());
-        loss_sum += f.output.detach().to(at::kDouble).item<double>();
+        LF_CHECK(f.output.loss.defined() && f.output.loss.numel() == 1, "pipeline stage ", ex.stage(),
+                 ": the last virtual stage's forward step must return the scalar loss");
+        loss_sum += f.output.loss.detach().to(at::kDouble).item<double>();
       } else {
-        ex.send_forward_ring(f.output, id(vs, f.m));
+        LF_CHECK(!f.output.activations.empty(), "pipeline stage ", ex.stage(), ": the forward step of chunk ",
+                 op.chunk, ", micro-batch ", f.m, " returned no activations");
+        ex.send_forward(f.output.activations, id(vs, f.m), /*ring=*/true);
       }
       in_flight[static_cast<size_t>(op.chunk)].push_back(std::move(f));
       continue;
@@ -269,24 +287,17 @@ double run_interleaved_1f1b(StageExchange& ex, int chunks, int64_t micro_batches
              ": backward of chunk ", op.chunk, ", micro-batch ", op.micro_batch, " without its forward");
     InFlight f = std::move(queue.front());
     queue.pop_front();
-    at::Tensor output_grad;
-    if (vs != last_vs) output_grad = ex.recv_backward_ring(id(vs, f.m));
+    TensorMap output_grads;
+    if (vs != last_vs) output_grads = ex.recv_backward_map(id(vs, f.m), /*ring=*/true);
     if (step.before_backward) step.before_backward(op.chunk, f.m, --backwards_left == 0);
+    TensorMap input_grads;
     {
       Timed t(trace, 'B', f.m, op.chunk);
-      if (vs == last_vs) {
-        f.output.backward();
-      } else {
-        LF_CHECK(output_grad.sizes() == f.output.sizes(), "pipeline stage ", ex.stage(),
-                 ": the gradient received for chunk ", op.chunk, ", micro-batch ", f.m, " has shape ",
-                 output_grad.sizes(), ", its activation ", f.output.sizes());
-        f.output.backward(output_grad.to(f.output.scalar_type()));
-      }
+      input_grads = stage_backward(f.output, output_grads, f.input, vs == last_vs,
+                                   "pipeline stage " + std::to_string(ex.stage()) + ", chunk " +
+                                       std::to_string(op.chunk) + ", micro-batch " + std::to_string(f.m));
     }
-    if (vs > 0) {
-      at::Tensor g = f.input.grad();
-      ex.send_backward_ring(g.defined() ? g : at::zeros_like(f.input), id(vs - 1, f.m));
-    }
+    if (vs > 0) ex.send_backward(input_grads, id(vs - 1, f.m), /*ring=*/true);
   }
   ex.flush();
   span.finish();

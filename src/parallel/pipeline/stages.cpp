@@ -157,4 +157,35 @@ std::vector<std::vector<LayerRange>> split_by_layout(const std::string& layout, 
   return out;
 }
 
+std::string PipelineStage::describe() const {
+  std::string out = "layers ";
+  for (size_t k = 0; k < chunks.size(); ++k)
+    out += (k ? " + [" : "[") + std::to_string(chunks[k].begin) + ", " + std::to_string(chunks[k].end) + ")";
+  return out;
+}
+
+PipelineStage pipeline_stage(int64_t num_layers, int pp, int pp_rank, const StageSplit& split) {
+  LF_CHECK(pp_rank >= 0 && pp_rank < pp, "pipeline rank ", pp_rank, " is outside [0, ", pp, ")");
+  PipelineStage stage;
+  stage.first = pp_rank == 0;
+  stage.last = pp_rank == pp - 1;
+  const auto r = static_cast<size_t>(pp_rank);
+  if (split.layout) {
+    LF_CHECK(!split.first_stage_layers && !split.last_stage_layers && !split.layers_per_virtual_stage,
+             "parallel.pipeline_model_parallel_layout cannot be combined with "
+             "parallel.decoder_first/last_pipeline_num_layers or num_layers_per_virtual_pipeline_stage",
+             lf::hint("the layout string says everything: drop the other split flags"));
+    stage.chunks = split_by_layout(*split.layout, num_layers, pp)[r];
+  } else if (split.layers_per_virtual_stage) {
+    LF_CHECK(!split.first_stage_layers && !split.last_stage_layers,
+             "parallel.num_layers_per_virtual_pipeline_stage cannot be combined with "
+             "parallel.decoder_first_pipeline_num_layers / decoder_last_pipeline_num_layers",
+             lf::hint("use either virtual stages (interleaved schedule) or an uneven split"));
+    stage.chunks = split_virtual_layers(num_layers, pp, *split.layers_per_virtual_stage)[r];
+  } else {
+    stage.chunks = {split_layers(num_layers, pp, split.first_stage_layers, split.last_stage_layers)[r]};
+  }
+  return stage;
+}
+
 }  // namespace lf::parallel::pipeline

@@ -147,7 +147,24 @@ struct ReduceScatterToSp : torch::autograd::Function<ReduceScatterToSp> {
     return {comm::all_gather(dy[0], saved_comm(ctx), 0), at::Tensor()};
   }
 };
+// Duality: all-gather of the shares along dim 0 <-> each rank's slice of the gradient. The
+// consumers of the gathered tensor are replicated over the group (a heterogeneous encoder's
+// outputs feeding a foundation whose ranks all compute the same loss), so every rank's gradient is
+// already the whole gradient: the adjoint keeps this rank's rows, with no sum.
+struct GatherFromShares : torch::autograd::Function<GatherFromShares> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, Communicator* c) {
+    save_comm(ctx, c);
+    return comm::all_gather(x, *c, 0);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list dy) {
+    return {comm::split(dy[0], saved_comm(ctx), 0), at::Tensor()};
+  }
+};
 }  // namespace
+
+at::Tensor gather_from_shares(const at::Tensor& x, Communicator& group) {
+  return group.size() == 1 ? x : GatherFromShares::apply(x, &group);
+}
 
 at::Tensor copy_to_tp(const at::Tensor& x, Communicator& tp) {
   return tp.size() == 1 ? x : CopyToTp::apply(x, &tp);

@@ -161,7 +161,7 @@ struct OptimizerConfig {
     v("lr_warmup_init", lr_warmup_init, "Learning rate at the start of warmup", Min{0});
     v("lr_wsd_decay_iters", lr_wsd_decay_iters, "Iterations of the final decay of WSD", Min{1});
     v("lr_wsd_decay_style", lr_wsd_decay_style, "Shape of WSD's final decay",
-      OneOf{{"exponential", "linear", "cosine"}});
+      OneOf{{"exponential", "linear", "cosine", "minus_sqrt"}});
     v("weight_decay", weight_decay, "Weight decay coefficient", Min{0});
     v("adam_beta1", adam_beta1, "Adam beta1", Min{0}, Max{1});
     v("adam_beta2", adam_beta2, "Adam beta2", Min{0}, Max{1});

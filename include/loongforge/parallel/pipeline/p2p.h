@@ -1,7 +1,10 @@
 // Point-to-point exchange between adjacent pipeline stages over the pipeline group: activations
 // go forward (stage k -> k+1), their gradients backward (k+1 -> k). Every message is a small
 // shape header (dtype, rank, dims) followed by the data, so shapes are agreed at run time
-// (variable sequence lengths work). Not a schedule (pipeline/schedules.h decides the order).
+// (variable sequence lengths work). What a micro-batch passes on is a named set of tensors
+// (TensorMap: hidden states, and whatever else a model carries between stages, e.g. a VLM's
+// visual taps), sent after a manifest that names the entries and says which carry gradients.
+// Not a schedule (pipeline/schedules.h decides the order).
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -10,6 +13,7 @@
 #include <vector>
 
 #include "loongforge/backend/communicator.h"
+#include "loongforge/data/batch.h"
 
 namespace lf::parallel::pipeline {
 
@@ -42,6 +46,17 @@ class StageExchange {
   at::Tensor recv_forward_ring(int64_t id);
   void send_backward_ring(const at::Tensor& grad, int64_t id);
   at::Tensor recv_backward_ring(int64_t id);
+  // Named sets, in the same directions and with the same ring ids (id -1: unchecked). A received
+  // entry that required grad on the sender arrives as a leaf that requires grad; gradients go
+  // back as a map of those entries only (same names). At most kMaxEntries entries and
+  // kMaxNameBytes bytes of names.
+  void send_forward(const lf::data::TensorMap& activations, int64_t id = -1, bool ring = false);
+  lf::data::TensorMap recv_forward_map(int64_t id = -1, bool ring = false);
+  void send_backward(const lf::data::TensorMap& grads, int64_t id = -1, bool ring = false);
+  lf::data::TensorMap recv_backward_map(int64_t id = -1, bool ring = false);
+  static constexpr int kMaxEntries = 16;
+  static constexpr int kMaxNameBytes = 256;
+
   // Waits for every send started so far (rethrows its failure naming stage and peer).
   void flush();
   // Every stage of the group waits for the others (aligned step timing for traces).
@@ -59,6 +74,10 @@ class StageExchange {
   };
   void send(const at::Tensor& t, int peer, int tag, const char* what, int64_t id = -1);
   at::Tensor recv(int peer, int tag, const char* what, int64_t id = -1);
+  void send_map(const lf::data::TensorMap& m, int peer, int tag, const char* what, int64_t id);
+  lf::data::TensorMap recv_map(int peer, int tag, const char* what, int64_t id);
+  int next_peer(bool ring) const;  // -1: none (the last stage without the ring)
+  int prev_peer(bool ring) const;
   void wait(Pending& p);
 
   lf::backend::Communicator& pp_;

@@ -17,12 +17,20 @@
 
 namespace lf::parallel::pipeline {
 
+using lf::data::TensorMap;
+
+// What one forward of a stage produced.
+struct StageResult {
+  TensorMap activations;  // for the next stage (every stage but the last)
+  at::Tensor loss;        // the last stage: the scalar to backpropagate (already scaled)
+};
+
 // One stage's model step for one micro-batch, as the schedules see it.
 struct StageStep {
-  // input: the previous stage's activation for micro-batch m, a leaf that requires grad
-  // (undefined on the first stage, which reads its own data). Returns the activation for the next
-  // stage, or on the last stage the scalar loss to backpropagate (already scaled).
-  std::function<at::Tensor(int64_t m, const at::Tensor& input)> forward;
+  // input: the previous stage's activations for micro-batch m (empty on the first stage, which
+  // reads its own data); entries that carry gradients are leaves that require grad. Returns the
+  // activations for the next stage, or on the last stage the scaled loss.
+  std::function<StageResult(int64_t m, const TensorMap& input)> forward;
   // Called right before micro-batch m's backward (e.g. GradBuffer::begin_micro_batch). Backwards
   // run in micro-batch order 0, 1, ... on every stage, in both schedules.
   std::function<void(int64_t m)> before_backward;
@@ -30,13 +38,19 @@ struct StageStep {
 
 // The interleaved schedule's step: rank r's model chunk c is virtual stage c * pp + r.
 struct VirtualStageStep {
-  // As StageStep::forward for model chunk `chunk`. input is undefined only for chunk 0 on the
-  // first stage; the last stage's last chunk returns the scaled loss.
-  std::function<at::Tensor(int chunk, int64_t m, const at::Tensor& input)> forward;
+  // As StageStep::forward for model chunk `chunk`. input is empty only for chunk 0 on the first
+  // stage; the last stage's last chunk returns the scaled loss.
+  std::function<StageResult(int chunk, int64_t m, const TensorMap& input)> forward;
   // Before each backward; `final`: the last backward of the step on this rank (chunk 0 of the
   // last micro-batch), after which every gradient of this rank is complete.
   std::function<void(int chunk, int64_t m, bool final)> before_backward;
 };
+
+// Backpropagates one stage's forward: the output entries that require grad with `output_grads`
+// (by name; the last stage: the loss alone), then returns the gradients of the input entries
+// that require grad (zeros where none reached them: the previous stage waits for each).
+TensorMap stage_backward(const StageResult& output, const TensorMap& output_grads, const TensorMap& input,
+                         bool last, const std::string& where);
 
 // One compute call of a schedule on one stage.
 struct ScheduledOp {

@@ -40,4 +40,28 @@ std::vector<std::vector<LayerRange>> split_virtual_layers(int64_t num_layers, in
 // layout and what is wrong (layer count, stage count, symbols).
 std::vector<std::vector<LayerRange>> split_by_layout(const std::string& layout, int64_t num_layers, int pp);
 
+// The part of a layered model one pipeline rank holds: one or more model chunks, each a contiguous
+// range of layers (global indices); several under the interleaved schedule (virtual stages, in
+// virtual-stage order). What comes before the layers (embeddings, encoders) lives on the first
+// stage, what comes after (final norm, heads, losses) on the last.
+struct PipelineStage {
+  std::vector<LayerRange> chunks;  // empty: the whole model, one chunk
+  bool first = true, last = true;
+  int64_t num_chunks() const { return chunks.empty() ? 1 : static_cast<int64_t>(chunks.size()); }
+  // "layers [a, b)" or "layers [a, b) + [c, d)" (virtual stages): for messages.
+  std::string describe() const;
+};
+
+// How the layers are split: evenly, with uneven first/last stage sizes, into virtual stages
+// (interleaved schedule) or by a layout string; at most one of the three ways.
+struct StageSplit {
+  std::optional<int64_t> first_stage_layers, last_stage_layers;  // --decoder-first/last-pipeline-num-layers
+  std::optional<int64_t> layers_per_virtual_stage;               // --num-layers-per-virtual-pipeline-stage
+  std::optional<std::string> layout;                             // --pipeline-model-parallel-layout
+};
+
+// Rank pp_rank of pp: its layers by split_layers, split_virtual_layers or split_by_layout. Errors
+// name the values and the flags.
+PipelineStage pipeline_stage(int64_t num_layers, int pp, int pp_rank, const StageSplit& split = {});
+
 }  // namespace lf::parallel::pipeline

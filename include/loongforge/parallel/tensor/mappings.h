@@ -30,6 +30,12 @@ at::Tensor gather_from_sequence_parallel(const at::Tensor& x, Communicator& tp);
 // x: [s, ...] partial sums -> [s / tp, ...] summed: fwd reduce-scatter dim 0, bwd all-gather.
 at::Tensor reduce_scatter_to_sequence_parallel(const at::Tensor& x, Communicator& tp);
 
+// Between components of different layouts (heterogeneous parallelism): each rank of `group`
+// computed its share of a batch's rows; every rank needs all of them and computes the same
+// loss from them. x: [n / g, ...] -> [n, ...]: fwd all-gather dim 0, bwd this rank's slice of
+// the gradient (replicated consumers: no sum).
+at::Tensor gather_from_shares(const at::Tensor& x, Communicator& group);
+
 // Plain (non-autograd) helpers the mappings are made of; tensors need not be contiguous.
 namespace comm {
 at::Tensor all_reduce(const at::Tensor& x, Communicator& tp);

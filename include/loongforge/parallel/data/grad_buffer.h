@@ -1,5 +1,7 @@
 // GradBuffer: the data-parallel gradient machinery of Megatron's DistributedDataParallel and
-// ParamAndGradBuffer. One contiguous fp32 main-gradient buffer for all parameters (laid out in
+// ParamAndGradBuffer for one parameter group (a model has one per component whose gradients are
+// reduced over a different data-parallel group: the dense model, a heterogeneous encoder, later
+// the experts). One contiguous fp32 main-gradient buffer for the group's parameters (laid out in
 // reverse registration order, so the first bucket holds the gradients that backward produces
 // first), split into buckets. Post-accumulate-grad hooks add each parameter's gradient into its
 // slot and drop the parameter's own .grad; on the last micro-batch a bucket whose parameters have
@@ -16,9 +18,9 @@
 #include <vector>
 
 #include "loongforge/backend/communicator.h"
-#include "loongforge/models/decoder.h"
+#include "loongforge/parallel/sharding.h"
 
-namespace lf::train {
+namespace lf::parallel {
 
 struct GradBufferOptions {
   // Elements per bucket (a bucket closes once it holds at least this many; <= 0: one bucket).
@@ -29,6 +31,10 @@ struct GradBufferOptions {
   // ZeRO-1: reduce-scatter each bucket (padded to a multiple of dp) so that every DP rank holds
   // the reduced gradient of its contiguous shard only.
   bool distributed_optimizer = false;
+  // true: reduced_grad holds the DP average (each bucket divided by dp before its sum-reduction,
+  // Megatron's gradient_scaling_factor); false: the sum, for losses already normalised over the
+  // whole global batch (the trainer's per-token / per-sample normalisers).
+  bool average = true;
 };
 
 // Where each parameter's gradient lives in the flat buffer.
@@ -64,7 +70,7 @@ class GradBuffer {
  public:
   // dp: the data-parallel group (null or size 1: no reduction). tp: the tensor-parallel group,
   // over which sequence_parallel parameters' gradients are summed (null or size 1: none).
-  GradBuffer(std::vector<lf::models::NamedParameter> params, lf::backend::Communicator* dp,
+  GradBuffer(std::vector<Parameter> params, lf::backend::Communicator* dp,
              lf::backend::Communicator* tp, GradBufferOptions options);
   ~GradBuffer();  // removes the hooks
   GradBuffer(const GradBuffer&) = delete;
@@ -74,14 +80,14 @@ class GradBuffer {
   // only on the last micro-batch do complete buckets start their reduction.
   void begin_micro_batch(bool is_last);
   // Launches the buckets not launched yet (in bucket order), waits for all, then sums the
-  // sequence-parallel gradients over TP. Afterwards reduced_grad(b) holds the DP average.
-  // Averaging: each bucket is divided by dp *before* its sum-reduction (Megatron's
+  // sequence-parallel gradients over TP. Afterwards reduced_grad(b) holds the DP average (or sum:
+  // options.average). Averaging divides each bucket by dp *before* its sum-reduction (Megatron's
   // gradient_scaling_factor), so the collective is a plain sum on every engine.
   void finish_grad_sync();
   // Zeroes the main gradients and the bucket state for the next step.
   void zero_grad();
 
-  const std::vector<lf::models::NamedParameter>& parameters() const { return params_; }
+  const std::vector<Parameter>& parameters() const { return params_; }
   const std::vector<GradSlot>& slots() const { return slots_; }
   const std::vector<GradBucket>& buckets() const { return buckets_; }
   const GradBufferOptions& options() const { return options_; }
@@ -108,7 +114,7 @@ class GradBuffer {
   void launch(int b);
   void launch_ready_in_order();
 
-  std::vector<lf::models::NamedParameter> params_;
+  std::vector<Parameter> params_;
   lf::backend::Communicator* dp_;
   lf::backend::Communicator* tp_;
   GradBufferOptions options_;
@@ -127,4 +133,4 @@ class GradBuffer {
   std::mutex mutex_;  // hooks may run on an autograd device thread
 };
 
-}  // namespace lf::train
+}  // namespace lf::parallel

@@ -1,4 +1,4 @@
-#include "loongforge/models/decoder_config.h"
+#include "loongforge/models/foundations/decoder_config.h"
 
 namespace lf::models {
 
@@ -62,6 +62,12 @@ void DecoderConfig::validate(const lf::config::Node& tree, const std::string& pr
                "rope_scaling_high_freq_factor " + std::to_string(rope_scaling_high_freq_factor) +
                    " must exceed rope_scaling_low_freq_factor " + std::to_string(rope_scaling_low_freq_factor),
                "Llama 3.1 uses low 1.0, high 4.0");
+  if (group_query_attention && num_query_groups == 0)
+    errors.add(key("num_query_groups"), origin("group_query_attention"),
+               "group_query_attention is set but num_query_groups is not: the number of key/value heads is "
+               "unknown",
+               "set --num-query-groups N (model.foundation.num_query_groups); Megatron's default of 1 would "
+               "silently make this multi-query attention");
   if (num_attention_heads > 0 && head_dim() % 2 != 0)
     errors.add(key("kv_channels"), origin("kv_channels"),
                "RoPE needs an even head dimension, got " + std::to_string(head_dim()));

@@ -8,9 +8,9 @@
 
 #include <vector>
 
-#include "loongforge/train/grad_buffer.h"
+#include "loongforge/parallel/data/grad_buffer.h"
 
-namespace lf::train {
+namespace lf::parallel {
 
 class MasterParams {
  public:
@@ -37,4 +37,4 @@ class MasterParams {
   std::vector<at::Tensor> gathered_;  // ZeRO-1: per bucket [numel] in the parameter dtype
 };
 
-}  // namespace lf::train
+}  // namespace lf::parallel

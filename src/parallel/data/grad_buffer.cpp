@@ -1,4 +1,4 @@
-#include "loongforge/train/grad_buffer.h"
+#include "loongforge/parallel/data/grad_buffer.h"
 
 #include <ATen/Functions.h>
 #include <ATen/core/grad_mode.h>
@@ -10,7 +10,7 @@
 
 #include "loongforge/core/error.h"
 
-namespace lf::train {
+namespace lf::parallel {
 namespace {
 
 // Runs after AccumulateGrad has stored the parameter's gradient in .grad: moves it into the
@@ -28,7 +28,7 @@ bool active(const lf::backend::Communicator* c) { return c && c->size() > 1; }
 
 }  // namespace
 
-GradBuffer::GradBuffer(std::vector<lf::models::NamedParameter> params,
+GradBuffer::GradBuffer(std::vector<Parameter> params,
                        lf::backend::Communicator* dp, lf::backend::Communicator* tp,
                        GradBufferOptions options)
     : params_(std::move(params)), dp_(dp), tp_(tp), options_(options) {
@@ -164,7 +164,7 @@ void GradBuffer::launch(int b) {
   if (!active(dp_)) return;
   at::NoGradGuard no_grad;
   at::Tensor view = buffer_.narrow(0, bucket.offset, bucket.numel);
-  view.div_(static_cast<double>(dp_->size()));
+  if (options_.average) view.div_(static_cast<double>(dp_->size()));
   if (options_.distributed_optimizer)
     work_[static_cast<size_t>(b)] = dp_->reduce_scatter(reduced_[static_cast<size_t>(b)], view,
                                                         lf::backend::ReduceOp::sum, true);
@@ -217,4 +217,4 @@ void GradBuffer::zero_grad() {
   hooks_fired_ = 0;
 }
 
-}  // namespace lf::train
+}  // namespace lf::parallel

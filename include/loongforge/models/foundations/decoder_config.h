@@ -1,6 +1,6 @@
 // The decoder-only transformer family's hyper-parameters (LLaMA / Qwen / Mistral style), with
 // Megatron's field names, as one field list that drives YAML loading, --dry-run printing and
-// validation. Not the model (models/decoder.h).
+// validation. Not the model (models/foundations/decoder.h).
 #pragma once
 
 #include <cstdint>

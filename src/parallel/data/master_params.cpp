@@ -1,11 +1,11 @@
-#include "loongforge/train/master_params.h"
+#include "loongforge/parallel/data/master_params.h"
 
 #include <ATen/Functions.h>
 #include <ATen/core/grad_mode.h>
 
 #include "loongforge/core/error.h"
 
-namespace lf::train {
+namespace lf::parallel {
 namespace {
 bool gathers(const GradBuffer& g) { return g.options().distributed_optimizer && g.dp_size() > 1; }
 }  // namespace
@@ -72,4 +72,4 @@ int64_t MasterParams::bytes() const {
   return n;
 }
 
-}  // namespace lf::train
+}  // namespace lf::parallel

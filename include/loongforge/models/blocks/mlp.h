@@ -1,0 +1,40 @@
+// The transformer MLP: column-parallel fc1 ([gate; up] for SwiGLU, each half split over TP on its
+// own), the activation (SwiGLU, or GELU in erf form), row-parallel fc2; optional biases. Written
+// for one device, parallel through parallel/tensor. Not the MoE layer.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <string>
+
+#include "loongforge/backend/device_backend.h"
+#include "loongforge/models/blocks/param_builder.h"
+
+namespace lf::models {
+
+struct MlpConfig {
+  int64_t hidden_size = 0;      // input width (and output width unless output_size is set)
+  int64_t ffn_hidden_size = 0;  // f
+  bool swiglu = true;           // false: GELU
+  bool bias = false;            // biases in fc1 and fc2
+  double init_std = 0.02, out_std = 0.02;
+  int64_t output_size = 0;      // 0: hidden_size (an encoder may project to another width)
+};
+
+class Mlp {
+ public:
+  Mlp() = default;
+  // Registers prefix.linear_fc1.weight [2 f, h] (swiglu) or [f, h] (+ .bias), then
+  // prefix.linear_fc2.weight [out, f] (+ .bias [out], replicated, added after the reduction).
+  Mlp(ParamBuilder& b, const std::string& prefix, const MlpConfig& c);
+  // x: [s(/tp), b, h] -> [s(/tp), b, out]. selective_recompute: the activation is recomputed in
+  // backward instead of kept.
+  at::Tensor forward(const lf::backend::DeviceBackend& be, const lf::parallel::TensorParallel& tp, const at::Tensor& x,
+                     bool selective_recompute = false) const;
+
+ private:
+  MlpConfig c_;
+  at::Tensor fc1_, fc1_bias_, fc2_, fc2_bias_;
+};
+
+}  // namespace lf::models

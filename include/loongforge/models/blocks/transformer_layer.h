@@ -1,0 +1,73 @@
+// A pre-norm transformer layer (norm -> attention -> dropout -> residual, norm -> MLP -> dropout
+// -> residual) and the loop over a range of layers with Megatron's activation recomputation
+// (full: uniform groups or the first N layers; selective: core attention and the MLP
+// activation). Shared by every foundation built of these layers. Not the embeddings or heads.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <string>
+#include <vector>
+
+#include "loongforge/backend/device_backend.h"
+#include "loongforge/models/blocks/attention.h"
+#include "loongforge/models/blocks/mlp.h"
+#include "loongforge/models/blocks/norms.h"
+#include "loongforge/parallel/tensor/random.h"
+
+namespace lf::models {
+
+// Activation recomputation (Megatron's --recompute-*). full: a layer keeps only its input and
+// recomputes everything in backward; method uniform groups num_layers consecutive layers per
+// checkpoint, block checkpoints the first num_layers layers only. selective: recompute the parts
+// whose activations are large and cheap to redo: RoPE + core attention and the MLP activation.
+struct RecomputeOptions {
+  enum class Granularity { none, full, selective };
+  enum class Method { uniform, block };
+  Granularity granularity = Granularity::none;
+  Method method = Method::uniform;
+  int64_t num_layers = 1;
+};
+
+struct TransformerLayerConfig {
+  NormSpec norm;
+  AttentionConfig attention;
+  MlpConfig mlp;
+  double hidden_dropout = 0.0;
+};
+
+// What the layers of one forward share besides the attention inputs.
+struct LayerContext {
+  const lf::backend::DeviceBackend* backend = nullptr;
+  const lf::parallel::TensorParallel* tp = nullptr;
+  lf::parallel::RngTracker* rng = nullptr;  // dropout streams
+  bool training = true;
+  RecomputeOptions recompute;
+};
+
+class TransformerLayer {
+ public:
+  TransformerLayer() = default;
+  // Registers prefix.input_layernorm, prefix.self_attention.*, prefix.pre_mlp_layernorm,
+  // prefix.mlp.* in this order.
+  TransformerLayer(ParamBuilder& b, const std::string& prefix, const TransformerLayerConfig& c);
+  // x: [s(/tp), b, h] -> [s(/tp), b, h]; `layer`: the index into the attention cache/chunk slots.
+  at::Tensor forward(const at::Tensor& x, const AttentionInputs& in, const LayerContext& lc, size_t layer) const;
+
+ private:
+  TransformerLayerConfig c_;
+  Norm input_norm_, pre_mlp_norm_;
+  SelfAttention attention_;
+  Mlp mlp_;
+};
+
+// Hidden dropout with the stream the activation's layout calls for: replicated activations draw
+// the same mask on every TP rank, sequence-parallel chunks different ones.
+at::Tensor hidden_dropout(const at::Tensor& x, double p, const LayerContext& lc);
+
+// layers[lo, hi) over x with the recomputation policy of lc (full recomputation only without a
+// cache or ChunkPipe; `lo` is where the policy's counting starts: a model chunk's first layer).
+at::Tensor run_layers(const std::vector<TransformerLayer>& layers, size_t lo, size_t hi, at::Tensor x,
+                      const AttentionInputs& in, const LayerContext& lc);
+
+}  // namespace lf::models

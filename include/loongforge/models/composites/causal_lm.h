@@ -1,0 +1,138 @@
+// The `causal_lm` composite: a decoder foundation (foundations/decoder.h) plus the LM head
+// (heads/lm_head.h), as a Model the trainer drives (next-token loss over `labels`, counted where
+// `loss_mask` is 1; per-sample `position_ids` and `document_ids` for packed documents) and as the
+// object generation and HF conversion use (full logits, the KV cache, full parameters by name).
+// Swapping the backbone is the foundation's defaults line. Built by the registry
+// (models/registry.h) or directly.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "loongforge/models/foundations/decoder.h"
+#include "loongforge/models/heads/lm_head.h"
+#include "loongforge/models/model.h"
+
+namespace lf::models {
+
+class CausalLm : public Model {
+ public:
+  // Parameters are drawn from `seed` on the CPU in a fixed order, then moved to the backend's
+  // device, so the same seed gives the same model on every backend and layout: with a context of
+  // TP size tp, this rank keeps its shard of exactly the tensors the single-device model draws
+  // (padding rows aside, which are zero). `parallel` (may be null: single device) must outlive
+  // the model. sequence_parallel: activations between TP regions are split along the sequence.
+  CausalLm(const DecoderConfig& config, const lf::backend::DeviceBackend& backend, uint64_t seed,
+           at::ScalarType dtype, const lf::dist::ParallelContext* parallel = nullptr, bool sequence_parallel = false);
+  // One pipeline stage of that model: every rank still draws every tensor in the same order (so
+  // the PP model from seed S is the single-device model from seed S split by layers) and keeps
+  // its stage's. With tied embeddings the last stage (when not also first) holds a tied_copy of
+  // the embedding as its output layer. trainable false: frozen.
+  CausalLm(const DecoderConfig& config, const lf::backend::DeviceBackend& backend, uint64_t seed,
+           at::ScalarType dtype, const lf::dist::ParallelContext* parallel, bool sequence_parallel,
+           const PipelineStage& stage, bool trainable = true);
+
+  // --- Model ---
+  const std::string& type() const override;
+  std::vector<ParameterGroup> parameter_groups() const override;
+  int64_t num_model_chunks() const override { return foundation_.stage().num_chunks(); }
+  bool first_stage() const override { return foundation_.stage().first; }
+  bool last_stage() const override { return foundation_.stage().last; }
+  std::string describe_stage() const override { return foundation_.describe_stage(); }
+  std::map<std::string, double> loss_counts(const Batch& batch) const override;
+  StageOutput stage_forward(const Batch& batch, const TensorMap& input, int64_t chunk, Pass pass) override;
+  bool supports_chunkpipe() const override { return true; }
+  StageOutput chunk_forward(const Batch& chunk, const TensorMap& input, int64_t start, ChunkAttention& kv,
+                            bool with_head, Pass pass) override;
+  std::vector<std::string> eval_metrics() const override { return {"lm loss", "accuracy"}; }
+  std::vector<std::string> batch_fields() const override;
+  double flops_per_sample(int64_t seq_length) const override;
+  void set_training(bool training) override { foundation_.set_training(training); }
+  void set_recompute(const RecomputeOptions& r) override { foundation_.set_recompute(r); }
+  std::map<std::string, at::Tensor> rng_state() const override;
+  void set_rng_state(const std::map<std::string, at::Tensor>& state) override;
+
+  // --- whole-model and stage calls on token tensors (generation, conversion, tests) ---
+  // tokens: [b, s] int64 -> full-vocabulary logits [s, b, vocab_size] (under TP gathered over the
+  // group, so every TP rank returns the same tensor).
+  at::Tensor forward(const at::Tensor& tokens) const;
+  // Incremental decoding (no autograd graph is kept): tokens [b, n] at positions cache.length ..
+  // cache.length + n - 1 attend to the cached keys/values and their own causal prefix; appends
+  // theirs to the cache. Returns full-vocabulary logits [n, b, vocab_size]. Not with SP.
+  at::Tensor forward(const at::Tensor& tokens, KvCache& cache) const;
+  // tokens, labels: [b, s] -> per-token loss [s * b] fp32 (labels < 0: 0). Under TP the cross
+  // entropy is vocab-parallel and every TP rank returns the same values.
+  at::Tensor loss(const at::Tensor& tokens, const at::Tensor& labels) const;
+  // This stage's part. input: tokens [b, s] on the first stage, else the previous stage's hidden
+  // states [s(/tp with SP), b, h]. Returns hidden states unless last; on the last stage the
+  // per-token loss (labels given) or full logits (labels undefined). chunk: which of this rank's
+  // model chunks (interleaved schedule).
+  at::Tensor stage_forward(const at::Tensor& input, const at::Tensor& labels = {}, int64_t chunk = 0) const;
+  // ChunkPipe: stage_forward for the tokens at positions [start, start + c); with_head false on
+  // the last stage returns the hidden states (before the final norm).
+  at::Tensor stage_forward_chunk(const at::Tensor& input, const at::Tensor& labels, int64_t start,
+                                 ChunkAttention& kv, bool with_head = true) const;
+
+  const std::vector<Parameter>& parameters() const { return params_; }
+  // Copies full (unsharded, single-device layout) tensors into this rank's shards. Every
+  // parameter must be present with its full shape; vocabulary tables may also come with exactly
+  // vocab_size rows (the padding is zero-filled). Extra names are an error (a model mismatch);
+  // other pipeline stages' names are expected.
+  void load_full_parameters(const std::map<std::string, at::Tensor>& full);
+
+  const PipelineStage& stage() const { return foundation_.stage(); }
+  bool training() const { return foundation_.training(); }
+  const RecomputeOptions& recompute() const { return foundation_.recompute(); }
+  lf::parallel::RngTracker& rng() const { return foundation_.rng(); }
+  const DecoderConfig& config() const { return foundation_.config(); }
+  int tp_size() const { return foundation_.tp().size(); }
+  bool sequence_parallel() const { return foundation_.tp().sequence_parallel; }
+  const Decoder& foundation() const { return foundation_; }
+  const lf::dist::ParallelContext* context() const { return parallel_; }
+
+ protected:
+  // The first stage's input to the layers: [s(/tp), b, h] from the batch (tokens embedded; a
+  // multimodal composite splices its encoders' outputs in).
+  virtual at::Tensor embed_inputs(const Batch& batch) const;
+  // The last stage: final norm, head, loss or metrics.
+  StageOutput head_output(const at::Tensor& x, const Batch& batch, Pass pass) const;
+  DecoderInputs inputs_of(const Batch& batch, int64_t seq) const;
+  void check_whole_model(const char* what) const;
+
+  const lf::backend::DeviceBackend& backend_;
+  const lf::dist::ParallelContext* parallel_;
+  bool trainable_;
+
+ private:
+  CausalLm(const DecoderConfig& config, const lf::backend::DeviceBackend& backend, uint64_t seed,
+           const lf::dist::ParallelContext* parallel, const PipelineStage& stage, bool trainable, ParamBuilder b);
+  at::Tensor local_logits(const at::Tensor& tokens, KvCache* cache) const;
+
+  Decoder foundation_;
+  LmHead head_;
+  std::vector<Parameter> params_;
+};
+
+// A causal_lm `model:` section loaded through the registry: the foundation's fields and the
+// section with every default filled in. An lf::config::ConfigError names every problem (and a
+// section of another type).
+struct CausalLmConfig {
+  DecoderConfig foundation;
+  lf::config::Node resolved;
+};
+CausalLmConfig load_causal_lm(const lf::config::Node& model);
+
+// The parameter records of a causal LM of `config` at TP 1 (names, full shapes on the meta device,
+// shardings), built without drawing or allocating weights: what offline tools need to cut full
+// tensors for any layout (the HF converter's native checkpoints).
+std::vector<Parameter> causal_lm_parameter_specs(const DecoderConfig& config);
+std::map<std::string, lf::parallel::Sharding> causal_lm_shardings(const DecoderConfig& config);
+
+// The TP group of `parallel` (null or size 1: none) with sequence_parallel.
+lf::parallel::TensorParallel tensor_parallel_of(const lf::dist::ParallelContext* parallel, bool sequence_parallel);
+
+}  // namespace lf::models

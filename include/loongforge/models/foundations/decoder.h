@@ -1,0 +1,115 @@
+// The decoder-only transformer foundation (LLaMA-2/3, Qwen2/2.5, Qwen3, Mistral style): the
+// token embedding, the layers (blocks/transformer_layer.h: RMSNorm or LayerNorm, RoPE optionally
+// llama3-scaled, GQA attention with optional QKV bias and per-head QK RMSNorm, SwiGLU or GELU MLP,
+// optional biases, hidden dropout) and the final norm. The LM head (output layer, tied or not,
+// and the loss) is heads/lm_head.h; a composite (composites/causal_lm.h) puts them together.
+// Written once for one device; given a TP group it holds this rank's shards (parallel/tensor),
+// given a pipeline stage only its layers.
+//
+// Parameter layouts (the full, unsharded tensors; the HF converter depends on them):
+//   embedding.word_embeddings.weight   [v_pad, h]; rows >= vocab_size are padding (zero). TP: dim 0.
+//   decoder.layers.<i>.self_attention.linear_qkv.weight   [ng * (nq / ng + 2) * d, h], Megatron's
+//       per-group interleaved rows: for each query group g: its nq/ng query heads, then its key
+//       head, then its value head (d rows each). TP rank r owns groups [r ng/tp, (r+1) ng/tp): a
+//       contiguous slice along dim 0. .bias (add_qkv_bias or add_bias_linear): the same rows.
+//   ...self_attention.q_layernorm.weight, k_layernorm.weight  [d] (qk_layernorm), replicated.
+//   ...self_attention.linear_proj.weight  [h, nq * d], columns in query-head order. TP: dim 1.
+//       .bias [h] (add_bias_linear), replicated, added after the reduction.
+//   ...mlp.linear_fc1.weight   [2 f, h] = [gate; up] (swiglu) or [f, h] (GELU). TP: gate and up
+//       are split on their own, rank r holds [gate_r; up_r] (blocks = 2). .bias likewise.
+//   ...mlp.linear_fc2.weight   [h, f]. TP: dim 1. .bias [h], replicated.
+//   *layernorm.weight (+ .bias with LayerNorm)  [h], replicated.
+//   decoder.final_layernorm.weight (+ .bias)   [h], on the last stage.
+// Layer names keep their global index under pipeline parallelism.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "loongforge/backend/device_backend.h"
+#include "loongforge/models/blocks/embeddings.h"
+#include "loongforge/models/blocks/rope.h"
+#include "loongforge/models/blocks/transformer_layer.h"
+#include "loongforge/models/foundations/decoder_config.h"
+#include "loongforge/parallel/pipeline/stages.h"
+#include "loongforge/parallel/tensor/random.h"
+
+namespace lf::models {
+
+using PipelineStage = lf::parallel::pipeline::PipelineStage;
+
+// Rank pp_rank of pp for this model's layers (lf::parallel::pipeline::pipeline_stage).
+PipelineStage pipeline_stage(const DecoderConfig& config, int pp, int pp_rank,
+                             std::optional<int64_t> first_stage_layers = {},
+                             std::optional<int64_t> last_stage_layers = {},
+                             std::optional<int64_t> layers_per_virtual_stage = {},
+                             const std::optional<std::string>& layout = {});
+
+RopeSpec rope_spec(const DecoderConfig& c);
+
+// Per-forward inputs of the layers beyond the hidden states.
+struct DecoderInputs {
+  int64_t start = 0;          // position of the first token (KV cache, ChunkPipe)
+  int64_t seq = 0;            // the full sequence length of the hidden states (SP: before the split)
+  at::Tensor position_ids;    // [b, s] int64 per-sample positions (packed documents), or undefined
+  at::Tensor document_ids;    // [b, s] int64: attention stays within a document, or undefined
+  KvCache* cache = nullptr;
+  ChunkAttention* chunk = nullptr;
+};
+
+class Decoder {
+ public:
+  // Draws every tensor from `b`'s generator in a fixed order on every rank and keeps this stage's
+  // (b.tp(): the TP group). seed, tp_rank, pp_rank: the dropout streams (Megatron: --seed drives
+  // both init and dropout). The first stage's embedding table as drawn stays available through
+  // initial_embedding() until release_initial_embedding() (a tied LM head copies it).
+  Decoder(const DecoderConfig& config, const lf::backend::DeviceBackend& backend, ParamBuilder& b,
+          const PipelineStage& stage, uint64_t seed, int tp_rank, int pp_rank);
+
+  // tokens [b, s] -> [s(/tp), b, h] (embedding + its dropout). scatter false: the whole sequence
+  // even under sequence parallelism (scatter_sequence() afterwards).
+  at::Tensor embed(const at::Tensor& tokens, int64_t start, bool scatter = true) const;
+  // [s, b, h] -> this rank's sequence chunk under sequence parallelism (identity otherwise);
+  // differentiable (backward all-gathers).
+  at::Tensor scatter_sequence(const at::Tensor& x) const;
+  // Local layers [lo, hi) (default: all of this rank's): [s(/tp), b, h] -> [s(/tp), b, h].
+  at::Tensor run_layers(at::Tensor x, const DecoderInputs& in, size_t lo = 0, size_t hi = SIZE_MAX) const;
+  // Final norm (last stage): [s(/tp), b, h] -> [s(/tp), b, h].
+  at::Tensor final_norm(const at::Tensor& x) const;
+
+  // Local layer indices [begin, end) of model chunk c.
+  std::pair<size_t, size_t> chunk_layers(int64_t c) const;
+  size_t num_local_layers() const { return layers_.size(); }
+  const PipelineStage& stage() const { return stage_; }
+  std::string describe_stage() const { return stage_.describe(); }
+  const at::Tensor& embedding_weight() const { return embedding_.weight(); }
+  const at::Tensor& initial_embedding() const { return initial_embedding_; }
+  void release_initial_embedding() { initial_embedding_ = at::Tensor(); }
+
+  void set_training(bool training) { training_ = training; }
+  bool training() const { return training_; }
+  void set_recompute(const RecomputeOptions& r) { recompute_ = r; }
+  const RecomputeOptions& recompute() const { return recompute_; }
+  lf::parallel::RngTracker& rng() const { return rng_; }
+  const DecoderConfig& config() const { return config_; }
+  const lf::parallel::TensorParallel& tp() const { return tp_; }
+
+ private:
+  DecoderConfig config_;
+  const lf::backend::DeviceBackend& backend_;
+  lf::parallel::TensorParallel tp_;
+  PipelineStage stage_;
+  TokenEmbedding embedding_;
+  at::Tensor initial_embedding_;
+  std::vector<TransformerLayer> layers_;  // this rank's, chunk after chunk in global order
+  Norm final_norm_;
+  bool training_ = true;
+  RecomputeOptions recompute_;
+  mutable lf::parallel::RngTracker rng_;
+};
+
+}  // namespace lf::models

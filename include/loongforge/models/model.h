@@ -1,0 +1,109 @@
+// The model interface the trainer drives without knowing the family: parameters in groups (each
+// with the parallel context its gradients are reduced over), this rank's pipeline part, one
+// forward over a named batch returning named loss terms (their normalisers are counted from the
+// batch, so averaging over micro-batches, data-parallel ranks and pipeline stages is exact for
+// every loss) or named evaluation metrics, training mode, recomputation and the dropout streams.
+// Composites (models/composites/) implement it; the registry (models/registry.h) builds them
+// from YAML. See docs/design/model-layer.md.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "loongforge/data/batch.h"
+#include "loongforge/models/blocks/attention.h"
+#include "loongforge/models/blocks/transformer_layer.h"
+#include "loongforge/parallel/sharding.h"
+
+namespace lf::dist {
+class ParallelContext;
+}
+
+namespace lf::models {
+
+using lf::data::Batch;
+using lf::data::TensorMap;
+
+// Parameters whose gradients are reduced together: one component's (or several components' that
+// share a parallel context). The trainer gives each group its own gradient buffer.
+struct ParameterGroup {
+  std::string name;  // "model" (the foundation and its heads), "image_encoder", ...
+  std::vector<lf::parallel::Parameter> params;
+  // The group's layout: gradients are reduced over its data-parallel ranks (dp x cp), summed over
+  // its TP group for sequence-parallel parameters; checkpoints name files by its coordinates.
+  const lf::dist::ParallelContext* context = nullptr;
+  bool trainable = true;  // false: frozen (no gradients, no optimizer state; weights are saved)
+};
+
+// One loss term of one micro-batch: the sum over its units (tokens, samples); the trainer divides
+// by the term's unit count over the whole global batch (loss_counts) before backpropagating.
+struct LossTerm {
+  std::string name;  // "lm loss", "mse loss"
+  at::Tensor sum;    // scalar, differentiable
+};
+
+// An evaluation metric summed over a micro-batch with its count: the trainer reports sum / count
+// over every evaluated micro-batch of every data-parallel rank.
+struct Metric {
+  double sum = 0, count = 0;
+};
+using Metrics = std::map<std::string, Metric>;
+
+// What one stage forward produced.
+struct StageOutput {
+  TensorMap activations;         // to the next pipeline stage (every stage but the last)
+  std::vector<LossTerm> losses;  // the last stage, training
+  Metrics metrics;               // the last stage, evaluation
+};
+
+enum class Pass { train, eval };
+
+class Model {
+ public:
+  virtual ~Model() = default;
+  virtual const std::string& type() const = 0;  // the composite's registry name
+
+  virtual std::vector<ParameterGroup> parameter_groups() const = 0;
+
+  // Pipeline: this rank's model chunks (interleaved schedule: > 1) and its place.
+  virtual int64_t num_model_chunks() const { return 1; }
+  virtual bool first_stage() const { return true; }
+  virtual bool last_stage() const { return true; }
+  virtual std::string describe_stage() const { return "the whole model"; }
+
+  // Per loss term, the units of this micro-batch it is normalised by (the tokens that count, the
+  // samples): known from the batch alone, on every stage.
+  virtual std::map<std::string, double> loss_counts(const Batch& batch) const = 0;
+  // Model chunk `chunk` of this rank on one micro-batch. input: the previous stage's activations
+  // (empty on the first stage's chunk 0). train: losses on the last stage's last chunk;
+  // eval (no autograd): metrics there.
+  virtual StageOutput stage_forward(const Batch& batch, const TensorMap& input, int64_t chunk, Pass pass) = 0;
+  // The non-pipelined step: the whole model on one micro-batch.
+  StageOutput forward_step(const Batch& batch, Pass pass = Pass::train) { return stage_forward(batch, {}, 0, pass); }
+
+  // ChunkPipe: the chunk of a sequence at positions [start, start + c) (`chunk`: the batch's
+  // sequence fields cut to it) over the earlier chunks' keys/values in kv. with_head false on the
+  // last stage skips the head (a pass that only needs keys and values).
+  virtual bool supports_chunkpipe() const { return false; }
+  virtual StageOutput chunk_forward(const Batch& chunk, const TensorMap& input, int64_t start, ChunkAttention& kv,
+                                    bool with_head, Pass pass);
+
+  // The metrics stage_forward(.., Pass::eval) reports on the last stage (every stage knows them).
+  virtual std::vector<std::string> eval_metrics() const = 0;
+  // Batch fields the model reads, for messages ("tokens, labels, loss_mask").
+  virtual std::vector<std::string> batch_fields() const = 0;
+  // Training FLOPs (forward + backward) per sample of `seq_length` (TFLOP/s logging).
+  virtual double flops_per_sample(int64_t seq_length) const = 0;
+
+  virtual void set_training(bool training) = 0;
+  virtual void set_recompute(const RecomputeOptions&) {}
+  // Every dropout stream of every component (checkpoints; ChunkPipe's replay).
+  virtual std::map<std::string, at::Tensor> rng_state() const { return {}; }
+  virtual void set_rng_state(const std::map<std::string, at::Tensor>&) {}
+};
+
+}  // namespace lf::models

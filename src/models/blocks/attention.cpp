@@ -1,0 +1,152 @@
+#include "loongforge/models/blocks/attention.h"
+
+#include <ATen/Functions.h>
+#include <ATen/TensorOperators.h>
+
+#include "loongforge/backend/functional.h"
+#include "loongforge/core/error.h"
+#include "loongforge/models/recompute.h"
+
+namespace lf::models {
+namespace {
+
+// RoPE on x [s, b, n, d]: one table for every sample, or per-sample tables [b, s, d].
+at::Tensor apply_rope(const lf::backend::DeviceBackend& be, const at::Tensor& x, const at::Tensor& cos,
+                      const at::Tensor& sin) {
+  if (cos.dim() == 2) return lf::ops::rope(be, x, cos, sin);
+  std::vector<at::Tensor> parts;
+  for (int64_t i = 0; i < x.size(1); ++i)
+    parts.push_back(lf::ops::rope(be, x.narrow(1, i, 1), cos[i], sin[i]));
+  return at::cat(parts, 1);
+}
+
+}  // namespace
+
+at::Tensor block_causal_mask(const at::Tensor& document_ids) {
+  LF_CHECK(document_ids.dim() == 2, "document ids must be [batch, seq], got ", document_ids.sizes());
+  const int64_t s = document_ids.size(1);
+  auto same = document_ids.unsqueeze(2).eq(document_ids.unsqueeze(1));  // [b, s, s]
+  auto causal = at::ones({s, s}, document_ids.options().dtype(at::kBool)).tril();
+  return at::logical_and(same, causal).unsqueeze(1);
+}
+
+at::Tensor prefix_lm_mask(const at::Tensor& prefix_len, int64_t s) {
+  LF_CHECK(prefix_len.dim() == 1, "prefix lengths must be [batch], got ", prefix_len.sizes());
+  auto pos = at::arange(s, prefix_len.options());
+  auto causal = at::ones({s, s}, prefix_len.options().dtype(at::kBool)).tril();  // [s, s]
+  // Key j is visible from every query when it lies inside the prefix.
+  auto in_prefix = pos.unsqueeze(0).lt(prefix_len.unsqueeze(1));  // [b, s] over keys
+  return at::logical_or(causal.unsqueeze(0), in_prefix.unsqueeze(1)).unsqueeze(1);  // [b, 1, s, s]
+}
+
+SelfAttention::SelfAttention(ParamBuilder& b, const std::string& prefix, const AttentionConfig& c) : c_(c) {
+  const int64_t h = c.hidden_size, d = c.head_dim, nq = c.num_heads, nkv = c.num_groups;
+  qkv_ = b.add(prefix + ".linear_qkv.weight", b.normal({(nq + 2 * nkv) * d, h}, c.init_std), Sharding::along(0), false);
+  if (c.qkv_bias)
+    qkv_bias_ = b.add(prefix + ".linear_qkv.bias", at::zeros({(nq + 2 * nkv) * d}), Sharding::along(0), true);
+  if (c.qk_norm) {
+    // Each TP rank holds different heads: the per-head norms' gradients differ per rank.
+    q_norm_ = b.add(prefix + ".q_layernorm.weight", at::ones({d}), Sharding::replicated(), true, true);
+    k_norm_ = b.add(prefix + ".k_layernorm.weight", at::ones({d}), Sharding::replicated(), true, true);
+  }
+  proj_ = b.add(prefix + ".linear_proj.weight", b.normal({h, nq * d}, c.out_std), Sharding::along(1), false);
+  if (c.proj_bias) proj_bias_ = b.add(prefix + ".linear_proj.bias", at::zeros({h}), Sharding::replicated(), true);
+}
+
+at::Tensor SelfAttention::forward(const lf::backend::DeviceBackend& be, const lf::parallel::TensorParallel& tp,
+                                  const at::Tensor& x, const AttentionInputs& in, size_t i) const {
+  const int64_t d = c_.head_dim, groups = c_.num_groups / tp.size(), per_group = c_.num_heads / c_.num_groups,
+                nq = groups * per_group;  // this rank's heads
+  auto qkv = lf::parallel::column_parallel_linear(x, qkv_, qkv_bias_, tp);  // [s, b, groups (pg+2) d]
+  const int64_t s = qkv.size(0), b = qkv.size(1);
+  qkv = qkv.view({s, b, groups, per_group + 2, d});
+  auto q = qkv.narrow(3, 0, per_group).reshape({s, b, nq, d});
+  auto k = qkv.select(3, per_group).contiguous();  // [s, b, groups, d]
+  auto v = qkv.select(3, per_group + 1);
+  KvCache* cache = in.cache;
+  ChunkAttention* chunk = in.chunk;
+  // Core attention: QK norm, RoPE, softmax(QK^T) V. [s, b, n, d] -> [s, b, nq d]
+  // Captured by value: under selective recomputation this runs again in backward, after the
+  // caller's frame (and `in`) are gone.
+  const lf::backend::DeviceBackend* bep = &be;
+  auto core = [this, bep, cos = in.cos, sin = in.sin, mask = in.mask, s, b, nq, d, cache, chunk,
+               i](const at::Tensor& q0, const at::Tensor& k0, const at::Tensor& v0) {
+    const auto& be = *bep;
+    at::Tensor qn = q0, kn = k0;
+    if (q_norm_.defined()) {
+      qn = lf::ops::rms_norm(be, q0, q_norm_, c_.norm_eps);
+      kn = lf::ops::rms_norm(be, k0, k_norm_, c_.norm_eps);
+    }
+    if (cos.defined()) {
+      qn = apply_rope(be, qn, cos, sin);
+      kn = apply_rope(be, kn, cos, sin);
+    }
+    auto qr = qn.permute({1, 2, 0, 3});  // [b, n, s, d]
+    auto kr = kn.permute({1, 2, 0, 3});
+    auto vr = v0.permute({1, 2, 0, 3});
+    if (cache) {
+      const int64_t past = cache->length;
+      if (past > 0) {
+        kr = at::cat({cache->k[i], kr}, 2);
+        vr = at::cat({cache->v[i], vr}, 2);
+      }
+      cache->k[i] = kr.contiguous();
+      cache->v[i] = vr.contiguous();
+      // The causal mask is bottom-right aligned (backend/op_table.h): query j, at position
+      // past + j, sees keys 0 .. past + j, the cached ones included.
+    }
+    at::Tensor o;
+    if (chunk) {
+      // ChunkPipe: this chunk's queries over the earlier chunks' keys and its own, causally.
+      chunk->k[i] = kr;
+      chunk->v[i] = vr;
+      const bool prefix = i < chunk->prefix_k.size() && chunk->prefix_k[i].defined() && chunk->prefix_k[i].size(2) > 0;
+      o = prefix ? lf::ops::sdpa_after_prefix(be, qr, chunk->prefix_k[i], chunk->prefix_v[i], kr, vr)
+                 : lf::ops::sdpa(be, qr, kr, vr, mask);
+    } else {
+      o = lf::ops::sdpa(be, qr, kr, vr, mask);  // [b, nq, s, d]
+    }
+    return o.permute({2, 0, 1, 3}).reshape({s, b, nq * d});
+  };
+  at::Tensor o;
+  if (in.selective_recompute && !cache && !chunk) {
+    std::vector<at::Tensor> inputs{q, k, v};
+    o = lf::models::recompute([core](const std::vector<at::Tensor>& t) { return core(t[0], t[1], t[2]); }, inputs);
+  } else {
+    o = core(q, k, v);
+  }
+  return lf::parallel::row_parallel_linear(o, proj_, proj_bias_, tp);
+}
+
+CrossAttention::CrossAttention(ParamBuilder& b, const std::string& prefix, const AttentionConfig& c,
+                               int64_t context_size)
+    : c_(c) {
+  const int64_t h = c.hidden_size, d = c.head_dim, nq = c.num_heads, nkv = c.num_groups;
+  q_ = b.add(prefix + ".linear_q.weight", b.normal({nq * d, h}, c.init_std), Sharding::along(0), false);
+  if (c.qkv_bias) q_bias_ = b.add(prefix + ".linear_q.bias", at::zeros({nq * d}), Sharding::along(0), true);
+  kv_ = b.add(prefix + ".linear_kv.weight", b.normal({2 * nkv * d, context_size}, c.init_std), Sharding::along(0), false);
+  if (c.qkv_bias) kv_bias_ = b.add(prefix + ".linear_kv.bias", at::zeros({2 * nkv * d}), Sharding::along(0), true);
+  proj_ = b.add(prefix + ".linear_proj.weight", b.normal({h, nq * d}, c.out_std), Sharding::along(1), false);
+  if (c.proj_bias) proj_bias_ = b.add(prefix + ".linear_proj.bias", at::zeros({h}), Sharding::replicated(), true);
+}
+
+at::Tensor CrossAttention::forward(const lf::backend::DeviceBackend& be, const lf::parallel::TensorParallel& tp,
+                                   const at::Tensor& x, const at::Tensor& context,
+                                   const lf::backend::AttentionMask& mask) const {
+  LF_CHECK(context.dim() == 3, "cross-attention context must be [t, b, features], got ", context.sizes());
+  const int64_t d = c_.head_dim, groups = c_.num_groups / tp.size(), nq = c_.num_heads / tp.size();
+  auto q = lf::parallel::column_parallel_linear(x, q_, q_bias_, tp);  // [s, b, nq d]
+  // The context is replicated over TP: a column-parallel projection without sequence parallelism.
+  lf::parallel::TensorParallel plain = tp;
+  plain.sequence_parallel = false;
+  auto kv = lf::parallel::column_parallel_linear(context, kv_, kv_bias_, plain);  // [t, b, groups 2 d]
+  const int64_t s = q.size(0), b = q.size(1), t = kv.size(0);
+  auto qr = q.view({s, b, nq, d}).permute({1, 2, 0, 3});
+  auto kv5 = kv.view({t, b, groups, 2, d});
+  auto kr = kv5.select(3, 0).permute({1, 2, 0, 3});
+  auto vr = kv5.select(3, 1).permute({1, 2, 0, 3});
+  auto o = lf::ops::sdpa(be, qr, kr, vr, mask).permute({2, 0, 1, 3}).reshape({s, b, nq * d});
+  return lf::parallel::row_parallel_linear(o, proj_, proj_bias_, tp);
+}
+
+}  // namespace lf::models

@@ -1,0 +1,31 @@
+#include "loongforge/models/blocks/mlp.h"
+
+#include <ATen/Functions.h>
+
+#include "loongforge/backend/functional.h"
+#include "loongforge/models/recompute.h"
+
+namespace lf::models {
+
+Mlp::Mlp(ParamBuilder& b, const std::string& prefix, const MlpConfig& c) : c_(c) {
+  const int64_t h = c.hidden_size, f = c.ffn_hidden_size, in = c.swiglu ? 2 * f : f, blocks = c.swiglu ? 2 : 1,
+                out = c.output_size > 0 ? c.output_size : h;
+  fc1_ = b.add(prefix + ".linear_fc1.weight", b.normal({in, h}, c.init_std), Sharding::along(0, blocks), false);
+  if (c.bias) fc1_bias_ = b.add(prefix + ".linear_fc1.bias", at::zeros({in}), Sharding::along(0, blocks), true);
+  fc2_ = b.add(prefix + ".linear_fc2.weight", b.normal({out, f}, c.out_std), Sharding::along(1), false);
+  if (c.bias) fc2_bias_ = b.add(prefix + ".linear_fc2.bias", at::zeros({out}), Sharding::replicated(), true);
+}
+
+at::Tensor Mlp::forward(const lf::backend::DeviceBackend& be, const lf::parallel::TensorParallel& tp,
+                        const at::Tensor& x, bool selective_recompute) const {
+  auto fc1 = lf::parallel::column_parallel_linear(x, fc1_, fc1_bias_, tp);  // [s, b, (2) f / tp]
+  const bool swiglu = c_.swiglu;
+  const lf::backend::DeviceBackend* bep = &be;  // the lambda may run again in backward
+  auto act = [bep, swiglu](const at::Tensor& t) { return swiglu ? lf::ops::swiglu(*bep, t) : lf::ops::gelu(*bep, t); };
+  at::Tensor a = selective_recompute
+                     ? lf::models::recompute([act](const std::vector<at::Tensor>& t) { return act(t[0]); }, {fc1})
+                     : act(fc1);
+  return lf::parallel::row_parallel_linear(a, fc2_, fc2_bias_, tp);
+}
+
+}  // namespace lf::models

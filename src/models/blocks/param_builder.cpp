@@ -1,0 +1,55 @@
+#include "loongforge/models/blocks/param_builder.h"
+
+#include <ATen/Functions.h>
+
+#include "loongforge/core/error.h"
+
+namespace lf::models {
+
+ParamBuilder::ParamBuilder(at::Generator generator, at::ScalarType dtype, c10::Device device,
+                           lf::parallel::TensorParallel tp, bool trainable)
+    : generator_(std::move(generator)), dtype_(dtype), device_(device), tp_(tp), trainable_(trainable) {}
+
+ParamBuilder ParamBuilder::records_only(lf::parallel::TensorParallel tp) {
+  ParamBuilder b(at::Generator(), at::kFloat, c10::Device(c10::kMeta), tp, false);
+  b.meta_ = true;
+  return b;
+}
+
+at::Tensor ParamBuilder::normal(std::vector<int64_t> shape, double std) {
+  if (meta_) return at::empty(shape, at::TensorOptions().dtype(at::kFloat).device(c10::kMeta));
+  return at::normal(0.0, std, shape, generator_, at::kFloat);
+}
+
+at::Tensor ParamBuilder::add(const std::string& name, const at::Tensor& full, Sharding sharding, bool no_weight_decay,
+                             bool partial_over_tp) {
+  if (!keep_) return {};
+  const int tp = tp_.size(), r = tp_.rank();
+  sharding.check(full.sizes().vec(), tp, "parameter " + name);
+  at::Tensor t = sharding.shard(meta_ ? full.to(device_) : full, r, tp).to(dtype_).to(device_);
+  t.set_requires_grad(trainable_);
+  Parameter p;
+  p.name = name;
+  p.tensor = t;
+  p.sharding = sharding;
+  p.tp_size = tp;
+  p.tp_rank = r;
+  p.no_weight_decay = no_weight_decay;
+  p.sequence_parallel = tp > 1 && sharding.is_replicated() && (tp_.sequence_parallel || partial_over_tp);
+  params_.push_back(std::move(p));
+  return t;
+}
+
+Parameter& ParamBuilder::last() {
+  LF_CHECK(!params_.empty(), "ParamBuilder::last: no parameter added yet");
+  return params_.back();
+}
+
+uint64_t component_seed(uint64_t seed, const std::string& slot) {
+  if (slot == "foundation") return seed;
+  uint64_t h = 1469598103934665603ull;  // FNV-1a of the slot name
+  for (unsigned char c : slot) h = (h ^ c) * 1099511628211ull;
+  return seed ^ (h & 0x7fffffffffffull);
+}
+
+}  // namespace lf::models

@@ -1,0 +1,89 @@
+#include "loongforge/models/blocks/rope.h"
+
+#include <ATen/Functions.h>
+#include <ATen/TensorOperators.h>
+
+#include <cmath>
+#include <numeric>
+
+#include "loongforge/core/error.h"
+
+namespace lf::models {
+namespace {
+const auto kF64 = at::TensorOptions().dtype(at::kDouble);
+
+// angles [n, d/2] -> (cos, sin) [n, d] in halves layout.
+std::pair<at::Tensor, at::Tensor> tables_of(const at::Tensor& angles, const at::TensorOptions& options) {
+  auto emb = at::cat({angles, angles}, -1);
+  return {at::cos(emb).to(options), at::sin(emb).to(options)};
+}
+}  // namespace
+
+at::Tensor rope_inv_freq(const RopeSpec& spec) {
+  // inv_freq[i] = base^(-2i/d); angle[p, i] = p * inv_freq[i]; both halves share the angles.
+  const int64_t d = spec.head_dim;
+  LF_CHECK(d > 0 && d % 2 == 0, "RoPE needs an even head dimension, got ", d);
+  auto inv_freq = at::pow(spec.base, -at::arange(0, d, 2, kF64) / static_cast<double>(d));
+  if (spec.llama3_scaling) {
+    // Llama 3.1: long wavelengths slowed down by `factor`, short ones kept, a linear blend in
+    // between (in wavelength-to-context ratio).
+    const double old = static_cast<double>(spec.original_max_position);
+    const double low_wavelen = old / spec.low_freq_factor, high_wavelen = old / spec.high_freq_factor;
+    auto wavelen = 2 * M_PI / inv_freq;
+    auto scaled = at::where(wavelen > low_wavelen, inv_freq / spec.factor, inv_freq);
+    auto smooth = (old / wavelen - spec.low_freq_factor) / (spec.high_freq_factor - spec.low_freq_factor);
+    auto blended = (1 - smooth) * scaled / spec.factor + smooth * scaled;
+    auto medium = at::logical_and(wavelen >= high_wavelen, wavelen <= low_wavelen);
+    inv_freq = at::where(medium, blended, scaled);
+  }
+  return inv_freq;
+}
+
+std::pair<at::Tensor, at::Tensor> rope_tables(const RopeSpec& spec, int64_t start, int64_t seq,
+                                              const at::TensorOptions& options) {
+  auto angles = at::outer(at::arange(start, start + seq, kF64), rope_inv_freq(spec));  // [s, d/2]
+  return tables_of(angles, options);
+}
+
+std::pair<at::Tensor, at::Tensor> rope_tables_at(const RopeSpec& spec, const at::Tensor& positions,
+                                                 const at::TensorOptions& options) {
+  LF_CHECK(positions.dim() == 1, "RoPE positions must be [n], got ", positions.sizes());
+  auto angles = at::outer(positions.to(at::kCPU, at::kDouble), rope_inv_freq(spec));
+  return tables_of(angles, options);
+}
+
+std::pair<at::Tensor, at::Tensor> mrope_tables(const RopeSpec& spec, const at::Tensor& positions,
+                                               const std::vector<int64_t>& sections,
+                                               const at::TensorOptions& options) {
+  const int64_t half = spec.head_dim / 2;
+  LF_CHECK(positions.dim() == 2 && positions.size(0) == static_cast<int64_t>(sections.size()),
+           "M-RoPE positions must be [", sections.size(), ", n] (one row per section), got ", positions.sizes());
+  LF_CHECK(std::accumulate(sections.begin(), sections.end(), int64_t{0}) == half, "M-RoPE sections must sum to ",
+           "head_dim / 2 = ", half, lf::hint("Qwen2-VL uses mrope_section [16, 24, 24] for head_dim 128"));
+  auto inv_freq = rope_inv_freq(spec);                                   // [d/2]
+  auto all = positions.to(at::kCPU, at::kDouble).unsqueeze(-1) * inv_freq;  // [A, n, d/2]
+  std::vector<at::Tensor> parts;
+  int64_t at_ = 0;
+  for (size_t a = 0; a < sections.size(); ++a) {
+    parts.push_back(all[static_cast<int64_t>(a)].narrow(-1, at_, sections[a]));
+    at_ += sections[a];
+  }
+  return tables_of(at::cat(parts, -1), options);
+}
+
+std::pair<at::Tensor, at::Tensor> rope_nd_tables(double base, const std::vector<int64_t>& axis_dims,
+                                                 const at::Tensor& positions, const at::TensorOptions& options) {
+  LF_CHECK(positions.dim() == 2 && positions.size(0) == static_cast<int64_t>(axis_dims.size()),
+           "N-D RoPE positions must be [", axis_dims.size(), ", n] (one row per axis), got ", positions.sizes());
+  auto pos = positions.to(at::kCPU, at::kDouble);
+  std::vector<at::Tensor> parts;
+  for (size_t a = 0; a < axis_dims.size(); ++a) {
+    const int64_t d = axis_dims[a];
+    LF_CHECK(d > 0 && d % 2 == 0, "N-D RoPE: axis ", a, " has ", d, " dims; each axis needs an even share");
+    auto inv = at::pow(base, -at::arange(0, d, 2, kF64) / static_cast<double>(d));
+    parts.push_back(at::outer(pos[static_cast<int64_t>(a)], inv));
+  }
+  return tables_of(at::cat(parts, -1), options);
+}
+
+}  // namespace lf::models

@@ -1,0 +1,23 @@
+#include "builtin_types.h"
+
+#include "composites/causal_lm_plan.h"
+#include "loongforge/models/composites/feature_regression.h"
+#include "loongforge/models/composites/spliced_lm.h"
+#include "loongforge/models/encoders/mlp_encoder.h"
+#include "loongforge/models/foundations/decoder_config.h"
+#include "loongforge/models/registry.h"
+
+namespace lf::models {
+
+void register_builtin_types(Registry& r) {
+  r.add(ComponentType{"decoder", "foundation",
+                      "Decoder-only transformer (LLaMA / Qwen / Mistral family): token embedding, causal layers, "
+                      "final norm",
+                      schema_loader<DecoderConfig>()});
+  register_mlp_encoder(r);
+  register_causal_lm(r);
+  register_spliced_lm(r);
+  register_feature_regression(r);
+}
+
+}  // namespace lf::models

@@ -1,0 +1,335 @@
+#include "loongforge/models/composites/causal_lm.h"
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/Functions.h>
+#include <ATen/TensorOperators.h>
+#include <ATen/core/grad_mode.h>
+
+#include "loongforge/backend/functional.h"
+#include "loongforge/backend/registry.h"
+#include "loongforge/core/error.h"
+#include "loongforge/core/config/config_error.h"
+#include "loongforge/dist/parallel_context.h"
+#include "loongforge/models/registry.h"
+
+namespace lf::models {
+
+lf::parallel::TensorParallel tensor_parallel_of(const lf::dist::ParallelContext* parallel, bool sequence_parallel) {
+  lf::parallel::TensorParallel tp;
+  if (parallel && parallel->tp_size() > 1) {
+    tp.tp = &parallel->tp();
+    tp.sequence_parallel = sequence_parallel;
+  }
+  return tp;
+}
+
+CausalLmConfig load_causal_lm(const lf::config::Node& model) {
+  auto config = load_model_config(model);
+  if (config->type != "causal_lm") {
+    lf::config::ErrorList errors;
+    const auto* t = model.find("type");
+    errors.add("model.type", t ? t->origin() : model.origin(),
+               "model.type must be causal_lm here, got '" + config->type + "'",
+               "this tool works on decoder language models");
+    errors.throw_if_any();
+  }
+  return {config->fields<DecoderConfig>("foundation"), config->resolved};
+}
+
+namespace {
+
+ParamBuilder builder_for(uint64_t seed, at::ScalarType dtype, const lf::backend::DeviceBackend& backend,
+                         const lf::dist::ParallelContext* parallel, bool sequence_parallel, bool trainable) {
+  return ParamBuilder(at::make_generator<at::CPUGeneratorImpl>(seed), dtype, backend.device(),
+                      tensor_parallel_of(parallel, sequence_parallel), trainable);
+}
+
+LmHeadConfig head_config(const DecoderConfig& c, int tp) {
+  return {c.hidden_size, c.vocab_size, c.padded_vocab_size(tp), !c.untie_embeddings_and_output_weights,
+          c.init_method_std};
+}
+
+const std::string kType = "causal_lm";
+
+}  // namespace
+
+CausalLm::CausalLm(const DecoderConfig& config, const lf::backend::DeviceBackend& backend, uint64_t seed,
+                   at::ScalarType dtype, const lf::dist::ParallelContext* parallel, bool sequence_parallel)
+    : CausalLm(config, backend, seed, dtype, parallel, sequence_parallel, PipelineStage{}) {}
+
+CausalLm::CausalLm(const DecoderConfig& config, const lf::backend::DeviceBackend& backend, uint64_t seed,
+                   at::ScalarType dtype, const lf::dist::ParallelContext* parallel, bool sequence_parallel,
+                   const PipelineStage& stage, bool trainable)
+    : CausalLm(config, backend, seed, parallel, stage, trainable,
+               builder_for(seed, dtype, backend, parallel, sequence_parallel, trainable)) {}
+
+CausalLm::CausalLm(const DecoderConfig& config, const lf::backend::DeviceBackend& backend, uint64_t seed,
+                   const lf::dist::ParallelContext* parallel, const PipelineStage& stage, bool trainable, ParamBuilder b)
+    : backend_(backend), parallel_(parallel), trainable_(trainable),
+      foundation_(config, backend, b, stage, seed, parallel ? parallel->tp_rank() : 0, parallel ? parallel->pp_rank() : 0),
+      head_([&] {
+        b.set_keep(foundation_.stage().last);
+        const bool same_stage = foundation_.stage().first;
+        LmHead h(head_config(config, b.tp().size()), backend, b, same_stage ? &foundation_.embedding_weight() : nullptr,
+                 foundation_.initial_embedding());
+        b.set_keep(true);
+        return h;
+      }()) {
+  params_ = b.take();
+  foundation_.release_initial_embedding();
+  // Tied embeddings split over pipeline stages: the first stage's owner is summed with the last
+  // stage's copy too.
+  const auto& st = foundation_.stage();
+  if (!config.untie_embeddings_and_output_weights && st.first && !st.last)
+    for (auto& p : params_)
+      if (p.name == "embedding.word_embeddings.weight") p.pipeline_tied = true;
+}
+
+const std::string& CausalLm::type() const { return kType; }
+
+std::vector<Parameter> causal_lm_parameter_specs(const DecoderConfig& config) {
+  ParamBuilder b = ParamBuilder::records_only();
+  Decoder foundation(config, lf::backend::cpu_backend(), b, PipelineStage{}, 0, 0, 0);
+  LmHead head(head_config(config, 1), lf::backend::cpu_backend(), b, &foundation.embedding_weight(),
+              foundation.initial_embedding());
+  return b.take();
+}
+
+std::map<std::string, lf::parallel::Sharding> causal_lm_shardings(const DecoderConfig& config) {
+  std::map<std::string, lf::parallel::Sharding> out;
+  for (const auto& p : causal_lm_parameter_specs(config)) out[p.name] = p.sharding;
+  return out;
+}
+
+std::vector<ParameterGroup> CausalLm::parameter_groups() const {
+  return {ParameterGroup{"model", params_, parallel_, trainable_}};
+}
+
+std::vector<std::string> CausalLm::batch_fields() const {
+  return {"tokens", "labels", "loss_mask", "position_ids (optional)", "document_ids (optional)"};
+}
+
+double CausalLm::flops_per_sample(int64_t seq) const {
+  return config().flops_per_token(seq) * static_cast<double>(seq);
+}
+
+std::map<std::string, at::Tensor> CausalLm::rng_state() const { return foundation_.rng().state(); }
+
+void CausalLm::set_rng_state(const std::map<std::string, at::Tensor>& state) { foundation_.rng().set_state(state); }
+
+namespace {
+// The tokens whose loss counts: loss_mask (default: all) where the label is not ignored.
+at::Tensor counted(const Batch& batch) {
+  const at::Tensor& labels = batch.at("labels");
+  at::Tensor keep = labels.ge(0).to(at::kFloat);
+  if (const at::Tensor* mask = batch.find("loss_mask")) keep = keep * mask->to(at::kFloat);
+  return keep;  // [b, s]
+}
+}  // namespace
+
+std::map<std::string, double> CausalLm::loss_counts(const Batch& batch) const {
+  return {{"lm loss", counted(batch).sum().item<double>()}};
+}
+
+DecoderInputs CausalLm::inputs_of(const Batch& batch, int64_t seq) const {
+  DecoderInputs in;
+  in.seq = seq;
+  if (const at::Tensor* p = batch.find("position_ids")) in.position_ids = *p;
+  if (const at::Tensor* d = batch.find("document_ids")) in.document_ids = *d;
+  return in;
+}
+
+at::Tensor CausalLm::embed_inputs(const Batch& batch) const { return foundation_.embed(batch.at("tokens"), 0); }
+
+StageOutput CausalLm::head_output(const at::Tensor& x, const Batch& batch, Pass pass) const {
+  StageOutput out;
+  auto logits = head_.local_logits(foundation_.final_norm(x));  // [s, b, v_pad / tp]
+  const at::Tensor& labels = batch.at("labels");
+  const at::Tensor keep = counted(batch).to(backend_.device()).t().reshape({-1});  // [s b]
+  if (pass == Pass::train) {
+    auto per_token = head_.loss(logits, labels);  // [s b]
+    out.losses.push_back({"lm loss", (per_token * keep).sum()});
+    return out;
+  }
+  auto full = head_.full_logits(logits);  // [s, b, v]
+  auto target = labels.t().reshape({-1}).to(backend_.device());
+  auto flat = full.reshape({-1, full.size(-1)});
+  const double tokens = keep.sum().item<double>();
+  out.metrics["lm loss"] = {(lf::ops::softmax_cross_entropy(backend_, flat, target) * keep).sum().item<double>(), tokens};
+  out.metrics["accuracy"] = {(flat.argmax(-1).eq(target).to(at::kFloat) * keep).sum().item<double>(), tokens};
+  return out;
+}
+
+StageOutput CausalLm::stage_forward(const Batch& batch, const TensorMap& input, int64_t chunk, Pass pass) {
+  const auto& st = foundation_.stage();
+  const auto [lo, hi] = foundation_.chunk_layers(chunk);
+  const bool embeds = st.first && chunk == 0, heads = st.last && chunk == st.num_chunks() - 1;
+  const int64_t s = batch.at("tokens").size(1);
+  at::Tensor x = embeds ? embed_inputs(batch) : input.at("hidden_states");
+  x = foundation_.run_layers(x, inputs_of(batch, s), lo, hi);
+  if (!heads) {
+    StageOutput out;
+    out.activations.set("hidden_states", x);
+    return out;
+  }
+  return head_output(x, batch, pass);
+}
+
+StageOutput CausalLm::chunk_forward(const Batch& chunk, const TensorMap& input, int64_t start, ChunkAttention& kv,
+                                    bool with_head, Pass pass) {
+  const auto& st = foundation_.stage();
+  LF_CHECK(st.num_chunks() == 1, "ChunkPipe runs one model chunk per pipeline rank; this stage has ", describe_stage(),
+           lf::hint("drop --num-layers-per-virtual-pipeline-stage with --chunkpipe-chunk-size"));
+  LF_CHECK(!chunk.contains("position_ids") && !chunk.contains("document_ids"),
+           "ChunkPipe chunks keep the positions of one sequence: per-sample position ids and document masks "
+           "(--reset-position-ids, --reset-attention-mask) are not supported with it",
+           lf::hint("drop --reset-position-ids / --reset-attention-mask, or --chunkpipe-chunk-size"));
+  const int64_t c = chunk.at("tokens").size(1);
+  at::Tensor x = st.first ? foundation_.embed(chunk.at("tokens"), start) : input.at("hidden_states");
+  DecoderInputs in;
+  in.start = start;
+  in.seq = c;
+  in.chunk = &kv;
+  x = foundation_.run_layers(x, in);
+  if (!st.last || !with_head) {
+    StageOutput out;
+    out.activations.set("hidden_states", x);
+    return out;
+  }
+  return head_output(x, chunk, pass);
+}
+
+// --- token-tensor calls ---------------------------------------------------------------------
+
+void CausalLm::check_whole_model(const char* what) const {
+  const auto& st = foundation_.stage();
+  LF_CHECK(st.first && st.last && st.num_chunks() == 1, what, " needs the whole model; this one is a pipeline stage with ",
+           describe_stage(), lf::hint("run a pipeline stage with stage_forward() under a pipeline schedule"));
+}
+
+at::Tensor CausalLm::local_logits(const at::Tensor& tokens, KvCache* cache) const {
+  LF_CHECK(tokens.dim() == 2, "tokens must be [batch, seq], got ", tokens.sizes());
+  LF_CHECK(!cache || !sequence_parallel(), "incremental decoding with sequence parallelism",
+           lf::hint("build the model for generation without sequence_parallel"));
+  const int64_t s = tokens.size(1), start = cache ? cache->length : 0;
+  DecoderInputs in;
+  in.start = start;
+  in.seq = s;
+  in.cache = cache;
+  return head_.local_logits(foundation_.final_norm(foundation_.run_layers(foundation_.embed(tokens, start), in)));
+}
+
+at::Tensor CausalLm::forward(const at::Tensor& tokens) const {
+  check_whole_model("CausalLm::forward");
+  return head_.full_logits(local_logits(tokens, nullptr));
+}
+
+at::Tensor CausalLm::forward(const at::Tensor& tokens, KvCache& cache) const {
+  check_whole_model("CausalLm::forward with a KV cache");
+  at::NoGradGuard no_grad;
+  return head_.full_logits(local_logits(tokens, &cache));
+}
+
+at::Tensor CausalLm::loss(const at::Tensor& tokens, const at::Tensor& labels) const {
+  check_whole_model("CausalLm::loss");
+  return head_.loss(local_logits(tokens, nullptr), labels);
+}
+
+at::Tensor CausalLm::stage_forward(const at::Tensor& input, const at::Tensor& labels, int64_t chunk) const {
+  LF_CHECK(input.defined(), "pipeline stage with ", describe_stage(), ": no input");
+  const auto& st = foundation_.stage();
+  const auto [lo, hi] = foundation_.chunk_layers(chunk);
+  const bool embeds = st.first && chunk == 0, heads = st.last && chunk == st.num_chunks() - 1;
+  const auto& c = config();
+  at::Tensor x;
+  DecoderInputs in;
+  if (embeds) {
+    in.seq = input.size(-1);
+    x = foundation_.embed(input, 0);
+  } else {
+    LF_CHECK(input.dim() == 3 && input.size(2) == c.hidden_size, "pipeline stage with ", describe_stage(),
+             ": hidden states must be [s, b, ", c.hidden_size, "], got ", input.sizes());
+    // Under SP the stages exchange sequence chunks [s / tp, b, h].
+    in.seq = input.size(0) * (sequence_parallel() ? tp_size() : 1);
+    x = input;
+  }
+  x = foundation_.run_layers(x, in, lo, hi);
+  if (!heads) return x;
+  auto logits = head_.local_logits(foundation_.final_norm(x));
+  return labels.defined() ? head_.loss(logits, labels) : head_.full_logits(logits);
+}
+
+at::Tensor CausalLm::stage_forward_chunk(const at::Tensor& input, const at::Tensor& labels, int64_t start,
+                                         ChunkAttention& kv, bool with_head) const {
+  const auto& st = foundation_.stage();
+  LF_CHECK(st.num_chunks() == 1, "ChunkPipe runs one model chunk per pipeline rank; this stage has ", describe_stage(),
+           lf::hint("drop --num-layers-per-virtual-pipeline-stage with --chunkpipe-chunk-size"));
+  LF_CHECK(input.defined(), "pipeline stage with ", describe_stage(), ": no input");
+  DecoderInputs in;
+  in.start = start;
+  in.chunk = &kv;
+  at::Tensor x;
+  if (st.first) {
+    in.seq = input.size(-1);
+    x = foundation_.embed(input, start);
+  } else {
+    in.seq = input.size(0) * (sequence_parallel() ? tp_size() : 1);
+    x = input;
+  }
+  x = foundation_.run_layers(x, in);
+  if (!st.last || !with_head) return x;
+  auto logits = head_.local_logits(foundation_.final_norm(x));
+  return labels.defined() ? head_.loss(logits, labels) : head_.full_logits(logits);
+}
+
+void CausalLm::load_full_parameters(const std::map<std::string, at::Tensor>& full) {
+  at::NoGradGuard no_grad;
+  const auto& c = config();
+  std::vector<std::string> missing;
+  for (auto& p : params_) {
+    auto it = full.find(p.name);
+    if (it == full.end()) {
+      missing.push_back(p.name);
+      continue;
+    }
+    at::Tensor t = it->second;
+    const int64_t v_pad = c.padded_vocab_size(p.tp_size);
+    if (p.sharding.vocab && t.dim() == 2 && t.size(0) != v_pad && t.size(0) >= c.vocab_size) {
+      // Real rows only (HF), or padded for another TP size: keep the real rows, pad with zeros.
+      t = t.narrow(0, 0, c.vocab_size);
+      t = at::cat({t, at::zeros({v_pad - c.vocab_size, t.size(1)}, t.options())}, 0);
+    }
+    const auto want = p.full_shape();
+    LF_CHECK(t.sizes().vec() == want, "parameter ", p.name, ": the given tensor has shape ", t.sizes(),
+             ", the model needs ", c10::IntArrayRef(want),
+             lf::hint("the weights belong to a model with a different configuration"));
+    p.tensor.copy_(p.sharding.shard(t, p.tp_rank, p.tp_size));
+  }
+  LF_CHECK(missing.empty(), missing.size(), " parameters missing, first: ", missing.empty() ? "" : missing[0],
+           lf::hint("the weights belong to a different model family or configuration"));
+  if (full.size() == params_.size()) return;
+  const auto& st = foundation_.stage();
+  const bool whole = st.first && st.last;
+  for (const auto& [name, t] : full) {
+    bool known = false;
+    for (const auto& p : params_) known = known || p.name == name;
+    if (!whole && !known) {
+      // A pipeline stage holds part of the model: other stages' names are expected.
+      const std::string layers = "decoder.layers.";
+      if (name.rfind(layers, 0) == 0) {
+        const auto dot = name.find('.', layers.size());
+        const std::string idx = name.substr(layers.size(), dot - layers.size());
+        known = !idx.empty() && idx.find_first_not_of("0123456789") == std::string::npos &&
+                std::stoll(idx) < c.num_layers;
+      } else {
+        known = name == "embedding.word_embeddings.weight" || name == "output_layer.weight" ||
+                name.rfind("decoder.final_layernorm.", 0) == 0;
+      }
+    }
+    LF_CHECK(known, "tensor ", name, " is not a parameter of this model",
+             lf::hint("the weights belong to a model with a different configuration (biases, "
+                      "QK norms, tied embeddings?)"));
+  }
+}
+
+}  // namespace lf::models

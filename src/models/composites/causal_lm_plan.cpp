@@ -1,0 +1,212 @@
+#include "causal_lm_plan.h"
+
+#include <algorithm>
+#include <iomanip>
+#include <sstream>
+
+#include "loongforge/core/error.h"
+#include "loongforge/dist/parallel_context.h"
+#include "loongforge/models/composites/causal_lm.h"
+#include "loongforge/parallel/pipeline/schedules.h"
+#include "plan_text.h"
+
+namespace lf::models {
+
+CausalLmPlan::CausalLmPlan(std::shared_ptr<const ModelConfig> config, const PlanArgs& args,
+                           lf::config::ErrorList& errors)
+    : config_(std::move(config)), job_(*args.job), layout_(*args.layout),
+      foundation_(config_->fields<DecoderConfig>("foundation")),
+      frozen_(config_->component("foundation").settings.freeze) {
+  foundation_.validate_layout(*args.resolved, layout_.size(lf::dist::Axis::tp), job_.parallel.sequence_parallel,
+                              job_.training.seq_length, errors);
+  // The pipeline split (layers not divisible by pp, bad first/last stage sizes, virtual stages:
+  // errors naming the values), and the interleaved schedule's micro-batch count.
+  const auto counts = stage_counts();
+  LF_CHECK(counts.front().chunks.size() == 1 || !job_.parallel.chunkpipe_chunk_size,
+           "ChunkPipe runs one model chunk per pipeline rank, parallel.pipeline_model_parallel_layout '",
+           job_.parallel.pipeline_model_parallel_layout.value_or(""), "' gives ", counts.front().chunks.size(),
+           lf::hint("list exactly pp stages in the layout with --chunkpipe-chunk-size"));
+  const int pp = layout_.size(lf::dist::Axis::pp), dp = layout_.size(lf::dist::Axis::dp);
+  if (counts.front().chunks.size() > 1) {
+    const int64_t per_step = job_.training.micro_batch_size * dp;
+    const int64_t m = job_.training.global_batch_size.value_or(per_step) / per_step;
+    lf::parallel::pipeline::interleaved_1f1b_order(0, pp, static_cast<int>(counts.front().chunks.size()), m);
+  }
+}
+
+lf::parallel::pipeline::StageSplit CausalLmPlan::stage_split() const {
+  lf::parallel::pipeline::StageSplit s;
+  s.first_stage_layers = job_.parallel.decoder_first_pipeline_num_layers;
+  s.last_stage_layers = job_.parallel.decoder_last_pipeline_num_layers;
+  if (layout_.size(lf::dist::Axis::pp) > 1) s.layers_per_virtual_stage = job_.parallel.num_layers_per_virtual_pipeline_stage;
+  s.layout = job_.parallel.pipeline_model_parallel_layout;
+  return s;
+}
+
+int64_t CausalLmPlan::num_parameters() const { return foundation_.num_parameters(); }
+
+std::string CausalLmPlan::summary() const {
+  std::ostringstream os;
+  os << config_->type << ": " << num_parameters() << " parameters, " << foundation_.num_layers << " layers, hidden "
+     << foundation_.hidden_size;
+  return os.str();
+}
+
+DataNeeds CausalLmPlan::data_needs() const {
+  DataNeeds d;
+  d.vocab_size = foundation_.vocab_size;
+  return d;
+}
+
+std::unique_ptr<Model> CausalLmPlan::build(const BuildArgs& args) const {
+  const auto& ctx = *args.context;
+  const auto stage = lf::parallel::pipeline::pipeline_stage(foundation_.num_layers, ctx.pp_size(), ctx.pp_rank(), stage_split());
+  return std::make_unique<CausalLm>(foundation_, *args.backend, args.seed, args.dtype, &ctx,
+                                    job_.parallel.sequence_parallel, stage, !frozen_);
+}
+
+std::vector<CausalLmPlan::StageCount> CausalLmPlan::stage_counts() const {
+  const auto& m = foundation_;
+  const int pp = layout_.size(lf::dist::Axis::pp);
+  // num_parameters() = vocab table(s) + layers + final norm; every layer has the same count.
+  const int64_t h = m.hidden_size, vocab = m.padded_vocab_size() * h;
+  const int64_t final_norm = m.normalization == "LayerNorm" ? 2 * h : h;
+  const int64_t tables = m.untie_embeddings_and_output_weights ? 2 * vocab : vocab;
+  const int64_t per_layer = (m.num_parameters() - tables - final_norm) / m.num_layers;
+  std::vector<StageCount> out;
+  for (int k = 0; k < pp; ++k) {
+    const auto stage = lf::parallel::pipeline::pipeline_stage(m.num_layers, pp, k, stage_split());
+    StageCount c{stage.chunks, 0, 0, ""};
+    for (const auto& r : stage.chunks) c.layers += r.size();
+    c.params = c.layers * per_layer;
+    if (k == 0) c.params += vocab, c.extra += " + embedding";
+    if (k == pp - 1) {
+      c.params += final_norm;
+      // Tied embeddings over several stages: the last stage holds a copy as its output layer.
+      if (m.untie_embeddings_and_output_weights || pp > 1) c.params += vocab;
+      c.extra += m.untie_embeddings_and_output_weights ? " + final norm + output layer"
+                                                       : (pp > 1 ? " + final norm + tied output copy" : " + final norm");
+    }
+    out.push_back(std::move(c));
+  }
+  return out;
+}
+
+std::string CausalLmPlan::stage_assignment() const {
+  const int tp = layout_.size(lf::dist::Axis::tp), pp = layout_.size(lf::dist::Axis::pp);
+  std::ostringstream os;
+  os << "pipeline stages (" << pp << "):\n";
+  const auto counts = stage_counts();
+  for (size_t k = 0; k < counts.size(); ++k) {
+    const auto& c = counts[k];
+    os << "  stage " << k << ": layers ";
+    for (size_t j = 0; j < c.chunks.size(); ++j) {
+      os << (j ? " + " : "");
+      if (c.chunks[j].size() == 0)
+        os << "none";  // an empty model chunk (a layout string's embedding- or loss-only stage)
+      else
+        os << c.chunks[j].begin << ".." << c.chunks[j].end - 1;
+    }
+    os << " (" << c.layers << (c.chunks.size() > 1 ? " in " + std::to_string(c.chunks.size()) + " model chunks" : "")
+       << ")" << c.extra << " | " << c.params << " parameters (" << c.params / tp << " per rank, / tp " << tp << ")\n";
+  }
+  return os.str();
+}
+
+// Per-rank estimates from the stage's parameter count and Megatron's activation formula
+// (s*b*h*(34 + 5*a*s/h) bytes per layer in 16-bit, /tp; doubled in fp32). Under 1F1B stage k
+// holds the activations of up to pp - k micro-batches at once; interleaved, up to its warm-up
+// forwards + 1 model chunks' worth.
+std::string CausalLmPlan::estimates() const {
+  const auto& m = foundation_;
+  const auto& job = job_;
+  const int tp = layout_.size(lf::dist::Axis::tp), pp = layout_.size(lf::dist::Axis::pp),
+            dp = layout_.size(lf::dist::Axis::dp);
+  const bool half = job.training.bf16 || job.training.fp16;
+  const double s = job.training.seq_length, b = job.training.micro_batch_size, h = m.hidden_size,
+               a = m.num_attention_heads;
+  const double act_per_layer = s * b * h * (34 + 5 * a * s / h) / tp * (half ? 1 : 2);
+  const int64_t per_step = job.training.micro_batch_size * dp;
+  const int64_t micro_batches = job.training.global_batch_size.value_or(per_step) / per_step;
+  std::ostringstream os;
+  os << "per-rank estimates" << (pp > 1 ? " by pipeline stage" : "") << " (every rank of a pipeline stage is alike):\n";
+  const auto counts = stage_counts();
+  for (size_t k = 0; k < counts.size(); ++k) {
+    const double params = static_cast<double>(counts[k].params) / tp;
+    const double weight_bytes = params * (half ? 2 : 4);
+    const double grad_bytes = frozen_ ? 0.0 : params * 4;                  // fp32 main gradients
+    double optim_bytes = frozen_ ? 0.0 : params * (8 + (half ? 4 : 0));  // Adam m, v (+ fp32 master)
+    if (job.optimizer.use_distributed_optimizer) optim_bytes /= dp;
+    const auto& c = counts[k];
+    const int64_t v = static_cast<int64_t>(c.chunks.size());
+    int64_t chunk_layers = 0;  // the largest model chunk (a layout may make them uneven)
+    for (const auto& r : c.chunks) chunk_layers = std::max(chunk_layers, r.size());
+    int64_t in_flight = pp > 1 ? std::min<int64_t>(pp - static_cast<int64_t>(k), micro_batches) : 1;
+    double act = act_per_layer * static_cast<double>(c.layers) * static_cast<double>(in_flight);
+    if (v > 1 && micro_batches % pp == 0) {  // interleaved: chunk-micro-batches in flight
+      const auto order =
+          lf::parallel::pipeline::interleaved_1f1b_order(static_cast<int>(k), pp, static_cast<int>(v), micro_batches);
+      int64_t live = 0, most = 0;
+      for (const auto& op : order) most = std::max(most, live += op.kind == 'F' ? 1 : -1);
+      in_flight = most;
+      act = act_per_layer * static_cast<double>(chunk_layers) * static_cast<double>(most);
+    }
+    std::string act_note = std::to_string(in_flight) + (v > 1 ? " model-chunk micro-batch" : " micro-batch") +
+                           (in_flight > 1 ? "es" : "") + " in flight";
+    if (const auto chunk = job.parallel.chunkpipe_chunk_size) {
+      // ChunkPipe: one chunk's activations (attention over the whole prefix is flash: O(chunk)),
+      // plus the kept keys/values of the sequence with their gradients (x 3 with the transient
+      // prefix gradient) and, past the first stage, the stage's inputs.
+      const double cs = static_cast<double>(*chunk);
+      const double kv = s * b * 2.0 * static_cast<double>(m.query_groups() * m.head_dim()) / tp * (half ? 2 : 4);
+      act = cs * b * h * 34 / tp * (half ? 1 : 2) * static_cast<double>(c.layers) + 3 * kv * static_cast<double>(c.layers) +
+            (k > 0 ? s * b * h / tp * (half ? 2 : 4) : 0.0);
+      act_note = "one chunk of " + std::to_string(*chunk) + " tokens + the sequence's keys/values";
+    }
+    const std::string pad = pp > 1 ? "    " : "  ";
+    if (pp > 1) os << "  stage " << k << ":\n";
+    os << pad << "parameters      " << static_cast<int64_t>(params) << " of " << m.num_parameters() << " (/ tp " << tp
+       << (pp > 1 ? ", this stage's layers" : "") << ")\n"
+       << pad << "weights         " << human_bytes(weight_bytes) << "\n"
+       << pad << "gradients       " << human_bytes(grad_bytes) << " (fp32" << (frozen_ ? ", frozen: none" : "") << ")\n"
+       << pad << "optimizer       " << human_bytes(optim_bytes)
+       << (job.optimizer.use_distributed_optimizer ? " (sharded over dp)" : "") << "\n"
+       << pad << "activations     " << human_bytes(act) << " (" << act_note << ")\n"
+       << pad << "total           " << human_bytes(weight_bytes + grad_bytes + optim_bytes + act) << "\n";
+  }
+  os << "  model FLOPs     " << std::setprecision(4) << m.flops_per_token(job.training.seq_length)
+     << " per token (training)\n";
+  return os.str();
+}
+
+std::string CausalLmPlan::describe_components() const { return ""; }
+
+std::string CausalLmPlan::describe() const {
+  std::ostringstream os;
+  const int tp = layout_.size(lf::dist::Axis::tp), pp = layout_.size(lf::dist::Axis::pp),
+            dp = layout_.size(lf::dist::Axis::dp);
+  os << "model: " << config_->type << "\n"
+     << "  foundation     " << config_->component("foundation").type << ", " << foundation_.num_parameters()
+     << " parameters | tp " << tp << ", pp " << pp << ", dp " << dp << " (the job's layout)"
+     << (frozen_ ? " | frozen" : "") << "\n"
+     << describe_components() << stage_assignment() << estimates();
+  return os.str();
+}
+
+namespace {
+std::unique_ptr<ModelPlan> plan_causal_lm(std::shared_ptr<const ModelConfig> c, const PlanArgs& a,
+                                          lf::config::ErrorList& e) {
+  return std::make_unique<CausalLmPlan>(std::move(c), a, e);
+}
+}  // namespace
+
+void register_causal_lm(Registry& r) {
+  CompositeType t;
+  t.name = "causal_lm";
+  t.description = "A decoder foundation with an LM head: next-token loss on labels where loss_mask is 1";
+  t.slots = {{"foundation", "foundation", "decoder", true}};
+  t.plan = plan_causal_lm;
+  r.add(std::move(t));
+}
+
+}  // namespace lf::models

@@ -1,0 +1,50 @@
+// The plan of causal_lm (and of composites built on it): the foundation's pipeline stages,
+// per-rank estimates and layout checks from the job, then the model. Internal to models/.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "loongforge/models/foundations/decoder_config.h"
+#include "loongforge/models/registry.h"
+#include "loongforge/parallel/pipeline/stages.h"
+
+namespace lf::models {
+
+class CausalLmPlan : public ModelPlan {
+ public:
+  CausalLmPlan(std::shared_ptr<const ModelConfig> config, const PlanArgs& args, lf::config::ErrorList& errors);
+  const ModelConfig& config() const override { return *config_; }
+  std::string describe() const override;
+  std::string summary() const override;
+  int64_t num_parameters() const override;
+  DataNeeds data_needs() const override;
+  std::unique_ptr<Model> build(const BuildArgs& args) const override;
+
+  const DecoderConfig& foundation() const { return foundation_; }
+  lf::parallel::pipeline::StageSplit stage_split() const;
+
+ protected:
+  // The components besides the foundation, one line each, for describe().
+  virtual std::string describe_components() const;
+  // Stage k's share of the parameters (its layers; embedding first, head last), for --dry-run.
+  struct StageCount {
+    std::vector<lf::parallel::pipeline::LayerRange> chunks;
+    int64_t layers = 0;
+    int64_t params = 0;  // of the full model's tensors this stage holds (before / tp)
+    std::string extra;   // what besides layers
+  };
+  std::vector<StageCount> stage_counts() const;
+  std::string stage_assignment() const;
+  std::string estimates() const;
+
+  std::shared_ptr<const ModelConfig> config_;
+  lf::config::JobConfig job_;
+  lf::dist::ParallelLayout layout_;
+  DecoderConfig foundation_;
+  bool frozen_ = false;
+};
+
+void register_causal_lm(Registry& r);
+
+}  // namespace lf::models

@@ -1,0 +1,176 @@
+#include "loongforge/models/foundations/decoder.h"
+
+#include <ATen/Functions.h>
+#include <ATen/TensorOperators.h>
+
+#include <cmath>
+#include <tuple>
+
+#include "loongforge/core/error.h"
+#include "loongforge/parallel/tensor/mappings.h"
+
+namespace lf::models {
+
+RopeSpec rope_spec(const DecoderConfig& c) {
+  RopeSpec r;
+  r.head_dim = c.head_dim();
+  r.base = c.rotary_base;
+  r.llama3_scaling = c.rope_scaling;
+  r.factor = c.rope_scaling_factor;
+  r.low_freq_factor = c.rope_scaling_low_freq_factor;
+  r.high_freq_factor = c.rope_scaling_high_freq_factor;
+  r.original_max_position = c.rope_scaling_original_max_position_embeddings;
+  return r;
+}
+
+PipelineStage pipeline_stage(const DecoderConfig& config, int pp, int pp_rank,
+                             std::optional<int64_t> first_stage_layers, std::optional<int64_t> last_stage_layers,
+                             std::optional<int64_t> layers_per_virtual_stage, const std::optional<std::string>& layout) {
+  lf::parallel::pipeline::StageSplit split;
+  split.first_stage_layers = first_stage_layers;
+  split.last_stage_layers = last_stage_layers;
+  split.layers_per_virtual_stage = layers_per_virtual_stage;
+  split.layout = layout;
+  return lf::parallel::pipeline::pipeline_stage(config.num_layers, pp, pp_rank, split);
+}
+
+Decoder::Decoder(const DecoderConfig& c, const lf::backend::DeviceBackend& backend, ParamBuilder& b,
+                 const PipelineStage& stage, uint64_t seed, int tp_rank, int pp_rank)
+    : config_(c), backend_(backend), tp_(b.tp()), stage_(stage) {
+  if (stage_.chunks.empty()) stage_.chunks = {{0, c.num_layers}};
+  {
+    bool ok = stage_.chunks.front().begin >= 0 && stage_.chunks.back().end <= c.num_layers &&
+              (!stage_.first || stage_.chunks.front().begin == 0) &&
+              (!stage_.last || stage_.chunks.back().end == c.num_layers);
+    for (size_t k = 0; k < stage_.chunks.size(); ++k)
+      ok = ok && stage_.chunks[k].begin <= stage_.chunks[k].end &&
+           (k == 0 || stage_.chunks[k - 1].end <= stage_.chunks[k].begin);
+    LF_CHECK(ok, "pipeline stage ", describe_stage(), " (first ", stage_.first, ", last ", stage_.last,
+             ") does not fit a model of ", c.num_layers, " layers",
+             lf::hint("build stages with lf::models::pipeline_stage()"));
+  }
+  LF_CHECK(c.normalization == "RMSNorm" || c.normalization == "LayerNorm",
+           "normalization must be RMSNorm or LayerNorm, got ", c.normalization);
+  LF_CHECK(c.attention_dropout == 0.0, "attention_dropout ", c.attention_dropout,
+           " is not supported (the fused attention op has no dropout)",
+           lf::hint("set attention_dropout: 0; hidden_dropout is supported"));
+  LF_CHECK(c.hidden_dropout >= 0.0 && c.hidden_dropout < 1.0, "hidden_dropout must be in [0, 1), got ",
+           c.hidden_dropout);
+  const int64_t h = c.hidden_size, nq = c.num_attention_heads, nkv = c.query_groups(), f = c.ffn_hidden_size;
+  if (tp_.size() > 1) {
+    const int64_t tp = tp_.size();
+    LF_CHECK(nq % tp == 0 && nkv % tp == 0, "num_attention_heads ", nq, " and num_query_groups ", nkv,
+             " must both be divisible by the tensor-model-parallel size ", tp,
+             lf::hint("each TP rank owns whole query groups; pick a TP size dividing both"));
+    LF_CHECK(f % tp == 0, "ffn_hidden_size ", f, " is not divisible by the tensor-model-parallel size ", tp,
+             lf::hint("pick an ffn_hidden_size that is a multiple of the TP size"));
+  }
+  rng_ = lf::parallel::RngTracker(seed, tp_rank, pp_rank);
+  // Megatron's init: N(0, std) for weights, zeros for biases, ones for norms; output projections
+  // scaled by 1/sqrt(2 * layers). Every rank draws the full tensors in the same order and keeps its
+  // shard.
+  const double std = c.init_method_std, out_std = std / std::sqrt(2.0 * c.num_layers);
+  TransformerLayerConfig lc;
+  lc.norm = {c.normalization == "LayerNorm", c.norm_epsilon};
+  lc.attention = {h, nq, nkv, c.head_dim(), c.add_qkv_bias || c.add_bias_linear, c.add_bias_linear,
+                  c.qk_layernorm, c.norm_epsilon, std, out_std};
+  lc.mlp = {h, f, c.swiglu, c.add_bias_linear, std, out_std};
+  lc.hidden_dropout = c.hidden_dropout;
+
+  initial_embedding_ = vocab_table(b, c.vocab_size, c.padded_vocab_size(tp_.size()), h, std);
+  b.set_keep(stage_.first);
+  embedding_ = TokenEmbedding(b, "embedding.word_embeddings.weight", initial_embedding_);
+  for (int64_t i = 0; i < c.num_layers; ++i) {
+    bool keep = false;
+    for (const auto& r : stage_.chunks) keep = keep || (i >= r.begin && i < r.end);
+    b.set_keep(keep);
+    TransformerLayer layer(b, "decoder.layers." + std::to_string(i), lc);
+    if (keep) layers_.push_back(std::move(layer));
+  }
+  b.set_keep(stage_.last);
+  final_norm_ = Norm(b, "decoder.final_layernorm", h, lc.norm);
+  b.set_keep(true);
+}
+
+std::pair<size_t, size_t> Decoder::chunk_layers(int64_t c) const {
+  LF_CHECK(c >= 0 && c < stage_.num_chunks(), "model chunk ", c, " of a pipeline stage with ", stage_.num_chunks(),
+           " chunk(s) (", describe_stage(), ")");
+  size_t begin = 0;
+  for (int64_t k = 0; k < c; ++k) begin += static_cast<size_t>(stage_.chunks[static_cast<size_t>(k)].size());
+  return {begin, begin + static_cast<size_t>(stage_.chunks[static_cast<size_t>(c)].size())};
+}
+
+at::Tensor Decoder::embed(const at::Tensor& tokens, int64_t start, bool scatter) const {
+  LF_CHECK(stage_.first, "the embedding lives on the first pipeline stage; this one holds ", describe_stage());
+  LF_CHECK(tokens.dim() == 2, "tokens must be [batch, seq], got ", tokens.sizes());
+  const int64_t s = tokens.size(1);
+  LF_CHECK(start + s <= config_.max_position_embeddings, "sequence length ", start + s,
+           " exceeds max_position_embeddings ", config_.max_position_embeddings,
+           lf::hint("raise model max_position_embeddings or lower --seq-length"));
+  LF_CHECK(!tp_.sequence_parallel || s % tp_.size() == 0, "sequence parallelism: sequence length ", s,
+           " is not divisible by the tensor-model-parallel size ", tp_.size(),
+           lf::hint("pick --seq-length as a multiple of the TP size"));
+  // [s(/tp), b, h]: the sequence chunk under SP. Megatron's embedding dropout uses hidden_dropout.
+  auto x = embedding_.forward(tp_, tokens, scatter);
+  lf::parallel::TensorParallel layout = tp_;
+  if (!scatter) layout.sequence_parallel = false;
+  LayerContext lc{&backend_, &layout, &rng_, training_, recompute_};
+  return hidden_dropout(x, config_.hidden_dropout, lc);
+}
+
+at::Tensor Decoder::scatter_sequence(const at::Tensor& x) const {
+  if (!tp_.sequence_parallel || tp_.size() == 1) return x;
+  return lf::parallel::scatter_to_sequence_parallel(x, *tp_.tp);
+}
+
+at::Tensor Decoder::run_layers(at::Tensor x, const DecoderInputs& in, size_t lo, size_t hi) const {
+  const int64_t start = in.start, s = in.seq;
+  LF_CHECK(start + s <= config_.max_position_embeddings, "sequence length ", start + s,
+           " exceeds max_position_embeddings ", config_.max_position_embeddings,
+           lf::hint("raise model max_position_embeddings or lower --seq-length"));
+  const auto options = at::TensorOptions().dtype(at::kFloat).device(backend_.device());
+  AttentionInputs a;
+  if (in.position_ids.defined()) {
+    LF_CHECK(!in.cache && !in.chunk, "per-sample position ids work on whole sequences (no KV cache, no ChunkPipe)");
+    LF_CHECK(in.position_ids.dim() == 2 && in.position_ids.size(1) == s, "position_ids must be [batch, ", s,
+             "], got ", in.position_ids.sizes());
+    LF_CHECK(in.position_ids.max().item<int64_t>() < config_.max_position_embeddings, "a position id reaches ",
+             in.position_ids.max().item<int64_t>(), ", past max_position_embeddings ", config_.max_position_embeddings);
+    std::vector<at::Tensor> cos, sin;
+    for (int64_t i = 0; i < in.position_ids.size(0); ++i) {
+      auto [c, si] = rope_tables_at(rope_spec(config_), in.position_ids[i], options);
+      cos.push_back(c);
+      sin.push_back(si);
+    }
+    a.cos = at::stack(cos);
+    a.sin = at::stack(sin);
+  } else {
+    std::tie(a.cos, a.sin) = rope_tables(rope_spec(config_), start, s, options);
+  }
+  if (in.document_ids.defined()) {
+    LF_CHECK(!in.cache && !in.chunk, "document masks (--reset-attention-mask) work on whole sequences (no KV cache, "
+             "no ChunkPipe)");
+    a.mask = lf::backend::AttentionMask::boolean(block_causal_mask(in.document_ids.to(backend_.device())));
+  }
+  a.cache = in.cache;
+  a.chunk = in.chunk;
+  if (in.cache && in.cache->k.empty()) {
+    in.cache->k.resize(layers_.size());
+    in.cache->v.resize(layers_.size());
+  }
+  if (in.chunk) {
+    in.chunk->k.assign(layers_.size(), at::Tensor());
+    in.chunk->v.assign(layers_.size(), at::Tensor());
+  }
+  LayerContext lc{&backend_, &tp_, &rng_, training_, recompute_};
+  x = lf::models::run_layers(layers_, lo, std::min(hi, layers_.size()), x, a, lc);
+  if (in.cache) in.cache->length += s;
+  return x;
+}
+
+at::Tensor Decoder::final_norm(const at::Tensor& x) const {
+  LF_CHECK(stage_.last, "the final norm lives on the last pipeline stage; this one holds ", describe_stage());
+  return final_norm_(backend_, x);
+}
+
+}  // namespace lf::models

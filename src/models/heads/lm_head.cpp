@@ -1,0 +1,51 @@
+#include "loongforge/models/heads/lm_head.h"
+
+#include <ATen/Functions.h>
+
+#include "loongforge/backend/functional.h"
+#include "loongforge/core/error.h"
+#include "loongforge/parallel/tensor/cross_entropy.h"
+#include "loongforge/parallel/tensor/mappings.h"
+
+namespace lf::models {
+
+LmHead::LmHead(const LmHeadConfig& c, const lf::backend::DeviceBackend& backend, ParamBuilder& b,
+               const at::Tensor* embedding, const at::Tensor& initial_embedding)
+    : c_(c), backend_(&backend), tp_(b.tp()) {
+  if (!c.tied) {
+    weight_ = b.add("output_layer.weight", vocab_table(b, c.vocab_size, c.padded_vocab, c.hidden_size, c.init_std),
+                    Sharding::vocabulary(), false);
+  } else if (embedding && embedding->defined()) {
+    weight_ = *embedding;
+  } else if (b.keeps()) {
+    // Tied embeddings over several stages: the last stage's output layer starts as a copy of the
+    // embedding and stays one because their gradients are summed over the embedding group.
+    weight_ = b.add("embedding.word_embeddings.weight", initial_embedding, Sharding::vocabulary(), false);
+    b.last().tied_copy = true;
+    b.last().pipeline_tied = true;
+  }
+}
+
+at::Tensor LmHead::local_logits(const at::Tensor& x) const {
+  LF_CHECK(weight_.defined(), "the LM head lives on the last pipeline stage");
+  return lf::parallel::column_parallel_linear(x, weight_, {}, tp_);
+}
+
+at::Tensor LmHead::loss(const at::Tensor& logits, const at::Tensor& labels) const {
+  // logits: [s, b, v_pad / tp]
+  auto target = labels.t().reshape({-1}).to(backend_->device());  // [s b]
+  auto flat = logits.reshape({-1, logits.size(-1)});
+  if (tp_.size() > 1)
+    return lf::parallel::vocab_parallel_cross_entropy(flat, target, *tp_.tp, c_.vocab_size, /*ignore_index=*/-100);
+  // Padding columns take no probability mass (as in the vocab-parallel path).
+  auto real = flat.size(1) == c_.vocab_size ? flat : flat.narrow(1, 0, c_.vocab_size).contiguous();
+  return lf::ops::softmax_cross_entropy(*backend_, real, target, /*ignore_index=*/-100);
+}
+
+at::Tensor LmHead::full_logits(const at::Tensor& local) const {
+  auto logits = local;  // [s, b, v_pad / tp]
+  if (tp_.size() > 1) logits = lf::parallel::gather_from_tp(logits, *tp_.tp);
+  return logits.narrow(-1, 0, c_.vocab_size);  // [s, b, vocab]
+}
+
+}  // namespace lf::models

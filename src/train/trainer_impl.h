@@ -1,0 +1,82 @@
+// The trainer's state and its step functions (trainer.cpp: the loop and logging; trainer_steps.cpp:
+// one step's forward/backward under each schedule, and evaluation). Internal to the train layer.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "loongforge/parallel/pipeline/p2p.h"
+#include "loongforge/parallel/pipeline/schedules.h"
+#include "loongforge/train/loss_scaler.h"
+#include "loongforge/train/lr_schedule.h"
+#include "loongforge/train/optimizer.h"
+#include "loongforge/train/tensorboard.h"
+#include "loongforge/train/trainer.h"
+#include "trainer_checkpointing.h"
+
+namespace lf::train {
+
+// One parameter group's gradient machinery (trainable groups only).
+struct GroupBuffer {
+  std::string name;
+  const lf::dist::ParallelContext* context = nullptr;
+  std::unique_ptr<GradBuffer> grads;
+};
+
+struct Trainer::Impl {
+  Impl(const lf::config::JobConfig& job, lf::models::Model& model, const lf::dist::ParallelContext& ctx,
+       const lf::backend::DeviceBackend& backend, std::unique_ptr<BatchSource> train_data,
+       std::unique_ptr<BatchSource> valid_data, TrainerHooks hooks);
+
+  const lf::config::JobConfig& job;
+  lf::models::Model& model;
+  const lf::dist::ParallelContext& ctx;
+  const lf::backend::DeviceBackend& backend;
+  std::unique_ptr<BatchSource> train_data, valid_data;
+  bool deterministic;
+  std::vector<lf::models::ParameterGroup> groups;  // the model's, kept alive for the buffers
+  std::vector<GroupBuffer> buffers;
+  std::unique_ptr<Optimizer> optimizer;
+  LrSchedule schedule;
+  LossScaler scaler;
+  int64_t micro_batches;
+  std::unique_ptr<TrainerCheckpointing> checkpoints;
+  // Pipeline parallelism (pp > 1): activations and gradients to and from the adjacent stages.
+  std::unique_ptr<lf::parallel::pipeline::StageExchange> exchange;
+  std::unique_ptr<lf::parallel::pipeline::ScheduleTrace> trace;  // --pipeline-trace
+  std::unique_ptr<TensorBoardWriter> tensorboard;                // --tensorboard-dir, rank 0
+
+  // The loss of the last step per term (normalised over the global batch), in term order.
+  std::vector<std::pair<std::string, double>> last_terms;
+
+  lf::backend::Communicator* dp() const { return ctx.dp_size() > 1 ? &ctx.dp() : nullptr; }
+  std::vector<GradBuffer*> grad_list() const;
+  void begin_micro_batch(bool last);
+  // The step's micro-batches (every stage reads all of them, keeping the data streams in step).
+  std::vector<lf::data::Batch> read_step();
+  // 1 / (units of each term over the global batch) x the loss scale.
+  std::map<std::string, double> loss_weights(const std::vector<lf::data::Batch>& batches) const;
+  // Sum of w_t * term_t (the scalar to backpropagate); adds the detached sums to `sums`.
+  at::Tensor objective(const std::vector<lf::models::LossTerm>& terms, const std::map<std::string, double>& weights,
+                       std::map<std::string, double>& sums) const;
+
+  // One forward/backward over the step, gradients reduced; returns the step's total loss.
+  double forward_backward();
+  double forward_backward_pipelined(const std::vector<lf::data::Batch>& batches,
+                                    const std::map<std::string, double>& weights, std::map<std::string, double>& sums);
+  double forward_backward_chunkpipe(const std::vector<lf::data::Batch>& batches,
+                                    const std::map<std::string, double>& weights, std::map<std::string, double>& sums);
+  // The tied embedding's gradient sum, every buffer's reduction, the term sums reduced to every
+  // rank: the step's loss per term.
+  double finish_step(std::map<std::string, double>& sums, const std::map<std::string, double>& weights);
+
+  // Evaluation: one micro-batch's metrics on this rank (the last stage's; zeros elsewhere).
+  void evaluate_batch(const lf::data::Batch& batch, int64_t index, int64_t iters, lf::models::Metrics& out);
+
+  // Parameter L2 norm over every group, each element counted once (--log-params-norm).
+  double params_norm() const;
+};
+
+}  // namespace lf::train

@@ -114,7 +114,7 @@ const std::vector<FlagSpec> kTable = {
   {"--num-query-groups", "model.foundation.num_query_groups", K::value, "N", "Number of key/value head groups (GQA)"},
   {"--kv-channels", "model.foundation.kv_channels", K::value, "N", "Size of one attention head (default hidden_size / heads)"},
   {"--max-position-embeddings", "model.foundation.max_position_embeddings", K::value, "N", "Maximum sequence length of the position encoding"},
-  {"--position-embedding-type", "model.foundation.position_embedding_type", K::value, "rope|learned_absolute|none", "Position encoding"},
+  {"--position-embedding-type", "model.foundation.position_embedding_type", K::value, "rope", "Position encoding (the decoder family uses rope)"},
   {"--rotary-base", "model.foundation.rotary_base", K::value, "BASE", "RoPE base (theta)"},
   {"--vocab-size", "model.foundation.vocab_size", K::value, "N", "Vocabulary size (before padding)"},
   {"--make-vocab-size-divisible-by", "model.foundation.make_vocab_size_divisible_by", K::value, "N", "Pad the vocabulary to a multiple of this (times TP size)"},
@@ -127,10 +127,18 @@ const std::vector<FlagSpec> kTable = {
   {"--init-method-std", "model.foundation.init_method_std", K::value, "STD", "Standard deviation of the weight initialization"},
   {"--hidden-dropout", "model.foundation.hidden_dropout", K::value, "P", "Dropout after attention and MLP"},
   {"--attention-dropout", "model.foundation.attention_dropout", K::value, "P", "Dropout of the attention probabilities"},
-  {"--num-experts", "model.foundation.num_experts", K::value, "N", "Number of MoE experts"},
-  {"--moe-router-topk", "model.foundation.moe_router_topk", K::value, "K", "Experts per token"},
 };
 // clang-format on
+
+// Megatron flags users will reach for whose features are not built yet: refused at once with
+// what they wait for (never accepted and ignored).
+struct Refused {
+  std::string_view flag, metavar, why;
+};
+const std::vector<Refused> kRefused = {
+    {"--num-experts", "N", "MoE models (Qwen3-MoE, DeepSeek-V3, expert parallelism) arrive with issue 14"},
+    {"--moe-router-topk", "K", "MoE models (Qwen3-MoE, DeepSeek-V3, expert parallelism) arrive with issue 14"},
+};
 
 struct Switch {
   std::string_view flag, metavar, help;
@@ -161,7 +169,14 @@ std::vector<std::string> all_flag_names() {
   std::vector<std::string> names;
   for (const FlagSpec& f : kTable) names.emplace_back(f.flag);
   for (const Switch& s : kSwitches) names.emplace_back(s.flag);
+  for (const Refused& r : kRefused) names.emplace_back(r.flag);
   return names;
+}
+
+const Refused* find_refused(std::string_view flag) {
+  for (const Refused& r : kRefused)
+    if (r.flag == flag) return &r;
+  return nullptr;
 }
 
 bool looks_like_override(std::string_view a) {
@@ -183,6 +198,12 @@ std::string pad(std::string s, size_t width) {
 }  // namespace
 
 const std::vector<FlagSpec>& flag_table() { return kTable; }
+
+std::vector<std::string> refused_flag_names() {
+  std::vector<std::string> out;
+  for (const Refused& r : kRefused) out.emplace_back(r.flag);
+  return out;
+}
 
 const FlagSpec* find_flag(std::string_view flag) {
   for (const FlagSpec& f : kTable)
@@ -297,6 +318,11 @@ TrainCommandLine parse_train_command_line(std::span<const std::string> args) {
           break;
         }
       }
+    } else if (const Refused* r = find_refused(name)) {
+      errors.add("", where, "flag " + name + " is not supported yet: " + std::string(r->why),
+                 "drop " + name + "; dense models train without it");
+      while (!inline_value && i + 1 < args.size() && !args[i + 1].starts_with("--") && !looks_like_override(args[i + 1]))
+        ++i;
     } else {
       std::string near = nearest(name, all_flag_names());
       errors.add("", where, "unknown flag " + name,
@@ -335,6 +361,9 @@ std::string help_text() {
     out += "  " + pad(lhs, 44) + flag_help(f) + " [" + std::string(f.key) +
            (f.kind == K::store_false ? "=false" : "") + "]\n";
   }
+  out += "\nnot supported yet (refused with an error):\n";
+  for (const Refused& r : kRefused)
+    out += "  " + pad(std::string(r.flag) + " " + std::string(r.metavar), 44) + std::string(r.why) + "\n";
   return out;
 }
 
@@ -363,6 +392,9 @@ std::string flags_markdown() {
     }
     out += "| `" + std::string(f.flag) + "` | " + t + " | `" + std::string(f.key) + "` | " + help + " |\n";
   }
+  for (const Refused& r : kRefused)
+    out += "| `" + std::string(r.flag) + "` | `" + std::string(r.metavar) + "` | (refused) | not supported yet: " +
+           std::string(r.why) + " |\n";
   return out;
 }
 

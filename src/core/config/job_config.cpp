@@ -21,6 +21,11 @@ class Checker {
     const Node* n = resolved_.find_path(key);
     return n ? n->origin() : Origin{};
   }
+  // The key was written by the user (a file, flag or override), not left at its default.
+  bool given(const std::string& key) const {
+    const Node* n = resolved_.find_path(key);
+    return n && n->origin().kind != Origin::Kind::default_;
+  }
   // "optimizer.lr = 0.0003 (configs/train/base.yaml:12)"
   std::string show(const std::string& key) const {
     const Node* n = resolved_.find_path(key);
@@ -103,6 +108,32 @@ void validate(const JobConfig& job, const Node& resolved, ErrorList& errors) {
       !o.lr_wsd_decay_iters)
     c.fail("optimizer.lr_wsd_decay_iters", "lr_decay_style WSD needs optimizer.lr_wsd_decay_iters",
            "set the length of the final decay, e.g. ++optimizer.lr_wsd_decay_iters=100");
+
+  // Every flag either acts or is refused: these wait for features that are not built.
+  if (c.ok({"parallel.overlap_param_gather"}) && p.overlap_param_gather)
+    c.fail("parallel.overlap_param_gather",
+           "--overlap-param-gather is not implemented: ZeRO-1 gathers the updated parameters right after the "
+           "optimizer step; overlapping that all-gather with the next forward comes with the performance work "
+           "(issue 13)",
+           "drop --overlap-param-gather (--overlap-grad-reduce overlaps the gradient reduction)");
+  if (c.ok({"parallel.expert_tensor_parallel_size"}) && p.expert_tensor_parallel_size)
+    c.fail("parallel.expert_tensor_parallel_size",
+           "--expert-tensor-parallel-size applies to MoE experts, which arrive with issue 14 (Qwen3-MoE, DeepSeek-V3)",
+           "drop it; dense models use --tensor-model-parallel-size");
+  for (const char* key : {"data.vocab_file", "data.merge_file"})
+    if (c.ok({key}) && c.given(key))
+      c.fail(key,
+             std::string("--") + (std::string(key) == "data.vocab_file" ? "vocab-file" : "merge-file") +
+                 " is not read: loongforge-train's tokenizers are ByteTokenizer and HuggingFaceTokenizer "
+                 "(tokenizer.json); GPT2BPETokenizer vocab/merge files are not supported",
+             "save the tokenizer as tokenizer.json (HF tokenizers) and pass --tokenizer-type HuggingFaceTokenizer "
+             "--tokenizer-model DIR");
+  if (c.ok({"training.fp16"}) && !t.fp16)
+    for (const char* key : {"training.initial_loss_scale", "training.min_loss_scale", "training.loss_scale_window",
+                            "training.hysteresis"})
+      if (c.ok({key}) && c.given(key))
+        c.fail(key, c.show(key) + " configures the dynamic loss scaler, which runs with --fp16 only",
+               "add --fp16, or drop it (--loss-scale sets a constant scale in any precision)");
 
   if (c.ok({"training.bf16", "training.fp16"}) && t.bf16 && t.fp16)
     c.fail("training.fp16", "bf16 and fp16 are both on: " + c.show("training.bf16") + ", " + c.show("training.fp16"),

@@ -30,6 +30,8 @@ struct FlagSpec {
 
 // The table, grouped by config section, in the order --help prints it.
 const std::vector<FlagSpec>& flag_table();
+// Megatron flags refused with the feature they wait for (parse_train_command_line errors on them).
+std::vector<std::string> refused_flag_names();
 // The row of a flag ("--lr"), or null.
 const FlagSpec* find_flag(std::string_view flag);
 

@@ -44,7 +44,7 @@ struct ParallelConfig {
     v("context_parallel_size", context_parallel_size, "Context parallel size", Min{1});
     v("expert_model_parallel_size", expert_model_parallel_size, "Expert model parallel size", Min{1});
     v("expert_tensor_parallel_size", expert_tensor_parallel_size,
-      "Tensor parallel size of the experts (null: tensor_model_parallel_size)", Min{1});
+      "Tensor parallel size of the experts (MoE: issue 14; refused until then)", Min{1});
     v("num_layers_per_virtual_pipeline_stage", num_layers_per_virtual_pipeline_stage,
       "Layers per virtual pipeline stage (interleaved schedule)", Min{1});
     v("decoder_first_pipeline_num_layers", decoder_first_pipeline_num_layers,
@@ -60,7 +60,7 @@ struct ParallelConfig {
     v("distributed_timeout_minutes", distributed_timeout_minutes,
       "Timeout of collectives and rendezvous, in minutes", Min{1});
     v("distributed_backend", distributed_backend,
-      "Communication backend (auto: nccl on CUDA, gloo on CPU, the plugin's on XPU)",
+      "Communication backend (auto: nccl on CUDA, gloo on CPU, the plugin's on XPU; another is refused)",
       OneOf{{"auto", "nccl", "gloo", "plugin"}});
     v("overlap_grad_reduce", overlap_grad_reduce, "Overlap the gradient reduction with the backward pass");
     v("pipeline_trace", pipeline_trace,
@@ -69,7 +69,8 @@ struct ParallelConfig {
       "ChunkPipe: split each sequence into chunks of N tokens that flow through the pipeline as "
       "consecutive micro-batches (activation memory bounded by the chunk, not the sequence)",
       Min{1});
-    v("overlap_param_gather", overlap_param_gather, "Overlap the parameter all-gather with the forward pass");
+    v("overlap_param_gather", overlap_param_gather,
+      "Overlap ZeRO-1's parameter all-gather with the forward pass (not implemented yet: refused)");
     v("ddp_bucket_size", ddp_bucket_size,
       "Elements per data-parallel gradient bucket (null: 40M)", Min{1});
   }
@@ -195,15 +196,15 @@ struct DataConfig {
       "Validation dataset prefixes (empty: the valid part of split over data_path)");
     v("split", split, "Train/validation/test proportions", Min{0});
     v("mock_data", mock_data, "Synthetic data instead of data_path");
-    v("tokenizer_type", tokenizer_type, "Tokenizer",
-      OneOf{{"GPT2BPETokenizer", "SentencePieceTokenizer", "GPTSentencePieceTokenizer",
-             "HuggingFaceTokenizer", "Llama2Tokenizer", "TikTokenizer", "NullTokenizer",
-             "ByteTokenizer"}});
-    v("tokenizer_model", tokenizer_model, "Tokenizer model file or directory");
-    v("vocab_file", vocab_file, "Vocabulary file (GPT2BPETokenizer)");
-    v("merge_file", merge_file, "BPE merge file (GPT2BPETokenizer)");
+    v("tokenizer_type", tokenizer_type,
+      "Tokenizer of the data (its end-of-document id for --eod-mask-loss / --reset-*; its size is checked "
+      "against the vocabulary)",
+      OneOf{{"HuggingFaceTokenizer", "ByteTokenizer"}});
+    v("tokenizer_model", tokenizer_model, "tokenizer.json or its directory (HuggingFaceTokenizer)");
+    v("vocab_file", vocab_file, "GPT2BPETokenizer vocabulary (not supported: refused; use tokenizer.json)");
+    v("merge_file", merge_file, "GPT2BPETokenizer merges (not supported: refused; use tokenizer.json)");
     v("data_cache_path", data_cache_path, "Where dataset index caches are written");
-    v("num_workers", num_workers, "Data loader worker threads", Min{0});
+    v("num_workers", num_workers, "Data loader worker threads (0: load on the training thread)", Min{0});
     v("reset_position_ids", reset_position_ids, "Restart position ids after each end-of-document token");
     v("reset_attention_mask", reset_attention_mask, "Mask attention across end-of-document tokens");
     v("eod_mask_loss", eod_mask_loss, "Mask the loss on end-of-document tokens");
@@ -252,9 +253,10 @@ struct LoggingConfig {
   void visit(V& v) {
     v("log_interval", log_interval, "Iterations between log lines", Min{1});
     v("metrics_file", metrics_file, "Append one JSON object per logged iteration here (rank 0)");
-    v("tensorboard_dir", tensorboard_dir, "TensorBoard event directory (null: none)");
-    v("log_params_norm", log_params_norm, "Log the parameters' global norm");
-    v("log_throughput", log_throughput, "Log throughput (TFLOP/s per device)");
+    v("tensorboard_dir", tensorboard_dir,
+      "Write TensorBoard event files here: losses, lr, grad norm, tokens/s, memory, validation (rank 0)");
+    v("log_params_norm", log_params_norm, "Log the parameters' global L2 norm (progress line, metrics, TensorBoard)");
+    v("log_throughput", log_throughput, "Log the model TFLOP/s per rank (progress line, metrics, TensorBoard)");
   }
 };
 

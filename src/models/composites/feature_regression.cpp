@@ -125,8 +125,9 @@ class FeatureRegressionPlan : public ModelPlan {
     return d;
   }
   void add_mock_fields(Batch& batch, uint64_t seed) const override {
-    // inputs ~ N(0, 1) per sample; the target at position i is the input at position s - 1 - i
-    // (its first output_size channels): learnable only with attention over the whole sequence.
+    // inputs ~ N(0, 1) per sample; the target at every position is the mean over the whole
+    // sequence of the inputs' first output_size channels (plus the position's own): a causal
+    // model, which sees only the prefix, cannot fit it; bidirectional attention can.
     std::vector<at::Tensor> inputs;
     for (int64_t index : batch.sample_indices) {
       auto gen = at::make_generator<at::CPUGeneratorImpl>(seed * 1000003ull + static_cast<uint64_t>(index) + 29);
@@ -134,9 +135,10 @@ class FeatureRegressionPlan : public ModelPlan {
     }
     LF_CHECK(!inputs.empty(), "feature_regression: a batch without sample indices");
     at::Tensor x = at::stack(inputs);  // [b, s, in]
-    const int64_t out = own_.output_size;
-    at::Tensor t = x.flip({1}).narrow(2, 0, std::min(out, foundation_.input_size));
-    if (out > foundation_.input_size) t = at::cat({t, at::zeros({x.size(0), seq_, out - foundation_.input_size})}, 2);
+    const int64_t out = own_.output_size, c = std::min(out, foundation_.input_size);
+    at::Tensor head = x.narrow(2, 0, c);
+    at::Tensor t = head.mean(1, /*keepdim=*/true).expand_as(head) * 2.0 + head * 0.5;
+    if (out > c) t = at::cat({t, at::zeros({x.size(0), seq_, out - c})}, 2);
     batch.set("inputs", x, 1);
     batch.set("targets", t.contiguous(), 1);
   }

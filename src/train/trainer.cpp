@@ -292,8 +292,10 @@ TrainSummary Trainer::run() {
         line << " | ETA " << std::setprecision(3) << eta << " s";
         LF_INFO(line.str());
         if (metrics.is_open()) {
-          metrics << std::setprecision(10) << "{\"iteration\": " << it << ", \"loss\": " << loss
-                  << ", \"grad_norm\": " << grad_norm << ", \"lr\": " << lr << ", \"tokens_per_sec\": " << tps
+          // JSON has no NaN or Inf: a non-finite value (a skipped step's norm) is null.
+          auto num = [](double v) { std::ostringstream o; o << std::setprecision(10); if (std::isfinite(v)) o << v; else o << "null"; return o.str(); };
+          metrics << std::setprecision(10) << "{\"iteration\": " << it << ", \"loss\": " << num(loss)
+                  << ", \"grad_norm\": " << num(grad_norm) << ", \"lr\": " << lr << ", \"tokens_per_sec\": " << tps
                   << ", \"consumed_samples\": " << it * global_batch;
           if (I.last_terms.size() > 1)
             for (const auto& [name, v] : I.last_terms) metrics << ", \"" << name << "\": " << v;

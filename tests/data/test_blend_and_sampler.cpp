@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <filesystem>
 #include <set>
 
 #include "loongforge/core/error.h"
@@ -229,3 +230,40 @@ TEST(BackgroundLoader, ErrorsInTheThreadReachTheCaller) {
 }
 
 }  // namespace
+
+namespace {
+size_t thread_count() {
+  size_t n = 0;
+  for (const auto& e : std::filesystem::directory_iterator("/proc/self/task")) n += e.is_directory();
+  return n;
+}
+}  // namespace
+
+// --num-workers: N threads assemble micro-batches (delivered in sampler order whatever thread
+// finished first), 0 assembles them on the caller's thread; the batches are the same.
+TEST(BackgroundLoader, WorkersChangeThreadsNotBatches) {
+  std::string dir = lf::testing::make_temp_dir("loader-workers");
+  make_dataset(dir + "/a", 1, 300);
+  lf::data::GptDatasetConfig c;
+  c.seq_length = 8;
+  c.num_samples = 120;
+  c.use_cache = false;
+  auto ds = std::make_shared<lf::data::GptDataset>(std::make_shared<lf::data::IndexedDataset>(dir + "/a"),
+                                                   lf::data::DocRange{0, 300}, c);
+  std::vector<std::vector<int64_t>> want;
+  const size_t before = thread_count();
+  for (int workers : {0, 1, 3}) {
+    lf::data::LoaderOptions o;
+    o.workers = workers;
+    o.prefetch = 2;
+    lf::data::BackgroundLoader loader(ds, PretrainingSampler(120, 4, 0, 1), o);
+    EXPECT_EQ(thread_count(), before + static_cast<size_t>(workers)) << workers << " workers";
+    std::vector<std::vector<int64_t>> got;
+    while (auto b = loader.next()) got.push_back(b->tokens);
+    EXPECT_EQ(loader.state().consumed_samples, 120);
+    if (want.empty()) want = got;
+    EXPECT_EQ(got, want) << workers << " workers";
+  }
+  ASSERT_EQ(want.size(), 30u);
+  EXPECT_THROW(lf::data::BackgroundLoader(ds, PretrainingSampler(120, 4, 0, 1), {2, -1}), lf::Error);
+}

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <sstream>
@@ -109,6 +110,45 @@ TEST(DistFailures, RendezvousWithoutRankZeroNamesAddressRankAndTimeout) {
 }
 
 // A single process: the in-memory store and size-1 Gloo groups; argument checks.
+// The listening sockets on `port` in /proc/net/tcp and tcp6: their local addresses (hex, as the
+// kernel prints them).
+std::vector<std::string> listeners(int port) {
+  char hex[8];
+  std::snprintf(hex, sizeof(hex), "%04X", port);
+  std::vector<std::string> out;
+  for (const char* file : {"/proc/net/tcp", "/proc/net/tcp6"}) {
+    std::ifstream in(file);
+    std::string line;
+    std::getline(in, line);  // header
+    while (std::getline(in, line)) {
+      std::istringstream ls(line);
+      std::string slot, local, remote, state;
+      ls >> slot >> local >> remote >> state;
+      const auto colon = local.rfind(':');
+      if (state == "0A" && colon != std::string::npos && local.substr(colon + 1) == hex) out.push_back(local.substr(0, colon));
+    }
+  }
+  return out;
+}
+
+// Rank 0 hosts the TCPStore on the address it was given only: for a one-node job on 127.0.0.1
+// its socket is bound to loopback (0100007F), never to every interface (00000000, or :: in tcp6).
+LF_WORKER_CASE(store_binds_master_addr) {
+  const auto env = detect_launch_env();
+  Rendezvous r(env, std::chrono::seconds(30));
+  if (env.rank == 0) {
+    const auto addrs = listeners(env.master_port);
+    ASSERT_FALSE(addrs.empty()) << "no listening socket on port " << env.master_port;
+    for (const auto& a : addrs) EXPECT_TRUE(a == "0100007F" || a == "00000000000000000000000001000000") << a;
+  }
+  r.store()->set("checked" + std::to_string(env.rank), std::vector<uint8_t>{1});
+  r.store()->wait({"checked0", "checked1"});
+}
+
+TEST(Rendezvous, StoreListensOnlyOnMasterAddr) {
+  lf::testing::expect_all_ok(lf::testing::run_workers("store_binds_master_addr", {.world_size = 2}));
+}
+
 TEST(DistFailures, ArgumentErrorsNameOpAndGroup) {
   Rendezvous rdzv(LaunchEnv{}, std::chrono::seconds(10));
   ParallelContext ctx(rdzv, ParallelLayout(1, {}), {.kinds = {GroupKind::world}});

@@ -264,6 +264,54 @@ TEST(PipelineExchange, VariableShapesBothDirectionsPp4) {
   lf::testing::expect_all_ok(lf::testing::run_workers("pp_exchange", {.world_size = 4}));
 }
 
+// A stage passes a named set (hidden states that carry gradients, integer positions and a float
+// tap that do not) through 1F1B: the next stage gets every entry with its name, dtype and
+// requires-grad flag, and gradients come back for the differentiable entry only; the loss and
+// the first stage's gradient equal the same computation in one process.
+LF_WORKER_CASE(pp_named_exchange) {
+  auto ctx = make_pp_context(2);
+  pl::StageExchange ex(ctx->pp(), c10::Device(c10::kCPU));
+  const int64_t m_total = 3;
+  at::Tensor w = at::full({4}, 0.5).set_requires_grad(true);  // stage 0's parameter
+  auto inputs = [](int64_t m) { return at::arange(8, at::kFloat).view({2, 4}) * (m + 1) * 0.1; };
+  pl::StageStep step;
+  step.forward = [&](int64_t m, const pl::TensorMap& in) {
+    pl::StageResult r;
+    if (ex.is_first()) {
+      r.activations.set("hidden_states", inputs(m) * w);
+      r.activations.set("positions", at::arange(2, at::kLong) + m);
+      r.activations.set("tap", at::full({2}, 3.0 * m));
+      return r;
+    }
+    EXPECT_EQ(in.size(), 3u);
+    EXPECT_TRUE(in.at("hidden_states").requires_grad());
+    EXPECT_FALSE(in.at("positions").requires_grad());
+    EXPECT_EQ(in.at("positions").scalar_type(), at::kLong);
+    EXPECT_TRUE(at::equal(in.at("positions"), at::arange(2, at::kLong) + m));
+    EXPECT_FALSE(in.at("tap").requires_grad());
+    auto scale = (in.at("positions").to(at::kFloat) + in.at("tap")).unsqueeze(1);  // [2, 1]
+    r.loss = (in.at("hidden_states").pow(2) * scale).sum();
+    return r;
+  };
+  const double loss = pl::run_1f1b(ex, m_total, step);
+  // One process: the same two stages composed.
+  at::Tensor w1 = at::full({4}, 0.5).set_requires_grad(true);
+  double want = 0;
+  for (int64_t m = 0; m < m_total; ++m) {
+    auto h = inputs(m) * w1;
+    auto scale = ((at::arange(2, at::kLong) + m).to(at::kFloat) + 3.0 * m).unsqueeze(1);
+    auto l = (h.pow(2) * scale).sum();
+    l.backward();
+    want += l.item<double>();
+  }
+  if (ex.is_last()) EXPECT_NEAR(loss, want, 1e-5 * want);
+  if (ex.is_first()) EXPECT_TRUE(at::allclose(w.grad(), w1.grad())) << w.grad() << " vs " << w1.grad();
+}
+
+TEST(PipelineExchange, NamedTensorSetsCarryNamesDtypesAndGradientFlags) {
+  lf::testing::expect_all_ok(lf::testing::run_workers("pp_named_exchange", {.world_size = 2}));
+}
+
 DecoderConfig tiny(bool untied) {
   DecoderConfig c = lf::testing::tiny_decoder_config();  // vocabulary 50 padded to 56, 16 positions
   c.num_layers = 4;

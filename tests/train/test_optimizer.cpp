@@ -11,7 +11,9 @@
 #include "dp_test_util.h"
 #include "loongforge/backend/registry.h"
 #include "loongforge/train/grad_clip.h"
+#include "loongforge/train/loss_scaler.h"
 #include "loongforge/train/optimizer.h"
+#include "loongforge/train/tensorboard.h"
 
 namespace {
 using namespace lf::testing;
@@ -172,5 +174,72 @@ TEST(AdamW, NonFiniteNormStopsOrSkips) {
   EXPECT_TRUE(r.skipped);
   EXPECT_EQ(opt.steps_taken(), 0);
   EXPECT_TRUE(at::equal(params[0].tensor, chain_params()[0].tensor)) << "nothing updated";
+}
+}  // namespace
+
+namespace {
+// torch.optim.SGD (momentum, L2 weight decay, dampening 0) written out for two steps on one
+// parameter: d = g + wd p; buf = d (first step), momentum buf + d after; p -= lr buf.
+TEST(Sgd, MatchesTorchSgdWithMomentumAndWeightDecay) {
+  lf::parallel::Parameter p;
+  p.name = "w";
+  p.tensor = at::tensor({1.0f, -2.0f, 0.5f}).set_requires_grad(true);
+  GradBuffer buffer({p}, nullptr, nullptr, {});
+  lf::config::OptimizerConfig c;
+  c.optimizer = "sgd";
+  c.lr = 0.1;
+  c.weight_decay = 0.01;
+  c.sgd_momentum = 0.9;
+  c.clip_grad = 0;
+  lf::train::Optimizer opt({&buffer}, c, lf::backend::cpu_backend());
+  EXPECT_EQ(opt.moment_kinds(), (std::vector<std::string>{"momentum_buffer"}));
+  std::vector<double> w = {1.0, -2.0, 0.5}, buf(3, 0.0);
+  const std::vector<std::vector<double>> grads = {{0.3, -0.1, 0.2}, {-0.5, 0.4, 0.1}};
+  for (int step = 0; step < 2; ++step) {
+    buffer.zero_grad();
+    buffer.main_grad(0).copy_(at::tensor(std::vector<float>(grads[step].begin(), grads[step].end())));
+    buffer.finish_grad_sync();
+    opt.step(c.lr);
+    for (int i = 0; i < 3; ++i) {
+      const double d = grads[step][i] + c.weight_decay * w[i];
+      buf[i] = step == 0 ? d : c.sgd_momentum * buf[i] + d;
+      w[i] -= c.lr * buf[i];
+      EXPECT_NEAR(p.tensor[i].item<double>(), w[i], 1e-6) << "step " << step << " element " << i;
+    }
+  }
+}
+
+// Megatron's DynamicGradScaler: an overflow spends the hysteresis before halving (down to the
+// minimum), `window` clean steps double the scale and restore the hysteresis.
+TEST(LossScaler, DynamicScaleFollowsHysteresisAndWindow) {
+  lf::train::LossScaler s(1024, 256, /*window=*/3, /*hysteresis=*/2, /*dynamic=*/true);
+  std::vector<double> seen;
+  for (bool inf : {true, true, true, false, false, false, true, true, true, true})
+    s.update(inf), seen.push_back(s.scale());
+  EXPECT_EQ(seen, (std::vector<double>{1024, 512, 256, 256, 256, 512, 512, 256, 256, 256}));
+  auto st = s.state();
+  lf::train::LossScaler t(1, 1, 3, 2, true);
+  t.set_state(st);
+  t.update(false);
+  s.update(false);
+  EXPECT_EQ(t.scale(), s.scale());
+  // Constant: --loss-scale, in any precision; fp16 without it: dynamic from initial_loss_scale.
+  lf::config::TrainingConfig tc;
+  tc.loss_scale = 128;
+  lf::train::LossScaler constant(tc);
+  constant.update(true);
+  EXPECT_EQ(constant.scale(), 128);
+  EXPECT_FALSE(constant.dynamic());
+  EXPECT_TRUE(constant.active());
+  lf::config::TrainingConfig fp16;
+  fp16.fp16 = true;
+  EXPECT_TRUE(lf::train::LossScaler(fp16).dynamic());
+  EXPECT_EQ(lf::train::LossScaler(fp16).scale(), 4294967296.0);
+  EXPECT_FALSE(lf::train::LossScaler(lf::config::TrainingConfig{}).active());
+}
+
+TEST(TensorBoard, Crc32cOfTheStandardCheckValue) {
+  EXPECT_EQ(lf::train::crc32c("123456789", 9), 0xE3069283u);
+  EXPECT_EQ(lf::train::crc32c("", 0), 0u);
 }
 }  // namespace

@@ -193,6 +193,11 @@ void validate(const JobConfig& job, const Node& resolved, ErrorList& errors) {
   }
 
   const bool data_ok = c.ok({"data.data_path", "data.mock_data"});
+  if (data_ok && d.mock_data && !d.data_path.empty())
+    c.fail("data.mock_data",
+           "both data.mock_data and data.data_path are set: " + c.show("data.mock_data") + ", " + c.show("data.data_path") +
+               " (mock data would silently replace the dataset)",
+           "drop --mock-data to train on the data, or drop --data-path (data.mock_data=false overrides a config's mock)");
   if (data_ok && !d.mock_data && d.data_path.empty())
     c.fail("data.data_path", "no training data: data.data_path is empty and data.mock_data is false",
            "pass --data-path PREFIX (the .bin/.idx pair without extension), or --mock-data");

@@ -3,6 +3,7 @@
 // corpus -> preprocess -> inspect path the quickstart uses works.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <random>
@@ -114,7 +115,7 @@ TEST(Preprocess, BadLinesAreErrorsWithFileAndLineNumber) {
 TEST(DemoCorpus, GeneratesHeldOutArithmeticThatPreprocessesAndInspects) {
   std::string dir = lf::testing::make_temp_dir("demo");
   auto r = lf::testing::run_command({tool(), "make-demo-corpus", "--out", dir + "/corpus", "--seed", "3",
-                                     "--train-docs", "300", "--valid-docs", "20"});
+                                     "--train-docs", "300", "--valid-docs", "20", "--problems-per-doc", "32"});
   ASSERT_TRUE(r.ok()) << r.output;
   // Held-out problems never occur in training text, and every eval answer is right.
   std::set<std::string> train_lines;
@@ -151,6 +152,23 @@ TEST(DemoCorpus, GeneratesHeldOutArithmeticThatPreprocessesAndInspects) {
   for (const char* want : {"dtype: uint16 (code 8)", "sequences: 300", "documents: 300",
                            "token ids: all below 257", "length histogram:", "decoded: "})
     EXPECT_NE(i.output.find(want), std::string::npos) << want << "\n" << i.output;
+}
+
+// The quickstart's corpus: by default each document is one problem, as the prompt is later asked.
+TEST(DemoCorpus, DefaultIsOneProblemPerDocument) {
+  std::string dir = lf::testing::make_temp_dir("demo1");
+  auto r = lf::testing::run_command({tool(), "make-demo-corpus", "--out", dir, "--seed", "3",
+                                     "--train-docs", "50", "--valid-docs", "5"});
+  ASSERT_TRUE(r.ok()) << r.output;
+  std::ifstream train(dir + "/train.jsonl");
+  int docs = 0;
+  for (std::string line; std::getline(train, line); ++docs) {
+    std::string text = nlohmann::json::parse(line).at("text");
+    ASSERT_FALSE(text.empty());
+    EXPECT_EQ(std::count(text.begin(), text.end(), '\n'), 1) << text;
+    EXPECT_EQ(text.back(), '\n') << text;
+  }
+  EXPECT_EQ(docs, 50);
 }
 
 TEST(LoongforgeDataTool, UnknownTokenizerAndBadDatasetAreCleanErrors) {

@@ -11,10 +11,10 @@ namespace lf::data {
 struct DemoCorpusOptions {
   std::string out_dir;
   uint64_t seed = 1234;
-  int64_t train_docs = 4000;
-  int64_t valid_docs = 200;
+  int64_t train_docs = 200000;
+  int64_t valid_docs = 2000;
   int64_t eval_problems = 500;
-  int problems_per_doc = 32;
+  int problems_per_doc = 1;  // one problem per document: trained as the prompt is asked, alone
   int max_operand = 99;  // operands in [0, max_operand]; "+" and "-" (never negative)
 };
 

@@ -19,6 +19,7 @@
 #include "loongforge/models/composites/spliced_lm.h"
 #include "loongforge/models/registry.h"
 #include "multiprocess.h"
+#include "tiny_decoder.h"
 
 namespace {
 using lf::config::Node;
@@ -167,15 +168,7 @@ TEST(ModelRegistry, SwappingTheBackboneIsOneLine) {
 }
 
 TEST(ModelRegistry, CausalLmParameterSpecsMatchTheModelWithoutAllocating) {
-  lf::models::DecoderConfig c;
-  c.num_layers = 2;
-  c.hidden_size = 32;
-  c.ffn_hidden_size = 48;
-  c.num_attention_heads = 4;
-  c.num_query_groups = 2;
-  c.vocab_size = 50;
-  c.make_vocab_size_divisible_by = 8;
-  c.max_position_embeddings = 16;
+  lf::models::DecoderConfig c = lf::testing::tiny_decoder_config();
   c.add_qkv_bias = true;
   const auto specs = lf::models::causal_lm_parameter_specs(c);
   lf::models::CausalLm m(c, lf::backend::cpu_backend(), 1, at::kFloat);

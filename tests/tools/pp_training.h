@@ -30,6 +30,27 @@ struct TrainRun {
   int exit_code = -1;
 };
 
+// Runs a training command line (one OpenMP thread, parameters dumped to DIR/p.safetensors) and
+// reads the per-step losses and gradient norms of its metrics file DIR/m.jsonl; the parameters
+// are left to the caller (a pipeline run dumps one file per stage).
+inline TrainRun run_training(const std::vector<std::string>& argv, const std::string& dir) {
+  auto r = run_command(argv, {{"OMP_NUM_THREADS", "1"}, {"LOONGFORGE_DUMP_PARAMS", dir + "/p.safetensors"}},
+                       std::chrono::seconds(300));
+  TrainRun out;
+  out.output = r.output;
+  out.exit_code = r.exit_code;
+  if (r.exit_code != 0) return out;
+  std::ifstream in(dir + "/m.jsonl");
+  std::string line;
+  std::regex loss_re("\"loss\": ([-0-9.eE+]+)"), norm_re("\"grad_norm\": ([-0-9.eE+]+)");
+  while (std::getline(in, line)) {
+    std::smatch m;
+    if (std::regex_search(line, m, loss_re)) out.losses.push_back(std::stod(m[1]));
+    if (std::regex_search(line, m, norm_re)) out.grad_norms.push_back(std::stod(m[1]));
+  }
+  return out;
+}
+
 // 10 steps of a global batch of 8 (4 micro-batches of 2: 1F1B has a steady phase at PP 2 and 4)
 // on the demo model with `layers` layers and mock data. pp > 1: stage k dumps PATH.pp<k>; the
 // dumps are merged (each parameter lives on exactly one stage; the tied embedding's copy on the
@@ -46,20 +67,8 @@ inline TrainRun train(int procs, int pp, int layers, std::vector<std::string> ex
       std::to_string(pp), "model.foundation.num_layers=" + std::to_string(layers)};
   argv.insert(argv.end(), t.begin(), t.end());
   argv.insert(argv.end(), extra.begin(), extra.end());
-  auto r = run_command(argv, {{"OMP_NUM_THREADS", "1"}, {"LOONGFORGE_DUMP_PARAMS", dir + "/p.safetensors"}},
-                       std::chrono::seconds(300));
-  TrainRun out;
-  out.output = r.output;
-  out.exit_code = r.exit_code;
-  if (r.exit_code != 0) return out;
-  std::ifstream in(dir + "/m.jsonl");
-  std::string line;
-  std::regex loss_re("\"loss\": ([-0-9.eE+]+)"), norm_re("\"grad_norm\": ([-0-9.eE+]+)");
-  while (std::getline(in, line)) {
-    std::smatch m;
-    if (std::regex_search(line, m, loss_re)) out.losses.push_back(std::stod(m[1]));
-    if (std::regex_search(line, m, norm_re)) out.grad_norms.push_back(std::stod(m[1]));
-  }
+  TrainRun out = run_training(argv, dir);
+  if (out.exit_code != 0) return out;
   if (std::find(extra.begin(), extra.end(), "--dry-run") != extra.end()) return out;
   if (pp == 1) {
     out.params = read_params(dir + "/p.safetensors");

@@ -31,20 +31,8 @@ TrainRun run(int procs, const std::string& config_file, std::vector<std::string>
                                 "--log-interval", "1"};
   argv.insert(argv.end(), t.begin(), t.end());
   argv.insert(argv.end(), extra.begin(), extra.end());
-  auto r = lf::testing::run_command(argv, {{"OMP_NUM_THREADS", "1"}, {"LOONGFORGE_DUMP_PARAMS", dir + "/p.safetensors"}},
-                                    std::chrono::seconds(300));
-  TrainRun out;
-  out.output = r.output;
-  out.exit_code = r.exit_code;
-  if (r.exit_code != 0) return out;
-  std::ifstream in(dir + "/m.jsonl");
-  std::string line;
-  std::regex loss_re("\"loss\": ([-0-9.eE+]+)"), norm_re("\"grad_norm\": ([-0-9.eE+]+)");
-  while (std::getline(in, line)) {
-    std::smatch m;
-    if (std::regex_search(line, m, loss_re)) out.losses.push_back(std::stod(m[1]));
-    if (std::regex_search(line, m, norm_re)) out.grad_norms.push_back(std::stod(m[1]));
-  }
+  TrainRun out = lf::testing::run_training(argv, dir);
+  if (out.exit_code != 0) return out;
   if (fs::exists(dir + "/p.safetensors")) out.params = lf::testing::read_params(dir + "/p.safetensors");
   return out;
 }

@@ -1,6 +1,6 @@
 // The CPU backend: the reference ops, Gloo communicators, the default CPU generator, and memory
-// statistics from a counting wrapper around c10's CPU allocator (installed when the backend is
-// first created; memory allocated before that is not counted). Streams and events are trivial
+// statistics from a counting, caching wrapper around c10's CPU allocator (installed when the
+// backend is first created; memory allocated before that is not counted). Streams and events are trivial
 // because CPU work is finished when the call returns.
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/Functions.h>
@@ -9,7 +9,10 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
+#include <unordered_map>
+#include <vector>
 #include <mutex>
 
 #include "loongforge/backend/c10d_communicator.h"
@@ -21,17 +24,41 @@ namespace lf::backend {
 namespace {
 
 // c10's CPU allocation (alloc_cpu: aligned, honours c10's CPU memory settings) with live and peak
-// byte counts. Each block carries its size in a header just before the data, so the DataPtr's
-// context is the data pointer itself, as ATen kernels that use raw_allocate require. Never
-// destroyed: tensors may outlive any static object.
+// byte counts, and a cache of freed large blocks. Each block carries its size and capacity in a
+// header just before the data, so the DataPtr's context is the data pointer itself, as ATen
+// kernels that use raw_allocate require. Never destroyed: tensors may outlive any static object.
+//
+// The cache: glibc serves blocks above its mmap threshold (at most 32 MiB) with a fresh mmap and
+// unmaps them on free, so every large tensor of every step (the logits, activations, gradients)
+// is faulted in page by page and zeroed by the kernel again. Blocks of at least 1 MiB are
+// rounded up to 1/16 of their power of two and kept on free, by capacity, for the next request of
+// that capacity, up to LOONGFORGE_CPU_ALLOCATOR_CACHE_MB (default 1024; 0 turns the cache off).
+// A failed allocation empties the cache and tries once more.
 class CountingCpuAllocator final : public c10::Allocator {
  public:
   // A multiple of c10's alignment (64), so the data keeps alloc_cpu's alignment.
   static constexpr size_t kHeader = 64;
+  static constexpr size_t kCacheMin = size_t{1} << 20;
+
+  CountingCpuAllocator() {
+    const char* env = std::getenv("LOONGFORGE_CPU_ALLOCATOR_CACHE_MB");
+    int64_t mb = 1024;
+    if (env && *env) {
+      char* end = nullptr;
+      mb = std::strtoll(env, &end, 10);
+      LF_CHECK(end && *end == '\0' && mb >= 0, "LOONGFORGE_CPU_ALLOCATOR_CACHE_MB='", env,
+               "' is not a number of MiB >= 0", lf::hint("unset it (1024), or 0 to turn the cache off"));
+    }
+    cache_limit_ = static_cast<size_t>(mb) << 20;
+  }
 
   c10::DataPtr allocate(size_t n) override {
-    auto* base = static_cast<char*>(c10::alloc_cpu(n + kHeader));
-    *reinterpret_cast<int64_t*>(base) = static_cast<int64_t>(n);
+    const size_t cap = capacity(n);
+    char* base = cap ? take_cached(cap) : nullptr;
+    if (!base) base = fresh(cap ? cap : n);
+    auto* header = reinterpret_cast<int64_t*>(base);
+    header[0] = static_cast<int64_t>(n);
+    header[1] = static_cast<int64_t>(cap);
     void* data = base + kHeader;
     const int64_t now = allocated_.fetch_add(static_cast<int64_t>(n)) + static_cast<int64_t>(n);
     int64_t peak = peak_.load();
@@ -48,12 +75,60 @@ class CountingCpuAllocator final : public c10::Allocator {
   int64_t allocated() const { return allocated_.load(); }
   int64_t peak() const { return peak_.load(); }
   int64_t count() const { return count_.load(); }
+  int64_t cached() const { return static_cast<int64_t>(cached_.load()); }
   void reset_peak() { peak_.store(allocated_.load()); }
+  void empty_cache() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (auto& [cap, blocks] : free_) {
+      for (char* b : blocks) c10::free_cpu(b);
+      cached_ -= cap * blocks.size();
+      blocks.clear();
+    }
+  }
 
  private:
   static void free_block(void* data);
 
+  // The cached capacity for a request of n bytes, 0 for blocks not cached.
+  size_t capacity(size_t n) const {
+    if (cache_limit_ == 0 || n < kCacheMin) return 0;
+    size_t pow2 = kCacheMin;
+    while (pow2 <= n / 2) pow2 <<= 1;
+    const size_t step = pow2 / 16;
+    return (n + step - 1) / step * step;
+  }
+  char* take_cached(size_t cap) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = free_.find(cap);
+    if (it == free_.end() || it->second.empty()) return nullptr;
+    char* b = it->second.back();
+    it->second.pop_back();
+    cached_ -= cap;
+    return b;
+  }
+  char* fresh(size_t bytes) {
+    try {
+      return static_cast<char*>(c10::alloc_cpu(bytes + kHeader));
+    } catch (const c10::Error&) {
+      empty_cache();
+      return static_cast<char*>(c10::alloc_cpu(bytes + kHeader));
+    }
+  }
+  // Keeps a freed block for reuse when it fits under the limit; false: free it.
+  bool keep(char* base, size_t cap) {
+    if (cap == 0) return false;
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (cached_ + cap > cache_limit_) return false;
+    free_[cap].push_back(base);
+    cached_ += cap;
+    return true;
+  }
+
   std::atomic<int64_t> allocated_{0}, peak_{0}, count_{0};
+  size_t cache_limit_ = 0;
+  std::mutex mutex_;
+  std::unordered_map<size_t, std::vector<char*>> free_;  // by capacity
+  std::atomic<size_t> cached_{0};
 };
 
 CountingCpuAllocator& counting_allocator() {
@@ -69,8 +144,10 @@ CountingCpuAllocator& counting_allocator() {
 void CountingCpuAllocator::free_block(void* data) {
   if (!data) return;
   char* base = static_cast<char*>(data) - kHeader;
-  counting_allocator().allocated_.fetch_sub(*reinterpret_cast<int64_t*>(base));
-  c10::free_cpu(base);
+  const auto* header = reinterpret_cast<const int64_t*>(base);
+  auto& a = counting_allocator();
+  a.allocated_.fetch_sub(header[0]);
+  if (!a.keep(base, static_cast<size_t>(header[1]))) c10::free_cpu(base);
 }
 
 class CpuEvent final : public Event {
@@ -118,7 +195,7 @@ class CpuBackend final : public DeviceBackend {
     s.supported = true;
     s.allocated_bytes = a.allocated();
     s.peak_allocated_bytes = a.peak();
-    s.reserved_bytes = s.allocated_bytes;
+    s.reserved_bytes = s.allocated_bytes + a.cached();
     s.num_allocations = a.count();
     return s;
   }

@@ -23,6 +23,14 @@ class CpuOps final : public ReferenceOps {
   at::Tensor rope_bwd(const at::Tensor& dy, const at::Tensor& cos, const at::Tensor& sin,
                       bool interleaved) const override;
 
+  // cpu_train_ops.cpp: chunked (fp32/bf16), flat one-pass (fp32 lists), fixed-block fp64.
+  LinearCrossEntropyFwd linear_cross_entropy(const at::Tensor& x, const at::Tensor& w, const at::Tensor& target,
+                                             const at::Tensor& weight, int64_t ignore_index,
+                                             const VocabShard& shard, int64_t chunk_tokens) const override;
+  void adamw_step(at::TensorList params, at::TensorList grads, at::TensorList exp_avg,
+                  at::TensorList exp_avg_sq, const AdamWHyper& hyper) const override;
+  at::Tensor squared_norm(at::TensorList tensors) const override;
+
   SdpaFwd sdpa_fwd(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                    const AttentionMask& mask, double scale) const override;
   SdpaBwd sdpa_bwd(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k,

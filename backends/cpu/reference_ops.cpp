@@ -397,6 +397,7 @@ void ReferenceOps::adamw_step(at::TensorList params, at::TensorList grads, at::T
              "adamw_step: tensor ", i, " shapes differ: param ", shape_str(p), ", grad ",
              shape_str(grads[i]), ", exp_avg ", shape_str(m), ", exp_avg_sq ", shape_str(v));
     auto g = grads[i].to(p.scalar_type());
+    if (h.grad_scale != 1.0) g = g * h.grad_scale;
     if (h.weight_decay != 0) p.mul_(1.0 - h.lr * h.weight_decay);  // decoupled decay first
     m.mul_(h.beta1).add_(g, 1.0 - h.beta1);
     v.mul_(h.beta2).addcmul_(g, g, 1.0 - h.beta2);

@@ -214,7 +214,8 @@ class PluginOps final : public OpTable {
       for (const at::Tensor* s : {&params[i], &exp_avg[i], &exp_avg_sq[i]})
         LF_CHECK(s->is_contiguous(), "adamw_step on the XPU plugin: tensor ", i,
                  " is not contiguous", lf::hint("optimizer states must be contiguous buffers"));
-      keep.push_back(grads[i].contiguous());
+      // The ABI's hyper-parameters have no gradient scale: apply it here.
+      keep.push_back(h.grad_scale != 1.0 ? (grads[i] * h.grad_scale).contiguous() : grads[i].contiguous());
       vp.push_back(to_view(params[i]));
       vg.push_back(to_view(keep.back()));
       vm.push_back(to_view(exp_avg[i]));
@@ -225,7 +226,17 @@ class PluginOps final : public OpTable {
               "adamw_step");
   }
 
+  // Not in the plugin ABI (v1): the reference math on the plugin's tensors (GEMMs and
+  // element-wise ATen ops wherever the model's own linear layers run).
+  LinearCrossEntropyFwd linear_cross_entropy(const at::Tensor& x, const at::Tensor& w, const at::Tensor& target,
+                                             const at::Tensor& weight, int64_t ignore_index,
+                                             const VocabShard& shard, int64_t chunk_tokens) const override {
+    return ref_.linear_cross_entropy(x, w, target, weight, ignore_index, shard, chunk_tokens);
+  }
+  at::Tensor squared_norm(at::TensorList tensors) const override { return ref_.squared_norm(tensors); }
+
  private:
+  ReferenceOps ref_;
   const lf_xpu_plugin& t() const { return *p_->table; }
 
   using RopeFnPtr = int (*)(const lf_xpu_tensor*, const lf_xpu_tensor*, const lf_xpu_tensor*,
@@ -328,7 +339,9 @@ class PluginCommunicator final : public Communicator {
   }
   std::shared_ptr<Work> all_gather(at::Tensor& out, const at::Tensor& input, bool) override {
     require_contiguous(out, "all_gather");
-    auto i = input.contiguous();
+    // In place (input inside out, as ZeRO-1 gathers fp32 parameters): hand the plugin a copy.
+    const bool aliases = input.has_storage() && out.has_storage() && input.storage().is_alias_of(out.storage());
+    auto i = aliases ? input.clone() : input.contiguous();
     auto vo = to_view(out), vi = to_view(i);
     check(p_->table->all_gather(comm_, &vo, &vi), "all_gather");
     return done();

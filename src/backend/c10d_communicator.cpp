@@ -167,7 +167,10 @@ std::shared_ptr<Work> C10dCommunicator::all_gather(at::Tensor& output, const at:
                output.scalar_type() == input.scalar_type(),
            describe_op("all_gather"), ": output ", output.sizes(), " ", output.scalar_type(),
            " must be [", size(), " * n, ...] for input ", input.sizes(), " ", input.scalar_type());
-  at::Tensor in = input.contiguous();
+  // In place (the input is this rank's slot of the output, as ZeRO-1 gathers parameters): the
+  // engines copy the input into that slot first, so give them a separate copy.
+  const bool aliases = input.has_storage() && output.has_storage() && input.storage().is_alias_of(output.storage());
+  at::Tensor in = aliases ? input.clone() : input.contiguous();
   c10d::AllgatherOptions opts;
   opts.timeout = timeout_;
   return run("all_gather", async, [&] { return engine_->_allgather_base(output, in, opts); });

@@ -3,6 +3,7 @@
 // returns exactly the vector-Jacobian product of forward, as pinned by the op harness.
 #include "loongforge/backend/functional.h"
 
+#include <ATen/record_function.h>
 #include <torch/csrc/autograd/custom_function.h>
 
 #include <cmath>
@@ -118,6 +119,30 @@ struct CrossEntropyFn : torch::autograd::Function<CrossEntropyFn> {
   }
 };
 
+// The gradients come out of the forward (for dL = 1); backward scales them by the incoming dL
+// and hands them over (in place: a graph is backpropagated once).
+struct LinearCrossEntropyFn : torch::autograd::Function<LinearCrossEntropyFn> {
+  static at::Tensor forward(AutogradContext* ctx, const DeviceBackend* be, const at::Tensor& x,
+                            const at::Tensor& w, const at::Tensor& target, const at::Tensor& weight,
+                            const lf::backend::VocabShard* shard, int64_t ignore_index, int64_t chunk) {
+    auto r = be->ops().linear_cross_entropy(x, w, target, weight, ignore_index, *shard, chunk);
+    ctx->saved_data["dx"] = r.dx;
+    ctx->saved_data["dw"] = r.dw;
+    return (r.loss * weight).sum();
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list dl) {
+    LF_CHECK(ctx->saved_data.count("dx") == 1,
+             "linear_cross_entropy_sum: backpropagated twice (its gradients are handed over once)");
+    at::Tensor dx = ctx->saved_data["dx"].toTensor(), dw = ctx->saved_data["dw"].toTensor();
+    ctx->saved_data.erase("dx");
+    ctx->saved_data.erase("dw");
+    const at::Tensor g = dl[0].to(at::kFloat);
+    dx.mul_(g);
+    dw.mul_(g);
+    return {at::Tensor(), dx, dw, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+
 struct SdpaFn : torch::autograd::Function<SdpaFn> {
   static at::Tensor forward(AutogradContext* ctx, const DeviceBackend* be, const at::Tensor& q,
                             const at::Tensor& k, const at::Tensor& v, int64_t mask_kind,
@@ -171,11 +196,13 @@ struct SdpaAfterPrefixFn : torch::autograd::Function<SdpaAfterPrefixFn> {
 
 at::Tensor rms_norm(const DeviceBackend& be, const at::Tensor& x, const at::Tensor& w,
                     double eps) {
+  RECORD_USER_SCOPE("lf::rms_norm");
   return RmsNormFn::apply(&be, x, w, eps);
 }
 
 at::Tensor layer_norm(const DeviceBackend& be, const at::Tensor& x, const at::Tensor& w,
                       const at::Tensor& b, double eps) {
+  RECORD_USER_SCOPE("lf::layer_norm");
   // Optional, not undefined: custom Functions reject undefined tensor inputs.
   return LayerNormFn::apply(&be, x, w, b.defined() ? std::optional<at::Tensor>(b) : std::nullopt,
                             eps);
@@ -183,22 +210,37 @@ at::Tensor layer_norm(const DeviceBackend& be, const at::Tensor& x, const at::Te
 
 at::Tensor rope(const DeviceBackend& be, const at::Tensor& x, const at::Tensor& cos,
                 const at::Tensor& sin, bool interleaved) {
+  RECORD_USER_SCOPE("lf::rope");
   return RopeFn::apply(&be, x, cos, sin, interleaved);
 }
 
 at::Tensor swiglu(const DeviceBackend& be, const at::Tensor& gate_up) {
+  RECORD_USER_SCOPE("lf::swiglu");
   return SwigluFn::apply(&be, gate_up);
 }
 
-at::Tensor gelu(const DeviceBackend& be, const at::Tensor& x) { return GeluFn::apply(&be, x); }
+at::Tensor gelu(const DeviceBackend& be, const at::Tensor& x) {
+  RECORD_USER_SCOPE("lf::gelu");
+  return GeluFn::apply(&be, x);
+}
 
 at::Tensor softmax_cross_entropy(const DeviceBackend& be, const at::Tensor& logits,
                                  const at::Tensor& target, int64_t ignore_index) {
+  RECORD_USER_SCOPE("lf::cross_entropy");
   return CrossEntropyFn::apply(&be, logits, target, ignore_index);
+}
+
+at::Tensor linear_cross_entropy_sum(const DeviceBackend& be, const at::Tensor& x, const at::Tensor& w,
+                                    const at::Tensor& target, const at::Tensor& weight,
+                                    const lf::backend::VocabShard& shard, int64_t ignore_index,
+                                    int64_t chunk_tokens) {
+  RECORD_USER_SCOPE("lf::linear_cross_entropy");
+  return LinearCrossEntropyFn::apply(&be, x, w, target, weight.detach(), &shard, ignore_index, chunk_tokens);
 }
 
 at::Tensor sdpa(const DeviceBackend& be, const at::Tensor& q, const at::Tensor& k,
                 const at::Tensor& v, const AttentionMask& mask, std::optional<double> scale) {
+  RECORD_USER_SCOPE("lf::sdpa");
   LF_CHECK(q.dim() == 4, "sdpa: q must be [b, nq, s, d]; got ", q.sizes());
   const double sc = scale.value_or(1.0 / std::sqrt(static_cast<double>(q.size(3))));
   // The explicit mask is passed detached: masks are inputs, not parameters.
@@ -209,6 +251,7 @@ at::Tensor sdpa(const DeviceBackend& be, const at::Tensor& q, const at::Tensor& 
 at::Tensor sdpa_after_prefix(const DeviceBackend& be, const at::Tensor& q, const at::Tensor& k_prefix,
                              const at::Tensor& v_prefix, const at::Tensor& k, const at::Tensor& v,
                              std::optional<double> scale) {
+  RECORD_USER_SCOPE("lf::sdpa");
   LF_CHECK(q.dim() == 4 && k.dim() == 4 && k_prefix.dim() == 4, "sdpa_after_prefix: q, k and k_prefix must be 4-d, got ",
            q.sizes(), ", ", k.sizes(), ", ", k_prefix.sizes());
   LF_CHECK(k.size(2) == q.size(2), "sdpa_after_prefix: the chunk's own keys (", k.size(2),

@@ -7,12 +7,14 @@
 
 namespace lf::train {
 
-double global_grad_norm(const std::vector<GradBuffer*>& grads, lf::backend::Communicator* world) {
-  // One fp64 accumulator, pieces in a fixed order: the result does not depend on thread timing.
+double global_grad_norm(const std::vector<GradBuffer*>& grads, lf::backend::Communicator* world,
+                        const lf::backend::OpTable* ops) {
+  // fp64 accumulation, pieces in a fixed order: the result does not depend on thread timing.
   // On the gradients' device: the all-reduce may be NCCL, which takes device tensors only.
-  at::Tensor sq;
+  std::vector<at::Tensor> pieces;
+  at::TensorOptions options = at::TensorOptions().dtype(at::kDouble);
   for (const GradBuffer* g : grads) {
-    if (!sq.defined()) sq = at::zeros({1}, g->main_grad().options().dtype(at::kDouble));
+    options = g->main_grad().options().dtype(at::kDouble);
     const bool sharded = g->options().distributed_optimizer && g->dp_size() > 1;
     if (!sharded && g->dp_rank() != 0) continue;  // every DP rank holds the same reduced gradient
     const auto& params = g->parameters();
@@ -20,11 +22,16 @@ double global_grad_norm(const std::vector<GradBuffer*>& grads, lf::backend::Comm
       const auto& p = params[static_cast<size_t>(piece.param)];
       if (!p.is_split() && p.tp_rank != 0) continue;  // replicated over TP: counted once
       if (p.tied_copy) continue;                      // the first pipeline stage counts the tied embedding
-      at::Tensor r = g->reduced_grad(piece.bucket).narrow(0, piece.reduced_offset, piece.numel);
-      sq += r.to(at::kDouble).pow(2).sum();
+      pieces.push_back(g->reduced_grad(piece.bucket).narrow(0, piece.reduced_offset, piece.numel));
     }
   }
-  if (!sq.defined()) sq = at::zeros({1}, at::TensorOptions().dtype(at::kDouble));
+  at::Tensor sq;
+  if (ops) {
+    sq = ops->squared_norm(pieces).to(options.device());
+  } else {
+    sq = at::zeros({1}, options);
+    for (const auto& r : pieces) sq += r.to(at::kDouble).pow(2).sum();
+  }
   if (world && world->size() > 1) world->all_reduce(sq, lf::backend::ReduceOp::sum);
   return std::sqrt(sq.item<double>());
 }
@@ -38,10 +45,14 @@ void scale_grads(const std::vector<GradBuffer*>& grads, double factor) {
     }
 }
 
-double clip_grads(const std::vector<GradBuffer*>& grads, double norm, double max_norm) {
+double clip_coefficient(double norm, double max_norm) {
   if (max_norm <= 0 || !(norm > max_norm)) return 1.0;
-  const double coeff = max_norm / (norm + 1e-6);
-  scale_grads(grads, coeff);
+  return max_norm / (norm + 1e-6);
+}
+
+double clip_grads(const std::vector<GradBuffer*>& grads, double norm, double max_norm) {
+  const double coeff = clip_coefficient(norm, max_norm);
+  if (coeff != 1.0) scale_grads(grads, coeff);
   return coeff;
 }
 

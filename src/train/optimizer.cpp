@@ -63,15 +63,20 @@ std::vector<at::Tensor>& Optimizer::state(size_t buffer, const std::string& kind
 StepResult Optimizer::step(double lr, bool skip_nonfinite, double grad_scale) {
   StepResult r;
   const auto grads = grad_list();
-  if (grad_scale != 1.0) scale_grads(grads, grad_scale);
-  r.grad_norm = global_grad_norm(grads, world_);
+  // AdamW applies the unscaling and the clipping inside its one pass over the gradients (the norm
+  // of the scaled gradients is grad_scale times theirs: the scale is positive); SGD scales them.
+  const bool folds = config_.optimizer == "adam";
+  if (grad_scale != 1.0 && !folds) scale_grads(grads, grad_scale);
+  r.grad_norm = global_grad_norm(grads, world_, &backend_.ops());
+  if (folds) r.grad_norm *= grad_scale;
   if (!std::isfinite(r.grad_norm)) {
     LF_CHECK(skip_nonfinite, "gradient norm is ", r.grad_norm, " at optimizer step ", step_ + 1,
              lf::hint("lower --lr, enable --clip-grad, or check the data for corrupt tokens"));
     r.skipped = true;
     return r;
   }
-  r.clip_coeff = clip_grads(grads, r.grad_norm, config_.clip_grad);
+  r.clip_coeff = folds ? clip_coefficient(r.grad_norm, config_.clip_grad)
+                       : clip_grads(grads, r.grad_norm, config_.clip_grad);
   ++step_;
   at::NoGradGuard no_grad;
   for (auto& g : groups_) {
@@ -84,6 +89,7 @@ StepResult Optimizer::step(double lr, bool skip_nonfinite, double grad_scale) {
       hyper.eps = config_.adam_eps;
       hyper.weight_decay = g.weight_decay;
       hyper.step = step_;
+      hyper.grad_scale = (folds ? grad_scale : 1.0) * r.clip_coeff;
       backend_.ops().adamw_step(g.masters, g.grads, g.exp_avg, g.exp_avg_sq, hyper);
       continue;
     }

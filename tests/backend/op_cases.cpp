@@ -216,7 +216,79 @@ void add_sdpa_cases(std::vector<OpCase>& cases) {
   }
 }
 
+// The output layer + cross entropy: 37 tokens (not a multiple of the 8-token chunks), 64 real
+// vocabulary rows of 70 (padding), some tokens ignored, weights with zeros. dx and dw sum over
+// the tokens (37 terms of the chunks in a different order than the reference's one GEMM).
+void add_linear_cross_entropy_cases(std::vector<OpCase>& cases) {
+  for (auto dt : {at::kFloat, at::kBFloat16})
+    for (int64_t chunk : {int64_t{8}, int64_t{0}}) {
+      const std::string name = std::string("linear_cross_entropy_") + dt_name(dt) + (chunk ? "_chunk8" : "_auto");
+      cases.push_back({name, dt == at::kFloat ? 1e-5 : kBf16Tol, dt == at::kFloat ? kF32Rtol : kBf16Tol,
+                       [dt] {
+                         Rng g(13);
+                         auto target = g.randint(64, {37});
+                         target.index_fill_(0, at::arange(0, 37, 6), -100);
+                         auto weight = g.randn({37}, at::kFloat).abs();
+                         weight.index_fill_(0, at::arange(1, 37, 7), 0.0);
+                         return std::vector<at::Tensor>{g.randn({37, 16}, dt), g.randn({70, 16}, dt, 0.5), target,
+                                                        weight};
+                       },
+                       [chunk](const OpTable& ops, const std::vector<at::Tensor>& in) {
+                         backend::VocabShard shard;
+                         shard.valid = 64;
+                         auto r = ops.linear_cross_entropy(in[0], in[1], in[2], in[3], -100, shard, chunk);
+                         return NamedTensors{{"loss", r.loss}, {"dx", r.dx}, {"dw", r.dw}};
+                       }});
+    }
+}
+
+void add_squared_norm_cases(std::vector<OpCase>& cases) {
+  // Tensors over several 16K blocks, and one smaller than a block; fp64 sums compared at 1e-12.
+  cases.push_back({"squared_norm_f32", 0.0, 1e-12,
+                   [] {
+                     Rng g(14);
+                     return std::vector<at::Tensor>{g.randn({40000}, at::kFloat), g.randn({7, 3}, at::kFloat),
+                                                    g.randn({300, 110}, at::kFloat, 3.0)};
+                   },
+                   [](const OpTable& ops, const std::vector<at::Tensor>& in) {
+                     return NamedTensors{{"sum_sq", ops.squared_norm(in)}};
+                   }});
+}
+
 void add_adamw_cases(std::vector<OpCase>& cases) {
+  // fp32 grads over tensors larger than one thread's range (the flat pass splits inside and across
+  // tensors), with a gradient scale (unscale x clip) and weight decay.
+  cases.push_back({"adamw_f32_flat_scaled", kF32Atol, kF32Rtol,
+                   [] {
+                     Rng g(15);
+                     std::vector<at::Tensor> in;
+                     for (int64_t n : {40000, 5, 70001, 33}) {
+                       in.push_back(g.randn({n}, at::kFloat));
+                       in.push_back(g.randn({n}, at::kFloat, 4.0));
+                       in.push_back(g.randn({n}, at::kFloat, 0.1));
+                       in.push_back(g.randn({n}, at::kFloat, 0.1).square());
+                     }
+                     return in;
+                   },
+                   [](const OpTable& ops, const std::vector<at::Tensor>& in) {
+                     std::vector<at::Tensor> p, gr, m, v;
+                     for (size_t i = 0; i < in.size(); i += 4) {
+                       p.push_back(in[i].clone());
+                       gr.push_back(in[i + 1]);
+                       m.push_back(in[i + 2].clone());
+                       v.push_back(in[i + 3].clone());
+                     }
+                     AdamWHyper h{3e-3, 0.9, 0.95, 1e-8, 0.1, 7};
+                     h.grad_scale = 0.37;
+                     ops.adamw_step(p, gr, m, v, h);
+                     NamedTensors out;
+                     for (size_t i = 0; i < p.size(); ++i) {
+                       out.push_back({"param" + std::to_string(i), p[i]});
+                       out.push_back({"exp_avg" + std::to_string(i), m[i]});
+                       out.push_back({"exp_avg_sq" + std::to_string(i), v[i]});
+                     }
+                     return out;
+                   }});
   cases.push_back({"adamw_f32_bf16_grads", kF32Atol, kF32Rtol,
                    [] {
                      Rng g(8);
@@ -256,6 +328,8 @@ const std::vector<OpCase>& op_cases() {
     add_norm_cases(c);
     add_rope_swiglu_ce_cases(c);
     add_sdpa_cases(c);
+    add_linear_cross_entropy_cases(c);
+    add_squared_norm_cases(c);
     add_adamw_cases(c);
     return c;
   }();

@@ -183,6 +183,29 @@ TEST(ReferenceVsAten, CrossEntropyMatchesAtenCrossEntropy) {
   expect_close(d, grads(ref, dloss, {logits})[0], 1e-5, "dlogits");
 }
 
+// The fused output layer + cross entropy against ATen's linear and cross entropy and their
+// autograd: the loss, and the gradients of sum(weight * loss) to x and w (padding rows excluded
+// from the softmax, ignored tokens without loss or gradient).
+TEST(ReferenceVsAten, LinearCrossEntropyMatchesLinearThenCrossEntropy) {
+  at::manual_seed(9);
+  auto x = at::randn({11, 6}, kF64).requires_grad_();
+  auto w = at::randn({20, 6}, kF64).requires_grad_();
+  auto target = at::randint(17, {11}, at::kLong);
+  target[4] = -100;
+  auto weight = at::rand({11});
+  backend::VocabShard shard;
+  shard.valid = 17;  // rows 17..19: padding
+  auto r = kRef.linear_cross_entropy(x.detach(), w.detach(), target, weight, -100, shard, 0);
+  auto logits = at::linear(x, w).narrow(1, 0, 17);
+  auto ce = at::cross_entropy_loss(logits, target, {}, at::Reduction::None, -100);
+  expect_close(r.loss, ce.detach().to(at::kFloat), 1e-6, "loss");
+  auto g = grads((ce * weight.to(at::kDouble)).sum(), at::ones({}, kF64), {x, w});
+  expect_close(r.dx, g[0], 1e-12, "dx");
+  expect_close(r.dw, g[1], 1e-12, "dw");
+  EXPECT_EQ(r.dw.narrow(0, 17, 3).abs().sum().item<double>(), 0.0);
+  EXPECT_EQ(r.loss[4].item<float>(), 0.0f);
+}
+
 TEST(ReferenceVsAten, SdpaMatchesAtenSdpaForEachMaskKind) {
   at::manual_seed(9);
   auto q = at::randn({2, 4, 6, 8}).requires_grad_(), k = at::randn({2, 2, 6, 8}).requires_grad_(),
@@ -306,6 +329,20 @@ TEST(ReferenceAdamW, MatchesTorchOptimAdamWOverSteps) {
     kRef.adamw_step(ps, gs, ms, vs, {3e-3, 0.9, 0.95, 1e-8, 0.1, step});
   }
   expect_close(ours, theirs.detach(), 1e-6, "params after 4 steps");
+}
+
+TEST(ReferenceAdamW, GradScaleEqualsScaledGradients) {
+  at::manual_seed(13);
+  auto p = at::randn({5, 3}), g = at::randn({5, 3}), m = at::randn({5, 3}) * 0.1, v = at::rand({5, 3});
+  auto p2 = p.clone(), m2 = m.clone(), v2 = v.clone();
+  backend::AdamWHyper h{1e-2, 0.9, 0.95, 1e-8, 0.1, 3};
+  std::vector<at::Tensor> a{p}, ga{g * 0.25}, ma{m}, va{v};
+  kRef.adamw_step(a, ga, ma, va, h);
+  h.grad_scale = 0.25;
+  std::vector<at::Tensor> b{p2}, gb{g}, mb{m2}, vb{v2};
+  kRef.adamw_step(b, gb, mb, vb, h);
+  expect_close(p2, p, 0, "params");
+  expect_close(v2, v, 0, "exp_avg_sq");
 }
 
 TEST(ReferenceChecks, BadShapesAreClearErrors) {

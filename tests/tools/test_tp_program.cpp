@@ -1,7 +1,7 @@
 // loongforge-train under tensor parallelism, launched by loongforge-run: TP = 2, TP = 2 with
 // sequence parallelism, and TP = 2 x DP = 2 train the same model as one process (same seed, same
 // global batch, 10 steps), step by step; --bf16 within a bf16 tolerance; invalid layouts are
-// errors naming the values.
+// errors naming the values; the fused output layer + cross entropy equals the unfused one.
 #include <gtest/gtest.h>
 
 #include "pp_training.h"
@@ -62,6 +62,57 @@ TEST(TensorParallelEquivalence, Bf16Tp2AndSpWithinBf16Tolerance) {
 
 // Layout clashes are configuration errors found before any process group exists, so --dry-run
 // reports them too, naming both keys and values.
+// The fused output layer + cross entropy (the default) equals the unfused path (whole logits,
+// then the cross entropy) in training, in one process and vocabulary-parallel under TP 2 (+SP).
+// A vocabulary of 250 is padded to 256: TP rank 1 holds 122 real rows and 6 of padding. Same
+// tolerances as above: the chunks sum the output layer's gradient in another order.
+TEST(CrossEntropyFusion, FusedEqualsUnfusedOneProcessAndVocabParallel) {
+  const std::vector<std::string> vocab = {"--vocab-size", "250"};
+  auto with = [&](std::vector<std::string> a) {
+    a.insert(a.end(), vocab.begin(), vocab.end());
+    return a;
+  };
+  auto unfused = train(1, with({"--no-cross-entropy-loss-fusion"}), "ce-unfused");
+  expect_same_training(unfused, train(1, with({}), "ce-fused"), "fused cross entropy, one process");
+  expect_same_training(unfused, train(1, with({"--cross-entropy-loss-fusion"}), "ce-fused-flag"),
+                       "--cross-entropy-loss-fusion, one process");
+  expect_same_training(unfused, train(2, with({"--tensor-model-parallel-size", "2", "--sequence-parallel"}), "ce-sp2"),
+                       "fused vocabulary-parallel cross entropy, TP 2 + SP");
+  expect_same_training(unfused,
+                       train(2, with({"--no-cross-entropy-loss-fusion", "--tensor-model-parallel-size", "2"}),
+                             "ce-unfused-tp2"),
+                       "unfused vocabulary-parallel cross entropy, TP 2");
+}
+
+// What the flag changes: unfused, a step holds the fp32 [tokens, vocab] logits and their gradient
+// (512 tokens x 16384 = 32 MiB each); fused, one chunk of 8 MiB. Peak live bytes (the CPU
+// backend's counting allocator) must differ by at least the logits' 32 MiB.
+TEST(CrossEntropyFusion, FusedStepNeverHoldsTheWholeLogits) {
+  auto peak = [](bool fused) {
+    auto dir = lf::testing::make_temp_dir(fused ? "ce-mem-fused" : "ce-mem-unfused");
+    std::vector<std::string> argv = {
+        lf::testing::bin("loongforge-train"), "--config-file", lf::testing::source_dir() + "/configs/demo.yaml",
+        "--train-iters", "2", "--lr-warmup-iters", "0", "--global-batch-size", "4", "--micro-batch-size", "4", "--vocab-size", "16384",
+        "--eval-iters", "0", "--metrics-file", dir + "/m.jsonl", "--data-cache-path", dir};
+    if (!fused) argv.push_back("--no-cross-entropy-loss-fusion");
+    auto r = lf::testing::run_training(argv, dir);
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    std::ifstream in(dir + "/m.jsonl");
+    std::string line;
+    double mib = 0;
+    std::regex re("\"peak_memory_mib\": ([0-9.eE+]+)");
+    while (std::getline(in, line)) {
+      std::smatch m;
+      if (std::regex_search(line, m, re)) mib = std::max(mib, std::stod(m[1]));
+    }
+    return mib;
+  };
+  const double fused = peak(true), unfused = peak(false);
+  std::cout << "peak live MiB: fused " << fused << ", unfused " << unfused << "\n";
+  EXPECT_GT(fused, 0.0);
+  EXPECT_GE(unfused - fused, 32.0) << "fused " << fused << " MiB, unfused " << unfused << " MiB";
+}
+
 TEST(TensorParallelErrors, SequenceNotDivisibleWithSpNamesTheValues) {
   for (bool dry : {true, false}) {
     std::vector<std::string> a = {"--tensor-model-parallel-size", "2", "--sequence-parallel", "--seq-length", "63"};

@@ -99,6 +99,8 @@ LF_WORKER_CASE(zero1_equals_adamw) {
                   {.bucket_size = 16, .overlap_grad_reduce = true, .distributed_optimizer = true});
   lf::train::Optimizer plain_opt({&plain}, adam_config(), backend, &tc.ctx->world()),
       zero_opt({&zero}, adam_config(), backend, &tc.ctx->world());
+  // ZeRO-1 holds 1/dp of the moments (fp32: the parameters are the masters on both sides; bf16: also
+  // 1/dp of the fp32 masters).
   EXPECT_LT(zero_opt.state_bytes(), plain_opt.state_bytes() * 0.6);
   for (int step = 1; step <= 3; ++step) {
     for (auto* b : {&plain, &zero}) b->begin_micro_batch(true);

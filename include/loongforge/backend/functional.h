@@ -32,6 +32,15 @@ at::Tensor gelu(const DeviceBackend& be, const at::Tensor& x);
 // logits: [n, v], target: [n] -> per-token loss [n] fp32 (0 at ignore_index; reduce it yourself)
 at::Tensor softmax_cross_entropy(const DeviceBackend& be, const at::Tensor& logits,
                                  const at::Tensor& target, int64_t ignore_index = -100);
+// The output layer and the cross entropy in one op, never holding [n, v] logits (the backend
+// chunks them): x [n, h], w [v_local, h], target [n], weight [n] fp32 -> the scalar
+// sum_i weight_i loss_i (fp32), with gradients to x and w. Under tensor parallelism `shard` names
+// this rank's vocabulary rows and reduces over the ranks; x's gradient is then this rank's share
+// (enter the TP region with copy_to_tp / gather_from_sequence_parallel before calling).
+at::Tensor linear_cross_entropy_sum(const DeviceBackend& be, const at::Tensor& x, const at::Tensor& w,
+                                    const at::Tensor& target, const at::Tensor& weight,
+                                    const lf::backend::VocabShard& shard = {}, int64_t ignore_index = -100,
+                                    int64_t chunk_tokens = 0);
 // q: [b, nq, s, d], k: [b, nkv, t, d], v: [b, nkv, t, dv] -> [b, nq, s, dv].
 // scale defaults to 1/sqrt(d). An explicit mask gets no gradient.
 at::Tensor sdpa(const DeviceBackend& be, const at::Tensor& q, const at::Tensor& k,

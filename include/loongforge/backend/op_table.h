@@ -12,6 +12,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 
 namespace lf::backend {
@@ -81,6 +82,26 @@ struct AdamWHyper {
   double eps = 1e-8;
   double weight_decay = 0.01;
   int64_t step = 1;  // 1-based count of this update, for bias correction
+  // Multiplies every gradient before use (the loss scaler's 1/scale times the clipping
+  // coefficient), so unscaling and clipping cost no pass of their own. The grads are not written.
+  double grad_scale = 1.0;
+};
+
+// This rank's columns of an output layer whose vocabulary is split over tensor-parallel ranks.
+struct VocabShard {
+  int64_t start = 0;   // global id of local row 0 of w
+  int64_t valid = -1;  // local rows that are real vocabulary (the rest is padding); -1: all
+  // In place on a [k, n] fp32 tensor: max (max = true) or sum over the ranks sharing the
+  // vocabulary. Empty: this rank holds the whole vocabulary.
+  std::function<void(at::Tensor&, bool max)> all_reduce;
+};
+
+// The output layer and the cross entropy in one op, its gradients computed in the forward for the
+// weighted sum L = sum_i weight_i loss_i (the backward only scales them by dL).
+struct LinearCrossEntropyFwd {
+  at::Tensor loss;  // [n] fp32 per-token loss, 0 where target == ignore_index
+  at::Tensor dx;    // [n, h] x's dtype: dL/dx from this rank's columns (summed over TP by the caller)
+  at::Tensor dw;    // [v_local, h] w's dtype: dL/dw (padding rows 0)
 };
 
 class OpTable {
@@ -128,6 +149,15 @@ class OpTable {
                                                const at::Tensor& target, const at::Tensor& lse,
                                                int64_t ignore_index) const = 0;
 
+  // x: [n, h], w: [v_local, h] (logits z = x w^T), target: [n] int64 global ids, weight: [n]
+  // fp32 (0 for tokens whose loss does not count). Never holds more than chunk_tokens rows of
+  // fp32 logits at once (<= 0: the backend's choice).
+  virtual LinearCrossEntropyFwd linear_cross_entropy(const at::Tensor& x, const at::Tensor& w,
+                                                     const at::Tensor& target,
+                                                     const at::Tensor& weight,
+                                                     int64_t ignore_index, const VocabShard& shard,
+                                                     int64_t chunk_tokens) const = 0;
+
   // q: [b, nq, s, d], k: [b, nkv, t, d], v: [b, nkv, t, dv], nq % nkv == 0 (GQA: query head h
   // uses kv head h / (nq / nkv)). scale multiplies q k^T (usually 1 / sqrt(d)).
   virtual SdpaFwd sdpa_fwd(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
@@ -143,6 +173,10 @@ class OpTable {
   // grads may be any floating dtype. No backward.
   virtual void adamw_step(at::TensorList params, at::TensorList grads, at::TensorList exp_avg,
                           at::TensorList exp_avg_sq, const AdamWHyper& hyper) const = 0;
+
+  // sum over every tensor of sum(t^2), accumulated in fp64: a [1] fp64 tensor on the tensors'
+  // device (the global gradient norm's local part). Deterministic for a given list.
+  virtual at::Tensor squared_norm(at::TensorList tensors) const = 0;
 };
 
 }  // namespace lf::backend

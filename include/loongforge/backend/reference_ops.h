@@ -36,8 +36,13 @@ class ReferenceOps : public OpTable {
   SdpaBwd sdpa_bwd(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k,
                    const at::Tensor& v, const at::Tensor& o, const at::Tensor& lse,
                    const AttentionMask& mask, double scale) const override;
+  // Unchunked: the whole [n, v] logits (reference_loss_ops.cpp).
+  LinearCrossEntropyFwd linear_cross_entropy(const at::Tensor& x, const at::Tensor& w, const at::Tensor& target,
+                                             const at::Tensor& weight, int64_t ignore_index,
+                                             const VocabShard& shard, int64_t chunk_tokens) const override;
   void adamw_step(at::TensorList params, at::TensorList grads, at::TensorList exp_avg,
                   at::TensorList exp_avg_sq, const AdamWHyper& hyper) const override;
+  at::Tensor squared_norm(at::TensorList tensors) const override;
 };
 
 // Shape checks shared by every backend, so all of them reject bad input with the same message.
@@ -45,6 +50,8 @@ void check_rms_norm_args(const at::Tensor& x, const at::Tensor& w);
 void check_rope_args(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
 void check_swiglu_args(const at::Tensor& gate_up);
 void check_cross_entropy_args(const at::Tensor& logits, const at::Tensor& target);
+void check_linear_cross_entropy_args(const at::Tensor& x, const at::Tensor& w, const at::Tensor& target,
+                                     const at::Tensor& weight, const VocabShard& shard);
 void check_sdpa_args(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                      const AttentionMask& mask);
 

@@ -105,6 +105,10 @@ const std::vector<FlagSpec> kTable = {
   {"--tensorboard-dir", "logging.tensorboard_dir", K::value, "DIR", ""},
   {"--log-params-norm", "logging.log_params_norm", K::store_true, "", ""},
   {"--log-throughput", "logging.log_throughput", K::store_true, "", ""},
+  {"--profile", "logging.profile", K::store_true, "", ""},
+  {"--profile-step-start", "logging.profile_step_start", K::value, "N", ""},
+  {"--profile-step-end", "logging.profile_step_end", K::value, "N", ""},
+  {"--profile-trace", "logging.profile_trace", K::value, "PATH", ""},
   // model (validated by the model builders)
   {"--num-layers", "model.foundation.num_layers", K::value, "N", "Number of transformer layers"},
   {"--hidden-size", "model.foundation.hidden_size", K::value, "N", "Hidden size"},
@@ -127,6 +131,8 @@ const std::vector<FlagSpec> kTable = {
   {"--init-method-std", "model.foundation.init_method_std", K::value, "STD", "Standard deviation of the weight initialization"},
   {"--hidden-dropout", "model.foundation.hidden_dropout", K::value, "P", "Dropout after attention and MLP"},
   {"--attention-dropout", "model.foundation.attention_dropout", K::value, "P", "Dropout of the attention probabilities"},
+  {"--cross-entropy-loss-fusion", "model.foundation.cross_entropy_loss_fusion", K::store_true, "", "Output layer + cross entropy in one op over chunks of tokens (the default)"},
+  {"--no-cross-entropy-loss-fusion", "model.foundation.cross_entropy_loss_fusion", K::store_false, "", "Whole [tokens, vocab] logits, then the cross entropy"},
 };
 // clang-format on
 

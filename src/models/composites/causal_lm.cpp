@@ -46,7 +46,7 @@ ParamBuilder builder_for(uint64_t seed, at::ScalarType dtype, const lf::backend:
 
 LmHeadConfig head_config(const DecoderConfig& c, int tp) {
   return {c.hidden_size, c.vocab_size, c.padded_vocab_size(tp), !c.untie_embeddings_and_output_weights,
-          c.init_method_std};
+          c.init_method_std, c.cross_entropy_loss_fusion};
 }
 
 const std::string kType = "causal_lm";
@@ -143,14 +143,13 @@ at::Tensor CausalLm::embed_inputs(const Batch& batch) const { return foundation_
 
 StageOutput CausalLm::head_output(const at::Tensor& x, const Batch& batch, Pass pass) const {
   StageOutput out;
-  auto logits = head_.local_logits(foundation_.final_norm(x));  // [s, b, v_pad / tp]
   const at::Tensor& labels = batch.at("labels");
   const at::Tensor keep = counted(batch).to(backend_.device()).t().reshape({-1});  // [s b]
   if (pass == Pass::train) {
-    auto per_token = head_.loss(logits, labels);  // [s b]
-    out.losses.push_back({"lm loss", (per_token * keep).sum()});
+    out.losses.push_back({"lm loss", head_.loss_sum(foundation_.final_norm(x), labels, keep)});
     return out;
   }
+  auto logits = head_.local_logits(foundation_.final_norm(x));  // [s, b, v_pad / tp]
   auto full = head_.full_logits(logits);  // [s, b, v]
   auto target = labels.t().reshape({-1}).to(backend_.device());
   auto flat = full.reshape({-1, full.size(-1)});

@@ -1,6 +1,9 @@
 #include "loongforge/models/heads/lm_head.h"
 
 #include <ATen/Functions.h>
+#include <ATen/record_function.h>
+
+#include <algorithm>
 
 #include "loongforge/backend/functional.h"
 #include "loongforge/core/error.h"
@@ -40,6 +43,31 @@ at::Tensor LmHead::loss(const at::Tensor& logits, const at::Tensor& labels) cons
   // Padding columns take no probability mass (as in the vocab-parallel path).
   auto real = flat.size(1) == c_.vocab_size ? flat : flat.narrow(1, 0, c_.vocab_size).contiguous();
   return lf::ops::softmax_cross_entropy(*backend_, real, target, /*ignore_index=*/-100);
+}
+
+at::Tensor LmHead::loss_sum(const at::Tensor& x, const at::Tensor& labels, const at::Tensor& weight) const {
+  RECORD_USER_SCOPE("lf::output_layer_cross_entropy");  // the step profiler's category
+  if (!c_.fused_loss) return (loss(local_logits(x), labels) * weight).sum();
+  LF_CHECK(weight_.defined(), "the LM head lives on the last pipeline stage");
+  auto target = labels.t().reshape({-1}).to(backend_->device());  // [s b]
+  at::Tensor full = x;
+  lf::backend::VocabShard shard;
+  if (tp_.size() > 1) {
+    // Enter the TP region as column_parallel_linear does: x's gradient is summed over TP.
+    full = tp_.sequence_parallel ? lf::parallel::gather_from_sequence_parallel(x, *tp_.tp)
+                                 : lf::parallel::copy_to_tp(x, *tp_.tp);
+    const int64_t rows = weight_.size(0);
+    shard.start = tp_.rank() * rows;
+    shard.valid = std::clamp<int64_t>(c_.vocab_size - shard.start, 0, rows);
+    auto* comm = tp_.tp;
+    shard.all_reduce = [comm](at::Tensor& t, bool max) {
+      comm->all_reduce(t, max ? lf::backend::ReduceOp::max : lf::backend::ReduceOp::sum);
+    };
+  } else {
+    shard.valid = c_.vocab_size;
+  }
+  at::Tensor flat = full.reshape({-1, full.size(-1)});
+  return lf::ops::linear_cross_entropy_sum(*backend_, flat, weight_, target, weight, shard);
 }
 
 at::Tensor LmHead::full_logits(const at::Tensor& local) const {

@@ -43,6 +43,7 @@ struct DecoderConfig {
   double hidden_dropout = 0.0;
   double attention_dropout = 0.0;
   bool group_query_attention = false;  // Megatron's switch; num_query_groups decides here
+  bool cross_entropy_loss_fusion = true;
 
   template <class V>
   void visit(V& v) {
@@ -76,6 +77,9 @@ struct DecoderConfig {
     v("hidden_dropout", hidden_dropout, "Dropout after attention and MLP (training mode only)", Min{0}, Max{1});
     v("attention_dropout", attention_dropout, "Dropout of attention probabilities", Min{0}, Max{1});
     v("group_query_attention", group_query_attention, "Megatron's GQA switch (num_query_groups decides)");
+    v("cross_entropy_loss_fusion", cross_entropy_loss_fusion,
+      "Training loss: output layer and cross entropy in one op over chunks of tokens (false: whole logits, "
+      "then the cross entropy)");
   }
 
   int64_t query_groups() const { return num_query_groups > 0 ? num_query_groups : num_attention_heads; }

@@ -20,6 +20,7 @@ struct LmHeadConfig {
   int64_t padded_vocab = 0;
   bool tied = true;          // the output layer is the embedding
   double init_std = 0.02;
+  bool fused_loss = true;    // loss_sum: the output layer and cross entropy in one chunked op
 };
 
 class LmHead {
@@ -36,6 +37,10 @@ class LmHead {
   // Local logits, labels [b, s] -> per-token loss [s * b] fp32 (labels < 0: 0). Every TP rank
   // returns the same values.
   at::Tensor loss(const at::Tensor& local_logits, const at::Tensor& labels) const;
+  // Training: x [s(/tp), b, h] final hidden states, labels [b, s], weight [s * b] fp32 (the
+  // tokens' loss weights) -> the scalar sum over tokens of weight * loss. Fused (fused_loss): one
+  // op over chunks of tokens, never [s b, v] logits; else local_logits then loss.
+  at::Tensor loss_sum(const at::Tensor& x, const at::Tensor& labels, const at::Tensor& weight) const;
   // Local logits -> [s, b, vocab_size] on every TP rank (padding columns dropped).
   at::Tensor full_logits(const at::Tensor& local_logits) const;
 

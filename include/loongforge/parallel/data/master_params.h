@@ -1,7 +1,10 @@
 // Mixed precision and ZeRO-1 parameter ownership: fp32 master weights for the ranges of a
 // GradBuffer this rank owns (the whole model without the distributed optimizer, its DP shard
 // with it), and the way back into the model's (bf16 or fp32) parameters: a copy, or an
-// all-gather over DP in the parameters' dtype. Not the update rule (train/optimizer.h).
+// all-gather over DP in the parameters' dtype. fp32 parameters are their own masters: they are
+// moved into one flat buffer laid out as the gradient buffer (the parameter objects stay the
+// same; their storage changes) and the shards are views of it, so nothing is copied, no second
+// fp32 copy of the model exists, and ZeRO-1 all-gathers the shards into that buffer in place. Not the update rule (train/optimizer.h).
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -33,6 +36,8 @@ class MasterParams {
 
  private:
   const GradBuffer& grads_;
+  bool aliased_ = false;  // fp32: the shards are views of flat_, where the parameters live
+  at::Tensor flat_;
   std::vector<at::Tensor> shards_;
   std::vector<at::Tensor> gathered_;  // ZeRO-1: per bucket [numel] in the parameter dtype
 };

@@ -1,0 +1,188 @@
+// CpuOps' training kernels (backends/cpu/cpu_ops.h):
+// - linear_cross_entropy: the output layer and the cross entropy over chunks of tokens. Each
+//   chunk's logits live in one reused fp32 buffer of chunk x v_local (never [n, v]); the softmax,
+//   the loss and dL/dz are computed in place in it, and dz goes straight into dx and an fp32 dw
+//   accumulator. Same three GEMMs as the unfused path, without the [n, v] logits, log-probs and
+//   their gradient (three fresh [n, v] tensors and about eight passes over them).
+// - adamw_step: one threaded pass over every element of every tensor of the list (the tensors
+//   are laid end to end and split into equal ranges), reading p, g, m, v once and writing p, m, v
+//   once, with the gradient scale (unscale x clip) applied on the fly. Instead of nine ATen ops
+//   per tensor, each its own pass and parallel region.
+// - squared_norm: fixed blocks summed in fp64, partial sums added in block order: the same
+//   bits for any thread count.
+// Anything these kernels do not cover (non-contiguous, other dtypes, other devices) goes to the
+// reference. The op harness (tests/backend/op_cases.cpp) checks each against ReferenceOps.
+#include <ATen/Functions.h>
+#include <ATen/Parallel.h>
+#include <ATen/TensorOperators.h>
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "cpu_ops.h"
+#include "loongforge/core/error.h"
+
+namespace lf::backend {
+namespace {
+
+// Logit rows per chunk: about 8 MiB of fp32 logits, at least 16 rows.
+int64_t default_chunk(int64_t v) { return std::max<int64_t>(16, (int64_t{8} << 20) / (4 * std::max<int64_t>(1, v))); }
+
+bool contiguous_cpu(at::TensorList ts, at::ScalarType dtype) {
+  for (const auto& t : ts)
+    if (!t.device().is_cpu() || t.scalar_type() != dtype || !t.is_contiguous()) return false;
+  return true;
+}
+
+}  // namespace
+
+LinearCrossEntropyFwd CpuOps::linear_cross_entropy(const at::Tensor& x0, const at::Tensor& w, const at::Tensor& target,
+                                                   const at::Tensor& weight, int64_t ignore_index,
+                                                   const VocabShard& shard, int64_t chunk_tokens) const {
+  check_linear_cross_entropy_args(x0, w, target, weight, shard);
+  const auto dtype = x0.scalar_type();
+  // A TP rank holding only padding rows (valid == 0) takes the reference's path (all -inf).
+  if (!x0.device().is_cpu() || (dtype != at::kFloat && dtype != at::kBFloat16) || shard.valid == 0)
+    return ReferenceOps::linear_cross_entropy(x0, w, target, weight, ignore_index, shard, chunk_tokens);
+  const at::Tensor x = x0.contiguous();
+  const int64_t n = x.size(0), h = x.size(1), v = w.size(0);
+  const int64_t valid = shard.valid < 0 ? v : shard.valid;
+  const at::Tensor wv = w.narrow(0, 0, valid);  // padding rows take no probability and get no gradient
+  const int64_t chunk = std::min<int64_t>(std::max<int64_t>(1, n), chunk_tokens > 0 ? chunk_tokens : default_chunk(valid));
+  const auto f32 = x.options().dtype(at::kFloat);
+
+  at::Tensor ignored = target.eq(ignore_index);
+  at::Tensor local = target - shard.start;
+  at::Tensor mine = local.ge(0).logical_and(local.lt(valid)).logical_and(ignored.logical_not());
+  if (!shard.all_reduce && n > 0)
+    LF_CHECK(mine.logical_or(ignored).all().item<bool>(), "linear_cross_entropy: a target is outside [0, ", valid,
+             ") and is not ignore_index = ", ignore_index,
+             lf::hint("check the tokenizer's vocabulary size against the model's"));
+  const at::Tensor safe = at::where(mine, local, at::zeros_like(local)).unsqueeze(1);  // [n, 1]
+  const at::Tensor minef = mine.to(at::kFloat);
+  const at::Tensor wt = weight.masked_fill(ignored, 0.0);
+
+  LinearCrossEntropyFwd r;
+  r.loss = at::empty({n}, f32);
+  r.dx = at::empty({n, h}, x.options());
+  at::Tensor dw = at::zeros({v, h}, f32);  // fp32 accumulator over chunks
+  at::Tensor dwv = dw.narrow(0, 0, valid);
+  at::Tensor buf = at::empty({chunk, valid}, f32);
+  for (int64_t c0 = 0; c0 < n; c0 += chunk) {
+    const int64_t c = std::min(chunk, n - c0);
+    at::Tensor xc = x.narrow(0, c0, c);
+    at::Tensor z = buf.narrow(0, 0, c);
+    if (dtype == at::kFloat)
+      at::mm_out(z, xc, wv.t());
+    else
+      z.copy_(at::mm(xc, wv.t()));
+    at::Tensor m = std::get<0>(z.max(1)).unsqueeze(0);  // [1, c]
+    if (shard.all_reduce) shard.all_reduce(m, true);
+    z.sub_(m.t());
+    at::Tensor mc = minef.narrow(0, c0, c), sc = safe.narrow(0, c0, c);
+    at::Tensor sums = at::empty({2, c}, f32);
+    sums[0].copy_(z.gather(1, sc).squeeze(1) * mc);  // the target's shifted logit, on its owner
+    z.exp_();
+    at::Tensor sum_exp = sums[1];
+    at::sum_out(sum_exp, z, {1});
+    if (shard.all_reduce) shard.all_reduce(sums, false);
+    at::Tensor lse = sums[1].log();
+    r.loss.narrow(0, c0, c).copy_((lse - sums[0]).masked_fill(ignored.narrow(0, c0, c), 0.0));
+    // z becomes dL/dz = weight (softmax - onehot).
+    at::Tensor wc = wt.narrow(0, c0, c);
+    z.mul_((wc / sums[1]).unsqueeze(1));
+    z.scatter_add_(1, sc, (-wc * mc).unsqueeze(1));
+    at::Tensor dxc = r.dx.narrow(0, c0, c);
+    if (dtype == at::kFloat) {
+      at::mm_out(dxc, z, wv);
+      dwv.addmm_(z.t(), xc);
+    } else {
+      at::Tensor zb = z.to(dtype);
+      dxc.copy_(at::mm(zb, wv));
+      dwv.add_(at::mm(zb.t(), xc));
+    }
+  }
+  r.dw = dtype == at::kFloat ? dw : dw.to(dtype);
+  return r;
+}
+
+void CpuOps::adamw_step(at::TensorList params, at::TensorList grads, at::TensorList exp_avg,
+                        at::TensorList exp_avg_sq, const AdamWHyper& hp) const {
+  const size_t k = params.size();
+  if (grads.size() != k || exp_avg.size() != k || exp_avg_sq.size() != k || hp.step < 1 ||
+      !contiguous_cpu(params, at::kFloat) || !contiguous_cpu(grads, at::kFloat) ||
+      !contiguous_cpu(exp_avg, at::kFloat) || !contiguous_cpu(exp_avg_sq, at::kFloat))
+    return ReferenceOps::adamw_step(params, grads, exp_avg, exp_avg_sq, hp);  // checks and messages
+  std::vector<int64_t> begin(k + 1, 0);
+  for (size_t i = 0; i < k; ++i) {
+    const auto& p = params[i];
+    LF_CHECK(grads[i].sizes() == p.sizes() && exp_avg[i].sizes() == p.sizes() && exp_avg_sq[i].sizes() == p.sizes(),
+             "adamw_step: tensor ", i, " shapes differ: param ", p.sizes(), ", grad ", grads[i].sizes(),
+             ", exp_avg ", exp_avg[i].sizes(), ", exp_avg_sq ", exp_avg_sq[i].sizes());
+    begin[i + 1] = begin[i] + p.numel();
+  }
+  // The reference's ATen ops take their scalars as fp32 for fp32 tensors: so does this loop.
+  const float lr = static_cast<float>(hp.lr), b1 = static_cast<float>(hp.beta1), b2 = static_cast<float>(hp.beta2);
+  const float one_b1 = static_cast<float>(1.0 - hp.beta1), one_b2 = static_cast<float>(1.0 - hp.beta2);
+  const float eps = static_cast<float>(hp.eps), gs = static_cast<float>(hp.grad_scale);
+  const float decay = static_cast<float>(1.0 - hp.lr * hp.weight_decay);
+  const bool decays = hp.weight_decay != 0;
+  const double bc1 = 1.0 - std::pow(hp.beta1, static_cast<double>(hp.step));
+  const float bc2_sqrt = static_cast<float>(std::sqrt(1.0 - std::pow(hp.beta2, static_cast<double>(hp.step))));
+  const float step_size = static_cast<float>(-hp.lr / bc1);
+  (void)lr;
+  at::parallel_for(0, begin[k], int64_t{1} << 15, [&](int64_t lo, int64_t hi) {
+    size_t t = static_cast<size_t>(std::upper_bound(begin.begin(), begin.end(), lo) - begin.begin()) - 1;
+    for (int64_t at_ = lo; at_ < hi; ++t) {
+      const int64_t j0 = at_ - begin[t], j1 = std::min(hi, begin[t + 1]) - begin[t];
+      float* __restrict p = params[t].data_ptr<float>();
+      const float* __restrict g = grads[t].data_ptr<float>();
+      float* __restrict m = exp_avg[t].data_ptr<float>();
+      float* __restrict v = exp_avg_sq[t].data_ptr<float>();
+      for (int64_t j = j0; j < j1; ++j) {
+        const float gj = g[j] * gs;
+        float pj = p[j];
+        if (decays) pj *= decay;
+        const float mj = m[j] * b1 + one_b1 * gj;
+        const float vj = v[j] * b2 + one_b2 * gj * gj;
+        m[j] = mj;
+        v[j] = vj;
+        p[j] = pj + step_size * (mj / (std::sqrt(vj) / bc2_sqrt + eps));
+      }
+      at_ = begin[t] + j1;
+    }
+  });
+}
+
+at::Tensor CpuOps::squared_norm(at::TensorList tensors) const {
+  if (!contiguous_cpu(tensors, at::kFloat)) return ReferenceOps::squared_norm(tensors);
+  constexpr int64_t kBlock = 16384;
+  std::vector<int64_t> first_block(tensors.size() + 1, 0);
+  for (size_t i = 0; i < tensors.size(); ++i)
+    first_block[i + 1] = first_block[i] + (tensors[i].numel() + kBlock - 1) / kBlock;
+  std::vector<double> partial(static_cast<size_t>(first_block.back()), 0.0);
+  at::parallel_for(0, first_block.back(), 8, [&](int64_t lo, int64_t hi) {
+    for (int64_t b = lo; b < hi; ++b) {
+      const size_t t = static_cast<size_t>(std::upper_bound(first_block.begin(), first_block.end(), b) -
+                                           first_block.begin()) - 1;
+      const float* x = tensors[t].data_ptr<float>();
+      const int64_t j0 = (b - first_block[t]) * kBlock, j1 = std::min(tensors[t].numel(), j0 + kBlock);
+      double s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+      int64_t j = j0;
+      for (; j + 4 <= j1; j += 4) {
+        s0 += static_cast<double>(x[j]) * x[j];
+        s1 += static_cast<double>(x[j + 1]) * x[j + 1];
+        s2 += static_cast<double>(x[j + 2]) * x[j + 2];
+        s3 += static_cast<double>(x[j + 3]) * x[j + 3];
+      }
+      for (; j < j1; ++j) s0 += static_cast<double>(x[j]) * x[j];
+      partial[static_cast<size_t>(b)] = (s0 + s1) + (s2 + s3);
+    }
+  });
+  double sum = 0;
+  for (double p : partial) sum += p;
+  return at::full({1}, sum, at::TensorOptions().dtype(at::kDouble));
+}
+
+}  // namespace lf::backend

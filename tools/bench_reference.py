@@ -6,7 +6,7 @@ SwiGLU with fc1 = [gate; up], tied embeddings) trained with AdamW, gradient clip
 bf16, Megatron-style mixed precision (bf16 weights, fp32 main grads and master weights), as
 LoongForge does. It is a benchmark oracle, not a runtime: nothing in LoongForge imports it.
 
-  bench_reference.py train --config-json JSON --steps N --warmup W [--bf16]
+  bench_reference.py train --config-json JSON --steps N --warmup W [--bf16] [--compile]
   bench_reference.py peak --dtype fp32|bf16     # the matmul peak MFU is measured against
 
 Both print one JSON line on stdout. Threads come from OMP_NUM_THREADS (set by tools/bench).
@@ -112,7 +112,8 @@ def train(args):
     torch.manual_seed(t.get("seed", 1234))
     baseline_kib = vm_kib("VmRSS")  # the interpreter and torch, before the model exists
     dtype = torch.bfloat16 if args.bf16 else torch.float32
-    model = Decoder(c, dtype)
+    device = torch.device(args.device)
+    model = Decoder(c, dtype).to(device)
     params = list(model.parameters())
     # Megatron-style mixed precision: fp32 masters own the optimizer state; bf16 weights compute.
     masters = params if not args.bf16 else [p.detach().float().requires_grad_() for p in params]
@@ -122,14 +123,19 @@ def train(args):
                              {"params": no_decay, "weight_decay": 0.0}],
                             lr=o["lr"], betas=(o["adam_beta1"], o["adam_beta2"]),
                             eps=o["adam_eps"], foreach=True)
+    loss_fn = model.loss
+    if args.compile:
+        # Inductor on the CPU: forward and backward compiled (AOTAutograd) on the first call; the
+        # cache lives where tools/bench puts TORCHINDUCTOR_CACHE_DIR (build/).
+        loss_fn = torch.compile(model.loss)
     b, s = t["micro_batch_size"], t["seq_length"]
     assert t["global_batch_size"] == b, "the bench runs one micro-batch per step"
     vocab = c["vocab_size"]
     times, losses = [], []
     for step in range(args.steps):
         start = time.perf_counter()
-        data = torch.randint(0, vocab, (b, s + 1))  # mock data, as --mock-data
-        loss = model.loss(data[:, :-1], data[:, 1:])
+        data = torch.randint(0, vocab, (b, s + 1)).to(device)  # mock data, as --mock-data
+        loss = loss_fn(data[:, :-1], data[:, 1:])
         loss.backward()
         if args.bf16:
             for m, p in zip(masters, params):
@@ -142,25 +148,35 @@ def train(args):
         for p in params:
             p.grad = None
         opt.zero_grad(set_to_none=True)
-        losses.append(loss.item())
+        losses.append(loss.item())  # also waits for the device
         times.append(time.perf_counter() - start)
     timed = times[args.warmup:]
+    steady = sorted(timed)[len(timed) // 2]
     print(json.dumps({"tokens_per_sec": b * s * len(timed) / sum(timed),
+                      # the first step's time beyond a steady step's: compilation (with --compile)
+                      "first_step_extra_seconds": times[0] - steady,
                       "step_seconds": timed, "losses": losses,
                       "parameters": sum(p.numel() for p in params),
-                      "baseline_rss_kib": baseline_kib, "threads": torch.get_num_threads()}))
+                      "baseline_rss_kib": baseline_kib, "threads": torch.get_num_threads(),
+                      "device_peak_mib": (torch.cuda.max_memory_allocated() / 2**20
+                                          if device.type == "cuda" else None)}))
 
 
 def peak(args):
     # The best of a few large square matmuls: what this machine's BLAS reaches for the dtype.
     dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float32
     best = 0.0
-    for n in (1024, 2048):
-        a, b = torch.randn(n, n).to(dtype), torch.randn(n, n).to(dtype)
+    sizes = (1024, 2048) if args.device == "cpu" else (4096, 8192)
+    for n in sizes:
+        a, b = torch.randn(n, n).to(dtype).to(args.device), torch.randn(n, n).to(dtype).to(args.device)
         torch.mm(a, b)
+        if args.device != "cpu":
+            torch.cuda.synchronize()
         reps, start = 0, time.perf_counter()
         while reps < 3 or time.perf_counter() - start < 1.0:
             torch.mm(a, b)
+            if args.device != "cpu":
+                torch.cuda.synchronize()
             reps += 1
             if time.perf_counter() - start > 5.0:  # a slow path (bf16 without native support)
                 break
@@ -180,8 +196,11 @@ def main():
     tr.add_argument("--steps", type=int, required=True)
     tr.add_argument("--warmup", type=int, required=True)
     tr.add_argument("--bf16", action="store_true")
+    tr.add_argument("--compile", action="store_true", help="torch.compile (Inductor) the loss function")
+    tr.add_argument("--device", default="cpu", help="cpu or cuda")
     pk = sub.add_parser("peak")
     pk.add_argument("--dtype", choices=["fp32", "bf16"], required=True)
+    pk.add_argument("--device", default="cpu", help="cpu or cuda")
     args = ap.parse_args()
     train(args) if args.cmd == "train" else peak(args)
 

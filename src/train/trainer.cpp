@@ -1,9 +1,13 @@
 #include "loongforge/train/trainer.h"
+#include "loongforge/train/step_profiler.h"
+
+#include <ATen/record_function.h>
 
 #include <ATen/Context.h>
 #include <ATen/Functions.h>
 #include <ATen/TensorOperators.h>
 #include <ATen/core/grad_mode.h>
+#include <ATen/record_function.h>
 
 #include <chrono>
 #include <cmath>
@@ -14,6 +18,7 @@
 
 #include "loongforge/core/error.h"
 #include "loongforge/core/logging.h"
+#include "loongforge/train/step_profiler.h"
 #include "trainer_impl.h"
 
 namespace lf::train {
@@ -220,11 +225,26 @@ TrainSummary Trainer::run() {
     I.tensorboard->flush();
   };
   log_eval(summary.first_eval, summary.start_iteration);
+  if (log.profile) {
+    LF_CHECK(log.profile_step_start < log.profile_step_end, "logging.profile_step_start (", log.profile_step_start,
+             ") must be below logging.profile_step_end (", log.profile_step_end, ")",
+             lf::hint("profile iterations [start, end): e.g. --profile-step-start 3 --profile-step-end 4"));
+    LF_CHECK(log.profile_step_start > summary.start_iteration && log.profile_step_end <= t.train_iters + 1,
+             "--profile covers iterations [", log.profile_step_start, ", ", log.profile_step_end,
+             ") but this run trains iterations ", summary.start_iteration + 1, "..", t.train_iters,
+             lf::hint("set --profile-step-start / --profile-step-end inside the run, or raise --train-iters"));
+  }
+  StepProfiler profiler;
+  const bool profiles = log.profile && rank0;
   const auto start = std::chrono::steady_clock::now();
   auto window_start = start;
   int64_t window_iters = 0;
   for (int64_t it = summary.start_iteration + 1; it <= t.train_iters; ++it) {
-    const double loss = I.forward_backward();
+    if (profiles && it == log.profile_step_start) profiler.start();
+    const double loss = [&] {
+      RECORD_USER_SCOPE("lf::forward_backward");
+      return I.forward_backward();
+    }();
     const bool skip = t.skip_nonfinite_steps;
     // Megatron's scheduler is stepped after each successful update: this update uses the value
     // at the updates completed so far.
@@ -241,6 +261,7 @@ TrainSummary Trainer::run() {
       grad_norm = loss;
       skipped = true;
     } else {
+      RECORD_USER_SCOPE("lf::optimizer");
       auto step = I.optimizer->step(lr, /*skip_nonfinite=*/true, 1.0 / loss_scale);
       grad_norm = step.grad_norm;
       skipped = step.skipped;
@@ -257,7 +278,15 @@ TrainSummary Trainer::run() {
       }
     }
     if (skipped) ++summary.skipped_iterations;
-    for (auto& b : I.buffers) b.grads->zero_grad();
+    {
+      RECORD_USER_SCOPE("lf::grad_zero");
+      for (auto& b : I.buffers) b.grads->zero_grad();
+    }
+    if (profiles && it + 1 == log.profile_step_end) {
+      auto report = profiler.stop(log.profile_step_end - log.profile_step_start, log.profile_trace.value_or(""));
+      for (const auto& line : report.lines()) LF_INFO(line);
+      if (log.profile_trace) LF_INFO("profile | Chrome trace written to ", *log.profile_trace);
+    }
     summary.iterations = it;
     summary.last_loss = loss;
     ++window_iters;

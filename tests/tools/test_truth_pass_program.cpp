@@ -293,6 +293,33 @@ TEST(TruthPass, SeedExitDurationAndCheckpointContentFlags) {
   EXPECT_NE(v.output.find("valid data:"), std::string::npos) << v.output;
 }
 
+// --profile: the log gets the step's time by category (summing to the profiled wall time) and the
+// top ops; --profile-trace a Chrome trace; a window outside the run is an error naming the flags.
+TEST(TruthPass, ProfileReportsWhereTheStepTimeGoes) {
+  auto dir = lf::testing::make_temp_dir("profile");
+  const std::string trace = dir + "/trace.json";
+  auto r = train({"--profile", "--profile-step-start", "2", "--profile-step-end", "4", "--profile-trace", trace}, 4);
+  EXPECT_OK(r);
+  EXPECT_NE(r.output.find("profile | 2 step(s)"), std::string::npos) << r.output;
+  for (const char* cat : {"GEMM: layers", "GEMM: output layer", "attention", "norms, activations, RoPE",
+                          "optimizer", "gradient buffer", "outside any op"})
+    EXPECT_NE(r.output.find(cat), std::string::npos) << cat << " missing:\n" << r.output;
+  // The categories' shares add up to the whole profiled time (within rounding).
+  std::regex share("profile \\| [^|]*?\\s([0-9.]+)%");
+  double total = 0;
+  for (std::sregex_iterator i(r.output.begin(), r.output.end(), share), end; i != end; ++i)
+    total += std::stod((*i)[1]);
+  EXPECT_NEAR(total, 100.0, 2.0) << r.output;
+  std::ifstream in(trace);
+  ASSERT_TRUE(in.good()) << trace;
+  json events = json::parse(in);
+  EXPECT_TRUE(events.contains("traceEvents"));
+  EXPECT_GT(events["traceEvents"].size(), 100u);
+  auto bad = train({"--profile", "--profile-step-start", "5", "--profile-step-end", "6"}, 4);
+  EXPECT_NE(bad.exit_code, 0);
+  EXPECT_NE(bad.output.find("--profile-step-start"), std::string::npos) << bad.output;
+}
+
 // Every flag of --help, with what covers it: a test of its behaviour, or its refusal (run here).
 TEST(TruthPass, EveryFlagActsOrIsRefused) {
   const std::map<std::string, std::string> covered = {
@@ -347,6 +374,11 @@ TEST(TruthPass, EveryFlagActsOrIsRefused) {
       {"--qk-layernorm", "DecoderVariant.*"}, {"--init-method-std", "Decoder.*"}, {"--hidden-dropout", "Decoder.HiddenDropout*"},
       {"--attention-dropout", "refused unless 0 (Decoder.AttentionDropoutIsRefusedNamingTheValue)"},
       {"--num-experts", "refused"}, {"--moe-router-topk", "refused"},
+      {"--profile", "TruthPass.ProfileReportsWhereTheStepTimeGoes"},
+      {"--profile-step-start", "TruthPass.ProfileReportsWhereTheStepTimeGoes"},
+      {"--profile-step-end", "TruthPass.ProfileReportsWhereTheStepTimeGoes"},
+      {"--profile-trace", "TruthPass.ProfileReportsWhereTheStepTimeGoes"},
+      {"--cross-entropy-loss-fusion", "CrossEntropyFusion.*"}, {"--no-cross-entropy-loss-fusion", "CrossEntropyFusion.*"},
   };
   std::set<std::string> flags;
   for (const auto& f : lf::config::flag_table()) flags.emplace(f.flag);

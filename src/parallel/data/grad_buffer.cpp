@@ -2,6 +2,7 @@
 
 #include <ATen/Functions.h>
 #include <ATen/core/grad_mode.h>
+#include <ATen/record_function.h>
 #include <torch/csrc/autograd/function_hook.h>
 #include <torch/csrc/autograd/variable.h>
 
@@ -126,6 +127,7 @@ void GradBuffer::begin_micro_batch(bool is_last) {
 }
 
 void GradBuffer::on_grad_ready(int i) {
+  RECORD_USER_SCOPE("lf::grad_accumulate");
   std::lock_guard<std::mutex> lock(mutex_);
   auto& p = params_[static_cast<size_t>(i)].tensor;
   const auto& s = slots_[static_cast<size_t>(i)];
@@ -173,6 +175,7 @@ void GradBuffer::launch(int b) {
 }
 
 void GradBuffer::finish_grad_sync() {
+  RECORD_USER_SCOPE("lf::grad_sync");
   std::lock_guard<std::mutex> lock(mutex_);
   while (next_launch_ < static_cast<int>(buckets_.size())) launch(next_launch_++);
   for (auto& w : work_)

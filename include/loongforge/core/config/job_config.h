@@ -248,6 +248,10 @@ struct LoggingConfig {
   std::optional<std::string> tensorboard_dir;
   bool log_params_norm = false;
   bool log_throughput = false;
+  bool profile = false;
+  int64_t profile_step_start = 10;
+  int64_t profile_step_end = 12;
+  std::optional<std::string> profile_trace;
 
   template <class V>
   void visit(V& v) {
@@ -257,6 +261,11 @@ struct LoggingConfig {
       "Write TensorBoard event files here: losses, lr, grad norm, tokens/s, memory, validation (rank 0)");
     v("log_params_norm", log_params_norm, "Log the parameters' global L2 norm (progress line, metrics, TensorBoard)");
     v("log_throughput", log_throughput, "Log the model TFLOP/s per rank (progress line, metrics, TensorBoard)");
+    v("profile", profile,
+      "Profile iterations [profile_step_start, profile_step_end) on rank 0: time by category and top ops in the log");
+    v("profile_step_start", profile_step_start, "First profiled iteration", Min{1});
+    v("profile_step_end", profile_step_end, "Iteration after the last profiled one", Min{2});
+    v("profile_trace", profile_trace, "With profile: write the Chrome trace (chrome://tracing, Perfetto) here");
   }
 };
 

@@ -32,8 +32,10 @@ namespace {
 // unmaps them on free, so every large tensor of every step (the logits, activations, gradients)
 // is faulted in page by page and zeroed by the kernel again. Blocks of at least 1 MiB are
 // rounded up to 1/16 of their power of two and kept on free, by capacity, for the next request of
-// that capacity, up to LOONGFORGE_CPU_ALLOCATOR_CACHE_MB (default 1024; 0 turns the cache off).
-// A failed allocation empties the cache and tries once more.
+// that capacity, up to LOONGFORGE_CPU_ALLOCATOR_CACHE_MB (default 1024; 0 turns the cache off),
+// and only while live plus cached bytes stay within the highest live total seen so far: the cache
+// never makes the process larger than its own peak of live tensors. A failed allocation empties
+// the cache and tries once more.
 class CountingCpuAllocator final : public c10::Allocator {
  public:
   // A multiple of c10's alignment (64), so the data keeps alloc_cpu's alignment.
@@ -61,8 +63,10 @@ class CountingCpuAllocator final : public c10::Allocator {
     header[1] = static_cast<int64_t>(cap);
     void* data = base + kHeader;
     const int64_t now = allocated_.fetch_add(static_cast<int64_t>(n)) + static_cast<int64_t>(n);
-    int64_t peak = peak_.load();
-    while (now > peak && !peak_.compare_exchange_weak(peak, now)) {
+    for (auto* mark : {&peak_, &high_}) {
+      int64_t seen = mark->load();
+      while (now > seen && !mark->compare_exchange_weak(seen, now)) {
+      }
     }
     count_.fetch_add(1);
     return {data, data, &free_block, c10::Device(c10::DeviceType::CPU)};
@@ -119,12 +123,14 @@ class CountingCpuAllocator final : public c10::Allocator {
     if (cap == 0) return false;
     std::lock_guard<std::mutex> lock(mutex_);
     if (cached_ + cap > cache_limit_) return false;
+    if (allocated_.load() + static_cast<int64_t>(cached_ + cap) > high_.load()) return false;
     free_[cap].push_back(base);
     cached_ += cap;
     return true;
   }
 
   std::atomic<int64_t> allocated_{0}, peak_{0}, count_{0};
+  std::atomic<int64_t> high_{0};  // the highest live total ever (reset_peak does not lower it)
   size_t cache_limit_ = 0;
   std::mutex mutex_;
   std::unordered_map<size_t, std::vector<char*>> free_;  // by capacity

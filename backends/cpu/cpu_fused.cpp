@@ -9,7 +9,9 @@
 #include <c10/util/BFloat16.h>
 
 #include <cmath>
+#include <type_traits>
 
+#include "cpu_math.h"
 #include "cpu_ops.h"
 
 namespace lf::backend {
@@ -42,7 +44,10 @@ void rms_norm_fwd_kernel(const at::Tensor& x, const at::Tensor& w, double eps, a
     for (int64_t i = begin; i < end; ++i) {
       const T* xr = xp + i * h;
       double ss = 0;
-      for (int64_t j = 0; j < h; ++j) ss += static_cast<double>(static_cast<float>(xr[j])) * static_cast<float>(xr[j]);
+      if constexpr (std::is_same_v<T, float>)
+        ss = cpu_math::sum_sq(xr, h);
+      else
+        for (int64_t j = 0; j < h; ++j) ss += static_cast<double>(static_cast<float>(xr[j])) * static_cast<float>(xr[j]);
       const float r = static_cast<float>(1.0 / std::sqrt(ss / static_cast<double>(h) + eps));
       rp[i] = r;
       T* yr = yp + i * h;
@@ -93,6 +98,10 @@ void swiglu_fwd_kernel(const at::Tensor& gu, at::Tensor& y) {
       const T* g = p + i * 2 * f;
       const T* u = g + f;
       T* yr = yp + i * f;
+      if constexpr (std::is_same_v<T, float>) {
+        cpu_math::silu_mul(g, u, yr, f);
+        continue;
+      }
       for (int64_t j = 0; j < f; ++j) {
         const float gv = static_cast<float>(g[j]);
         yr[j] = static_cast<T>(gv / (1.0f + std::exp(-gv)) * static_cast<float>(u[j]));
@@ -114,6 +123,10 @@ void swiglu_bwd_kernel(const at::Tensor& dy, const at::Tensor& gu, at::Tensor& d
       const T* d = dyp + i * f;
       T* dg = out + i * 2 * f;
       T* du = dg + f;
+      if constexpr (std::is_same_v<T, float>) {
+        cpu_math::silu_mul_bwd(d, g, u, dg, du, f);
+        continue;
+      }
       for (int64_t j = 0; j < f; ++j) {
         const float gv = static_cast<float>(g[j]), uv = static_cast<float>(u[j]), dv = static_cast<float>(d[j]);
         const float sig = 1.0f / (1.0f + std::exp(-gv));

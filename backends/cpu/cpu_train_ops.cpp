@@ -1,9 +1,10 @@
 // CpuOps' training kernels (backends/cpu/cpu_ops.h):
 // - linear_cross_entropy: the output layer and the cross entropy over chunks of tokens. Each
-//   chunk's logits live in one reused fp32 buffer of chunk x v_local (never [n, v]); the softmax,
-//   the loss and dL/dz are computed in place in it, and dz goes straight into dx and an fp32 dw
-//   accumulator. Same three GEMMs as the unfused path, without the [n, v] logits, log-probs and
-//   their gradient (three fresh [n, v] tensors and about eight passes over them).
+//   chunk's logits live in one reused fp32 buffer of chunk x v_local (never [n, v]): one pass finds
+//   each row's max, one turns the row into exp(z - max) and sums it; the GEMMs into dx and an fp32
+//   dw accumulator read that buffer with the softmax's row scale moved to their [c, h] sides and
+//   the target's one-hot term done as a row gather/scatter. Same three GEMMs as the unfused path,
+//   two passes over each chunk instead of about eight over three fresh [n, v] tensors.
 // - adamw_step: one threaded pass over every element of every tensor of the list (the tensors
 //   are laid end to end and split into equal ranges), reading p, g, m, v once and writing p, m, v
 //   once, with the gradient scale (unscale x clip) applied on the fly. Instead of nine ATen ops
@@ -20,14 +21,18 @@
 #include <cmath>
 #include <vector>
 
+#include "cpu_math.h"
 #include "cpu_ops.h"
 #include "loongforge/core/error.h"
 
 namespace lf::backend {
 namespace {
 
-// Logit rows per chunk: about 8 MiB of fp32 logits, at least 16 rows.
-int64_t default_chunk(int64_t v) { return std::max<int64_t>(16, (int64_t{8} << 20) / (4 * std::max<int64_t>(1, v))); }
+// Logit rows per chunk: about 32 MiB of fp32 logits, at least 16 rows. Fewer rows make the three
+// GEMMs thin (K = rows for dw): measured on 2 cores at h 256 / v 16K (llama_10m), the head's
+// GEMMs take 1.40-1.49x the time of the layers' GEMMs at 64 rows, 1.16-1.21x at 128, 1.09-1.15x
+// at 256 and 512 (a ratio within one profiled run, so it holds under the machine's noise).
+int64_t default_chunk(int64_t v) { return std::max<int64_t>(16, (int64_t{32} << 20) / (4 * std::max<int64_t>(1, v))); }
 
 bool contiguous_cpu(at::TensorList ts, at::ScalarType dtype) {
   for (const auto& t : ts)
@@ -66,8 +71,12 @@ LinearCrossEntropyFwd CpuOps::linear_cross_entropy(const at::Tensor& x0, const a
   LinearCrossEntropyFwd r;
   r.loss = at::empty({n}, f32);
   r.dx = at::empty({n, h}, x.options());
-  at::Tensor dw = at::zeros({v, h}, f32);  // fp32 accumulator over chunks
+  // fp32 accumulator over chunks: the first chunk's GEMM writes the real rows (no zero fill of
+  // [v, h]: at a 32K vocabulary that fill alone costs a pass over 100 MB), padding rows are zeroed.
+  at::Tensor dw = at::empty({v, h}, f32);
+  if (valid < v) dw.narrow(0, valid, v - valid).zero_();
   at::Tensor dwv = dw.narrow(0, 0, valid);
+  if (n == 0) dwv.zero_();
   at::Tensor buf = at::empty({chunk, valid}, f32);
   for (int64_t c0 = 0; c0 < n; c0 += chunk) {
     const int64_t c = std::min(chunk, n - c0);
@@ -77,30 +86,49 @@ LinearCrossEntropyFwd CpuOps::linear_cross_entropy(const at::Tensor& x0, const a
       at::mm_out(z, xc, wv.t());
     else
       z.copy_(at::mm(xc, wv.t()));
-    at::Tensor m = std::get<0>(z.max(1)).unsqueeze(0);  // [1, c]
+    float* zp = z.data_ptr<float>();
+    at::Tensor m = at::empty({1, c}, f32);
+    float* mp = m.data_ptr<float>();
+    at::parallel_for(0, c, 1, [&](int64_t lo, int64_t hi) {
+      for (int64_t i = lo; i < hi; ++i) mp[i] = cpu_math::row_max(zp + i * valid, valid);
+    });
     if (shard.all_reduce) shard.all_reduce(m, true);
-    z.sub_(m.t());
     at::Tensor mc = minef.narrow(0, c0, c), sc = safe.narrow(0, c0, c);
     at::Tensor sums = at::empty({2, c}, f32);
-    sums[0].copy_(z.gather(1, sc).squeeze(1) * mc);  // the target's shifted logit, on its owner
-    z.exp_();
-    at::Tensor sum_exp = sums[1];
-    at::sum_out(sum_exp, z, {1});
+    sums[0].copy_((z.gather(1, sc).squeeze(1) - m[0]) * mc);  // the target's shifted logit, on its owner
+    float* sp = sums.data_ptr<float>() + c;
+    at::parallel_for(0, c, 1, [&](int64_t lo, int64_t hi) {
+      for (int64_t i = lo; i < hi; ++i)
+        sp[i] = static_cast<float>(cpu_math::row_exp_sum(zp + i * valid, mp[i], valid));  // z = exp(z - m)
+    });
     if (shard.all_reduce) shard.all_reduce(sums, false);
-    at::Tensor lse = sums[1].log();
-    r.loss.narrow(0, c0, c).copy_((lse - sums[0]).masked_fill(ignored.narrow(0, c0, c), 0.0));
-    // z becomes dL/dz = weight (softmax - onehot).
+    r.loss.narrow(0, c0, c).copy_((sums[1].log() - sums[0]).masked_fill(ignored.narrow(0, c0, c), 0.0));
+    // dL/dz = diag(wc / sum) E - diag(wc mine) onehot, with E = exp(z - m) in the buffer. The row
+    // scale is applied to the [c, h] sides of the two GEMMs instead of to E, and the onehot part
+    // is a row gather / scatter of w and x: E is read by the GEMMs only.
     at::Tensor wc = wt.narrow(0, c0, c);
-    z.mul_((wc / sums[1]).unsqueeze(1));
-    z.scatter_add_(1, sc, (-wc * mc).unsqueeze(1));
+    at::Tensor scale = (wc / sums[1]).unsqueeze(1);  // [c, 1]
+    at::Tensor hit = (wc * mc).unsqueeze(1);         // [c, 1]
+    at::Tensor st = sc.squeeze(1);
     at::Tensor dxc = r.dx.narrow(0, c0, c);
     if (dtype == at::kFloat) {
       at::mm_out(dxc, z, wv);
-      dwv.addmm_(z.t(), xc);
+      dxc.mul_(scale).sub_(wv.index_select(0, st) * hit);
+      if (c0 == 0)
+        at::mm_out(dwv, z.t(), xc * scale);
+      else
+        dwv.addmm_(z.t(), xc * scale);
+      dwv.index_add_(0, st, xc * hit, -1.0);
     } else {
       at::Tensor zb = z.to(dtype);
-      dxc.copy_(at::mm(zb, wv));
-      dwv.add_(at::mm(zb.t(), xc));
+      at::Tensor xf = xc.to(at::kFloat);
+      dxc.copy_(at::mm(zb, wv).to(at::kFloat).mul_(scale).sub_(wv.index_select(0, st).to(at::kFloat) * hit));
+      at::Tensor part = at::mm(zb.t(), (xf * scale).to(dtype));
+      if (c0 == 0)
+        dwv.copy_(part);
+      else
+        dwv.add_(part);
+      dwv.index_add_(0, st, xf * hit, -1.0);
     }
   }
   r.dw = dtype == at::kFloat ? dw : dw.to(dtype);
@@ -123,7 +151,7 @@ void CpuOps::adamw_step(at::TensorList params, at::TensorList grads, at::TensorL
     begin[i + 1] = begin[i] + p.numel();
   }
   // The reference's ATen ops take their scalars as fp32 for fp32 tensors: so does this loop.
-  const float lr = static_cast<float>(hp.lr), b1 = static_cast<float>(hp.beta1), b2 = static_cast<float>(hp.beta2);
+  const float b1 = static_cast<float>(hp.beta1), b2 = static_cast<float>(hp.beta2);
   const float one_b1 = static_cast<float>(1.0 - hp.beta1), one_b2 = static_cast<float>(1.0 - hp.beta2);
   const float eps = static_cast<float>(hp.eps), gs = static_cast<float>(hp.grad_scale);
   const float decay = static_cast<float>(1.0 - hp.lr * hp.weight_decay);
@@ -131,25 +159,13 @@ void CpuOps::adamw_step(at::TensorList params, at::TensorList grads, at::TensorL
   const double bc1 = 1.0 - std::pow(hp.beta1, static_cast<double>(hp.step));
   const float bc2_sqrt = static_cast<float>(std::sqrt(1.0 - std::pow(hp.beta2, static_cast<double>(hp.step))));
   const float step_size = static_cast<float>(-hp.lr / bc1);
-  (void)lr;
   at::parallel_for(0, begin[k], int64_t{1} << 15, [&](int64_t lo, int64_t hi) {
     size_t t = static_cast<size_t>(std::upper_bound(begin.begin(), begin.end(), lo) - begin.begin()) - 1;
     for (int64_t at_ = lo; at_ < hi; ++t) {
       const int64_t j0 = at_ - begin[t], j1 = std::min(hi, begin[t + 1]) - begin[t];
-      float* __restrict p = params[t].data_ptr<float>();
-      const float* __restrict g = grads[t].data_ptr<float>();
-      float* __restrict m = exp_avg[t].data_ptr<float>();
-      float* __restrict v = exp_avg_sq[t].data_ptr<float>();
-      for (int64_t j = j0; j < j1; ++j) {
-        const float gj = g[j] * gs;
-        float pj = p[j];
-        if (decays) pj *= decay;
-        const float mj = m[j] * b1 + one_b1 * gj;
-        const float vj = v[j] * b2 + one_b2 * gj * gj;
-        m[j] = mj;
-        v[j] = vj;
-        p[j] = pj + step_size * (mj / (std::sqrt(vj) / bc2_sqrt + eps));
-      }
+      cpu_math::adamw(params[t].data_ptr<float>() + j0, grads[t].data_ptr<float>() + j0,
+                      exp_avg[t].data_ptr<float>() + j0, exp_avg_sq[t].data_ptr<float>() + j0, j1 - j0, gs, decay,
+                      decays, b1, one_b1, b2, one_b2, bc2_sqrt, eps, step_size);
       at_ = begin[t] + j1;
     }
   });
@@ -168,16 +184,7 @@ at::Tensor CpuOps::squared_norm(at::TensorList tensors) const {
                                            first_block.begin()) - 1;
       const float* x = tensors[t].data_ptr<float>();
       const int64_t j0 = (b - first_block[t]) * kBlock, j1 = std::min(tensors[t].numel(), j0 + kBlock);
-      double s0 = 0, s1 = 0, s2 = 0, s3 = 0;
-      int64_t j = j0;
-      for (; j + 4 <= j1; j += 4) {
-        s0 += static_cast<double>(x[j]) * x[j];
-        s1 += static_cast<double>(x[j + 1]) * x[j + 1];
-        s2 += static_cast<double>(x[j + 2]) * x[j + 2];
-        s3 += static_cast<double>(x[j + 3]) * x[j + 3];
-      }
-      for (; j < j1; ++j) s0 += static_cast<double>(x[j]) * x[j];
-      partial[static_cast<size_t>(b)] = (s0 + s1) + (s2 + s3);
+      partial[static_cast<size_t>(b)] = cpu_math::sum_sq(x + j0, j1 - j0);
     }
   });
   double sum = 0;

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <map>
 #include <set>
 
@@ -25,7 +26,7 @@ double now_ms() {
 bool contains(const std::string& s, const char* part) { return s.find(part) != std::string::npos; }
 
 bool is_gemm(const std::string& n) {
-  static const std::set<std::string> gemms = {"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm",
+  static const std::set<std::string> gemms = {"aten::mm", "aten::addmm", "aten::addmm_", "aten::bmm", "aten::baddbmm",
                                               "aten::addmv", "aten::mv", "aten::dot", "aten::_addmm_activation"};
   return gemms.count(n) > 0;
 }
@@ -57,6 +58,9 @@ StepProfiler::~StepProfiler() {
 
 void StepProfiler::start() {
   LF_CHECK(!running_, "the step profiler is already running");
+  // Kineto logs an ERROR line when it finds no GPU to trace; only CPU activities are asked for,
+  // so keep its log to fatal messages unless the user set a level.
+  setenv("KINETO_LOG_LEVEL", "4", /*overwrite=*/0);
   ProfilerConfig config(ProfilerState::KINETO);
   const std::set<ActivityType> activities{ActivityType::CPU};
   prof::prepareProfiler(config, activities);

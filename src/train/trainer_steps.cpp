@@ -141,12 +141,14 @@ double Trainer::Impl::finish_step(std::map<std::string, double>& sums, const std
   // get their gradients summed over the embedding group (Megatron's _allreduce_word_embedding_grads),
   // before the DP reduction (both are sums).
   if (ctx.pp_size() > 1 && ctx.in_embedding_group() && ctx.embedding().size() > 1)
-    for (auto& b : buffers)
+    for (auto& b : buffers) {
+      b.grads->zero_unreported();
       for (size_t i = 0; i < b.grads->parameters().size(); ++i)
         if (b.grads->parameters()[i].pipeline_tied) {
           at::Tensor g = b.grads->main_grad(static_cast<int>(i));
           ctx.embedding().all_reduce(g, lf::backend::ReduceOp::sum);
         }
+    }
   for (auto& b : buffers) b.grads->finish_grad_sync();
   // The terms' sums live on the last stage: broadcast over the pipeline, summed over DP.
   std::vector<double> v;

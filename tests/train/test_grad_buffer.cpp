@@ -102,7 +102,11 @@ LF_WORKER_CASE(buckets_match_all_reduce) {
     for (const auto& p : params) numel += p.tensor.numel();
     EXPECT_EQ(total.item<double>(), static_cast<double>(zero ? numel : numel * n));
     buffer.zero_grad();
+    // A step without any gradient: finish_grad_sync zeroes every slot still holding the last one.
+    buffer.begin_micro_batch(true);
+    buffer.finish_grad_sync();
     EXPECT_EQ(buffer.main_grad().abs().sum().item<double>(), 0.0);
+    buffer.zero_grad();
   }
 }
 

@@ -97,6 +97,7 @@ GradBuffer::GradBuffer(std::vector<Parameter> params,
         pieces_.push_back({i, static_cast<int>(b), begin - s.offset,
                            begin - buckets_[b].owned_begin, end - begin});
     }
+  stale_.assign(params_.size(), false);  // the buffer starts zeroed
   work_.resize(buckets_.size());
   pending_.resize(buckets_.size());
   launched_.resize(buckets_.size());
@@ -114,6 +115,21 @@ int GradBuffer::dp_size() const { return active(dp_) ? dp_->size() : 1; }
 int GradBuffer::dp_rank() const { return active(dp_) ? dp_->rank() : 0; }
 
 at::Tensor GradBuffer::main_grad(int i) const {
+  if (stale_[static_cast<size_t>(i)]) {  // what was accumulated this step: nothing yet
+    at::NoGradGuard no_grad;
+    slot_view(i).zero_();
+    stale_[static_cast<size_t>(i)] = false;
+  }
+  return slot_view(i);
+}
+
+const at::Tensor& GradBuffer::main_grad() const {
+  for (size_t i = 0; i < params_.size(); ++i)
+    if (stale_[i]) main_grad(static_cast<int>(i));
+  return buffer_;
+}
+
+at::Tensor GradBuffer::slot_view(int i) const {
   const auto& s = slots_[static_cast<size_t>(i)];
   return buffer_.narrow(0, s.offset, s.numel).view(params_[static_cast<size_t>(i)].tensor.sizes());
 }
@@ -140,7 +156,13 @@ void GradBuffer::on_grad_ready(int i) {
     at::NoGradGuard no_grad;
     at::Tensor g = p.grad();
     if (g.defined()) {
-      main_grad(i).add_(g);  // fp32 += param-dtype gradient
+      // The first gradient of the step is copied in (the buffer was not zeroed: zero_grad marks
+      // every slot stale instead of filling the whole buffer); later ones are added.
+      if (stale_[static_cast<size_t>(i)])
+        slot_view(i).copy_(g);  // fp32 = param-dtype gradient
+      else
+        slot_view(i).add_(g);  // fp32 += param-dtype gradient
+      stale_[static_cast<size_t>(i)] = false;
       p.mutable_grad() = at::Tensor();
     }
   }
@@ -177,6 +199,7 @@ void GradBuffer::launch(int b) {
 void GradBuffer::finish_grad_sync() {
   RECORD_USER_SCOPE("lf::grad_sync");
   std::lock_guard<std::mutex> lock(mutex_);
+  zero_stale();  // parameters that got no gradient this step (their buckets have not launched)
   while (next_launch_ < static_cast<int>(buckets_.size())) launch(next_launch_++);
   for (auto& w : work_)
     if (w) {
@@ -203,9 +226,25 @@ void GradBuffer::finish_grad_sync() {
   }
 }
 
+void GradBuffer::zero_stale() {
+  at::NoGradGuard no_grad;
+  for (size_t i = 0; i < params_.size(); ++i)
+    if (stale_[i]) {
+      slot_view(static_cast<int>(i)).zero_();
+      stale_[i] = false;
+    }
+}
+
+void GradBuffer::zero_unreported() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  zero_stale();
+}
+
 void GradBuffer::zero_grad() {
   std::lock_guard<std::mutex> lock(mutex_);
-  buffer_.zero_();
+  // Not a fill of the whole buffer: each slot is marked stale and its first gradient of the next
+  // step is copied in (finish_grad_sync zeroes the slots that got none). Padding (ZeRO-1) stays 0.
+  std::fill(stale_.begin(), stale_.end(), true);
   for (size_t b = 0; b < buckets_.size(); ++b) {
     if (options_.distributed_optimizer && dp_size() > 1) reduced_[b].zero_();
     pending_[b] = static_cast<int>(buckets_[b].params.size());

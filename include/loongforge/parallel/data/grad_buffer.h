@@ -84,8 +84,12 @@ class GradBuffer {
   // options.average). Averaging divides each bucket by dp *before* its sum-reduction (Megatron's
   // gradient_scaling_factor), so the collective is a plain sum on every engine.
   void finish_grad_sync();
-  // Zeroes the main gradients and the bucket state for the next step.
+  // Resets the main gradients and the bucket state for the next step. The buffer is not filled:
+  // each slot is marked stale and the first gradient of the next step is copied into it.
   void zero_grad();
+  // Zeroes the slots that got no gradient since zero_grad (finish_grad_sync does it too): call
+  // before reading main_grad(i) ahead of finish_grad_sync.
+  void zero_unreported();
 
   const std::vector<Parameter>& parameters() const { return params_; }
   const std::vector<GradSlot>& slots() const { return slots_; }
@@ -94,8 +98,9 @@ class GradBuffer {
   lf::backend::Communicator* dp() const { return dp_; }
   int dp_size() const;
   int dp_rank() const;
-  // The flat fp32 main-gradient buffer [total] (hooks accumulate here).
-  const at::Tensor& main_grad() const { return buffer_; }
+  // The flat fp32 main-gradient buffer [total] (hooks accumulate here). Reading it (or a slot,
+  // below) first zeroes the slots that got no gradient since zero_grad.
+  const at::Tensor& main_grad() const;
   // The gradient of parameter i, shaped like it (a view into the buffer; before the reduction
   // this is the local accumulation, after it valid only inside this rank's owned range).
   at::Tensor main_grad(int i) const;
@@ -113,6 +118,8 @@ class GradBuffer {
  private:
   void launch(int b);
   void launch_ready_in_order();
+  void zero_stale();  // zero_unreported without the lock
+  at::Tensor slot_view(int i) const;  // parameter i's slot, stale or not
 
   std::vector<Parameter> params_;
   lf::backend::Communicator* dp_;
@@ -126,6 +133,7 @@ class GradBuffer {
   std::vector<std::shared_ptr<lf::backend::Work>> work_;
   std::vector<int> pending_;          // per bucket: parameters yet to report on the last micro-batch
   std::vector<bool> launched_;
+  mutable std::vector<bool> stale_;   // per parameter: its slot holds a previous step's gradient
   int next_launch_ = 0;
   bool last_micro_batch_ = true;
   int64_t hooks_fired_ = 0;

@@ -1,0 +1,86 @@
+// The vectorisable fp32 row kernels (cpu_math.h).
+#include "cpu_math.h"
+
+#include <limits>
+
+namespace lf::backend::cpu_math {
+
+constexpr int kLanes = 16;
+
+LF_CPU_CLONES float row_max(const float* z, int64_t n) {
+  float lane[kLanes];
+  for (float& l : lane) l = -std::numeric_limits<float>::infinity();
+  int64_t j = 0;
+  for (; j + kLanes <= n; j += kLanes)
+    for (int k = 0; k < kLanes; ++k) lane[k] = std::max(lane[k], z[j + k]);
+  float m = -std::numeric_limits<float>::infinity();
+  for (float l : lane) m = std::max(m, l);
+  for (; j < n; ++j) m = std::max(m, z[j]);
+  return m;
+}
+
+LF_CPU_CLONES double row_exp_sum(float* z, float m, int64_t n) {
+  float lane[kLanes] = {};
+  int64_t j = 0;
+  for (; j + kLanes <= n; j += kLanes)
+    for (int k = 0; k < kLanes; ++k) {
+      const float e = vexp(z[j + k] - m);
+      z[j + k] = e;
+      lane[k] += e;
+    }
+  double s = 0;
+  for (float l : lane) s += l;
+  for (; j < n; ++j) {
+    z[j] = vexp(z[j] - m);
+    s += z[j];
+  }
+  return s;
+}
+
+LF_CPU_CLONES void silu_mul(const float* g, const float* u, float* y, int64_t n) {
+  for (int64_t j = 0; j < n; ++j) y[j] = g[j] / (1.0f + vexp(-g[j])) * u[j];
+}
+
+LF_CPU_CLONES void silu_mul_bwd(const float* dy, const float* g, const float* u, float* dg, float* du, int64_t n) {
+  for (int64_t j = 0; j < n; ++j) {
+    const float sig = 1.0f / (1.0f + vexp(-g[j]));
+    dg[j] = dy[j] * u[j] * sig * (1.0f + g[j] * (1.0f - sig));
+    du[j] = dy[j] * g[j] * sig;
+  }
+}
+
+LF_CPU_CLONES double sum_sq(const float* x, int64_t n) {
+  double lane[8] = {};
+  int64_t j = 0;
+  for (; j + 8 <= n; j += 8)
+    for (int k = 0; k < 8; ++k) lane[k] += static_cast<double>(x[j + k]) * x[j + k];
+  double s = ((lane[0] + lane[1]) + (lane[2] + lane[3])) + ((lane[4] + lane[5]) + (lane[6] + lane[7]));
+  for (; j < n; ++j) s += static_cast<double>(x[j]) * x[j];
+  return s;
+}
+
+LF_CPU_CLONES double dot(const float* a, const float* b, int64_t n) {
+  double lane[8] = {};
+  int64_t j = 0;
+  for (; j + 8 <= n; j += 8)
+    for (int k = 0; k < 8; ++k) lane[k] += static_cast<double>(a[j + k]) * b[j + k];
+  double s = ((lane[0] + lane[1]) + (lane[2] + lane[3])) + ((lane[4] + lane[5]) + (lane[6] + lane[7]));
+  for (; j < n; ++j) s += static_cast<double>(a[j]) * b[j];
+  return s;
+}
+
+LF_CPU_CLONES void adamw(float* __restrict p, const float* __restrict g, float* __restrict m, float* __restrict v,
+                         int64_t n, float gs, float decay, bool decays, float b1, float one_b1, float b2, float one_b2,
+                         float bc2_sqrt, float eps, float step_size) {
+  const float d = decays ? decay : 1.0f;
+  for (int64_t j = 0; j < n; ++j) {
+    const float gj = g[j] * gs;
+    const float mj = m[j] * b1 + one_b1 * gj;
+    const float vj = v[j] * b2 + one_b2 * gj * gj;
+    m[j] = mj;
+    v[j] = vj;
+    p[j] = p[j] * d + step_size * (mj / (std::sqrt(vj) / bc2_sqrt + eps));
+  }
+}
+
+}  // namespace lf::backend::cpu_math

@@ -1,0 +1,56 @@
+// Vectorisable fp32 row kernels shared by the CPU backend's fused ops (cpu_fused.cpp,
+// cpu_train_ops.cpp). Each is compiled for AVX-512, AVX2 and the baseline (GCC target_clones:
+// the loader picks the best the CPU has), and written so the compiler vectorises it: no calls,
+// fixed-width partial sums, a polynomial exp.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define LF_CPU_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#else
+#define LF_CPU_CLONES
+#endif
+
+namespace lf::backend::cpu_math {
+
+// exp(x) for fp32 (Cephes' expf: exp(x) = 2^k exp(r), |r| <= ln2 / 2, a degree-6 polynomial),
+// within 2 ulp of std::exp on [-87.3, 88.3]; inputs outside are clamped to that range (so
+// exp of a very negative number is ~1e-38, not 0).
+inline float vexp(float x) {
+  x = std::min(88.3762626647949f, std::max(-87.3365478515625f, x));
+  const float k = std::floor(x * 1.44269504088896341f + 0.5f);
+  float r = x - k * 0.693359375f;
+  r = r - k * -2.12194440e-4f;
+  float p = 1.9875691500E-4f;
+  p = p * r + 1.3981999507E-3f;
+  p = p * r + 8.3334519073E-3f;
+  p = p * r + 4.1665795894E-2f;
+  p = p * r + 1.6666665459E-1f;
+  p = p * r + 5.0000001201E-1f;
+  const float y = p * r * r + r + 1.0f;
+  const int32_t bits = (static_cast<int32_t>(k) + 127) << 23;
+  float scale;
+  std::memcpy(&scale, &bits, sizeof scale);
+  return y * scale;
+}
+
+// max over z[0, n)
+float row_max(const float* z, int64_t n);
+// z[j] = exp(z[j] - m) in place; returns the sum of the new values (fp32 lanes, added in fp64)
+double row_exp_sum(float* z, float m, int64_t n);
+// y = silu(g) u
+void silu_mul(const float* g, const float* u, float* y, int64_t n);
+// dg = dy u silu'(g), du = dy silu(g)
+void silu_mul_bwd(const float* dy, const float* g, const float* u, float* dg, float* du, int64_t n);
+// sum of x[j]^2 and of a[j] b[j] in fp64
+double sum_sq(const float* x, int64_t n);
+double dot(const float* a, const float* b, int64_t n);
+// AdamW on [0, n) (torch.optim.AdamW's update; see OpTable::adamw_step)
+void adamw(float* p, const float* g, float* m, float* v, int64_t n, float gs, float decay, bool decays, float b1,
+           float one_b1, float b2, float one_b2, float bc2_sqrt, float eps, float step_size);
+
+}  // namespace lf::backend::cpu_math

@@ -49,16 +49,6 @@ LF_CPU_CLONES void silu_mul_bwd(const float* dy, const float* g, const float* u,
   }
 }
 
-LF_CPU_CLONES double sum_sq(const float* x, int64_t n) {
-  double lane[8] = {};
-  int64_t j = 0;
-  for (; j + 8 <= n; j += 8)
-    for (int k = 0; k < 8; ++k) lane[k] += static_cast<double>(x[j + k]) * x[j + k];
-  double s = ((lane[0] + lane[1]) + (lane[2] + lane[3])) + ((lane[4] + lane[5]) + (lane[6] + lane[7]));
-  for (; j < n; ++j) s += static_cast<double>(x[j]) * x[j];
-  return s;
-}
-
 LF_CPU_CLONES double dot(const float* a, const float* b, int64_t n) {
   double lane[8] = {};
   int64_t j = 0;
@@ -68,6 +58,8 @@ LF_CPU_CLONES double dot(const float* a, const float* b, int64_t n) {
   for (; j < n; ++j) s += static_cast<double>(a[j]) * b[j];
   return s;
 }
+
+double sum_sq(const float* x, int64_t n) { return dot(x, x, n); }
 
 LF_CPU_CLONES void adamw(float* __restrict p, const float* __restrict g, float* __restrict m, float* __restrict v,
                          int64_t n, float gs, float decay, bool decays, float b1, float one_b1, float b2, float one_b2,

@@ -4,8 +4,10 @@
 
 #include <algorithm>
 #include <chrono>
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <cstdio>
-#include <cstdlib>
 #include <map>
 #include <set>
 
@@ -49,6 +51,30 @@ struct Ev {
   std::string scope;  // the nearest enclosing category scope
 };
 
+// Redirects file descriptor 2 to /dev/null for its lifetime.
+class StderrMuted {
+ public:
+  StderrMuted() {
+    std::fflush(stderr);
+    saved_ = ::dup(2);
+    const int null = ::open("/dev/null", O_WRONLY);
+    if (saved_ >= 0 && null >= 0) ::dup2(null, 2);
+    if (null >= 0) ::close(null);
+  }
+  ~StderrMuted() {
+    std::fflush(stderr);
+    if (saved_ >= 0) {
+      ::dup2(saved_, 2);
+      ::close(saved_);
+    }
+  }
+  StderrMuted(const StderrMuted&) = delete;
+  StderrMuted& operator=(const StderrMuted&) = delete;
+
+ private:
+  int saved_ = -1;
+};
+
 }  // namespace
 
 StepProfiler::StepProfiler() = default;
@@ -58,20 +84,27 @@ StepProfiler::~StepProfiler() {
 
 void StepProfiler::start() {
   LF_CHECK(!running_, "the step profiler is already running");
-  // Kineto logs an ERROR line when it finds no GPU to trace; only CPU activities are asked for,
-  // so keep its log to fatal messages unless the user set a level.
-  setenv("KINETO_LOG_LEVEL", "4", /*overwrite=*/0);
   ProfilerConfig config(ProfilerState::KINETO);
   const std::set<ActivityType> activities{ActivityType::CPU};
-  prof::prepareProfiler(config, activities);
-  prof::enableProfiler(config, activities);
+  {
+    // This wheel's Kineto is built with CUDA and prints "ERROR: gpuGetDeviceCount failed" on a
+    // machine without a GPU while it sets up or collects, although only CPU activities are asked
+    // for. These calls write nothing else worth reading; failures still throw (and are reported).
+    StderrMuted muted;
+    prof::prepareProfiler(config, activities);
+    prof::enableProfiler(config, activities);
+  }
   running_ = true;
   start_ms_ = now_ms();
 }
 
 ProfileReport StepProfiler::stop(int64_t steps, const std::string& trace_path) {
   LF_CHECK(running_, "the step profiler is not running");
-  auto result = prof::disableProfiler();
+  std::unique_ptr<prof::ProfilerResult> result;
+  {
+    StderrMuted muted;  // see start()
+    result = prof::disableProfiler();
+  }
   running_ = false;
   ProfileReport r;
   r.steps = steps;

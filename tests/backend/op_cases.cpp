@@ -255,6 +255,25 @@ void add_squared_norm_cases(std::vector<OpCase>& cases) {
                    }});
 }
 
+// One AdamW step on clones of (param, grad, exp_avg, exp_avg_sq) quadruples; the updated states.
+NamedTensors run_adamw(const OpTable& ops, const std::vector<at::Tensor>& in, const AdamWHyper& h) {
+  std::vector<at::Tensor> p, gr, m, v;
+  for (size_t i = 0; i < in.size(); i += 4) {
+    p.push_back(in[i].clone());
+    gr.push_back(in[i + 1]);
+    m.push_back(in[i + 2].clone());
+    v.push_back(in[i + 3].clone());
+  }
+  ops.adamw_step(p, gr, m, v, h);
+  NamedTensors out;
+  for (size_t i = 0; i < p.size(); ++i) {
+    out.push_back({"param" + std::to_string(i), p[i]});
+    out.push_back({"exp_avg" + std::to_string(i), m[i]});
+    out.push_back({"exp_avg_sq" + std::to_string(i), v[i]});
+  }
+  return out;
+}
+
 void add_adamw_cases(std::vector<OpCase>& cases) {
   // fp32 grads over tensors larger than one thread's range (the flat pass splits inside and across
   // tensors), with a gradient scale (unscale x clip) and weight decay.
@@ -271,23 +290,9 @@ void add_adamw_cases(std::vector<OpCase>& cases) {
                      return in;
                    },
                    [](const OpTable& ops, const std::vector<at::Tensor>& in) {
-                     std::vector<at::Tensor> p, gr, m, v;
-                     for (size_t i = 0; i < in.size(); i += 4) {
-                       p.push_back(in[i].clone());
-                       gr.push_back(in[i + 1]);
-                       m.push_back(in[i + 2].clone());
-                       v.push_back(in[i + 3].clone());
-                     }
                      AdamWHyper h{3e-3, 0.9, 0.95, 1e-8, 0.1, 7};
                      h.grad_scale = 0.37;
-                     ops.adamw_step(p, gr, m, v, h);
-                     NamedTensors out;
-                     for (size_t i = 0; i < p.size(); ++i) {
-                       out.push_back({"param" + std::to_string(i), p[i]});
-                       out.push_back({"exp_avg" + std::to_string(i), m[i]});
-                       out.push_back({"exp_avg_sq" + std::to_string(i), v[i]});
-                     }
-                     return out;
+                     return run_adamw(ops, in, h);
                    }});
   cases.push_back({"adamw_f32_bf16_grads", kF32Atol, kF32Rtol,
                    [] {
@@ -302,21 +307,7 @@ void add_adamw_cases(std::vector<OpCase>& cases) {
                      return in;
                    },
                    [](const OpTable& ops, const std::vector<at::Tensor>& in) {
-                     std::vector<at::Tensor> p, gr, m, v;
-                     for (size_t i = 0; i < in.size(); i += 4) {
-                       p.push_back(in[i].clone());
-                       gr.push_back(in[i + 1]);
-                       m.push_back(in[i + 2].clone());
-                       v.push_back(in[i + 3].clone());
-                     }
-                     ops.adamw_step(p, gr, m, v, AdamWHyper{1e-2, 0.9, 0.95, 1e-8, 0.1, 3});
-                     NamedTensors out;
-                     for (size_t i = 0; i < p.size(); ++i) {
-                       out.push_back({"param" + std::to_string(i), p[i]});
-                       out.push_back({"exp_avg" + std::to_string(i), m[i]});
-                       out.push_back({"exp_avg_sq" + std::to_string(i), v[i]});
-                     }
-                     return out;
+                     return run_adamw(ops, in, AdamWHyper{1e-2, 0.9, 0.95, 1e-8, 0.1, 3});
                    }});
 }
 

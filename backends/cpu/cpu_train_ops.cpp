@@ -57,15 +57,10 @@ LinearCrossEntropyFwd CpuOps::linear_cross_entropy(const at::Tensor& x0, const a
   const int64_t chunk = std::min<int64_t>(std::max<int64_t>(1, n), chunk_tokens > 0 ? chunk_tokens : default_chunk(valid));
   const auto f32 = x.options().dtype(at::kFloat);
 
-  at::Tensor ignored = target.eq(ignore_index);
-  at::Tensor local = target - shard.start;
-  at::Tensor mine = local.ge(0).logical_and(local.lt(valid)).logical_and(ignored.logical_not());
-  if (!shard.all_reduce && n > 0)
-    LF_CHECK(mine.logical_or(ignored).all().item<bool>(), "linear_cross_entropy: a target is outside [0, ", valid,
-             ") and is not ignore_index = ", ignore_index,
-             lf::hint("check the tokenizer's vocabulary size against the model's"));
-  const at::Tensor safe = at::where(mine, local, at::zeros_like(local)).unsqueeze(1);  // [n, 1]
-  const at::Tensor minef = mine.to(at::kFloat);
+  const auto targets = shard_targets(target, shard, valid, ignore_index);
+  const at::Tensor& ignored = targets.ignored;
+  const at::Tensor safe = targets.safe.unsqueeze(1);  // [n, 1]
+  const at::Tensor minef = targets.mine.to(at::kFloat);
   const at::Tensor wt = weight.masked_fill(ignored, 0.0);
 
   LinearCrossEntropyFwd r;

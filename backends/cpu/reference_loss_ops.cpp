@@ -29,6 +29,19 @@ void check_linear_cross_entropy_args(const at::Tensor& x, const at::Tensor& w, c
            w.size(0), " rows");
 }
 
+ShardTargets shard_targets(const at::Tensor& target, const VocabShard& shard, int64_t valid, int64_t ignore_index) {
+  ShardTargets t;
+  t.ignored = target.eq(ignore_index);
+  at::Tensor local = target - shard.start;
+  t.mine = local.ge(0).logical_and(local.lt(valid)).logical_and(t.ignored.logical_not());
+  if (!shard.all_reduce && target.numel() > 0)
+    LF_CHECK(t.mine.logical_or(t.ignored).all().item<bool>(), "linear_cross_entropy: a target is outside [0, ",
+             valid, ") and is not ignore_index = ", ignore_index,
+             lf::hint("check the tokenizer's vocabulary size against the model's"));
+  t.safe = at::where(t.mine, local, at::zeros_like(local));
+  return t;
+}
+
 LinearCrossEntropyFwd ReferenceOps::linear_cross_entropy(const at::Tensor& x, const at::Tensor& w,
                                                          const at::Tensor& target, const at::Tensor& weight,
                                                          int64_t ignore_index, const VocabShard& shard,
@@ -45,14 +58,7 @@ LinearCrossEntropyFwd ReferenceOps::linear_cross_entropy(const at::Tensor& x, co
     return f.to(ct);
   };
   at::Tensor m = reduce(std::get<0>(z.max(1)).unsqueeze(0), true).squeeze(0);  // [n]
-  at::Tensor ignored = target.eq(ignore_index);
-  at::Tensor local = target - shard.start;
-  at::Tensor mine = local.ge(0).logical_and(local.lt(valid)).logical_and(ignored.logical_not());
-  if (!shard.all_reduce && target.numel() > 0)
-    LF_CHECK(mine.logical_or(ignored).all().item<bool>(), "linear_cross_entropy: a target is outside [0, ",
-             valid, ") and is not ignore_index = ", ignore_index,
-             lf::hint("check the tokenizer's vocabulary size against the model's"));
-  at::Tensor safe = at::where(mine, local, at::zeros_like(local));
+  const auto [ignored, mine, safe] = shard_targets(target, shard, valid, ignore_index);
   at::Tensor e = (z - m.unsqueeze(1)).exp();
   at::Tensor target_logit = (z.gather(1, safe.unsqueeze(1)).squeeze(1) - m).masked_fill(mine.logical_not(), 0.0);
   at::Tensor sums = reduce(at::stack({target_logit, e.sum(1)}), false);  // [2, n] over every rank

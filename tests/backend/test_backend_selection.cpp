@@ -194,6 +194,59 @@ TEST(CpuBackend, MemoryStatsCountTensorBytes) {
   EXPECT_LT(be.memory_stats().peak_allocated_bytes - before.allocated_bytes, 4 << 20);
 }
 
+// The cache of large blocks: a freed 4 MiB block is kept (reserved, not allocated) and serves the
+// next request of that size; a block whose keeping would take live + cached bytes above the
+// highest live total so far is released instead.
+TEST(CpuBackend, LargeFreedBlocksAreReusedButNeverGrowThePeak) {
+  const auto& be = backend::cpu_backend();
+  const auto before = be.memory_stats();
+  void* first = nullptr;
+  {
+    auto t = at::empty({1 << 20}, at::kFloat);  // 4 MiB
+    first = t.data_ptr();
+  }
+  const auto cached = be.memory_stats();
+  EXPECT_EQ(cached.allocated_bytes, before.allocated_bytes);
+  EXPECT_GE(cached.reserved_bytes - cached.allocated_bytes, (4 << 20) + (before.reserved_bytes - before.allocated_bytes));
+  {
+    auto again = at::empty({1 << 20}, at::kFloat);
+    EXPECT_EQ(again.data_ptr(), first) << "the cached block serves the same size";
+  }
+  const auto reserved_before_big = be.memory_stats().reserved_bytes - be.memory_stats().allocated_bytes;
+  { auto big = at::empty({2 << 20}, at::kFloat); }  // 8 MiB live with 4 MiB cached: a new peak of 8
+  // Keeping the 8 MiB block too would mean 4 + 8 MiB held against a live peak of 8 MiB: released.
+  EXPECT_EQ(be.memory_stats().reserved_bytes - be.memory_stats().allocated_bytes, reserved_before_big);
+}
+
+// LOONGFORGE_CPU_ALLOCATOR_CACHE_MB in a fresh process (the allocator is made once): args[0] is
+// the value; args[1] "reuse" / "no-reuse" (a freed 4 MiB block serves the next one, or not), or
+// an error message the backend's creation must throw.
+LF_WORKER_CASE(cpu_allocator_cache_env) {
+  const auto& a = worker_args();
+  setenv("LOONGFORGE_CPU_ALLOCATOR_CACHE_MB", a.at(0).c_str(), 1);
+  if (a.at(1) != "reuse" && a.at(1) != "no-reuse") {
+    expect_error([] { backend::cpu_backend(); }, {a.at(1)});
+    return;
+  }
+  const auto& be = backend::cpu_backend();
+  const auto before = be.memory_stats();
+  { auto t = at::empty({1 << 20}, at::kFloat); }
+  const auto after = be.memory_stats();
+  const int64_t kept = (after.reserved_bytes - after.allocated_bytes) - (before.reserved_bytes - before.allocated_bytes);
+  EXPECT_EQ(kept, a.at(1) == "reuse" ? (4 << 20) : 0);
+}
+
+TEST(CpuBackend, AllocatorCacheSettingIsObeyedOrRefused) {
+  for (auto [value, want] : std::vector<std::pair<std::string, std::string>>{
+           {"64", "reuse"}, {"0", "no-reuse"}, {"lots", "LOONGFORGE_CPU_ALLOCATOR_CACHE_MB='lots'"},
+           {"-5", "is not a number of MiB >= 0"}}) {
+    SpawnOptions opt;
+    opt.world_size = 1;
+    opt.args = {value, want};
+    expect_all_ok(run_workers("cpu_allocator_cache_env", opt));
+  }
+}
+
 // ATen kernels that allocate through raw_allocate (GELU's CPU kernel, for one) need the DataPtr's
 // context to be its data pointer; the counting allocator must keep that contract.
 TEST(CpuBackend, CountingAllocatorServesRawAllocateKernels) {

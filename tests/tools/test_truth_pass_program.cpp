@@ -294,7 +294,8 @@ TEST(TruthPass, SeedExitDurationAndCheckpointContentFlags) {
 }
 
 // --profile: the log gets the step's time by category (summing to the profiled wall time) and the
-// top ops; --profile-trace a Chrome trace; a window outside the run is an error naming the flags.
+// top ops; --profile-trace a Chrome trace; a window outside the run is an error naming the flags,
+// and the window or trace flags without --profile are an error too.
 TEST(TruthPass, ProfileReportsWhereTheStepTimeGoes) {
   auto dir = lf::testing::make_temp_dir("profile");
   const std::string trace = dir + "/trace.json";
@@ -318,6 +319,13 @@ TEST(TruthPass, ProfileReportsWhereTheStepTimeGoes) {
   auto bad = train({"--profile", "--profile-step-start", "5", "--profile-step-end", "6"}, 4);
   EXPECT_NE(bad.exit_code, 0);
   EXPECT_NE(bad.output.find("--profile-step-start"), std::string::npos) << bad.output;
+  // The window or the trace without --profile would profile nothing: refused, not ignored.
+  for (std::vector<std::string> a : {std::vector<std::string>{"--profile-trace", trace},
+                                     std::vector<std::string>{"--profile-step-start", "2", "--profile-step-end", "3"}}) {
+    auto r = train(a, 4);
+    EXPECT_NE(r.exit_code, 0) << a[0];
+    EXPECT_NE(r.output.find("add --profile"), std::string::npos) << r.output;
+  }
 }
 
 // Every flag of --help, with what covers it: a test of its behaviour, or its refusal (run here).

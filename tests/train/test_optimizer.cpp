@@ -160,6 +160,34 @@ TEST(AdamW, NoWeightDecayOnNormsAndBiases) {
   }
 }
 
+// fp32 parameters are their own masters: the optimizer moves them into one flat buffer laid out
+// as the gradient buffer (same parameter objects, new storage), its master shards are views of
+// that buffer, and a second optimizer over the same gradient buffer finds the parameters already
+// there and uses the same storage (so either one's update is the model's).
+TEST(AdamW, Fp32ParametersAreTheMastersAndStayInPlace) {
+  auto params = chain_params();
+  const auto values = chain_params();
+  GradBuffer buffer(params, nullptr, nullptr, {});
+  lf::train::Optimizer first({&buffer}, adam_config(), lf::backend::cpu_backend());
+  for (size_t i = 0; i < params.size(); ++i) {
+    EXPECT_TRUE(at::equal(params[i].tensor, values[i].tensor)) << params[i].name << " kept its values";
+    EXPECT_EQ(params[i].tensor.storage_offset(), buffer.slots()[i].offset) << params[i].name;
+    EXPECT_TRUE(params[i].tensor.storage().is_alias_of(params[0].tensor.storage())) << params[i].name;
+  }
+  EXPECT_EQ(first.state(0, "master").front().data_ptr(), params[0].tensor.storage().data()) << "masters are views";
+  const void* storage = params[0].tensor.storage().data();
+  lf::train::Optimizer second({&buffer}, adam_config(), lf::backend::cpu_backend());
+  EXPECT_EQ(params[0].tensor.storage().data(), storage) << "not moved again";
+  buffer.main_grad(0).fill_(1.0);
+  buffer.finish_grad_sync();
+  second.step(0.1);
+  EXPECT_FALSE(at::equal(params[0].tensor, values[0].tensor)) << "the update reached the model";
+  EXPECT_TRUE(at::equal(first.state(0, "master").front().narrow(0, buffer.slots()[0].offset, params[0].tensor.numel())
+                            .view(params[0].tensor.sizes()),
+                        params[0].tensor))
+      << "the first optimizer's masters see it too";
+}
+
 TEST(AdamW, NonFiniteNormStopsOrSkips) {
   auto params = chain_params();
   GradBuffer buffer(params, nullptr, nullptr, {});

@@ -52,6 +52,14 @@ void check_swiglu_args(const at::Tensor& gate_up);
 void check_cross_entropy_args(const at::Tensor& logits, const at::Tensor& target);
 void check_linear_cross_entropy_args(const at::Tensor& x, const at::Tensor& w, const at::Tensor& target,
                                      const at::Tensor& weight, const VocabShard& shard);
+// Which targets this vocabulary shard owns, shared by every linear_cross_entropy: ignored [n]
+// (target == ignore_index), mine [n] (a real row of this shard), safe [n] (the local row, 0
+// where not mine). Without a reduction (one rank) a target neither ignored nor in [0, valid) is
+// an error naming the vocabulary size.
+struct ShardTargets {
+  at::Tensor ignored, mine, safe;
+};
+ShardTargets shard_targets(const at::Tensor& target, const VocabShard& shard, int64_t valid, int64_t ignore_index);
 void check_sdpa_args(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                      const AttentionMask& mask);
 

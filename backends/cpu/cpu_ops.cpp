@@ -1,6 +1,8 @@
 // CpuOps: fused CPU attention (backends/cpu/cpu_ops.h).
 #include "cpu_ops.h"
 
+#include "cpu_attention.h"
+
 #include <ATen/Functions.h>
 #include <ATen/ops/_scaled_dot_product_flash_attention_for_cpu.h>
 #include <ATen/ops/_scaled_dot_product_flash_attention_for_cpu_backward.h>
@@ -15,6 +17,13 @@ bool flash_applies(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v
                         k.scalar_type() == q.scalar_type() && v.scalar_type() == q.scalar_type();
   const bool mask_ok = mask.kind == MaskKind::none || (mask.kind == MaskKind::causal && q.size(2) == k.size(2));
   return q.device().is_cpu() && dtype_ok && mask_ok && q.size(-1) == v.size(-1);
+}
+
+// fp32 without a mask or with a causal one: our kernel (cpu_attention.h), when the call has a
+// (batch, kv head) task for every thread.
+bool own_kernel_applies(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const AttentionMask& mask) {
+  return (mask.kind == MaskKind::none || mask.kind == MaskKind::causal) &&
+         cpu_attention::applies(q, k, v, mask.kind == MaskKind::causal);
 }
 
 // GQA: each kv head serves q.size(1) / k.size(1) query heads.
@@ -41,6 +50,10 @@ at::Tensor fold_queries(const at::Tensor& t, int64_t group) {
 SdpaFwd CpuOps::sdpa_fwd(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                          const AttentionMask& mask, double scale) const {
   check_sdpa_args(q, k, v, mask);
+  if (own_kernel_applies(q, k, v, mask)) {
+    auto [o, lse] = cpu_attention::forward(q, k, v, mask.kind == MaskKind::causal, scale);
+    return {o, lse};
+  }
   if (!flash_applies(q, k, v, mask)) return ReferenceOps::sdpa_fwd(q, k, v, mask, scale);
   const int64_t group = q.size(1) / k.size(1);
   if (group > 1 && mask.kind == MaskKind::none) {
@@ -56,6 +69,10 @@ SdpaBwd CpuOps::sdpa_bwd(const at::Tensor& dout, const at::Tensor& q, const at::
                          const at::Tensor& v, const at::Tensor& o, const at::Tensor& lse,
                          const AttentionMask& mask, double scale) const {
   check_sdpa_args(q, k, v, mask);
+  if (own_kernel_applies(q, k, v, mask)) {
+    auto [dq, dk, dv] = cpu_attention::backward(dout, q, k, v, o, lse, mask.kind == MaskKind::causal, scale);
+    return {dq, dk, dv};
+  }
   if (!flash_applies(q, k, v, mask)) return ReferenceOps::sdpa_bwd(dout, q, k, v, o, lse, mask, scale);
   const int64_t group = q.size(1) / k.size(1);
   if (group > 1 && mask.kind == MaskKind::none) {

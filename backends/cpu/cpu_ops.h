@@ -1,6 +1,8 @@
 // The CPU backend's op table: the reference math (backend/reference_ops.h) with attention routed
-// to ATen's fused CPU flash-attention kernels where they apply (no mask, or a causal mask over a
-// square score matrix; fp32/bf16; equal q/v head sizes) and one-pass kernels for RMSNorm, SwiGLU
+// to our fp32 grouped-query kernel (cpu_attention.h: no mask or a bottom-right causal mask, K/V
+// never copied per query head) when the call has a (batch, kv head) task per thread, else to
+// ATen's fused CPU flash-attention kernels where they apply (no mask, or a causal mask over a
+// square score matrix; fp32/bf16; equal q/v head sizes), and one-pass kernels for RMSNorm, SwiGLU
 // and RoPE (cpu_fused.cpp). Everything else, and every other case, is the reference. The op
 // harness checks this table against ReferenceOps on every case.
 #pragma once

@@ -1,7 +1,9 @@
 // GPTDataset's three indices, their cache, and sample assembly.
 #include "loongforge/data/gpt_dataset.h"
 
+#include <algorithm>
 #include <cmath>
+#include <limits>
 #include <filesystem>
 #include <nlohmann/json.hpp>
 #include <numeric>
@@ -110,9 +112,9 @@ GptDataset::GptDataset(std::shared_ptr<const SequenceSource> source, DocRange ra
         static_cast<int64_t>(c.doc.size()) == num_epochs_ * (range_.second - range_.first) &&
         static_cast<int64_t>(c.sample.size()) == 2 * (samples + 1) &&
         static_cast<int64_t>(c.shuffle.size()) == samples) {
-      document_index_ = std::move(c.doc);
-      sample_index_ = std::move(c.sample);
-      shuffle_index_ = std::move(c.shuffle);
+      document_index_ = IndexArray(c.doc);
+      sample_index_ = IndexArray(c.sample);
+      shuffle_index_ = IndexArray(c.shuffle);
       loaded_from_cache_ = true;
       LF_DEBUG("loaded ", config_.split_name, " indices from ", cache_stem_, ".*");
       return;
@@ -122,37 +124,39 @@ GptDataset::GptDataset(std::shared_ptr<const SequenceSource> source, DocRange ra
       std::filesystem::create_directories(dir, ec);
     }
   }
-  build();
-  if (!cache_stem_.empty() &&
-      !save_cached_indices(cache_stem_, description_,
-                           CachedIndices{document_index_, sample_index_, shuffle_index_}))
-    cache_stem_.clear();
+  CachedIndices built;
+  build(built.doc, built.sample, built.shuffle);
+  if (!cache_stem_.empty() && !save_cached_indices(cache_stem_, description_, built)) cache_stem_.clear();
+  document_index_ = IndexArray(built.doc);
+  sample_index_ = IndexArray(built.sample);
+  shuffle_index_ = IndexArray(built.shuffle);
 }
 
-void GptDataset::build() {
+void GptDataset::build(std::vector<int64_t>& document_index, std::vector<int64_t>& sample_index,
+                       std::vector<int64_t>& shuffle_index) const {
   const int64_t n = range_.second - range_.first, L = config_.seq_length;
   std::mt19937_64 rng(config_.seed);
 
   // Document index: the split's documents once per epoch; shuffled as one block, or as
   // (all but the last epoch) then (the last epoch).
-  document_index_.resize(static_cast<size_t>(num_epochs_ * n));
+  document_index.resize(static_cast<size_t>(num_epochs_ * n));
   for (int64_t e = 0; e < num_epochs_; ++e)
-    std::iota(document_index_.begin() + e * n, document_index_.begin() + (e + 1) * n, range_.first);
+    std::iota(document_index.begin() + e * n, document_index.begin() + (e + 1) * n, range_.first);
   size_t split_at = separate_final_epoch_ ? static_cast<size_t>((num_epochs_ - 1) * n)
-                                          : document_index_.size();
-  fisher_yates(document_index_, 0, split_at, rng);
-  fisher_yates(document_index_, split_at, document_index_.size(), rng);
+                                          : document_index.size();
+  fisher_yates(document_index, 0, split_at, rng);
+  fisher_yates(document_index, split_at, document_index.size(), rng);
 
   // Sample index: walk the document index taking seq_length+1 tokens per sample; consecutive
   // samples share one token (the last label of s is the first input of s+1).
   const int64_t num_samples = (num_epochs_ * tokens_per_epoch_ - 1) / L;
-  sample_index_.assign(static_cast<size_t>(2 * (num_samples + 1)), 0);
-  const int64_t last = static_cast<int64_t>(document_index_.size()) - 1;
+  sample_index.assign(static_cast<size_t>(2 * (num_samples + 1)), 0);
+  const int64_t last = static_cast<int64_t>(document_index.size()) - 1;
   int64_t doc_pos = 0, doc_offset = 0;
   for (int64_t s = 1; s <= num_samples; ++s) {
     int64_t remaining = L + 1;
     while (remaining != 0) {
-      int64_t doc_len = source_->sequence_length(document_index_[doc_pos]) - doc_offset;
+      int64_t doc_len = source_->sequence_length(document_index[doc_pos]) - doc_offset;
       remaining -= doc_len;
       if (remaining <= 0) {
         doc_offset += remaining + doc_len - 1;  // back up one: the extra token is shared
@@ -164,18 +168,31 @@ void GptDataset::build() {
         doc_offset = 0;
       }
     }
-    sample_index_[2 * s] = doc_pos;
-    sample_index_[2 * s + 1] = doc_offset;
+    sample_index[2 * s] = doc_pos;
+    sample_index[2 * s + 1] = doc_offset;
   }
 
   // Shuffle index, with the same two-block rule as the document index.
-  shuffle_index_.resize(static_cast<size_t>(num_samples));
-  std::iota(shuffle_index_.begin(), shuffle_index_.end(), int64_t{0});
-  size_t first_block = shuffle_index_.size();
+  shuffle_index.resize(static_cast<size_t>(num_samples));
+  std::iota(shuffle_index.begin(), shuffle_index.end(), int64_t{0});
+  size_t first_block = shuffle_index.size();
   if (separate_final_epoch_)
     first_block = static_cast<size_t>(((num_epochs_ - 1) * tokens_per_epoch_ - 1) / L);
-  fisher_yates(shuffle_index_, 0, first_block, rng);
-  fisher_yates(shuffle_index_, first_block, shuffle_index_.size(), rng);
+  fisher_yates(shuffle_index, 0, first_block, rng);
+  fisher_yates(shuffle_index, first_block, shuffle_index.size(), rng);
+}
+
+IndexArray::IndexArray(const std::vector<int64_t>& values) {
+  const auto [lo, hi] = std::minmax_element(values.begin(), values.end());
+  wide_ = !values.empty() && (*lo < std::numeric_limits<int32_t>::min() || *hi > std::numeric_limits<int32_t>::max());
+  if (wide_)
+    w64_ = values;
+  else
+    w32_.assign(values.begin(), values.end());
+}
+
+std::vector<int64_t> IndexArray::to_vector() const {
+  return wide_ ? w64_ : std::vector<int64_t>(w32_.begin(), w32_.end());
 }
 
 void GptDataset::get(int64_t i, int64_t* out) const {

@@ -187,7 +187,19 @@ void add_sdpa_cases(std::vector<OpCase>& cases) {
                     // the CPU kernel folds each group's queries instead of copying K/V).
                     SdpaCfg{"sdpa_f32_nomask_gqa_long_keys", at::kFloat, 2, 6, 2, 5, 9, 8, 8, MaskKind::none},
                     SdpaCfg{"sdpa_bf16_nomask_gqa_long_keys", at::kBFloat16, 1, 4, 1, 6, 11, 16, 16,
-                            MaskKind::none}}) {
+                            MaskKind::none},
+                    // The CPU backend's own fp32 kernel (backends/cpu/cpu_attention.cpp) takes
+                    // calls with a (batch, kv head) task per thread: 16 tasks here. Its blocks:
+                    // ~128 query rows (r heads x positions) by 512 keys, so 600 / 700 keys span
+                    // two key blocks (online softmax) and several query blocks (causal skipping),
+                    // with three query heads per group, a key prefix (bottom-right causal) and a
+                    // value head size other than the query's.
+                    SdpaCfg{"sdpa_f32_causal_gqa_16_tasks", at::kFloat, 4, 8, 4, 37, 37, 8, 8, MaskKind::causal},
+                    SdpaCfg{"sdpa_f32_causal_gqa3_blocks", at::kFloat, 2, 24, 8, 600, 600, 8, 8,
+                            MaskKind::causal},
+                    SdpaCfg{"sdpa_f32_causal_prefix_blocks_dv", at::kFloat, 4, 8, 4, 100, 700, 16, 8,
+                            MaskKind::causal},
+                    SdpaCfg{"sdpa_f32_nomask_blocks_dv", at::kFloat, 4, 8, 4, 130, 530, 8, 12, MaskKind::none}}) {
     cases.push_back({c.name, atol_for(c.dt), rtol_for(c.dt),
                      [c] {
                        Rng g(7);

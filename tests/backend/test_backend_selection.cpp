@@ -212,10 +212,35 @@ TEST(CpuBackend, LargeFreedBlocksAreReusedButNeverGrowThePeak) {
     auto again = at::empty({1 << 20}, at::kFloat);
     EXPECT_EQ(again.data_ptr(), first) << "the cached block serves the same size";
   }
-  const auto reserved_before_big = be.memory_stats().reserved_bytes - be.memory_stats().allocated_bytes;
-  { auto big = at::empty({2 << 20}, at::kFloat); }  // 8 MiB live with 4 MiB cached: a new peak of 8
-  // Keeping the 8 MiB block too would mean 4 + 8 MiB held against a live peak of 8 MiB: released.
-  EXPECT_EQ(be.memory_stats().reserved_bytes - be.memory_stats().allocated_bytes, reserved_before_big);
+  // 8 MiB more than anything live so far: a new peak. Allocating it fresh with the 4 MiB block
+  // still cached would hold 4 + 8 MiB against a live peak of 8: the cache gives its blocks back
+  // first, then keeps the 8 MiB block on free (live + cached = the peak).
+  const int64_t live = be.memory_stats().allocated_bytes;
+  { auto big = at::empty({int64_t{2} << 20}, at::kFloat); }
+  const auto after = be.memory_stats();
+  EXPECT_EQ(after.reserved_bytes - after.allocated_bytes, int64_t{8} << 20);
+  EXPECT_EQ(after.peak_allocated_bytes, live + (int64_t{8} << 20));
+  EXPECT_LE(after.reserved_bytes, after.peak_allocated_bytes) << "live + cached never above the live peak";
+}
+
+// The cache gives blocks back before a fresh allocation would push live + cached above the
+// highest live total: blocks of one size are not held while the peak is reached with another.
+TEST(CpuBackend, CachedBlocksAreGivenBackBeforeTheyWouldRaiseThePeak) {
+  const auto& be = backend::cpu_backend();
+  auto peak_reserved = [&] {
+    const auto s = be.memory_stats();
+    EXPECT_LE(s.reserved_bytes, std::max(s.peak_allocated_bytes, s.allocated_bytes));
+  };
+  std::vector<at::Tensor> small;
+  for (int i = 0; i < 8; ++i) small.push_back(at::empty({int64_t{1} << 20}, at::kFloat));  // 8 x 4 MiB
+  small.clear();  // 32 MiB cached (the live peak was 32 MiB higher)
+  peak_reserved();
+  auto big = at::empty({int64_t{12} << 20}, at::kFloat);  // 48 MiB: a new peak
+  peak_reserved();
+  EXPECT_EQ(be.memory_stats().reserved_bytes - be.memory_stats().allocated_bytes, 0) << "nothing may stay cached";
+  big = at::Tensor();
+  auto mid = at::empty({int64_t{6} << 20}, at::kFloat);  // 24 MiB under a cache of 48: within the peak
+  peak_reserved();
 }
 
 // LOONGFORGE_CPU_ALLOCATOR_CACHE_MB in a fresh process (the allocator is made once): args[0] is

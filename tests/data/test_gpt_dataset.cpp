@@ -98,10 +98,10 @@ TEST(GptDataset, IndicesAreDeterministicAndUseTheDocumentedRng) {
   std::mt19937_64 rng(77);
   std::vector<int64_t> docs(40);
   std::iota(docs.begin(), docs.end(), 10);
-  EXPECT_EQ(a.document_index(), reference_shuffle(docs, rng));
+  EXPECT_EQ(a.document_index().to_vector(), reference_shuffle(docs, rng));
   std::vector<int64_t> samples(static_cast<size_t>(a.size()));
   std::iota(samples.begin(), samples.end(), 0);
-  EXPECT_EQ(a.shuffle_index(), reference_shuffle(samples, rng)) << "shuffle continues the stream";
+  EXPECT_EQ(a.shuffle_index().to_vector(), reference_shuffle(samples, rng)) << "shuffle continues the stream";
 }
 
 TEST(GptDataset, EveryTokenOfAnEpochIsUsedOnceAndSamplesFollowTheStream) {
@@ -114,7 +114,7 @@ TEST(GptDataset, EveryTokenOfAnEpochIsUsedOnceAndSamplesFollowTheStream) {
   ASSERT_EQ(ds.size(), (tokens - 1) / L);
   // The token stream of the epoch in document-index order.
   std::vector<int64_t> stream;
-  for (int64_t d : ds.document_index())
+  for (int64_t d : ds.document_index().to_vector())
     for (int64_t j = 0; j < lengths[static_cast<size_t>(d)]; ++j) stream.push_back(1000 * d + j);
   ASSERT_EQ(static_cast<int64_t>(stream.size()), tokens);
   std::map<int64_t, int> uses;
@@ -140,7 +140,7 @@ TEST(GptDataset, MultipleEpochsRepeatEveryDocumentAndSeparateASmallLastEpoch) {
   // 2 full epochs plus 10% of a third: 3 epochs, the last shuffled on its own.
   GptDataset ds(src, {0, 30}, config(L, 2 * per_epoch + per_epoch / 10, 9));
   ASSERT_EQ(ds.num_epochs(), 3);
-  const auto& di = ds.document_index();
+  const auto di = ds.document_index().to_vector();
   ASSERT_EQ(di.size(), 90u);
   std::vector<int> count(30, 0);
   for (int64_t d : di) ++count[static_cast<size_t>(d)];
@@ -212,3 +212,25 @@ TEST(GptDataset, EmptyOrTinySplitsAreErrors) {
 }
 
 }  // namespace
+
+// Index arrays are held in 32 bits when every value fits (half the memory of int64, as Megatron
+// does), in 64 bits otherwise; either way they read back the same values.
+TEST(GptDataset, IndexArraysAreInt32WhenTheValuesFit) {
+  const std::vector<int64_t> small{0, 5, -3, 2147483647, -2147483648LL};
+  lf::data::IndexArray a(small);
+  EXPECT_FALSE(a.wide());
+  EXPECT_EQ(a.bytes(), 4 * small.size());
+  EXPECT_EQ(a.to_vector(), small);
+  const std::vector<int64_t> big{0, 2147483648LL, 7};
+  lf::data::IndexArray b(big);
+  EXPECT_TRUE(b.wide());
+  EXPECT_EQ(b.bytes(), 8 * big.size());
+  for (size_t i = 0; i < big.size(); ++i) EXPECT_EQ(b[i], big[i]);
+  EXPECT_TRUE(lf::data::IndexArray(std::vector<int64_t>{-2147483649LL}).wide());
+  // A dataset's indices: all in 32 bits here.
+  auto lengths = lengths_for(50, 4);
+  GptDataset ds(std::make_shared<UniqueTokens>(lengths), {0, 50}, config(8, 1, 3));
+  EXPECT_FALSE(ds.sample_index().wide());
+  EXPECT_FALSE(ds.shuffle_index().wide());
+  EXPECT_EQ(ds.shuffle_index().bytes(), 4 * static_cast<size_t>(ds.size()));
+}

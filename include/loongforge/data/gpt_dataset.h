@@ -46,11 +46,31 @@ struct GptDatasetConfig {
   bool use_cache = true;
 };
 
+// An index array held in 32 bits when every value fits, else in 64 (Megatron keeps its sample
+// and shuffle indices in 32 bits for the same reason: an epoch of 6M short samples is 150 MB of
+// int64 in every rank's memory, 75 MB in int32). Values are read as int64.
+class IndexArray {
+ public:
+  IndexArray() = default;
+  explicit IndexArray(const std::vector<int64_t>& values);
+  int64_t operator[](size_t i) const { return wide_ ? w64_[i] : static_cast<int64_t>(w32_[i]); }
+  size_t size() const { return wide_ ? w64_.size() : w32_.size(); }
+  bool wide() const { return wide_; }  // int64 storage
+  size_t bytes() const { return wide_ ? 8 * w64_.size() : 4 * w32_.size(); }
+  std::vector<int64_t> to_vector() const;
+  bool operator==(const IndexArray&) const = default;
+
+ private:
+  bool wide_ = false;
+  std::vector<int32_t> w32_;
+  std::vector<int64_t> w64_;
+};
+
 // Samples over the documents [range.first, range.second) of a source. In GPT sampling a
 // "document" is one sequence of the indexed dataset (as in Megatron; preprocessing writes one
 // sequence per document).
 //
-// Indices (all int64):
+// Indices (int64 values, held as IndexArray: in 32 bits when they fit):
 //   document_index [E*N]       document ids, epoch after epoch, shuffled (the last epoch apart
 //                              when it is used for less than 80% of its samples)
 //   sample_index   [S+1, 2]    (position in document_index, token offset) where sample s starts;
@@ -68,16 +88,18 @@ class GptDataset final : public SampleDataset {
 
   int64_t num_epochs() const { return num_epochs_; }
   int64_t tokens_per_epoch() const { return tokens_per_epoch_; }
-  const std::vector<int64_t>& document_index() const { return document_index_; }
-  const std::vector<int64_t>& sample_index() const { return sample_index_; }  // flat [S+1, 2]
-  const std::vector<int64_t>& shuffle_index() const { return shuffle_index_; }
+  const IndexArray& document_index() const { return document_index_; }
+  const IndexArray& sample_index() const { return sample_index_; }  // flat [S+1, 2]
+  const IndexArray& shuffle_index() const { return shuffle_index_; }
   bool loaded_from_cache() const { return loaded_from_cache_; }
   // The cache files' common path stem (<dir>/<name>.<hash>), "" when not cached.
   const std::string& cache_stem() const { return cache_stem_; }
   const std::string& description() const { return description_; }
 
  private:
-  void build();
+  // The three indices in int64, built from the source (the cache stores them so).
+  void build(std::vector<int64_t>& document_index, std::vector<int64_t>& sample_index,
+             std::vector<int64_t>& shuffle_index) const;
 
   std::shared_ptr<const SequenceSource> source_;
   DocRange range_;
@@ -85,7 +107,7 @@ class GptDataset final : public SampleDataset {
   int64_t num_epochs_ = 0, tokens_per_epoch_ = 0;
   bool separate_final_epoch_ = false, loaded_from_cache_ = false;
   std::string description_, cache_stem_;
-  std::vector<int64_t> document_index_, sample_index_, shuffle_index_;
+  IndexArray document_index_, sample_index_, shuffle_index_;
 };
 
 }  // namespace lf::data

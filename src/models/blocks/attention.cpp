@@ -62,7 +62,9 @@ at::Tensor SelfAttention::forward(const lf::backend::DeviceBackend& be, const lf
   qkv = qkv.view({s, b, groups, per_group + 2, d});
   auto q = qkv.narrow(3, 0, per_group).reshape({s, b, nq, d});
   auto k = qkv.select(3, per_group).contiguous();  // [s, b, groups, d]
-  auto v = qkv.select(3, per_group + 1);
+  // A copy, not a view: attention saves v for backward, and a view would keep all of qkv alive
+  // (q and k are copies already), (nq + 2 nkv) / nkv times the bytes v needs.
+  auto v = qkv.select(3, per_group + 1).contiguous();
   KvCache* cache = in.cache;
   ChunkAttention* chunk = in.chunk;
   // Core attention: QK norm, RoPE, softmax(QK^T) V. [s, b, n, d] -> [s, b, nq d]

@@ -1,0 +1,24 @@
+// The CPU backend's own fp32 attention kernel (cpu_attention.cpp): grouped-query attention
+// without a mask or with a bottom-right causal mask, K/V never copied per query head.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+namespace lf::backend::cpu_attention {
+
+struct Forward {
+  at::Tensor o, lse;  // [b, hq, s, dv], [b, hq, s] (natural log-sum-exp of the scaled scores)
+};
+struct Backward {
+  at::Tensor dq, dk, dv;
+};
+
+// Whether the kernel takes this call: fp32 on the CPU, a causal mask only with at least as many
+// keys as queries, and at least one (batch, kv head) task per thread.
+bool applies(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool causal);
+
+Forward forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool causal, double scale);
+Backward backward(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                  const at::Tensor& o, const at::Tensor& lse, bool causal, double scale);
+
+}  // namespace lf::backend::cpu_attention

@@ -51,6 +51,10 @@ void rms_norm_fwd_kernel(const at::Tensor& x, const at::Tensor& w, double eps, a
       const float r = static_cast<float>(1.0 / std::sqrt(ss / static_cast<double>(h) + eps));
       rp[i] = r;
       T* yr = yp + i * h;
+      if constexpr (std::is_same_v<T, float>) {
+        cpu_math::rms_norm_row(xr, r, wp, yr, h);
+        continue;
+      }
       for (int64_t j = 0; j < h; ++j) yr[j] = static_cast<T>(static_cast<float>(xr[j]) * r * static_cast<float>(wp[j]));
     }
   });
@@ -74,6 +78,11 @@ void rms_norm_bwd_kernel(const at::Tensor& dy, const at::Tensor& x, const at::Te
       const T* dyr = dyp + i * h;
       const T* xr = xp + i * h;
       const float r = rp[i];
+      if constexpr (std::is_same_v<T, float>) {  // the same sums, vectorised (cpu_math)
+        const float m = static_cast<float>(r * cpu_math::rms_norm_bwd_dot(dyr, wp, xr, h) / static_cast<double>(h));
+        cpu_math::rms_norm_bwd_row(dyr, xr, wp, r, m, dxp + i * h, acc, h);
+        continue;
+      }
       double dot = 0;
       for (int64_t j = 0; j < h; ++j)
         dot += static_cast<double>(static_cast<float>(dyr[j]) * static_cast<float>(wp[j])) * (static_cast<float>(xr[j]) * r);

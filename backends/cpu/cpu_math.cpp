@@ -61,6 +61,30 @@ LF_CPU_CLONES double dot(const float* a, const float* b, int64_t n) {
 
 double sum_sq(const float* x, int64_t n) { return dot(x, x, n); }
 
+LF_CPU_CLONES void rms_norm_row(const float* __restrict x, float r, const float* __restrict w, float* __restrict y,
+                                int64_t n) {
+  for (int64_t j = 0; j < n; ++j) y[j] = x[j] * r * w[j];
+}
+
+LF_CPU_CLONES double rms_norm_bwd_dot(const float* dy, const float* w, const float* x, int64_t n) {
+  double lane[8] = {};
+  int64_t j = 0;
+  for (; j + 8 <= n; j += 8)
+    for (int k = 0; k < 8; ++k) lane[k] += static_cast<double>(dy[j + k] * w[j + k]) * x[j + k];
+  double s = ((lane[0] + lane[1]) + (lane[2] + lane[3])) + ((lane[4] + lane[5]) + (lane[6] + lane[7]));
+  for (; j < n; ++j) s += static_cast<double>(dy[j] * w[j]) * x[j];
+  return s;
+}
+
+LF_CPU_CLONES void rms_norm_bwd_row(const float* __restrict dy, const float* __restrict x, const float* __restrict w,
+                                    float r, float m, float* __restrict dx, float* __restrict acc, int64_t n) {
+  for (int64_t j = 0; j < n; ++j) {
+    const float xhat = x[j] * r;
+    dx[j] = r * (dy[j] * w[j] - xhat * m);
+    acc[j] += dy[j] * xhat;
+  }
+}
+
 LF_CPU_CLONES void adamw(float* __restrict p, const float* __restrict g, float* __restrict m, float* __restrict v,
                          int64_t n, float gs, float decay, bool decays, float b1, float one_b1, float b2, float one_b2,
                          float bc2_sqrt, float eps, float step_size) {

@@ -46,6 +46,12 @@ double row_exp_sum(float* z, float m, int64_t n);
 void silu_mul(const float* g, const float* u, float* y, int64_t n);
 // dg = dy u silu'(g), du = dy silu(g)
 void silu_mul_bwd(const float* dy, const float* g, const float* u, float* dg, float* du, int64_t n);
+// RMSNorm rows: y = x r w; the backward's dot sum (dy w) x in fp64; dx = r (dy w - x r m) and
+// acc += dy x r (the weight gradient's per-thread partial sums)
+void rms_norm_row(const float* x, float r, const float* w, float* y, int64_t n);
+double rms_norm_bwd_dot(const float* dy, const float* w, const float* x, int64_t n);
+void rms_norm_bwd_row(const float* dy, const float* x, const float* w, float r, float m, float* dx, float* acc,
+                      int64_t n);
 // sum of x[j]^2 and of a[j] b[j] in fp64
 double sum_sq(const float* x, int64_t n);
 double dot(const float* a, const float* b, int64_t n);

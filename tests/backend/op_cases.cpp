@@ -62,6 +62,20 @@ void add_norm_cases(std::vector<OpCase>& cases) {
                                            {"dw", b.dw}};
                      }});
   }
+  // A width that is not a multiple of the vector lanes (the fp32 row kernels' tails) over enough
+  // rows for every thread's weight-gradient partial sums.
+  cases.push_back({"rms_norm_f32_odd_width", kF32Atol, kF32Rtol,
+                   [] {
+                     Rng g(3);
+                     return std::vector<at::Tensor>{g.randn({70, 259}, at::kFloat),
+                                                    g.randn({259}, at::kFloat, 0.5) + 1.0,
+                                                    g.randn({70, 259}, at::kFloat)};
+                   },
+                   [](const OpTable& ops, const std::vector<at::Tensor>& in) {
+                     auto f = ops.rms_norm_fwd(in[0], in[1], 1e-6);
+                     auto b = ops.rms_norm_bwd(in[2], in[0], in[1], f.rstd);
+                     return NamedTensors{{"y", f.y}, {"rstd", f.rstd}, {"dx", b.dx}, {"dw", b.dw}};
+                   }});
   // A non-contiguous x (a permuted view), as attention outputs often are.
   cases.push_back({"rms_norm_f32_strided", kF32Atol, kF32Rtol,
                    [] {

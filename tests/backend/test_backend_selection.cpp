@@ -197,7 +197,7 @@ TEST(CpuBackend, MemoryStatsCountTensorBytes) {
 // The cache of large blocks: a freed 4 MiB block is kept (reserved, not allocated) and serves the
 // next request of that size; a block whose keeping would take live + cached bytes above the
 // highest live total so far is released instead.
-TEST(CpuBackend, LargeFreedBlocksAreReusedButNeverGrowThePeak) {
+LF_WORKER_CASE(cpu_cache_reuse_and_peak) {
   const auto& be = backend::cpu_backend();
   const auto before = be.memory_stats();
   void* first = nullptr;
@@ -223,9 +223,7 @@ TEST(CpuBackend, LargeFreedBlocksAreReusedButNeverGrowThePeak) {
   EXPECT_LE(after.reserved_bytes, after.peak_allocated_bytes) << "live + cached never above the live peak";
 }
 
-// The cache gives blocks back before a fresh allocation would push live + cached above the
-// highest live total: blocks of one size are not held while the peak is reached with another.
-TEST(CpuBackend, CachedBlocksAreGivenBackBeforeTheyWouldRaiseThePeak) {
+LF_WORKER_CASE(cpu_cache_gives_back_before_a_new_peak) {
   const auto& be = backend::cpu_backend();
   auto peak_reserved = [&] {
     const auto s = be.memory_stats();
@@ -241,6 +239,23 @@ TEST(CpuBackend, CachedBlocksAreGivenBackBeforeTheyWouldRaiseThePeak) {
   big = at::Tensor();
   auto mid = at::empty({int64_t{6} << 20}, at::kFloat);  // 24 MiB under a cache of 48: within the peak
   peak_reserved();
+}
+
+// The cache's rules, each in a fresh process (what earlier tests of this binary left cached and
+// the peak they reached would change the numbers): a freed block serves the next request of its
+// size and never grows the peak; the cache gives blocks back before a fresh allocation would push
+// live + cached above the highest live total (blocks of one size are not held while the peak is
+// reached with another).
+TEST(CpuBackend, LargeFreedBlocksAreReusedButNeverGrowThePeak) {
+  SpawnOptions opt;
+  opt.world_size = 1;
+  expect_all_ok(run_workers("cpu_cache_reuse_and_peak", opt));
+}
+
+TEST(CpuBackend, CachedBlocksAreGivenBackBeforeTheyWouldRaiseThePeak) {
+  SpawnOptions opt;
+  opt.world_size = 1;
+  expect_all_ok(run_workers("cpu_cache_gives_back_before_a_new_peak", opt));
 }
 
 // LOONGFORGE_CPU_ALLOCATOR_CACHE_MB in a fresh process (the allocator is made once): args[0] is

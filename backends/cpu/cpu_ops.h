@@ -28,7 +28,8 @@ class CpuOps final : public ReferenceOps {
   // cpu_train_ops.cpp: chunked (fp32/bf16), flat one-pass (fp32 lists), fixed-block fp64.
   LinearCrossEntropyFwd linear_cross_entropy(const at::Tensor& x, const at::Tensor& w, const at::Tensor& target,
                                              const at::Tensor& weight, int64_t ignore_index,
-                                             const VocabShard& shard, int64_t chunk_tokens) const override;
+                                             const VocabShard& shard, int64_t chunk_tokens,
+                                             const GradInto& into = {}) const override;
   void adamw_step(at::TensorList params, at::TensorList grads, at::TensorList exp_avg,
                   at::TensorList exp_avg_sq, const AdamWHyper& hyper) const override;
   at::Tensor squared_norm(at::TensorList tensors) const override;

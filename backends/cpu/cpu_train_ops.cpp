@@ -44,12 +44,14 @@ bool contiguous_cpu(at::TensorList ts, at::ScalarType dtype) {
 
 LinearCrossEntropyFwd CpuOps::linear_cross_entropy(const at::Tensor& x0, const at::Tensor& w, const at::Tensor& target,
                                                    const at::Tensor& weight, int64_t ignore_index,
-                                                   const VocabShard& shard, int64_t chunk_tokens) const {
+                                                   const VocabShard& shard, int64_t chunk_tokens,
+                                                   const GradInto& into) const {
   check_linear_cross_entropy_args(x0, w, target, weight, shard);
+  check_grad_into(into, w);
   const auto dtype = x0.scalar_type();
   // A TP rank holding only padding rows (valid == 0) takes the reference's path (all -inf).
   if (!x0.device().is_cpu() || (dtype != at::kFloat && dtype != at::kBFloat16) || shard.valid == 0)
-    return ReferenceOps::linear_cross_entropy(x0, w, target, weight, ignore_index, shard, chunk_tokens);
+    return ReferenceOps::linear_cross_entropy(x0, w, target, weight, ignore_index, shard, chunk_tokens, into);
   const at::Tensor x = x0.contiguous();
   const int64_t n = x.size(0), h = x.size(1), v = w.size(0);
   const int64_t valid = shard.valid < 0 ? v : shard.valid;
@@ -68,10 +70,15 @@ LinearCrossEntropyFwd CpuOps::linear_cross_entropy(const at::Tensor& x0, const a
   r.dx = at::empty({n, h}, x.options());
   // fp32 accumulator over chunks: the first chunk's GEMM writes the real rows (no zero fill of
   // [v, h]: at a 32K vocabulary that fill alone costs a pass over 100 MB), padding rows are zeroed.
-  at::Tensor dw = at::empty({v, h}, f32);
-  if (valid < v) dw.narrow(0, valid, v - valid).zero_();
+  // With a destination (GradInto) the accumulator is that buffer, the scale folded into the GEMMs'
+  // [c, h] operands, and with accumulate the first chunk adds instead of writing.
+  const bool direct = into.dw.defined();
+  const bool add_first = direct && into.accumulate;
+  const double gscale = direct ? into.scale : 1.0;
+  at::Tensor dw = direct ? into.dw : at::empty({v, h}, f32);
+  if (valid < v && !add_first) dw.narrow(0, valid, v - valid).zero_();
   at::Tensor dwv = dw.narrow(0, 0, valid);
-  if (n == 0) dwv.zero_();
+  if (n == 0 && !add_first) dwv.zero_();
   at::Tensor buf = at::empty({chunk, valid}, f32);
   for (int64_t c0 = 0; c0 < n; c0 += chunk) {
     const int64_t c = std::min(chunk, n - c0);
@@ -104,29 +111,31 @@ LinearCrossEntropyFwd CpuOps::linear_cross_entropy(const at::Tensor& x0, const a
     at::Tensor wc = wt.narrow(0, c0, c);
     at::Tensor scale = (wc / sums[1]).unsqueeze(1);  // [c, 1]
     at::Tensor hit = (wc * mc).unsqueeze(1);         // [c, 1]
+    const bool write = c0 == 0 && !add_first;        // dw's first touch this call: write, not add
     at::Tensor st = sc.squeeze(1);
     at::Tensor dxc = r.dx.narrow(0, c0, c);
     if (dtype == at::kFloat) {
       at::mm_out(dxc, z, wv);
       dxc.mul_(scale).sub_(wv.index_select(0, st) * hit);
-      if (c0 == 0)
-        at::mm_out(dwv, z.t(), xc * scale);
+      at::Tensor xs = direct ? xc * (scale * gscale) : xc * scale;
+      if (write)
+        at::mm_out(dwv, z.t(), xs);
       else
-        dwv.addmm_(z.t(), xc * scale);
-      dwv.index_add_(0, st, xc * hit, -1.0);
+        dwv.addmm_(z.t(), xs);
+      dwv.index_add_(0, st, direct ? xc * (hit * gscale) : xc * hit, -1.0);
     } else {
       at::Tensor zb = z.to(dtype);
       at::Tensor xf = xc.to(at::kFloat);
       dxc.copy_(at::mm(zb, wv).to(at::kFloat).mul_(scale).sub_(wv.index_select(0, st).to(at::kFloat) * hit));
-      at::Tensor part = at::mm(zb.t(), (xf * scale).to(dtype));
-      if (c0 == 0)
+      at::Tensor part = at::mm(zb.t(), (xf * (direct ? scale * gscale : scale)).to(dtype));
+      if (write)
         dwv.copy_(part);
       else
         dwv.add_(part);
-      dwv.index_add_(0, st, xf * hit, -1.0);
+      dwv.index_add_(0, st, direct ? xf * (hit * gscale) : xf * hit, -1.0);
     }
   }
-  r.dw = dtype == at::kFloat ? dw : dw.to(dtype);
+  if (!direct) r.dw = dtype == at::kFloat ? dw : dw.to(dtype);
   return r;
 }
 

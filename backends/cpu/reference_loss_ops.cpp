@@ -3,6 +3,7 @@
 // the chunked kernels of the CPU backend (cpu_train_ops.cpp) and any device backend are held to.
 #include <ATen/Functions.h>
 #include <ATen/TensorOperators.h>
+#include <ATen/core/grad_mode.h>
 
 #include <limits>
 
@@ -42,11 +43,20 @@ ShardTargets shard_targets(const at::Tensor& target, const VocabShard& shard, in
   return t;
 }
 
+void check_grad_into(const GradInto& into, const at::Tensor& w) {
+  if (!into.dw.defined()) return;
+  LF_CHECK(into.dw.scalar_type() == at::kFloat && into.dw.sizes() == w.sizes() && into.dw.is_contiguous() &&
+               into.dw.device() == w.device(),
+           "linear_cross_entropy: the gradient destination must be a contiguous fp32 ", w.sizes(), " on ",
+           w.device(), "; got ", into.dw.scalar_type(), " ", into.dw.sizes(), " on ", into.dw.device());
+}
+
 LinearCrossEntropyFwd ReferenceOps::linear_cross_entropy(const at::Tensor& x, const at::Tensor& w,
                                                          const at::Tensor& target, const at::Tensor& weight,
                                                          int64_t ignore_index, const VocabShard& shard,
-                                                         int64_t /*chunk_tokens*/) const {
+                                                         int64_t /*chunk_tokens*/, const GradInto& into) const {
   check_linear_cross_entropy_args(x, w, target, weight, shard);
+  check_grad_into(into, w);
   const int64_t v = w.size(0), valid = shard.valid < 0 ? v : shard.valid;
   const auto ct = x.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
   at::Tensor z = at::matmul(x, w.t()).to(ct);  // [n, v]: the logits in x's dtype, then upcast
@@ -71,6 +81,15 @@ LinearCrossEntropyFwd ReferenceOps::linear_cross_entropy(const at::Tensor& x, co
   at::Tensor dzx = dz.to(x.scalar_type());
   r.dx = at::matmul(dzx, w).contiguous();
   r.dw = at::matmul(dzx.t(), x).to(w.scalar_type()).contiguous();
+  if (into.dw.defined()) {  // the reference is about the math, not the memory: computed, then moved
+    at::NoGradGuard no_grad;
+    at::Tensor scaled = r.dw.to(at::kFloat) * into.scale;
+    if (into.accumulate)
+      into.dw.add_(scaled);
+    else
+      into.dw.copy_(scaled);
+    r.dw = at::Tensor();
+  }
   return r;
 }
 

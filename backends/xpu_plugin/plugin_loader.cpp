@@ -230,8 +230,9 @@ class PluginOps final : public OpTable {
   // element-wise ATen ops wherever the model's own linear layers run).
   LinearCrossEntropyFwd linear_cross_entropy(const at::Tensor& x, const at::Tensor& w, const at::Tensor& target,
                                              const at::Tensor& weight, int64_t ignore_index,
-                                             const VocabShard& shard, int64_t chunk_tokens) const override {
-    return ref_.linear_cross_entropy(x, w, target, weight, ignore_index, shard, chunk_tokens);
+                                             const VocabShard& shard, int64_t chunk_tokens,
+                                             const GradInto& into = {}) const override {
+    return ref_.linear_cross_entropy(x, w, target, weight, ignore_index, shard, chunk_tokens, into);
   }
   at::Tensor squared_norm(at::TensorList tensors) const override { return ref_.squared_norm(tensors); }
 

@@ -120,26 +120,54 @@ struct CrossEntropyFn : torch::autograd::Function<CrossEntropyFn> {
 };
 
 // The gradients come out of the forward (for dL = 1); backward scales them by the incoming dL
-// and hands them over (in place: a graph is backpropagated once).
+// and hands them over (in place: a graph is backpropagated once). With a DirectGrad, w's gradient
+// went into its destination in the forward, scaled by the weight backward must then receive.
+struct DirectDelivery : torch::CustomClassHolder {
+  std::function<void()> delivered;
+  float scale = 1.0f;
+};
+
 struct LinearCrossEntropyFn : torch::autograd::Function<LinearCrossEntropyFn> {
   static at::Tensor forward(AutogradContext* ctx, const DeviceBackend* be, const at::Tensor& x,
                             const at::Tensor& w, const at::Tensor& target, const at::Tensor& weight,
-                            const lf::backend::VocabShard* shard, int64_t ignore_index, int64_t chunk) {
-    auto r = be->ops().linear_cross_entropy(x, w, target, weight, ignore_index, *shard, chunk);
+                            const lf::backend::VocabShard* shard, int64_t ignore_index, int64_t chunk,
+                            const DirectGrad* direct) {
+    auto r = be->ops().linear_cross_entropy(x, w, target, weight, ignore_index, *shard, chunk,
+                                            direct ? direct->into : lf::backend::GradInto{});
     ctx->saved_data["dx"] = r.dx;
-    ctx->saved_data["dw"] = r.dw;
+    if (direct) {
+      auto d = c10::make_intrusive<DirectDelivery>();
+      d->delivered = direct->delivered;
+      d->scale = static_cast<float>(direct->into.scale);
+      ctx->saved_data["direct"] = c10::IValue::make_capsule(d);
+    } else {
+      ctx->saved_data["dw"] = r.dw;
+    }
     return (r.loss * weight).sum();
   }
   static variable_list backward(AutogradContext* ctx, variable_list dl) {
     LF_CHECK(ctx->saved_data.count("dx") == 1,
              "linear_cross_entropy_sum: backpropagated twice (its gradients are handed over once)");
-    at::Tensor dx = ctx->saved_data["dx"].toTensor(), dw = ctx->saved_data["dw"].toTensor();
+    at::Tensor dx = ctx->saved_data["dx"].toTensor();
     ctx->saved_data.erase("dx");
-    ctx->saved_data.erase("dw");
     const at::Tensor g = dl[0].to(at::kFloat);
     dx.mul_(g);
-    dw.mul_(g);
-    return {at::Tensor(), dx, dw, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+    at::Tensor dw;
+    if (ctx->saved_data.count("direct")) {
+      auto d = c10::static_intrusive_pointer_cast<DirectDelivery>(ctx->saved_data["direct"].toCapsule());
+      ctx->saved_data.erase("direct");
+      const float got = g.item<float>();
+      LF_CHECK(got == d->scale, "linear_cross_entropy_sum: the output layer's weight gradient was written to the "
+               "gradient buffer for a loss weight of ", d->scale, ", but the loss sum's gradient is ", got,
+               lf::hint("internal: the trainer's loss weights and its objective disagree; "
+                        "--no-gradient-accumulation-fusion avoids the direct write"));
+      if (d->delivered) d->delivered();
+    } else {
+      dw = ctx->saved_data["dw"].toTensor();
+      ctx->saved_data.erase("dw");
+      dw.mul_(g);
+    }
+    return {at::Tensor(), dx, dw, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
@@ -233,9 +261,9 @@ at::Tensor softmax_cross_entropy(const DeviceBackend& be, const at::Tensor& logi
 at::Tensor linear_cross_entropy_sum(const DeviceBackend& be, const at::Tensor& x, const at::Tensor& w,
                                     const at::Tensor& target, const at::Tensor& weight,
                                     const lf::backend::VocabShard& shard, int64_t ignore_index,
-                                    int64_t chunk_tokens) {
+                                    int64_t chunk_tokens, const DirectGrad* direct) {
   RECORD_USER_SCOPE("lf::linear_cross_entropy");
-  return LinearCrossEntropyFn::apply(&be, x, w, target, weight.detach(), &shard, ignore_index, chunk_tokens);
+  return LinearCrossEntropyFn::apply(&be, x, w, target, weight.detach(), &shard, ignore_index, chunk_tokens, direct);
 }
 
 at::Tensor sdpa(const DeviceBackend& be, const at::Tensor& q, const at::Tensor& k,

@@ -106,6 +106,10 @@ Trainer::Impl::Impl(const lf::config::JobConfig& j, lf::models::Model& m, const 
     LF_CHECK(n.item<double>() > 0, "nothing to train: every component of model type ", m.type(), " is frozen",
              lf::hint("drop `freeze: true` from at least one component"));
   }
+  if (j.training.gradient_accumulation_fusion && !buffers.empty()) {
+    sink = std::make_unique<BufferGradientSink>(buffers);
+    m.set_gradient_sink(sink.get());
+  }
   optimizer = std::make_unique<Optimizer>(grad_list(), j.optimizer, b, c.world_size() > 1 ? &c.world() : nullptr);
   checkpoints = std::make_unique<TrainerCheckpointing>(j, m, c, b, ckpt_groups, *optimizer, scaler, schedule,
                                                        j.training.micro_batch_size * c.dp_size() * micro_batches,

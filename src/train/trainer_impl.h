@@ -25,10 +25,28 @@ struct GroupBuffer {
   std::unique_ptr<GradBuffer> grads;
 };
 
+// Gradient-accumulation fusion (models/model.h): during a training step's forward/backward, a
+// parameter's slot in its group's gradient buffer, scaled by the step's weight of the loss term.
+class BufferGradientSink final : public lf::models::GradientSink {
+ public:
+  explicit BufferGradientSink(const std::vector<GroupBuffer>& buffers) : buffers_(buffers) {}
+  // The step's loss weights while its forward/backward runs; null between steps (no destination).
+  void set_weights(const std::map<std::string, double>* w) { weights_ = w; }
+  std::optional<lf::ops::DirectGrad> take(const at::Tensor& param, const std::string& loss_term,
+                                          bool other_paths) const override;
+
+ private:
+  const std::vector<GroupBuffer>& buffers_;
+  const std::map<std::string, double>* weights_ = nullptr;
+};
+
 struct Trainer::Impl {
   Impl(const lf::config::JobConfig& job, lf::models::Model& model, const lf::dist::ParallelContext& ctx,
        const lf::backend::DeviceBackend& backend, std::unique_ptr<BatchSource> train_data,
        std::unique_ptr<BatchSource> valid_data, TrainerHooks hooks);
+  ~Impl() {
+    if (sink) model.set_gradient_sink(nullptr);  // the model outlives the trainer
+  }
 
   const lf::config::JobConfig& job;
   lf::models::Model& model;
@@ -38,6 +56,7 @@ struct Trainer::Impl {
   bool deterministic;
   std::vector<lf::models::ParameterGroup> groups;  // the model's, kept alive for the buffers
   std::vector<GroupBuffer> buffers;
+  std::unique_ptr<BufferGradientSink> sink;  // --gradient-accumulation-fusion (the default)
   std::unique_ptr<Optimizer> optimizer;
   LrSchedule schedule;
   LossScaler scaler;

@@ -61,9 +61,35 @@ at::Tensor Trainer::Impl::objective(const std::vector<lf::models::LossTerm>& ter
   return total;
 }
 
+std::optional<lf::ops::DirectGrad> BufferGradientSink::take(const at::Tensor& param, const std::string& loss_term,
+                                                             bool other_paths) const {
+  if (!weights_) return std::nullopt;
+  auto w = weights_->find(loss_term);
+  if (w == weights_->end()) return std::nullopt;
+  for (const auto& gb : buffers_) {
+    auto d = gb.grads->direct_slot(param);
+    if (d.index < 0) continue;
+    lf::ops::DirectGrad g;
+    g.into = lf::backend::GradInto{d.slot, w->second, d.accumulate};
+    if (!other_paths) g.delivered = [buffer = gb.grads.get(), i = d.index] { buffer->deliver(i); };
+    return g;
+  }
+  return std::nullopt;
+}
+
 double Trainer::Impl::forward_backward() {
   const auto batches = read_step();
   const auto weights = loss_weights(batches);
+  // The step's loss weights scale what the gradient sink's users write; none outside the step.
+  struct SinkWeights {
+    BufferGradientSink* sink;
+    SinkWeights(BufferGradientSink* s, const std::map<std::string, double>* w) : sink(s) {
+      if (sink) sink->set_weights(w);
+    }
+    ~SinkWeights() {
+      if (sink) sink->set_weights(nullptr);
+    }
+  } sink_weights(sink.get(), &weights);
   std::map<std::string, double> sums;
   for (const auto& [name, w] : weights) sums[name] = 0;
   if (job.parallel.chunkpipe_chunk_size) return forward_backward_chunkpipe(batches, weights, sums);

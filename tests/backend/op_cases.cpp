@@ -13,6 +13,8 @@
 #include <cmath>
 #include <sstream>
 
+#include "loongforge/core/error.h"
+
 namespace lf::testing {
 namespace {
 
@@ -265,6 +267,28 @@ void add_linear_cross_entropy_cases(std::vector<OpCase>& cases) {
                          auto r = ops.linear_cross_entropy(in[0], in[1], in[2], in[3], -100, shard, chunk);
                          return NamedTensors{{"loss", r.loss}, {"dx", r.dx}, {"dw", r.dw}};
                        }});
+      // The weight gradient into a destination (the gradient buffer's fp32 slot), scaled: written
+      // over its contents (padding rows zeroed) or added to them; the result's dw is then undefined.
+      for (bool accumulate : {false, true}) {
+        cases.push_back({name + (accumulate ? "_into_add" : "_into_write"), dt == at::kFloat ? 1e-5 : kBf16Tol,
+                         dt == at::kFloat ? kF32Rtol : kBf16Tol,
+                         [dt] {
+                           Rng g(13);
+                           auto target = g.randint(64, {37});
+                           target.index_fill_(0, at::arange(0, 37, 6), -100);
+                           auto weight = g.randn({37}, at::kFloat).abs();
+                           return std::vector<at::Tensor>{g.randn({37, 16}, dt), g.randn({70, 16}, dt, 0.5), target,
+                                                          weight, g.randn({70, 16}, at::kFloat)};
+                         },
+                         [chunk, accumulate](const OpTable& ops, const std::vector<at::Tensor>& in) {
+                           backend::VocabShard shard;
+                           shard.valid = 64;
+                           backend::GradInto into{in[4].clone(), 0.37, accumulate};
+                           auto r = ops.linear_cross_entropy(in[0], in[1], in[2], in[3], -100, shard, chunk, into);
+                           LF_CHECK(!r.dw.defined(), "linear_cross_entropy returned dw although it had a destination");
+                           return NamedTensors{{"loss", r.loss}, {"dx", r.dx}, {"dw_into", into.dw}};
+                         }});
+      }
     }
 }
 

@@ -387,6 +387,8 @@ TEST(TruthPass, EveryFlagActsOrIsRefused) {
       {"--profile-step-end", "TruthPass.ProfileReportsWhereTheStepTimeGoes"},
       {"--profile-trace", "TruthPass.ProfileReportsWhereTheStepTimeGoes"},
       {"--cross-entropy-loss-fusion", "CrossEntropyFusion.*"}, {"--no-cross-entropy-loss-fusion", "CrossEntropyFusion.*"},
+      {"--gradient-accumulation-fusion", "GradientAccumulationFusion.*"},
+      {"--no-gradient-accumulation-fusion", "GradientAccumulationFusion.*"},
   };
   std::set<std::string> flags;
   for (const auto& f : lf::config::flag_table()) flags.emplace(f.flag);

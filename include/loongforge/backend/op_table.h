@@ -104,6 +104,16 @@ struct LinearCrossEntropyFwd {
   at::Tensor dw;    // [v_local, h] w's dtype: dL/dw (padding rows 0)
 };
 
+// Where linear_cross_entropy puts dL/dw instead of returning it: the gradient buffer's fp32 slot
+// for w (Megatron's gradient-accumulation fusion, for the output layer). dw receives scale * dL/dw,
+// written over its contents or added to them; the result's dw is then undefined. The output layer's
+// weight gradient then never exists as a tensor of its own, held from forward to backward.
+struct GradInto {
+  at::Tensor dw;  // fp32 [v_local, h], contiguous; undefined: return dw as usual
+  double scale = 1.0;
+  bool accumulate = false;
+};
+
 class OpTable {
  public:
   virtual ~OpTable() = default;
@@ -156,7 +166,7 @@ class OpTable {
                                                      const at::Tensor& target,
                                                      const at::Tensor& weight,
                                                      int64_t ignore_index, const VocabShard& shard,
-                                                     int64_t chunk_tokens) const = 0;
+                                                     int64_t chunk_tokens, const GradInto& into = {}) const = 0;
 
   // q: [b, nq, s, d], k: [b, nkv, t, d], v: [b, nkv, t, dv], nq % nkv == 0 (GQA: query head h
   // uses kv head h / (nq / nkv)). scale multiplies q k^T (usually 1 / sqrt(d)).

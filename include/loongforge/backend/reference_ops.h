@@ -39,7 +39,8 @@ class ReferenceOps : public OpTable {
   // Unchunked: the whole [n, v] logits (reference_loss_ops.cpp).
   LinearCrossEntropyFwd linear_cross_entropy(const at::Tensor& x, const at::Tensor& w, const at::Tensor& target,
                                              const at::Tensor& weight, int64_t ignore_index,
-                                             const VocabShard& shard, int64_t chunk_tokens) const override;
+                                             const VocabShard& shard, int64_t chunk_tokens,
+                                             const GradInto& into = {}) const override;
   void adamw_step(at::TensorList params, at::TensorList grads, at::TensorList exp_avg,
                   at::TensorList exp_avg_sq, const AdamWHyper& hyper) const override;
   at::Tensor squared_norm(at::TensorList tensors) const override;
@@ -52,6 +53,7 @@ void check_swiglu_args(const at::Tensor& gate_up);
 void check_cross_entropy_args(const at::Tensor& logits, const at::Tensor& target);
 void check_linear_cross_entropy_args(const at::Tensor& x, const at::Tensor& w, const at::Tensor& target,
                                      const at::Tensor& weight, const VocabShard& shard);
+void check_grad_into(const GradInto& into, const at::Tensor& w);
 // Which targets this vocabulary shard owns, shared by every linear_cross_entropy: ignored [n]
 // (target == ignore_index), mine [n] (a real row of this shard), safe [n] (the local row, 0
 // where not mine). Without a reduction (one rank) a target neither ignored nor in [0, valid) is

@@ -11,9 +11,11 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "loongforge/backend/functional.h"
 #include "loongforge/data/batch.h"
 #include "loongforge/models/blocks/attention.h"
 #include "loongforge/models/blocks/transformer_layer.h"
@@ -62,6 +64,21 @@ struct StageOutput {
 
 enum class Pass { train, eval };
 
+// Gradient-accumulation fusion: lets a layer that computes a weight gradient in its forward (the
+// fused output layer + cross entropy) write it straight into the trainer's gradient buffer, scaled
+// by the weight the trainer gives the loss term it belongs to. Implemented by the trainer; take()
+// may return nothing (then the layer hands its gradient to autograd as usual).
+class GradientSink {
+ public:
+  virtual ~GradientSink() = default;
+  // param: the parameter; loss_term: the loss term whose backward carries the gradient (its
+  // weight this step scales it); other_paths: the parameter also gets an autograd gradient in the
+  // same backward (an output layer tied to the embedding on the same stage), whose hook then
+  // counts the delivery.
+  virtual std::optional<lf::ops::DirectGrad> take(const at::Tensor& param, const std::string& loss_term,
+                                                  bool other_paths) const = 0;
+};
+
 class Model {
  public:
   virtual ~Model() = default;
@@ -101,6 +118,8 @@ class Model {
 
   virtual void set_training(bool training) = 0;
   virtual void set_recompute(const RecomputeOptions&) {}
+  // Training steps' gradient destinations (null: none); the model must not outlive the sink.
+  virtual void set_gradient_sink(const GradientSink*) {}
   // Every dropout stream of every component (checkpoints; ChunkPipe's replay).
   virtual std::map<std::string, at::Tensor> rng_state() const { return {}; }
   virtual void set_rng_state(const std::map<std::string, at::Tensor>&) {}

@@ -50,6 +50,8 @@ const std::vector<FlagSpec> kTable = {
   {"--recompute-method", "training.recompute_method", K::value, "uniform|block", ""},
   {"--recompute-num-layers", "training.recompute_num_layers", K::value, "N", ""},
   {"--deterministic-mode", "training.deterministic_mode", K::store_true, "", ""},
+  {"--gradient-accumulation-fusion", "training.gradient_accumulation_fusion", K::store_true, "", "The fused output layer's weight gradient straight into the gradient buffer (the default)"},
+  {"--no-gradient-accumulation-fusion", "training.gradient_accumulation_fusion", K::store_false, "", "The output layer's weight gradient through autograd, held from forward to backward"},
   {"--eval-interval", "training.eval_interval", K::value, "N", ""},
   {"--eval-iters", "training.eval_iters", K::value, "N", ""},
   {"--exit-interval", "training.exit_interval", K::value, "N", ""},

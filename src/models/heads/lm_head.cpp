@@ -1,12 +1,14 @@
 #include "loongforge/models/heads/lm_head.h"
 
 #include <ATen/Functions.h>
+#include <ATen/core/grad_mode.h>
 #include <ATen/record_function.h>
 
 #include <algorithm>
 
 #include "loongforge/backend/functional.h"
 #include "loongforge/core/error.h"
+#include "loongforge/models/model.h"
 #include "loongforge/parallel/tensor/cross_entropy.h"
 #include "loongforge/parallel/tensor/mappings.h"
 
@@ -20,6 +22,7 @@ LmHead::LmHead(const LmHeadConfig& c, const lf::backend::DeviceBackend& backend,
                     Sharding::vocabulary(), false);
   } else if (embedding && embedding->defined()) {
     weight_ = *embedding;
+    shares_embedding_ = true;
   } else if (b.keeps()) {
     // Tied embeddings over several stages: the last stage's output layer starts as a copy of the
     // embedding and stays one because their gradients are summed over the embedding group.
@@ -67,7 +70,11 @@ at::Tensor LmHead::loss_sum(const at::Tensor& x, const at::Tensor& labels, const
     shard.valid = c_.vocab_size;
   }
   at::Tensor flat = full.reshape({-1, full.size(-1)});
-  return lf::ops::linear_cross_entropy_sum(*backend_, flat, weight_, target, weight, shard);
+  std::optional<lf::ops::DirectGrad> direct;
+  if (sink_ && at::GradMode::is_enabled() && weight_.requires_grad())
+    direct = sink_->take(weight_, term_, shares_embedding_);
+  return lf::ops::linear_cross_entropy_sum(*backend_, flat, weight_, target, weight, shard, -100, 0,
+                                           direct ? &*direct : nullptr);
 }
 
 at::Tensor LmHead::full_logits(const at::Tensor& local) const {

@@ -94,6 +94,7 @@ struct TrainingConfig {
   std::optional<int64_t> recompute_num_layers;
   bool deterministic_mode = false;
   bool skip_nonfinite_steps = false;
+  bool gradient_accumulation_fusion = true;
   int64_t eval_interval = 1000;
   int64_t eval_iters = 100;
   std::optional<int64_t> exit_interval;
@@ -123,6 +124,10 @@ struct TrainingConfig {
     v("deterministic_mode", deterministic_mode, "Deterministic algorithms only (bitwise-reproducible runs)");
     v("skip_nonfinite_steps", skip_nonfinite_steps,
       "Skip the optimizer step when the loss or gradient norm is NaN/Inf (false: stop the run)");
+    v("gradient_accumulation_fusion", gradient_accumulation_fusion,
+      "The fused output layer writes its weight gradient straight into the gradient buffer in the forward "
+      "(Megatron's gradient-accumulation fusion, for that layer; the other layers' gradients go through "
+      "autograd)");
     v("eval_interval", eval_interval, "Iterations between evaluations on the validation set", Min{1});
     v("eval_iters", eval_iters, "Iterations per evaluation", Min{0});
     v("exit_interval", exit_interval, "Exit after the iteration that is a multiple of this", Min{1});

@@ -53,6 +53,7 @@ class CausalLm : public Model {
   double flops_per_sample(int64_t seq_length) const override;
   void set_training(bool training) override { foundation_.set_training(training); }
   void set_recompute(const RecomputeOptions& r) override { foundation_.set_recompute(r); }
+  void set_gradient_sink(const GradientSink* sink) override { head_.set_gradient_sink(sink, "lm loss"); }
   std::map<std::string, at::Tensor> rng_state() const override;
   void set_rng_state(const std::map<std::string, at::Tensor>& state) override;
 

@@ -9,10 +9,14 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <string>
+
 #include "loongforge/backend/device_backend.h"
 #include "loongforge/models/blocks/embeddings.h"
 
 namespace lf::models {
+
+class GradientSink;  // models/model.h
 
 struct LmHeadConfig {
   int64_t hidden_size = 0;
@@ -41,6 +45,12 @@ class LmHead {
   // tokens' loss weights) -> the scalar sum over tokens of weight * loss. Fused (fused_loss): one
   // op over chunks of tokens, never [s b, v] logits; else local_logits then loss.
   at::Tensor loss_sum(const at::Tensor& x, const at::Tensor& labels, const at::Tensor& weight) const;
+  // The fused path writes the output layer's weight gradient through `sink` when it gives a
+  // destination (training with grad mode on; model.h), as loss term `term`.
+  void set_gradient_sink(const GradientSink* sink, std::string term) {
+    sink_ = sink;
+    term_ = std::move(term);
+  }
   // Local logits -> [s, b, vocab_size] on every TP rank (padding columns dropped).
   at::Tensor full_logits(const at::Tensor& local_logits) const;
 
@@ -49,6 +59,9 @@ class LmHead {
   const lf::backend::DeviceBackend* backend_ = nullptr;
   lf::parallel::TensorParallel tp_;
   at::Tensor weight_;
+  bool shares_embedding_ = false;  // weight_ is this stage's embedding table (tied)
+  const GradientSink* sink_ = nullptr;
+  std::string term_;
 };
 
 }  // namespace lf::models

@@ -87,27 +87,30 @@ TEST(CrossEntropyFusion, FusedEqualsUnfusedOneProcessAndVocabParallel) {
 // What the flag changes: unfused, a step holds the fp32 [tokens, vocab] logits and their gradient
 // (2048 tokens x 16384 = 128 MiB each); fused, one chunk of 32 MiB. Peak live bytes (the CPU
 // backend's counting allocator) must differ by at least the logits' 128 MiB.
+// The highest peak_memory_mib of a 2-step demo run (batch 16) with `extra` arguments.
+double peak_live_mib(const std::string& tag, const std::vector<std::string>& extra) {
+  auto dir = lf::testing::make_temp_dir(tag);
+  std::vector<std::string> argv = {
+      lf::testing::bin("loongforge-train"), "--config-file", lf::testing::source_dir() + "/configs/demo.yaml",
+      "--train-iters", "2", "--lr-warmup-iters", "0", "--global-batch-size", "16", "--micro-batch-size", "16",
+      "--eval-iters", "0", "--metrics-file", dir + "/m.jsonl", "--data-cache-path", dir};
+  argv.insert(argv.end(), extra.begin(), extra.end());
+  auto r = lf::testing::run_training(argv, dir);
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  std::ifstream in(dir + "/m.jsonl");
+  std::string line;
+  double mib = 0;
+  std::regex re("\"peak_memory_mib\": ([0-9.eE+]+)");
+  while (std::getline(in, line)) {
+    std::smatch m;
+    if (std::regex_search(line, m, re)) mib = std::max(mib, std::stod(m[1]));
+  }
+  return mib;
+}
+
 TEST(CrossEntropyFusion, FusedStepNeverHoldsTheWholeLogits) {
-  auto peak = [](bool fused) {
-    auto dir = lf::testing::make_temp_dir(fused ? "ce-mem-fused" : "ce-mem-unfused");
-    std::vector<std::string> argv = {
-        lf::testing::bin("loongforge-train"), "--config-file", lf::testing::source_dir() + "/configs/demo.yaml",
-        "--train-iters", "2", "--lr-warmup-iters", "0", "--global-batch-size", "16", "--micro-batch-size", "16", "--vocab-size", "16384",
-        "--eval-iters", "0", "--metrics-file", dir + "/m.jsonl", "--data-cache-path", dir};
-    if (!fused) argv.push_back("--no-cross-entropy-loss-fusion");
-    auto r = lf::testing::run_training(argv, dir);
-    EXPECT_EQ(r.exit_code, 0) << r.output;
-    std::ifstream in(dir + "/m.jsonl");
-    std::string line;
-    double mib = 0;
-    std::regex re("\"peak_memory_mib\": ([0-9.eE+]+)");
-    while (std::getline(in, line)) {
-      std::smatch m;
-      if (std::regex_search(line, m, re)) mib = std::max(mib, std::stod(m[1]));
-    }
-    return mib;
-  };
-  const double fused = peak(true), unfused = peak(false);
+  const double fused = peak_live_mib("ce-mem-fused", {"--vocab-size", "16384"});
+  const double unfused = peak_live_mib("ce-mem-unfused", {"--vocab-size", "16384", "--no-cross-entropy-loss-fusion"});
   std::cout << "peak live MiB: fused " << fused << ", unfused " << unfused << "\n";
   EXPECT_GT(fused, 0.0);
   EXPECT_GE(unfused - fused, 128.0) << "fused " << fused << " MiB, unfused " << unfused << " MiB";
@@ -148,27 +151,10 @@ TEST(GradientAccumulationFusion, UntiedOutputLayerEqualsTheAutogradGradient) { e
 // which without the fusion lives from the end of the forward (where the fused op computes it)
 // into the backward, across the step's peak. Peak live bytes must drop by at least that.
 TEST(GradientAccumulationFusion, OutputLayerGradientIsNotHeldFromForwardToBackward) {
-  auto peak = [](bool fusion) {
-    auto dir = lf::testing::make_temp_dir(fusion ? "gaf-mem-on" : "gaf-mem-off");
-    std::vector<std::string> argv = {
-        lf::testing::bin("loongforge-train"), "--config-file", lf::testing::source_dir() + "/configs/demo.yaml",
-        "--train-iters", "2", "--lr-warmup-iters", "0", "--global-batch-size", "16", "--micro-batch-size", "16",
-        "--vocab-size", "32768", "--untie-embeddings-and-output-weights", "--eval-iters", "0", "--metrics-file",
-        dir + "/m.jsonl", "--data-cache-path", dir};
-    if (!fusion) argv.push_back("--no-gradient-accumulation-fusion");
-    auto r = lf::testing::run_training(argv, dir);
-    EXPECT_EQ(r.exit_code, 0) << r.output;
-    std::ifstream in(dir + "/m.jsonl");
-    std::string line;
-    double mib = 0;
-    std::regex re("\"peak_memory_mib\": ([0-9.eE+]+)");
-    while (std::getline(in, line)) {
-      std::smatch m;
-      if (std::regex_search(line, m, re)) mib = std::max(mib, std::stod(m[1]));
-    }
-    return mib;
-  };
-  const double on = peak(true), off = peak(false);
+  const std::vector<std::string> untied = {"--vocab-size", "32768", "--untie-embeddings-and-output-weights"};
+  std::vector<std::string> without = untied;
+  without.push_back("--no-gradient-accumulation-fusion");
+  const double on = peak_live_mib("gaf-mem-on", untied), off = peak_live_mib("gaf-mem-off", without);
   std::cout << "peak live MiB: fusion " << on << ", without " << off << "\n";
   EXPECT_GT(on, 0.0);
   EXPECT_GE(off - on, 0.95 * 8.0) << "fusion " << on << " MiB, without " << off << " MiB";

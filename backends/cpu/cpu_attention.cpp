@@ -86,6 +86,7 @@ bool applies(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool
       v.scalar_type() != at::kFloat)
     return false;
   if (causal && k.size(2) < q.size(2)) return false;  // rows without keys: the reference's answer
+  if (q.size(2) == 0 || k.size(2) == 0 || q.size(3) == 0) return false;  // empty: the reference's answer
   return q.size(0) * k.size(1) >= at::get_num_threads();
 }
 

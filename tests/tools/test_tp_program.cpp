@@ -138,6 +138,12 @@ void expect_fusion_equals_autograd(bool untied) {
                        lf::testing::train(2, 1, 2, with({"--overlap-grad-reduce", "--use-distributed-optimizer"}),
                                           "gaf-dp2-" + t),
                        ("fusion, DP 2 overlapped + ZeRO-1, " + t).c_str());
+  // Buckets of at least 1000 elements: every parameter its own bucket, so the output layer's
+  // delivery alone completes one and launches its reduction from inside the backward.
+  expect_same_training(ref,
+                       lf::testing::train(2, 1, 2, with({"--overlap-grad-reduce", "--ddp-bucket-size", "1000"}),
+                                          "gaf-dp2-small-buckets-" + t),
+                       ("fusion, DP 2 overlapped, one parameter per bucket, " + t).c_str());
   expect_same_training(
       ref, lf::testing::train(2, 1, 2, with({"--tensor-model-parallel-size", "2", "--sequence-parallel"}), "gaf-sp2-" + t),
       ("fusion, TP 2 + SP, " + t).c_str());

@@ -149,6 +149,9 @@ void GradBuffer::on_grad_ready(int i) {
   std::lock_guard<std::mutex> lock(mutex_);
   auto& p = params_[static_cast<size_t>(i)].tensor;
   const auto& s = slots_[static_cast<size_t>(i)];
+  // A gradient a layer delivered directly (deliver): the hook still fires, for the undefined
+  // autograd gradient, possibly after the delivery completed the bucket. Nothing to add or count.
+  if (!p.grad().defined() && counted_[static_cast<size_t>(i)]) return;
   LF_CHECK(!launched_[static_cast<size_t>(s.bucket)], "gradient of ",
            params_[static_cast<size_t>(i)].name,
            " arrived after its bucket's reduction started (a second backward on the last "

@@ -14,7 +14,8 @@
 // inside an OpenMP parallel region).
 //
 // Used for fp32 on the CPU when there are at least as many (batch, kv head) tasks as threads;
-// otherwise (and for bf16) ATen's flash kernel, whose parallelism also splits query blocks.
+// otherwise (and for bf16) ATen's flash kernel where it applies (no mask, or causal with s == t),
+// else the reference.
 #include <ATen/Functions.h>
 #include <ATen/Parallel.h>
 
@@ -86,7 +87,7 @@ bool applies(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool
       v.scalar_type() != at::kFloat)
     return false;
   if (causal && k.size(2) < q.size(2)) return false;  // rows without keys: the reference's answer
-  if (q.size(2) == 0 || k.size(2) == 0 || q.size(3) == 0) return false;  // empty: the reference's answer
+  if (q.size(2) == 0 || k.size(2) == 0 || q.size(3) == 0 || v.size(3) == 0) return false;  // empty: the reference
   return q.size(0) * k.size(1) >= at::get_num_threads();
 }
 

@@ -34,8 +34,8 @@ namespace {
 // rounded up to 1/16 of their power of two and kept on free, by capacity, for the next request of
 // that capacity, up to LOONGFORGE_CPU_ALLOCATOR_CACHE_MB (default 1024; 0 turns the cache off).
 // Live plus cached bytes stay within the highest live total seen so far: a block is kept only if
-// it fits under that mark, and before a fresh allocation the cache gives back (largest blocks
-// first) what the new block would push above it, so the cache never makes the process larger
+// it fits under that mark, and before a fresh allocation the cache gives back what the new block
+// would push above it (the smallest block that covers the overshoot, else the largest first), so the cache never makes the process larger
 // than its own peak of live tensors (a cache that only checked on free held ~170 MiB above the
 // peak at llama_100m: blocks of one size kept while the peak was reached with other sizes).
 // A failed allocation empties the cache and tries once more.
@@ -127,21 +127,28 @@ class CountingCpuAllocator final : public c10::Allocator {
       return static_cast<char*>(c10::alloc_cpu(bytes + kHeader));
     }
   }
-  // Frees cached blocks, largest first, until live + cached + bytes is within the highest live
-  // total (or, when the new block makes a new peak, until the cache is empty).
+  // Frees cached blocks until live + cached + bytes is within the highest live total (or, when the
+  // new block makes a new peak, until the cache is empty): the smallest block that covers the
+  // overshoot, else the largest and on again, so a small overshoot does not cost a big block.
   void make_room(size_t bytes) {
     if (cached_.load() == 0) return;
     std::lock_guard<std::mutex> lock(mutex_);
     const int64_t live_after = allocated_.load() + static_cast<int64_t>(bytes);
     const int64_t mark = std::max(high_.load(), live_after);
     while (cached_ > 0 && live_after + static_cast<int64_t>(cached_) > mark) {
-      auto largest = free_.end();
-      for (auto it = free_.begin(); it != free_.end(); ++it)
-        if (!it->second.empty() && (largest == free_.end() || it->first > largest->first)) largest = it;
-      if (largest == free_.end()) break;
-      c10::free_cpu(largest->second.back());
-      largest->second.pop_back();
-      cached_ -= largest->first;
+      // The smallest block that covers the overshoot alone, else the largest (and go on).
+      const size_t over = static_cast<size_t>(live_after + static_cast<int64_t>(cached_) - mark);
+      auto pick = free_.end(), largest = free_.end();
+      for (auto it = free_.begin(); it != free_.end(); ++it) {
+        if (it->second.empty()) continue;
+        if (largest == free_.end() || it->first > largest->first) largest = it;
+        if (it->first >= over && (pick == free_.end() || it->first < pick->first)) pick = it;
+      }
+      if (pick == free_.end()) pick = largest;
+      if (pick == free_.end()) break;
+      c10::free_cpu(pick->second.back());
+      pick->second.pop_back();
+      cached_ -= pick->first;
     }
   }
   // Keeps a freed block for reuse when it fits under the limit; false: free it.

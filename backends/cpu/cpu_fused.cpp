@@ -78,7 +78,7 @@ void rms_norm_bwd_kernel(const at::Tensor& dy, const at::Tensor& x, const at::Te
       const T* dyr = dyp + i * h;
       const T* xr = xp + i * h;
       const float r = rp[i];
-      if constexpr (std::is_same_v<T, float>) {  // the same sums, vectorised (cpu_math)
+      if constexpr (std::is_same_v<T, float>) {  // the same math vectorised (cpu_math; r factored out of the dot)
         const float m = static_cast<float>(r * cpu_math::rms_norm_bwd_dot(dyr, wp, xr, h) / static_cast<double>(h));
         cpu_math::rms_norm_bwd_row(dyr, xr, wp, r, m, dxp + i * h, acc, h);
         continue;

@@ -106,10 +106,6 @@ Trainer::Impl::Impl(const lf::config::JobConfig& j, lf::models::Model& m, const 
     LF_CHECK(n.item<double>() > 0, "nothing to train: every component of model type ", m.type(), " is frozen",
              lf::hint("drop `freeze: true` from at least one component"));
   }
-  if (j.training.gradient_accumulation_fusion && !buffers.empty()) {
-    sink = std::make_unique<BufferGradientSink>(buffers);
-    m.set_gradient_sink(sink.get());
-  }
   optimizer = std::make_unique<Optimizer>(grad_list(), j.optimizer, b, c.world_size() > 1 ? &c.world() : nullptr);
   checkpoints = std::make_unique<TrainerCheckpointing>(j, m, c, b, ckpt_groups, *optimizer, scaler, schedule,
                                                        j.training.micro_batch_size * c.dp_size() * micro_batches,
@@ -120,6 +116,11 @@ Trainer::Impl::Impl(const lf::config::JobConfig& j, lf::models::Model& m, const 
   }
   if (j.logging.tensorboard_dir && c.global_rank() == 0)
     tensorboard = std::make_unique<TensorBoardWriter>(*j.logging.tensorboard_dir);
+  // Last: a constructor that throws after this would leave the model pointing at a freed sink.
+  if (j.training.gradient_accumulation_fusion && !buffers.empty()) {
+    sink = std::make_unique<BufferGradientSink>(buffers);
+    m.set_gradient_sink(sink.get());
+  }
 }
 
 double Trainer::Impl::params_norm() const {

@@ -241,6 +241,25 @@ LF_WORKER_CASE(cpu_cache_gives_back_before_a_new_peak) {
   peak_reserved();
 }
 
+LF_WORKER_CASE(cpu_cache_gives_back_the_smallest_covering_block) {
+  const auto& be = backend::cpu_backend();
+  void* big_ptr = nullptr;
+  {
+    auto big = at::empty({int64_t{10} << 20}, at::kFloat);   // 40 MiB
+    auto small = at::empty({int64_t{1} << 20}, at::kFloat);  // 4 MiB, live at the same time: peak 44
+    big_ptr = big.data_ptr();
+  }
+  const auto cached = [&] { return be.memory_stats().reserved_bytes - be.memory_stats().allocated_bytes; };
+  EXPECT_EQ(cached(), int64_t{44} << 20);
+  {
+    // 2 MiB more than the cache leaves room for: the 4 MiB block covers that, the 40 MiB one stays.
+    auto other = at::empty({int64_t{1} << 19}, at::kFloat);
+    EXPECT_EQ(cached(), int64_t{40} << 20);
+  }
+  auto again = at::empty({int64_t{10} << 20}, at::kFloat);
+  EXPECT_EQ(again.data_ptr(), big_ptr) << "the big block stayed cached and serves its size again";
+}
+
 // The cache's rules, each in a fresh process (what earlier tests of this binary left cached and
 // the peak they reached would change the numbers): a freed block serves the next request of its
 // size and never grows the peak; the cache gives blocks back before a fresh allocation would push
@@ -256,6 +275,12 @@ TEST(CpuBackend, CachedBlocksAreGivenBackBeforeTheyWouldRaiseThePeak) {
   SpawnOptions opt;
   opt.world_size = 1;
   expect_all_ok(run_workers("cpu_cache_gives_back_before_a_new_peak", opt));
+}
+
+TEST(CpuBackend, ASmallOvershootGivesBackASmallBlock) {
+  SpawnOptions opt;
+  opt.world_size = 1;
+  expect_all_ok(run_workers("cpu_cache_gives_back_the_smallest_covering_block", opt));
 }
 
 // LOONGFORGE_CPU_ALLOCATOR_CACHE_MB in a fresh process (the allocator is made once): args[0] is

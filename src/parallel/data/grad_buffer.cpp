@@ -149,8 +149,9 @@ void GradBuffer::on_grad_ready(int i) {
   std::lock_guard<std::mutex> lock(mutex_);
   auto& p = params_[static_cast<size_t>(i)].tensor;
   const auto& s = slots_[static_cast<size_t>(i)];
-  // A gradient a layer delivered directly (deliver): the hook still fires, for the undefined
-  // autograd gradient, possibly after the delivery completed the bucket. Nothing to add or count.
+  // A gradient a layer delivered directly (deliver): the hook may still fire for the undefined
+  // autograd gradient (libtorch 2.11's does), possibly after the delivery completed the bucket.
+  // Nothing to add or count.
   if (!p.grad().defined() && counted_[static_cast<size_t>(i)]) return;
   LF_CHECK(!launched_[static_cast<size_t>(s.bucket)], "gradient of ",
            params_[static_cast<size_t>(i)].name,
@@ -196,9 +197,7 @@ void GradBuffer::deliver(int i) {
 }
 
 // One parameter's gradient of this backward has arrived: on the last micro-batch its bucket may
-// be complete. Called with the lock held. Once per parameter and backward: a parameter whose
-// gradient a layer delivered directly (deliver) may still see its hook fire for the undefined
-// autograd gradient.
+// be complete. Called with the lock held. Once per parameter and backward.
 void GradBuffer::count_delivery(int i) {
   if (counted_[static_cast<size_t>(i)]) return;
   counted_[static_cast<size_t>(i)] = true;

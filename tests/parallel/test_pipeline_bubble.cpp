@@ -106,7 +106,11 @@ LF_WORKER_CASE(pp_bubble) {
   pl::run_interleaved_1f1b(ex, v, m, vstep, &interleaved);
   const double theory_v = static_cast<double>(p - 1) / static_cast<double>(v * m + p - 1);
   ASSERT_EQ(interleaved.events.size(), static_cast<size_t>(2 * v * m));
-  EXPECT_NEAR(interleaved.bubble_fraction(), theory_v, 0.1 * theory_v)
+  // 15%: the interleaved step sends v times the messages of 1F1B, each with a fixed latency and a
+  // wake-up that the theory leaves out; on the loaded 2-core VM that excess measured 0.162-0.176
+  // against 0.158 (2.5-11%) over sessions, in a test that runs alone. A schedule that failed to
+  // interleave would sit at 1F1B's 0.273 (+73%), and the ratio check below stays at 1.5.
+  EXPECT_NEAR(interleaved.bubble_fraction(), theory_v, 0.15 * theory_v)
       << "stage " << ex.stage() << " measured " << interleaved.bubble_fraction() << ", theory " << theory_v;
   EXPECT_GT(one_f_one_b.bubble_fraction() / interleaved.bubble_fraction(), 1.5) << "stage " << ex.stage();
   std::printf("stage %d: interleaved (v 2) bubble %.3f (theory %.3f): 1F1B's / %.2f\n", ex.stage(),

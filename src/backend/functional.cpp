@@ -120,26 +120,19 @@ struct CrossEntropyFn : torch::autograd::Function<CrossEntropyFn> {
 };
 
 // The gradients come out of the forward (for dL = 1); backward scales them by the incoming dL
-// and hands them over (in place: a graph is backpropagated once). With a DirectGrad, w's gradient
+// and hands them over (in place: a graph is backpropagated once). With a GradInto, w's gradient
 // went into its destination in the forward, scaled by the weight backward must then receive.
-struct DirectDelivery : torch::CustomClassHolder {
-  std::function<void()> delivered;
-  float scale = 1.0f;
-};
 
 struct LinearCrossEntropyFn : torch::autograd::Function<LinearCrossEntropyFn> {
   static at::Tensor forward(AutogradContext* ctx, const DeviceBackend* be, const at::Tensor& x,
                             const at::Tensor& w, const at::Tensor& target, const at::Tensor& weight,
                             const lf::backend::VocabShard* shard, int64_t ignore_index, int64_t chunk,
-                            const DirectGrad* direct) {
+                            const lf::backend::GradInto* into) {
     auto r = be->ops().linear_cross_entropy(x, w, target, weight, ignore_index, *shard, chunk,
-                                            direct ? direct->into : lf::backend::GradInto{});
+                                            into ? *into : lf::backend::GradInto{});
     ctx->saved_data["dx"] = r.dx;
-    if (direct) {
-      auto d = c10::make_intrusive<DirectDelivery>();
-      d->delivered = direct->delivered;
-      d->scale = static_cast<float>(direct->into.scale);
-      ctx->saved_data["direct"] = c10::IValue::make_capsule(d);
+    if (into) {
+      ctx->saved_data["into_scale"] = static_cast<double>(static_cast<float>(into->scale));
     } else {
       ctx->saved_data["dw"] = r.dw;
     }
@@ -153,15 +146,13 @@ struct LinearCrossEntropyFn : torch::autograd::Function<LinearCrossEntropyFn> {
     const at::Tensor g = dl[0].to(at::kFloat);
     dx.mul_(g);
     at::Tensor dw;
-    if (ctx->saved_data.count("direct")) {
-      auto d = c10::static_intrusive_pointer_cast<DirectDelivery>(ctx->saved_data["direct"].toCapsule());
-      ctx->saved_data.erase("direct");
+    if (ctx->saved_data.count("into_scale")) {
+      const float want = static_cast<float>(ctx->saved_data["into_scale"].toDouble());
       const float got = g.item<float>();
-      LF_CHECK(got == d->scale, "linear_cross_entropy_sum: the output layer's weight gradient was written to the "
-               "gradient buffer for a loss weight of ", d->scale, ", but the loss sum's gradient is ", got,
+      LF_CHECK(got == want, "linear_cross_entropy_sum: the output layer's weight gradient was written to the "
+               "gradient buffer for a loss weight of ", want, ", but the loss sum's gradient is ", got,
                lf::hint("internal: the trainer's loss weights and its objective disagree; "
                         "--no-gradient-accumulation-fusion avoids the direct write"));
-      if (d->delivered) d->delivered();
     } else {
       dw = ctx->saved_data["dw"].toTensor();
       ctx->saved_data.erase("dw");
@@ -261,9 +252,9 @@ at::Tensor softmax_cross_entropy(const DeviceBackend& be, const at::Tensor& logi
 at::Tensor linear_cross_entropy_sum(const DeviceBackend& be, const at::Tensor& x, const at::Tensor& w,
                                     const at::Tensor& target, const at::Tensor& weight,
                                     const lf::backend::VocabShard& shard, int64_t ignore_index,
-                                    int64_t chunk_tokens, const DirectGrad* direct) {
+                                    int64_t chunk_tokens, const lf::backend::GradInto* into) {
   RECORD_USER_SCOPE("lf::linear_cross_entropy");
-  return LinearCrossEntropyFn::apply(&be, x, w, target, weight.detach(), &shard, ignore_index, chunk_tokens, direct);
+  return LinearCrossEntropyFn::apply(&be, x, w, target, weight.detach(), &shard, ignore_index, chunk_tokens, into);
 }
 
 at::Tensor sdpa(const DeviceBackend& be, const at::Tensor& q, const at::Tensor& k,

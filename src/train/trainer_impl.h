@@ -32,8 +32,7 @@ class BufferGradientSink final : public lf::models::GradientSink {
   explicit BufferGradientSink(const std::vector<GroupBuffer>& buffers) : buffers_(buffers) {}
   // The step's loss weights while its forward/backward runs; null between steps (no destination).
   void set_weights(const std::map<std::string, double>* w) { weights_ = w; }
-  std::optional<lf::ops::DirectGrad> take(const at::Tensor& param, const std::string& loss_term,
-                                          bool other_paths) const override;
+  std::optional<lf::backend::GradInto> take(const at::Tensor& param, const std::string& loss_term) const override;
 
  private:
   const std::vector<GroupBuffer>& buffers_;

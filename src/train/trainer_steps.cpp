@@ -61,18 +61,15 @@ at::Tensor Trainer::Impl::objective(const std::vector<lf::models::LossTerm>& ter
   return total;
 }
 
-std::optional<lf::ops::DirectGrad> BufferGradientSink::take(const at::Tensor& param, const std::string& loss_term,
-                                                             bool other_paths) const {
+std::optional<lf::backend::GradInto> BufferGradientSink::take(const at::Tensor& param,
+                                                               const std::string& loss_term) const {
   if (!weights_) return std::nullopt;
   auto w = weights_->find(loss_term);
   if (w == weights_->end()) return std::nullopt;
   for (const auto& gb : buffers_) {
     auto d = gb.grads->direct_slot(param);
     if (d.index < 0) continue;
-    lf::ops::DirectGrad g;
-    g.into = lf::backend::GradInto{d.slot, w->second, d.accumulate};
-    if (!other_paths) g.delivered = [buffer = gb.grads.get(), i = d.index] { buffer->deliver(i); };
-    return g;
+    return lf::backend::GradInto{d.slot, w->second, d.accumulate};
   }
   return std::nullopt;
 }

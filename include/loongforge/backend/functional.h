@@ -7,7 +7,6 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
-#include <functional>
 #include <optional>
 
 #include "loongforge/backend/device_backend.h"
@@ -39,19 +38,15 @@ at::Tensor softmax_cross_entropy(const DeviceBackend& be, const at::Tensor& logi
 // this rank's vocabulary rows and reduces over the ranks; x's gradient is then this rank's share
 // (enter the TP region with copy_to_tp / gather_from_sequence_parallel before calling).
 //
-// With `direct` (gradient-accumulation fusion, from the trainer's gradient buffer): w's gradient is
-// written (or added) into direct->into.dw during the forward, already multiplied by the weight the
-// loss sum will get (into.scale), so it never exists as a tensor of its own; backward checks that
-// the loss sum's incoming gradient is that weight (a mismatch is an error, not a wrong gradient),
-// calls direct->delivered() and returns no gradient for w.
-struct DirectGrad {
-  lf::backend::GradInto into;
-  std::function<void()> delivered;  // tells the buffer this gradient arrived (may be empty)
-};
+// With `into` (gradient-accumulation fusion, the trainer's gradient buffer slot): w's gradient is
+// written (or added) into into->dw during the forward, already multiplied by the weight the loss
+// sum will get (into->scale), so it never exists as a tensor of its own; backward checks that the
+// loss sum's incoming gradient is that weight (a mismatch is an error, not a wrong gradient) and
+// returns no gradient for w (w's post-accumulate-grad hook still fires, with none).
 at::Tensor linear_cross_entropy_sum(const DeviceBackend& be, const at::Tensor& x, const at::Tensor& w,
                                     const at::Tensor& target, const at::Tensor& weight,
                                     const lf::backend::VocabShard& shard = {}, int64_t ignore_index = -100,
-                                    int64_t chunk_tokens = 0, const DirectGrad* direct = nullptr);
+                                    int64_t chunk_tokens = 0, const lf::backend::GradInto* into = nullptr);
 // q: [b, nq, s, d], k: [b, nkv, t, d], v: [b, nkv, t, dv] -> [b, nq, s, dv].
 // scale defaults to 1/sqrt(d). An explicit mask gets no gradient.
 at::Tensor sdpa(const DeviceBackend& be, const at::Tensor& q, const at::Tensor& k,

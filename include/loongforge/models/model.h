@@ -15,7 +15,7 @@
 #include <string>
 #include <vector>
 
-#include "loongforge/backend/functional.h"
+#include "loongforge/backend/op_table.h"
 #include "loongforge/data/batch.h"
 #include "loongforge/models/blocks/attention.h"
 #include "loongforge/models/blocks/transformer_layer.h"
@@ -72,11 +72,8 @@ class GradientSink {
  public:
   virtual ~GradientSink() = default;
   // param: the parameter; loss_term: the loss term whose backward carries the gradient (its
-  // weight this step scales it); other_paths: the parameter also gets an autograd gradient in the
-  // same backward (an output layer tied to the embedding on the same stage), whose hook then
-  // counts the delivery.
-  virtual std::optional<lf::ops::DirectGrad> take(const at::Tensor& param, const std::string& loss_term,
-                                                  bool other_paths) const = 0;
+  // weight this step scales it).
+  virtual std::optional<lf::backend::GradInto> take(const at::Tensor& param, const std::string& loss_term) const = 0;
 };
 
 class Model {

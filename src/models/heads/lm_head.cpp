@@ -22,7 +22,6 @@ LmHead::LmHead(const LmHeadConfig& c, const lf::backend::DeviceBackend& backend,
                     Sharding::vocabulary(), false);
   } else if (embedding && embedding->defined()) {
     weight_ = *embedding;
-    shares_embedding_ = true;
   } else if (b.keeps()) {
     // Tied embeddings over several stages: the last stage's output layer starts as a copy of the
     // embedding and stays one because their gradients are summed over the embedding group.
@@ -70,11 +69,10 @@ at::Tensor LmHead::loss_sum(const at::Tensor& x, const at::Tensor& labels, const
     shard.valid = c_.vocab_size;
   }
   at::Tensor flat = full.reshape({-1, full.size(-1)});
-  std::optional<lf::ops::DirectGrad> direct;
-  if (sink_ && at::GradMode::is_enabled() && weight_.requires_grad())
-    direct = sink_->take(weight_, term_, shares_embedding_);
+  std::optional<lf::backend::GradInto> into;
+  if (sink_ && at::GradMode::is_enabled() && weight_.requires_grad()) into = sink_->take(weight_, term_);
   return lf::ops::linear_cross_entropy_sum(*backend_, flat, weight_, target, weight, shard, -100, 0,
-                                           direct ? &*direct : nullptr);
+                                           into ? &*into : nullptr);
 }
 
 at::Tensor LmHead::full_logits(const at::Tensor& local) const {

@@ -98,7 +98,6 @@ GradBuffer::GradBuffer(std::vector<Parameter> params,
                            begin - buckets_[b].owned_begin, end - begin});
     }
   stale_.assign(params_.size(), false);  // the buffer starts zeroed
-  counted_.assign(params_.size(), false);
   work_.resize(buckets_.size());
   pending_.resize(buckets_.size());
   launched_.resize(buckets_.size());
@@ -139,7 +138,6 @@ void GradBuffer::begin_micro_batch(bool is_last) {
   std::lock_guard<std::mutex> lock(mutex_);
   last_micro_batch_ = is_last;
   hooks_fired_ = 0;
-  std::fill(counted_.begin(), counted_.end(), false);
   for (size_t b = 0; b < buckets_.size(); ++b)
     pending_[b] = static_cast<int>(buckets_[b].params.size());
 }
@@ -149,10 +147,6 @@ void GradBuffer::on_grad_ready(int i) {
   std::lock_guard<std::mutex> lock(mutex_);
   auto& p = params_[static_cast<size_t>(i)].tensor;
   const auto& s = slots_[static_cast<size_t>(i)];
-  // A gradient a layer delivered directly (deliver): the hook may still fire for the undefined
-  // autograd gradient (libtorch 2.11's does), possibly after the delivery completed the bucket.
-  // Nothing to add or count.
-  if (!p.grad().defined() && counted_[static_cast<size_t>(i)]) return;
   LF_CHECK(!launched_[static_cast<size_t>(s.bucket)], "gradient of ",
            params_[static_cast<size_t>(i)].name,
            " arrived after its bucket's reduction started (a second backward on the last "
@@ -172,7 +166,10 @@ void GradBuffer::on_grad_ready(int i) {
       p.mutable_grad() = at::Tensor();
     }
   }
-  count_delivery(i);
+  ++hooks_fired_;
+  if (!last_micro_batch_) return;
+  if (--pending_[static_cast<size_t>(s.bucket)] == 0 && options_.overlap_grad_reduce)
+    launch_ready_in_order();
 }
 
 GradBuffer::DirectSlot GradBuffer::direct_slot(const at::Tensor& param) {
@@ -186,25 +183,6 @@ GradBuffer::DirectSlot GradBuffer::direct_slot(const at::Tensor& param) {
     return d;
   }
   return {};
-}
-
-void GradBuffer::deliver(int i) {
-  std::lock_guard<std::mutex> lock(mutex_);
-  const auto& s = slots_[static_cast<size_t>(i)];
-  LF_CHECK(!launched_[static_cast<size_t>(s.bucket)], "gradient of ", params_[static_cast<size_t>(i)].name,
-           " delivered after its bucket's reduction started");
-  count_delivery(i);
-}
-
-// One parameter's gradient of this backward has arrived: on the last micro-batch its bucket may
-// be complete. Called with the lock held. Once per parameter and backward.
-void GradBuffer::count_delivery(int i) {
-  if (counted_[static_cast<size_t>(i)]) return;
-  counted_[static_cast<size_t>(i)] = true;
-  ++hooks_fired_;
-  if (!last_micro_batch_) return;
-  if (--pending_[static_cast<size_t>(slots_[static_cast<size_t>(i)].bucket)] == 0 && options_.overlap_grad_reduce)
-    launch_ready_in_order();
 }
 
 // Buckets start strictly in index order, so every DP rank issues the same sequence of
@@ -280,7 +258,6 @@ void GradBuffer::zero_grad() {
   // Not a fill of the whole buffer: each slot is marked stale and its first gradient of the next
   // step is copied in (finish_grad_sync zeroes the slots that got none). Padding (ZeRO-1) stays 0.
   std::fill(stale_.begin(), stale_.end(), true);
-  std::fill(counted_.begin(), counted_.end(), false);
   for (size_t b = 0; b < buckets_.size(); ++b) {
     if (options_.distributed_optimizer && dp_size() > 1) reduced_[b].zero_();
     pending_[b] = static_cast<int>(buckets_[b].params.size());

@@ -127,7 +127,7 @@ struct TrainingConfig {
     v("gradient_accumulation_fusion", gradient_accumulation_fusion,
       "The fused output layer writes its weight gradient straight into the gradient buffer in the forward "
       "(Megatron's gradient-accumulation fusion, for that layer; the other layers' gradients go through "
-      "autograd)");
+      "autograd; no effect with cross_entropy_loss_fusion off)");
     v("eval_interval", eval_interval, "Iterations between evaluations on the validation set", Min{1});
     v("eval_iters", eval_iters, "Iterations per evaluation", Min{0});
     v("exit_interval", exit_interval, "Exit after the iteration that is a multiple of this", Min{1});

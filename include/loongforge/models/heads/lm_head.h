@@ -59,7 +59,6 @@ class LmHead {
   const lf::backend::DeviceBackend* backend_ = nullptr;
   lf::parallel::TensorParallel tp_;
   at::Tensor weight_;
-  bool shares_embedding_ = false;  // weight_ is this stage's embedding table (tied)
   const GradientSink* sink_ = nullptr;
   std::string term_;
 };

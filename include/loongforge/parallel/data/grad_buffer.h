@@ -119,21 +119,18 @@ class GradBuffer {
   // forward): the slot of `param` to write its gradient into directly, and whether the slot
   // already holds gradient this step (then add, else write: the slot is marked as written from
   // here on). Undefined when `param` is not in this buffer or its bucket's reduction has started.
-  // The writer calls deliver(i) from its backward where no autograd gradient reaches the
-  // parameter (its hook would not fire); a parameter that also gets an autograd gradient in the
-  // same backward (a tied embedding) is counted by that hook instead.
+  // The parameter's hook still fires in that backward (with no gradient, or a tied embedding's)
+  // and counts it for its bucket as usual.
   struct DirectSlot {
     int index = -1;
     at::Tensor slot;
     bool accumulate = false;
   };
   DirectSlot direct_slot(const at::Tensor& param);
-  void deliver(int i);
 
  private:
   void launch(int b);
   void launch_ready_in_order();
-  void count_delivery(int i);
   void zero_stale();  // zero_unreported without the lock
   at::Tensor slot_view(int i) const;  // parameter i's slot, stale or not
 
@@ -147,7 +144,6 @@ class GradBuffer {
   std::vector<at::Tensor> reduced_;   // per bucket, see reduced_grad()
   std::vector<OwnedPiece> pieces_;
   std::vector<std::shared_ptr<lf::backend::Work>> work_;
-  std::vector<bool> counted_;         // per parameter: its gradient of this backward was counted
   std::vector<int> pending_;          // per bucket: parameters yet to report on the last micro-batch
   std::vector<bool> launched_;
   mutable std::vector<bool> stale_;   // per parameter: its slot holds a previous step's gradient

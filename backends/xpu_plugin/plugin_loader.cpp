@@ -235,6 +235,26 @@ class PluginOps final : public OpTable {
     return ref_.linear_cross_entropy(x, w, target, weight, ignore_index, shard, chunk_tokens, into);
   }
   at::Tensor squared_norm(at::TensorList tensors) const override { return ref_.squared_norm(tensors); }
+  MoePermuteFwd moe_permute_fwd(const at::Tensor& x, const at::Tensor& indices, int64_t e) const override {
+    return ref_.moe_permute_fwd(x, indices, e);
+  }
+  at::Tensor moe_permute_bwd(const at::Tensor& d, const at::Tensor& source, int64_t n) const override {
+    return ref_.moe_permute_bwd(d, source, n);
+  }
+  at::Tensor moe_unpermute_fwd(const at::Tensor& y, const at::Tensor& pos, const at::Tensor& p) const override {
+    return ref_.moe_unpermute_fwd(y, pos, p);
+  }
+  MoeUnpermuteBwd moe_unpermute_bwd(const at::Tensor& d, const at::Tensor& y, const at::Tensor& pos,
+                                    const at::Tensor& p) const override {
+    return ref_.moe_unpermute_bwd(d, y, pos, p);
+  }
+  at::Tensor grouped_gemm_fwd(const at::Tensor& x, const at::Tensor& w, const at::Tensor& c) const override {
+    return ref_.grouped_gemm_fwd(x, w, c);
+  }
+  GroupedGemmBwd grouped_gemm_bwd(const at::Tensor& dy, const at::Tensor& x, const at::Tensor& w,
+                                  const at::Tensor& c) const override {
+    return ref_.grouped_gemm_bwd(dy, x, w, c);
+  }
 
  private:
   ReferenceOps ref_;

@@ -211,7 +211,72 @@ struct SdpaAfterPrefixFn : torch::autograd::Function<SdpaAfterPrefixFn> {
   }
 };
 
+struct MoePermuteFn : torch::autograd::Function<MoePermuteFn> {
+  static at::Tensor forward(AutogradContext* ctx, const DeviceBackend* be, const at::Tensor& x,
+                            const at::Tensor& indices, int64_t num_experts, MoePermuted* out) {
+    auto r = be->ops().moe_permute_fwd(x, indices, num_experts);
+    save_backend(ctx, be);
+    ctx->saved_data["tokens"] = x.size(0);
+    ctx->save_for_backward({r.source});
+    out->position = r.position;
+    out->tokens_per_expert = r.tokens_per_expert;
+    return r.permuted;
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list d) {
+    auto s = ctx->get_saved_variables();
+    auto dx = saved_backend(ctx).ops().moe_permute_bwd(d[0], s[0], ctx->saved_data["tokens"].toInt());
+    return {at::Tensor(), dx, at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+
+struct MoeUnpermuteFn : torch::autograd::Function<MoeUnpermuteFn> {
+  static at::Tensor forward(AutogradContext* ctx, const DeviceBackend* be, const at::Tensor& y,
+                            const at::Tensor& position, const at::Tensor& probs) {
+    save_backend(ctx, be);
+    ctx->save_for_backward({y, position, probs});
+    return be->ops().moe_unpermute_fwd(y, position, probs);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list d) {
+    auto s = ctx->get_saved_variables();
+    auto g = saved_backend(ctx).ops().moe_unpermute_bwd(d[0], s[0], s[1], s[2]);
+    return {at::Tensor(), g.dy, at::Tensor(), g.dprobs};
+  }
+};
+
+struct GroupedGemmFn : torch::autograd::Function<GroupedGemmFn> {
+  static at::Tensor forward(AutogradContext* ctx, const DeviceBackend* be, const at::Tensor& x,
+                            const at::Tensor& w, const at::Tensor& counts) {
+    save_backend(ctx, be);
+    ctx->save_for_backward({x, w, counts});
+    return be->ops().grouped_gemm_fwd(x, w, counts);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list d) {
+    auto s = ctx->get_saved_variables();
+    auto g = saved_backend(ctx).ops().grouped_gemm_bwd(d[0], s[0], s[1], s[2]);
+    return {at::Tensor(), g.dx, g.dw, at::Tensor()};
+  }
+};
+
 }  // namespace
+
+MoePermuted moe_permute(const DeviceBackend& be, const at::Tensor& x, const at::Tensor& indices,
+                        int64_t num_experts) {
+  RECORD_USER_SCOPE("lf::moe_permute");
+  MoePermuted out;
+  out.rows = MoePermuteFn::apply(&be, x, indices.detach(), num_experts, &out);
+  return out;
+}
+
+at::Tensor moe_unpermute(const DeviceBackend& be, const at::Tensor& y, const at::Tensor& position,
+                         const at::Tensor& probs) {
+  RECORD_USER_SCOPE("lf::moe_unpermute");
+  return MoeUnpermuteFn::apply(&be, y, position.detach(), probs);
+}
+
+at::Tensor grouped_gemm(const DeviceBackend& be, const at::Tensor& x, const at::Tensor& w, const at::Tensor& counts) {
+  RECORD_USER_SCOPE("lf::grouped_gemm");
+  return GroupedGemmFn::apply(&be, x, w, counts.detach());
+}
 
 at::Tensor rms_norm(const DeviceBackend& be, const at::Tensor& x, const at::Tensor& w,
                     double eps) {

@@ -361,6 +361,40 @@ void add_adamw_cases(std::vector<OpCase>& cases) {
                    }});
 }
 
+// MoE: 13 tokens, top-3 of 5 experts with dropped slots (-1) and one expert no token picks
+// (an empty group), hidden 24 / ffn 20; permute -> grouped GEMM -> unpermute, forward and backward.
+void add_moe_cases(std::vector<OpCase>& cases) {
+  for (auto dt : {at::kFloat, at::kBFloat16}) {
+    cases.push_back({std::string("moe_permute_gemm_unpermute_") + dt_name(dt), atol_for(dt), rtol_for(dt),
+                     [dt] {
+                       Rng g(21);
+                       auto idx = g.randint(4, {13, 3});   // experts 0..3: expert 4 stays empty
+                       idx[1][2] = -1;  // capacity drops
+                       idx[7][0] = -1;
+                       return std::vector<at::Tensor>{g.randn({13, 24}, dt),           // x
+                                                      idx,                              // indices
+                                                      g.randn({5, 20, 24}, dt, 0.2),    // w [E, f, h]
+                                                      g.randn({13, 3}, at::kFloat).abs(),  // probs
+                                                      g.randn({13, 24}, dt)};           // dout
+                     },
+                     [](const OpTable& ops, const std::vector<at::Tensor>& in) {
+                       auto p = ops.moe_permute_fwd(in[0], in[1], 5);
+                       auto y = ops.grouped_gemm_fwd(p.permuted, in[2], p.tokens_per_expert);  // [m, 20]
+                       // Back to h = 24 columns for the return: the first 20 plus 4 copied.
+                       auto y24 = at::cat({y, y.narrow(1, 0, 4)}, 1).contiguous();
+                       auto out = ops.moe_unpermute_fwd(y24, p.position, in[3]);
+                       auto ub = ops.moe_unpermute_bwd(in[4], y24, p.position, in[3]);
+                       auto dy = ub.dy.narrow(1, 0, 20) + at::pad(ub.dy.narrow(1, 20, 4), {0, 16});
+                       auto gb = ops.grouped_gemm_bwd(dy, p.permuted, in[2], p.tokens_per_expert);
+                       auto dx = ops.moe_permute_bwd(gb.dx, p.source, 13);
+                       return NamedTensors{{"permuted", p.permuted}, {"position", p.position},
+                                           {"tokens_per_expert", p.tokens_per_expert}, {"y", y},
+                                           {"out", out}, {"dprobs", ub.dprobs}, {"dw", gb.dw},
+                                           {"dx", dx}};
+                     }});
+  }
+}
+
 }  // namespace
 
 const std::vector<OpCase>& op_cases() {
@@ -372,6 +406,7 @@ const std::vector<OpCase>& op_cases() {
     add_linear_cross_entropy_cases(c);
     add_squared_norm_cases(c);
     add_adamw_cases(c);
+    add_moe_cases(c);
     return c;
   }();
   return cases;

@@ -174,6 +174,34 @@ TEST_P(FunctionalOnBackend, GradientsReachTheRightInputs) {
     const char* names[] = {"dq", "dk_prefix", "dv_prefix", "dk", "dv"};
     for (int i = 0; i < 5; ++i) expect_close(g[i], gr[i], names[i]);
   }
+  {  // MoE: permute -> grouped GEMM -> unpermute; dx, dw, dprobs against a dense per-expert
+     // composition (every token through every expert, masked by its routing weight)
+    const int64_t n = 7, e = 3, h = 8, f = 6;
+    auto x0 = at::randn({n, h}), w0 = at::randn({e, f, h}), p0 = at::rand({n, 2});
+    auto idx = at::tensor({0, 2, 1, 0, 2, 1, 0, 1, 1, 2, 2, 0, 0, -1}, at::kLong).view({n, 2});
+    auto x = leaf(x0), w = leaf(w0), p = leaf(p0);
+    auto perm = lf::ops::moe_permute(*be, x, idx.to(dev), e);
+    auto y = lf::ops::grouped_gemm(*be, perm.rows, w, perm.tokens_per_expert);
+    auto out = lf::ops::moe_unpermute(*be, at::pad(y, {0, h - f}), perm.position, p);
+    auto g = grad_of((out * out.detach().cos()).sum(), {x, w, p});
+    auto xr = x0.requires_grad_(), wr = w0.requires_grad_(), pr = p0.requires_grad_();
+    auto dense = at::einsum("nh,efh->nef", {xr, wr});  // [n, e, f]
+    std::vector<at::Tensor> rows;
+    for (int64_t t = 0; t < n; ++t) {
+      at::Tensor acc = at::zeros({f});
+      for (int64_t j = 0; j < 2; ++j) {
+        const int64_t ex = idx[t][j].item<int64_t>();
+        if (ex >= 0) acc = acc + pr[t][j] * dense[t][ex];
+      }
+      rows.push_back(at::pad(acc, {0, h - f}));
+    }
+    auto outr = at::stack(rows);
+    auto gr = grad_of((outr * outr.detach().cos()).sum(), {xr, wr, pr});
+    expect_close(out.cpu(), outr, "moe out");
+    expect_close(g[0], gr[0], "moe dx");
+    expect_close(g[1], gr[1], "moe dw");
+    expect_close(g[2], gr[2], "moe dprobs");
+  }
   {  // rms_norm -> swiglu -> rope -> cross-entropy chained: the graph composes
     auto x0 = at::randn({4, 1, 1, 16}), w0 = at::randn({16});
     auto x = leaf(x0), w = leaf(w0);

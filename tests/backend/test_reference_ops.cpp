@@ -345,6 +345,73 @@ TEST(ReferenceAdamW, GradScaleEqualsScaledGradients) {
   expect_close(v2, v, 0, "exp_avg_sq");
 }
 
+// The MoE ops against a per-token loop written from their definitions (HF transformers' expert
+// loop), and their backward against finite differences in fp64.
+TEST(ReferenceMoe, PermuteGemmUnpermuteMatchPerTokenLoop) {
+  at::manual_seed(5);
+  const int64_t n = 9, k = 2, e = 4, h = 6, f = 5;
+  auto x = at::randn({n, h}, kF64);
+  auto idx = at::randint(e, {n, k}, at::kLong);
+  idx[3][1] = -1;
+  auto w1 = at::randn({e, f, h}, kF64), w2 = at::randn({e, h, f}, kF64);
+  auto probs = at::rand({n, k}, kF64);
+  auto p = kRef.moe_permute_fwd(x, idx, e);
+  auto mid = kRef.grouped_gemm_fwd(p.permuted, w1, p.tokens_per_expert);
+  auto y = kRef.grouped_gemm_fwd(mid, w2, p.tokens_per_expert);
+  auto out = kRef.moe_unpermute_fwd(y, p.position, probs);
+  auto want = at::zeros({n, h}, kF64);
+  for (int64_t t = 0; t < n; ++t)
+    for (int64_t j = 0; j < k; ++j) {
+      const int64_t ex = idx[t][j].item<int64_t>();
+      if (ex < 0) continue;
+      want[t] += probs[t][j] * at::mv(w2[ex], at::mv(w1[ex], x[t]));
+    }
+  expect_close(out, want, 1e-12, "moe output");
+  // Grouping: rows sorted by expert, then (token, slot) within an expert.
+  EXPECT_EQ(p.tokens_per_expert.sum().item<int64_t>(), n * k - 1);
+  for (int64_t r = 0; r + 1 < p.source.size(0); ++r) {
+    const int64_t t0 = p.source[r].item<int64_t>(), t1 = p.source[r + 1].item<int64_t>();
+    const int64_t s0 = p.position[t0].eq(r).nonzero().item<int64_t>(), s1 = p.position[t1].eq(r + 1).nonzero().item<int64_t>();
+    const int64_t e0 = idx[t0][s0].item<int64_t>(), e1 = idx[t1][s1].item<int64_t>();
+    EXPECT_TRUE(e0 < e1 || (e0 == e1 && (t0 < t1 || (t0 == t1 && s0 < s1)))) << "row " << r;
+  }
+}
+
+TEST(ReferenceFiniteDifference, MoePermuteUnpermuteGroupedGemm) {
+  at::manual_seed(6);
+  const int64_t n = 5, k = 2, e = 3, h = 4, f = 3;
+  auto idx = at::tensor({0, 2, 2, 0, 1, -1, 0, 1, 2, 1}, at::kLong).view({n, k});
+  // x -> permute -> grouped GEMM (w [e, f, h]) -> pad to h -> unpermute with probs.
+  auto fwd = [&](const std::vector<at::Tensor>& in) {
+    auto p = kRef.moe_permute_fwd(in[0], idx, e);
+    auto y = kRef.grouped_gemm_fwd(p.permuted, in[1], p.tokens_per_expert);
+    return kRef.moe_unpermute_fwd(at::pad(y, {0, h - f}), p.position, in[2]);
+  };
+  fd_check("moe", {at::randn({n, h}, kF64), at::randn({e, f, h}, kF64), at::rand({n, k}, kF64)}, {0, 1, 2}, fwd,
+           [&](auto& in, auto& dout) {
+             auto p = kRef.moe_permute_fwd(in[0], idx, e);
+             auto y = kRef.grouped_gemm_fwd(p.permuted, in[1], p.tokens_per_expert);
+             auto u = kRef.moe_unpermute_bwd(dout, at::pad(y, {0, h - f}), p.position, in[2]);
+             auto g = kRef.grouped_gemm_bwd(u.dy.narrow(1, 0, f), p.permuted, in[1], p.tokens_per_expert);
+             return std::vector<at::Tensor>{kRef.moe_permute_bwd(g.dx, p.source, n), g.dw, u.dprobs};
+           });
+}
+
+TEST(ReferenceChecks, MoeArgumentsAreClearErrors) {
+  try {
+    kRef.moe_permute_fwd(at::randn({2, 4}), at::tensor({0, 5}, at::kLong).view({2, 1}), 4);
+    FAIL() << "expected lf::Error";
+  } catch (const lf::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("[0, 4)"), std::string::npos) << e.what();
+  }
+  try {
+    kRef.grouped_gemm_fwd(at::randn({5, 4}), at::randn({2, 3, 4}), at::tensor({2, 2}, at::kLong));
+    FAIL() << "expected lf::Error";
+  } catch (const lf::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("sum to 4 but x has 5 rows"), std::string::npos) << e.what();
+  }
+}
+
 TEST(ReferenceChecks, BadShapesAreClearErrors) {
   try {
     kRef.sdpa_fwd(at::randn({1, 3, 4, 8}), at::randn({1, 2, 4, 8}), at::randn({1, 2, 4, 8}),

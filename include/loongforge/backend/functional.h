@@ -62,4 +62,20 @@ at::Tensor sdpa_after_prefix(const DeviceBackend& be, const at::Tensor& q, const
                              const at::Tensor& v_prefix, const at::Tensor& k, const at::Tensor& v,
                              std::optional<double> scale = std::nullopt);
 
+// MoE dispatch: x [n, h] routed by indices [n, k] (-1: a dropped slot) -> rows [m, h] grouped by
+// expert (gradient to x), with each slot's row (position [n, k], -1 if dropped) and the rows per
+// expert (tokens_per_expert [E] int64 on the CPU): op_table.h's moe_permute.
+struct MoePermuted {
+  at::Tensor rows, position, tokens_per_expert;
+};
+MoePermuted moe_permute(const DeviceBackend& be, const at::Tensor& x, const at::Tensor& indices,
+                        int64_t num_experts);
+// The experts' rows y [m, h] back to the tokens, weighted: out [n, h] = sum_j probs[t, j] *
+// y[position[t, j]] (gradients to y and probs).
+at::Tensor moe_unpermute(const DeviceBackend& be, const at::Tensor& y, const at::Tensor& position,
+                         const at::Tensor& probs);
+// x [m, k_in] in groups of counts [G] rows (CPU int64), w [G, n_out, k_in] -> [m, n_out], row
+// group g times w_g^T (gradients to x and w).
+at::Tensor grouped_gemm(const DeviceBackend& be, const at::Tensor& x, const at::Tensor& w, const at::Tensor& counts);
+
 }  // namespace lf::ops

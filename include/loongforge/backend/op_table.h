@@ -114,6 +114,24 @@ struct GradInto {
   bool accumulate = false;
 };
 
+// Mixture of experts: each of n tokens goes to k experts (indices [n, k], -1: the slot was dropped
+// by a capacity limit), and the experts' rows are laid out grouped by expert.
+struct MoePermuteFwd {
+  at::Tensor permuted;           // [m, h] x's dtype: the routed (token, slot) rows grouped by expert,
+                                 // expert 0's first; within an expert in token order, then slot order
+  at::Tensor source;             // [m] int64: the token each permuted row came from
+  at::Tensor position;           // [n, k] int64: the permuted row of token t's slot j, -1 if dropped
+  at::Tensor tokens_per_expert;  // [E] int64 on the CPU (sums to m): the grouped GEMM's groups
+};
+struct MoeUnpermuteBwd {
+  at::Tensor dy;      // [m, h] y's dtype
+  at::Tensor dprobs;  // [n, k] probs' dtype (0 at dropped slots)
+};
+struct GroupedGemmBwd {
+  at::Tensor dx;  // [m, k_in] x's dtype
+  at::Tensor dw;  // [G, n_out, k_in] w's dtype (0 for empty groups)
+};
+
 class OpTable {
  public:
   virtual ~OpTable() = default;
@@ -178,6 +196,30 @@ class OpTable {
   virtual SdpaBwd sdpa_bwd(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k,
                            const at::Tensor& v, const at::Tensor& o, const at::Tensor& lse,
                            const AttentionMask& mask, double scale) const = 0;
+
+  // MoE token permutation. x: [n, h], indices: [n, k] int64 in [0, num_experts) or -1 (dropped).
+  virtual MoePermuteFwd moe_permute_fwd(const at::Tensor& x, const at::Tensor& indices,
+                                        int64_t num_experts) const = 0;
+  // dpermuted: [m, h] -> dx: [n, h] (each token's slots summed).
+  virtual at::Tensor moe_permute_bwd(const at::Tensor& dpermuted, const at::Tensor& source,
+                                     int64_t num_tokens) const = 0;
+  // The weighted return: y [m, h] (the experts' rows), position [n, k] (from the permute),
+  // probs [n, k] -> out [n, h] = sum_j probs[t, j] * y[position[t, j]] (dropped slots add nothing),
+  // y's dtype, accumulated in fp32.
+  virtual at::Tensor moe_unpermute_fwd(const at::Tensor& y, const at::Tensor& position,
+                                       const at::Tensor& probs) const = 0;
+  // dout: [n, h] -> dy = probs * dout at each slot's row, dprobs = <dout[t], y[position[t, j]]>.
+  virtual MoeUnpermuteBwd moe_unpermute_bwd(const at::Tensor& dout, const at::Tensor& y,
+                                            const at::Tensor& position,
+                                            const at::Tensor& probs) const = 0;
+  // Grouped GEMM: x [m, k_in] holds G groups of consecutive rows (counts [G] int64 on the CPU,
+  // summing to m); w [G, n_out, k_in]; y [m, n_out] with y_g = x_g w_g^T. Runs in x's dtype
+  // (bf16: fp32 accumulation) like the model's dense linear layers; x and w share a dtype.
+  virtual at::Tensor grouped_gemm_fwd(const at::Tensor& x, const at::Tensor& w,
+                                      const at::Tensor& counts) const = 0;
+  // dy: [m, n_out] -> dx_g = dy_g w_g, dw_g = dy_g^T x_g.
+  virtual GroupedGemmBwd grouped_gemm_bwd(const at::Tensor& dy, const at::Tensor& x,
+                                          const at::Tensor& w, const at::Tensor& counts) const = 0;
 
   // In place on fp32 master params and their states (equal-length lists, matching shapes);
   // grads may be any floating dtype. No backward.

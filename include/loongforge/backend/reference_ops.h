@@ -44,6 +44,19 @@ class ReferenceOps : public OpTable {
   void adamw_step(at::TensorList params, at::TensorList grads, at::TensorList exp_avg,
                   at::TensorList exp_avg_sq, const AdamWHyper& hyper) const override;
   at::Tensor squared_norm(at::TensorList tensors) const override;
+  // reference_moe_ops.cpp: a stable sort by expert, index_select/index_add, one GEMM per group
+  // written into its rows of the output.
+  MoePermuteFwd moe_permute_fwd(const at::Tensor& x, const at::Tensor& indices,
+                                int64_t num_experts) const override;
+  at::Tensor moe_permute_bwd(const at::Tensor& dpermuted, const at::Tensor& source,
+                             int64_t num_tokens) const override;
+  at::Tensor moe_unpermute_fwd(const at::Tensor& y, const at::Tensor& position,
+                               const at::Tensor& probs) const override;
+  MoeUnpermuteBwd moe_unpermute_bwd(const at::Tensor& dout, const at::Tensor& y, const at::Tensor& position,
+                                    const at::Tensor& probs) const override;
+  at::Tensor grouped_gemm_fwd(const at::Tensor& x, const at::Tensor& w, const at::Tensor& counts) const override;
+  GroupedGemmBwd grouped_gemm_bwd(const at::Tensor& dy, const at::Tensor& x, const at::Tensor& w,
+                                  const at::Tensor& counts) const override;
 };
 
 // Shape checks shared by every backend, so all of them reject bad input with the same message.
@@ -62,6 +75,9 @@ struct ShardTargets {
   at::Tensor ignored, mine, safe;
 };
 ShardTargets shard_targets(const at::Tensor& target, const VocabShard& shard, int64_t valid, int64_t ignore_index);
+void check_moe_permute_args(const at::Tensor& x, const at::Tensor& indices, int64_t num_experts);
+void check_moe_unpermute_args(const at::Tensor& y, const at::Tensor& position, const at::Tensor& probs);
+void check_grouped_gemm_args(const at::Tensor& x, const at::Tensor& w, const at::Tensor& counts);
 void check_sdpa_args(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                      const AttentionMask& mask);
 

@@ -321,6 +321,7 @@ TrainSummary Trainer::run() {
              << it * global_batch << " | loss " << loss;
         if (I.last_terms.size() > 1)
           for (const auto& [name, v] : I.last_terms) line << " | " << name << " " << v;
+        if (I.last_expert_load >= 0) line << " | expert load max/mean " << I.last_expert_load;
         line << " | lr " << lr << " | grad norm " << grad_norm;
         if (I.scaler.active()) line << " | loss scale " << loss_scale;
         if (skipped) line << " | skipped";
@@ -341,6 +342,7 @@ TrainSummary Trainer::run() {
                   << ", \"consumed_samples\": " << it * global_batch;
           if (I.last_terms.size() > 1)
             for (const auto& [name, v] : I.last_terms) metrics << ", \"" << name << "\": " << v;
+          if (I.last_expert_load >= 0) metrics << ", \"expert_load_max_over_mean\": " << I.last_expert_load;
           if (I.scaler.active()) metrics << ", \"loss_scale\": " << loss_scale;
           if (skipped) metrics << ", \"skipped\": true";
           if (log.log_params_norm) metrics << ", \"params_norm\": " << pnorm;
@@ -353,6 +355,7 @@ TrainSummary Trainer::run() {
           auto& tb = *I.tensorboard;
           for (const auto& [name, v] : I.last_terms) tb.add_scalar(name, v, it);
           if (I.last_terms.size() > 1) tb.add_scalar("loss", loss, it);
+          if (I.last_expert_load >= 0) tb.add_scalar("expert-load-max-over-mean", I.last_expert_load, it);
           tb.add_scalar("learning-rate", lr, it);
           tb.add_scalar("grad-norm", grad_norm, it);
           tb.add_scalar("tokens-per-sec", tps, it);

@@ -68,6 +68,9 @@ struct Trainer::Impl {
 
   // The loss of the last step per term (normalised over the global batch), in term order.
   std::vector<std::pair<std::string, double>> last_terms;
+  // MoE: the last step's expert load, max / mean tokens per expert averaged over the MoE layers
+  // (global batch); negative when the model has none.
+  double last_expert_load = -1;
 
   lf::backend::Communicator* dp() const { return ctx.dp_size() > 1 ? &ctx.dp() : nullptr; }
   std::vector<GradBuffer*> grad_list() const;

@@ -87,6 +87,11 @@ double Trainer::Impl::forward_backward() {
       if (sink) sink->set_weights(nullptr);
     }
   } sink_weights(sink.get(), &weights);
+  struct ModelWeights {
+    lf::models::Model& model;
+    ModelWeights(lf::models::Model& m, const std::map<std::string, double>* w) : model(m) { model.set_loss_weights(w); }
+    ~ModelWeights() { model.set_loss_weights(nullptr); }
+  } model_weights(model, &weights);
   std::map<std::string, double> sums;
   for (const auto& [name, w] : weights) sums[name] = 0;
   if (job.parallel.chunkpipe_chunk_size) return forward_backward_chunkpipe(batches, weights, sums);
@@ -173,11 +178,42 @@ double Trainer::Impl::finish_step(std::map<std::string, double>& sums, const std
         }
     }
   for (auto& b : buffers) b.grads->finish_grad_sync();
-  // The terms' sums live on the last stage: broadcast over the pipeline, summed over DP.
+  // Losses computed inside layers (MoE) come from every stage; the others from the last.
+  for (const auto& [name, s] : model.internal_loss_sums()) {
+    auto it = sums.find(name);
+    LF_CHECK(it != sums.end(), "the model computed loss term '", name, "', which its loss_counts() does not count");
+    it->second += s;
+  }
+  // MoE: tokens per expert over the global batch (the expert-bias rule), and the load balance of
+  // this stage's layers for the log.
+  double load_ratio_sum = 0, moe_layers = 0;
+  if (at::Tensor load = model.expert_load(); load.defined()) {
+    if (dp()) {
+      auto l = load.to(backend.device());
+      dp()->all_reduce(l, lf::backend::ReduceOp::sum);
+      load = l.cpu();
+    }
+    model.end_step(load);
+    auto ratio = std::get<0>(load.max(1)) / load.mean(1).clamp_min(1e-12);
+    load_ratio_sum = ratio.to(at::kDouble).sum().item<double>();
+    moe_layers = static_cast<double>(load.size(0));
+  } else {
+    model.end_step({});
+  }
+  // The terms' sums: each stage's share summed over the pipeline (the last stage's terms are zero
+  // elsewhere), then over DP; the load statistics ride along (summed over the pipeline only).
   std::vector<double> v;
   for (const auto& [name, s] : sums) v.push_back(s);
+  v.push_back(load_ratio_sum);
+  v.push_back(moe_layers);
   auto t = at::tensor(v, at::TensorOptions().dtype(at::kDouble)).to(backend.device());
-  if (exchange) ctx.pp().broadcast(t, ctx.pp_size() - 1);
+  if (exchange) ctx.pp().all_reduce(t, lf::backend::ReduceOp::sum);
+  const int64_t n = static_cast<int64_t>(sums.size());
+  {
+    auto stats = t.narrow(0, n, 2).cpu();
+    last_expert_load = stats[1].item<double>() > 0 ? stats[0].item<double>() / stats[1].item<double>() : -1;
+  }
+  t = t.narrow(0, 0, n).contiguous();
   if (dp()) dp()->all_reduce(t, lf::backend::ReduceOp::sum);
   t = t.cpu();
   last_terms.clear();

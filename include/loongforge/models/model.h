@@ -117,6 +117,18 @@ class Model {
   virtual void set_recompute(const RecomputeOptions&) {}
   // Training steps' gradient destinations (null: none); the model must not outlive the sink.
   virtual void set_gradient_sink(const GradientSink*) {}
+  // Loss terms that arise inside the layers of any pipeline stage (MoE's load-balancing loss and
+  // z-loss, one unit per micro-batch in loss_counts): their gradient enters in backward at the
+  // layer that computes them, scaled by the weight the trainer gives the term (the step's weights,
+  // set for its duration, null outside); their values summed over this rank's layers and the
+  // step's micro-batches come from internal_loss_sums().
+  virtual void set_loss_weights(const std::map<std::string, double>*) {}
+  virtual std::map<std::string, double> internal_loss_sums() const { return {}; }
+  // MoE routing statistics of the step: tokens per expert of this rank's MoE layers, [layers, E]
+  // fp32 on the CPU (undefined: no MoE layers here). end_step receives it summed over the
+  // data-parallel ranks (applies the expert-bias rule) and starts the next step's statistics.
+  virtual at::Tensor expert_load() const { return {}; }
+  virtual void end_step(const at::Tensor& /*global_expert_load*/) {}
   // Every dropout stream of every component (checkpoints; ChunkPipe's replay).
   virtual std::map<std::string, at::Tensor> rng_state() const { return {}; }
   virtual void set_rng_state(const std::map<std::string, at::Tensor>&) {}

@@ -61,6 +61,9 @@ struct Parameter {
   // The last stage's copy (same name, same values): the gradient norm, dumps and checkpoints
   // skip it (the first stage's owner counts).
   bool tied_copy = false;
+  // Model state, not a weight the optimizer trains (MoE's expert bias, updated by the model's own
+  // rule between steps): no gradient; saved, loaded and resharded like a frozen weight.
+  bool state = false;
 
   // This rank holds a part, not the whole tensor.
   bool is_split() const { return sharding.dim >= 0 && tp_size > 1; }

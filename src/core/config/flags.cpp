@@ -135,6 +135,25 @@ const std::vector<FlagSpec> kTable = {
   {"--attention-dropout", "model.foundation.attention_dropout", K::value, "P", "Dropout of the attention probabilities"},
   {"--cross-entropy-loss-fusion", "model.foundation.cross_entropy_loss_fusion", K::store_true, "", "Output layer + cross entropy in one op over chunks of tokens (the default)"},
   {"--no-cross-entropy-loss-fusion", "model.foundation.cross_entropy_loss_fusion", K::store_false, "", "Whole [tokens, vocab] logits, then the cross entropy"},
+  // mixture of experts
+  {"--num-experts", "model.foundation.num_experts", K::value, "N", "Routed experts per MoE layer (0: dense)"},
+  {"--moe-ffn-hidden-size", "model.foundation.moe_ffn_hidden_size", K::value, "N", "Hidden size of one routed expert"},
+  {"--moe-router-topk", "model.foundation.moe_router_topk", K::value, "K", "Experts per token"},
+  {"--moe-router-score-function", "model.foundation.moe_router_score_function", K::value, "softmax|sigmoid", "Router score function"},
+  {"--moe-router-pre-softmax", "model.foundation.moe_router_pre_softmax", K::store_true, "", "Softmax over all experts before the top-k"},
+  {"--moe-router-num-groups", "model.foundation.moe_router_num_groups", K::value, "N", "Group-limited routing: expert groups"},
+  {"--moe-router-group-topk", "model.foundation.moe_router_group_topk", K::value, "N", "Group-limited routing: groups per token"},
+  {"--moe-router-topk-scaling-factor", "model.foundation.moe_router_topk_scaling_factor", K::value, "F", "Scale of the routing weights"},
+  {"--moe-router-load-balancing-type", "model.foundation.moe_router_load_balancing_type", K::value, "aux_loss|seq_aux_loss|none", "Load-balancing loss"},
+  {"--moe-aux-loss-coeff", "model.foundation.moe_aux_loss_coeff", K::value, "C", "Weight of the load-balancing loss"},
+  {"--moe-z-loss-coeff", "model.foundation.moe_z_loss_coeff", K::value, "C", "Weight of the router z-loss"},
+  {"--moe-router-enable-expert-bias", "model.foundation.moe_router_enable_expert_bias", K::store_true, "", "Aux-loss-free balancing with a per-expert bias"},
+  {"--moe-router-bias-update-rate", "model.foundation.moe_router_bias_update_rate", K::value, "R", "Expert bias update rate"},
+  {"--moe-shared-expert-intermediate-size", "model.foundation.moe_shared_expert_intermediate_size", K::value, "N", "Hidden size of the shared experts"},
+  {"--moe-shared-expert-gate", "model.foundation.moe_shared_expert_gate", K::store_true, "", "Sigmoid gate on the shared experts' output"},
+  {"--moe-layer-freq", "model.foundation.moe_layer_freq", K::value, "N|PATTERN", "Which layers are MoE"},
+  {"--moe-expert-capacity-factor", "model.foundation.moe_expert_capacity_factor", K::value, "F", "Per-expert capacity factor (default: dropless)"},
+  {"--moe-token-drop-policy", "model.foundation.moe_token_drop_policy", K::value, "probs|position", "Which tokens go over capacity"},
 };
 // clang-format on
 
@@ -144,8 +163,14 @@ struct Refused {
   std::string_view flag, metavar, why;
 };
 const std::vector<Refused> kRefused = {
-    {"--num-experts", "N", "MoE models (Qwen3-MoE, DeepSeek-V3, expert parallelism) arrive with issue 14"},
-    {"--moe-router-topk", "K", "MoE models (Qwen3-MoE, DeepSeek-V3, expert parallelism) arrive with issue 14"},
+    {"--moe-token-dispatcher-type", "alltoall|allgather",
+     "token dispatchers move tokens between expert-parallel ranks; expert parallelism is not built yet (issue 14), "
+     "so every rank computes its tokens' experts itself"},
+    {"--overlap-moe-expert-parallel-comm", "",
+     "MoE communication overlap needs expert parallelism, which is not built yet (issue 14)"},
+    {"--delay-wgrad-compute", "", "delayed weight gradients come with the MoE communication overlap (issue 14)"},
+    {"--mtp-num-layers", "N", "multi-token prediction arrives with DeepSeek-V3 (issue 14)"},
+    {"--multi-latent-attention", "", "multi-latent attention (DeepSeek-V2/V3) is not built yet (issue 14)"},
 };
 
 struct Switch {
@@ -328,7 +353,7 @@ TrainCommandLine parse_train_command_line(std::span<const std::string> args) {
       }
     } else if (const Refused* r = find_refused(name)) {
       errors.add("", where, "flag " + name + " is not supported yet: " + std::string(r->why),
-                 "drop " + name + "; dense models train without it");
+                 "drop " + name);
       while (!inline_value && i + 1 < args.size() && !args[i + 1].starts_with("--") && !looks_like_override(args[i + 1]))
         ++i;
     } else {

@@ -40,6 +40,20 @@ at::Tensor ParamBuilder::add(const std::string& name, const at::Tensor& full, Sh
   return t;
 }
 
+at::Tensor ParamBuilder::add_state(const std::string& name, const at::Tensor& full) {
+  if (!keep_) return {};
+  Parameter p;
+  p.name = name;
+  p.tensor = full.to(at::kFloat).to(device_).clone();
+  p.sharding = Sharding::replicated();
+  p.tp_size = tp_.size();
+  p.tp_rank = tp_.rank();
+  p.no_weight_decay = true;
+  p.state = true;
+  params_.push_back(std::move(p));
+  return params_.back().tensor;
+}
+
 Parameter& ParamBuilder::last() {
   LF_CHECK(!params_.empty(), "ParamBuilder::last: no parameter added yet");
   return params_.back();

@@ -8,12 +8,17 @@
 
 namespace lf::models {
 
-TransformerLayer::TransformerLayer(ParamBuilder& b, const std::string& prefix, const TransformerLayerConfig& c) : c_(c) {
+TransformerLayer::TransformerLayer(ParamBuilder& b, const std::string& prefix, const TransformerLayerConfig& c,
+                                   size_t moe_index)
+    : c_(c), moe_index_(moe_index) {
   const int64_t h = c.attention.hidden_size;
   input_norm_ = Norm(b, prefix + ".input_layernorm", h, c.norm);
   attention_ = SelfAttention(b, prefix + ".self_attention", c.attention);
   pre_mlp_norm_ = Norm(b, prefix + ".pre_mlp_layernorm", h, c.norm);
-  mlp_ = Mlp(b, prefix + ".mlp", c.mlp);
+  if (c.moe)
+    moe_ = MoeLayer(b, prefix + ".mlp", c.moe_config);
+  else
+    mlp_ = Mlp(b, prefix + ".mlp", c.mlp);
 }
 
 at::Tensor hidden_dropout(const at::Tensor& x, double p, const LayerContext& lc) {
@@ -29,7 +34,11 @@ at::Tensor TransformerLayer::forward(const at::Tensor& x, const AttentionInputs&
   AttentionInputs a = in;
   a.selective_recompute = lc.recompute.granularity == RecomputeOptions::Granularity::selective;
   auto y = x + hidden_dropout(attention_.forward(be, *lc.tp, input_norm_(be, x), a, layer), c_.hidden_dropout, lc);
-  return y + hidden_dropout(mlp_.forward(be, *lc.tp, pre_mlp_norm_(be, y), a.selective_recompute), c_.hidden_dropout, lc);
+  auto normed = pre_mlp_norm_(be, y);
+  auto mlp = c_.moe ? moe_.forward(be, *lc.tp, normed, lc.training, a.selective_recompute, lc.moe, moe_index_,
+                                   lc.moe_layers)
+                    : mlp_.forward(be, *lc.tp, normed, a.selective_recompute);
+  return y + hidden_dropout(mlp, c_.hidden_dropout, lc);
 }
 
 at::Tensor run_layers(const std::vector<TransformerLayer>& layers, size_t lo, size_t hi, at::Tensor x,

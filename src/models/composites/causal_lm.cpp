@@ -102,7 +102,24 @@ std::map<std::string, lf::parallel::Sharding> causal_lm_shardings(const DecoderC
 }
 
 std::vector<ParameterGroup> CausalLm::parameter_groups() const {
-  return {ParameterGroup{"model", params_, parallel_, trainable_}};
+  // Model state (MoE expert biases) travels as a frozen group: saved and loaded, never trained.
+  ParameterGroup weights{"model", {}, parallel_, trainable_}, state{"model_state", {}, parallel_, false};
+  for (const auto& p : params_) (p.state ? state : weights).params.push_back(p);
+  if (state.params.empty()) return {weights};
+  return {weights, state};
+}
+
+at::Tensor CausalLm::expert_load() const {
+  if (foundation_.num_moe_layers() == 0) return {};
+  const auto& load = foundation_.moe_step().load();
+  if (load.defined()) return load.clone();
+  const auto& c = config();
+  return at::zeros({static_cast<int64_t>(foundation_.num_moe_layers()), c.num_experts}, at::kFloat);
+}
+
+void CausalLm::end_step(const at::Tensor& global_expert_load) {
+  if (global_expert_load.defined() && trainable_) foundation_.update_expert_bias(global_expert_load);
+  foundation_.moe_step().clear();
 }
 
 std::vector<std::string> CausalLm::batch_fields() const {
@@ -128,7 +145,14 @@ at::Tensor counted(const Batch& batch) {
 }  // namespace
 
 std::map<std::string, double> CausalLm::loss_counts(const Batch& batch) const {
-  return {{"lm loss", counted(batch).sum().item<double>()}};
+  std::map<std::string, double> counts{{"lm loss", counted(batch).sum().item<double>()}};
+  // MoE auxiliary losses: each micro-batch's value is a mean over its tokens, so one unit each
+  // (the step's value: the mean over micro-batches and data-parallel ranks).
+  const auto& c = config();
+  if (c.is_moe() && c.moe_router_load_balancing_type != "none" && c.moe_aux_loss_coeff > 0)
+    counts[MoeStep::kLoadBalancingLoss] = 1;
+  if (c.is_moe() && c.moe_z_loss_coeff > 0) counts[MoeStep::kZLoss] = 1;
+  return counts;
 }
 
 DecoderInputs CausalLm::inputs_of(const Batch& batch, int64_t seq) const {

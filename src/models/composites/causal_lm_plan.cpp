@@ -19,6 +19,30 @@ CausalLmPlan::CausalLmPlan(std::shared_ptr<const ModelConfig> config, const Plan
       frozen_(config_->component("foundation").settings.freeze) {
   foundation_.validate_layout(*args.resolved, layout_.size(lf::dist::Axis::tp), job_.parallel.sequence_parallel,
                               job_.training.seq_length, errors);
+  {
+    const auto origin = [&](const std::string& path) {
+      const auto* n = args.resolved->find_path(path);
+      return n ? n->origin() : lf::config::Origin::from_default();
+    };
+    const int tp = layout_.size(lf::dist::Axis::tp), ep = layout_.size(lf::dist::Axis::ep);
+    if (ep > 1)
+      errors.add("parallel.expert_model_parallel_size", origin("parallel.expert_model_parallel_size"),
+                 "expert parallelism (parallel.expert_model_parallel_size " + std::to_string(ep) +
+                     ") is not built yet: " +
+                     (foundation_.is_moe() ? std::string("every rank holds all experts of its MoE layers")
+                                           : std::string("this model has no experts (model.foundation.num_experts 0)")),
+                 "set --expert-model-parallel-size 1 (data parallelism replicates the experts)");
+    if (foundation_.is_moe() && tp > 1)
+      errors.add("parallel.tensor_model_parallel_size", origin("parallel.tensor_model_parallel_size"),
+                 "MoE layers (model.foundation.num_experts " + std::to_string(foundation_.num_experts) +
+                     ") run at tensor-model-parallel size 1 for now, got " + std::to_string(tp),
+                 "set --tensor-model-parallel-size 1; scale with data or pipeline parallelism");
+    if (foundation_.is_moe() && job_.parallel.chunkpipe_chunk_size)
+      errors.add("parallel.chunkpipe_chunk_size", origin("parallel.chunkpipe_chunk_size"),
+                 "ChunkPipe would route each chunk of a sequence on its own, which changes the per-sequence and "
+                 "per-batch load-balancing losses; MoE models train on whole sequences",
+                 "drop --chunkpipe-chunk-size");
+  }
   // The pipeline split (layers not divisible by pp, bad first/last stage sizes, virtual stages:
   // errors naming the values), and the interleaved schedule's micro-batch count.
   const auto counts = stage_counts();
@@ -71,14 +95,14 @@ std::vector<CausalLmPlan::StageCount> CausalLmPlan::stage_counts() const {
   // num_parameters() = vocab table(s) + layers + final norm; every layer has the same count.
   const int64_t h = m.hidden_size, vocab = m.padded_vocab_size() * h;
   const int64_t final_norm = m.normalization == "LayerNorm" ? 2 * h : h;
-  const int64_t tables = m.untie_embeddings_and_output_weights ? 2 * vocab : vocab;
-  const int64_t per_layer = (m.num_parameters() - tables - final_norm) / m.num_layers;
   std::vector<StageCount> out;
   for (int k = 0; k < pp; ++k) {
     const auto stage = lf::parallel::pipeline::pipeline_stage(m.num_layers, pp, k, stage_split());
     StageCount c{stage.chunks, 0, 0, ""};
-    for (const auto& r : stage.chunks) c.layers += r.size();
-    c.params = c.layers * per_layer;
+    for (const auto& r : stage.chunks) {
+      c.layers += r.size();
+      for (int64_t i = r.begin; i < r.end; ++i) c.params += m.layer_parameters(i);
+    }
     if (k == 0) c.params += vocab, c.extra += " + embedding";
     if (k == pp - 1) {
       c.params += final_norm;

@@ -23,6 +23,32 @@ RopeSpec rope_spec(const DecoderConfig& c) {
   return r;
 }
 
+MoeConfig moe_config(const DecoderConfig& c) {
+  MoeConfig m;
+  m.hidden_size = c.hidden_size;
+  m.num_experts = c.num_experts;
+  m.ffn_hidden_size = c.expert_ffn_hidden_size();
+  m.topk = c.moe_router_topk;
+  m.swiglu = c.swiglu;
+  m.score_function = c.moe_router_score_function;
+  m.pre_softmax = c.moe_router_pre_softmax;
+  m.num_groups = c.moe_router_num_groups;
+  m.group_topk = c.moe_router_group_topk;
+  m.scaling_factor = c.moe_router_topk_scaling_factor;
+  m.load_balancing = c.moe_router_load_balancing_type;
+  m.aux_loss_coeff = c.moe_aux_loss_coeff;
+  m.z_loss_coeff = c.moe_z_loss_coeff;
+  m.expert_bias = c.moe_router_enable_expert_bias;
+  m.bias_update_rate = c.moe_router_bias_update_rate;
+  m.shared_ffn_hidden_size = c.moe_shared_expert_intermediate_size;
+  m.shared_gate = c.moe_shared_expert_gate;
+  m.capacity_factor = c.moe_expert_capacity_factor;
+  m.drop_by_position = c.moe_token_drop_policy == "position";
+  m.init_std = c.init_method_std;
+  m.out_std = c.init_method_std / std::sqrt(2.0 * static_cast<double>(c.num_layers));
+  return m;
+}
+
 PipelineStage pipeline_stage(const DecoderConfig& config, int pp, int pp_rank,
                              std::optional<int64_t> first_stage_layers, std::optional<int64_t> last_stage_layers,
                              std::optional<int64_t> layers_per_virtual_stage, const std::optional<std::string>& layout) {
@@ -76,6 +102,8 @@ Decoder::Decoder(const DecoderConfig& c, const lf::backend::DeviceBackend& backe
                   c.qk_layernorm, c.norm_epsilon, std, out_std};
   lc.mlp = {h, f, c.swiglu, c.add_bias_linear, std, out_std};
   lc.hidden_dropout = c.hidden_dropout;
+  const auto moe_pattern = c.moe_layer_pattern();
+  const MoeConfig moe = c.is_moe() ? moe_config(c) : MoeConfig{};
 
   initial_embedding_ = vocab_table(b, c.vocab_size, c.padded_vocab_size(tp_.size()), h, std);
   b.set_keep(stage_.first);
@@ -84,8 +112,14 @@ Decoder::Decoder(const DecoderConfig& c, const lf::backend::DeviceBackend& backe
     bool keep = false;
     for (const auto& r : stage_.chunks) keep = keep || (i >= r.begin && i < r.end);
     b.set_keep(keep);
-    TransformerLayer layer(b, "decoder.layers." + std::to_string(i), lc);
-    if (keep) layers_.push_back(std::move(layer));
+    TransformerLayerConfig layer_config = lc;
+    layer_config.moe = moe_pattern[static_cast<size_t>(i)];
+    if (layer_config.moe) layer_config.moe_config = moe;
+    TransformerLayer layer(b, "decoder.layers." + std::to_string(i), layer_config, moe_layers_);
+    if (keep) {
+      if (layer_config.moe) ++moe_layers_;
+      layers_.push_back(std::move(layer));
+    }
   }
   b.set_keep(stage_.last);
   final_norm_ = Norm(b, "decoder.final_layernorm", h, lc.norm);
@@ -162,10 +196,18 @@ at::Tensor Decoder::run_layers(at::Tensor x, const DecoderInputs& in, size_t lo,
     in.chunk->k.assign(layers_.size(), at::Tensor());
     in.chunk->v.assign(layers_.size(), at::Tensor());
   }
-  LayerContext lc{&backend_, &tp_, &rng_, training_, recompute_};
+  LayerContext lc{&backend_, &tp_, &rng_, training_, recompute_, &moe_step_, moe_layers_};
   x = lf::models::run_layers(layers_, lo, std::min(hi, layers_.size()), x, a, lc);
   if (in.cache) in.cache->length += s;
   return x;
+}
+
+void Decoder::update_expert_bias(const at::Tensor& load) const {
+  LF_CHECK(load.dim() == 2 && load.size(0) == static_cast<int64_t>(moe_layers_), "expert load must be [",
+           moe_layers_, ", experts] (this rank's MoE layers), got ", load.sizes());
+  int64_t row = 0;
+  for (const auto& layer : layers_)
+    if (layer.is_moe()) layer.moe().update_expert_bias(load[row++]);
 }
 
 at::Tensor Decoder::final_norm(const at::Tensor& x) const {

@@ -1,5 +1,10 @@
 #include "loongforge/models/foundations/decoder_config.h"
 
+#include <algorithm>
+#include <cctype>
+
+#include "loongforge/core/error.h"
+
 namespace lf::models {
 
 int64_t DecoderConfig::padded_vocab_size(int64_t tp) const {
@@ -7,29 +12,177 @@ int64_t DecoderConfig::padded_vocab_size(int64_t tp) const {
   return (vocab_size + multiple - 1) / multiple * multiple;
 }
 
-int64_t DecoderConfig::num_parameters() const {
-  const int64_t h = hidden_size, d = head_dim(), nq = num_attention_heads, nkv = query_groups(),
-                f = ffn_hidden_size, v = padded_vocab_size();
-  const int64_t mlp_in = swiglu ? 2 * f : f;
+namespace {
+
+// Weights of one MLP of hidden size f (with fc1 [gate; up] for SwiGLU), biases aside.
+int64_t mlp_weights(int64_t h, int64_t f, bool swiglu) { return (swiglu ? 2 * f : f) * h + h * f; }
+
+// moe_layer_freq: "N" or a Python-style list expression of 0/1 terms joined by '+', each "[a,b,..]"
+// optionally times a count, the whole optionally in parentheses: "([0]*3+[1]*58)".
+std::vector<bool> parse_layer_pattern(const std::string& text, int64_t layers) {
+  std::string s;
+  for (char c : text)
+    if (!std::isspace(static_cast<unsigned char>(c))) s += c;
+  auto fail = [&](const std::string& why) -> std::vector<bool> {
+    LF_FAIL("model.foundation.moe_layer_freq '", text, "': ", why,
+            lf::hint("write N (every N-th layer, from layer 0) or a list of 0/1 such as ([0]*1+[1]*" +
+                     std::to_string(std::max<int64_t>(layers - 1, 1)) + ") with one entry per layer"));
+  };
+  if (!s.empty() && s.find_first_not_of("0123456789") == std::string::npos) {
+    const int64_t n = std::stoll(s);
+    if (n < 1) return fail("the frequency must be at least 1");
+    std::vector<bool> out;
+    for (int64_t i = 0; i < layers; ++i) out.push_back(i % n == 0);
+    return out;
+  }
+  if (s.size() >= 2 && s.front() == '(' && s.back() == ')') s = s.substr(1, s.size() - 2);
+  std::vector<bool> out;
+  size_t i = 0;
+  while (i < s.size()) {
+    if (s[i] != '[') return fail("expected '[' at offset " + std::to_string(i));
+    const size_t close = s.find(']', i);
+    if (close == std::string::npos) return fail("a '[' is not closed");
+    std::vector<bool> part;
+    size_t j = i + 1;
+    while (j < close) {
+      if (s[j] == '0' || s[j] == '1') part.push_back(s[j] == '1');
+      else if (s[j] != ',') return fail("list entries must be 0 or 1");
+      ++j;
+    }
+    i = close + 1;
+    int64_t times = 1;
+    if (i < s.size() && s[i] == '*') {
+      size_t end = i + 1;
+      while (end < s.size() && std::isdigit(static_cast<unsigned char>(s[end]))) ++end;
+      if (end == i + 1) return fail("'*' must be followed by a count");
+      times = std::stoll(s.substr(i + 1, end - i - 1));
+      i = end;
+    }
+    for (int64_t t = 0; t < times; ++t) out.insert(out.end(), part.begin(), part.end());
+    if (i < s.size()) {
+      if (s[i] != '+') return fail("expected '+' between lists at offset " + std::to_string(i));
+      ++i;
+    }
+  }
+  if (static_cast<int64_t>(out.size()) != layers)
+    return fail("the pattern has " + std::to_string(out.size()) + " entries but the model has " +
+                std::to_string(layers) + " layers");
+  return out;
+}
+
+}  // namespace
+
+std::vector<bool> DecoderConfig::moe_layer_pattern() const {
+  if (!is_moe()) return std::vector<bool>(static_cast<size_t>(std::max<int64_t>(num_layers, 0)), false);
+  return parse_layer_pattern(moe_layer_freq, num_layers);
+}
+
+int64_t DecoderConfig::layer_parameters(int64_t i) const {
+  const int64_t h = hidden_size, d = head_dim(), nq = num_attention_heads, nkv = query_groups(), f = ffn_hidden_size;
   const int64_t norm = normalization == "LayerNorm" ? 2 * h : h;  // weight (+ bias)
-  int64_t per_layer = (nq + 2 * nkv) * d * h + h * nq * d + mlp_in * h + h * f + 2 * norm;
-  if (add_qkv_bias || add_bias_linear) per_layer += (nq + 2 * nkv) * d;
-  if (add_bias_linear) per_layer += h + mlp_in + h;
-  if (qk_layernorm) per_layer += 2 * d;
-  int64_t total = v * h + num_layers * per_layer + norm;
+  int64_t n = (nq + 2 * nkv) * d * h + h * nq * d + 2 * norm;
+  if (add_qkv_bias || add_bias_linear) n += (nq + 2 * nkv) * d;
+  if (qk_layernorm) n += 2 * d;
+  if (is_moe() && moe_layer_pattern()[static_cast<size_t>(i)]) {
+    n += num_experts * h + num_experts * mlp_weights(h, expert_ffn_hidden_size(), swiglu);
+    if (moe_router_enable_expert_bias) n += num_experts;
+    if (moe_shared_expert_intermediate_size > 0) n += mlp_weights(h, moe_shared_expert_intermediate_size, swiglu);
+    if (moe_shared_expert_gate) n += h;
+  } else {
+    n += mlp_weights(h, f, swiglu);
+    if (add_bias_linear) n += h + (swiglu ? 2 * f : f) + h;
+  }
+  if (add_bias_linear) n += h;  // linear_proj's bias
+  return n;
+}
+
+int64_t DecoderConfig::num_parameters() const {
+  const int64_t h = hidden_size, v = padded_vocab_size();
+  const int64_t norm = normalization == "LayerNorm" ? 2 * h : h;
+  int64_t total = v * h + norm;
+  for (int64_t i = 0; i < num_layers; ++i) total += layer_parameters(i);
   if (untie_embeddings_and_output_weights) total += v * h;
+  return total;
+}
+
+int64_t DecoderConfig::num_active_parameters() const {
+  if (!is_moe()) return num_parameters();
+  const auto pattern = moe_layer_pattern();
+  const int64_t h = hidden_size, inactive = (num_experts - moe_router_topk) *
+                                            mlp_weights(h, expert_ffn_hidden_size(), swiglu);
+  int64_t total = num_parameters();
+  for (bool m : pattern)
+    if (m) total -= inactive;
   return total;
 }
 
 double DecoderConfig::flops_per_token(int64_t seq) const {
   const double h = hidden_size, d = head_dim(), nq = num_attention_heads,
-               nkv = query_groups(), f = ffn_hidden_size, v = padded_vocab_size();
-  const double mlp_in = swiglu ? 2 * f : f;
-  const double matmul_params =
-      num_layers * ((nq + 2 * nkv) * d * h + h * nq * d + mlp_in * h + h * f) + v * h;
+               nkv = query_groups(), v = padded_vocab_size();
+  // Matmul weights a token goes through: attention, its MLP (MoE: the router, top-k routed
+  // experts and the shared experts), the output layer.
+  double matmul_params = v * h;
+  const auto pattern = moe_layer_pattern();
+  for (int64_t i = 0; i < num_layers; ++i) {
+    matmul_params += (nq + 2 * nkv) * d * h + h * nq * d;
+    if (pattern[static_cast<size_t>(i)]) {
+      matmul_params += static_cast<double>(num_experts) * h +
+                       static_cast<double>(moe_router_topk) * mlp_weights(hidden_size, expert_ffn_hidden_size(), swiglu);
+      if (moe_shared_expert_intermediate_size > 0)
+        matmul_params += mlp_weights(hidden_size, moe_shared_expert_intermediate_size, swiglu);
+    } else {
+      matmul_params += mlp_weights(hidden_size, ffn_hidden_size, swiglu);
+    }
+  }
   // QK^T and PV: 2 * 2 * seq * nq * d multiply-adds per token per layer, halved by causality.
   const double attention = num_layers * 2.0 * seq * nq * d;
   return 6.0 * matmul_params + 3.0 * 2.0 * attention;
+}
+
+template <class Origin, class Key>
+void validate_moe_fields(const DecoderConfig& c, const Origin& origin, const Key& key, lf::config::ErrorList& errors) {
+  const int64_t e = c.num_experts;
+  if (c.moe_router_topk > e)
+    errors.add(key("moe_router_topk"), origin("moe_router_topk"),
+               "moe_router_topk " + std::to_string(c.moe_router_topk) + " exceeds num_experts " + std::to_string(e),
+               "route each token to at most num_experts experts");
+  if ((c.moe_router_num_groups > 0) != (c.moe_router_group_topk > 0))
+    errors.add(key(c.moe_router_num_groups > 0 ? "moe_router_group_topk" : "moe_router_num_groups"),
+               origin(c.moe_router_num_groups > 0 ? "moe_router_group_topk" : "moe_router_num_groups"),
+               "group-limited routing needs both moe_router_num_groups and moe_router_group_topk",
+               "DeepSeek-V3: num_groups 8, group_topk 4; or set both to 0");
+  if (c.moe_router_num_groups > 0 && c.moe_router_group_topk > 0) {
+    const int64_t g = c.moe_router_num_groups, gk = c.moe_router_group_topk;
+    if (e % g != 0)
+      errors.add(key("moe_router_num_groups"), origin("moe_router_num_groups"),
+                 "moe_router_num_groups " + std::to_string(g) + " does not divide num_experts " + std::to_string(e),
+                 "every group holds the same number of experts");
+    else if (gk > g || c.moe_router_topk % gk != 0 || c.moe_router_topk > gk * (e / g))
+      errors.add(key("moe_router_group_topk"), origin("moe_router_group_topk"),
+                 "moe_router_group_topk " + std::to_string(gk) + " must be at most moe_router_num_groups " +
+                     std::to_string(g) + ", divide moe_router_topk " + std::to_string(c.moe_router_topk) +
+                     " and leave at least top-k experts in the chosen groups",
+                 "DeepSeek-V3: topk 8, num_groups 8, group_topk 4");
+  }
+  if (c.moe_router_score_function == "sigmoid" && c.moe_router_pre_softmax)
+    errors.add(key("moe_router_pre_softmax"), origin("moe_router_pre_softmax"),
+               "moe_router_pre_softmax applies to softmax scores, but moe_router_score_function is sigmoid",
+               "drop moe_router_pre_softmax");
+  if (c.moe_shared_expert_gate && c.moe_shared_expert_intermediate_size == 0)
+    errors.add(key("moe_shared_expert_gate"), origin("moe_shared_expert_gate"),
+               "moe_shared_expert_gate is set but there are no shared experts",
+               "set moe_shared_expert_intermediate_size, or drop the gate");
+  if (c.moe_router_load_balancing_type != "none" && c.moe_aux_loss_coeff == 0 &&
+      origin("moe_router_load_balancing_type").kind != lf::config::Origin::Kind::default_)
+    errors.add(key("moe_aux_loss_coeff"), origin("moe_router_load_balancing_type"),
+               "moe_router_load_balancing_type " + c.moe_router_load_balancing_type +
+                   " is set but moe_aux_loss_coeff is 0, so no load-balancing loss is computed",
+               "set --moe-aux-loss-coeff (Megatron's examples use 1e-2 to 1e-3), or the type none");
+  try {
+    c.moe_layer_pattern();
+  } catch (const lf::Error& err) {
+    errors.add(key("moe_layer_freq"), origin("moe_layer_freq"), err.message(), err.hint());
+  }
 }
 
 void DecoderConfig::validate(const lf::config::Node& tree, const std::string& prefix,
@@ -68,6 +221,7 @@ void DecoderConfig::validate(const lf::config::Node& tree, const std::string& pr
                "unknown",
                "set --num-query-groups N (model.foundation.num_query_groups); Megatron's default of 1 would "
                "silently make this multi-query attention");
+  if (is_moe()) validate_moe_fields(*this, origin, key, errors);
   if (num_attention_heads > 0 && head_dim() % 2 != 0)
     errors.add(key("kv_channels"), origin("kv_channels"),
                "RoPE needs an even head dimension, got " + std::to_string(head_dim()));

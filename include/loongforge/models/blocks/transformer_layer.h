@@ -12,6 +12,7 @@
 #include "loongforge/backend/device_backend.h"
 #include "loongforge/models/blocks/attention.h"
 #include "loongforge/models/blocks/mlp.h"
+#include "loongforge/models/blocks/moe.h"
 #include "loongforge/models/blocks/norms.h"
 #include "loongforge/parallel/tensor/random.h"
 
@@ -34,6 +35,8 @@ struct TransformerLayerConfig {
   AttentionConfig attention;
   MlpConfig mlp;
   double hidden_dropout = 0.0;
+  bool moe = false;  // the MLP is a mixture of experts (moe_config)
+  MoeConfig moe_config;
 };
 
 // What the layers of one forward share besides the attention inputs.
@@ -43,22 +46,29 @@ struct LayerContext {
   lf::parallel::RngTracker* rng = nullptr;  // dropout streams
   bool training = true;
   RecomputeOptions recompute;
+  MoeStep* moe = nullptr;     // the MoE layers' routing statistics and auxiliary-loss weights
+  size_t moe_layers = 0;      // this rank's MoE layers (the size of moe's load table)
 };
 
 class TransformerLayer {
  public:
   TransformerLayer() = default;
   // Registers prefix.input_layernorm, prefix.self_attention.*, prefix.pre_mlp_layernorm,
-  // prefix.mlp.* in this order.
-  TransformerLayer(ParamBuilder& b, const std::string& prefix, const TransformerLayerConfig& c);
+  // prefix.mlp.* (an Mlp, or a MoeLayer when c.moe) in this order. moe_index: the layer's index
+  // among the rank's MoE layers.
+  TransformerLayer(ParamBuilder& b, const std::string& prefix, const TransformerLayerConfig& c, size_t moe_index = 0);
   // x: [s(/tp), b, h] -> [s(/tp), b, h]; `layer`: the index into the attention cache/chunk slots.
   at::Tensor forward(const at::Tensor& x, const AttentionInputs& in, const LayerContext& lc, size_t layer) const;
+  bool is_moe() const { return c_.moe; }
+  const MoeLayer& moe() const { return moe_; }
 
  private:
   TransformerLayerConfig c_;
   Norm input_norm_, pre_mlp_norm_;
   SelfAttention attention_;
   Mlp mlp_;
+  MoeLayer moe_;
+  size_t moe_index_ = 0;
 };
 
 // Hidden dropout with the stream the activation's layout calls for: replicated activations draw

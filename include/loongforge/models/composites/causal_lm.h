@@ -54,6 +54,10 @@ class CausalLm : public Model {
   void set_training(bool training) override { foundation_.set_training(training); }
   void set_recompute(const RecomputeOptions& r) override { foundation_.set_recompute(r); }
   void set_gradient_sink(const GradientSink* sink) override { head_.set_gradient_sink(sink, "lm loss"); }
+  void set_loss_weights(const std::map<std::string, double>* w) override { foundation_.moe_step().set_weights(w); }
+  std::map<std::string, double> internal_loss_sums() const override { return foundation_.moe_step().loss_sums(); }
+  at::Tensor expert_load() const override;
+  void end_step(const at::Tensor& global_expert_load) override;
   std::map<std::string, at::Tensor> rng_state() const override;
   void set_rng_state(const std::map<std::string, at::Tensor>& state) override;
 

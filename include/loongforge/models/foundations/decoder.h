@@ -18,6 +18,10 @@
 //   ...mlp.linear_fc1.weight   [2 f, h] = [gate; up] (swiglu) or [f, h] (GELU). TP: gate and up
 //       are split on their own, rank r holds [gate_r; up_r] (blocks = 2). .bias likewise.
 //   ...mlp.linear_fc2.weight   [h, f]. TP: dim 1. .bias [h], replicated.
+//   MoE layers (num_experts > 0, moe_layer_freq) hold instead of mlp.linear_fc1/fc2
+//   (blocks/moe.h): mlp.router.weight [E, h], mlp.router.expert_bias [E] (model state),
+//   mlp.experts.linear_fc1.weight [E, 2 f_e, h] ([gate; up] per expert), mlp.experts.linear_fc2.weight
+//   [E, h, f_e], and with shared experts mlp.shared_experts.linear_fc1/linear_fc2.weight (+ gate_weight [1, h]).
 //   *layernorm.weight (+ .bias with LayerNorm)  [h], replicated.
 //   decoder.final_layernorm.weight (+ .bias)   [h], on the last stage.
 // Layer names keep their global index under pipeline parallelism.
@@ -98,6 +102,12 @@ class Decoder {
   const DecoderConfig& config() const { return config_; }
   const lf::parallel::TensorParallel& tp() const { return tp_; }
 
+  // MoE: this rank's MoE layers (in local layer order), their step statistics and auxiliary-loss
+  // weights, and the expert-bias update from the step's global load [moe_layers, E].
+  size_t num_moe_layers() const { return moe_layers_; }
+  MoeStep& moe_step() const { return moe_step_; }
+  void update_expert_bias(const at::Tensor& load) const;
+
  private:
   DecoderConfig config_;
   const lf::backend::DeviceBackend& backend_;
@@ -110,6 +120,11 @@ class Decoder {
   bool training_ = true;
   RecomputeOptions recompute_;
   mutable lf::parallel::RngTracker rng_;
+  size_t moe_layers_ = 0;
+  mutable MoeStep moe_step_;
 };
+
+// The MoE block settings of a decoder config (blocks/moe.h).
+MoeConfig moe_config(const DecoderConfig& c);
 
 }  // namespace lf::models

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "loongforge/core/config/schema.h"
 
@@ -44,6 +45,25 @@ struct DecoderConfig {
   double attention_dropout = 0.0;
   bool group_query_attention = false;  // Megatron's switch; num_query_groups decides here
   bool cross_entropy_loss_fusion = true;
+  // Mixture of experts (Megatron's --num-experts / --moe-*): num_experts 0 is a dense model.
+  int64_t num_experts = 0;
+  int64_t moe_ffn_hidden_size = 0;  // 0: ffn_hidden_size
+  int64_t moe_router_topk = 2;
+  std::string moe_router_score_function = "softmax";
+  bool moe_router_pre_softmax = false;
+  int64_t moe_router_num_groups = 0;
+  int64_t moe_router_group_topk = 0;
+  double moe_router_topk_scaling_factor = 0;
+  std::string moe_router_load_balancing_type = "aux_loss";
+  double moe_aux_loss_coeff = 0;
+  double moe_z_loss_coeff = 0;
+  bool moe_router_enable_expert_bias = false;
+  double moe_router_bias_update_rate = 1e-3;
+  int64_t moe_shared_expert_intermediate_size = 0;
+  bool moe_shared_expert_gate = false;
+  std::string moe_layer_freq = "1";
+  double moe_expert_capacity_factor = 0;
+  std::string moe_token_drop_policy = "probs";
 
   template <class V>
   void visit(V& v) {
@@ -80,13 +100,55 @@ struct DecoderConfig {
     v("cross_entropy_loss_fusion", cross_entropy_loss_fusion,
       "Training loss: output layer and cross entropy in one op over chunks of tokens (false: whole logits, "
       "then the cross entropy)");
+    v("num_experts", num_experts, "Routed experts per MoE layer (0: a dense model)", Min{0});
+    v("moe_ffn_hidden_size", moe_ffn_hidden_size, "Hidden size of one routed expert (0: ffn_hidden_size)", Min{0});
+    v("moe_router_topk", moe_router_topk, "Experts each token is routed to", Min{1});
+    v("moe_router_score_function", moe_router_score_function,
+      "Router scores: softmax (Qwen, Mixtral, DeepSeek-V2) or sigmoid (DeepSeek-V3)", OneOf{{"softmax", "sigmoid"}});
+    v("moe_router_pre_softmax", moe_router_pre_softmax,
+      "softmax scores: softmax over every expert before the top-k (weights unnormalised); false: softmax over "
+      "the top-k logits (weights sum to 1)");
+    v("moe_router_num_groups", moe_router_num_groups,
+      "Group-limited routing (DeepSeek-V3 n_group): experts in this many groups; 0: off", Min{0});
+    v("moe_router_group_topk", moe_router_group_topk,
+      "Group-limited routing (topk_group): groups each token may use", Min{0});
+    v("moe_router_topk_scaling_factor", moe_router_topk_scaling_factor,
+      "Multiplies the routing weights (DeepSeek's routed_scaling_factor); 0: none", Min{0});
+    v("moe_router_load_balancing_type", moe_router_load_balancing_type,
+      "Load-balancing loss: aux_loss (over the micro-batch), seq_aux_loss (per sequence, DeepSeek) or none",
+      OneOf{{"aux_loss", "seq_aux_loss", "none"}});
+    v("moe_aux_loss_coeff", moe_aux_loss_coeff, "Weight of the load-balancing loss (0: off)", Min{0});
+    v("moe_z_loss_coeff", moe_z_loss_coeff, "Weight of the router z-loss (0: off)", Min{0});
+    v("moe_router_enable_expert_bias", moe_router_enable_expert_bias,
+      "Aux-loss-free balancing: a per-expert bias added to the scores for selection, updated after every step");
+    v("moe_router_bias_update_rate", moe_router_bias_update_rate,
+      "Expert bias update: bias += rate * sign(mean load - expert load)", Min{0});
+    v("moe_shared_expert_intermediate_size", moe_shared_expert_intermediate_size,
+      "Hidden size of the shared experts (all of them together); 0: none", Min{0});
+    v("moe_shared_expert_gate", moe_shared_expert_gate,
+      "Shared experts' output scaled by sigmoid(x . gate) (Qwen1.5/2-MoE); false: added as is (DeepSeek)");
+    v("moe_layer_freq", moe_layer_freq,
+      "Which layers are MoE: N (every N-th, from layer 0) or a pattern such as ([0]*3+[1]*58) or [0,1,1,1]");
+    v("moe_expert_capacity_factor", moe_expert_capacity_factor,
+      "Per-expert capacity ceil(tokens * topk / experts * factor), the rest dropped; 0: dropless", Min{0});
+    v("moe_token_drop_policy", moe_token_drop_policy,
+      "Over capacity drop the lowest routing weights (probs) or the latest tokens (position)",
+      OneOf{{"probs", "position"}});
   }
 
+  bool is_moe() const { return num_experts > 0; }
+  // Per layer whether its MLP is MoE (moe_layer_freq); throws naming the field when malformed.
+  std::vector<bool> moe_layer_pattern() const;
+  int64_t expert_ffn_hidden_size() const { return moe_ffn_hidden_size > 0 ? moe_ffn_hidden_size : ffn_hidden_size; }
   int64_t query_groups() const { return num_query_groups > 0 ? num_query_groups : num_attention_heads; }
   int64_t head_dim() const { return kv_channels > 0 ? kv_channels : hidden_size / num_attention_heads; }
   // The embedding rows: vocab_size rounded up to make_vocab_size_divisible_by * tp.
   int64_t padded_vocab_size(int64_t tp = 1) const;
   int64_t num_parameters() const;
+  // Parameters of layer i (its MLP dense or MoE; expert bias included).
+  int64_t layer_parameters(int64_t i) const;
+  // Parameters a token passes through (MoE: top-k routed experts, not all); = num_parameters dense.
+  int64_t num_active_parameters() const;
   // Training FLOPs per token (forward + backward = 3x forward) at sequence length `seq`:
   // 6 * matmul parameters + the attention score/value products (12 * layers * seq * q-width / 2,
   // causal). The number MFU divides by.

@@ -22,8 +22,8 @@ namespace st = lf::safetensors;
 
 namespace {
 
-std::string replace_layer(std::string s, int64_t layer) {
-  const auto at = s.find("<i>");
+std::string replace_layer(std::string s, int64_t layer, const char* tag = "<i>") {
+  const auto at = s.find(tag);
   return at == std::string::npos ? s : s.replace(at, 3, std::to_string(layer));
 }
 
@@ -36,26 +36,34 @@ struct Planned {
 };
 
 // Rules in file order; a run of per-layer rules expands layer-major (layer 0's tensors, then
-// layer 1's ...), the decoder's parameter order. Rules whose `when` fails are left out.
+// layer 1's ...), the decoder's parameter order. Rules whose `when` fails are left out (per layer,
+// `moe_layer` is whether that layer is MoE). The experts transform lists its HF tensors expert by
+// expert (<e> = 0 .. experts - 1), each expert's in the rule's order.
 std::vector<Planned> plan(const Mapping::Impl& m, const DecoderConfig& c) {
-  const json fields = config_fields(c);
+  json fields = config_fields(c);
   const auto symbols = shape_symbols(c);
+  const auto moe_layers = c.moe_layer_pattern();
   std::vector<Planned> out;
   auto add = [&](const TensorRule& r, int64_t layer) {
     Planned p{&r, replace_layer(r.lf, layer), {}, {}};
-    for (const auto& s : r.hf) {
-      p.hf.push_back(replace_layer(s.name, layer));
-      p.shapes.push_back(eval_shape(s.shape, symbols));
-    }
+    const int64_t experts = r.transform == "experts" ? c.num_experts : 1;
+    for (int64_t e = 0; e < experts; ++e)
+      for (const auto& s : r.hf) {
+        p.hf.push_back(replace_layer(replace_layer(s.name, layer), e, "<e>"));
+        p.shapes.push_back(eval_shape(s.shape, symbols));
+      }
     out.push_back(std::move(p));
   };
   for (size_t i = 0; i < m.tensors.size();) {
     size_t j = i;
     while (j < m.tensors.size() && m.tensors[j].per_layer() == m.tensors[i].per_layer()) ++j;
     if (m.tensors[i].per_layer()) {
-      for (int64_t layer = 0; layer < c.num_layers; ++layer)
+      for (int64_t layer = 0; layer < c.num_layers; ++layer) {
+        fields["moe_layer"] = static_cast<bool>(moe_layers[static_cast<size_t>(layer)]);
         for (size_t k = i; k < j; ++k)
           if (holds(m.tensors[k].when, fields, m.tensors[k].origin)) add(m.tensors[k], layer);
+      }
+      fields.erase("moe_layer");
     } else {
       for (size_t k = i; k < j; ++k)
         if (holds(m.tensors[k].when, fields, m.tensors[k].origin)) add(m.tensors[k], -1);
@@ -148,6 +156,13 @@ at::Tensor to_lf(const Planned& p, std::vector<at::Tensor> in, const DecoderConf
                  int64_t vocab_rows) {
   const std::string& t = p.rule->transform;
   if (t == "copy") return in[0];
+  if (t == "experts") {  // per expert: its tensors stacked along dim 0; then the experts stacked
+    const size_t per = p.rule->hf.size();
+    std::vector<at::Tensor> experts;
+    for (size_t e = 0; e < in.size(); e += per)
+      experts.push_back(per == 1 ? in[e] : at::cat(std::vector<at::Tensor>(in.begin() + e, in.begin() + e + per), 0));
+    return at::stack(experts).contiguous();
+  }
   if (t == "vocab") {
     if (vocab_rows == in[0].size(0)) return in[0];
     auto pad_shape = in[0].sizes().vec();
@@ -174,6 +189,15 @@ at::Tensor to_lf(const Planned& p, std::vector<at::Tensor> in, const DecoderConf
 std::vector<at::Tensor> to_hf(const Planned& p, const at::Tensor& x, const DecoderConfig& c) {
   const std::string& t = p.rule->transform;
   if (t == "copy") return {x};
+  if (t == "experts") {
+    const size_t per = p.rule->hf.size();
+    std::vector<int64_t> rows;
+    for (size_t k = 0; k < per; ++k) rows.push_back(p.shapes[k][0]);
+    std::vector<at::Tensor> out;
+    for (int64_t e = 0; e < x.size(0); ++e)
+      for (auto& part : x[e].split_with_sizes(rows, 0)) out.push_back(part);
+    return out;
+  }
   if (t == "vocab") return {x.narrow(0, 0, c.vocab_size)};
   if (t == "concat") {
     std::vector<int64_t> rows;
@@ -201,6 +225,11 @@ std::vector<at::Tensor> to_hf(const Planned& p, const at::Tensor& x, const Decod
 std::vector<int64_t> lf_shape(const Planned& p, const DecoderConfig& c, int64_t vocab_rows) {
   auto s = p.shapes[0];
   const std::string& t = p.rule->transform;
+  if (t == "experts") {
+    for (size_t k = 1; k < p.rule->hf.size(); ++k) s[0] += p.shapes[k][0];
+    s.insert(s.begin(), c.num_experts);
+    return s;
+  }
   if (t == "vocab") s[0] = vocab_rows;
   if (t == "concat" || (t == "qkv" && p.shapes.size() == 3))
     for (size_t i = 1; i < p.shapes.size(); ++i) s[0] += p.shapes[i][0];

@@ -122,7 +122,8 @@ bool holds(const std::string& when, const json& fields, const std::string& where
 std::map<std::string, int64_t> shape_symbols(const DecoderConfig& c) {
   return {{"h", c.hidden_size},         {"f", c.ffn_hidden_size}, {"nq", c.num_attention_heads},
           {"nkv", c.query_groups()},    {"d", c.head_dim()},      {"vocab", c.vocab_size},
-          {"layers", c.num_layers}};
+          {"layers", c.num_layers},     {"experts", c.num_experts}, {"fe", c.expert_ffn_hidden_size()},
+          {"fs", c.moe_shared_expert_intermediate_size}};
 }
 
 std::vector<int64_t> eval_shape(const std::vector<std::string>& shape,
@@ -143,8 +144,8 @@ std::vector<int64_t> eval_shape(const std::vector<std::string>& shape,
         } else {
           LF_CHECK(!factor.empty() && std::all_of(factor.begin(), factor.end(), ::isdigit),
                    "shape expression '", expr, "': unknown symbol '", factor, "'",
-                   lf::hint("symbols: h, f, nq, nkv, d, vocab, layers and integers, joined by "
-                            "* and +"));
+                   lf::hint("symbols: h, f, nq, nkv, d, vocab, layers, experts, fe, fs and integers, "
+                            "joined by * and +"));
           v *= std::stoll(factor);
         }
       }
@@ -172,11 +173,12 @@ Mapping load_mapping(const std::string& yaml_path) {
   // The field names (a config whose head_dim() is defined; the values do not matter).
   DecoderConfig probe;
   probe.hidden_size = probe.num_attention_heads = 1;
-  const json known = config_fields(probe);
+  json known = config_fields(probe);
+  known["moe_layer"] = false;  // per-layer: whether layer <i> is a MoE layer
   std::map<std::string, int64_t> any_symbols;
   for (const auto& [name, value] : shape_symbols(probe)) any_symbols[name] = 1;
   std::set<std::string> keys{"architecture", "model_type", "fixed", "constants", "config",
-                             "rope", "tensors", "ignore"};
+                             "rope", "tensors", "ignore", "moe_layers"};
   for (const auto& c : root.children())
     LF_CHECK(keys.count(c.key()), where(c), ": unknown key '", c.key(), "' in a mapping file",
              lf::hint(lf::config::did_you_mean(c.key(), {keys.begin(), keys.end()})));
@@ -194,11 +196,19 @@ Mapping load_mapping(const std::string& yaml_path) {
       k.field = scalar(need(c, "field", path), "field");
       if (const Node* n = c.find("negate")) k.negate = to_json(*n) == json(true);
       if (const Node* d = c.find("default")) k.has_default = true, k.default_value = to_json(*d);
+      if (const Node* a = c.find("aliases")) {
+        LF_CHECK(a->is_sequence(), where(*a), ": aliases must be a list of config.json keys");
+        for (const auto& x : a->children()) k.aliases.push_back(scalar(x, "an alias"));
+      }
     } else {
       k.field = scalar(c, "a config entry");
     }
     check_field(k.field, known, c);
     m->config.push_back(std::move(k));
+  }
+  if (const Node* moe = root.find("moe_layers")) {
+    m->sparse_step_key = scalar(need(*moe, "sparse_step", path), "sparse_step");
+    m->dense_layers_key = scalar(need(*moe, "dense_layers", path), "dense_layers");
   }
   const Node& rope = need(root, "rope", path);
   m->rope_theta_field = scalar(need(rope, "theta", path), "theta");
@@ -228,16 +238,20 @@ Mapping load_mapping(const std::string& yaml_path) {
     LF_CHECK(lf_names.insert(r.lf).second, r.origin, ": tensor '", r.lf, "' is mapped twice");
     const size_t n = r.hf.size();
     LF_CHECK(r.transform == "copy" || r.transform == "vocab" || r.transform == "qkv" ||
-                 r.transform == "concat",
+                 r.transform == "concat" || r.transform == "experts",
              r.origin, ": unknown transform '", r.transform, "'",
-             lf::hint("copy, vocab, qkv or concat (docs/conversion.md)"));
+             lf::hint("copy, vocab, qkv, concat or experts (docs/conversion.md)"));
     LF_CHECK((r.transform == "copy" || r.transform == "vocab") ? n == 1
              : r.transform == "qkv"                            ? (n == 1 || n == 3)
                                                                : n >= 1,
              r.origin, ": transform ", r.transform, " cannot take ", n, " HF tensors");
+    if (!r.when.empty() && (r.when == "moe_layer" || r.when == "!moe_layer"))
+      LF_CHECK(r.per_layer(), r.origin, ": when ", r.when, " applies to per-layer tensors (<i>) only");
     for (const auto& s : r.hf) {
       LF_CHECK((s.name.find("<i>") != std::string::npos) == r.per_layer(), r.origin,
                ": '", s.name, "' and '", r.lf, "' must both or neither contain <i>");
+      LF_CHECK((s.name.find("<e>") != std::string::npos) == (r.transform == "experts"), r.origin, ": '", s.name,
+               "': the experts transform stacks per-expert tensors named with <e>, and only it");
       try {
         eval_shape(s.shape, any_symbols);  // validates the symbols
       } catch (const lf::Error& e) {
@@ -326,7 +340,10 @@ DecoderConfig config_from_json(const json& j, const Mapping::Impl& m, const std:
              ", but the ", m.model_type, " mapping (", m.path, ") supports only ", value.dump());
   Node n = Node::map(lf::config::Origin::from_file(source, 0));
   for (const auto& k : m.config) {
-    json v = present(k.hf_key) ? j[k.hf_key] : k.default_value;
+    std::string key = k.hf_key;
+    for (const auto& a : k.aliases)
+      if (!present(key) && present(a)) key = a;
+    json v = present(key) ? j[key] : k.default_value;
     if (v.is_null()) continue;
     if (k.negate) {
       LF_CHECK(v.is_boolean(), source, ": ", k.hf_key, " must be true or false, got ", v.dump());
@@ -336,6 +353,23 @@ DecoderConfig config_from_json(const json& j, const Mapping::Impl& m, const std:
   }
   for (const auto& [field, value] : m.fixed)
     n.set(field, to_node(value, lf::config::Origin::from_file(m.path, 0)));
+  if (!m.sparse_step_key.empty() && n.find("num_layers") && n.find("num_experts")) {
+    // transformers' rule: layer i is MoE iff experts exist, i is not in mlp_only_layers and
+    // (i + 1) % decoder_sparse_step == 0.
+    const int64_t layers = j.value("num_hidden_layers", int64_t{0});
+    const int64_t step = present(m.sparse_step_key) ? j[m.sparse_step_key].get<int64_t>() : 1;
+    LF_CHECK(step >= 1, source, ": ", m.sparse_step_key, " must be at least 1, got ", step);
+    std::set<int64_t> dense;
+    if (present(m.dense_layers_key)) {
+      LF_CHECK(j[m.dense_layers_key].is_array(), source, ": ", m.dense_layers_key, " must be a list of layer indices");
+      for (const auto& x : j[m.dense_layers_key]) dense.insert(x.get<int64_t>());
+    }
+    std::string pattern = "[";
+    for (int64_t i = 0; i < layers; ++i)
+      pattern += std::string(i ? "," : "") + ((!dense.count(i) && (i + 1) % step == 0) ? "1" : "0");
+    n.set("moe_layer_freq", Node::scalar(pattern + "]", origin(m.sparse_step_key + ", " + m.dense_layers_key),
+                                         /*quoted=*/true));
+  }
   // RoPE: transformers < 5 writes rope_theta + rope_scaling, >= 5 rope_parameters {rope_theta,
   // rope_type, ...}.
   const json* params = present("rope_parameters") ? &j["rope_parameters"] : nullptr;
@@ -375,8 +409,14 @@ std::vector<ConfigDifference> model_differences(const DecoderConfig& a, const De
                                                 bool with_init) {
   // Fields that do not shape the weights or the function (padding multiple, dropout, Megatron's
   // GQA switch) are exempt; rope_scaling_* only matter with rope_scaling on.
+  // So are the MoE training settings (auxiliary-loss coefficients, the bias update rate, the
+  // capacity limit), and moe_layer_freq compares by the layers it selects.
   static const std::set<std::string> exempt{"make_vocab_size_divisible_by", "hidden_dropout",
-                                            "attention_dropout", "group_query_attention"};
+                                            "attention_dropout", "group_query_attention",
+                                            "moe_router_load_balancing_type", "moe_aux_loss_coeff",
+                                            "moe_z_loss_coeff", "moe_router_bias_update_rate",
+                                            "moe_expert_capacity_factor", "moe_token_drop_policy",
+                                            "moe_layer_freq"};
   const json fa = config_fields(a), fb = config_fields(b);
   const bool scaled = fa.value("rope_scaling", false) || fb.value("rope_scaling", false);
   std::vector<ConfigDifference> out;
@@ -387,11 +427,21 @@ std::vector<ConfigDifference> model_differences(const DecoderConfig& a, const De
     if (!fb.contains(field) || !same_json(fb[field], value))
       out.push_back({field, value.dump(), fb.contains(field) ? fb[field].dump() : "nothing"});
   }
+  if (a.is_moe() || b.is_moe()) {
+    auto text = [](const DecoderConfig& c) {
+      std::string s;
+      for (bool m : c.moe_layer_pattern()) s += m ? '1' : '0';
+      return s;
+    };
+    if (text(a) != text(b)) out.push_back({"moe_layer_freq", a.moe_layer_freq, b.moe_layer_freq});
+  }
   return out;
 }
 
 json config_to_json(const DecoderConfig& config, const Mapping::Impl& m, at::ScalarType dtype) {
   const json fields = config_fields(config);
+  LF_CHECK(m.sparse_step_key.empty() || config.is_moe(), "the ", m.model_type, " mapping (", m.path,
+           ") is for MoE models; this one has no experts (num_experts 0)");
   for (const auto& [field, value] : m.fixed)
     LF_CHECK(same_json(fields[field], value), "the ", m.model_type, " mapping (", m.path,
              ") needs ", field, " ", value.dump(), ", the model has ", fields[field].dump());
@@ -401,6 +451,14 @@ json config_to_json(const DecoderConfig& config, const Mapping::Impl& m, at::Sca
   for (const auto& [key, value] : m.constants) out[key] = value;
   for (const auto& k : m.config)
     out[k.hf_key] = k.negate ? json(!fields[k.field].get<bool>()) : fields[k.field];
+  if (!m.sparse_step_key.empty()) {
+    const auto pattern = config.moe_layer_pattern();
+    json dense = json::array();
+    for (size_t i = 0; i < pattern.size(); ++i)
+      if (!pattern[i]) dense.push_back(static_cast<int64_t>(i));
+    out[m.sparse_step_key] = 1;
+    out[m.dense_layers_key] = dense;
+  }
   out["rope_theta"] = fields[m.rope_theta_field];
   out["rope_scaling"] = nullptr;
   for (const auto& r : m.rope_scaling)

@@ -17,15 +17,15 @@ namespace lf::models::hf {
 using json = nlohmann::json;
 
 struct HfTensorSpec {
-  std::string name;                // may contain <i>
+  std::string name;                // may contain <i> (and <e>: the expert, transform experts)
   std::vector<std::string> shape;  // sums of products of symbols / integers: "nq*d", "2*f"
 };
 
 struct TensorRule {
   std::string lf;  // may contain <i>
   std::vector<HfTensorSpec> hf;
-  std::string transform = "copy";  // copy | vocab | qkv | concat
-  std::string when;                // "" | field | !field
+  std::string transform = "copy";  // copy | vocab | qkv | concat | experts
+  std::string when;                // "" | field | !field (per layer also moe_layer / !moe_layer)
   std::string origin;              // file:line of the entry, for messages
   bool per_layer() const { return lf.find("<i>") != std::string::npos; }
 };
@@ -37,6 +37,7 @@ struct IgnoreRule {
 
 struct ConfigKey {
   std::string hf_key, field;
+  std::vector<std::string> aliases;  // other config.json keys read for it (written as hf_key)
   bool negate = false;
   bool has_default = false;
   json default_value;
@@ -56,6 +57,9 @@ struct Mapping::Impl {
   std::vector<RopeScaling> rope_scaling;
   std::vector<TensorRule> tensors;
   std::vector<IgnoreRule> ignore;
+  // MoE layer placement (moe_layer_freq) in config.json: Qwen-MoE's decoder_sparse_step and
+  // mlp_only_layers (keys empty: the family has no such section).
+  std::string sparse_step_key, dense_layers_key;
 };
 
 // Every field of the config as JSON (int64 / double / bool / string), with kv_channels and
@@ -71,7 +75,8 @@ json config_to_json(const DecoderConfig& config, const Mapping::Impl& m, at::Sca
 // A JSON file; errors name it.
 json read_json_file(const std::string& path);
 
-// Shape expressions: the symbols h, f, nq, nkv, d, vocab, layers.
+// Shape expressions: the symbols h, f, nq, nkv, d, vocab, layers, experts, fe (one routed
+// expert's hidden size), fs (the shared experts').
 std::map<std::string, int64_t> shape_symbols(const DecoderConfig& config);
 std::vector<int64_t> eval_shape(const std::vector<std::string>& shape,
                                 const std::map<std::string, int64_t>& symbols);

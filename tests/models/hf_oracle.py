@@ -2,7 +2,7 @@
 Python is a test oracle only; LoongForge never runs it.
 
   hf_oracle.py make OUT
-      For each family (llama, qwen2, qwen3): a tiny random model (fixed seed, GQA, vocabulary 200
+      For each family (llama, qwen2, qwen3, qwen3_moe): a tiny random model (fixed seed, GQA, vocabulary 200
       so LoongForge pads it, every norm weight and bias random too), saved with save_pretrained to
       OUT/<family>/hf (fp32, sharded with an index for llama) and OUT/<family>/hf_bf16 (bf16,
       sharded), and OUT/<family>/logits.safetensors: input_ids [2, 9] int64, logits [2, 9, 200]
@@ -16,7 +16,8 @@ import sys
 import torch
 from safetensors.torch import load_file, save_file
 from transformers import (AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, Qwen2Config,
-                          Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM)
+                          Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM, Qwen3MoeConfig,
+                          Qwen3MoeForCausalLM)
 
 VOCAB = 200
 COMMON = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
@@ -38,6 +39,11 @@ def families():
         "qwen3": (Qwen3ForCausalLM, Qwen3Config(
             **COMMON, head_dim=32, rms_norm_eps=1e-6, tie_word_embeddings=False,
             rope_theta=1000000.0)),
+        # MoE: 3 layers, the middle one dense (mlp_only_layers), 4 experts, top-2 renormalised.
+        "qwen3_moe": (Qwen3MoeForCausalLM, Qwen3MoeConfig(
+            **{**COMMON, "num_hidden_layers": 3}, head_dim=16, rms_norm_eps=1e-6,
+            tie_word_embeddings=False, rope_theta=1000000.0, num_experts=4, num_experts_per_tok=2,
+            moe_intermediate_size=40, mlp_only_layers=[1], norm_topk_prob=True)),
     }
 
 
@@ -50,6 +56,8 @@ def randomize(model, seed):
                 p.copy_(1.0 + 0.2 * noise)
             elif name.endswith("bias"):
                 p.copy_(0.1 * noise)
+            elif name.endswith("mlp.gate.weight"):  # router: decisive scores, no near-ties
+                p.copy_(0.5 * noise)
             else:
                 p.copy_(0.05 * noise)
 

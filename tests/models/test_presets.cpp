@@ -59,6 +59,10 @@ const Preset kPresets[] = {
     {"qwen3", "qwen3_8b", 8'190'735'360, "Qwen3ForCausalLM"},
     {"qwen3", "qwen3_14b", 14'768'307'200, "Qwen3ForCausalLM"},
     {"qwen3", "qwen3_32b", 32'762'123'264, "Qwen3ForCausalLM"},
+    // Qwen/Qwen3-30B-A3B and Qwen3-235B-A22B config.json; model cards: 30.5B total / 3.3B
+    // activated, 235B / 22B.
+    {"qwen3_moe", "qwen3_30b_a3b", 30'532'122'624, "Qwen3MoeForCausalLM"},
+    {"qwen3_moe", "qwen3_235b_a22b", 235'093'634'560, "Qwen3MoeForCausalLM"},
 };
 
 TEST(ModelPresets, PublishedParameterCounts) {
@@ -70,6 +74,16 @@ TEST(ModelPresets, PublishedParameterCounts) {
     EXPECT_EQ(c.padded_vocab_size(), c.vocab_size);
     EXPECT_EQ(lf::models::hf::mapping_for_config(c, configs()).architecture(), p.architecture);
   }
+}
+
+// The MoE presets' parameters per token: the model cards' activated counts (3.3B, 22B).
+TEST(ModelPresets, MoeActiveParameters) {
+  const auto a3b = load_preset("qwen3_moe", "qwen3_30b_a3b");
+  EXPECT_EQ(a3b.num_active_parameters(), 3'353'032'704);
+  EXPECT_NEAR(static_cast<double>(a3b.num_active_parameters()), 3.3e9, 0.06e9);  // the card truncates 3.35B
+  const auto a22b = load_preset("qwen3_moe", "qwen3_235b_a22b");
+  EXPECT_NEAR(static_cast<double>(a22b.num_active_parameters()), 22e9, 0.5e9);
+  for (bool moe : a3b.moe_layer_pattern()) EXPECT_TRUE(moe);
 }
 
 TEST(ModelPresets, FamilyFeatures) {

@@ -378,6 +378,9 @@ TEST(MoeDecoderConfig, ValidationNamesTheField) {
   c = tiny_moe();
   c.moe_layer_freq = "[1,x]";
   check(c, "moe_layer_freq");
+  c = tiny_moe();
+  c.add_bias_linear = true;  // experts have no biases: refused, not ignored
+  check(c, "add_bias_linear");
 }
 
 }  // namespace

@@ -28,7 +28,7 @@ CausalLmPlan::CausalLmPlan(std::shared_ptr<const ModelConfig> config, const Plan
     if (ep > 1)
       errors.add("parallel.expert_model_parallel_size", origin("parallel.expert_model_parallel_size"),
                  "expert parallelism (parallel.expert_model_parallel_size " + std::to_string(ep) +
-                     ") is not built yet: " +
+                     ") is not built yet (issue 14): " +
                      (foundation_.is_moe() ? std::string("every rank holds all experts of its MoE layers")
                                            : std::string("this model has no experts (model.foundation.num_experts 0)")),
                  "set --expert-model-parallel-size 1 (data parallelism replicates the experts)");

@@ -90,7 +90,7 @@ int64_t DecoderConfig::layer_parameters(int64_t i) const {
     if (moe_shared_expert_gate) n += h;
   } else {
     n += mlp_weights(h, f, swiglu);
-    if (add_bias_linear) n += h + (swiglu ? 2 * f : f) + h;
+    if (add_bias_linear) n += (swiglu ? 2 * f : f) + h;  // fc1's and fc2's biases
   }
   if (add_bias_linear) n += h;  // linear_proj's bias
   return n;
@@ -168,6 +168,10 @@ void validate_moe_fields(const DecoderConfig& c, const Origin& origin, const Key
     errors.add(key("moe_router_pre_softmax"), origin("moe_router_pre_softmax"),
                "moe_router_pre_softmax applies to softmax scores, but moe_router_score_function is sigmoid",
                "drop moe_router_pre_softmax");
+  if (c.add_bias_linear)
+    errors.add(key("add_bias_linear"), origin("add_bias_linear"),
+               "MoE experts have no biases (no MoE family uses them), but add_bias_linear is set",
+               "set add_bias_linear: false (--disable-bias-linear)");
   if (c.moe_shared_expert_gate && c.moe_shared_expert_intermediate_size == 0)
     errors.add(key("moe_shared_expert_gate"), origin("moe_shared_expert_gate"),
                "moe_shared_expert_gate is set but there are no shared experts",

@@ -1,0 +1,175 @@
+// MoE training end to end with loongforge-train / loongforge-run (configs/demo_moe.yaml: tiny
+// Qwen3-MoE, the first layer dense, 8 experts top-2; load-balancing loss, z-loss and the expert
+// bias all on; --deterministic-mode):
+//  - DP = 2 (with ZeRO-1 and overlapped reduction), PP = 2 and full recomputation equal the
+//    single process over the same micro-batches, and with the per-sequence balancing loss any
+//    micro-batch split equals one batch: every step's loss (the auxiliary losses included) and
+//    expert load, and the final parameters (expert biases included);
+//  - exact resume: 20 iterations straight == 10 + resume + 10, bit for bit;
+//  - the layouts not built for MoE yet are refused with the key to change.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <regex>
+
+#include "multiprocess.h"
+#include "program_testing.h"
+
+namespace {
+namespace fs = std::filesystem;
+using lf::testing::bin;
+using lf::testing::read_file;
+using lf::testing::read_params;
+
+struct MoeRun {
+  int exit_code = -1;
+  std::string output;
+  std::vector<std::map<std::string, double>> steps;  // per iteration: loss, lm loss, ..., expert load
+  std::vector<std::string> lines;                     // the numeric fields as text (bit comparisons)
+  std::string params_path;
+};
+
+MoeRun train(int procs, const std::string& dir, std::vector<std::string> extra, int iters = 10) {
+  fs::create_directories(dir);
+  std::vector<std::string> argv;
+  if (procs > 1) argv = {bin("loongforge-run"), "--standalone", "--nproc-per-node", std::to_string(procs)};
+  std::vector<std::string> t = {bin("loongforge-train"), "--config-file",
+                                lf::testing::source_dir() + "/configs/demo_moe.yaml", "--train-iters",
+                                std::to_string(iters), "--global-batch-size", "8", "--seq-length", "32",
+                                "--metrics-file", dir + "/m.jsonl", "--eval-iters", "0", "--lr", "3e-3",
+                                "--lr-warmup-iters", "2", "--moe-z-loss-coeff", "1e-3",
+                                "--data-cache-path", fs::path(dir).parent_path().string() + "/cache",
+                                "--deterministic-mode"};
+  argv.insert(argv.end(), t.begin(), t.end());
+  argv.insert(argv.end(), extra.begin(), extra.end());
+  auto r = lf::testing::run_command(argv, {{"OMP_NUM_THREADS", "1"}, {"LOONGFORGE_DUMP_PARAMS", dir + "/p.safetensors"}},
+                                    std::chrono::seconds(300));
+  MoeRun out;
+  out.exit_code = r.exit_code;
+  out.output = r.output;
+  std::ifstream in(dir + "/m.jsonl");
+  std::regex field("\"(loss|lm loss|load balancing loss|z loss|expert_load_max_over_mean|grad_norm|iteration)\": ([-0-9.eE+]+)");
+  for (std::string line; std::getline(in, line);) {
+    std::map<std::string, double> step;
+    std::string canon;
+    for (std::sregex_iterator it(line.begin(), line.end(), field), end; it != end; ++it) {
+      step[(*it)[1]] = std::stod((*it)[2]);
+      canon += (*it)[1].str() + "=" + (*it)[2].str() + " ";
+    }
+    out.steps.push_back(step);
+    out.lines.push_back(canon);
+  }
+  out.params_path = dir + "/p.safetensors";
+  return out;
+}
+
+// The parameter dump; under pipeline parallelism one file per stage (path.pp<k>), merged.
+std::map<std::string, std::vector<float>> dumped(const std::string& path) {
+  if (fs::exists(path)) return read_params(path);
+  std::map<std::string, std::vector<float>> out;
+  for (int k = 0; fs::exists(path + ".pp" + std::to_string(k)); ++k)
+    for (auto& [name, v] : read_params(path + ".pp" + std::to_string(k))) out[name] = std::move(v);
+  return out;
+}
+
+// fp32 sums of the same numbers in another order (DP all-reduce, accumulation, pipeline
+// stages) differ by ~1e-7 relative per step; 1e-5 relative over 10 Adam steps catches a lost
+// micro-batch, a wrong auxiliary-loss weight or an expert bias updated from a local load. The
+// routing itself is discrete: a wrong gradient flips choices and shows as far larger errors.
+void expect_equivalent(const MoeRun& ref, const MoeRun& run, const std::string& what) {
+  ASSERT_EQ(run.exit_code, 0) << what << "\n" << run.output;
+  ASSERT_EQ(run.steps.size(), ref.steps.size()) << what;
+  for (size_t i = 0; i < ref.steps.size(); ++i)
+    for (const char* key : {"loss", "lm loss", "load balancing loss", "z loss", "expert_load_max_over_mean"}) {
+      ASSERT_TRUE(ref.steps[i].count(key) && run.steps[i].count(key)) << what << " step " << i + 1 << " lacks " << key;
+      const double want = ref.steps[i].at(key);
+      EXPECT_NEAR(run.steps[i].at(key), want, 1e-5 * std::abs(want) + 1e-9) << what << " step " << i + 1 << " " << key;
+    }
+  const double diff = lf::testing::max_abs_diff(dumped(ref.params_path), dumped(run.params_path));
+  EXPECT_LE(diff, 1e-5) << what << ": final parameters";
+  std::printf("[moe equivalence] %s: final parameters max |diff| %.3g\n", what.c_str(), diff);
+}
+
+// The reference is one process over the same micro-batches (4 of 2 sequences): the batch-level
+// load-balancing loss is, as in Megatron, computed per micro-batch (its tokens-per-expert times
+// mean-probability product does not add up over micro-batches), so the layouts keep the
+// micro-batch size. The per-sequence loss and the z-loss are means over sequences / tokens and do
+// add up: with seq_aux_loss one micro-batch of 8 equals 4 of 2.
+TEST(MoeTraining, ParallelLayoutsEqualSingleProcess) {
+  const std::string d = lf::testing::make_temp_dir("moe_layouts");
+  const MoeRun one = train(1, d + "/one", {"--micro-batch-size", "2"});
+  ASSERT_EQ(one.exit_code, 0) << one.output;
+  ASSERT_EQ(one.steps.size(), 10u);
+  EXPECT_LT(one.steps.back().at("lm loss"), one.steps.front().at("lm loss"));  // it learns
+  EXPECT_GT(one.steps.front().at("load balancing loss"), 0);
+  EXPECT_NE(one.output.find("expert load max/mean"), std::string::npos) << one.output;
+  // The expert biases moved (the state group is in the dump).
+  auto p = read_params(one.params_path);
+  ASSERT_TRUE(p.count("decoder.layers.1.mlp.router.expert_bias")) << "expert bias missing from the dump";
+  double moved = 0;
+  for (float v : p.at("decoder.layers.1.mlp.router.expert_bias")) moved += std::abs(v);
+  EXPECT_GT(moved, 0);
+  EXPECT_FALSE(p.count("decoder.layers.0.mlp.router.weight")) << "layer 0 is dense";
+
+  expect_equivalent(one, train(2, d + "/dp2", {"--micro-batch-size", "2"}), "DP=2");
+  expect_equivalent(one,
+                    train(2, d + "/dp2z", {"--micro-batch-size", "2", "--use-distributed-optimizer",
+                                           "--overlap-grad-reduce", "--ddp-bucket-size", "20000"}),
+                    "DP=2 + ZeRO-1 + overlapped reduction");
+  expect_equivalent(one, train(2, d + "/pp2", {"--micro-batch-size", "2", "--pipeline-model-parallel-size", "2"}),
+                    "PP=2");
+  expect_equivalent(one,
+                    train(1, d + "/recompute", {"--micro-batch-size", "2", "--recompute-granularity", "full",
+                                                "--recompute-method", "uniform", "--recompute-num-layers", "1"}),
+                    "full recomputation");
+  const std::vector<std::string> seq{"--moe-router-load-balancing-type", "seq_aux_loss"};
+  auto with = [&](std::vector<std::string> a) {
+    a.insert(a.end(), seq.begin(), seq.end());
+    return a;
+  };
+  const MoeRun seq_one = train(1, d + "/seq_one", with({"--micro-batch-size", "8"}));
+  ASSERT_EQ(seq_one.exit_code, 0) << seq_one.output;
+  expect_equivalent(seq_one, train(1, d + "/seq_accum", with({"--micro-batch-size", "2"})),
+                    "seq_aux_loss: 4 micro-batches of 2");
+  expect_equivalent(seq_one, train(2, d + "/seq_dp2", with({"--micro-batch-size", "2"})), "seq_aux_loss: DP=2");
+}
+
+TEST(MoeTraining, ExactResumeKeepsTheExpertBias) {
+  const std::string d = lf::testing::make_temp_dir("moe_resume");
+  const MoeRun straight = train(1, d + "/straight", {"--micro-batch-size", "4"}, 20);
+  ASSERT_EQ(straight.exit_code, 0) << straight.output;
+  const MoeRun first = train(1, d + "/resumed", {"--micro-batch-size", "4", "--save", d + "/ck", "--exit-interval", "10"}, 20);
+  ASSERT_EQ(first.exit_code, 0) << first.output;
+  const MoeRun second = train(1, d + "/resumed", {"--micro-batch-size", "4", "--load", d + "/ck"}, 20);
+  ASSERT_EQ(second.exit_code, 0) << second.output;
+  ASSERT_EQ(straight.lines.size(), 20u);
+  ASSERT_EQ(second.lines.size(), 20u);  // the metrics file continues
+  for (size_t i = 0; i < 20; ++i) EXPECT_EQ(second.lines[i], straight.lines[i]) << "line " << i;
+  EXPECT_TRUE(read_file(straight.params_path) == read_file(second.params_path)) << "final parameters differ";
+}
+
+TEST(MoeTraining, LayoutsNotBuiltForMoeAreRefusedWithTheKey) {
+  const std::string d = lf::testing::make_temp_dir("moe_refused");
+  struct Case {
+    int procs;
+    std::vector<std::string> args;
+    std::string key;
+  };
+  const Case cases[] = {
+      {2, {"--tensor-model-parallel-size", "2"}, "parallel.tensor_model_parallel_size"},
+      {2, {"--expert-model-parallel-size", "2"}, "parallel.expert_model_parallel_size"},
+      {1, {"--chunkpipe-chunk-size", "16"}, "parallel.chunkpipe_chunk_size"},
+      {1, {"--moe-token-dispatcher-type", "alltoall"}, "--moe-token-dispatcher-type"},
+      {1, {"--moe-router-num-groups", "3", "--moe-router-group-topk", "1"}, "model.foundation.moe_router_num_groups"},
+  };
+  for (const auto& c : cases) {
+    std::vector<std::string> a = c.args;
+    a.push_back("--dry-run");
+    auto r = train(c.procs, d + "/x", a, 4);
+    EXPECT_NE(r.exit_code, 0) << c.key;
+    EXPECT_NE(r.output.find(c.key), std::string::npos) << c.key << ":\n" << r.output;
+  }
+}
+
+}  // namespace

@@ -9,6 +9,10 @@ LoongForge does. It is a benchmark oracle, not a runtime: nothing in LoongForge 
 
   bench_reference.py train --config-json JSON --steps N --warmup W [--bf16] [--compile]
   bench_reference.py peak --dtype fp32|bf16     # the matmul peak MFU is measured against
+  bench_reference.py train-hf-moe --config-json JSON --steps N --warmup W --experts eager|grouped_mm
+      # the MoE reference: HF transformers' Qwen3MoeForCausalLM (sdpa attention, its experts
+      # implementation `eager` (a loop over the hit experts) or `grouped_mm` (torch's grouped GEMM),
+      # router aux loss on when the config has one), trained the same way
 
 Both print one JSON line on stdout. Threads come from OMP_NUM_THREADS (set by tools/bench).
 """
@@ -163,6 +167,71 @@ def train(args):
                                           if device.type == "cuda" else None)}))
 
 
+def moe_layers(freq, layers):
+    """moe_layer_freq ("N" or a list expression such as ([0]*1+[1]*3)) -> 0/1 per layer."""
+    text = str(freq).strip()
+    if text.isdigit():
+        return [1 if i % int(text) == 0 else 0 for i in range(layers)]
+    pattern = eval(text, {"__builtins__": {}})  # a list expression of 0/1, as Megatron reads it
+    assert len(pattern) == layers, (text, layers)
+    return list(pattern)
+
+
+def train_hf_moe(args):
+    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+    cfg = json.loads(args.config_json)
+    c, t = cfg["model"], cfg["training"]
+    o = {k: float(cfg["optimizer"][k]) for k in
+         ("lr", "weight_decay", "adam_beta1", "adam_beta2", "adam_eps", "clip_grad")}
+    torch.manual_seed(t.get("seed", 1234))
+    baseline_kib = vm_kib("VmRSS")
+    nq = c["num_attention_heads"]
+    pattern = moe_layers(c["moe_layer_freq"], c["num_layers"])
+    coeff = float(c["moe_aux_loss_coeff"]) if c["moe_router_load_balancing_type"] != "none" else 0.0
+    hc = Qwen3MoeConfig(
+        hidden_size=c["hidden_size"], intermediate_size=c["ffn_hidden_size"],
+        moe_intermediate_size=c["moe_ffn_hidden_size"] or c["ffn_hidden_size"],
+        num_hidden_layers=c["num_layers"], num_attention_heads=nq,
+        num_key_value_heads=c["num_query_groups"] or nq,
+        head_dim=c["kv_channels"] or c["hidden_size"] // nq, vocab_size=c["vocab_size"],
+        max_position_embeddings=c["max_position_embeddings"], rms_norm_eps=float(c["norm_epsilon"]),
+        rope_theta=float(c["rotary_base"]), num_experts=c["num_experts"],
+        num_experts_per_tok=c["moe_router_topk"], norm_topk_prob=not c["moe_router_pre_softmax"],
+        decoder_sparse_step=1, mlp_only_layers=[i for i, m in enumerate(pattern) if not m],
+        tie_word_embeddings=not c["untie_embeddings_and_output_weights"],
+        output_router_logits=coeff > 0, router_aux_loss_coef=coeff)
+    hc._experts_implementation = args.experts
+    hc._attn_implementation = "sdpa"
+    device = torch.device(args.device)
+    model = Qwen3MoeForCausalLM(hc).to(device).train()
+    params = list(model.parameters())
+    decay = [p for p in params if p.dim() > 1]
+    no_decay = [p for p in params if p.dim() <= 1]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": o["weight_decay"]},
+                             {"params": no_decay, "weight_decay": 0.0}],
+                            lr=o["lr"], betas=(o["adam_beta1"], o["adam_beta2"]),
+                            eps=o["adam_eps"], fused=True)
+    b, s = t["micro_batch_size"], t["seq_length"]
+    assert t["global_batch_size"] == b, "the bench runs one micro-batch per step"
+    times, losses = [], []
+    for step in range(args.steps):
+        start = time.perf_counter()
+        data = torch.randint(0, c["vocab_size"], (b, s + 1)).to(device)
+        # HF shifts the labels itself: s tokens in, s - 1 predictions.
+        out = model(input_ids=data[:, :-1], labels=data[:, :-1], use_cache=False)
+        out.loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, o["clip_grad"], foreach=True)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        losses.append(out.loss.item())
+        times.append(time.perf_counter() - start)
+    timed = times[args.warmup:]
+    print(json.dumps({"tokens_per_sec": b * s * len(timed) / sum(timed), "step_seconds": timed,
+                      "losses": losses, "parameters": sum(p.numel() for p in params),
+                      "baseline_rss_kib": baseline_kib, "threads": torch.get_num_threads(),
+                      "experts_implementation": args.experts}))
+
+
 def peak(args):
     # The best of a few large square matmuls: what this machine's BLAS reaches for the dtype.
     dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float32
@@ -199,11 +268,17 @@ def main():
     tr.add_argument("--bf16", action="store_true")
     tr.add_argument("--compile", action="store_true", help="torch.compile (Inductor) the loss function")
     tr.add_argument("--device", default="cpu", help="cpu or cuda")
+    hm = sub.add_parser("train-hf-moe")
+    hm.add_argument("--config-json", required=True)
+    hm.add_argument("--steps", type=int, required=True)
+    hm.add_argument("--warmup", type=int, required=True)
+    hm.add_argument("--experts", choices=["eager", "grouped_mm"], default="eager")
+    hm.add_argument("--device", default="cpu")
     pk = sub.add_parser("peak")
     pk.add_argument("--dtype", choices=["fp32", "bf16"], required=True)
     pk.add_argument("--device", default="cpu", help="cpu or cuda")
     args = ap.parse_args()
-    train(args) if args.cmd == "train" else peak(args)
+    {"train": train, "train-hf-moe": train_hf_moe, "peak": peak}[args.cmd](args)
 
 
 if __name__ == "__main__":

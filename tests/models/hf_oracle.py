@@ -7,6 +7,10 @@ Python is a test oracle only; LoongForge never runs it.
       OUT/<family>/hf (fp32, sharded with an index for llama) and OUT/<family>/hf_bf16 (bf16,
       sharded), and OUT/<family>/logits.safetensors: input_ids [2, 9] int64, logits [2, 9, 200]
       fp32 of the fp32 model.
+      Also OUT/moe_blocks/deepseek_v3.safetensors: transformers' DeepseekV3MoE (sigmoid scores,
+      group-limited routing, the score-correction bias, routed scaling, a shared expert) with
+      random weights and bias, its input `x` [2, 7, 32] and output `y`, and the weights under
+      their HF names.
   hf_oracle.py logits DIR IDS OUT [DIR IDS OUT ...]
       Loads DIR with AutoModelForCausalLM (fp32) and writes its logits for IDS's input_ids to OUT.
 """
@@ -80,6 +84,29 @@ def make(out):
         save_file({"input_ids": ids, "logits": logits_of(model, ids)},
                   os.path.join(d, "logits.safetensors"))
         model.to(torch.bfloat16).save_pretrained(os.path.join(d, "hf_bf16"), max_shard_size="30KB")
+    moe_blocks(out)
+
+
+def moe_blocks(out):
+    from transformers import DeepseekV3Config
+    from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3MoE
+    c = DeepseekV3Config(hidden_size=32, moe_intermediate_size=16, n_routed_experts=8, n_group=4,
+                         topk_group=2, num_experts_per_tok=4, routed_scaling_factor=2.5,
+                         n_shared_experts=1, norm_topk_prob=True, hidden_act="silu")
+    torch.manual_seed(5)
+    block = DeepseekV3MoE(c).float().eval()
+    g = torch.Generator().manual_seed(6)
+    with torch.no_grad():
+        for _, p in block.named_parameters():
+            p.copy_(0.3 * torch.randn(p.shape, generator=g))
+        block.gate.e_score_correction_bias.copy_(0.2 * torch.randn(8, generator=g))
+    x = torch.randn(2, 7, 32, generator=g)
+    with torch.no_grad():
+        y = block(x)
+    tensors = {"x": x, "y": y.contiguous(), "gate.e_score_correction_bias": block.gate.e_score_correction_bias}
+    tensors.update({n: p.detach().contiguous() for n, p in block.named_parameters()})
+    os.makedirs(os.path.join(out, "moe_blocks"), exist_ok=True)
+    save_file(tensors, os.path.join(out, "moe_blocks", "deepseek_v3.safetensors"))
 
 
 def logits(triplets):

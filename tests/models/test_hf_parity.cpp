@@ -8,6 +8,7 @@
 // config values, stray tensors) are lf::Errors naming the file and tensor (these and the
 // fused-layout test run without Python).
 #include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
 #include <gtest/gtest.h>
 
 #include <cstdio>
@@ -27,6 +28,7 @@
 #include "loongforge/core/config/yaml.h"
 #include "loongforge/core/error.h"
 #include "loongforge/core/safetensors.h"
+#include "loongforge/models/blocks/moe.h"
 #include "loongforge/models/composites/causal_lm.h"
 #include "loongforge/models/hf_adapter.h"
 #include "multiprocess.h"
@@ -159,6 +161,56 @@ TEST(HfParity, LogitsMatchTransformersAtTp2) {
     for (size_t at = r.output.find("[hf parity]"); at != std::string::npos;
          at = r.output.find("[hf parity]", at + 1))
       std::printf("%s\n", r.output.substr(at, r.output.find('\n', at) - at).c_str());
+}
+
+// DeepSeek-V3's MoE block as transformers computes it (DeepseekV3MoE: sigmoid scores, 4 groups of
+// 2 experts with the top 2 groups allowed, the score-correction bias for the choice only, top 4,
+// renormalised and scaled by 2.5, one shared expert) with random weights: our MoeLayer with the
+// same weights gives the same output. Group scores: transformers sums each group's top 2, Megatron
+// its top topk / group_topk (= 2 here, as for DeepSeek-V3's 8 / 4).
+TEST(HfParity, DeepseekV3MoeBlockMatchesTransformers) {
+  REQUIRE_ORACLE();
+  const std::string f = oracle_dir() + "/moe_blocks/deepseek_v3.safetensors";
+  auto t = [&](const char* name) { return read_tensor(f, name); };
+  lf::models::MoeConfig c;
+  c.hidden_size = 32;
+  c.num_experts = 8;
+  c.ffn_hidden_size = 16;
+  c.topk = 4;
+  c.score_function = "sigmoid";
+  c.num_groups = 4;
+  c.group_topk = 2;
+  c.scaling_factor = 2.5;
+  c.expert_bias = true;
+  c.shared_ffn_hidden_size = 16;
+  lf::models::ParamBuilder b(at::make_generator<at::CPUGeneratorImpl>(1), at::kFloat, c10::Device(c10::kCPU), {});
+  lf::models::MoeLayer layer(b, "mlp", c);
+  std::map<std::string, at::Tensor> want{
+      {"mlp.router.weight", t("gate.weight")},
+      {"mlp.router.expert_bias", t("gate.e_score_correction_bias")},
+      {"mlp.experts.linear_fc1.weight", t("experts.gate_up_proj")},
+      {"mlp.experts.linear_fc2.weight", t("experts.down_proj")},
+      {"mlp.shared_experts.linear_fc1.weight",
+       at::cat({t("shared_experts.gate_proj.weight"), t("shared_experts.up_proj.weight")}, 0)},
+      {"mlp.shared_experts.linear_fc2.weight", t("shared_experts.down_proj.weight")}};
+  auto params = b.take();
+  ASSERT_EQ(params.size(), want.size());
+  {
+    at::NoGradGuard no_grad;
+    for (auto& p : params) {
+      ASSERT_TRUE(want.count(p.name)) << p.name;
+      ASSERT_EQ(p.tensor.sizes(), want.at(p.name).sizes()) << p.name;
+      p.tensor.copy_(want.at(p.name));
+    }
+  }
+  at::NoGradGuard no_grad;
+  lf::parallel::TensorParallel tp;
+  auto x = t("x").transpose(0, 1).contiguous();  // [b, s, h] -> our [s, b, h]
+  auto y = layer.forward(lf::backend::cpu_backend(), tp, x, false, false, nullptr, 0, 1).transpose(0, 1);
+  const double diff = (y - t("y")).abs().max().item<double>();
+  std::printf("[hf parity] DeepseekV3MoE block: max |ours - transformers| = %.3g\n", diff);
+  EXPECT_GT(t("y").abs().max().item<double>(), 0.1);
+  EXPECT_LE(diff, 1e-5);
 }
 
 // name -> (dtype, shape, bytes) of every tensor of an HF directory.

@@ -10,7 +10,9 @@ Python is a test oracle only; LoongForge never runs it.
       Also OUT/moe_blocks/deepseek_v3.safetensors: transformers' DeepseekV3MoE (sigmoid scores,
       group-limited routing, the score-correction bias, routed scaling, a shared expert) with
       random weights and bias, its input `x` [2, 7, 32] and output `y`, and the weights under
-      their HF names.
+      their HF names. And OUT/moe_blocks/mla{_q_lora,_no_q_lora}.safetensors: transformers'
+      DeepseekV3Attention (multi-latent attention, YaRN RoPE with mscale != mscale_all_dim,
+      interleaved rotary dims), input `x` [2, 9, 64] at positions 0..8, causal, output `y`.
   hf_oracle.py logits DIR IDS OUT [DIR IDS OUT ...]
       Loads DIR with AutoModelForCausalLM (fp32) and writes its logits for IDS's input_ids to OUT.
 """
@@ -85,6 +87,7 @@ def make(out):
                   os.path.join(d, "logits.safetensors"))
         model.to(torch.bfloat16).save_pretrained(os.path.join(d, "hf_bf16"), max_shard_size="30KB")
     moe_blocks(out)
+    mla_blocks(out)
 
 
 def moe_blocks(out):
@@ -107,6 +110,36 @@ def moe_blocks(out):
     tensors.update({n: p.detach().contiguous() for n, p in block.named_parameters()})
     os.makedirs(os.path.join(out, "moe_blocks"), exist_ok=True)
     save_file(tensors, os.path.join(out, "moe_blocks", "deepseek_v3.safetensors"))
+
+
+def mla_blocks(out):
+    from transformers import DeepseekV3Config
+    from transformers.models.deepseek_v3.modeling_deepseek_v3 import (DeepseekV3Attention,
+                                                                       DeepseekV3RotaryEmbedding)
+    for tag, q_lora in (("q_lora", 24), ("no_q_lora", None)):
+        c = DeepseekV3Config(
+            hidden_size=64, num_attention_heads=4, num_key_value_heads=4, q_lora_rank=q_lora,
+            kv_lora_rank=16, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=12,
+            max_position_embeddings=128, rms_norm_eps=1e-6, rope_interleave=True,
+            rope_parameters={"rope_type": "yarn", "factor": 4.0, "mscale": 1.0, "mscale_all_dim": 0.5,
+                             "original_max_position_embeddings": 32, "beta_fast": 32, "beta_slow": 1,
+                             "rope_theta": 10000.0})
+        c._attn_implementation = "sdpa"
+        torch.manual_seed(8)
+        block = DeepseekV3Attention(c, 0).float().eval()
+        g = torch.Generator().manual_seed(9)
+        with torch.no_grad():
+            for name, p in block.named_parameters():
+                noise = torch.randn(p.shape, generator=g)
+                p.copy_(1.0 + 0.2 * noise if name.endswith("layernorm.weight") else 0.2 * noise)
+        x = torch.randn(2, 9, 64, generator=g)
+        cos, sin = DeepseekV3RotaryEmbedding(c)(x, torch.arange(9)[None].expand(2, 9))
+        with torch.no_grad():
+            y, _ = block(x, (cos, sin), None)
+        tensors = {"x": x, "y": y.contiguous()}
+        tensors.update({n: p.detach().contiguous() for n, p in block.named_parameters()})
+        os.makedirs(os.path.join(out, "moe_blocks"), exist_ok=True)
+        save_file(tensors, os.path.join(out, "moe_blocks", f"mla_{tag}.safetensors"))
 
 
 def logits(triplets):

@@ -28,6 +28,7 @@
 #include "loongforge/core/config/yaml.h"
 #include "loongforge/core/error.h"
 #include "loongforge/core/safetensors.h"
+#include "loongforge/models/blocks/mla.h"
 #include "loongforge/models/blocks/moe.h"
 #include "loongforge/models/composites/causal_lm.h"
 #include "loongforge/models/hf_adapter.h"
@@ -211,6 +212,71 @@ TEST(HfParity, DeepseekV3MoeBlockMatchesTransformers) {
   std::printf("[hf parity] DeepseekV3MoE block: max |ours - transformers| = %.3g\n", diff);
   EXPECT_GT(t("y").abs().max().item<double>(), 0.1);
   EXPECT_LE(diff, 1e-5);
+}
+
+// Multi-latent attention as transformers computes it (DeepseekV3Attention), with and without the
+// query bottleneck: YaRN RoPE (factor 4 over 32 original positions, mscale 1 against
+// mscale_all_dim 0.5, so both the tables' attention factor and the softmax scale differ from 1),
+// interleaved rotary dims, causal over 9 positions. The config path is the decoder's: the RoPE
+// tables from rope_spec(DecoderConfig), the softmax scale from DecoderConfig::softmax_scale().
+TEST(HfParity, DeepseekV3MlaBlockMatchesTransformers) {
+  REQUIRE_ORACLE();
+  for (const std::string tag : {"q_lora", "no_q_lora"}) {
+    SCOPED_TRACE(tag);
+    const std::string f = oracle_dir() + "/moe_blocks/mla_" + tag + ".safetensors";
+    auto t = [&](const char* name) { return read_tensor(f, name); };
+    lf::models::DecoderConfig c = lf::testing::tiny_decoder_config();
+    c.hidden_size = 64;
+    c.num_attention_heads = 4;
+    c.norm_epsilon = 1e-6;
+    c.max_position_embeddings = 128;
+    c.multi_latent_attention = true;
+    c.q_lora_rank = tag == "q_lora" ? 24 : 0;
+    c.kv_lora_rank = 16;
+    c.qk_head_dim = 16;
+    c.qk_pos_emb_head_dim = 8;
+    c.v_head_dim = 12;
+    c.rope_type = "yarn";
+    c.rotary_scaling_factor = 4;
+    c.mscale = 1.0;
+    c.mscale_all_dim = 0.5;
+    c.rope_scaling_original_max_position_embeddings = 32;
+    c.rotary_interleaved = true;
+    lf::models::MlaConfig m{c.hidden_size, c.num_attention_heads, c.q_lora_rank, c.kv_lora_rank, c.qk_head_dim,
+                            c.qk_pos_emb_head_dim, c.v_head_dim, c.norm_epsilon, c.softmax_scale(),
+                            c.rotary_interleaved, 0.02, 0.02};
+    lf::models::ParamBuilder b(at::make_generator<at::CPUGeneratorImpl>(1), at::kFloat, c10::Device(c10::kCPU), {});
+    lf::models::MlaAttention block(b, "attn", m);
+    std::map<std::string, std::string> hf_name{{"attn.linear_q_proj.weight", "q_proj.weight"},
+                                               {"attn.linear_q_down_proj.weight", "q_a_proj.weight"},
+                                               {"attn.q_layernorm.weight", "q_a_layernorm.weight"},
+                                               {"attn.linear_q_up_proj.weight", "q_b_proj.weight"},
+                                               {"attn.linear_kv_down_proj.weight", "kv_a_proj_with_mqa.weight"},
+                                               {"attn.kv_layernorm.weight", "kv_a_layernorm.weight"},
+                                               {"attn.linear_kv_up_proj.weight", "kv_b_proj.weight"},
+                                               {"attn.linear_proj.weight", "o_proj.weight"}};
+    auto params = b.take();
+    ASSERT_EQ(params.size(), tag == "q_lora" ? 7u : 5u);
+    {
+      at::NoGradGuard no_grad;
+      for (auto& p : params) {
+        ASSERT_TRUE(hf_name.count(p.name)) << p.name;
+        auto w = t(hf_name.at(p.name).c_str());
+        ASSERT_EQ(p.tensor.sizes(), w.sizes()) << p.name;
+        p.tensor.copy_(w);
+      }
+    }
+    at::NoGradGuard no_grad;
+    lf::models::AttentionInputs in;
+    std::tie(in.cos, in.sin) = lf::models::rope_tables(lf::models::rope_spec(c), 0, 9, at::TensorOptions().dtype(at::kFloat));
+    lf::parallel::TensorParallel tp;
+    auto x = t("x").transpose(0, 1).contiguous();  // [s, b, h]
+    auto y = block.forward(lf::backend::cpu_backend(), tp, x, in, 0).transpose(0, 1);
+    const double diff = (y - t("y")).abs().max().item<double>();
+    std::printf("[hf parity] DeepseekV3Attention (MLA, YaRN, %s): max |ours - transformers| = %.3g\n", tag.c_str(), diff);
+    EXPECT_GT(t("y").abs().max().item<double>(), 0.1);
+    EXPECT_LE(diff, 1e-5);
+  }
 }
 
 // name -> (dtype, shape, bytes) of every tensor of an HF directory.

@@ -383,5 +383,84 @@ TEST(MoeDecoderConfig, ValidationNamesTheField) {
   check(c, "add_bias_linear");
 }
 
+// ---- multi-latent attention in the decoder -----------------------------------------------------
+
+lf::models::DecoderConfig tiny_mla(bool q_lora) {
+  auto c = tiny_decoder_config();
+  c.multi_latent_attention = true;
+  c.q_lora_rank = q_lora ? 12 : 0;
+  c.kv_lora_rank = 10;
+  c.qk_head_dim = 6;
+  c.qk_pos_emb_head_dim = 4;
+  c.v_head_dim = 5;
+  c.rope_type = "yarn";
+  c.rotary_scaling_factor = 4;
+  c.mscale_all_dim = 0.7;
+  c.rope_scaling_original_max_position_embeddings = 4;
+  c.rotary_interleaved = true;
+  return c;
+}
+
+// The parameter count formula equals the built model's; decoding with the KV cache (expanded keys
+// and values cached per layer) equals the full forward, with MoE layers too (DeepSeek-V3's shape).
+TEST(MlaDecoder, ParameterCountAndKvCacheDecoding) {
+  for (int which = 0; which < 3; ++which) {
+    auto c = tiny_mla(which != 1);
+    if (which == 2) {
+      c.num_layers = 3;
+      c.num_experts = 4;
+      c.moe_router_topk = 2;
+      c.moe_ffn_hidden_size = 16;
+      c.moe_layer_freq = "[0,1,1]";
+      c.moe_router_score_function = "sigmoid";
+      c.moe_router_enable_expert_bias = true;
+      c.moe_shared_expert_intermediate_size = 16;
+    }
+    SCOPED_TRACE(which);
+    lf::config::ErrorList errors;
+    c.validate(lf::config::Node(), "model.foundation", errors);
+    ASSERT_TRUE(errors.empty());
+    lf::models::CausalLm m(c, cpu(), 21, at::kFloat);
+    int64_t n = 0;
+    for (const auto& p : m.parameters()) n += p.tensor.numel();
+    EXPECT_EQ(n, c.num_parameters());
+    {
+      at::NoGradGuard no_grad;
+      for (const auto& p : m.parameters()) p.tensor.add_(at::randn(p.tensor.sizes()) * 0.05);
+    }
+    m.set_training(false);
+    auto tokens = at::randint(0, 50, {2, 10}, at::TensorOptions().dtype(at::kLong));
+    at::NoGradGuard no_grad;
+    auto full = m.forward(tokens);
+    lf::models::KvCache cache;
+    std::vector<at::Tensor> parts;
+    int64_t pos = 0;
+    for (int64_t k : {5, 1, 1, 3}) {
+      parts.push_back(m.forward(tokens.narrow(1, pos, k), cache));
+      pos += k;
+    }
+    auto inc = at::cat(parts, 0);
+    EXPECT_TRUE(at::allclose(inc, full, 1e-5, 1e-5)) << (inc - full).abs().max();
+  }
+}
+
+TEST(MlaDecoder, ValidationNamesTheField) {
+  auto c = tiny_mla(true);
+  c.kv_lora_rank = 0;
+  lf::config::ErrorList errors;
+  c.validate(lf::config::Node(), "model.foundation", errors);
+  EXPECT_TRUE(errors.has_key("model.foundation.kv_lora_rank"));
+  c = tiny_mla(true);
+  c.qk_layernorm = true;
+  lf::config::ErrorList e2;
+  c.validate(lf::config::Node(), "model.foundation", e2);
+  EXPECT_TRUE(e2.has_key("model.foundation.qk_layernorm"));
+  c = tiny_mla(true);
+  c.rope_scaling = true;
+  lf::config::ErrorList e3;
+  c.validate(lf::config::Node(), "model.foundation", e3);
+  EXPECT_TRUE(e3.has_key("model.foundation.rope_scaling"));
+}
+
 }  // namespace
 }  // namespace lf::testing

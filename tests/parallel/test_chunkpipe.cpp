@@ -147,6 +147,33 @@ TEST(ChunkPipe, EightChunksOf4096TokensEqualUnchunked) {
   }
 }
 
+// Multi-latent attention (DeepSeek): each chunk keeps its expanded keys/values for the later
+// chunks, the softmax scale (YaRN mscale) carried into the prefix attention too.
+TEST(ChunkPipe, MultiLatentAttentionChunkedEqualsUnchunked) {
+  const auto& be = lf::backend::cpu_backend();
+  auto c = model(256, false);
+  c.multi_latent_attention = true;
+  c.q_lora_rank = 12;
+  c.kv_lora_rank = 10;
+  c.qk_head_dim = 6;
+  c.qk_pos_emb_head_dim = 4;
+  c.v_head_dim = 5;
+  c.rope_type = "yarn";
+  c.rotary_scaling_factor = 4;
+  c.mscale_all_dim = 0.7;
+  c.rope_scaling_original_max_position_embeddings = 64;
+  c.rotary_interleaved = true;
+  Decoder whole(c, be, 5, at::kFloat), chunked(c, be, 5, at::kFloat);
+  perturb(whole);
+  chunked.load_full_parameters(full_parameters(whole));
+  auto [tokens, labels] = sequence(2, 256, c.vocab_size);
+  const double want = unchunked(whole, tokens, labels);
+  RngStates rng;
+  const double got = pl::run_chunkpipe(nullptr, 4, chunk_step(chunked, tokens, labels, 64, rng));
+  EXPECT_NEAR(got, want, kRel * std::abs(want));
+  expect_grads_equal(chunked, whole);
+}
+
 TEST(ChunkPipe, OneChunkIsTheUnchunkedStep) {
   const auto& be = lf::backend::cpu_backend();
   const auto c = model(64, false);

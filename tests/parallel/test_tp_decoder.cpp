@@ -54,7 +54,7 @@ void compare(const char* what, const std::string& name, const at::Tensor& got,
 
 // Variants with parameters of every TP kind: QKV bias (split with the rows), per-head QK norms
 // (replicated, gradient summed over TP), row-parallel biases (replicated), LayerNorm biases,
-// GELU's unstacked fc1.
+// GELU's unstacked fc1, multi-latent attention.
 DecoderConfig variant(int tp, int which) {
   auto c = tiny(tp);
   if (which == 1) {
@@ -65,6 +65,20 @@ DecoderConfig variant(int tp, int which) {
     c.normalization = "LayerNorm";
     c.swiglu = false;
     c.add_bias_linear = true;
+  } else if (which == 3) {
+    // Multi-latent attention (heads split; the down projections and latent norms replicated
+    // with their gradients summed over TP), YaRN RoPE on interleaved pairs.
+    c.multi_latent_attention = true;
+    c.q_lora_rank = 12;
+    c.kv_lora_rank = 10;
+    c.qk_head_dim = 6;
+    c.qk_pos_emb_head_dim = 4;
+    c.v_head_dim = 5;
+    c.rope_type = "yarn";
+    c.rotary_scaling_factor = 4;
+    c.mscale_all_dim = 0.7;
+    c.rope_scaling_original_max_position_embeddings = 4;
+    c.rotary_interleaved = true;
   }
   return c;
 }
@@ -96,13 +110,14 @@ void check_decoder(lf::dist::ParallelContext& ctx, at::ScalarType dtype, bool sp
     const auto& p = par.parameters()[i];
     const auto& q = single.parameters()[i];
     ASSERT_EQ(p.name, q.name);
+    const bool latent = p.name.find("down_proj") != std::string::npos || p.name.find("kv_layernorm") != std::string::npos;
     const bool replicated = p.name.find("norm") != std::string::npos ||
                             p.name.find("linear_proj.bias") != std::string::npos ||
-                            p.name.find("linear_fc2.bias") != std::string::npos;
+                            p.name.find("linear_fc2.bias") != std::string::npos || latent;
     EXPECT_EQ(p.sharding.is_replicated(), replicated) << p.name;
     EXPECT_EQ(p.is_split(), !replicated) << p.name;
     const bool qk_norm = p.name.find("q_layernorm") != std::string::npos || p.name.find("k_layernorm") != std::string::npos;
-    EXPECT_EQ(p.sequence_parallel, (sp && replicated) || qk_norm) << p.name;
+    EXPECT_EQ(p.sequence_parallel, (sp && replicated) || qk_norm || latent) << p.name;
     auto full = gather_shards(p.tensor, p.sharding.dim, p.sharding.blocks, tp);
     auto want = q.tensor.detach();
     if (full.size(0) != want.size(0)) {  // vocabulary tables: compare the real rows
@@ -156,7 +171,7 @@ LF_WORKER_CASE(tp_decoder) {
   for (bool sp : {false, true}) {
     check_decoder(*ctx, at::kFloat, sp, {1e-5, 1e-5});
     check_decoder(*ctx, at::kBFloat16, sp, {3e-2, 3e-2});
-    for (int which : {1, 2}) check_decoder(*ctx, at::kFloat, sp, {1e-5, 1e-5}, which);
+    for (int which : {1, 2, 3}) check_decoder(*ctx, at::kFloat, sp, {1e-5, 1e-5}, which);
   }
 }
 

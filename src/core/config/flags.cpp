@@ -135,6 +135,20 @@ const std::vector<FlagSpec> kTable = {
   {"--attention-dropout", "model.foundation.attention_dropout", K::value, "P", "Dropout of the attention probabilities"},
   {"--cross-entropy-loss-fusion", "model.foundation.cross_entropy_loss_fusion", K::store_true, "", "Output layer + cross entropy in one op over chunks of tokens (the default)"},
   {"--no-cross-entropy-loss-fusion", "model.foundation.cross_entropy_loss_fusion", K::store_false, "", "Whole [tokens, vocab] logits, then the cross entropy"},
+  // RoPE variants, multi-latent attention
+  {"--rope-type", "model.foundation.rope_type", K::value, "rope|yarn", "RoPE scaling: rope or yarn"},
+  {"--rotary-scaling-factor", "model.foundation.rotary_scaling_factor", K::value, "F", "YaRN context extension factor"},
+  {"--mscale", "model.foundation.mscale", K::value, "M", "YaRN mscale"},
+  {"--mscale-all-dim", "model.foundation.mscale_all_dim", K::value, "M", "YaRN mscale_all_dim"},
+  {"--beta-fast", "model.foundation.beta_fast", K::value, "B", "YaRN beta_fast"},
+  {"--beta-slow", "model.foundation.beta_slow", K::value, "B", "YaRN beta_slow"},
+  {"--rotary-interleaved", "model.foundation.rotary_interleaved", K::store_true, "", "RoPE on interleaved pairs"},
+  {"--multi-latent-attention", "model.foundation.multi_latent_attention", K::store_true, "", "Multi-latent attention (DeepSeek-V2/V3)"},
+  {"--q-lora-rank", "model.foundation.q_lora_rank", K::value, "N", "MLA query bottleneck rank"},
+  {"--kv-lora-rank", "model.foundation.kv_lora_rank", K::value, "N", "MLA key/value latent rank"},
+  {"--qk-head-dim", "model.foundation.qk_head_dim", K::value, "N", "MLA query/key dims per head without RoPE"},
+  {"--qk-pos-emb-head-dim", "model.foundation.qk_pos_emb_head_dim", K::value, "N", "MLA query/key RoPE dims per head"},
+  {"--v-head-dim", "model.foundation.v_head_dim", K::value, "N", "MLA value dims per head"},
   // mixture of experts
   {"--num-experts", "model.foundation.num_experts", K::value, "N", "Routed experts per MoE layer (0: dense)"},
   {"--moe-ffn-hidden-size", "model.foundation.moe_ffn_hidden_size", K::value, "N", "Hidden size of one routed expert"},
@@ -170,7 +184,6 @@ const std::vector<Refused> kRefused = {
      "MoE communication overlap needs expert parallelism, which is not built yet (issue 14)"},
     {"--delay-wgrad-compute", "", "delayed weight gradients come with the MoE communication overlap (issue 14)"},
     {"--mtp-num-layers", "N", "multi-token prediction arrives with DeepSeek-V3 (issue 14)"},
-    {"--multi-latent-attention", "", "multi-latent attention (DeepSeek-V2/V3) is not built yet (issue 14)"},
 };
 
 struct Switch {

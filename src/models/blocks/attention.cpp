@@ -10,17 +10,40 @@
 namespace lf::models {
 namespace {
 
-// RoPE on x [s, b, n, d]: one table for every sample, or per-sample tables [b, s, d].
+}  // namespace
+
 at::Tensor apply_rope(const lf::backend::DeviceBackend& be, const at::Tensor& x, const at::Tensor& cos,
-                      const at::Tensor& sin) {
-  if (cos.dim() == 2) return lf::ops::rope(be, x, cos, sin);
+                      const at::Tensor& sin, bool interleaved) {
+  if (cos.dim() == 2) return lf::ops::rope(be, x, cos, sin, interleaved);
   std::vector<at::Tensor> parts;
   for (int64_t i = 0; i < x.size(1); ++i)
-    parts.push_back(lf::ops::rope(be, x.narrow(1, i, 1), cos[i], sin[i]));
+    parts.push_back(lf::ops::rope(be, x.narrow(1, i, 1), cos[i], sin[i], interleaved));
   return at::cat(parts, 1);
 }
 
-}  // namespace
+at::Tensor attend(const lf::backend::DeviceBackend& be, at::Tensor qr, at::Tensor kr, at::Tensor vr,
+                  const lf::backend::AttentionMask& mask, KvCache* cache, ChunkAttention* chunk, size_t i,
+                  std::optional<double> scale) {
+  if (cache) {
+    const int64_t past = cache->length;
+    if (past > 0) {
+      kr = at::cat({cache->k[i], kr}, 2);
+      vr = at::cat({cache->v[i], vr}, 2);
+    }
+    cache->k[i] = kr.contiguous();
+    cache->v[i] = vr.contiguous();
+    // The causal mask is bottom-right aligned (backend/op_table.h): query j, at position
+    // past + j, sees keys 0 .. past + j, the cached ones included.
+  }
+  if (chunk) {
+    // ChunkPipe: this chunk's queries over the earlier chunks' keys and its own, causally.
+    chunk->k[i] = kr;
+    chunk->v[i] = vr;
+    const bool prefix = i < chunk->prefix_k.size() && chunk->prefix_k[i].defined() && chunk->prefix_k[i].size(2) > 0;
+    if (prefix) return lf::ops::sdpa_after_prefix(be, qr, chunk->prefix_k[i], chunk->prefix_v[i], kr, vr, scale);
+  }
+  return lf::ops::sdpa(be, qr, kr, vr, mask, scale);
+}
 
 at::Tensor block_causal_mask(const at::Tensor& document_ids) {
   LF_CHECK(document_ids.dim() == 2, "document ids must be [batch, seq], got ", document_ids.sizes());
@@ -80,34 +103,12 @@ at::Tensor SelfAttention::forward(const lf::backend::DeviceBackend& be, const lf
       kn = lf::ops::rms_norm(be, k0, k_norm_, c_.norm_eps);
     }
     if (cos.defined()) {
-      qn = apply_rope(be, qn, cos, sin);
-      kn = apply_rope(be, kn, cos, sin);
+      qn = apply_rope(be, qn, cos, sin, c_.rotary_interleaved);
+      kn = apply_rope(be, kn, cos, sin, c_.rotary_interleaved);
     }
-    auto qr = qn.permute({1, 2, 0, 3});  // [b, n, s, d]
-    auto kr = kn.permute({1, 2, 0, 3});
-    auto vr = v0.permute({1, 2, 0, 3});
-    if (cache) {
-      const int64_t past = cache->length;
-      if (past > 0) {
-        kr = at::cat({cache->k[i], kr}, 2);
-        vr = at::cat({cache->v[i], vr}, 2);
-      }
-      cache->k[i] = kr.contiguous();
-      cache->v[i] = vr.contiguous();
-      // The causal mask is bottom-right aligned (backend/op_table.h): query j, at position
-      // past + j, sees keys 0 .. past + j, the cached ones included.
-    }
-    at::Tensor o;
-    if (chunk) {
-      // ChunkPipe: this chunk's queries over the earlier chunks' keys and its own, causally.
-      chunk->k[i] = kr;
-      chunk->v[i] = vr;
-      const bool prefix = i < chunk->prefix_k.size() && chunk->prefix_k[i].defined() && chunk->prefix_k[i].size(2) > 0;
-      o = prefix ? lf::ops::sdpa_after_prefix(be, qr, chunk->prefix_k[i], chunk->prefix_v[i], kr, vr)
-                 : lf::ops::sdpa(be, qr, kr, vr, mask);
-    } else {
-      o = lf::ops::sdpa(be, qr, kr, vr, mask);  // [b, nq, s, d]
-    }
+    // [s, b, n, d] -> [b, n, s, d]
+    auto o = attend(be, qn.permute({1, 2, 0, 3}), kn.permute({1, 2, 0, 3}), v0.permute({1, 2, 0, 3}), mask, cache,
+                    chunk, i);  // [b, nq, s, d]
     return o.permute({2, 0, 1, 3}).reshape({s, b, nq * d});
   };
   at::Tensor o;

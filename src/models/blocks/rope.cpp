@@ -17,13 +17,45 @@ std::pair<at::Tensor, at::Tensor> tables_of(const at::Tensor& angles, const at::
   auto emb = at::cat({angles, angles}, -1);
   return {at::cos(emb).to(options), at::sin(emb).to(options)};
 }
+
+// The 1D tables of a spec: its layout and YaRN's attention factor.
+std::pair<at::Tensor, at::Tensor> spec_tables(const RopeSpec& spec, const at::Tensor& angles,
+                                              const at::TensorOptions& options) {
+  auto emb = spec.interleaved ? angles.repeat_interleave(2, -1) : at::cat({angles, angles}, -1);
+  const double a = rope_attention_factor(spec);
+  return {(at::cos(emb) * a).to(options), (at::sin(emb) * a).to(options)};
+}
 }  // namespace
+
+double yarn_mscale(double factor, double m) { return factor <= 1 ? 1.0 : 0.1 * m * std::log(factor) + 1.0; }
+
+double rope_attention_factor(const RopeSpec& spec) {
+  if (!spec.yarn) return 1.0;
+  if (spec.mscale != 0 && spec.mscale_all_dim != 0)
+    return yarn_mscale(spec.yarn_factor, spec.mscale) / yarn_mscale(spec.yarn_factor, spec.mscale_all_dim);
+  return yarn_mscale(spec.yarn_factor);
+}
 
 at::Tensor rope_inv_freq(const RopeSpec& spec) {
   // inv_freq[i] = base^(-2i/d); angle[p, i] = p * inv_freq[i]; both halves share the angles.
   const int64_t d = spec.head_dim;
   LF_CHECK(d > 0 && d % 2 == 0, "RoPE needs an even head dimension, got ", d);
   auto inv_freq = at::pow(spec.base, -at::arange(0, d, 2, kF64) / static_cast<double>(d));
+  LF_CHECK(!(spec.llama3_scaling && spec.yarn), "RoPE: Llama 3.1 scaling and YaRN are exclusive");
+  if (spec.yarn) {
+    // transformers' _compute_yarn_parameters (truncate: true), in fp64 here.
+    const double old = static_cast<double>(spec.original_max_position), base = spec.base, dd = static_cast<double>(d);
+    auto correction_dim = [&](double rotations) {
+      return dd * std::log(old / (rotations * 2 * M_PI)) / (2 * std::log(base));
+    };
+    double low = std::floor(correction_dim(spec.beta_fast)), high = std::ceil(correction_dim(spec.beta_slow));
+    low = std::max(low, 0.0);
+    high = std::min(high, dd - 1);
+    if (low == high) high += 0.001;
+    auto ramp = ((at::arange(d / 2, kF64) - low) / (high - low)).clamp(0, 1);
+    auto extrapolation = 1 - ramp;  // 1: keep the frequency, 0: interpolate (divide by the factor)
+    inv_freq = inv_freq / spec.yarn_factor * (1 - extrapolation) + inv_freq * extrapolation;
+  }
   if (spec.llama3_scaling) {
     // Llama 3.1: long wavelengths slowed down by `factor`, short ones kept, a linear blend in
     // between (in wavelength-to-context ratio).
@@ -42,14 +74,14 @@ at::Tensor rope_inv_freq(const RopeSpec& spec) {
 std::pair<at::Tensor, at::Tensor> rope_tables(const RopeSpec& spec, int64_t start, int64_t seq,
                                               const at::TensorOptions& options) {
   auto angles = at::outer(at::arange(start, start + seq, kF64), rope_inv_freq(spec));  // [s, d/2]
-  return tables_of(angles, options);
+  return spec_tables(spec, angles, options);
 }
 
 std::pair<at::Tensor, at::Tensor> rope_tables_at(const RopeSpec& spec, const at::Tensor& positions,
                                                  const at::TensorOptions& options) {
   LF_CHECK(positions.dim() == 1, "RoPE positions must be [n], got ", positions.sizes());
   auto angles = at::outer(positions.to(at::kCPU, at::kDouble), rope_inv_freq(spec));
-  return tables_of(angles, options);
+  return spec_tables(spec, angles, options);
 }
 
 std::pair<at::Tensor, at::Tensor> mrope_tables(const RopeSpec& spec, const at::Tensor& positions,

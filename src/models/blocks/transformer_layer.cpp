@@ -13,7 +13,10 @@ TransformerLayer::TransformerLayer(ParamBuilder& b, const std::string& prefix, c
     : c_(c), moe_index_(moe_index) {
   const int64_t h = c.attention.hidden_size;
   input_norm_ = Norm(b, prefix + ".input_layernorm", h, c.norm);
-  attention_ = SelfAttention(b, prefix + ".self_attention", c.attention);
+  if (c.mla)
+    mla_ = MlaAttention(b, prefix + ".self_attention", c.mla_config);
+  else
+    attention_ = SelfAttention(b, prefix + ".self_attention", c.attention);
   pre_mlp_norm_ = Norm(b, prefix + ".pre_mlp_layernorm", h, c.norm);
   if (c.moe)
     moe_ = MoeLayer(b, prefix + ".mlp", c.moe_config);
@@ -33,7 +36,9 @@ at::Tensor TransformerLayer::forward(const at::Tensor& x, const AttentionInputs&
   const auto& be = *lc.backend;
   AttentionInputs a = in;
   a.selective_recompute = lc.recompute.granularity == RecomputeOptions::Granularity::selective;
-  auto y = x + hidden_dropout(attention_.forward(be, *lc.tp, input_norm_(be, x), a, layer), c_.hidden_dropout, lc);
+  auto normed_in = input_norm_(be, x);
+  auto attn = c_.mla ? mla_.forward(be, *lc.tp, normed_in, a, layer) : attention_.forward(be, *lc.tp, normed_in, a, layer);
+  auto y = x + hidden_dropout(attn, c_.hidden_dropout, lc);
   auto normed = pre_mlp_norm_(be, y);
   auto mlp = c_.moe ? moe_.forward(be, *lc.tp, normed, lc.training, a.selective_recompute, lc.moe, moe_index_,
                                    lc.moe_layers)

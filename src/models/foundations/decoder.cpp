@@ -13,7 +13,14 @@ namespace lf::models {
 
 RopeSpec rope_spec(const DecoderConfig& c) {
   RopeSpec r;
-  r.head_dim = c.head_dim();
+  r.head_dim = c.multi_latent_attention ? c.qk_pos_emb_head_dim : c.head_dim();
+  r.yarn = c.rope_type == "yarn";
+  r.yarn_factor = c.rotary_scaling_factor;
+  r.beta_fast = c.beta_fast;
+  r.beta_slow = c.beta_slow;
+  r.mscale = c.mscale;
+  r.mscale_all_dim = c.mscale_all_dim;
+  r.interleaved = c.rotary_interleaved;
   r.base = c.rotary_base;
   r.llama3_scaling = c.rope_scaling;
   r.factor = c.rope_scaling_factor;
@@ -85,7 +92,7 @@ Decoder::Decoder(const DecoderConfig& c, const lf::backend::DeviceBackend& backe
   const int64_t h = c.hidden_size, nq = c.num_attention_heads, nkv = c.query_groups(), f = c.ffn_hidden_size;
   if (tp_.size() > 1) {
     const int64_t tp = tp_.size();
-    LF_CHECK(nq % tp == 0 && nkv % tp == 0, "num_attention_heads ", nq, " and num_query_groups ", nkv,
+    LF_CHECK(nq % tp == 0 && (c.multi_latent_attention || nkv % tp == 0), "num_attention_heads ", nq, " and num_query_groups ", nkv,
              " must both be divisible by the tensor-model-parallel size ", tp,
              lf::hint("each TP rank owns whole query groups; pick a TP size dividing both"));
     LF_CHECK(f % tp == 0, "ffn_hidden_size ", f, " is not divisible by the tensor-model-parallel size ", tp,
@@ -99,7 +106,12 @@ Decoder::Decoder(const DecoderConfig& c, const lf::backend::DeviceBackend& backe
   TransformerLayerConfig lc;
   lc.norm = {c.normalization == "LayerNorm", c.norm_epsilon};
   lc.attention = {h, nq, nkv, c.head_dim(), c.add_qkv_bias || c.add_bias_linear, c.add_bias_linear,
-                  c.qk_layernorm, c.norm_epsilon, std, out_std};
+                  c.qk_layernorm, c.norm_epsilon, std, out_std, c.rotary_interleaved};
+  if (c.multi_latent_attention) {
+    lc.mla = true;
+    lc.mla_config = {h, nq, c.q_lora_rank, c.kv_lora_rank, c.qk_head_dim, c.qk_pos_emb_head_dim, c.v_head_dim,
+                     c.norm_epsilon, c.softmax_scale(), c.rotary_interleaved, std, out_std};
+  }
   lc.mlp = {h, f, c.swiglu, c.add_bias_linear, std, out_std};
   lc.hidden_dropout = c.hidden_dropout;
   const auto moe_pattern = c.moe_layer_pattern();

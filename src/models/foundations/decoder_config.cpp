@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cmath>
 
 #include "loongforge/core/error.h"
 
@@ -77,12 +78,35 @@ std::vector<bool> DecoderConfig::moe_layer_pattern() const {
   return parse_layer_pattern(moe_layer_freq, num_layers);
 }
 
+// MLA's matmul weights of one layer (norms aside).
+static int64_t mla_weights(const DecoderConfig& c) {
+  const int64_t h = c.hidden_size, nq = c.num_attention_heads, dq = c.qk_head_dim, dr = c.qk_pos_emb_head_dim,
+                dv = c.v_head_dim;
+  const int64_t q = c.q_lora_rank > 0 ? c.q_lora_rank * h + nq * (dq + dr) * c.q_lora_rank : nq * (dq + dr) * h;
+  return q + (c.kv_lora_rank + dr) * h + nq * (dq + dv) * c.kv_lora_rank + h * nq * dv;
+}
+
+double DecoderConfig::softmax_scale() const {
+  if (!multi_latent_attention) return 1.0 / std::sqrt(static_cast<double>(head_dim()));
+  double s = 1.0 / std::sqrt(static_cast<double>(qk_head_dim + qk_pos_emb_head_dim));
+  if (rope_type == "yarn" && mscale_all_dim != 0) {
+    const double m = rotary_scaling_factor <= 1 ? 1.0 : 0.1 * mscale_all_dim * std::log(rotary_scaling_factor) + 1.0;
+    s *= m * m;
+  }
+  return s;
+}
+
 int64_t DecoderConfig::layer_parameters(int64_t i) const {
   const int64_t h = hidden_size, d = head_dim(), nq = num_attention_heads, nkv = query_groups(), f = ffn_hidden_size;
   const int64_t norm = normalization == "LayerNorm" ? 2 * h : h;  // weight (+ bias)
-  int64_t n = (nq + 2 * nkv) * d * h + h * nq * d + 2 * norm;
-  if (add_qkv_bias || add_bias_linear) n += (nq + 2 * nkv) * d;
-  if (qk_layernorm) n += 2 * d;
+  int64_t n = 2 * norm;
+  if (multi_latent_attention) {
+    n += mla_weights(*this) + kv_lora_rank + q_lora_rank;  // + the latent norms
+  } else {
+    n += (nq + 2 * nkv) * d * h + h * nq * d;
+    if (add_qkv_bias || add_bias_linear) n += (nq + 2 * nkv) * d;
+    if (qk_layernorm) n += 2 * d;
+  }
   if (is_moe() && moe_layer_pattern()[static_cast<size_t>(i)]) {
     n += num_experts * h + num_experts * mlp_weights(h, expert_ffn_hidden_size(), swiglu);
     if (moe_router_enable_expert_bias) n += num_experts;
@@ -124,7 +148,7 @@ double DecoderConfig::flops_per_token(int64_t seq) const {
   double matmul_params = v * h;
   const auto pattern = moe_layer_pattern();
   for (int64_t i = 0; i < num_layers; ++i) {
-    matmul_params += (nq + 2 * nkv) * d * h + h * nq * d;
+    matmul_params += multi_latent_attention ? static_cast<double>(mla_weights(*this)) : (nq + 2 * nkv) * d * h + h * nq * d;
     if (pattern[static_cast<size_t>(i)]) {
       matmul_params += static_cast<double>(num_experts) * h +
                        static_cast<double>(moe_router_topk) * mlp_weights(hidden_size, expert_ffn_hidden_size(), swiglu);
@@ -134,8 +158,10 @@ double DecoderConfig::flops_per_token(int64_t seq) const {
       matmul_params += mlp_weights(hidden_size, ffn_hidden_size, swiglu);
     }
   }
-  // QK^T and PV: 2 * 2 * seq * nq * d multiply-adds per token per layer, halved by causality.
-  const double attention = num_layers * 2.0 * seq * nq * d;
+  // QK^T and PV: 2 * seq * nq * (d_qk + d_v) FLOPs per token per layer, halved by causality.
+  const double d_qk = multi_latent_attention ? static_cast<double>(qk_head_dim + qk_pos_emb_head_dim) : d;
+  const double d_v = multi_latent_attention ? static_cast<double>(v_head_dim) : d;
+  const double attention = num_layers * seq * nq * (d_qk + d_v);
   return 6.0 * matmul_params + 3.0 * 2.0 * attention;
 }
 
@@ -196,7 +222,7 @@ void DecoderConfig::validate(const lf::config::Node& tree, const std::string& pr
     return n ? n->origin() : lf::config::Origin::from_default();
   };
   auto key = [&](const char* k) { return prefix.empty() ? std::string(k) : prefix + "." + k; };
-  if (num_attention_heads > 0 && kv_channels == 0 && hidden_size % num_attention_heads != 0)
+  if (num_attention_heads > 0 && !multi_latent_attention && kv_channels == 0 && hidden_size % num_attention_heads != 0)
     errors.add(key("num_attention_heads"), origin("num_attention_heads"),
                "num_attention_heads " + std::to_string(num_attention_heads) +
                    " does not divide hidden_size " + std::to_string(hidden_size),
@@ -226,7 +252,30 @@ void DecoderConfig::validate(const lf::config::Node& tree, const std::string& pr
                "set --num-query-groups N (model.foundation.num_query_groups); Megatron's default of 1 would "
                "silently make this multi-query attention");
   if (is_moe()) validate_moe_fields(*this, origin, key, errors);
-  if (num_attention_heads > 0 && head_dim() % 2 != 0)
+  if (multi_latent_attention) {
+    for (const char* f : {"kv_lora_rank", "qk_head_dim", "qk_pos_emb_head_dim", "v_head_dim"}) {
+      const int64_t v = std::string(f) == "kv_lora_rank" ? kv_lora_rank
+                        : std::string(f) == "qk_head_dim" ? qk_head_dim
+                        : std::string(f) == "qk_pos_emb_head_dim" ? qk_pos_emb_head_dim
+                                                                  : v_head_dim;
+      if (v <= 0)
+        errors.add(key(f), origin(f), std::string("multi_latent_attention needs ") + f + " > 0",
+                   "DeepSeek-V3: q_lora_rank 1536, kv_lora_rank 512, qk_head_dim 128, qk_pos_emb_head_dim 64, "
+                   "v_head_dim 128");
+    }
+    if (qk_pos_emb_head_dim % 2 != 0)
+      errors.add(key("qk_pos_emb_head_dim"), origin("qk_pos_emb_head_dim"),
+                 "RoPE needs an even qk_pos_emb_head_dim, got " + std::to_string(qk_pos_emb_head_dim));
+    for (const char* f : {"qk_layernorm", "add_qkv_bias", "add_bias_linear"})
+      if ((std::string(f) == "qk_layernorm" && qk_layernorm) || (std::string(f) == "add_qkv_bias" && add_qkv_bias) ||
+          (std::string(f) == "add_bias_linear" && add_bias_linear))
+        errors.add(key(f), origin(f), std::string(f) + " does not apply to multi-latent attention (its latents have "
+                   "their own norms and no biases)", std::string("set ") + f + ": false");
+  }
+  if (rope_type == "yarn" && rope_scaling)
+    errors.add(key("rope_scaling"), origin("rope_scaling"),
+               "rope_scaling (Llama 3.1) and rope_type yarn are exclusive", "keep one of the two");
+  if (num_attention_heads > 0 && !multi_latent_attention && head_dim() % 2 != 0)
     errors.add(key("kv_channels"), origin("kv_channels"),
                "RoPE needs an even head dimension, got " + std::to_string(head_dim()));
 }
@@ -254,7 +303,7 @@ void DecoderConfig::validate_layout(const lf::config::Node& job, int64_t tp, boo
     }
   };
   divisible("num_attention_heads", num_attention_heads);
-  divisible("num_query_groups", query_groups());
+  if (!multi_latent_attention) divisible("num_query_groups", query_groups());
   divisible("ffn_hidden_size", ffn_hidden_size);
   if (sequence_parallel && tp > 1 && seq_length % tp != 0)
     errors.add("training.seq_length", origin("training.seq_length"),

@@ -8,6 +8,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -37,6 +38,7 @@ struct AttentionConfig {
   bool qk_norm = false;    // per-head RMSNorm of queries and keys (Qwen3)
   double norm_eps = 1e-6;
   double init_std = 0.02, out_std = 0.02;  // QKV / output projection initialisation
+  bool rotary_interleaved = false;         // RoPE on pairs (tables in that layout)
 };
 
 // What every layer of one forward shares.
@@ -51,6 +53,16 @@ struct AttentionInputs {
   ChunkAttention* chunk = nullptr;  // ChunkPipe
   bool selective_recompute = false; // recompute RoPE + core attention in backward
 };
+
+// RoPE on x [s, b, n, d]: one table [s, r] for every sample, or per-sample tables [b, s, r].
+at::Tensor apply_rope(const lf::backend::DeviceBackend& be, const at::Tensor& x, const at::Tensor& cos,
+                      const at::Tensor& sin, bool interleaved = false);
+// Core attention of layer i on q [b, nq, s, d], k [b, nq|nkv, s, d], v [b, ., s, dv] with the
+// KV cache (keys/values appended, the causal mask bottom-right over them) or ChunkPipe's prefix
+// keys/values when given: [b, nq, s, dv]. scale: 1/sqrt(d) by default.
+at::Tensor attend(const lf::backend::DeviceBackend& be, at::Tensor q, at::Tensor k, at::Tensor v,
+                  const lf::backend::AttentionMask& mask, KvCache* cache, ChunkAttention* chunk, size_t layer,
+                  std::optional<double> scale = std::nullopt);
 
 // Causal attention within documents: document_ids [b, s] (int64) -> bool [b, 1, s, s], true
 // where query i may see key j (j <= i and the same document).

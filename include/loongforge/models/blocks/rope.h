@@ -17,15 +17,31 @@ namespace lf::models {
 // inv_freq[i] = base^(-2i/d), optionally rescaled as in Llama 3.1 (frequencies with wavelengths
 // above original_max / low_freq_factor divided by factor, those below original_max /
 // high_freq_factor kept, a smooth blend between).
+//
+// YaRN (DeepSeek-V2/V3, Qwen long context): frequencies above the band set by beta_fast/beta_slow
+// rotations over original_max_position are kept, those below divided by yarn_factor, a linear
+// ramp between; the tables are multiplied by the attention factor mscale(factor, mscale) /
+// mscale(factor, mscale_all_dim) (mscale(f, m) = 0.1 m ln f + 1 for f > 1), as transformers'
+// _compute_yarn_parameters.
 struct RopeSpec {
   int64_t head_dim = 0;
   double base = 10000;
   bool llama3_scaling = false;
   double factor = 8, low_freq_factor = 1, high_freq_factor = 4;
   int64_t original_max_position = 8192;
+  bool yarn = false;
+  double yarn_factor = 1, beta_fast = 32, beta_slow = 1, mscale = 1, mscale_all_dim = 0;
+  // Tables for the interleaved rotation (pairs x[2i], x[2i+1]: each angle repeated twice) instead
+  // of the halves layout.
+  bool interleaved = false;
 };
 
-// inv_freq [d/2] fp64.
+// YaRN's magnitude correction 0.1 m ln(f) + 1 (1 for f <= 1).
+double yarn_mscale(double factor, double m = 1.0);
+// The factor YaRN multiplies the cos/sin tables by (1 without YaRN).
+double rope_attention_factor(const RopeSpec& spec);
+
+// inv_freq [d/2] fp64 (Llama 3.1 or YaRN rescaled when the spec says so).
 at::Tensor rope_inv_freq(const RopeSpec& spec);
 
 // cos, sin: [s, head_dim] for positions start..start+s-1.

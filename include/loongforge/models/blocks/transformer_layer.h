@@ -11,6 +11,7 @@
 
 #include "loongforge/backend/device_backend.h"
 #include "loongforge/models/blocks/attention.h"
+#include "loongforge/models/blocks/mla.h"
 #include "loongforge/models/blocks/mlp.h"
 #include "loongforge/models/blocks/moe.h"
 #include "loongforge/models/blocks/norms.h"
@@ -33,6 +34,8 @@ struct RecomputeOptions {
 struct TransformerLayerConfig {
   NormSpec norm;
   AttentionConfig attention;
+  bool mla = false;  // multi-latent attention (mla_config) instead of `attention`
+  MlaConfig mla_config;
   MlpConfig mlp;
   double hidden_dropout = 0.0;
   bool moe = false;  // the MLP is a mixture of experts (moe_config)
@@ -66,6 +69,7 @@ class TransformerLayer {
   TransformerLayerConfig c_;
   Norm input_norm_, pre_mlp_norm_;
   SelfAttention attention_;
+  MlaAttention mla_;
   Mlp mlp_;
   MoeLayer moe_;
   size_t moe_index_ = 0;

@@ -45,6 +45,21 @@ struct DecoderConfig {
   double attention_dropout = 0.0;
   bool group_query_attention = false;  // Megatron's switch; num_query_groups decides here
   bool cross_entropy_loss_fusion = true;
+  // RoPE variants beyond Llama 3.1's scaling: YaRN (rope_type yarn) and the interleaved layout.
+  std::string rope_type = "rope";
+  double rotary_scaling_factor = 1.0;
+  double mscale = 1.0;
+  double mscale_all_dim = 0.0;
+  double beta_fast = 32;
+  double beta_slow = 1;
+  bool rotary_interleaved = false;
+  // Multi-latent attention (DeepSeek-V2/V3; Megatron's --multi-latent-attention).
+  bool multi_latent_attention = false;
+  int64_t q_lora_rank = 0;
+  int64_t kv_lora_rank = 0;
+  int64_t qk_head_dim = 0;
+  int64_t qk_pos_emb_head_dim = 0;
+  int64_t v_head_dim = 0;
   // Mixture of experts (Megatron's --num-experts / --moe-*): num_experts 0 is a dense model.
   int64_t num_experts = 0;
   int64_t moe_ffn_hidden_size = 0;  // 0: ffn_hidden_size
@@ -87,7 +102,16 @@ struct DecoderConfig {
     v("rope_scaling_low_freq_factor", rope_scaling_low_freq_factor, "Llama 3.1 scaling: low_freq_factor", Min{0});
     v("rope_scaling_high_freq_factor", rope_scaling_high_freq_factor, "Llama 3.1 scaling: high_freq_factor", Min{0});
     v("rope_scaling_original_max_position_embeddings", rope_scaling_original_max_position_embeddings,
-      "Llama 3.1 scaling: the pre-training context length", Min{1});
+      "Llama 3.1 and YaRN scaling: the pre-training context length", Min{1});
+    v("rope_type", rope_type, "rope (plain, or Llama 3.1-scaled with rope_scaling) or yarn (YaRN scaling)",
+      OneOf{{"rope", "yarn"}});
+    v("rotary_scaling_factor", rotary_scaling_factor, "YaRN: the context extension factor", Min{1});
+    v("mscale", mscale, "YaRN: mscale of the attention factor", Min{0});
+    v("mscale_all_dim", mscale_all_dim,
+      "YaRN: mscale_all_dim (0: none; MLA also scales the softmax by mscale(factor, it)^2)", Min{0});
+    v("beta_fast", beta_fast, "YaRN: rotations above which frequencies are kept", Min{0});
+    v("beta_slow", beta_slow, "YaRN: rotations below which frequencies are interpolated", Min{0});
+    v("rotary_interleaved", rotary_interleaved, "RoPE rotates pairs (x[2i], x[2i+1]) (DeepSeek) instead of halves");
     v("untie_embeddings_and_output_weights", untie_embeddings_and_output_weights,
       "Separate output layer instead of the transposed embedding");
     v("add_bias_linear", add_bias_linear, "Biases in the linear layers");
@@ -100,6 +124,13 @@ struct DecoderConfig {
     v("cross_entropy_loss_fusion", cross_entropy_loss_fusion,
       "Training loss: output layer and cross entropy in one op over chunks of tokens (false: whole logits, "
       "then the cross entropy)");
+    v("multi_latent_attention", multi_latent_attention,
+      "Multi-latent attention (DeepSeek-V2/V3): low-rank queries and a compressed key/value latent");
+    v("q_lora_rank", q_lora_rank, "MLA: query bottleneck rank (0: no bottleneck)", Min{0});
+    v("kv_lora_rank", kv_lora_rank, "MLA: key/value latent rank", Min{0});
+    v("qk_head_dim", qk_head_dim, "MLA: query/key dims per head without RoPE", Min{0});
+    v("qk_pos_emb_head_dim", qk_pos_emb_head_dim, "MLA: query/key dims per head with RoPE", Min{0});
+    v("v_head_dim", v_head_dim, "MLA: value dims per head", Min{0});
     v("num_experts", num_experts, "Routed experts per MoE layer (0: a dense model)", Min{0});
     v("moe_ffn_hidden_size", moe_ffn_hidden_size, "Hidden size of one routed expert (0: ffn_hidden_size)", Min{0});
     v("moe_router_topk", moe_router_topk, "Experts each token is routed to", Min{1});
@@ -140,6 +171,9 @@ struct DecoderConfig {
   // Per layer whether its MLP is MoE (moe_layer_freq); throws naming the field when malformed.
   std::vector<bool> moe_layer_pattern() const;
   int64_t expert_ffn_hidden_size() const { return moe_ffn_hidden_size > 0 ? moe_ffn_hidden_size : ffn_hidden_size; }
+  // The attention's softmax scale: 1/sqrt(query head size), times mscale(factor, mscale_all_dim)^2
+  // for MLA with YaRN (DeepSeek).
+  double softmax_scale() const;
   int64_t query_groups() const { return num_query_groups > 0 ? num_query_groups : num_attention_heads; }
   int64_t head_dim() const { return kv_channels > 0 ? kv_channels : hidden_size / num_attention_heads; }
   // The embedding rows: vocab_size rounded up to make_vocab_size_divisible_by * tp.

@@ -114,16 +114,18 @@ bool holds(const std::string& when, const json& fields, const std::string& where
   if (when.empty()) return true;
   const bool negate = when[0] == '!';
   const std::string field = negate ? when.substr(1) : when;
-  LF_CHECK(fields.contains(field) && fields[field].is_boolean(), where, ": when '", when,
-           "' does not name a boolean foundation field");
-  return fields[field].get<bool>() != negate;
+  LF_CHECK(fields.contains(field) && (fields[field].is_boolean() || fields[field].is_number()), where, ": when '",
+           when, "' does not name a boolean or numeric foundation field");
+  const bool on = fields[field].is_boolean() ? fields[field].get<bool>() : fields[field].get<double>() != 0;
+  return on != negate;
 }
 
 std::map<std::string, int64_t> shape_symbols(const DecoderConfig& c) {
   return {{"h", c.hidden_size},         {"f", c.ffn_hidden_size}, {"nq", c.num_attention_heads},
           {"nkv", c.query_groups()},    {"d", c.head_dim()},      {"vocab", c.vocab_size},
           {"layers", c.num_layers},     {"experts", c.num_experts}, {"fe", c.expert_ffn_hidden_size()},
-          {"fs", c.moe_shared_expert_intermediate_size}};
+          {"fs", c.moe_shared_expert_intermediate_size}, {"ql", c.q_lora_rank}, {"kvl", c.kv_lora_rank},
+          {"dqk", c.qk_head_dim}, {"dr", c.qk_pos_emb_head_dim}, {"dv", c.v_head_dim}};
 }
 
 std::vector<int64_t> eval_shape(const std::vector<std::string>& shape,
@@ -144,8 +146,8 @@ std::vector<int64_t> eval_shape(const std::vector<std::string>& shape,
         } else {
           LF_CHECK(!factor.empty() && std::all_of(factor.begin(), factor.end(), ::isdigit),
                    "shape expression '", expr, "': unknown symbol '", factor, "'",
-                   lf::hint("symbols: h, f, nq, nkv, d, vocab, layers, experts, fe, fs and integers, "
-                            "joined by * and +"));
+                   lf::hint("symbols: h, f, nq, nkv, d, vocab, layers, experts, fe, fs, ql, kvl, dqk, dr, "
+                            "dv and integers, joined by * and +"));
           v *= std::stoll(factor);
         }
       }
@@ -196,6 +198,8 @@ Mapping load_mapping(const std::string& yaml_path) {
       k.field = scalar(need(c, "field", path), "field");
       if (const Node* n = c.find("negate")) k.negate = to_json(*n) == json(true);
       if (const Node* d = c.find("default")) k.has_default = true, k.default_value = to_json(*d);
+      if (const Node* t = c.find("times")) k.times = scalar(*t, "times");
+      if (const Node* z = c.find("zero_is_null")) k.zero_is_null = to_json(*z) == json(true);
       if (const Node* a = c.find("aliases")) {
         LF_CHECK(a->is_sequence(), where(*a), ": aliases must be a list of config.json keys");
         for (const auto& x : a->children()) k.aliases.push_back(scalar(x, "an alias"));
@@ -207,8 +211,13 @@ Mapping load_mapping(const std::string& yaml_path) {
     m->config.push_back(std::move(k));
   }
   if (const Node* moe = root.find("moe_layers")) {
-    m->sparse_step_key = scalar(need(*moe, "sparse_step", path), "sparse_step");
-    m->dense_layers_key = scalar(need(*moe, "dense_layers", path), "dense_layers");
+    m->moe_section = true;
+    for (const auto& c : moe->children())
+      LF_CHECK(c.key() == "sparse_step" || c.key() == "dense_layers" || c.key() == "first_dense", where(c),
+               ": unknown key '", c.key(), "' in moe_layers", lf::hint("sparse_step, dense_layers, first_dense"));
+    if (const Node* s = moe->find("sparse_step")) m->sparse_step_key = scalar(*s, "sparse_step");
+    if (const Node* d = moe->find("dense_layers")) m->dense_layers_key = scalar(*d, "dense_layers");
+    if (const Node* f = moe->find("first_dense")) m->first_dense_key = scalar(*f, "first_dense");
   }
   const Node& rope = need(root, "rope", path);
   m->rope_theta_field = scalar(need(rope, "theta", path), "theta");
@@ -218,7 +227,7 @@ Mapping load_mapping(const std::string& yaml_path) {
       RopeScaling r;
       r.type = t.key();
       r.flag = scalar(need(t, "flag", path), "flag");
-      check_field(r.flag, known, t);
+      check_field(r.flag.substr(0, r.flag.find('=')), known, t);
       for (const auto& f : need(t, "fields", path).children()) {
         check_field(scalar(f, "a rope field"), known, f);
         r.fields.emplace_back(f.key(), f.text());
@@ -344,7 +353,13 @@ DecoderConfig config_from_json(const json& j, const Mapping::Impl& m, const std:
     for (const auto& a : k.aliases)
       if (!present(key) && present(a)) key = a;
     json v = present(key) ? j[key] : k.default_value;
+    if (v.is_null() && k.zero_is_null && j.contains(key)) v = 0;
     if (v.is_null()) continue;
+    if (!k.times.empty()) {
+      LF_CHECK(v.is_number() && present(k.times) && j[k.times].is_number(), source, ": ", key, " (", v.dump(),
+               ") scales ", k.times, ", which must be a number too");
+      v = v.get<int64_t>() * j[k.times].get<int64_t>();
+    }
     if (k.negate) {
       LF_CHECK(v.is_boolean(), source, ": ", k.hf_key, " must be true or false, got ", v.dump());
       v = !v.get<bool>();
@@ -353,22 +368,24 @@ DecoderConfig config_from_json(const json& j, const Mapping::Impl& m, const std:
   }
   for (const auto& [field, value] : m.fixed)
     n.set(field, to_node(value, lf::config::Origin::from_file(m.path, 0)));
-  if (!m.sparse_step_key.empty() && n.find("num_layers") && n.find("num_experts")) {
-    // transformers' rule: layer i is MoE iff experts exist, i is not in mlp_only_layers and
-    // (i + 1) % decoder_sparse_step == 0.
+  if (m.moe_section && n.find("num_layers") && n.find("num_experts")) {
+    // transformers' rules: layer i is MoE iff experts exist, i is not in mlp_only_layers, i >=
+    // first_k_dense_replace and (i + 1) % decoder_sparse_step == 0.
     const int64_t layers = j.value("num_hidden_layers", int64_t{0});
-    const int64_t step = present(m.sparse_step_key) ? j[m.sparse_step_key].get<int64_t>() : 1;
+    const int64_t step = !m.sparse_step_key.empty() && present(m.sparse_step_key) ? j[m.sparse_step_key].get<int64_t>() : 1;
     LF_CHECK(step >= 1, source, ": ", m.sparse_step_key, " must be at least 1, got ", step);
+    const int64_t first_dense =
+        !m.first_dense_key.empty() && present(m.first_dense_key) ? j[m.first_dense_key].get<int64_t>() : 0;
     std::set<int64_t> dense;
-    if (present(m.dense_layers_key)) {
+    for (int64_t i = 0; i < first_dense; ++i) dense.insert(i);
+    if (!m.dense_layers_key.empty() && present(m.dense_layers_key)) {
       LF_CHECK(j[m.dense_layers_key].is_array(), source, ": ", m.dense_layers_key, " must be a list of layer indices");
       for (const auto& x : j[m.dense_layers_key]) dense.insert(x.get<int64_t>());
     }
     std::string pattern = "[";
     for (int64_t i = 0; i < layers; ++i)
       pattern += std::string(i ? "," : "") + ((!dense.count(i) && (i + 1) % step == 0) ? "1" : "0");
-    n.set("moe_layer_freq", Node::scalar(pattern + "]", origin(m.sparse_step_key + ", " + m.dense_layers_key),
-                                         /*quoted=*/true));
+    n.set("moe_layer_freq", Node::scalar(pattern + "]", origin("MoE layer keys"), /*quoted=*/true));
   }
   // RoPE: transformers < 5 writes rope_theta + rope_scaling, >= 5 rope_parameters {rope_theta,
   // rope_type, ...}.
@@ -390,7 +407,11 @@ DecoderConfig config_from_json(const json& j, const Mapping::Impl& m, const std:
       LF_CHECK(it != m.rope_scaling.end(), source, ": ", skey, " type '", type,
                "' is not supported by the ", m.model_type, " mapping (", m.path, "; supported: ",
                supported.empty() ? "none" : supported, ")");
-      n.set(it->flag, Node::scalar("true", origin(skey)));
+      const auto eq = it->flag.find('=');
+      if (eq == std::string::npos)
+        n.set(it->flag, Node::scalar("true", origin(skey)));
+      else
+        n.set(it->flag.substr(0, eq), Node::scalar(it->flag.substr(eq + 1), origin(skey), /*quoted=*/true));
       for (const auto& [key, field] : it->fields) {
         LF_CHECK(scaling->contains(key), source, ": ", skey, " (", type, ") lacks '", key, "'");
         n.set(field, to_node((*scaling)[key], origin(skey + "." + key)));
@@ -440,7 +461,7 @@ std::vector<ConfigDifference> model_differences(const DecoderConfig& a, const De
 
 json config_to_json(const DecoderConfig& config, const Mapping::Impl& m, at::ScalarType dtype) {
   const json fields = config_fields(config);
-  LF_CHECK(m.sparse_step_key.empty() || config.is_moe(), "the ", m.model_type, " mapping (", m.path,
+  LF_CHECK(!m.moe_section || config.is_moe(), "the ", m.model_type, " mapping (", m.path,
            ") is for MoE models; this one has no experts (num_experts 0)");
   for (const auto& [field, value] : m.fixed)
     LF_CHECK(same_json(fields[field], value), "the ", m.model_type, " mapping (", m.path,
@@ -449,24 +470,48 @@ json config_to_json(const DecoderConfig& config, const Mapping::Impl& m, at::Sca
   out["architectures"] = json::array({m.architecture});
   out["model_type"] = m.model_type;
   for (const auto& [key, value] : m.constants) out[key] = value;
+  for (const auto& k : m.config) {
+    json v = k.negate ? json(!fields[k.field].get<bool>()) : fields[k.field];
+    if (k.zero_is_null && v.is_number() && v.get<double>() == 0) v = nullptr;
+    out[k.hf_key] = v;
+  }
   for (const auto& k : m.config)
-    out[k.hf_key] = k.negate ? json(!fields[k.field].get<bool>()) : fields[k.field];
-  if (!m.sparse_step_key.empty()) {
+    if (!k.times.empty()) {  // hf_key = field / the value of `times` (written above)
+      const int64_t total = fields[k.field].get<int64_t>(), unit = out.value(k.times, json(0)).get<int64_t>();
+      LF_CHECK(unit > 0 && total % unit == 0, "the ", m.model_type, " config.json (", m.path, ") writes ", k.field,
+               " ", total, " as ", k.hf_key, " x ", k.times, " (", unit, "), which does not divide it");
+      out[k.hf_key] = total / unit;
+    }
+  if (m.moe_section) {
     const auto pattern = config.moe_layer_pattern();
+    if (!m.sparse_step_key.empty()) out[m.sparse_step_key] = 1;
+    size_t first = 0;
+    if (!m.first_dense_key.empty()) {
+      while (first < pattern.size() && !pattern[first]) ++first;
+      out[m.first_dense_key] = static_cast<int64_t>(first);
+    }
     json dense = json::array();
-    for (size_t i = 0; i < pattern.size(); ++i)
+    for (size_t i = first; i < pattern.size(); ++i)
       if (!pattern[i]) dense.push_back(static_cast<int64_t>(i));
-    out[m.sparse_step_key] = 1;
-    out[m.dense_layers_key] = dense;
+    if (!m.dense_layers_key.empty()) {
+      out[m.dense_layers_key] = dense;
+    } else {
+      LF_CHECK(dense.empty(), "the ", m.model_type, " config.json (", m.path, ") can only make the first layers dense; "
+               "moe_layer_freq ", config.moe_layer_freq, " has dense layers after MoE ones");
+    }
   }
   out["rope_theta"] = fields[m.rope_theta_field];
   out["rope_scaling"] = nullptr;
-  for (const auto& r : m.rope_scaling)
-    if (fields[r.flag].get<bool>()) {
+  for (const auto& r : m.rope_scaling) {
+    const auto eq = r.flag.find('=');
+    const bool on = eq == std::string::npos ? fields[r.flag].get<bool>()
+                                            : fields[r.flag.substr(0, eq)] == json(r.flag.substr(eq + 1));
+    if (on) {
       json s = {{"rope_type", r.type}};
       for (const auto& [key, field] : r.fields) s[key] = fields[field];
       out["rope_scaling"] = s;
     }
+  }
   out["torch_dtype"] = dtype == at::kBFloat16 ? "bfloat16" : dtype == at::kHalf ? "float16" : "float32";
   out["use_cache"] = true;
   // Whatever config.json cannot say would be lost silently: read it back and compare.

@@ -38,12 +38,15 @@ struct IgnoreRule {
 struct ConfigKey {
   std::string hf_key, field;
   std::vector<std::string> aliases;  // other config.json keys read for it (written as hf_key)
+  std::string times;                 // the field is hf_key's value times this config.json key's
+  bool zero_is_null = false;         // config.json null <-> 0 (DeepSeek's q_lora_rank)
   bool negate = false;
   bool has_default = false;
   json default_value;
 };
 
 struct RopeScaling {
+  // flag: a boolean field switched on, or `field=value` (a string field set to value).
   std::string type, flag;
   std::vector<std::pair<std::string, std::string>> fields;  // HF key -> foundation field
 };
@@ -58,14 +61,15 @@ struct Mapping::Impl {
   std::vector<TensorRule> tensors;
   std::vector<IgnoreRule> ignore;
   // MoE layer placement (moe_layer_freq) in config.json: Qwen-MoE's decoder_sparse_step and
-  // mlp_only_layers (keys empty: the family has no such section).
-  std::string sparse_step_key, dense_layers_key;
+  // mlp_only_layers, DeepSeek's first_k_dense_replace (keys empty: not in the family).
+  bool moe_section = false;
+  std::string sparse_step_key, dense_layers_key, first_dense_key;
 };
 
 // Every field of the config as JSON (int64 / double / bool / string), with kv_channels and
 // num_query_groups resolved (head_dim(), query_groups()).
 json config_fields(const DecoderConfig& config);
-// `when` of a rule: "" is true; "x" / "!x" read the boolean field x.
+// `when` of a rule: "" is true; "x" / "!x" read the boolean field x (a number: non-zero).
 bool holds(const std::string& when, const json& fields, const std::string& where);
 
 // config.json (parsed) -> DecoderConfig, validated; `source` names the file in messages.
@@ -76,7 +80,8 @@ json config_to_json(const DecoderConfig& config, const Mapping::Impl& m, at::Sca
 json read_json_file(const std::string& path);
 
 // Shape expressions: the symbols h, f, nq, nkv, d, vocab, layers, experts, fe (one routed
-// expert's hidden size), fs (the shared experts').
+// expert's hidden size), fs (the shared experts'), and MLA's ql (q_lora_rank), kvl
+// (kv_lora_rank), dqk (qk_head_dim), dr (qk_pos_emb_head_dim), dv (v_head_dim).
 std::map<std::string, int64_t> shape_symbols(const DecoderConfig& config);
 std::vector<int64_t> eval_shape(const std::vector<std::string>& shape,
                                 const std::map<std::string, int64_t>& symbols);

@@ -2,7 +2,7 @@
 Python is a test oracle only; LoongForge never runs it.
 
   hf_oracle.py make OUT
-      For each family (llama, qwen2, qwen3, qwen3_moe): a tiny random model (fixed seed, GQA, vocabulary 200
+      For each family (llama, qwen2, qwen3, qwen3_moe, deepseek_v3): a tiny random model (fixed seed, GQA, vocabulary 200
       so LoongForge pads it, every norm weight and bias random too), saved with save_pretrained to
       OUT/<family>/hf (fp32, sharded with an index for llama) and OUT/<family>/hf_bf16 (bf16,
       sharded), and OUT/<family>/logits.safetensors: input_ids [2, 9] int64, logits [2, 9, 200]
@@ -23,7 +23,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from transformers import (AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, Qwen2Config,
                           Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM, Qwen3MoeConfig,
-                          Qwen3MoeForCausalLM)
+                          Qwen3MoeForCausalLM, DeepseekV3Config, DeepseekV3ForCausalLM)
 
 VOCAB = 200
 COMMON = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
@@ -50,6 +50,19 @@ def families():
             **{**COMMON, "num_hidden_layers": 3}, head_dim=16, rms_norm_eps=1e-6,
             tie_word_embeddings=False, rope_theta=1000000.0, num_experts=4, num_experts_per_tok=2,
             moe_intermediate_size=40, mlp_only_layers=[1], norm_topk_prob=True)),
+        # MLA (query bottleneck, YaRN with mscale != mscale_all_dim, interleaved rotary dims), the
+        # first layer dense, 8 experts in 4 groups (2 per token), top-4, sigmoid scores with the
+        # score-correction bias, scaled, one shared expert; no multi-token prediction layer.
+        "deepseek_v3": (DeepseekV3ForCausalLM, DeepseekV3Config(
+            **{**COMMON, "num_hidden_layers": 3, "num_key_value_heads": 4}, rms_norm_eps=1e-6,
+            tie_word_embeddings=False, q_lora_rank=24, kv_lora_rank=16, qk_nope_head_dim=16,
+            qk_rope_head_dim=8, v_head_dim=12, n_routed_experts=8, n_group=4, topk_group=2,
+            num_experts_per_tok=4, moe_intermediate_size=24, n_shared_experts=1,
+            first_k_dense_replace=1, routed_scaling_factor=2.5, norm_topk_prob=True,
+            num_nextn_predict_layers=0, rope_interleave=True,
+            rope_parameters={"rope_type": "yarn", "factor": 4.0, "mscale": 1.0, "mscale_all_dim": 0.5,
+                             "original_max_position_embeddings": 16, "beta_fast": 32,
+                             "beta_slow": 1, "rope_theta": 10000.0})),
     }
 
 
@@ -68,6 +81,15 @@ def randomize(model, seed):
                 p.copy_(0.05 * noise)
 
 
+def randomize_buffers(model, seed):
+    # DeepSeek's score-correction bias is a buffer (saved with the weights): make it matter.
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, b in model.named_buffers():
+            if name.endswith("e_score_correction_bias"):
+                b.copy_(0.2 * torch.randn(b.shape, generator=g))
+
+
 def logits_of(model, ids):
     with torch.no_grad():
         return model(input_ids=ids).logits.float().contiguous()
@@ -80,6 +102,7 @@ def make(out):
         config.architectures = [cls.__name__]
         model = cls(config).float().eval()
         randomize(model, 100 + seed)
+        randomize_buffers(model, 200 + seed)
         d = os.path.join(out, family)
         shard = "20KB" if family == "llama" else "50GB"
         model.save_pretrained(os.path.join(d, "hf"), max_shard_size=shard)

@@ -5,6 +5,7 @@
 // round-trip check), so lf2hf can export it.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 
@@ -63,6 +64,9 @@ const Preset kPresets[] = {
     // activated, 235B / 22B.
     {"qwen3_moe", "qwen3_30b_a3b", 30'532'122'624, "Qwen3MoeForCausalLM"},
     {"qwen3_moe", "qwen3_235b_a22b", 235'093'634'560, "Qwen3MoeForCausalLM"},
+    // deepseek-ai/DeepSeek-V3 config.json; the paper's 671B total / 37B activated (its HF release
+    // adds the 14B multi-token-prediction layer, not built yet: 685B).
+    {"deepseek_v3", "deepseek_v3", 671'026'419'200, "DeepseekV3ForCausalLM"},
 };
 
 TEST(ModelPresets, PublishedParameterCounts) {
@@ -84,6 +88,10 @@ TEST(ModelPresets, MoeActiveParameters) {
   const auto a22b = load_preset("qwen3_moe", "qwen3_235b_a22b");
   EXPECT_NEAR(static_cast<double>(a22b.num_active_parameters()), 22e9, 0.5e9);
   for (bool moe : a3b.moe_layer_pattern()) EXPECT_TRUE(moe);
+  const auto v3 = load_preset("deepseek_v3", "deepseek_v3");
+  EXPECT_NEAR(static_cast<double>(v3.num_active_parameters()), 37e9, 0.6e9);
+  const auto pattern = v3.moe_layer_pattern();
+  EXPECT_EQ(std::count(pattern.begin(), pattern.end(), false), 3);
 }
 
 TEST(ModelPresets, FamilyFeatures) {

@@ -202,8 +202,9 @@ void validate_moe_fields(const DecoderConfig& c, const Origin& origin, const Key
     errors.add(key("moe_shared_expert_gate"), origin("moe_shared_expert_gate"),
                "moe_shared_expert_gate is set but there are no shared experts",
                "set moe_shared_expert_intermediate_size, or drop the gate");
-  if (c.moe_router_load_balancing_type != "none" && c.moe_aux_loss_coeff == 0 &&
-      origin("moe_router_load_balancing_type").kind != lf::config::Origin::Kind::default_)
+  // The default type (aux_loss, as Megatron's) with coefficient 0 is simply no loss; choosing the
+  // per-sequence loss without a coefficient would silently compute nothing.
+  if (c.moe_router_load_balancing_type == "seq_aux_loss" && c.moe_aux_loss_coeff == 0)
     errors.add(key("moe_aux_loss_coeff"), origin("moe_router_load_balancing_type"),
                "moe_router_load_balancing_type " + c.moe_router_load_balancing_type +
                    " is set but moe_aux_loss_coeff is 0, so no load-balancing loss is computed",

@@ -2,7 +2,7 @@
 Python is a test oracle only; LoongForge never runs it.
 
   hf_oracle.py make OUT
-      For each family (llama, qwen2, qwen3, qwen3_moe, deepseek_v3): a tiny random model (fixed seed, GQA, vocabulary 200
+      For each family (llama, qwen2, qwen3, qwen3_moe, deepseek_v3, deepseek_v2): a tiny random model (fixed seed, GQA, vocabulary 200
       so LoongForge pads it, every norm weight and bias random too), saved with save_pretrained to
       OUT/<family>/hf (fp32, sharded with an index for llama) and OUT/<family>/hf_bf16 (bf16,
       sharded), and OUT/<family>/logits.safetensors: input_ids [2, 9] int64, logits [2, 9, 200]
@@ -23,7 +23,8 @@ import torch
 from safetensors.torch import load_file, save_file
 from transformers import (AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, Qwen2Config,
                           Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM, Qwen3MoeConfig,
-                          Qwen3MoeForCausalLM, DeepseekV3Config, DeepseekV3ForCausalLM)
+                          Qwen3MoeForCausalLM, DeepseekV3Config, DeepseekV3ForCausalLM,
+                          DeepseekV2Config, DeepseekV2ForCausalLM)
 
 VOCAB = 200
 COMMON = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
@@ -61,6 +62,17 @@ def families():
             first_k_dense_replace=1, routed_scaling_factor=2.5, norm_topk_prob=True,
             num_nextn_predict_layers=0, rope_interleave=True,
             rope_parameters={"rope_type": "yarn", "factor": 4.0, "mscale": 1.0, "mscale_all_dim": 0.5,
+                             "original_max_position_embeddings": 16, "beta_fast": 32,
+                             "beta_slow": 1, "rope_theta": 10000.0})),
+        # DeepSeek-V2(-Lite): MLA without the query bottleneck, softmax routing (greedy top-3 of 8,
+        # unnormalised, scaled by 1.5), two shared experts, the first layer dense.
+        "deepseek_v2": (DeepseekV2ForCausalLM, DeepseekV2Config(
+            **{**COMMON, "num_hidden_layers": 3, "num_key_value_heads": 4}, rms_norm_eps=1e-6,
+            tie_word_embeddings=False, q_lora_rank=None, kv_lora_rank=16, qk_nope_head_dim=16,
+            qk_rope_head_dim=8, v_head_dim=12, n_routed_experts=8, num_experts_per_tok=3,
+            moe_intermediate_size=24, n_shared_experts=2, first_k_dense_replace=1,
+            routed_scaling_factor=1.5, topk_method="greedy",
+            rope_parameters={"rope_type": "yarn", "factor": 4.0, "mscale": 0.707, "mscale_all_dim": 0.707,
                              "original_max_position_embeddings": 16, "beta_fast": 32,
                              "beta_slow": 1, "rope_theta": 10000.0})),
     }

@@ -40,7 +40,7 @@ namespace fs = std::filesystem;
 namespace hf = lf::models::hf;
 using nlohmann::json;
 
-const char* kFamilies[] = {"llama", "qwen2", "qwen3", "qwen3_moe", "deepseek_v3"};
+const char* kFamilies[] = {"llama", "qwen2", "qwen3", "qwen3_moe", "deepseek_v3", "deepseek_v2"};
 // MoE layers run at TP 1 only (expert parallelism is not built yet).
 const char* kDenseFamilies[] = {"llama", "qwen2", "qwen3"};
 

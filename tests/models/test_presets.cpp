@@ -67,6 +67,8 @@ const Preset kPresets[] = {
     // deepseek-ai/DeepSeek-V3 config.json; the paper's 671B total / 37B activated (its HF release
     // adds the 14B multi-token-prediction layer, not built yet: 685B).
     {"deepseek_v3", "deepseek_v3", 671'026'419'200, "DeepseekV3ForCausalLM"},
+    // deepseek-ai/DeepSeek-V2-Lite config.json; model card: 15.7B total.
+    {"deepseek_v2", "deepseek_v2_lite", 15'706'484'224, "DeepseekV2ForCausalLM"},
 };
 
 TEST(ModelPresets, PublishedParameterCounts) {
@@ -92,6 +94,10 @@ TEST(ModelPresets, MoeActiveParameters) {
   EXPECT_NEAR(static_cast<double>(v3.num_active_parameters()), 37e9, 0.6e9);
   const auto pattern = v3.moe_layer_pattern();
   EXPECT_EQ(std::count(pattern.begin(), pattern.end(), false), 3);
+  // DeepSeek-V2-Lite's card says 2.4B activated: without the input embedding (a lookup) ours is 2.45B.
+  const auto lite = load_preset("deepseek_v2", "deepseek_v2_lite");
+  EXPECT_NEAR(static_cast<double>(lite.num_active_parameters() - lite.padded_vocab_size() * lite.hidden_size), 2.4e9,
+              0.1e9);
 }
 
 TEST(ModelPresets, FamilyFeatures) {

@@ -207,6 +207,11 @@ TEST(MoeTraining, LayoutsNotBuiltForMoeAreRefusedWithTheKey) {
       {1, {"--moe-token-dispatcher-type", "alltoall"}, "--moe-token-dispatcher-type"},
       {1, {"--moe-router-num-groups", "3", "--moe-router-group-topk", "1"}, "model.foundation.moe_router_num_groups"},
   };
+  {  // the dry run of a valid MoE job states the parameters a token passes through
+    auto r = train(1, d + "/ok", {"--dry-run"}, 4);
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_NE(r.output.find("372056 parameters (206168 active per token)"), std::string::npos) << r.output;
+  }
   for (const auto& c : cases) {
     std::vector<std::string> a = c.args;
     a.push_back("--dry-run");

@@ -211,7 +211,9 @@ std::string CausalLmPlan::describe() const {
             dp = layout_.size(lf::dist::Axis::dp);
   os << "model: " << config_->type << "\n"
      << "  foundation     " << config_->component("foundation").type << ", " << foundation_.num_parameters()
-     << " parameters | tp " << tp << ", pp " << pp << ", dp " << dp << " (the job's layout)"
+     << " parameters"
+     << (foundation_.is_moe() ? " (" + std::to_string(foundation_.num_active_parameters()) + " active per token)" : "")
+     << " | tp " << tp << ", pp " << pp << ", dp " << dp << " (the job's layout)"
      << (frozen_ ? " | frozen" : "") << "\n"
      << describe_components() << stage_assignment() << estimates();
   return os.str();

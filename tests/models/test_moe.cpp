@@ -387,17 +387,7 @@ TEST(MoeDecoderConfig, ValidationNamesTheField) {
 
 lf::models::DecoderConfig tiny_mla(bool q_lora) {
   auto c = tiny_decoder_config();
-  c.multi_latent_attention = true;
-  c.q_lora_rank = q_lora ? 12 : 0;
-  c.kv_lora_rank = 10;
-  c.qk_head_dim = 6;
-  c.qk_pos_emb_head_dim = 4;
-  c.v_head_dim = 5;
-  c.rope_type = "yarn";
-  c.rotary_scaling_factor = 4;
-  c.mscale_all_dim = 0.7;
-  c.rope_scaling_original_max_position_embeddings = 4;
-  c.rotary_interleaved = true;
+  make_tiny_mla(c, q_lora);
   return c;
 }
 

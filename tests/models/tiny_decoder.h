@@ -19,4 +19,20 @@ inline lf::models::DecoderConfig tiny_decoder_config() {
   return c;
 }
 
+// Multi-latent attention on a tiny shape (DeepSeek-style: a query bottleneck unless q_lora is
+// false, YaRN with mscale_all_dim != mscale over `original` positions, interleaved rotary dims).
+inline void make_tiny_mla(lf::models::DecoderConfig& c, bool q_lora = true, int64_t original = 4) {
+  c.multi_latent_attention = true;
+  c.q_lora_rank = q_lora ? 12 : 0;
+  c.kv_lora_rank = 10;
+  c.qk_head_dim = 6;
+  c.qk_pos_emb_head_dim = 4;
+  c.v_head_dim = 5;
+  c.rope_type = "yarn";
+  c.rotary_scaling_factor = 4;
+  c.mscale_all_dim = 0.7;
+  c.rope_scaling_original_max_position_embeddings = original;
+  c.rotary_interleaved = true;
+}
+
 }  // namespace lf::testing

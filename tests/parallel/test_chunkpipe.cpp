@@ -152,17 +152,7 @@ TEST(ChunkPipe, EightChunksOf4096TokensEqualUnchunked) {
 TEST(ChunkPipe, MultiLatentAttentionChunkedEqualsUnchunked) {
   const auto& be = lf::backend::cpu_backend();
   auto c = model(256, false);
-  c.multi_latent_attention = true;
-  c.q_lora_rank = 12;
-  c.kv_lora_rank = 10;
-  c.qk_head_dim = 6;
-  c.qk_pos_emb_head_dim = 4;
-  c.v_head_dim = 5;
-  c.rope_type = "yarn";
-  c.rotary_scaling_factor = 4;
-  c.mscale_all_dim = 0.7;
-  c.rope_scaling_original_max_position_embeddings = 64;
-  c.rotary_interleaved = true;
+  lf::testing::make_tiny_mla(c, true, 64);
   Decoder whole(c, be, 5, at::kFloat), chunked(c, be, 5, at::kFloat);
   perturb(whole);
   chunked.load_full_parameters(full_parameters(whole));

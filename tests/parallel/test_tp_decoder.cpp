@@ -12,6 +12,7 @@
 #include "loongforge/core/error.h"
 #include "loongforge/models/composites/causal_lm.h"
 #include "multiprocess.h"
+#include "../models/tiny_decoder.h"
 #include "tp_testing.h"
 
 namespace {
@@ -68,17 +69,7 @@ DecoderConfig variant(int tp, int which) {
   } else if (which == 3) {
     // Multi-latent attention (heads split; the down projections and latent norms replicated
     // with their gradients summed over TP), YaRN RoPE on interleaved pairs.
-    c.multi_latent_attention = true;
-    c.q_lora_rank = 12;
-    c.kv_lora_rank = 10;
-    c.qk_head_dim = 6;
-    c.qk_pos_emb_head_dim = 4;
-    c.v_head_dim = 5;
-    c.rope_type = "yarn";
-    c.rotary_scaling_factor = 4;
-    c.mscale_all_dim = 0.7;
-    c.rope_scaling_original_max_position_embeddings = 4;
-    c.rotary_interleaved = true;
+    lf::testing::make_tiny_mla(c);
   }
   return c;
 }

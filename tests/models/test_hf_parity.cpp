@@ -41,8 +41,6 @@ namespace hf = lf::models::hf;
 using nlohmann::json;
 
 const char* kFamilies[] = {"llama", "qwen2", "qwen3", "qwen3_moe", "deepseek_v3", "deepseek_v2"};
-// MoE layers run at TP 1 only (expert parallelism is not built yet).
-const char* kDenseFamilies[] = {"llama", "qwen2", "qwen3"};
 
 std::string python() { return lf::testing::source_dir() + "/.venv/bin/python"; }
 std::string oracle_script() { return lf::testing::source_dir() + "/tests/models/hf_oracle.py"; }
@@ -132,7 +130,7 @@ TEST(HfParity, LogitsMatchTransformers) {
 LF_WORKER_CASE(hf_parity_tp2) {
   const std::string dir = lf::testing::worker_args().at(0);
   auto ctx = lf::testing::make_context(2);
-  for (const char* family : kDenseFamilies) {
+  for (const char* family : kFamilies) {
     // oracle_dir() is this process's; the parent's directory comes as an argument.
     const std::string d = dir + "/" + family;
     // The full tensors (vocabulary padded for TP 2) into this rank's shards.

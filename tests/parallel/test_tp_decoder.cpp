@@ -66,6 +66,24 @@ DecoderConfig variant(int tp, int which) {
     c.normalization = "LayerNorm";
     c.swiglu = false;
     c.add_bias_linear = true;
+  } else if (which == 4) {
+    // MoE (expert TP = TP): the router replicated with its gradient summed over TP, each expert's
+    // fc1/fc2 split as the dense MLP; shared experts with their gate; both auxiliary losses, whose
+    // gradient each rank takes 1/tp of; DeepSeek-style sigmoid routing in groups with the bias.
+    c.num_layers = 3;
+    c.num_experts = 4;
+    c.moe_router_topk = 2;
+    c.moe_ffn_hidden_size = 8;
+    c.moe_layer_freq = "[0,1,1]";
+    c.moe_router_score_function = "sigmoid";
+    c.moe_router_num_groups = 2;
+    c.moe_router_group_topk = 1;
+    c.moe_router_enable_expert_bias = true;
+    c.moe_shared_expert_intermediate_size = 8;
+    c.moe_shared_expert_gate = true;
+    c.moe_router_load_balancing_type = "seq_aux_loss";
+    c.moe_aux_loss_coeff = 0.1;
+    c.moe_z_loss_coeff = 0.01;
   } else if (which == 3) {
     // Multi-latent attention (heads split; the down projections and latent norms replicated
     // with their gradients summed over TP), YaRN RoPE on interleaved pairs.
@@ -101,14 +119,17 @@ void check_decoder(lf::dist::ParallelContext& ctx, at::ScalarType dtype, bool sp
     const auto& p = par.parameters()[i];
     const auto& q = single.parameters()[i];
     ASSERT_EQ(p.name, q.name);
-    const bool latent = p.name.find("down_proj") != std::string::npos || p.name.find("kv_layernorm") != std::string::npos;
+    // Replicated with a gradient partial per TP rank: MLA's latents, the MoE router.
+    const bool latent = p.name.find("down_proj") != std::string::npos || p.name.find("kv_layernorm") != std::string::npos ||
+                        p.name.find("router.weight") != std::string::npos;
     const bool replicated = p.name.find("norm") != std::string::npos ||
                             p.name.find("linear_proj.bias") != std::string::npos ||
-                            p.name.find("linear_fc2.bias") != std::string::npos || latent;
+                            p.name.find("linear_fc2.bias") != std::string::npos ||
+                            p.name.find("gate_weight") != std::string::npos || p.state || latent;
     EXPECT_EQ(p.sharding.is_replicated(), replicated) << p.name;
     EXPECT_EQ(p.is_split(), !replicated) << p.name;
     const bool qk_norm = p.name.find("q_layernorm") != std::string::npos || p.name.find("k_layernorm") != std::string::npos;
-    EXPECT_EQ(p.sequence_parallel, (sp && replicated) || qk_norm || latent) << p.name;
+    EXPECT_EQ(p.sequence_parallel, !p.state && ((sp && replicated) || qk_norm || latent)) << p.name;
     auto full = gather_shards(p.tensor, p.sharding.dim, p.sharding.blocks, tp);
     auto want = q.tensor.detach();
     if (full.size(0) != want.size(0)) {  // vocabulary tables: compare the real rows
@@ -142,6 +163,7 @@ void check_decoder(lf::dist::ParallelContext& ctx, at::ScalarType dtype, bool sp
   got_loss.sum().backward();
   for (size_t i = 0; i < par.parameters().size(); ++i) {
     const auto& p = par.parameters()[i];
+    if (p.state) continue;  // the expert bias: model state, no gradient
     at::Tensor g = p.tensor.grad();
     ASSERT_TRUE(g.defined()) << p.name;
     // What the optimizer does for `sequence_parallel` parameters: sum over TP.
@@ -162,7 +184,7 @@ LF_WORKER_CASE(tp_decoder) {
   for (bool sp : {false, true}) {
     check_decoder(*ctx, at::kFloat, sp, {1e-5, 1e-5});
     check_decoder(*ctx, at::kBFloat16, sp, {3e-2, 3e-2});
-    for (int which : {1, 2, 3}) check_decoder(*ctx, at::kFloat, sp, {1e-5, 1e-5}, which);
+    for (int which : {1, 2, 3, 4}) check_decoder(*ctx, at::kFloat, sp, {1e-5, 1e-5}, which);
   }
 }
 

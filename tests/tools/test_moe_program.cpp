@@ -1,7 +1,7 @@
 // MoE training end to end with loongforge-train / loongforge-run (configs/demo_moe.yaml: tiny
 // Qwen3-MoE, the first layer dense, 8 experts top-2; load-balancing loss, z-loss and the expert
 // bias all on; --deterministic-mode):
-//  - DP = 2 (with ZeRO-1 and overlapped reduction), PP = 2 and full recomputation equal the
+//  - DP = 2 (with ZeRO-1 and overlapped reduction), PP = 2, TP = 2 with SP and full recomputation equal the
 //    single process over the same micro-batches, and with the per-sequence balancing loss any
 //    micro-batch split equals one batch: every step's loss (the auxiliary losses included) and
 //    expert load, and the final parameters (expert biases included);
@@ -121,6 +121,10 @@ TEST(MoeTraining, ParallelLayoutsEqualSingleProcess) {
   expect_equivalent(one, train(2, d + "/pp2", {"--micro-batch-size", "2", "--pipeline-model-parallel-size", "2"}),
                     "PP=2");
   expect_equivalent(one,
+                    train(2, d + "/tp2sp", {"--micro-batch-size", "2", "--tensor-model-parallel-size", "2",
+                                            "--sequence-parallel"}),
+                    "TP=2 + SP (expert TP 2)");
+  expect_equivalent(one,
                     train(1, d + "/recompute", {"--micro-batch-size", "2", "--recompute-granularity", "full",
                                                 "--recompute-method", "uniform", "--recompute-num-layers", "1"}),
                     "full recomputation");
@@ -201,7 +205,8 @@ TEST(MoeTraining, LayoutsNotBuiltForMoeAreRefusedWithTheKey) {
     std::string key;
   };
   const Case cases[] = {
-      {2, {"--tensor-model-parallel-size", "2"}, "parallel.tensor_model_parallel_size"},
+      {2, {"--tensor-model-parallel-size", "2", "--expert-tensor-parallel-size", "1"},
+       "parallel.expert_tensor_parallel_size"},
       {2, {"--expert-model-parallel-size", "2"}, "parallel.expert_model_parallel_size"},
       {1, {"--chunkpipe-chunk-size", "16"}, "parallel.chunkpipe_chunk_size"},
       {1, {"--moe-token-dispatcher-type", "alltoall"}, "--moe-token-dispatcher-type"},

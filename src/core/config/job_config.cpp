@@ -118,8 +118,9 @@ void validate(const JobConfig& job, const Node& resolved, ErrorList& errors) {
            "drop --overlap-param-gather (--overlap-grad-reduce overlaps the gradient reduction)");
   if (c.ok({"parallel.expert_tensor_parallel_size"}) && p.expert_tensor_parallel_size)
     c.fail("parallel.expert_tensor_parallel_size",
-           "--expert-tensor-parallel-size applies to MoE experts, which arrive with issue 14 (Qwen3-MoE, DeepSeek-V3)",
-           "drop it; dense models use --tensor-model-parallel-size");
+           "--expert-tensor-parallel-size is not built yet: MoE experts are split over the tensor-parallel group like "
+           "the dense MLP (expert TP = TP); a separate expert TP size comes with expert parallelism (issue 14)",
+           "drop it; --tensor-model-parallel-size splits the experts too");
   for (const char* key : {"data.vocab_file", "data.merge_file"})
     if (c.ok({key}) && c.given(key))
       c.fail(key,

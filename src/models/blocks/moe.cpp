@@ -11,6 +11,7 @@
 #include "loongforge/backend/functional.h"
 #include "loongforge/core/error.h"
 #include "loongforge/models/recompute.h"
+#include "loongforge/parallel/tensor/mappings.h"
 
 namespace lf::models {
 namespace {
@@ -66,10 +67,14 @@ MoeLayer::MoeLayer(ParamBuilder& b, const std::string& prefix, const MoeConfig& 
   const int64_t h = c.hidden_size, e = c.num_experts, f = c.ffn_hidden_size, in = c.swiglu ? 2 * f : f;
   LF_CHECK(e > 0 && c.topk >= 1 && c.topk <= e, "MoE layer ", prefix, ": top-k ", c.topk, " must lie in [1, ",
            e, "] (num_experts)");
-  router_ = b.add(prefix + ".router.weight", b.normal({e, h}, c.init_std), Sharding::replicated(), false);
+  // Under tensor parallelism every rank routes the whole sequence (the router replicated, its
+  // gradient partial per rank: each rank backpropagates its experts' shards) and holds every
+  // expert's TP shard, split as the dense MLP: fc1's gate and up rows each, fc2's columns.
+  router_ = b.add(prefix + ".router.weight", b.normal({e, h}, c.init_std), Sharding::replicated(), false, true);
   if (c.expert_bias) expert_bias_ = b.add_state(prefix + ".router.expert_bias", at::zeros({e}, at::kFloat));
-  fc1_ = b.add(prefix + ".experts.linear_fc1.weight", b.normal({e, in, h}, c.init_std), Sharding::replicated(), false);
-  fc2_ = b.add(prefix + ".experts.linear_fc2.weight", b.normal({e, h, f}, c.out_std), Sharding::replicated(), false);
+  fc1_ = b.add(prefix + ".experts.linear_fc1.weight", b.normal({e, in, h}, c.init_std),
+               Sharding::along(1, c.swiglu ? 2 : 1), false);
+  fc2_ = b.add(prefix + ".experts.linear_fc2.weight", b.normal({e, h, f}, c.out_std), Sharding::along(2), false);
   if (c.shared_ffn_hidden_size > 0) {
     has_shared_ = true;
     shared_ = Mlp(b, prefix + ".shared_experts",
@@ -127,11 +132,14 @@ MoeLayer::Routing MoeLayer::route(const at::Tensor& x2d) const {
 at::Tensor MoeLayer::forward(const lf::backend::DeviceBackend& be, const lf::parallel::TensorParallel& tp,
                              const at::Tensor& x, bool training, bool selective_recompute, MoeStep* step,
                              size_t moe_index, size_t moe_layers) const {
-  LF_CHECK(tp.size() == 1, "MoE layers run at tensor-model-parallel size 1 (expert and tensor parallelism of "
-           "the experts are not built yet), got ", tp.size());
-  LF_CHECK(x.dim() == 3, "MoE layer: x must be [s, b, h], got ", x.sizes());
-  const int64_t s = x.size(0), bsz = x.size(1), h = x.size(2), t = s * bsz, e = c_.num_experts, k = c_.topk;
-  auto x2d = x.reshape({t, h});
+  LF_CHECK(x.dim() == 3, "MoE layer: x must be [s(/tp), b, h], got ", x.sizes());
+  // Enter the TP region: the whole sequence on every rank (SP: gathered).
+  const int tps = tp.size();
+  at::Tensor xf = x;
+  if (tps > 1)
+    xf = tp.sequence_parallel ? lf::parallel::gather_from_sequence_parallel(x, *tp.tp) : lf::parallel::copy_to_tp(x, *tp.tp);
+  const int64_t s = xf.size(0), bsz = xf.size(1), h = xf.size(2), t = s * bsz, e = c_.num_experts, k = c_.topk;
+  auto x2d = xf.reshape({t, h});
   Routing r = route(x2d);
 
   auto perm = lf::ops::moe_permute(be, x2d, r.indices, e);
@@ -143,16 +151,22 @@ at::Tensor MoeLayer::forward(const lf::backend::DeviceBackend& be, const lf::par
                      ? lf::models::recompute([act](const std::vector<at::Tensor>& v) { return act(v[0]); }, {fc1})
                      : act(fc1);
   auto y = lf::ops::grouped_gemm(be, a, fc2_, perm.tokens_per_expert);
-  at::Tensor out = lf::ops::moe_unpermute(be, y, perm.position, r.probs);
-  if (has_shared_) {
-    at::Tensor shared = shared_.forward(be, tp, x, selective_recompute).reshape({t, h});
-    if (shared_gate_.defined()) shared = shared * at::sigmoid(at::matmul(x2d, shared_gate_.t()));
-    out = out + shared;
-  }
+  at::Tensor out = lf::ops::moe_unpermute(be, y, perm.position, r.probs);  // [t, h], this rank's partial sum
+  // Leave the TP region: the partial sums reduced (SP: and scattered back to the sequence chunks).
+  auto finish = [&](at::Tensor routed) {
+    routed = routed.view({s, bsz, h});
+    if (tps > 1)
+      routed = tp.sequence_parallel ? lf::parallel::reduce_scatter_to_sequence_parallel(routed, *tp.tp)
+                                    : lf::parallel::reduce_from_tp(routed, *tp.tp);
+    if (!has_shared_) return routed;
+    at::Tensor shared = shared_.forward(be, tp, x, selective_recompute);  // x: this rank's chunk under SP
+    if (shared_gate_.defined()) shared = shared * at::sigmoid(at::matmul(x, shared_gate_.t()));
+    return routed + shared;
+  };
 
   // Auxiliary losses and statistics, only for a pass whose graph is backpropagated.
   const bool counted = training && at::GradMode::is_enabled();
-  if (!counted) return out.view({s, bsz, h});
+  if (!counted) return finish(out);
   std::map<std::string, double> values;
   at::Tensor aux;
   if (c_.load_balancing != "none" && c_.aux_loss_coeff > 0) {
@@ -170,17 +184,19 @@ at::Tensor MoeLayer::forward(const lf::backend::DeviceBackend& be, const lf::par
       aux = c_.aux_loss_coeff * (counts * full.view({s, bsz, e}).mean(0)).sum(1).mean();
     }
     values[MoeStep::kLoadBalancingLoss] = aux.detach().item<double>();
-    const double w = step ? step->weight(MoeStep::kLoadBalancingLoss) : 1.0;
+    // Every TP rank computes the same loss from the whole sequence; each takes 1/tp of its
+    // gradient so that the TP sums of the router's and the input's gradients count it once.
+    const double w = (step ? step->weight(MoeStep::kLoadBalancingLoss) : 1.0) / tps;
     out = AttachAuxLoss::apply(out, aux, w);
   }
   if (c_.z_loss_coeff > 0) {
     auto z = c_.z_loss_coeff * at::logsumexp(r.logits, -1).square().mean();
     values[MoeStep::kZLoss] = z.detach().item<double>();
-    const double w = step ? step->weight(MoeStep::kZLoss) : 1.0;
+    const double w = (step ? step->weight(MoeStep::kZLoss) : 1.0) / tps;
     out = AttachAuxLoss::apply(out, z, w);
   }
   if (step) step->record(moe_index, moe_layers, perm.tokens_per_expert.to(at::kFloat), values);
-  return out.view({s, bsz, h});
+  return finish(out);
 }
 
 void MoeLayer::update_expert_bias(const at::Tensor& load) const {

@@ -24,7 +24,7 @@ CausalLmPlan::CausalLmPlan(std::shared_ptr<const ModelConfig> config, const Plan
       const auto* n = args.resolved->find_path(path);
       return n ? n->origin() : lf::config::Origin::from_default();
     };
-    const int tp = layout_.size(lf::dist::Axis::tp), ep = layout_.size(lf::dist::Axis::ep);
+    const int ep = layout_.size(lf::dist::Axis::ep);
     if (ep > 1)
       errors.add("parallel.expert_model_parallel_size", origin("parallel.expert_model_parallel_size"),
                  "expert parallelism (parallel.expert_model_parallel_size " + std::to_string(ep) +
@@ -32,11 +32,6 @@ CausalLmPlan::CausalLmPlan(std::shared_ptr<const ModelConfig> config, const Plan
                      (foundation_.is_moe() ? std::string("every rank holds all experts of its MoE layers")
                                            : std::string("this model has no experts (model.foundation.num_experts 0)")),
                  "set --expert-model-parallel-size 1 (data parallelism replicates the experts)");
-    if (foundation_.is_moe() && tp > 1)
-      errors.add("parallel.tensor_model_parallel_size", origin("parallel.tensor_model_parallel_size"),
-                 "MoE layers (model.foundation.num_experts " + std::to_string(foundation_.num_experts) +
-                     ") run at tensor-model-parallel size 1 for now, got " + std::to_string(tp),
-                 "set --tensor-model-parallel-size 1; scale with data or pipeline parallelism");
     if (foundation_.is_moe() && job_.parallel.chunkpipe_chunk_size)
       errors.add("parallel.chunkpipe_chunk_size", origin("parallel.chunkpipe_chunk_size"),
                  "ChunkPipe would route each chunk of a sequence on its own, which changes the per-sequence and "

@@ -97,6 +97,10 @@ Decoder::Decoder(const DecoderConfig& c, const lf::backend::DeviceBackend& backe
              lf::hint("each TP rank owns whole query groups; pick a TP size dividing both"));
     LF_CHECK(f % tp == 0, "ffn_hidden_size ", f, " is not divisible by the tensor-model-parallel size ", tp,
              lf::hint("pick an ffn_hidden_size that is a multiple of the TP size"));
+    LF_CHECK(!c.is_moe() || (c.expert_ffn_hidden_size() % tp == 0 && c.moe_shared_expert_intermediate_size % tp == 0),
+             "moe_ffn_hidden_size ", c.expert_ffn_hidden_size(), " and moe_shared_expert_intermediate_size ",
+             c.moe_shared_expert_intermediate_size, " must be divisible by the tensor-model-parallel size ", tp,
+             lf::hint("each TP rank holds an equal share of every expert"));
   }
   rng_ = lf::parallel::RngTracker(seed, tp_rank, pp_rank);
   // Megatron's init: N(0, std) for weights, zeros for biases, ones for norms; output projections

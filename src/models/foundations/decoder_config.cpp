@@ -306,6 +306,10 @@ void DecoderConfig::validate_layout(const lf::config::Node& job, int64_t tp, boo
   divisible("num_attention_heads", num_attention_heads);
   if (!multi_latent_attention) divisible("num_query_groups", query_groups());
   divisible("ffn_hidden_size", ffn_hidden_size);
+  if (is_moe()) {
+    divisible("moe_ffn_hidden_size", expert_ffn_hidden_size());
+    divisible("moe_shared_expert_intermediate_size", moe_shared_expert_intermediate_size);
+  }
   if (sequence_parallel && tp > 1 && seq_length % tp != 0)
     errors.add("training.seq_length", origin("training.seq_length"),
                "training.seq_length " + std::to_string(seq_length) + " is not divisible by " + tp_text +

@@ -6,8 +6,10 @@
 // router's auxiliary losses: load balancing per batch (Switch) or per sequence (DeepSeek), and the
 // z-loss. Auxiliary losses do not travel with the activations: their gradient enters at the
 // layer's output in backward (scaled by the weight the trainer gives the term this step) and their
-// values are summed in the MoeStep the layer context carries. Not expert parallelism (one rank
-// holds every expert here) and not tensor parallelism of the experts.
+// values are summed in the MoeStep the layer context carries. Under tensor parallelism every rank
+// routes the whole sequence and holds each expert's TP shard (split as the dense MLP: expert TP =
+// TP); the routed output's partial sums are reduced like a row-parallel layer's. Not expert
+// parallelism (every rank holds every expert).
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -85,7 +87,7 @@ class MoeLayer {
   // prefix.experts.linear_fc2.weight [E, h, f], then the shared experts as an Mlp under
   // prefix.shared_experts (+ prefix.shared_experts.gate_weight [1, h]).
   MoeLayer(ParamBuilder& b, const std::string& prefix, const MoeConfig& c);
-  // x: [s, b, h] -> [s, b, h]. moe_index: this layer's index among the rank's MoE layers (of
+  // x: [s(/tp), b, h] -> [s(/tp), b, h]. moe_index: this layer's index among the rank's MoE layers (of
   // moe_layers) in `step`; step may be null (no statistics, auxiliary-loss weight 1).
   at::Tensor forward(const lf::backend::DeviceBackend& be, const lf::parallel::TensorParallel& tp, const at::Tensor& x,
                      bool training, bool selective_recompute, MoeStep* step, size_t moe_index, size_t moe_layers) const;

@@ -381,6 +381,23 @@ TEST(MoeDecoderConfig, ValidationNamesTheField) {
   c = tiny_moe();
   c.add_bias_linear = true;  // experts have no biases: refused, not ignored
   check(c, "add_bias_linear");
+  // Settings of a feature that is off are refused, not ignored.
+  c = tiny_decoder_config();
+  c.moe_router_topk = 8;
+  check(c, "moe_router_topk");
+  c = tiny_moe();
+  c.moe_router_enable_expert_bias = false;
+  c.moe_router_bias_update_rate = 0.01;
+  check(c, "moe_router_bias_update_rate");
+  c = tiny_moe();
+  c.moe_token_drop_policy = "position";
+  check(c, "moe_token_drop_policy");
+  c = tiny_decoder_config();
+  c.kv_lora_rank = 16;
+  check(c, "kv_lora_rank");
+  c = tiny_decoder_config();
+  c.mscale_all_dim = 1;
+  check(c, "mscale_all_dim");
 }
 
 // ---- multi-latent attention in the decoder -----------------------------------------------------

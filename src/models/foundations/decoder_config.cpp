@@ -273,6 +273,55 @@ void DecoderConfig::validate(const lf::config::Node& tree, const std::string& pr
         errors.add(key(f), origin(f), std::string(f) + " does not apply to multi-latent attention (its latents have "
                    "their own norms and no biases)", std::string("set ") + f + ": false");
   }
+  // Settings of a feature that is off would be accepted and ignored: refused unless at their
+  // defaults (saved configurations carry every field, so only the value can tell).
+  {
+    const DecoderConfig d;
+    auto unused = [&](const char* field, bool changed, const std::string& because, const std::string& fix) {
+      if (changed)
+        errors.add(key(field), origin(field), std::string(field) + " is set but " + because + ", so it would do nothing",
+                   fix);
+    };
+    if (!is_moe()) {
+      const std::string why = "num_experts is 0 (a dense model)", fix = "set num_experts, or drop the MoE settings";
+      unused("moe_ffn_hidden_size", moe_ffn_hidden_size != d.moe_ffn_hidden_size, why, fix);
+      unused("moe_router_topk", moe_router_topk != d.moe_router_topk, why, fix);
+      unused("moe_router_score_function", moe_router_score_function != d.moe_router_score_function, why, fix);
+      unused("moe_router_pre_softmax", moe_router_pre_softmax != d.moe_router_pre_softmax, why, fix);
+      unused("moe_router_num_groups", moe_router_num_groups != d.moe_router_num_groups, why, fix);
+      unused("moe_router_group_topk", moe_router_group_topk != d.moe_router_group_topk, why, fix);
+      unused("moe_router_topk_scaling_factor", moe_router_topk_scaling_factor != d.moe_router_topk_scaling_factor, why, fix);
+      unused("moe_aux_loss_coeff", moe_aux_loss_coeff != d.moe_aux_loss_coeff, why, fix);
+      unused("moe_z_loss_coeff", moe_z_loss_coeff != d.moe_z_loss_coeff, why, fix);
+      unused("moe_router_enable_expert_bias", moe_router_enable_expert_bias != d.moe_router_enable_expert_bias, why, fix);
+      unused("moe_shared_expert_intermediate_size",
+             moe_shared_expert_intermediate_size != d.moe_shared_expert_intermediate_size, why, fix);
+      unused("moe_expert_capacity_factor", moe_expert_capacity_factor != d.moe_expert_capacity_factor, why, fix);
+      unused("moe_layer_freq", moe_layer_freq != d.moe_layer_freq, why, fix);
+    } else {
+      unused("moe_router_bias_update_rate",
+             moe_router_bias_update_rate != d.moe_router_bias_update_rate && !moe_router_enable_expert_bias,
+             "moe_router_enable_expert_bias is off", "set --moe-router-enable-expert-bias, or drop the rate");
+      unused("moe_token_drop_policy", moe_token_drop_policy != d.moe_token_drop_policy && moe_expert_capacity_factor == 0,
+             "moe_expert_capacity_factor is 0 (dropless)", "set --moe-expert-capacity-factor, or drop the policy");
+    }
+    if (!multi_latent_attention) {
+      const std::string why = "multi_latent_attention is off", fix = "set --multi-latent-attention, or drop it";
+      unused("q_lora_rank", q_lora_rank != d.q_lora_rank, why, fix);
+      unused("kv_lora_rank", kv_lora_rank != d.kv_lora_rank, why, fix);
+      unused("qk_head_dim", qk_head_dim != d.qk_head_dim, why, fix);
+      unused("qk_pos_emb_head_dim", qk_pos_emb_head_dim != d.qk_pos_emb_head_dim, why, fix);
+      unused("v_head_dim", v_head_dim != d.v_head_dim, why, fix);
+    }
+    if (rope_type != "yarn") {
+      const std::string why = "rope_type is " + rope_type + ", not yarn", fix = "set --rope-type yarn, or drop it";
+      unused("rotary_scaling_factor", rotary_scaling_factor != d.rotary_scaling_factor, why, fix);
+      unused("mscale", mscale != d.mscale, why, fix);
+      unused("mscale_all_dim", mscale_all_dim != d.mscale_all_dim, why, fix);
+      unused("beta_fast", beta_fast != d.beta_fast, why, fix);
+      unused("beta_slow", beta_slow != d.beta_slow, why, fix);
+    }
+  }
   if (rope_type == "yarn" && rope_scaling)
     errors.add(key("rope_scaling"), origin("rope_scaling"),
                "rope_scaling (Llama 3.1) and rope_type yarn are exclusive", "keep one of the two");

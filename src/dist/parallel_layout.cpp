@@ -109,12 +109,25 @@ ParallelLayout::ParallelLayout(int world_size, ParallelSizes sizes, std::string 
   LF_CHECK(sizes.dp == 0 || sizes.dp == dp_, "data-parallel size dp=", sizes.dp,
            " does not match world / (tp * cp * pp) = ", world_size, " / ", model, " = ", dp_,
            lf::hint("leave dp unset (0) to derive it"));
-  LF_CHECK((dp_ * cp_) % ep_ == 0, "expert-model-parallel size ep=", ep_,
-           " does not divide dp * cp = ", dp_, " * ", cp_, " = ", dp_ * cp_, " (world size ",
-           world_size, ", tp=", tp_, ", cp=", cp_, ", pp=", pp_, ")",
-           lf::hint("experts are parallelised within data x context parallel ranks; pick ep "
-                    "dividing dp * cp"));
-  expert_dp_ = dp_ * cp_ / ep_;
+  etp_ = sizes.etp == 0 ? tp_ : sizes.etp;
+  LF_CHECK(etp_ == tp_ || etp_ == 1, "expert tensor-parallel size etp=", etp_, " must be 1 or tp=", tp_,
+           lf::hint("--expert-tensor-parallel-size 1 keeps every expert whole on one rank; leave it unset to split "
+                    "the experts over the tensor-parallel group like the dense MLP"));
+  if (etp_ == tp_) {
+    LF_CHECK((dp_ * cp_) % ep_ == 0, "expert-model-parallel size ep=", ep_,
+             " does not divide dp * cp = ", dp_, " * ", cp_, " = ", dp_ * cp_, " (world size ",
+             world_size, ", tp=", tp_, ", cp=", cp_, ", pp=", pp_, ")",
+             lf::hint("experts are parallelised within data x context parallel ranks; pick ep "
+                      "dividing dp * cp (or --expert-tensor-parallel-size 1: ep dividing tp * dp * cp)"));
+    expert_dp_ = dp_ * cp_ / ep_;
+  } else {
+    LF_CHECK((tp_ * dp_ * cp_) % ep_ == 0, "expert-model-parallel size ep=", ep_,
+             " does not divide tp * dp * cp = ", tp_, " * ", dp_, " * ", cp_, " = ", tp_ * dp_ * cp_,
+             " (world size ", world_size, ", pp=", pp_, ", expert tensor-parallel size 1)",
+             lf::hint("with expert TP 1 the experts are parallelised within a pipeline stage's ranks; pick ep "
+                      "dividing tp * dp * cp"));
+    expert_dp_ = tp_ * dp_ * cp_ / ep_;
+  }
 
   // Parse the order: axis names separated by '-', each once; "ep" may be omitted.
   std::vector<std::string> names;
@@ -145,7 +158,7 @@ ParallelLayout::ParallelLayout(int world_size, ParallelSizes sizes, std::string 
   std::vector<int> dense, expert;
   for (Axis a : order_) {
     dense.push_back(a == Axis::ep ? 1 : size(a));
-    expert.push_back(a == Axis::cp ? 1 : a == Axis::dp ? expert_dp_ : size(a));
+    expert.push_back(a == Axis::cp ? 1 : a == Axis::dp ? expert_dp_ : a == Axis::tp ? etp_ : size(a));
   }
   auto mask = [&](std::initializer_list<Axis> axes) {
     std::vector<bool> m;
@@ -183,26 +196,43 @@ ParallelLayout::ParallelLayout(int world_size, ParallelSizes sizes, std::string 
   // rank's tp and pp group; otherwise expert gradients would be reduced across model replicas
   // that hold different layers.
   for (int r = 0; r < world_size_; ++r) {
-    // Expert-dp x ep must span exactly the dense dp x cp group of the rank.
+    // Expert-dp x ep must span exactly the dense dp x cp group of the rank (expert TP 1: the
+    // dense tp x dp x cp group, the rank's pipeline stage).
     std::vector<int> block;
     for (int e : group_of(GroupKind::ep, r))
       for (int d : group_of(GroupKind::expert_dp, e)) block.push_back(d);
-    std::vector<int> dense_block = group_of(GroupKind::dp_cp, r);
+    std::vector<int> dense_block = group_of(etp_ == tp_ ? GroupKind::dp_cp : GroupKind::tp_dp_cp, r);
     std::sort(block.begin(), block.end());
     std::sort(dense_block.begin(), dense_block.end());
     const auto& tp = group_of(GroupKind::tp, r);
     const auto& tp_ep = group_of(GroupKind::tp_ep, r);
-    bool tp_inside = std::all_of(tp.begin(), tp.end(), [&](int m) {
+    bool tp_inside = etp_ != tp_ || std::all_of(tp.begin(), tp.end(), [&](int m) {
       return std::find(tp_ep.begin(), tp_ep.end(), m) != tp_ep.end();
     });
     LF_CHECK(block == dense_block && tp_inside, "parallel order '", order_string_, "' (tp=", tp_,
              " cp=", cp_, " ep=", ep_, " dp=", dp_, " pp=", pp_, ", world size ", world_size_,
              ") makes the expert layout disagree with the dense one at rank ", r,
-             ": ep x expert-dp ranks ", join(block), " vs dp x cp ranks ", join(dense_block),
-             ", tp ranks ", join(tp), " vs tp-ep ranks ", join(tp_ep),
+             ": ep x expert-dp ranks ", join(block), " vs ", etp_ == tp_ ? "dp x cp" : "tp x dp x cp", " ranks ",
+             join(dense_block), ", tp ranks ", join(tp), " vs tp-ep ranks ", join(tp_ep),
              lf::hint("experts are parallelised within dp x cp; put tp first and ep next to cp "
                       "and dp, e.g. tp-cp-ep-dp-pp"));
   }
+}
+
+ParallelLayout ParallelLayout::expert_layout() const {
+  LF_CHECK(etp_ == 1, "the expert layout as a context of its own needs expert tensor-parallel size 1, this layout has ",
+           etp_, lf::hint("internal: experts split over tp stay in the dense context"));
+  // The same mixed-radix rank numbering with the axes renamed: ep becomes the tp axis, dp holds
+  // expert-dp, and the dense tp and cp (size 1 in the expert view) take the unused names.
+  std::string order;
+  for (Axis a : order_) {
+    const char* n = a == Axis::ep ? "tp" : a == Axis::tp ? "cp" : a == Axis::cp ? "ep" : to_string(a);
+    order += (order.empty() ? "" : "-") + std::string(n);
+  }
+  ParallelSizes s;
+  s.tp = ep_;
+  s.pp = pp_;
+  return ParallelLayout(world_size_, s, order);
 }
 
 int ParallelLayout::size(Axis axis) const {
@@ -251,7 +281,7 @@ std::string ParallelLayout::describe() const {
   std::ostringstream os;
   os << "parallel layout: world " << world_size_ << " = tp " << tp_ << " x cp " << cp_ << " x dp "
      << dp_ << " x pp " << pp_ << "; ep " << ep_ << " x expert-dp " << expert_dp_
-     << " within dp x cp; order " << order_string_ << " (fastest first)\n";
+     << (etp_ == tp_ ? " within dp x cp" : " within tp x dp x cp (expert tp 1)") << "; order " << order_string_ << " (fastest first)\n";
   for (GroupKind k : kAllGroupKinds) {
     const auto& list = groups(k);
     os << "  " << std::left << std::setw(10) << to_string(k) << " " << list.size()

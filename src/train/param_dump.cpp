@@ -69,14 +69,19 @@ std::vector<std::pair<std::string, at::Tensor>> gather_pipeline_parameters(
   return stage_params;
 }
 
-void dump_parameters(const std::string& path, const std::vector<lf::models::ParameterGroup>& groups,
-                     const lf::dist::ParallelContext& ctx) {
+std::vector<std::pair<std::string, at::Tensor>> gather_full_groups(const std::vector<lf::models::ParameterGroup>& groups) {
   std::vector<std::pair<std::string, at::Tensor>> full;
   for (const auto& g : groups) {
     lf::backend::Communicator* tp = g.context && g.context->tp_size() > 1 ? &g.context->tp() : nullptr;
     auto part = gather_full_parameters(g.params, tp);
     full.insert(full.end(), part.begin(), part.end());
   }
+  return full;
+}
+
+void dump_parameters(const std::string& path, const std::vector<lf::models::ParameterGroup>& groups,
+                     const lf::dist::ParallelContext& ctx) {
+  auto full = gather_full_groups(groups);
   if (ctx.tp_rank() != 0 || ctx.dp_rank() != 0) return;
   const std::string file = ctx.pp_size() > 1 ? path + ".pp" + std::to_string(ctx.pp_rank()) : path;
   // safetensors: u64 little-endian header length, JSON header, raw little-endian data.

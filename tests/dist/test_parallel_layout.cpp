@@ -59,6 +59,48 @@ TEST(ParallelLayout, ExpertGroupsWithinDpCp) {
   EXPECT_EQ(c.expert_dp, 1);
 }
 
+// Expert TP 1 (Megatron's --expert-tensor-parallel-size 1) on tp 2 x dp 2 x pp 2 with ep 2: the
+// expert view numbers a stage's ranks as ep + 2 * expert_dp (+ 4 * pp), so the ep groups are the
+// tp groups here and expert-dp the dp groups; with ep 4 one ep group spans the stage.
+TEST(ParallelLayout, ExpertTp1SpansTheStage) {
+  ParallelLayout l(8, {.tp = 2, .ep = 2, .pp = 2, .etp = 1});
+  EXPECT_EQ(l.expert_tp_size(), 1);
+  EXPECT_EQ(l.expert_dp_size(), 2);
+  EXPECT_EQ(l.groups(GroupKind::ep), (Groups{{0, 1}, {2, 3}, {4, 5}, {6, 7}}));
+  EXPECT_EQ(l.groups(GroupKind::expert_dp), (Groups{{0, 2}, {1, 3}, {4, 6}, {5, 7}}));
+  const ParallelLayout e = l.expert_layout();
+  EXPECT_EQ(e.size(Axis::tp), 2);
+  EXPECT_EQ(e.size(Axis::dp), 2);
+  EXPECT_EQ(e.size(Axis::pp), 2);
+  EXPECT_EQ(e.groups(GroupKind::tp), l.groups(GroupKind::ep));
+  EXPECT_EQ(e.groups(GroupKind::dp), l.groups(GroupKind::expert_dp));
+  EXPECT_EQ(e.groups(GroupKind::pp), l.groups(GroupKind::pp));
+
+  ParallelLayout wide(8, {.tp = 2, .ep = 4, .pp = 2, .etp = 1});
+  EXPECT_EQ(wide.groups(GroupKind::ep), (Groups{{0, 1, 2, 3}, {4, 5, 6, 7}}));
+  EXPECT_EQ(wide.expert_dp_size(), 1);
+  EXPECT_EQ(wide.expert_layout().groups(GroupKind::tp), wide.groups(GroupKind::ep));
+
+  // dp 4 with ep 2, the default order: ep inside dp, as with expert TP = TP.
+  ParallelLayout dp4(4, {.ep = 2, .etp = 1});
+  EXPECT_EQ(dp4.expert_layout().groups(GroupKind::tp), (Groups{{0, 1}, {2, 3}}));
+  EXPECT_EQ(dp4.expert_layout().groups(GroupKind::dp), (Groups{{0, 2}, {1, 3}}));
+  // A user order with dp before ep: the expert layout follows it.
+  ParallelLayout dp_first(4, {.ep = 2, .etp = 1}, "tp-cp-dp-ep-pp");
+  EXPECT_EQ(dp_first.groups(GroupKind::ep), (Groups{{0, 2}, {1, 3}}));
+  EXPECT_EQ(dp_first.expert_layout().groups(GroupKind::tp), dp_first.groups(GroupKind::ep));
+
+  EXPECT_NE(error_of(8, {.tp = 4, .etp = 2}).find("must be 1 or tp=4"), std::string::npos);
+  EXPECT_NE(error_of(4, {.tp = 2, .ep = 3, .etp = 1}).find("does not divide tp * dp * cp"), std::string::npos);
+  EXPECT_NE(error_of(4, {.tp = 2, .ep = 4}).find("does not divide dp * cp"), std::string::npos);
+  EXPECT_EQ(error_of(4, {.tp = 2, .ep = 4, .etp = 1}), "");
+  try {
+    ParallelLayout(4, {.tp = 2, .ep = 2}).expert_layout();
+    ADD_FAILURE() << "an expert TP 2 layout has no expert context of its own";
+  } catch (const lf::Error&) {
+  }
+}
+
 // world 8 = tp 2 x dp 2 x pp 2: rank = tp + 2 * dp + 4 * pp.
 TEST(ParallelLayout, Tp2Pp2Dp2) {
   ParallelLayout l(8, {.tp = 2, .pp = 2});

@@ -7,6 +7,8 @@
 //    expert load, and the final parameters (expert biases included);
 //  - exact resume: 20 iterations straight == 10 + resume + 10, bit for bit;
 //  - aux-loss-free balancing: the expert bias keeps the load even on skewed real text;
+//  - expert parallelism (both dispatchers, with TP, PP, ZeRO-1) equals the single process, and its
+//    checkpoints load at other EP sizes;
 //  - the layouts not built for MoE yet are refused with the key to change.
 #include <gtest/gtest.h>
 
@@ -154,6 +156,79 @@ TEST(MoeTraining, ExactResumeKeepsTheExpertBias) {
   EXPECT_TRUE(read_file(straight.params_path) == read_file(second.params_path)) << "final parameters differ";
 }
 
+// Expert parallelism (each EP rank holds num_experts / ep experts whole, expert TP 1), with both
+// token dispatchers, equals the single process over the same micro-batches: EP = 2 over DP = 2
+// (also with ZeRO-1 over both the dense and the expert-DP group and overlapped reduction), EP = 2
+// x TP = 2 with SP (world 4: the EP groups are the TP groups, each TP rank routes its own sequence
+// chunk), EP = 4 spanning TP = 2 x DP = 2, and EP = 2 x PP = 2. Same tolerance as the layouts
+// above (the experts' GEMMs see the rows of several ranks at once: other summation order only).
+TEST(MoeTraining, ExpertParallelEqualsSingleProcess) {
+  const std::string d = lf::testing::make_temp_dir("moe_ep");
+  const MoeRun one = train(1, d + "/one", {"--micro-batch-size", "2"});
+  ASSERT_EQ(one.exit_code, 0) << one.output;
+  auto ep = [](std::vector<std::string> a) {
+    a.insert(a.begin(), {"--micro-batch-size", "2"});
+    return a;
+  };
+  const MoeRun a2a = train(2, d + "/ep2_a2a", ep({"--expert-model-parallel-size", "2", "--moe-token-dispatcher-type", "alltoall"}));
+  EXPECT_NE(a2a.output.find("gradients: 2 group(s)"), std::string::npos) << a2a.output;  // dense + experts
+  expect_equivalent(one, a2a, "EP=2 all-to-all");
+  expect_equivalent(one, train(2, d + "/ep2_ag", ep({"--expert-model-parallel-size", "2", "--moe-token-dispatcher-type", "allgather"})),
+                    "EP=2 all-gather");
+  expect_equivalent(one,
+                    train(2, d + "/ep2_zero", ep({"--expert-model-parallel-size", "2", "--moe-token-dispatcher-type", "alltoall",
+                                                  "--use-distributed-optimizer", "--overlap-grad-reduce",
+                                                  "--ddp-bucket-size", "20000"})),
+                    "EP=2 + ZeRO-1 + overlapped reduction");
+  const std::vector<std::string> tp2{"--tensor-model-parallel-size", "2", "--sequence-parallel",
+                                     "--expert-tensor-parallel-size", "1"};
+  auto with_tp = [&](std::vector<std::string> a) {
+    a.insert(a.end(), tp2.begin(), tp2.end());
+    return ep(a);
+  };
+  expect_equivalent(one, train(4, d + "/ep2tp2", with_tp({"--expert-model-parallel-size", "2", "--moe-token-dispatcher-type", "alltoall"})),
+                    "EP=2 x TP=2 + SP (expert TP 1), all-to-all");
+  expect_equivalent(one, train(4, d + "/ep4tp2", with_tp({"--expert-model-parallel-size", "4"})),
+                    "EP=4 over TP=2 x DP=2 (expert TP 1), all-gather");
+  expect_equivalent(one,
+                    train(4, d + "/ep2pp2", ep({"--expert-model-parallel-size", "2", "--pipeline-model-parallel-size", "2",
+                                                "--moe-token-dispatcher-type", "alltoall"})),
+                    "EP=2 x PP=2");
+}
+
+// A checkpoint saved at EP = 2 holds the experts by expert-parallel rank
+// (model_experts_tp<r>_pp0) and loads at EP = 1 and EP = 4: training on from it equals training
+// on at EP = 2 (optimizer state included: ZeRO-1 shards of both groups re-cut).
+TEST(MoeTraining, ExpertParallelCheckpointsLoadAtOtherEpSizes) {
+  const std::string d = lf::testing::make_temp_dir("moe_ep_reshard");
+  const std::vector<std::string> base{"--micro-batch-size", "2", "--use-distributed-optimizer"};
+  auto args = [&](std::vector<std::string> a) {
+    a.insert(a.begin(), base.begin(), base.end());
+    return a;
+  };
+  const MoeRun straight = train(2, d + "/straight", args({"--expert-model-parallel-size", "2"}));
+  ASSERT_EQ(straight.exit_code, 0) << straight.output;
+  const MoeRun first = train(2, d + "/first", args({"--expert-model-parallel-size", "2", "--save", d + "/ck",
+                                                    "--exit-interval", "5"}));
+  ASSERT_EQ(first.exit_code, 0) << first.output;
+  const std::string iter = d + "/ck/iter_0000005";
+  for (const char* f : {"model_experts_tp0_pp0.safetensors", "model_experts_tp1_pp0.safetensors",
+                        "optim_experts_tp0_pp0_dp0.safetensors", "model_tp0_pp0.safetensors"})
+    EXPECT_TRUE(fs::exists(iter + "/" + f)) << f;
+  auto tail = [](const MoeRun& r) {
+    MoeRun t = r;
+    t.steps.erase(t.steps.begin(), t.steps.begin() + std::min<size_t>(5, t.steps.size()));
+    return t;
+  };
+  const MoeRun ref = tail(straight);
+  for (auto [procs, ep] : {std::pair{1, 1}, std::pair{4, 4}}) {
+    std::vector<std::string> a = args({"--load", d + "/ck"});
+    if (ep > 1) a.insert(a.end(), {"--expert-model-parallel-size", std::to_string(ep)});
+    MoeRun r = train(procs, d + "/ep" + std::to_string(ep), a);
+    expect_equivalent(ref, r, "EP=2 checkpoint trained on at EP=" + std::to_string(ep));
+  }
+}
+
 // Aux-loss-free balancing (DeepSeek-V3's expert bias) on real text, the arithmetic demo corpus
 // (byte tokens: a few digits and symbols dominate, so routing collapses when nothing balances
 // it): 300 steps of the demo MoE, the expert load max / mean over the last 50 steps. Measured:
@@ -206,11 +281,15 @@ TEST(MoeTraining, LayoutsNotBuiltForMoeAreRefusedWithTheKey) {
     std::string key;
   };
   const Case cases[] = {
-      {2, {"--tensor-model-parallel-size", "2", "--expert-tensor-parallel-size", "1"},
+      {2, {"--tensor-model-parallel-size", "2", "--expert-tensor-parallel-size", "1"}, "parallel.sequence_parallel"},
+      {4, {"--tensor-model-parallel-size", "2", "--expert-model-parallel-size", "2"},
        "parallel.expert_tensor_parallel_size"},
-      {2, {"--expert-model-parallel-size", "2"}, "parallel.expert_model_parallel_size"},
+      {2, {"--expert-model-parallel-size", "2", "--num-experts", "5"}, "parallel.expert_model_parallel_size"},
+      {2, {"--expert-model-parallel-size", "2", "--tensor-model-parallel-size", "2", "--sequence-parallel",
+           "--expert-tensor-parallel-size", "1", "--moe-expert-capacity-factor", "1.5"},
+       "model.foundation.moe_expert_capacity_factor"},
       {1, {"--chunkpipe-chunk-size", "16"}, "parallel.chunkpipe_chunk_size"},
-      {1, {"--moe-token-dispatcher-type", "alltoall"}, "--moe-token-dispatcher-type"},
+      {1, {"--moe-token-dispatcher-type", "alltoall"}, "parallel.moe_token_dispatcher_type"},
       {1, {"--moe-router-num-groups", "3", "--moe-router-group-topk", "1"}, "model.foundation.moe_router_num_groups"},
   };
   {  // the dry run of a valid MoE job states the parameters a token passes through

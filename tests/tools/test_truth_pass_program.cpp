@@ -333,8 +333,8 @@ TEST(TruthPass, EveryFlagActsOrIsRefused) {
   const std::map<std::string, std::string> covered = {
       {"--tensor-model-parallel-size", "TpProgram.*"}, {"--pipeline-model-parallel-size", "PpProgram.*"},
       {"--sequence-parallel", "TpProgram.*"}, {"--context-parallel-size", "refused at training (issue 16)"},
-      {"--expert-model-parallel-size", "refused at training (issue 14)"},
-      {"--expert-tensor-parallel-size", "refused"}, {"--num-layers-per-virtual-pipeline-stage", "PpProgram.*"},
+      {"--expert-model-parallel-size", "MoeTraining.ExpertParallel*"},
+      {"--expert-tensor-parallel-size", "MoeTraining.ExpertParallelEqualsSingleProcess"}, {"--num-layers-per-virtual-pipeline-stage", "PpProgram.*"},
       {"--pipeline-trace", "PipelineParallelTrace.*"}, {"--chunkpipe-chunk-size", "ChunkPipeProgram.*"},
       {"--decoder-first-pipeline-num-layers", "PpProgram.*"}, {"--decoder-last-pipeline-num-layers", "PpProgram.*"},
       {"--pipeline-model-parallel-layout", "PpProgram.*"}, {"--distributed-timeout-minutes", "DistFailures.*"},
@@ -393,7 +393,8 @@ TEST(TruthPass, EveryFlagActsOrIsRefused) {
       {"--moe-shared-expert-intermediate-size", "MoeVariants.*"}, {"--moe-shared-expert-gate", "MoeVariants.qwen2*"},
       {"--moe-layer-freq", "MoeDecoderConfig.*"}, {"--moe-expert-capacity-factor", "MoeRouting.CapacityDrops*"},
       {"--moe-token-drop-policy", "MoeRouting.CapacityDrops*"},
-      {"--moe-token-dispatcher-type", "refused"}, {"--overlap-moe-expert-parallel-comm", "refused"},
+      {"--moe-token-dispatcher-type", "MoeTraining.ExpertParallelEqualsSingleProcess"},
+      {"--overlap-moe-expert-parallel-comm", "refused"},
       {"--delay-wgrad-compute", "refused"}, {"--mtp-num-layers", "refused"},
       {"--multi-latent-attention", "HfParity.DeepseekV3MlaBlock*, MlaDecoder.*, TpDecoder.*"},
       {"--q-lora-rank", "HfParity.DeepseekV3MlaBlock*, MlaDecoder.*"}, {"--kv-lora-rank", "HfParity.DeepseekV3MlaBlock*"},
@@ -421,7 +422,8 @@ TEST(TruthPass, EveryFlagActsOrIsRefused) {
       {{"--overlap-param-gather"}, "overlap_param_gather"},
       {{"--vocab-file", "v.json"}, "data.vocab_file"},
       {{"--merge-file", "m.txt"}, "data.merge_file"},
-      {{"--moe-token-dispatcher-type", "alltoall"}, "--moe-token-dispatcher-type"},
+      {{"--moe-token-dispatcher-type", "alltoall"}, "moe_token_dispatcher_type"},  // dense: nothing to dispatch
+      {{"--expert-tensor-parallel-size", "1"}, "expert_tensor_parallel_size"},     // dense: no experts
       {{"--overlap-moe-expert-parallel-comm"}, "--overlap-moe-expert-parallel-comm"},
       {{"--delay-wgrad-compute"}, "--delay-wgrad-compute"},
       {{"--mtp-num-layers", "1"}, "--mtp-num-layers"},
@@ -436,10 +438,15 @@ TEST(TruthPass, EveryFlagActsOrIsRefused) {
     a.push_back("--dry-run");
     EXPECT_REFUSED(train(a, 1), key);
   }
-  for (const char* flag : {"--context-parallel-size", "--expert-model-parallel-size"}) {
-    auto r = train({flag, "2"}, 1, 2);
-    EXPECT_NE(r.exit_code, 0) << flag;
-    EXPECT_NE(r.output.find("issue 1"), std::string::npos) << flag << ": " << r.output;
+  {
+    auto r = train({"--context-parallel-size", "2"}, 1, 2);
+    EXPECT_NE(r.exit_code, 0);
+    EXPECT_NE(r.output.find("issue 16"), std::string::npos) << r.output;
+  }
+  {  // a dense model has no experts to parallelise
+    auto r = train({"--expert-model-parallel-size", "2"}, 1, 2);
+    EXPECT_NE(r.exit_code, 0);
+    EXPECT_NE(r.output.find("parallel.expert_model_parallel_size"), std::string::npos) << r.output;
   }
 }
 

@@ -34,6 +34,7 @@ lf::dist::ParallelLayout make_layout(const lf::config::ParallelConfig& p, int wo
   sizes.pp = static_cast<int>(p.pipeline_model_parallel_size);
   sizes.cp = static_cast<int>(p.context_parallel_size);
   sizes.ep = static_cast<int>(p.expert_model_parallel_size);
+  sizes.etp = static_cast<int>(p.expert_tensor_parallel_size.value_or(0));
   return lf::dist::ParallelLayout(world, sizes, p.order);
 }
 
@@ -154,11 +155,11 @@ int train_main(const lf::config::TrainCommandLine& cl, const lf::train::TrainerH
     return 0;
   }
 
-  LF_CHECK(layout.size(lf::dist::Axis::cp) == 1 && layout.size(lf::dist::Axis::ep) == 1,
-           "training runs tensor-, pipeline- and data-parallel only in this build (cp ", layout.size(lf::dist::Axis::cp),
-           ", ep ", layout.size(lf::dist::Axis::ep), ")",
-           lf::hint("--dry-run shows any layout; context and expert parallel training land with "
-                    "their issues (long context: issue 16, MoE: issue 14)"));
+  LF_CHECK(layout.size(lf::dist::Axis::cp) == 1,
+           "training runs tensor-, pipeline-, data- and expert-parallel only in this build (cp ",
+           layout.size(lf::dist::Axis::cp), ")",
+           lf::hint("--dry-run shows any layout; context parallel training lands with its issue (long context: "
+                    "issue 16)"));
   const auto& backend = lf::backend::select_backend();
   check_distributed_backend(job, loaded.resolved, backend);
   backend.set_device_index(env.local_rank % std::max(1, backend.device_count()));
@@ -219,9 +220,9 @@ int train_main(const lf::config::TrainCommandLine& cl, const lf::train::TrainerH
     lf::train::dump_parameters(dump, model->parameter_groups(), ctx);
   // --save-hf: the final weights as an HF model directory (bf16 when training in bf16).
   if (job.checkpoint.save_hf) {
-    // TP shards gathered on every rank of a stage; with pp > 1 the stages' parts then go to the
+    // TP shards (expert-parallel shards) gathered on every rank of a stage; with pp > 1 the stages' parts then go to the
     // first stage (its tp_rank 0 / dp_rank 0 rank writes).
-    auto full = lf::train::gather_full_parameters(causal->parameters(), ctx.tp_size() > 1 ? &ctx.tp() : nullptr);
+    auto full = lf::train::gather_full_groups(model->parameter_groups());
     if (ctx.tp_rank() == 0 && ctx.dp_rank() == 0) {
       full = lf::train::gather_pipeline_parameters(std::move(full), ctx);
       if (ctx.pp_rank() == 0) {

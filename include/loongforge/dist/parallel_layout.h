@@ -12,7 +12,9 @@ namespace lf::dist {
 
 // Axes of the device mesh. "dp" of the dense layout and "ep" of the expert layout share ranks:
 // experts are parallelised within dp x cp (Megatron semantics), so the expert view of the world
-// is tp x ep x expert-dp x pp with ep * expert_dp = dp * cp.
+// is etp x ep x expert-dp x pp with etp * ep * expert_dp = tp * dp * cp, where etp (the expert
+// tensor-parallel size) is tp (the experts split like the dense MLP; ep within dp x cp) or 1 (each
+// expert whole on one rank; ep may then span tp ranks too).
 enum class Axis { tp, cp, ep, dp, pp };
 const char* to_string(Axis axis);
 
@@ -43,6 +45,7 @@ struct ParallelSizes {
   int ep = 1;
   int pp = 1;
   int dp = 0;  // 0: derived as world / (tp * cp * pp); otherwise must equal that
+  int etp = 0;  // expert tensor-parallel size: 0 or tp (the default), or 1
 };
 
 // A rank's place on each axis. ep_rank / expert_dp_rank come from the expert view.
@@ -63,6 +66,12 @@ class ParallelLayout {
   int world_size() const { return world_size_; }
   int size(Axis axis) const;
   int expert_dp_size() const { return expert_dp_; }
+  int expert_tp_size() const { return etp_; }
+
+  // The expert view as a layout of its own, for a ParallelContext of the experts: its tp axis is
+  // the expert-parallel axis, its dp axis expert-dp, its pp the same stages (cp 1). Requires
+  // expert tensor-parallel size 1 (a tp > 1 expert split stays in the dense context).
+  ParallelLayout expert_layout() const;
   const std::string& order() const { return order_string_; }
 
   // All groups of one kind (each a list of ranks in group-rank order). The groups of a kind are
@@ -81,7 +90,7 @@ class ParallelLayout {
 
  private:
   int world_size_;
-  int tp_, cp_, ep_, dp_, pp_, expert_dp_;
+  int tp_, cp_, ep_, dp_, pp_, expert_dp_, etp_;
   std::string order_string_;
   std::vector<Axis> order_;  // fastest first
   std::array<std::vector<std::vector<int>>, kAllGroupKinds.size()> groups_;

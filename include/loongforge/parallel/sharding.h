@@ -64,6 +64,10 @@ struct Parameter {
   // Model state, not a weight the optimizer trains (MoE's expert bias, updated by the model's own
   // rule between steps): no gradient; saved, loaded and resharded like a frozen weight.
   bool state = false;
+  // An expert weight of an expert-parallel MoE layer: tp_size / tp_rank are the expert-parallel
+  // group's (the tensor holds this rank's experts); gradients are reduced over expert-DP, and the
+  // parameter belongs to the model's "experts" group.
+  bool expert = false;
 
   // This rank holds a part, not the whole tensor.
   bool is_split() const { return sharding.dim >= 0 && tp_size > 1; }

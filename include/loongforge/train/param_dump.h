@@ -17,6 +17,10 @@ namespace lf::train {
 // every group's parameters it holds (a component on its own layout is placed so that this rank
 // holds its TP rank 0 shards); with pp > 1 stage k writes PATH.pp<k>. Throws lf::Error naming the
 // path if it cannot be written.
+// Every group's parameters of this rank's stage, full (each group's TP shards gathered over its
+// own tp group: the experts' over the expert-parallel group). Collective over every group.
+std::vector<std::pair<std::string, at::Tensor>> gather_full_groups(const std::vector<lf::models::ParameterGroup>& groups);
+
 void dump_parameters(const std::string& path, const std::vector<lf::models::ParameterGroup>& groups,
                      const lf::dist::ParallelContext& ctx);
 

@@ -22,6 +22,7 @@ const std::vector<FlagSpec> kTable = {
   {"--context-parallel-size", "parallel.context_parallel_size", K::value, "N", ""},
   {"--expert-model-parallel-size", "parallel.expert_model_parallel_size", K::value, "N", ""},
   {"--expert-tensor-parallel-size", "parallel.expert_tensor_parallel_size", K::value, "N", ""},
+  {"--moe-token-dispatcher-type", "parallel.moe_token_dispatcher_type", K::value, "alltoall|allgather", ""},
   {"--num-layers-per-virtual-pipeline-stage", "parallel.num_layers_per_virtual_pipeline_stage", K::value, "N", ""},
   {"--pipeline-trace", "parallel.pipeline_trace", K::value, "PATH", ""},
   {"--chunkpipe-chunk-size", "parallel.chunkpipe_chunk_size", K::value, "N", ""},
@@ -177,12 +178,10 @@ struct Refused {
   std::string_view flag, metavar, why;
 };
 const std::vector<Refused> kRefused = {
-    {"--moe-token-dispatcher-type", "alltoall|allgather",
-     "token dispatchers move tokens between expert-parallel ranks; expert parallelism is not built yet (issue 14), "
-     "so every rank computes its tokens' experts itself"},
     {"--overlap-moe-expert-parallel-comm", "",
-     "MoE communication overlap needs expert parallelism, which is not built yet (issue 14)"},
-    {"--delay-wgrad-compute", "", "delayed weight gradients come with the MoE communication overlap (issue 14)"},
+     "overlapping the expert-parallel all-to-all with expert computation (CCT) is not built yet (issue 14); the "
+     "dispatch runs before and after the experts"},
+    {"--delay-wgrad-compute", "", "delayed weight gradients come with the MoE communication overlap (CCT, issue 14), not built yet"},
     {"--mtp-num-layers", "N", "multi-token prediction arrives with DeepSeek-V3 (issue 14)"},
 };
 

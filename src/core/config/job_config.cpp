@@ -116,11 +116,14 @@ void validate(const JobConfig& job, const Node& resolved, ErrorList& errors) {
            "optimizer step; overlapping that all-gather with the next forward comes with the performance work "
            "(issue 13)",
            "drop --overlap-param-gather (--overlap-grad-reduce overlaps the gradient reduction)");
-  if (c.ok({"parallel.expert_tensor_parallel_size"}) && p.expert_tensor_parallel_size)
+  if (c.ok({"parallel.expert_tensor_parallel_size", "parallel.tensor_model_parallel_size"}) &&
+      p.expert_tensor_parallel_size && *p.expert_tensor_parallel_size != 1 &&
+      *p.expert_tensor_parallel_size != p.tensor_model_parallel_size)
     c.fail("parallel.expert_tensor_parallel_size",
-           "--expert-tensor-parallel-size is not built yet: MoE experts are split over the tensor-parallel group like "
-           "the dense MLP (expert TP = TP); a separate expert TP size comes with expert parallelism (issue 14)",
-           "drop it; --tensor-model-parallel-size splits the experts too");
+           "--expert-tensor-parallel-size " + std::to_string(*p.expert_tensor_parallel_size) +
+               " is neither 1 nor the tensor-parallel size " + std::to_string(p.tensor_model_parallel_size) +
+               ": experts are either whole on one rank or split like the dense MLP",
+           "use --expert-tensor-parallel-size 1, or drop it (experts split over --tensor-model-parallel-size)");
   for (const char* key : {"data.vocab_file", "data.merge_file"})
     if (c.ok({key}) && c.given(key))
       c.fail(key,

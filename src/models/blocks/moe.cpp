@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <limits>
+#include <vector>
 
 #include "loongforge/backend/functional.h"
 #include "loongforge/core/error.h"
@@ -34,6 +35,48 @@ struct AttachAuxLoss : torch::autograd::Function<AttachAuxLoss> {
     return {g[0], daux, at::Tensor()};
   }
 };
+
+// Rows to the members of `group`: in_splits[i] rows of x go to member i, out_splits[i] rows come
+// from member i. Backward sends the gradients back the same way.
+at::Tensor exchange_rows(const at::Tensor& x, lf::backend::Communicator& group, const std::vector<int64_t>& out_splits,
+                         const std::vector<int64_t>& in_splits) {
+  int64_t rows = 0;
+  for (int64_t n : out_splits) rows += n;
+  auto sizes = x.sizes().vec();
+  sizes[0] = rows;
+  at::Tensor out = at::empty(sizes, x.options());
+  group.all_to_all(out, x.contiguous(), out_splits, in_splits);
+  return out;
+}
+
+struct AllToAllRows : torch::autograd::Function<AllToAllRows> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, lf::backend::Communicator* group,
+                            const std::vector<int64_t>& out_splits, const std::vector<int64_t>& in_splits) {
+    ctx->saved_data["group"] = reinterpret_cast<int64_t>(group);
+    ctx->saved_data["out"] = out_splits;
+    ctx->saved_data["in"] = in_splits;
+    return exchange_rows(x, *group, out_splits, in_splits);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list g) {
+    auto* group = reinterpret_cast<lf::backend::Communicator*>(ctx->saved_data["group"].toInt());
+    return {exchange_rows(g[0], *group, ctx->saved_data["in"].toIntVector(), ctx->saved_data["out"].toIntVector()),
+            at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+
+// Sum of a statistic (no gradient) over the ranks a sequence's tokens are split over.
+at::Tensor sum_over(const at::Tensor& v, lf::backend::Communicator& group) {
+  at::Tensor out = v.detach().clone();
+  group.all_reduce(out, lf::backend::ReduceOp::sum);
+  return out;
+}
+
+// A loss term's value: this rank's, or the sum of the parts over `split`.
+double total_over(const at::Tensor& term, lf::backend::Communicator* split) {
+  at::Tensor v = term.detach().to(at::kDouble).reshape({1});
+  if (split) split->all_reduce(v, lf::backend::ReduceOp::sum);
+  return v.item<double>();
+}
 
 // Indices of the k largest entries per row, ties to the lower expert index (a stable sort), so
 // routing never depends on a kernel's tie order.
@@ -72,9 +115,19 @@ MoeLayer::MoeLayer(ParamBuilder& b, const std::string& prefix, const MoeConfig& 
   // expert's TP shard, split as the dense MLP: fc1's gate and up rows each, fc2's columns.
   router_ = b.add(prefix + ".router.weight", b.normal({e, h}, c.init_std), Sharding::replicated(), false, true);
   if (c.expert_bias) expert_bias_ = b.add_state(prefix + ".router.expert_bias", at::zeros({e}, at::kFloat));
-  fc1_ = b.add(prefix + ".experts.linear_fc1.weight", b.normal({e, in, h}, c.init_std),
-               Sharding::along(1, c.swiglu ? 2 : 1), false);
-  fc2_ = b.add(prefix + ".experts.linear_fc2.weight", b.normal({e, h, f}, c.out_std), Sharding::along(2), false);
+  if (b.tp().ep) {
+    // Expert parallelism (expert TP 1): this rank holds experts [ep_rank * E / ep, ...) whole.
+    ep_size_ = b.tp().ep->size();
+    ep_rank_ = b.tp().ep->rank();
+    LF_CHECK(e % ep_size_ == 0, "MoE layer ", prefix, ": ", e, " experts do not split over ", ep_size_,
+             " expert-parallel ranks", lf::hint("choose --expert-model-parallel-size dividing num_experts"));
+    fc1_ = b.add_expert(prefix + ".experts.linear_fc1.weight", b.normal({e, in, h}, c.init_std));
+    fc2_ = b.add_expert(prefix + ".experts.linear_fc2.weight", b.normal({e, h, f}, c.out_std));
+  } else {
+    fc1_ = b.add(prefix + ".experts.linear_fc1.weight", b.normal({e, in, h}, c.init_std),
+                 Sharding::along(1, c.swiglu ? 2 : 1), false);
+    fc2_ = b.add(prefix + ".experts.linear_fc2.weight", b.normal({e, h, f}, c.out_std), Sharding::along(2), false);
+  }
   if (c.shared_ffn_hidden_size > 0) {
     has_shared_ = true;
     shared_ = Mlp(b, prefix + ".shared_experts",
@@ -133,29 +186,45 @@ at::Tensor MoeLayer::forward(const lf::backend::DeviceBackend& be, const lf::par
                              const at::Tensor& x, bool training, bool selective_recompute, MoeStep* step,
                              size_t moe_index, size_t moe_layers) const {
   LF_CHECK(x.dim() == 3, "MoE layer: x must be [s(/tp), b, h], got ", x.sizes());
-  // Enter the TP region: the whole sequence on every rank (SP: gathered).
+  // Expert TP = TP: enter the TP region (the whole sequence on every rank; SP: gathered). Expert
+  // parallelism (expert TP 1): each rank routes its own tokens (under TP its sequence-parallel
+  // chunk) and the dispatcher moves them to the ranks holding their experts.
+  const bool ep_mode = tp.ep != nullptr;
   const int tps = tp.size();
+  // Training needs SP then (each TP rank its own chunk); without it (generation) the TP ranks route
+  // the same tokens and each gets every token's result.
+  lf::backend::Communicator* split = ep_mode && tps > 1 && tp.sequence_parallel ? tp.tp : nullptr;
   at::Tensor xf = x;
-  if (tps > 1)
+  if (!ep_mode && tps > 1)
     xf = tp.sequence_parallel ? lf::parallel::gather_from_sequence_parallel(x, *tp.tp) : lf::parallel::copy_to_tp(x, *tp.tp);
   const int64_t s = xf.size(0), bsz = xf.size(1), h = xf.size(2), t = s * bsz, e = c_.num_experts, k = c_.topk;
   auto x2d = xf.reshape({t, h});
   Routing r = route(x2d);
 
-  auto perm = lf::ops::moe_permute(be, x2d, r.indices, e);
-  auto fc1 = lf::ops::grouped_gemm(be, perm.rows, fc1_, perm.tokens_per_expert);
   const bool swiglu = c_.swiglu;
   const lf::backend::DeviceBackend* bep = &be;
   auto act = [bep, swiglu](const at::Tensor& a) { return swiglu ? lf::ops::swiglu(*bep, a) : lf::ops::gelu(*bep, a); };
-  at::Tensor a = selective_recompute
-                     ? lf::models::recompute([act](const std::vector<at::Tensor>& v) { return act(v[0]); }, {fc1})
-                     : act(fc1);
-  auto y = lf::ops::grouped_gemm(be, a, fc2_, perm.tokens_per_expert);
-  at::Tensor out = lf::ops::moe_unpermute(be, y, perm.position, r.probs);  // [t, h], this rank's partial sum
+  // This rank's experts on rows grouped by expert (counts: rows per local expert, CPU int64).
+  auto experts = [&](const at::Tensor& rows, const at::Tensor& counts) {
+    auto fc1 = lf::ops::grouped_gemm(be, rows, fc1_, counts);
+    at::Tensor a = selective_recompute
+                       ? lf::models::recompute([act](const std::vector<at::Tensor>& v) { return act(v[0]); }, {fc1})
+                       : act(fc1);
+    return lf::ops::grouped_gemm(be, a, fc2_, counts);
+  };
+  at::Tensor out;  // [t, h]: the routed experts' weighted sum (expert TP = TP: this rank's partial sum)
+  if (!ep_mode || ep_size_ == 1) {
+    auto perm = lf::ops::moe_permute(be, x2d, r.indices, e);
+    out = lf::ops::moe_unpermute(be, experts(perm.rows, perm.tokens_per_expert), perm.position, r.probs);
+  } else if (tp.ep_allgather) {
+    out = dispatch_allgather(be, *tp.ep, x2d, r, experts);
+  } else {
+    out = dispatch_alltoall(be, *tp.ep, x2d, r, experts);
+  }
   // Leave the TP region: the partial sums reduced (SP: and scattered back to the sequence chunks).
   auto finish = [&](at::Tensor routed) {
     routed = routed.view({s, bsz, h});
-    if (tps > 1)
+    if (!ep_mode && tps > 1)
       routed = tp.sequence_parallel ? lf::parallel::reduce_scatter_to_sequence_parallel(routed, *tp.tp)
                                     : lf::parallel::reduce_from_tp(routed, *tp.tp);
     if (!has_shared_) return routed;
@@ -176,27 +245,110 @@ at::Tensor MoeLayer::forward(const lf::backend::DeviceBackend& be, const lf::par
                           ? [&] { auto sg = at::sigmoid(r.logits); return sg / (sg.sum(-1, true) + 1e-20); }()
                           : at::softmax(r.logits, -1);
     auto routed = at::zeros({t, e}, full.options()).scatter_(1, topk_indices(full.detach(), k), 1.0);
+    // Tokens split over TP (expert parallelism under SP): the token counts are summed over the
+    // split first, so that each rank's term covers its tokens' probabilities and the terms add up
+    // to the loss of the whole sequence.
+    const double parts = split ? tps : 1;
     if (c_.load_balancing == "aux_loss") {
       // coeff * E / (k T^2) * sum_e tokens_e * sum_t p_te
-      aux = c_.aux_loss_coeff * e / (static_cast<double>(k) * t * t) * (routed.sum(0) * full.sum(0)).sum();
+      at::Tensor counts = routed.sum(0);
+      if (split) counts = sum_over(counts, *split);
+      const double tt = static_cast<double>(t) * parts;
+      aux = c_.aux_loss_coeff * e / (static_cast<double>(k) * tt * tt) * (counts * full.sum(0)).sum();
     } else {  // seq_aux_loss: per sequence (tokens are [s, b] row-major), then the mean over sequences
-      auto counts = routed.view({s, bsz, e}).sum(0) * (static_cast<double>(e) / (static_cast<double>(s) * k));
-      aux = c_.aux_loss_coeff * (counts * full.view({s, bsz, e}).mean(0)).sum(1).mean();
+      const double ss = static_cast<double>(s) * parts;
+      at::Tensor counts = routed.view({s, bsz, e}).sum(0);
+      if (split) counts = sum_over(counts, *split);
+      counts = counts * (static_cast<double>(e) / (ss * k));
+      aux = c_.aux_loss_coeff * (counts * (full.view({s, bsz, e}).sum(0) / ss)).sum(1).mean();
     }
-    values[MoeStep::kLoadBalancingLoss] = aux.detach().item<double>();
-    // Every TP rank computes the same loss from the whole sequence; each takes 1/tp of its
-    // gradient so that the TP sums of the router's and the input's gradients count it once.
-    const double w = (step ? step->weight(MoeStep::kLoadBalancingLoss) : 1.0) / tps;
+    values[MoeStep::kLoadBalancingLoss] = total_over(aux, split);
+    // Expert TP = TP: every TP rank computes the same loss from the whole sequence; each takes
+    // 1/tp of its gradient so that the TP sums of the router's and the input's gradients count it
+    // once. Split tokens: each rank's term is its own part.
+    const double w = (step ? step->weight(MoeStep::kLoadBalancingLoss) : 1.0) / (ep_mode ? 1 : tps);
     out = AttachAuxLoss::apply(out, aux, w);
   }
   if (c_.z_loss_coeff > 0) {
-    auto z = c_.z_loss_coeff * at::logsumexp(r.logits, -1).square().mean();
-    values[MoeStep::kZLoss] = z.detach().item<double>();
-    const double w = (step ? step->weight(MoeStep::kZLoss) : 1.0) / tps;
+    const double tt = static_cast<double>(t) * (split ? tps : 1);
+    auto z = c_.z_loss_coeff * at::logsumexp(r.logits, -1).square().sum() / tt;
+    values[MoeStep::kZLoss] = total_over(z, split);
+    const double w = (step ? step->weight(MoeStep::kZLoss) : 1.0) / (ep_mode ? 1 : tps);
     out = AttachAuxLoss::apply(out, z, w);
   }
-  if (step) step->record(moe_index, moe_layers, perm.tokens_per_expert.to(at::kFloat), values);
+  if (step) {
+    // Tokens per expert (kept slots) of the sequence.
+    auto kept = r.indices.reshape({-1});
+    at::Tensor load = at::bincount(kept.masked_select(kept.ge(0)).cpu(), {}, e).to(at::kFloat);
+    if (split) load = sum_over(load.to(x.device()), *split).cpu();
+    step->record(moe_index, moe_layers, load, values);
+  }
   return finish(out);
+}
+
+// The all-gather dispatcher (Megatron's MoEAllGatherTokenDispatcher): every rank of the
+// expert-parallel group gathers all the group's tokens and routing, computes its own experts' rows
+// (the other slots dropped), and the weighted sums are reduce-scattered back to the tokens' ranks.
+// Gradients: the gathers' backward sums each token's gradient over the group.
+at::Tensor MoeLayer::dispatch_allgather(const lf::backend::DeviceBackend& be, lf::backend::Communicator& ep,
+                                        const at::Tensor& x2d, const Routing& r, const ExpertFn& experts) const {
+  const int64_t local = c_.num_experts / ep_size_, first = ep_rank_ * local;
+  at::Tensor xg = lf::parallel::gather_from_sequence_parallel(x2d, ep);
+  at::Tensor probs = lf::parallel::gather_from_sequence_parallel(r.probs, ep);
+  at::Tensor idx = at::empty({r.indices.size(0) * ep_size_, r.indices.size(1)}, r.indices.options());
+  ep.all_gather(idx, r.indices.contiguous());
+  const auto mine = idx.ge(first).logical_and(idx.lt(first + local));
+  at::Tensor local_idx = at::where(mine, idx - first, at::full({}, -1, idx.options()));
+  auto perm = lf::ops::moe_permute(be, xg, local_idx, local);
+  at::Tensor out = lf::ops::moe_unpermute(be, experts(perm.rows, perm.tokens_per_expert), perm.position, probs);
+  return lf::parallel::reduce_scatter_to_sequence_parallel(out, ep);
+}
+
+// The all-to-all dispatcher (Megatron's MoEAlltoAllTokenDispatcher): the tokens' rows permuted by
+// expert go to the ranks holding those experts with uneven splits (the counts exchanged first),
+// are regrouped there by local expert, computed, and return the same way; the weighted sum is
+// taken on the tokens' own rank. Every step moves rows only: gradients take the reverse path.
+at::Tensor MoeLayer::dispatch_alltoall(const lf::backend::DeviceBackend& be, lf::backend::Communicator& ep,
+                                       const at::Tensor& x2d, const Routing& r, const ExpertFn& experts) const {
+  const int64_t e = c_.num_experts, local = e / ep_size_, ranks = ep_size_;
+  auto perm = lf::ops::moe_permute(be, x2d, r.indices, e);
+  // counts[d][l]: rows this rank sends to rank d's local expert l; got[src][l]: rows it receives.
+  at::Tensor counts = perm.tokens_per_expert.to(at::kLong).cpu().contiguous();
+  at::Tensor got = at::empty_like(counts);
+  {
+    at::Tensor c = counts.to(x2d.device()), g = at::empty_like(c);
+    ep.all_to_all(g, c, {}, {});
+    got = g.cpu().contiguous();
+  }
+  const int64_t* cs = counts.data_ptr<int64_t>();
+  const int64_t* gs = got.data_ptr<int64_t>();
+  std::vector<int64_t> send(static_cast<size_t>(ranks), 0), recv(static_cast<size_t>(ranks), 0);
+  for (int64_t d = 0; d < ranks; ++d)
+    for (int64_t l = 0; l < local; ++l) send[d] += cs[d * local + l], recv[d] += gs[d * local + l];
+  at::Tensor rows = AllToAllRows::apply(perm.rows, &ep, recv, send);
+  // Received: [source][local expert][rows]; regroup as [local expert][source][rows].
+  std::vector<int64_t> start(static_cast<size_t>(ranks * local));
+  int64_t at_row = 0;
+  for (int64_t src = 0; src < ranks; ++src)
+    for (int64_t l = 0; l < local; ++l) start[src * local + l] = at_row, at_row += gs[src * local + l];
+  std::vector<int64_t> order;
+  order.reserve(static_cast<size_t>(at_row));
+  at::Tensor per_expert = at::zeros({local}, at::TensorOptions().dtype(at::kLong));
+  auto* pe = per_expert.data_ptr<int64_t>();
+  for (int64_t l = 0; l < local; ++l)
+    for (int64_t src = 0; src < ranks; ++src) {
+      const int64_t n = gs[src * local + l], b = start[src * local + l];
+      for (int64_t j = 0; j < n; ++j) order.push_back(b + j);
+      pe[l] += n;
+    }
+  const auto index_opts = at::TensorOptions().dtype(at::kLong);
+  at::Tensor sorted_index = at::tensor(order, index_opts).to(x2d.device());
+  std::vector<int64_t> inverse(order.size());
+  for (size_t i = 0; i < order.size(); ++i) inverse[static_cast<size_t>(order[i])] = static_cast<int64_t>(i);
+  at::Tensor y = experts(rows.index_select(0, sorted_index), per_expert);
+  y = y.index_select(0, at::tensor(inverse, index_opts).to(x2d.device()));
+  at::Tensor back = AllToAllRows::apply(y, &ep, send, recv);
+  return lf::ops::moe_unpermute(be, back, perm.position, r.probs);
 }
 
 void MoeLayer::update_expert_bias(const at::Tensor& load) const {

@@ -40,6 +40,26 @@ at::Tensor ParamBuilder::add(const std::string& name, const at::Tensor& full, Sh
   return t;
 }
 
+at::Tensor ParamBuilder::add_expert(const std::string& name, const at::Tensor& full) {
+  if (!keep_) return {};
+  LF_CHECK(tp_.ep != nullptr, "ParamBuilder::add_expert(", name, "): no expert-parallel group",
+           lf::hint("internal: only expert-parallel layers register expert weights"));
+  const int ep = tp_.ep->size(), r = tp_.ep->rank();
+  const Sharding sharding = Sharding::along(0);
+  sharding.check(full.sizes().vec(), ep, "parameter " + name);
+  at::Tensor t = sharding.shard(meta_ ? full.to(device_) : full, r, ep).to(dtype_).to(device_);
+  t.set_requires_grad(trainable_);
+  Parameter p;
+  p.name = name;
+  p.tensor = t;
+  p.sharding = sharding;
+  p.tp_size = ep;
+  p.tp_rank = r;
+  p.expert = true;
+  params_.push_back(std::move(p));
+  return t;
+}
+
 at::Tensor ParamBuilder::add_state(const std::string& name, const at::Tensor& full) {
   if (!keep_) return {};
   Parameter p;

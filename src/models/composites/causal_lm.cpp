@@ -39,9 +39,14 @@ CausalLmConfig load_causal_lm(const lf::config::Node& model) {
 namespace {
 
 ParamBuilder builder_for(uint64_t seed, at::ScalarType dtype, const lf::backend::DeviceBackend& backend,
-                         const lf::dist::ParallelContext* parallel, bool sequence_parallel, bool trainable) {
-  return ParamBuilder(at::make_generator<at::CPUGeneratorImpl>(seed), dtype, backend.device(),
-                      tensor_parallel_of(parallel, sequence_parallel), trainable);
+                         const lf::dist::ParallelContext* parallel, bool sequence_parallel, bool trainable,
+                         const ExpertPlacement& experts) {
+  auto tp = tensor_parallel_of(parallel, sequence_parallel);
+  if (experts.context) {
+    tp.ep = &experts.context->tp();
+    tp.ep_allgather = experts.allgather;
+  }
+  return ParamBuilder(at::make_generator<at::CPUGeneratorImpl>(seed), dtype, backend.device(), tp, trainable);
 }
 
 LmHeadConfig head_config(const DecoderConfig& c, int tp) {
@@ -59,13 +64,14 @@ CausalLm::CausalLm(const DecoderConfig& config, const lf::backend::DeviceBackend
 
 CausalLm::CausalLm(const DecoderConfig& config, const lf::backend::DeviceBackend& backend, uint64_t seed,
                    at::ScalarType dtype, const lf::dist::ParallelContext* parallel, bool sequence_parallel,
-                   const PipelineStage& stage, bool trainable)
+                   const PipelineStage& stage, bool trainable, ExpertPlacement experts)
     : CausalLm(config, backend, seed, parallel, stage, trainable,
-               builder_for(seed, dtype, backend, parallel, sequence_parallel, trainable)) {}
+               builder_for(seed, dtype, backend, parallel, sequence_parallel, trainable, experts), experts) {}
 
 CausalLm::CausalLm(const DecoderConfig& config, const lf::backend::DeviceBackend& backend, uint64_t seed,
-                   const lf::dist::ParallelContext* parallel, const PipelineStage& stage, bool trainable, ParamBuilder b)
-    : backend_(backend), parallel_(parallel), trainable_(trainable),
+                   const lf::dist::ParallelContext* parallel, const PipelineStage& stage, bool trainable, ParamBuilder b,
+                   ExpertPlacement experts)
+    : backend_(backend), parallel_(parallel), trainable_(trainable), experts_(experts),
       foundation_(config, backend, b, stage, seed, parallel ? parallel->tp_rank() : 0, parallel ? parallel->pp_rank() : 0),
       head_([&] {
         b.set_keep(foundation_.stage().last);
@@ -83,6 +89,12 @@ CausalLm::CausalLm(const DecoderConfig& config, const lf::backend::DeviceBackend
   if (!config.untie_embeddings_and_output_weights && st.first && !st.last)
     for (auto& p : params_)
       if (p.name == "embedding.word_embeddings.weight") p.pipeline_tied = true;
+}
+
+CausalLm::~CausalLm() = default;
+
+void CausalLm::keep_context(std::unique_ptr<lf::dist::ParallelContext> c) {
+  if (c) owned_contexts_.push_back(std::move(c));
 }
 
 const std::string& CausalLm::type() const { return kType; }
@@ -103,10 +115,15 @@ std::map<std::string, lf::parallel::Sharding> causal_lm_shardings(const DecoderC
 
 std::vector<ParameterGroup> CausalLm::parameter_groups() const {
   // Model state (MoE expert biases) travels as a frozen group: saved and loaded, never trained.
-  ParameterGroup weights{"model", {}, parallel_, trainable_}, state{"model_state", {}, parallel_, false};
-  for (const auto& p : params_) (p.state ? state : weights).params.push_back(p);
-  if (state.params.empty()) return {weights};
-  return {weights, state};
+  // Expert-parallel expert weights on the experts' own layout (reduced over expert-DP, files named
+  // by the expert-parallel rank).
+  ParameterGroup weights{"model", {}, parallel_, trainable_}, experts{"experts", {}, experts_.context, trainable_},
+      state{"model_state", {}, parallel_, false};
+  for (const auto& p : params_) (p.state ? state : p.expert ? experts : weights).params.push_back(p);
+  std::vector<ParameterGroup> out{weights};
+  if (!experts.params.empty()) out.push_back(experts);
+  if (!state.params.empty()) out.push_back(state);
+  return out;
 }
 
 at::Tensor CausalLm::expert_load() const {

@@ -24,14 +24,39 @@ CausalLmPlan::CausalLmPlan(std::shared_ptr<const ModelConfig> config, const Plan
       const auto* n = args.resolved->find_path(path);
       return n ? n->origin() : lf::config::Origin::from_default();
     };
-    const int ep = layout_.size(lf::dist::Axis::ep);
-    if (ep > 1)
+    const int ep = layout_.size(lf::dist::Axis::ep), tp = layout_.size(lf::dist::Axis::tp);
+    const int etp = layout_.expert_tp_size();
+    const bool given_etp = job_.parallel.expert_tensor_parallel_size.has_value();
+    expert_parallel_ = foundation_.is_moe() && (ep > 1 || (etp == 1 && tp > 1));
+    if (!foundation_.is_moe() && (ep > 1 || given_etp))
+      errors.add(ep > 1 ? "parallel.expert_model_parallel_size" : "parallel.expert_tensor_parallel_size",
+                 origin(ep > 1 ? "parallel.expert_model_parallel_size" : "parallel.expert_tensor_parallel_size"),
+                 "this model has no experts (model.foundation.num_experts 0): expert parallel sizes would do nothing",
+                 "drop --expert-model-parallel-size / --expert-tensor-parallel-size, or choose a MoE model");
+    if (foundation_.is_moe() && ep > 1 && etp > 1)
+      errors.add("parallel.expert_tensor_parallel_size", origin("parallel.expert_tensor_parallel_size"),
+                 "expert parallelism (ep " + std::to_string(ep) + ") with the experts also split over tp " +
+                     std::to_string(etp) + " is not built: expert-parallel ranks hold whole experts",
+                 "add --expert-tensor-parallel-size 1 (Megatron's usual MoE layout), or use ep 1");
+    if (expert_parallel_ && foundation_.num_experts % ep != 0)
       errors.add("parallel.expert_model_parallel_size", origin("parallel.expert_model_parallel_size"),
-                 "expert parallelism (parallel.expert_model_parallel_size " + std::to_string(ep) +
-                     ") is not built yet (issue 14): " +
-                     (foundation_.is_moe() ? std::string("every rank holds all experts of its MoE layers")
-                                           : std::string("this model has no experts (model.foundation.num_experts 0)")),
-                 "set --expert-model-parallel-size 1 (data parallelism replicates the experts)");
+                 std::to_string(foundation_.num_experts) + " experts (model.foundation.num_experts) do not split over " +
+                     std::to_string(ep) + " expert-parallel ranks",
+                 "choose --expert-model-parallel-size dividing the number of experts");
+    if (expert_parallel_ && tp > 1 && !job_.parallel.sequence_parallel)
+      errors.add("parallel.sequence_parallel", origin("parallel.sequence_parallel"),
+                 "with expert tensor-parallel size 1 under tensor parallelism each TP rank routes its own chunk of the "
+                 "sequence (as Megatron requires for MoE with TP): sequence parallelism must be on",
+                 "add --sequence-parallel");
+    if (expert_parallel_ && tp > 1 && foundation_.moe_expert_capacity_factor > 0)
+      errors.add("model.foundation.moe_expert_capacity_factor", origin("model.foundation.moe_expert_capacity_factor"),
+                 "the capacity limit counts a rank's tokens; with expert TP 1 under TP a rank holds a chunk of the "
+                 "sequence, so which tokens drop would depend on the TP size",
+                 "drop the capacity factor (dropless), or leave --expert-tensor-parallel-size unset");
+    if (!expert_parallel_ && origin("parallel.moe_token_dispatcher_type").kind != lf::config::Origin::Kind::default_)
+      errors.add("parallel.moe_token_dispatcher_type", origin("parallel.moe_token_dispatcher_type"),
+                 "no tokens are dispatched: every rank holds every expert (expert parallelism is off)",
+                 "drop --moe-token-dispatcher-type, or add --expert-model-parallel-size N");
     if (foundation_.is_moe() && job_.parallel.chunkpipe_chunk_size)
       errors.add("parallel.chunkpipe_chunk_size", origin("parallel.chunkpipe_chunk_size"),
                  "ChunkPipe would route each chunk of a sequence on its own, which changes the per-sequence and "
@@ -80,8 +105,21 @@ DataNeeds CausalLmPlan::data_needs() const {
 std::unique_ptr<Model> CausalLmPlan::build(const BuildArgs& args) const {
   const auto& ctx = *args.context;
   const auto stage = lf::parallel::pipeline::pipeline_stage(foundation_.num_layers, ctx.pp_size(), ctx.pp_rank(), stage_split());
-  return std::make_unique<CausalLm>(foundation_, *args.backend, args.seed, args.dtype, &ctx,
-                                    job_.parallel.sequence_parallel, stage, !frozen_);
+  auto experts = make_expert_context(args);
+  auto model = std::make_unique<CausalLm>(foundation_, *args.backend, args.seed, args.dtype, &ctx,
+                                          job_.parallel.sequence_parallel, stage, !frozen_,
+                                          ExpertPlacement{experts.get(), job_.parallel.moe_token_dispatcher_type == "allgather"});
+  model->keep_context(std::move(experts));
+  return model;
+}
+
+std::unique_ptr<lf::dist::ParallelContext> CausalLmPlan::make_expert_context(const BuildArgs& args) const {
+  if (!expert_parallel_) return nullptr;
+  LF_CHECK(args.make_context != nullptr, "expert parallelism needs BuildArgs::make_context",
+           lf::hint("internal: the caller must be able to build the experts' context"));
+  std::vector<int> ranks(static_cast<size_t>(layout_.world_size()));
+  for (int r = 0; r < layout_.world_size(); ++r) ranks[static_cast<size_t>(r)] = r;
+  return args.make_context("experts", layout_.expert_layout(), ranks);
 }
 
 std::vector<CausalLmPlan::StageCount> CausalLmPlan::stage_counts() const {

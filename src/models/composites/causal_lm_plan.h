@@ -38,11 +38,17 @@ class CausalLmPlan : public ModelPlan {
   std::string stage_assignment() const;
   std::string estimates() const;
 
+  // Expert parallelism with expert TP 1 (experts on their own context): ep > 1, or expert TP 1
+  // under TP. The context and the placement for the model's constructor.
+  bool expert_parallel() const { return expert_parallel_; }
+  std::unique_ptr<lf::dist::ParallelContext> make_expert_context(const BuildArgs& args) const;
+
   std::shared_ptr<const ModelConfig> config_;
   lf::config::JobConfig job_;
   lf::dist::ParallelLayout layout_;
   DecoderConfig foundation_;
   bool frozen_ = false;
+  bool expert_parallel_ = false;
 };
 
 void register_causal_lm(Registry& r);

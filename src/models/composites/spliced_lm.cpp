@@ -103,6 +103,11 @@ class SplicedLmPlan : public CausalLmPlan {
       const auto* n = args.resolved->find_path(path);
       return n ? n->origin() : lf::config::Origin::from_default();
     };
+    if (expert_parallel())
+      errors.add("parallel.expert_model_parallel_size", origin("parallel.expert_model_parallel_size"),
+                 "expert parallelism is not built for the spliced_lm composite (its foundation's experts stay on every "
+                 "rank)",
+                 "drop --expert-model-parallel-size / --expert-tensor-parallel-size");
     encoder_tp_ = static_cast<int>(enc.settings.tensor_model_parallel_size.value_or(tp));
     if (tp % encoder_tp_ != 0)
       errors.add("model.image_encoder.tensor_model_parallel_size", origin("model.image_encoder.tensor_model_parallel_size"),

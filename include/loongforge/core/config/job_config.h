@@ -23,6 +23,7 @@ struct ParallelConfig {
   int64_t context_parallel_size = 1;
   int64_t expert_model_parallel_size = 1;
   std::optional<int64_t> expert_tensor_parallel_size;  // null: same as tensor_model_parallel_size
+  std::string moe_token_dispatcher_type = "allgather";  // how tokens reach the expert-parallel ranks
   std::optional<int64_t> num_layers_per_virtual_pipeline_stage;
   std::optional<int64_t> decoder_first_pipeline_num_layers;  // null: even split
   std::optional<int64_t> decoder_last_pipeline_num_layers;   // null: even split
@@ -44,7 +45,15 @@ struct ParallelConfig {
     v("context_parallel_size", context_parallel_size, "Context parallel size", Min{1});
     v("expert_model_parallel_size", expert_model_parallel_size, "Expert model parallel size", Min{1});
     v("expert_tensor_parallel_size", expert_tensor_parallel_size,
-      "Tensor parallel size of the experts (MoE: issue 14; refused until then)", Min{1});
+      "Tensor parallel size of the experts: null splits them over the tensor-parallel group like the dense MLP; "
+      "1 keeps every expert whole on one rank (expert parallelism may then span the tensor-parallel ranks; "
+      "needs --sequence-parallel when tp > 1)",
+      Min{1});
+    v("moe_token_dispatcher_type", moe_token_dispatcher_type,
+      "How tokens reach the expert-parallel ranks holding their experts (with expert parallelism or expert TP 1): "
+      "alltoall sends each token only where it is routed (uneven splits), allgather gathers every token on every "
+      "rank of the expert-parallel group and reduce-scatters the results",
+      OneOf{{"alltoall", "allgather"}});
     v("num_layers_per_virtual_pipeline_stage", num_layers_per_virtual_pipeline_stage,
       "Layers per virtual pipeline stage (interleaved schedule)", Min{1});
     v("decoder_first_pipeline_num_layers", decoder_first_pipeline_num_layers,

@@ -8,12 +8,15 @@
 // layer's output in backward (scaled by the weight the trainer gives the term this step) and their
 // values are summed in the MoeStep the layer context carries. Under tensor parallelism every rank
 // routes the whole sequence and holds each expert's TP shard (split as the dense MLP: expert TP =
-// TP); the routed output's partial sums are reduced like a row-parallel layer's. Not expert
-// parallelism (every rank holds every expert).
+// TP); the routed output's partial sums are reduced like a row-parallel layer's. Under expert
+// parallelism (TensorParallel::ep set: expert TP 1) each rank holds num_experts / ep experts whole
+// and routes its own tokens (under TP its sequence-parallel chunk); an all-gather or all-to-all
+// dispatcher brings the tokens to their experts and the results back.
 #pragma once
 
 #include <ATen/core/Tensor.h>
 
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -106,7 +109,14 @@ class MoeLayer {
   const MoeConfig& config() const { return c_; }
 
  private:
+  using ExpertFn = std::function<at::Tensor(const at::Tensor& rows, const at::Tensor& counts)>;
+  at::Tensor dispatch_allgather(const lf::backend::DeviceBackend& be, lf::backend::Communicator& ep,
+                                const at::Tensor& x2d, const Routing& r, const ExpertFn& experts) const;
+  at::Tensor dispatch_alltoall(const lf::backend::DeviceBackend& be, lf::backend::Communicator& ep,
+                               const at::Tensor& x2d, const Routing& r, const ExpertFn& experts) const;
+
   MoeConfig c_;
+  int ep_size_ = 1, ep_rank_ = 0;  // expert parallelism: this rank holds experts [rank, rank + 1) * E / size
   at::Tensor router_, expert_bias_, fc1_, fc2_, shared_gate_;
   Mlp shared_;
   bool has_shared_ = false;

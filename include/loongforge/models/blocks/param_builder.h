@@ -45,6 +45,9 @@ class ParamBuilder {
   // TP under sequence parallelism in any case (they act on sequence chunks).
   at::Tensor add(const std::string& name, const at::Tensor& full, Sharding sharding, bool no_weight_decay,
                  bool partial_over_tp = false);
+  // Registers an expert weight of an expert-parallel layer: this rank's part (along dim 0, the
+  // experts) of the tp.ep group, recorded with that group's size and rank (Parameter::expert).
+  at::Tensor add_expert(const std::string& name, const at::Tensor& full);
   // Registers model state (Parameter::state): replicated, fp32 whatever the model's dtype, never
   // requires grad. Not drawn from the generator (the draw order of the weights is unchanged).
   at::Tensor add_state(const std::string& name, const at::Tensor& full);

@@ -19,6 +19,14 @@
 
 namespace lf::models {
 
+// Expert parallelism with expert TP 1: the experts' own context (built from
+// ParallelLayout::expert_layout: its tp axis is the expert-parallel group, its dp expert-DP) and
+// the token dispatcher. No context: every rank holds every expert, split over TP.
+struct ExpertPlacement {
+  const lf::dist::ParallelContext* context = nullptr;
+  bool allgather = true;  // else all-to-all
+};
+
 class CausalLm : public Model {
  public:
   // Parameters are drawn from `seed` on the CPU in a fixed order, then moved to the backend's
@@ -34,7 +42,9 @@ class CausalLm : public Model {
   // the embedding as its output layer. trainable false: frozen.
   CausalLm(const DecoderConfig& config, const lf::backend::DeviceBackend& backend, uint64_t seed,
            at::ScalarType dtype, const lf::dist::ParallelContext* parallel, bool sequence_parallel,
-           const PipelineStage& stage, bool trainable = true);
+           const PipelineStage& stage, bool trainable = true, ExpertPlacement experts = {});
+
+  ~CausalLm() override;
 
   // --- Model ---
   const std::string& type() const override;
@@ -98,6 +108,9 @@ class CausalLm : public Model {
   bool sequence_parallel() const { return foundation_.tp().sequence_parallel; }
   const Decoder& foundation() const { return foundation_; }
   const lf::dist::ParallelContext* context() const { return parallel_; }
+  const ExpertPlacement& experts() const { return experts_; }
+  // Keeps a context the model's parameters use (the experts') alive as long as the model.
+  void keep_context(std::unique_ptr<lf::dist::ParallelContext> c);
 
  protected:
   // The first stage's input to the layers: [s(/tp), b, h] from the batch (tokens embedded; a
@@ -114,9 +127,12 @@ class CausalLm : public Model {
 
  private:
   CausalLm(const DecoderConfig& config, const lf::backend::DeviceBackend& backend, uint64_t seed,
-           const lf::dist::ParallelContext* parallel, const PipelineStage& stage, bool trainable, ParamBuilder b);
+           const lf::dist::ParallelContext* parallel, const PipelineStage& stage, bool trainable, ParamBuilder b,
+           ExpertPlacement experts);
   at::Tensor local_logits(const at::Tensor& tokens, KvCache* cache) const;
 
+  ExpertPlacement experts_;
+  std::vector<std::unique_ptr<lf::dist::ParallelContext>> owned_contexts_;
   Decoder foundation_;
   LmHead head_;
   std::vector<Parameter> params_;

@@ -22,6 +22,10 @@ using lf::backend::Communicator;
 struct TensorParallel {
   Communicator* tp = nullptr;
   bool sequence_parallel = false;
+  // MoE experts whole on one rank each (expert TP 1), spread over this expert-parallel group
+  // (possibly of size 1); null: every rank holds every expert, split over tp like the dense MLP.
+  Communicator* ep = nullptr;
+  bool ep_allgather = true;  // the token dispatcher: all-gather (else all-to-all)
   int size() const;
   int rank() const;
 };

@@ -162,6 +162,47 @@ TEST(HfParity, LogitsMatchTransformersAtTp2) {
       std::printf("%s\n", r.output.substr(at, r.output.find('\n', at) - at).c_str());
 }
 
+// The MoE families under expert parallelism: EP = 2 over two data-parallel ranks (expert TP 1),
+// each rank holding half of every MoE layer's experts, with both token dispatchers; the same
+// logits as transformers (the dispatch only moves rows).
+LF_WORKER_CASE(hf_parity_ep2) {
+  const std::string dir = lf::testing::worker_args().at(0);
+  auto ctx = lf::testing::make_context(1);
+  auto experts = lf::testing::make_expert_context(1, 2);
+  for (const char* family : {"qwen3_moe", "deepseek_v3", "deepseek_v2"}) {
+    const std::string d = dir + "/" + family;
+    auto m = hf::read_hf(d + "/hf", {});
+    for (bool allgather : {false, true}) {
+      lf::models::CausalLm decoder(m.config, lf::backend::cpu_backend(), 1, at::kFloat, ctx.get(), false,
+                                   lf::models::PipelineStage{}, true, {experts.get(), allgather});
+      decoder.set_training(false);
+      decoder.load_full_parameters({m.tensors.begin(), m.tensors.end()});
+      // This rank holds half the experts.
+      for (const auto& p : decoder.parameters())
+        if (p.expert) ASSERT_EQ(p.tensor.size(0) * 2, p.full_shape()[0]) << p.name;
+      auto ids = read_tensor(d + "/logits.safetensors", "input_ids");
+      auto want = read_tensor(d + "/logits.safetensors", "logits");
+      at::NoGradGuard no_grad;
+      auto got = decoder.forward(ids).permute({1, 0, 2});
+      ASSERT_EQ(got.sizes(), want.sizes());
+      const double diff = lf::testing::max_abs_diff(got, want);
+      std::printf("[hf parity] %s EP=2 (%s) rank %d: max |logits - transformers| = %.3g\n", family,
+                  allgather ? "all-gather" : "all-to-all", lf::testing::worker_rank(), diff);
+      EXPECT_LE(diff, kTolerance) << family;
+    }
+  }
+}
+
+TEST(HfParity, MoeLogitsMatchTransformersAtEp2) {
+  REQUIRE_ORACLE();
+  auto results = lf::testing::run_workers("hf_parity_ep2", {.world_size = 2, .args = {oracle_dir()}});
+  lf::testing::expect_all_ok(results);
+  for (const auto& r : results)
+    for (size_t at = r.output.find("[hf parity]"); at != std::string::npos;
+         at = r.output.find("[hf parity]", at + 1))
+      std::printf("%s\n", r.output.substr(at, r.output.find('\n', at) - at).c_str());
+}
+
 // DeepSeek-V3's MoE block as transformers computes it (DeepseekV3MoE: sigmoid scores, 4 groups of
 // 2 experts with the top 2 groups allowed, the score-correction bias for the choice only, top 4,
 // renormalised and scaled by 2.5, one shared expert) with random weights: our MoeLayer with the

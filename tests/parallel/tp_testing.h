@@ -19,8 +19,13 @@ namespace lf::testing {
 
 // tp x dp over the worker's world (every kind the tests touch). Once per process: contexts share
 // the store and the name "default".
-inline std::unique_ptr<lf::dist::ParallelContext> make_context(int tp) {
+inline lf::dist::Rendezvous& test_rendezvous() {
   static lf::dist::Rendezvous rendezvous(lf::dist::detect_launch_env(), std::chrono::seconds(60));
+  return rendezvous;
+}
+
+inline std::unique_ptr<lf::dist::ParallelContext> make_context(int tp) {
+  auto& rendezvous = test_rendezvous();
   lf::dist::ParallelSizes sizes;
   sizes.tp = tp;
   lf::dist::ParallelLayout layout(rendezvous.world_size(), sizes);
@@ -28,6 +33,22 @@ inline std::unique_ptr<lf::dist::ParallelContext> make_context(int tp) {
   options.timeout = std::chrono::seconds(60);
   options.kinds = {lf::dist::GroupKind::world, lf::dist::GroupKind::tp, lf::dist::GroupKind::dp};
   return std::make_unique<lf::dist::ParallelContext>(rendezvous, layout, options);
+}
+
+// The experts' context of tp x dp with expert-parallel size ep and expert TP 1
+// (ParallelLayout::expert_layout: its tp group is the expert-parallel group). Once per process.
+inline std::unique_ptr<lf::dist::ParallelContext> make_expert_context(int tp, int ep) {
+  auto& rendezvous = test_rendezvous();
+  lf::dist::ParallelSizes sizes;
+  sizes.tp = tp;
+  sizes.ep = ep;
+  sizes.etp = 1;
+  lf::dist::ParallelLayout layout(rendezvous.world_size(), sizes);
+  lf::dist::ParallelContextOptions options;
+  options.name = "experts";
+  options.timeout = std::chrono::seconds(60);
+  options.kinds = {lf::dist::GroupKind::world, lf::dist::GroupKind::tp, lf::dist::GroupKind::dp};
+  return std::make_unique<lf::dist::ParallelContext>(rendezvous, layout.expert_layout(), options);
 }
 
 inline double max_abs_diff(const at::Tensor& a, const at::Tensor& b) {

@@ -297,6 +297,15 @@ TEST(MoeTraining, LayoutsNotBuiltForMoeAreRefusedWithTheKey) {
     EXPECT_EQ(r.exit_code, 0) << r.output;
     EXPECT_NE(r.output.find("372056 parameters (206168 active per token)"), std::string::npos) << r.output;
   }
+  {  // under expert parallelism it states the experts' share per rank: 3 MoE layers x 8 experts x
+     // 3 x 64 x 48 routed weights = 221184, / ep 8 = 27648; the dense rest (150872) whole
+    auto r = train(8, d + "/ep8", {"--dry-run", "--expert-model-parallel-size", "8", "--global-batch-size", "16"}, 4);
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_NE(r.output.find("experts: ep 8 x expert-dp 1 (expert TP 1)"), std::string::npos) << r.output;
+    EXPECT_NE(r.output.find("parameters      178520 of 372056 (/ tp 1; routed experts 27648, / ep 8)"),
+              std::string::npos)
+        << r.output;
+  }
   for (const auto& c : cases) {
     std::vector<std::string> a = c.args;
     a.push_back("--dry-run");

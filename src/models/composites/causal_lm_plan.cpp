@@ -131,10 +131,10 @@ std::vector<CausalLmPlan::StageCount> CausalLmPlan::stage_counts() const {
   std::vector<StageCount> out;
   for (int k = 0; k < pp; ++k) {
     const auto stage = lf::parallel::pipeline::pipeline_stage(m.num_layers, pp, k, stage_split());
-    StageCount c{stage.chunks, 0, 0, ""};
+    StageCount c{stage.chunks, 0, 0, 0, ""};
     for (const auto& r : stage.chunks) {
       c.layers += r.size();
-      for (int64_t i = r.begin; i < r.end; ++i) c.params += m.layer_parameters(i);
+      for (int64_t i = r.begin; i < r.end; ++i) c.params += m.layer_parameters(i), c.experts += m.routed_expert_parameters(i);
     }
     if (k == 0) c.params += vocab, c.extra += " + embedding";
     if (k == pp - 1) {
@@ -165,7 +165,10 @@ std::string CausalLmPlan::stage_assignment() const {
         os << c.chunks[j].begin << ".." << c.chunks[j].end - 1;
     }
     os << " (" << c.layers << (c.chunks.size() > 1 ? " in " + std::to_string(c.chunks.size()) + " model chunks" : "")
-       << ")" << c.extra << " | " << c.params << " parameters (" << c.params / tp << " per rank, / tp " << tp << ")\n";
+       << ")" << c.extra << " | " << c.params << " parameters ("
+       << (c.params - c.experts) / tp + c.experts / (expert_parallel_ ? layout_.size(lf::dist::Axis::ep) : tp)
+       << " per rank, / tp " << tp << (expert_parallel_ ? ", experts / ep " + std::to_string(layout_.size(lf::dist::Axis::ep)) : "")
+       << ")\n";
   }
   return os.str();
 }
@@ -189,11 +192,19 @@ std::string CausalLmPlan::estimates() const {
   os << "per-rank estimates" << (pp > 1 ? " by pipeline stage" : "") << " (every rank of a pipeline stage is alike):\n";
   const auto counts = stage_counts();
   for (size_t k = 0; k < counts.size(); ++k) {
-    const double params = static_cast<double>(counts[k].params) / tp;
+    // Dense weights split over tp (ZeRO-1: optimizer over dp); routed experts over ep under expert
+    // parallelism (ZeRO-1: over expert-DP), else over tp like the dense MLP.
+    const int ep = layout_.size(lf::dist::Axis::ep), edp = layout_.expert_dp_size();
+    const double expert_split = expert_parallel_ ? ep : tp;
+    const double dense = static_cast<double>(counts[k].params - counts[k].experts) / tp;
+    const double experts = static_cast<double>(counts[k].experts) / expert_split;
+    const double params = dense + experts;
     const double weight_bytes = params * (half ? 2 : 4);
-    const double grad_bytes = frozen_ ? 0.0 : params * 4;                  // fp32 main gradients
-    double optim_bytes = frozen_ ? 0.0 : params * (8 + (half ? 4 : 0));  // Adam m, v (+ fp32 master)
-    if (job.optimizer.use_distributed_optimizer) optim_bytes /= dp;
+    const double grad_bytes = frozen_ ? 0.0 : params * 4;  // fp32 main gradients
+    const double per_param = frozen_ ? 0.0 : 8 + (half ? 4 : 0);  // Adam m, v (+ fp32 master)
+    double optim_bytes = job.optimizer.use_distributed_optimizer
+                             ? per_param * (dense / dp + experts / (expert_parallel_ ? edp : dp))
+                             : per_param * params;
     const auto& c = counts[k];
     const int64_t v = static_cast<int64_t>(c.chunks.size());
     int64_t chunk_layers = 0;  // the largest model chunk (a layout may make them uneven)
@@ -223,11 +234,18 @@ std::string CausalLmPlan::estimates() const {
     const std::string pad = pp > 1 ? "    " : "  ";
     if (pp > 1) os << "  stage " << k << ":\n";
     os << pad << "parameters      " << static_cast<int64_t>(params) << " of " << m.num_parameters() << " (/ tp " << tp
+       << (expert_parallel_ ? "; routed experts " + std::to_string(static_cast<int64_t>(experts)) + ", / ep " +
+                                  std::to_string(ep)
+                            : std::string())
        << (pp > 1 ? ", this stage's layers" : "") << ")\n"
        << pad << "weights         " << human_bytes(weight_bytes) << "\n"
        << pad << "gradients       " << human_bytes(grad_bytes) << " (fp32" << (frozen_ ? ", frozen: none" : "") << ")\n"
        << pad << "optimizer       " << human_bytes(optim_bytes)
-       << (job.optimizer.use_distributed_optimizer ? " (sharded over dp)" : "") << "\n"
+       << (job.optimizer.use_distributed_optimizer
+               ? (expert_parallel_ ? " (sharded over dp; experts over expert-dp " + std::to_string(edp) + ")"
+                                   : std::string(" (sharded over dp)"))
+               : std::string())
+       << "\n"
        << pad << "activations     " << human_bytes(act) << " (" << act_note << ")\n"
        << pad << "total           " << human_bytes(weight_bytes + grad_bytes + optim_bytes + act) << "\n";
   }
@@ -246,7 +264,11 @@ std::string CausalLmPlan::describe() const {
      << "  foundation     " << config_->component("foundation").type << ", " << foundation_.num_parameters()
      << " parameters"
      << (foundation_.is_moe() ? " (" + std::to_string(foundation_.num_active_parameters()) + " active per token)" : "")
-     << " | tp " << tp << ", pp " << pp << ", dp " << dp << " (the job's layout)"
+     << " | tp " << tp << ", pp " << pp << ", dp " << dp
+     << (expert_parallel_ ? ", experts: ep " + std::to_string(layout_.size(lf::dist::Axis::ep)) + " x expert-dp " +
+                                std::to_string(layout_.expert_dp_size()) + " (expert TP 1)"
+                          : std::string())
+     << " (the job's layout)"
      << (frozen_ ? " | frozen" : "") << "\n"
      << describe_components() << stage_assignment() << estimates();
   return os.str();

@@ -32,6 +32,7 @@ class CausalLmPlan : public ModelPlan {
     std::vector<lf::parallel::pipeline::LayerRange> chunks;
     int64_t layers = 0;
     int64_t params = 0;  // of the full model's tensors this stage holds (before / tp)
+    int64_t experts = 0; // of those, routed experts' weights (split over ep, or tp)
     std::string extra;   // what besides layers
   };
   std::vector<StageCount> stage_counts() const;

@@ -120,6 +120,11 @@ int64_t DecoderConfig::layer_parameters(int64_t i) const {
   return n;
 }
 
+int64_t DecoderConfig::routed_expert_parameters(int64_t i) const {
+  if (!is_moe() || !moe_layer_pattern()[static_cast<size_t>(i)]) return 0;
+  return num_experts * mlp_weights(hidden_size, expert_ffn_hidden_size(), swiglu);
+}
+
 int64_t DecoderConfig::num_parameters() const {
   const int64_t h = hidden_size, v = padded_vocab_size();
   const int64_t norm = normalization == "LayerNorm" ? 2 * h : h;

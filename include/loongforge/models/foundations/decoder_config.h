@@ -181,6 +181,8 @@ struct DecoderConfig {
   int64_t num_parameters() const;
   // Parameters of layer i (its MLP dense or MoE; expert bias included).
   int64_t layer_parameters(int64_t i) const;
+  // Of those, the routed experts' weights (0 for a dense layer): what expert parallelism splits.
+  int64_t routed_expert_parameters(int64_t i) const;
   // Parameters a token passes through (MoE: top-k routed experts, not all); = num_parameters dense.
   int64_t num_active_parameters() const;
   // Training FLOPs per token (forward + backward = 3x forward) at sequence length `seq`:

@@ -55,8 +55,12 @@ std::vector<Planned> plan(const Mapping::Impl& m, const DecoderConfig& c) {
     out.push_back(std::move(p));
   };
   for (size_t i = 0; i < m.tensors.size();) {
+    if (m.tensors[i].per_mtp()) {
+      ++i;
+      continue;
+    }
     size_t j = i;
-    while (j < m.tensors.size() && m.tensors[j].per_layer() == m.tensors[i].per_layer()) ++j;
+    while (j < m.tensors.size() && !m.tensors[j].per_mtp() && m.tensors[j].per_layer() == m.tensors[i].per_layer()) ++j;
     if (m.tensors[i].per_layer()) {
       for (int64_t layer = 0; layer < c.num_layers; ++layer) {
         fields["moe_layer"] = static_cast<bool>(moe_layers[static_cast<size_t>(layer)]);
@@ -69,6 +73,32 @@ std::vector<Planned> plan(const Mapping::Impl& m, const DecoderConfig& c) {
         if (holds(m.tensors[k].when, fields, m.tensors[k].origin)) add(m.tensors[k], -1);
     }
     i = j;
+  }
+  // Multi-token prediction layers: HF layers num_layers + k. The decoder-layer rules again (the
+  // layer is MoE in a MoE model), then the MTP layer's own tensors.
+  LF_CHECK(c.mtp_num_layers == 0 || m.mtp_layers, "mtp_num_layers is ", c.mtp_num_layers, " but the ", m.model_type,
+           " mapping (", m.path, ") has no multi-token prediction layers",
+           lf::hint("this HF family has no MTP weights; set mtp_num_layers: 0"));
+  const std::string decoder_prefix = "decoder.layers.<i>.";
+  for (int64_t k = 0; k < c.mtp_num_layers; ++k) {
+    const int64_t hf_layer = c.num_layers + k;
+    fields["moe_layer"] = c.is_moe();
+    const std::string lf_prefix = "mtp.layers." + std::to_string(k) + ".transformer_layer.";
+    for (const auto& r : m.tensors) {
+      if (!r.per_layer() || r.lf.rfind(decoder_prefix, 0) != 0 || !holds(r.when, fields, r.origin)) continue;
+      add(r, hf_layer);
+      out.back().lf = lf_prefix + r.lf.substr(decoder_prefix.size());
+    }
+    fields.erase("moe_layer");
+    for (const auto& r : m.tensors) {
+      if (!r.per_mtp() || !holds(r.when, fields, r.origin)) continue;
+      Planned p{&r, replace_layer(r.lf, k, "<m>"), {}, {}};
+      for (const auto& spec : r.hf) {
+        p.hf.push_back(replace_layer(spec.name, hf_layer, "<n>"));
+        p.shapes.push_back(eval_shape(spec.shape, symbols));
+      }
+      out.push_back(std::move(p));
+    }
   }
   return out;
 }
@@ -304,6 +334,15 @@ HfModel read_hf(const std::string& hf_dir, const ReadOptions& options) {
     }
     at::Tensor t = to_lf(p, std::move(in), c, vocab_rows);
     if (options.dtype) t = t.to(*options.dtype);
+    if (p.rule->duplicate) {
+      // An HF copy of a tensor LoongForge holds once: it must equal that tensor.
+      auto same = std::find_if(out.tensors.begin(), out.tensors.end(), [&](const auto& e) { return e.first == p.lf; });
+      LF_CHECK(same != out.tensors.end() && same->second.sizes() == t.sizes() && at::equal(same->second, t), "HF tensor '",
+               p.hf[0], "' in ", hf_dir, " differs from the tensor it copies (", p.lf, ": ", p.rule->origin, ")",
+               lf::hint("LoongForge shares the MTP layers' embedding and output layer with the model's, as Megatron "
+                        "does; weights trained with separate copies cannot be loaded"));
+      continue;
+    }
     out.tensors.emplace_back(p.lf, t);
   }
   const json fields = config_fields(c);

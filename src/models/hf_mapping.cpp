@@ -180,7 +180,7 @@ Mapping load_mapping(const std::string& yaml_path) {
   std::map<std::string, int64_t> any_symbols;
   for (const auto& [name, value] : shape_symbols(probe)) any_symbols[name] = 1;
   std::set<std::string> keys{"architecture", "model_type", "fixed", "constants", "config",
-                             "rope", "tensors", "ignore", "moe_layers"};
+                             "rope", "tensors", "ignore", "moe_layers", "mtp_layers"};
   for (const auto& c : root.children())
     LF_CHECK(keys.count(c.key()), where(c), ": unknown key '", c.key(), "' in a mapping file",
              lf::hint(lf::config::did_you_mean(c.key(), {keys.begin(), keys.end()})));
@@ -219,6 +219,7 @@ Mapping load_mapping(const std::string& yaml_path) {
     if (const Node* d = moe->find("dense_layers")) m->dense_layers_key = scalar(*d, "dense_layers");
     if (const Node* f = moe->find("first_dense")) m->first_dense_key = scalar(*f, "first_dense");
   }
+  if (const Node* mtp = root.find("mtp_layers")) m->mtp_layers = to_json(*mtp) == json(true);
   const Node& rope = need(root, "rope", path);
   m->rope_theta_field = scalar(need(rope, "theta", path), "theta");
   check_field(m->rope_theta_field, known, rope);
@@ -243,8 +244,13 @@ Mapping load_mapping(const std::string& yaml_path) {
     r.hf = parse_hf_specs(need(e, "hf", path), path);
     if (const Node* t = e.find("transform")) r.transform = scalar(*t, "transform");
     if (const Node* w = e.find("when")) r.when = scalar(*w, "when");
+    if (const Node* d = e.find("duplicate")) r.duplicate = to_json(*d) == json(true);
     if (!r.when.empty()) check_field(r.when[0] == '!' ? r.when.substr(1) : r.when, known, e);
-    LF_CHECK(lf_names.insert(r.lf).second, r.origin, ": tensor '", r.lf, "' is mapped twice");
+    LF_CHECK(r.duplicate || lf_names.insert(r.lf).second, r.origin, ": tensor '", r.lf, "' is mapped twice",
+             lf::hint("an HF copy of a tensor mapped elsewhere takes `duplicate: true`"));
+    LF_CHECK(!r.per_mtp() || m->mtp_layers, r.origin, ": <n> (an MTP layer's HF index) needs `mtp_layers: true`");
+    LF_CHECK(!r.per_mtp() || r.duplicate || r.lf.find("<m>") != std::string::npos, r.origin, ": '", r.lf,
+             "' is per MTP layer (its HF name has <n>) and needs <m>");
     const size_t n = r.hf.size();
     LF_CHECK(r.transform == "copy" || r.transform == "vocab" || r.transform == "qkv" ||
                  r.transform == "concat" || r.transform == "experts",
@@ -257,6 +263,8 @@ Mapping load_mapping(const std::string& yaml_path) {
     if (!r.when.empty() && (r.when == "moe_layer" || r.when == "!moe_layer"))
       LF_CHECK(r.per_layer(), r.origin, ": when ", r.when, " applies to per-layer tensors (<i>) only");
     for (const auto& s : r.hf) {
+      LF_CHECK((s.name.find("<n>") != std::string::npos) == r.per_mtp(), r.origin, ": '", s.name,
+               "': every HF tensor of an MTP-layer entry has <n>, and only those");
       LF_CHECK((s.name.find("<i>") != std::string::npos) == r.per_layer(), r.origin,
                ": '", s.name, "' and '", r.lf, "' must both or neither contain <i>");
       LF_CHECK((s.name.find("<e>") != std::string::npos) == (r.transform == "experts"), r.origin, ": '", s.name,

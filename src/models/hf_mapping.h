@@ -27,7 +27,13 @@ struct TensorRule {
   std::string transform = "copy";  // copy | vocab | qkv | concat | experts
   std::string when;                // "" | field | !field (per layer also moe_layer / !moe_layer)
   std::string origin;              // file:line of the entry, for messages
+  // An HF copy of a tensor mapped elsewhere (DeepSeek's MTP layers carry the embedding and the
+  // output layer again): written on export, checked equal on import.
+  bool duplicate = false;
   bool per_layer() const { return lf.find("<i>") != std::string::npos; }
+  // Per MTP layer: the HF names hold <n> (the HF layer index, num_layers + the MTP layer), the
+  // LoongForge name <m> (the MTP layer) unless the rule is a duplicate.
+  bool per_mtp() const { return !hf.empty() && hf[0].name.find("<n>") != std::string::npos; }
 };
 
 struct IgnoreRule {
@@ -63,6 +69,9 @@ struct Mapping::Impl {
   // MoE layer placement (moe_layer_freq) in config.json: Qwen-MoE's decoder_sparse_step and
   // mlp_only_layers, DeepSeek's first_k_dense_replace (keys empty: not in the family).
   bool moe_section = false;
+  // Multi-token prediction layers in HF as extra decoder layers after the last (DeepSeek-V3): the
+  // decoder-layer rules repeat for each at HF index num_layers + m, as mtp.layers.<m>.transformer_layer.*
+  bool mtp_layers = false;
   std::string sparse_step_key, dense_layers_key, first_dense_key;
 };
 

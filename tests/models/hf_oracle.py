@@ -6,7 +6,12 @@ Python is a test oracle only; LoongForge never runs it.
       so LoongForge pads it, every norm weight and bias random too), saved with save_pretrained to
       OUT/<family>/hf (fp32, sharded with an index for llama) and OUT/<family>/hf_bf16 (bf16,
       sharded), and OUT/<family>/logits.safetensors: input_ids [2, 9] int64, logits [2, 9, 200]
-      fp32 of the fp32 model.
+      fp32 of the fp32 model. For deepseek_v3 also one multi-token prediction layer
+      (model.layers.3.*: DeepSeek-V3's enorm, hnorm, eh_proj, a decoder layer, shared_head, and
+      the copies of the embedding and the output layer), random, added to both directories, and
+      `mtp_logits` [2, 9, 200]: that layer's logits computed here from transformers' own modules
+      (DeepseekV3DecoderLayer, its RMSNorm and rotary embedding) as DeepSeek-V3 defines MTP
+      (transformers has no MTP).
       Also OUT/moe_blocks/deepseek_v3.safetensors: transformers' DeepseekV3MoE (sigmoid scores,
       group-limited routing, the score-correction bias, routed scaling, a shared expert) with
       random weights and bias, its input `x` [2, 7, 32] and output `y`, and the weights under
@@ -53,14 +58,15 @@ def families():
             moe_intermediate_size=40, mlp_only_layers=[1], norm_topk_prob=True)),
         # MLA (query bottleneck, YaRN with mscale != mscale_all_dim, interleaved rotary dims), the
         # first layer dense, 8 experts in 4 groups (2 per token), top-4, sigmoid scores with the
-        # score-correction bias, scaled, one shared expert; no multi-token prediction layer.
+        # score-correction bias, scaled, one shared expert; one multi-token prediction layer
+        # (transformers builds none: its weights are added to the files, see add_mtp).
         "deepseek_v3": (DeepseekV3ForCausalLM, DeepseekV3Config(
             **{**COMMON, "num_hidden_layers": 3, "num_key_value_heads": 4}, rms_norm_eps=1e-6,
             tie_word_embeddings=False, q_lora_rank=24, kv_lora_rank=16, qk_nope_head_dim=16,
             qk_rope_head_dim=8, v_head_dim=12, n_routed_experts=8, n_group=4, topk_group=2,
             num_experts_per_tok=4, moe_intermediate_size=24, n_shared_experts=1,
             first_k_dense_replace=1, routed_scaling_factor=2.5, norm_topk_prob=True,
-            num_nextn_predict_layers=0, rope_interleave=True,
+            num_nextn_predict_layers=1, rope_interleave=True,
             rope_parameters={"rope_type": "yarn", "factor": 4.0, "mscale": 1.0, "mscale_all_dim": 0.5,
                              "original_max_position_embeddings": 16, "beta_fast": 32,
                              "beta_slow": 1, "rope_theta": 10000.0})),
@@ -118,11 +124,94 @@ def make(out):
         d = os.path.join(out, family)
         shard = "20KB" if family == "llama" else "50GB"
         model.save_pretrained(os.path.join(d, "hf"), max_shard_size=shard)
-        save_file({"input_ids": ids, "logits": logits_of(model, ids)},
-                  os.path.join(d, "logits.safetensors"))
+        outputs = {"input_ids": ids, "logits": logits_of(model, ids)}
+        mtp = None
+        if getattr(config, "num_nextn_predict_layers", 0):
+            mtp, outputs["mtp_logits"] = add_mtp(model, ids, 300 + seed)
+            append_tensors(os.path.join(d, "hf"), mtp)
+        save_file(outputs, os.path.join(d, "logits.safetensors"))
         model.to(torch.bfloat16).save_pretrained(os.path.join(d, "hf_bf16"), max_shard_size="30KB")
+        if mtp is not None:
+            append_tensors(os.path.join(d, "hf_bf16"), {n: t.to(torch.bfloat16) for n, t in mtp.items()})
     moe_blocks(out)
     mla_blocks(out)
+
+
+def add_mtp(model, ids, seed):
+    """One DeepSeek-V3 multi-token prediction layer after the model's layers, random: its HF
+    tensors and its logits for ids. Layer input: [enorm(embed(ids shifted one left, 0 at the end));
+    hnorm(the decoder's output before its final norm)] -> eh_proj -> a decoder layer ->
+    shared_head.norm -> the output layer."""
+    from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3DecoderLayer, DeepseekV3RMSNorm
+    c = model.config
+    n = c.num_hidden_layers
+    h = c.hidden_size
+    torch.manual_seed(seed)
+    layer = DeepseekV3DecoderLayer(c, layer_idx=n).float().eval()
+    randomize(layer, seed + 1)
+    randomize_buffers(layer, seed + 2)
+    enorm, hnorm, head_norm = (DeepseekV3RMSNorm(h, eps=c.rms_norm_eps) for _ in range(3))
+    eh_proj = torch.nn.Linear(2 * h, h, bias=False)
+    g = torch.Generator().manual_seed(seed + 3)
+    with torch.no_grad():
+        for norm in (enorm, hnorm, head_norm):
+            norm.weight.copy_(1.0 + 0.2 * torch.randn(h, generator=g))
+        eh_proj.weight.copy_(0.05 * torch.randn(h, 2 * h, generator=g))
+    captured = {}
+    hook = model.model.norm.register_forward_pre_hook(lambda m, a: captured.setdefault("h", a[0]))
+    with torch.no_grad():
+        model(input_ids=ids)
+        hook.remove()
+        shifted = torch.cat([ids[:, 1:], torch.zeros_like(ids[:, :1])], 1)
+        x = eh_proj(torch.cat([enorm(model.model.embed_tokens(shifted)), hnorm(captured["h"])], -1))
+        s = ids.shape[1]
+        position_ids = torch.arange(s)[None].expand(ids.shape[0], -1)
+        mask = torch.full((s, s), float("-inf")).triu(1)[None, None]
+        out = layer(x, attention_mask=mask, position_ids=position_ids,
+                    position_embeddings=model.model.rotary_emb(x, position_ids))
+        out = out[0] if isinstance(out, tuple) else out
+        logits = model.lm_head(head_norm(out)).float().contiguous()
+    p = f"model.layers.{n}."
+    tensors = {}
+    for k, v in layer.state_dict().items():
+        v = v.detach().clone().contiguous()
+        # transformers 5 keeps the experts fused in memory; save_pretrained writes them per expert.
+        if k == "mlp.experts.gate_up_proj":
+            for e, w in enumerate(v):
+                gate, up = w.chunk(2, dim=0)
+                tensors[p + f"mlp.experts.{e}.gate_proj.weight"] = gate.contiguous()
+                tensors[p + f"mlp.experts.{e}.up_proj.weight"] = up.contiguous()
+        elif k == "mlp.experts.down_proj":
+            for e, w in enumerate(v):
+                tensors[p + f"mlp.experts.{e}.down_proj.weight"] = w.contiguous()
+        else:
+            tensors[p + k] = v
+    tensors.update({p + "enorm.weight": enorm.weight.detach().clone(), p + "hnorm.weight": hnorm.weight.detach().clone(),
+                    p + "eh_proj.weight": eh_proj.weight.detach().clone(),
+                    p + "shared_head.norm.weight": head_norm.weight.detach().clone(),
+                    p + "embed_tokens.weight": model.model.embed_tokens.weight.detach().clone(),
+                    p + "shared_head.head.weight": model.lm_head.weight.detach().clone()})
+    return tensors, logits
+
+
+def append_tensors(d, tensors):
+    """Adds tensors to a save_pretrained directory: into model.safetensors, or as one more shard
+    listed in the index."""
+    import json
+    index = os.path.join(d, "model.safetensors.index.json")
+    if os.path.exists(index):
+        save_file(tensors, os.path.join(d, "model-mtp.safetensors"), metadata={"format": "pt"})
+        with open(index) as f:
+            j = json.load(f)
+        for name in tensors:
+            j["weight_map"][name] = "model-mtp.safetensors"
+        with open(index, "w") as f:
+            json.dump(j, f, indent=2)
+    else:
+        path = os.path.join(d, "model.safetensors")
+        merged = load_file(path)
+        merged.update(tensors)
+        save_file(merged, path, metadata={"format": "pt"})
 
 
 def moe_blocks(out):

@@ -162,6 +162,51 @@ TEST(HfParity, LogitsMatchTransformersAtTp2) {
       std::printf("%s\n", r.output.substr(at, r.output.find('\n', at) - at).c_str());
 }
 
+// DeepSeek-V3's multi-token prediction layer (transformers has none: the oracle computes it from
+// transformers' DeepseekV3DecoderLayer, RMSNorm and rotary embedding as DeepSeek-V3 defines it) on
+// the converted weights, single process and at TP 2 with SP off (the column-parallel eh_proj).
+TEST(HfParity, DeepseekV3MtpLayerMatchesReference) {
+  REQUIRE_ORACLE();
+  const std::string d = oracle_dir() + "/deepseek_v3";
+  lf::models::CausalLm decoder(hf::read_hf_config(d + "/hf"), lf::backend::cpu_backend(), 1, at::kFloat);
+  ASSERT_EQ(decoder.config().mtp_num_layers, 1);
+  decoder.set_training(false);
+  hf::load_hf_into(decoder, d + "/hf");
+  auto ids = read_tensor(d + "/logits.safetensors", "input_ids");
+  auto want = read_tensor(d + "/logits.safetensors", "mtp_logits");
+  at::NoGradGuard no_grad;
+  auto got = decoder.mtp_logits(ids);
+  ASSERT_EQ(got.size(), 1u);
+  auto g = got[0].permute({1, 0, 2});
+  ASSERT_EQ(g.sizes(), want.sizes());
+  EXPECT_GT(want.abs().max().item<double>(), 0.1);
+  const double diff = lf::testing::max_abs_diff(g, want);
+  std::printf("[hf parity] deepseek_v3 MTP layer: max |logits - reference| = %.3g\n", diff);
+  EXPECT_LE(diff, kTolerance);
+}
+
+LF_WORKER_CASE(hf_parity_mtp_tp2) {
+  const std::string d = lf::testing::worker_args().at(0) + "/deepseek_v3";
+  auto ctx = lf::testing::make_context(2);
+  hf::ReadOptions ro;
+  ro.vocab_tp = 2;
+  auto m = hf::read_hf(d + "/hf", ro);
+  lf::models::CausalLm decoder(m.config, lf::backend::cpu_backend(), 1, at::kFloat, ctx.get());
+  decoder.set_training(false);
+  decoder.load_full_parameters({m.tensors.begin(), m.tensors.end()});
+  at::NoGradGuard no_grad;
+  auto got = decoder.mtp_logits(read_tensor(d + "/logits.safetensors", "input_ids"))[0].permute({1, 0, 2});
+  const double diff = lf::testing::max_abs_diff(got, read_tensor(d + "/logits.safetensors", "mtp_logits"));
+  std::printf("[hf parity] deepseek_v3 MTP layer TP=2 rank %d: max |logits - reference| = %.3g\n",
+              lf::testing::worker_rank(), diff);
+  EXPECT_LE(diff, kTolerance);
+}
+
+TEST(HfParity, DeepseekV3MtpLayerMatchesReferenceAtTp2) {
+  REQUIRE_ORACLE();
+  lf::testing::expect_all_ok(lf::testing::run_workers("hf_parity_mtp_tp2", {.world_size = 2, .args = {oracle_dir()}}));
+}
+
 // The MoE families under expert parallelism: EP = 2 over two data-parallel ranks (expert TP 1),
 // each rank holding half of every MoE layer's experts, with both token dispatchers; the same
 // logits as transformers (the dispatch only moves rows).

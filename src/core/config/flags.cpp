@@ -169,6 +169,8 @@ const std::vector<FlagSpec> kTable = {
   {"--moe-layer-freq", "model.foundation.moe_layer_freq", K::value, "N|PATTERN", "Which layers are MoE"},
   {"--moe-expert-capacity-factor", "model.foundation.moe_expert_capacity_factor", K::value, "F", "Per-expert capacity factor (default: dropless)"},
   {"--moe-token-drop-policy", "model.foundation.moe_token_drop_policy", K::value, "probs|position", "Which tokens go over capacity"},
+  {"--mtp-num-layers", "model.foundation.mtp_num_layers", K::value, "N", "Multi-token prediction layers (DeepSeek-V3)"},
+  {"--mtp-loss-scaling-factor", "model.foundation.mtp_loss_scaling_factor", K::value, "F", "Weight of the MTP loss"},
 };
 // clang-format on
 
@@ -182,7 +184,6 @@ const std::vector<Refused> kRefused = {
      "overlapping the expert-parallel all-to-all with expert computation (CCT) is not built yet (issue 14); the "
      "dispatch runs before and after the experts"},
     {"--delay-wgrad-compute", "", "delayed weight gradients come with the MoE communication overlap (CCT, issue 14), not built yet"},
-    {"--mtp-num-layers", "N", "multi-token prediction arrives with DeepSeek-V3 (issue 14)"},
 };
 
 struct Switch {

@@ -81,6 +81,7 @@ CausalLm::CausalLm(const DecoderConfig& config, const lf::backend::DeviceBackend
         b.set_keep(true);
         return h;
       }()) {
+  foundation_.add_mtp(b);
   params_ = b.take();
   foundation_.release_initial_embedding();
   // Tied embeddings split over pipeline stages: the first stage's owner is summed with the last
@@ -104,6 +105,7 @@ std::vector<Parameter> causal_lm_parameter_specs(const DecoderConfig& config) {
   Decoder foundation(config, lf::backend::cpu_backend(), b, PipelineStage{}, 0, 0, 0);
   LmHead head(head_config(config, 1), lf::backend::cpu_backend(), b, &foundation.embedding_weight(),
               foundation.initial_embedding());
+  foundation.add_mtp(b);
   return b.take();
 }
 
@@ -169,6 +171,8 @@ std::map<std::string, double> CausalLm::loss_counts(const Batch& batch) const {
   if (c.is_moe() && c.moe_router_load_balancing_type != "none" && c.moe_aux_loss_coeff > 0)
     counts[MoeStep::kLoadBalancingLoss] = 1;
   if (c.is_moe() && c.moe_z_loss_coeff > 0) counts[MoeStep::kZLoss] = 1;
+  // MTP: normalised by the main loss's tokens (Megatron with per-token loss).
+  if (c.mtp_num_layers > 0) counts[kMtpLoss] = counts["lm loss"];
   return counts;
 }
 
@@ -182,12 +186,63 @@ DecoderInputs CausalLm::inputs_of(const Batch& batch, int64_t seq) const {
 
 at::Tensor CausalLm::embed_inputs(const Batch& batch) const { return foundation_.embed(batch.at("tokens"), 0); }
 
+namespace {
+// [b, s] -> [b, s]: every row moved one position left, `fill` at the end (Megatron's roll_tensor).
+at::Tensor shift_left(const at::Tensor& t, double fill) {
+  const int64_t s = t.size(1);
+  return at::cat({t.narrow(1, 1, s - 1), at::full({t.size(0), 1}, fill, t.options())}, 1);
+}
+}  // namespace
+
+at::Tensor CausalLm::mtp_loss_sum(const at::Tensor& x, const Batch& batch) const {
+  LF_CHECK(!batch.contains("position_ids") && !batch.contains("document_ids"),
+           "multi-token prediction shifts tokens across the whole row; packed documents (--reset-position-ids, "
+           "--reset-attention-mask) would let it predict across document boundaries",
+           lf::hint("drop --reset-position-ids / --reset-attention-mask, or --mtp-num-layers"));
+  const auto& c = config();
+  const int64_t depth = static_cast<int64_t>(foundation_.num_mtp_layers()), s = batch.at("tokens").size(1);
+  // Layer k sees the tokens k + 1 ahead and predicts the labels k + 1 ahead; the last k + 1
+  // positions have no target. Each layer's token losses weigh factor / depth.
+  const double w = c.mtp_loss_scaling_factor / static_cast<double>(depth);
+  at::Tensor tokens = batch.at("tokens"), labels = batch.at("labels"), mask = counted(batch);
+  at::Tensor h = x, total;
+  for (int64_t k = 0; k < depth; ++k) {
+    tokens = shift_left(tokens, 0);
+    labels = shift_left(labels, -100);
+    mask = shift_left(mask, 0);
+    h = foundation_.mtp_forward(static_cast<size_t>(k), h, tokens.to(backend_.device()), inputs_of(batch, s));
+    at::Tensor weight = mask.to(backend_.device()).t().reshape({-1}) * w;
+    at::Tensor term = head_.loss_sum(foundation_.mtp_final_norm(static_cast<size_t>(k), h), labels, weight, kMtpLoss);
+    total = total.defined() ? total + term : term;
+  }
+  return total;
+}
+
+std::vector<at::Tensor> CausalLm::mtp_logits(const at::Tensor& tokens) const {
+  check_whole_model("mtp_logits");
+  LF_CHECK(!sequence_parallel(), "mtp_logits with sequence parallelism",
+           lf::hint("build the model for inference without sequence_parallel"));
+  const int64_t s = tokens.size(1);
+  DecoderInputs in;
+  in.seq = s;
+  at::Tensor t = tokens.to(backend_.device());
+  at::Tensor h = foundation_.run_layers(foundation_.embed(t, 0), in);
+  std::vector<at::Tensor> out;
+  for (size_t k = 0; k < foundation_.num_mtp_layers(); ++k) {
+    t = shift_left(t, 0);
+    h = foundation_.mtp_forward(k, h, t, in);
+    out.push_back(head_.full_logits(head_.local_logits(foundation_.mtp_final_norm(k, h))));
+  }
+  return out;
+}
+
 StageOutput CausalLm::head_output(const at::Tensor& x, const Batch& batch, Pass pass) const {
   StageOutput out;
   const at::Tensor& labels = batch.at("labels");
   const at::Tensor keep = counted(batch).to(backend_.device()).t().reshape({-1});  // [s b]
   if (pass == Pass::train) {
     out.losses.push_back({"lm loss", head_.loss_sum(foundation_.final_norm(x), labels, keep)});
+    if (foundation_.num_mtp_layers() > 0) out.losses.push_back({kMtpLoss, mtp_loss_sum(x, batch)});
     return out;
   }
   auto logits = head_.local_logits(foundation_.final_norm(x));  // [s, b, v_pad / tp]

@@ -57,6 +57,22 @@ CausalLmPlan::CausalLmPlan(std::shared_ptr<const ModelConfig> config, const Plan
       errors.add("parallel.moe_token_dispatcher_type", origin("parallel.moe_token_dispatcher_type"),
                  "no tokens are dispatched: every rank holds every expert (expert parallelism is off)",
                  "drop --moe-token-dispatcher-type, or add --expert-model-parallel-size N");
+    if (foundation_.mtp_num_layers > 0) {
+      const std::string key = "model.foundation.mtp_num_layers";
+      if (layout_.size(lf::dist::Axis::pp) > 1)
+        errors.add(key, origin(key),
+                   "multi-token prediction under pipeline parallelism is not built yet: the MTP layers need the "
+                   "embedding and the output layer on the last stage",
+                   "use --pipeline-model-parallel-size 1 with --mtp-num-layers, or drop it");
+      if (job_.parallel.chunkpipe_chunk_size)
+        errors.add(key, origin(key), "multi-token prediction needs the tokens ahead of each chunk: not with ChunkPipe",
+                   "drop --chunkpipe-chunk-size or --mtp-num-layers");
+      if (job_.data.reset_position_ids || job_.data.reset_attention_mask)
+        errors.add(key, origin(key),
+                   "multi-token prediction shifts tokens across the whole row; with packed documents "
+                   "(--reset-position-ids / --reset-attention-mask) it would predict across document boundaries",
+                   "drop --reset-position-ids / --reset-attention-mask, or --mtp-num-layers");
+    }
     if (foundation_.is_moe() && job_.parallel.chunkpipe_chunk_size)
       errors.add("parallel.chunkpipe_chunk_size", origin("parallel.chunkpipe_chunk_size"),
                  "ChunkPipe would route each chunk of a sequence on its own, which changes the per-sequence and "
@@ -138,7 +154,9 @@ std::vector<CausalLmPlan::StageCount> CausalLmPlan::stage_counts() const {
     }
     if (k == 0) c.params += vocab, c.extra += " + embedding";
     if (k == pp - 1) {
-      c.params += final_norm;
+      c.params += final_norm + m.mtp_parameters();
+      c.experts += m.mtp_num_layers * m.routed_experts_per_moe_layer();
+      if (m.mtp_num_layers > 0) c.extra += " + " + std::to_string(m.mtp_num_layers) + " MTP layer(s)";
       // Tied embeddings over several stages: the last stage holds a copy as its output layer.
       if (m.untie_embeddings_and_output_weights || pp > 1) c.params += vocab;
       c.extra += m.untie_embeddings_and_output_weights ? " + final norm + output layer"

@@ -140,6 +140,57 @@ Decoder::Decoder(const DecoderConfig& c, const lf::backend::DeviceBackend& backe
   b.set_keep(stage_.last);
   final_norm_ = Norm(b, "decoder.final_layernorm", h, lc.norm);
   b.set_keep(true);
+  layer_config_ = lc;
+  moe_config_ = moe;
+}
+
+void Decoder::add_mtp(ParamBuilder& b) {
+  const auto& c = config_;
+  const int64_t h = c.hidden_size;
+  b.set_keep(stage_.last);
+  for (int64_t k = 0; k < c.mtp_num_layers; ++k) {
+    const std::string prefix = "mtp.layers." + std::to_string(k);
+    MtpLayer m;
+    m.enorm = Norm(b, prefix + ".enorm", h, layer_config_.norm);
+    m.hnorm = Norm(b, prefix + ".hnorm", h, layer_config_.norm);
+    m.eh_proj = b.add(prefix + ".eh_proj.weight", b.normal({h, 2 * h}, c.init_method_std), Sharding::along(0), false);
+    TransformerLayerConfig lc = layer_config_;
+    lc.moe = c.is_moe();
+    if (lc.moe) lc.moe_config = moe_config_;
+    m.layer = TransformerLayer(b, prefix + ".transformer_layer", lc, moe_layers_);
+    m.final_norm = Norm(b, prefix + ".final_layernorm", h, layer_config_.norm);
+    if (stage_.last) {
+      if (lc.moe) ++moe_layers_;
+      mtp_.push_back(std::move(m));
+    }
+  }
+  b.set_keep(true);
+}
+
+at::Tensor Decoder::mtp_forward(size_t k, const at::Tensor& hidden, const at::Tensor& tokens,
+                                const DecoderInputs& in) const {
+  LF_CHECK(k < mtp_.size(), "MTP layer ", k, " of ", mtp_.size(), " on this rank (", describe_stage(), ")");
+  LF_CHECK(!in.cache && !in.chunk, "multi-token prediction runs on whole sequences (no KV cache, no ChunkPipe)");
+  const auto& m = mtp_[k];
+  // [enorm(embed(tokens)); hnorm(hidden)] -> eh_proj (column-parallel, gathered back to the full
+  // hidden size; SP: the sequence chunk again), as Megatron's MultiTokenPredictionLayer.
+  at::Tensor e = m.enorm(backend_, embed(tokens, in.start));
+  at::Tensor joined = at::cat({e, m.hnorm(backend_, hidden)}, -1);
+  at::Tensor x;
+  if (tp_.size() > 1) {
+    x = lf::parallel::gather_from_tp(lf::parallel::column_parallel_linear(joined, m.eh_proj, {}, tp_), *tp_.tp);
+    if (tp_.sequence_parallel) x = lf::parallel::scatter_to_sequence_parallel(x, *tp_.tp);
+  } else {
+    x = at::matmul(joined, m.eh_proj.t());
+  }
+  AttentionInputs a = attention_inputs(in);
+  LayerContext lc{&backend_, &tp_, &rng_, training_, recompute_, &moe_step_, moe_layers_};
+  return lf::models::run_layers({m.layer}, 0, 1, x, a, lc);
+}
+
+at::Tensor Decoder::mtp_final_norm(size_t k, const at::Tensor& x) const {
+  LF_CHECK(k < mtp_.size(), "MTP layer ", k, " of ", mtp_.size(), " on this rank (", describe_stage(), ")");
+  return mtp_[k].final_norm(backend_, x);
 }
 
 std::pair<size_t, size_t> Decoder::chunk_layers(int64_t c) const {
@@ -173,7 +224,7 @@ at::Tensor Decoder::scatter_sequence(const at::Tensor& x) const {
   return lf::parallel::scatter_to_sequence_parallel(x, *tp_.tp);
 }
 
-at::Tensor Decoder::run_layers(at::Tensor x, const DecoderInputs& in, size_t lo, size_t hi) const {
+AttentionInputs Decoder::attention_inputs(const DecoderInputs& in) const {
   const int64_t start = in.start, s = in.seq;
   LF_CHECK(start + s <= config_.max_position_embeddings, "sequence length ", start + s,
            " exceeds max_position_embeddings ", config_.max_position_embeddings,
@@ -202,6 +253,11 @@ at::Tensor Decoder::run_layers(at::Tensor x, const DecoderInputs& in, size_t lo,
              "no ChunkPipe)");
     a.mask = lf::backend::AttentionMask::boolean(block_causal_mask(in.document_ids.to(backend_.device())));
   }
+  return a;
+}
+
+at::Tensor Decoder::run_layers(at::Tensor x, const DecoderInputs& in, size_t lo, size_t hi) const {
+  AttentionInputs a = attention_inputs(in);
   a.cache = in.cache;
   a.chunk = in.chunk;
   if (in.cache && in.cache->k.empty()) {
@@ -214,7 +270,7 @@ at::Tensor Decoder::run_layers(at::Tensor x, const DecoderInputs& in, size_t lo,
   }
   LayerContext lc{&backend_, &tp_, &rng_, training_, recompute_, &moe_step_, moe_layers_};
   x = lf::models::run_layers(layers_, lo, std::min(hi, layers_.size()), x, a, lc);
-  if (in.cache) in.cache->length += s;
+  if (in.cache) in.cache->length += in.seq;
   return x;
 }
 
@@ -224,6 +280,8 @@ void Decoder::update_expert_bias(const at::Tensor& load) const {
   int64_t row = 0;
   for (const auto& layer : layers_)
     if (layer.is_moe()) layer.moe().update_expert_bias(load[row++]);
+  for (const auto& m : mtp_)
+    if (m.layer.is_moe()) m.layer.moe().update_expert_bias(load[row++]);
 }
 
 at::Tensor Decoder::final_norm(const at::Tensor& x) const {

@@ -97,6 +97,16 @@ double DecoderConfig::softmax_scale() const {
 }
 
 int64_t DecoderConfig::layer_parameters(int64_t i) const {
+  return layer_parameters_of(is_moe() && moe_layer_pattern()[static_cast<size_t>(i)]);
+}
+
+int64_t DecoderConfig::mtp_parameters() const {
+  const int64_t h = hidden_size, norm = normalization == "LayerNorm" ? 2 * h : h;
+  // Per MTP layer: enorm, hnorm, eh_proj [h, 2h], a transformer layer (MoE in a MoE model), its final norm.
+  return mtp_num_layers * (3 * norm + 2 * h * h + layer_parameters_of(is_moe()));
+}
+
+int64_t DecoderConfig::layer_parameters_of(bool moe) const {
   const int64_t h = hidden_size, d = head_dim(), nq = num_attention_heads, nkv = query_groups(), f = ffn_hidden_size;
   const int64_t norm = normalization == "LayerNorm" ? 2 * h : h;  // weight (+ bias)
   int64_t n = 2 * norm;
@@ -107,7 +117,7 @@ int64_t DecoderConfig::layer_parameters(int64_t i) const {
     if (add_qkv_bias || add_bias_linear) n += (nq + 2 * nkv) * d;
     if (qk_layernorm) n += 2 * d;
   }
-  if (is_moe() && moe_layer_pattern()[static_cast<size_t>(i)]) {
+  if (moe) {
     n += num_experts * h + num_experts * mlp_weights(h, expert_ffn_hidden_size(), swiglu);
     if (moe_router_enable_expert_bias) n += num_experts;
     if (moe_shared_expert_intermediate_size > 0) n += mlp_weights(h, moe_shared_expert_intermediate_size, swiglu);
@@ -120,9 +130,12 @@ int64_t DecoderConfig::layer_parameters(int64_t i) const {
   return n;
 }
 
+int64_t DecoderConfig::routed_experts_per_moe_layer() const {
+  return is_moe() ? num_experts * mlp_weights(hidden_size, expert_ffn_hidden_size(), swiglu) : 0;
+}
+
 int64_t DecoderConfig::routed_expert_parameters(int64_t i) const {
-  if (!is_moe() || !moe_layer_pattern()[static_cast<size_t>(i)]) return 0;
-  return num_experts * mlp_weights(hidden_size, expert_ffn_hidden_size(), swiglu);
+  return is_moe() && moe_layer_pattern()[static_cast<size_t>(i)] ? routed_experts_per_moe_layer() : 0;
 }
 
 int64_t DecoderConfig::num_parameters() const {
@@ -131,7 +144,7 @@ int64_t DecoderConfig::num_parameters() const {
   int64_t total = v * h + norm;
   for (int64_t i = 0; i < num_layers; ++i) total += layer_parameters(i);
   if (untie_embeddings_and_output_weights) total += v * h;
-  return total;
+  return total + mtp_parameters();
 }
 
 int64_t DecoderConfig::num_active_parameters() const {
@@ -142,7 +155,7 @@ int64_t DecoderConfig::num_active_parameters() const {
   int64_t total = num_parameters();
   for (bool m : pattern)
     if (m) total -= inactive;
-  return total;
+  return total - mtp_num_layers * inactive;
 }
 
 double DecoderConfig::flops_per_token(int64_t seq) const {
@@ -310,6 +323,8 @@ void DecoderConfig::validate(const lf::config::Node& tree, const std::string& pr
       unused("moe_token_drop_policy", moe_token_drop_policy != d.moe_token_drop_policy && moe_expert_capacity_factor == 0,
              "moe_expert_capacity_factor is 0 (dropless)", "set --moe-expert-capacity-factor, or drop the policy");
     }
+    unused("mtp_loss_scaling_factor", mtp_loss_scaling_factor != d.mtp_loss_scaling_factor && mtp_num_layers == 0,
+           "mtp_num_layers is 0", "set --mtp-num-layers, or drop the factor");
     if (!multi_latent_attention) {
       const std::string why = "multi_latent_attention is off", fix = "set --multi-latent-attention, or drop it";
       unused("q_lora_rank", q_lora_rank != d.q_lora_rank, why, fix);

@@ -47,7 +47,8 @@ at::Tensor LmHead::loss(const at::Tensor& logits, const at::Tensor& labels) cons
   return lf::ops::softmax_cross_entropy(*backend_, real, target, /*ignore_index=*/-100);
 }
 
-at::Tensor LmHead::loss_sum(const at::Tensor& x, const at::Tensor& labels, const at::Tensor& weight) const {
+at::Tensor LmHead::loss_sum(const at::Tensor& x, const at::Tensor& labels, const at::Tensor& weight,
+                            const std::string& term) const {
   RECORD_USER_SCOPE("lf::output_layer_cross_entropy");  // the step profiler's category
   if (!c_.fused_loss) return (loss(local_logits(x), labels) * weight).sum();
   LF_CHECK(weight_.defined(), "the LM head lives on the last pipeline stage");
@@ -70,7 +71,7 @@ at::Tensor LmHead::loss_sum(const at::Tensor& x, const at::Tensor& labels, const
   }
   at::Tensor flat = full.reshape({-1, full.size(-1)});
   std::optional<lf::backend::GradInto> into;
-  if (sink_ && at::GradMode::is_enabled() && weight_.requires_grad()) into = sink_->take(weight_, term_);
+  if (sink_ && at::GradMode::is_enabled() && weight_.requires_grad()) into = sink_->take(weight_, term.empty() ? term_ : term);
   return lf::ops::linear_cross_entropy_sum(*backend_, flat, weight_, target, weight, shard, -100, 0,
                                            into ? &*into : nullptr);
 }

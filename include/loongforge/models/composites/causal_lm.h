@@ -29,6 +29,10 @@ struct ExpertPlacement {
 
 class CausalLm : public Model {
  public:
+  // The loss term of multi-token prediction (config().mtp_num_layers > 0): mtp_loss_scaling_factor
+  // times the mean over MTP layers of their cross entropy, per main-loss token.
+  static constexpr const char* kMtpLoss = "mtp loss";
+
   // Parameters are drawn from `seed` on the CPU in a fixed order, then moved to the backend's
   // device, so the same seed gives the same model on every backend and layout: with a context of
   // TP size tp, this rank keeps its shard of exactly the tensors the single-device model draws
@@ -79,6 +83,10 @@ class CausalLm : public Model {
   // cache.length + n - 1 attend to the cached keys/values and their own causal prefix; appends
   // theirs to the cache. Returns full-vocabulary logits [n, b, vocab_size]. Not with SP.
   at::Tensor forward(const at::Tensor& tokens, KvCache& cache) const;
+  // Multi-token prediction: tokens [b, s] -> per MTP layer k its full-vocabulary logits [s, b,
+  // vocab_size] for the token k + 2 ahead of each position (the last k + 1 positions see padding
+  // tokens 0); speculative-decoding drafts, parity tests. Whole model, no SP.
+  std::vector<at::Tensor> mtp_logits(const at::Tensor& tokens) const;
   // tokens, labels: [b, s] -> per-token loss [s * b] fp32 (labels < 0: 0). Under TP the cross
   // entropy is vocab-parallel and every TP rank returns the same values.
   at::Tensor loss(const at::Tensor& tokens, const at::Tensor& labels) const;
@@ -130,6 +138,8 @@ class CausalLm : public Model {
            const lf::dist::ParallelContext* parallel, const PipelineStage& stage, bool trainable, ParamBuilder b,
            ExpertPlacement experts);
   at::Tensor local_logits(const at::Tensor& tokens, KvCache* cache) const;
+  // Training, last stage: the MTP layers on the decoder's output x (before its final norm).
+  at::Tensor mtp_loss_sum(const at::Tensor& x, const Batch& batch) const;
 
   ExpertPlacement experts_;
   std::vector<std::unique_ptr<lf::dist::ParallelContext>> owned_contexts_;

@@ -102,6 +102,19 @@ class Decoder {
   const DecoderConfig& config() const { return config_; }
   const lf::parallel::TensorParallel& tp() const { return tp_; }
 
+  // Multi-token prediction (config.mtp_num_layers; last stage): registers, per MTP layer k,
+  // mtp.layers.<k>.enorm / hnorm (norms of the embedded tokens and of the incoming hidden states),
+  // eh_proj [h, 2h] (column-parallel), transformer_layer.* (a decoder layer; MoE in a MoE model)
+  // and final_layernorm. The composite calls it after its head, so the main weights' draws do not
+  // depend on it.
+  void add_mtp(ParamBuilder& b);
+  size_t num_mtp_layers() const { return mtp_.size(); }
+  // MTP layer k: hidden [s(/tp), b, h] (the decoder's output before its final norm for k = 0, else
+  // MTP layer k - 1's output) and tokens [b, s] k + 1 positions ahead -> [s(/tp), b, h] (before the
+  // layer's final norm).
+  at::Tensor mtp_forward(size_t k, const at::Tensor& hidden, const at::Tensor& tokens, const DecoderInputs& in) const;
+  at::Tensor mtp_final_norm(size_t k, const at::Tensor& x) const;
+
   // MoE: this rank's MoE layers (in local layer order), their step statistics and auxiliary-loss
   // weights, and the expert-bias update from the step's global load [moe_layers, E].
   size_t num_moe_layers() const { return moe_layers_; }
@@ -122,6 +135,16 @@ class Decoder {
   mutable lf::parallel::RngTracker rng_;
   size_t moe_layers_ = 0;
   mutable MoeStep moe_step_;
+  TransformerLayerConfig layer_config_;  // the layers' settings (the MLP dense; moe_config_ for MoE)
+  MoeConfig moe_config_;
+  struct MtpLayer {
+    Norm enorm, hnorm;
+    at::Tensor eh_proj;
+    TransformerLayer layer;
+    Norm final_norm;
+  };
+  std::vector<MtpLayer> mtp_;
+  AttentionInputs attention_inputs(const DecoderInputs& in) const;
 };
 
 // The MoE block settings of a decoder config (blocks/moe.h).

@@ -79,6 +79,10 @@ struct DecoderConfig {
   std::string moe_layer_freq = "1";
   double moe_expert_capacity_factor = 0;
   std::string moe_token_drop_policy = "probs";
+  // Multi-token prediction (DeepSeek-V3; Megatron's --mtp-num-layers): D extra layers after the
+  // decoder, layer k predicting the token k + 1 ahead of the main prediction.
+  int64_t mtp_num_layers = 0;
+  double mtp_loss_scaling_factor = 0.1;
 
   template <class V>
   void visit(V& v) {
@@ -165,6 +169,12 @@ struct DecoderConfig {
     v("moe_token_drop_policy", moe_token_drop_policy,
       "Over capacity drop the lowest routing weights (probs) or the latest tokens (position)",
       OneOf{{"probs", "position"}});
+    v("mtp_num_layers", mtp_num_layers,
+      "Multi-token prediction layers (DeepSeek-V3's MTP): each embeds the tokens one further ahead, joins them "
+      "with the previous layer's hidden states and predicts one token further; 0: none",
+      Min{0});
+    v("mtp_loss_scaling_factor", mtp_loss_scaling_factor,
+      "Weight of the MTP loss: the mean over MTP layers of their token-mean cross entropy times this", Min{0});
   }
 
   bool is_moe() const { return num_experts > 0; }
@@ -181,8 +191,13 @@ struct DecoderConfig {
   int64_t num_parameters() const;
   // Parameters of layer i (its MLP dense or MoE; expert bias included).
   int64_t layer_parameters(int64_t i) const;
+  // A layer's parameters by kind (MoE or dense MLP), and all MTP layers' (each: two norms, the
+  // [h, 2h] projection, a transformer layer, its final norm); num_parameters() includes them.
+  int64_t layer_parameters_of(bool moe) const;
+  int64_t mtp_parameters() const;
   // Of those, the routed experts' weights (0 for a dense layer): what expert parallelism splits.
   int64_t routed_expert_parameters(int64_t i) const;
+  int64_t routed_experts_per_moe_layer() const;  // 0 for a dense model
   // Parameters a token passes through (MoE: top-k routed experts, not all); = num_parameters dense.
   int64_t num_active_parameters() const;
   // Training FLOPs per token (forward + backward = 3x forward) at sequence length `seq`:

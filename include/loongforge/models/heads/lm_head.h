@@ -44,7 +44,9 @@ class LmHead {
   // Training: x [s(/tp), b, h] final hidden states, labels [b, s], weight [s * b] fp32 (the
   // tokens' loss weights) -> the scalar sum over tokens of weight * loss. Fused (fused_loss): one
   // op over chunks of tokens, never [s b, v] logits; else local_logits then loss.
-  at::Tensor loss_sum(const at::Tensor& x, const at::Tensor& labels, const at::Tensor& weight) const;
+  // term: the loss term the gradient sink writes as (default: set_gradient_sink's).
+  at::Tensor loss_sum(const at::Tensor& x, const at::Tensor& labels, const at::Tensor& weight,
+                      const std::string& term = "") const;
   // The fused path writes the output layer's weight gradient through `sink` when it gives a
   // destination (training with grad mode on; model.h), as loss term `term`.
   void set_gradient_sink(const GradientSink* sink, std::string term) {

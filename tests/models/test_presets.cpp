@@ -64,9 +64,11 @@ const Preset kPresets[] = {
     // activated, 235B / 22B.
     {"qwen3_moe", "qwen3_30b_a3b", 30'532'122'624, "Qwen3MoeForCausalLM"},
     {"qwen3_moe", "qwen3_235b_a22b", 235'093'634'560, "Qwen3MoeForCausalLM"},
-    // deepseek-ai/DeepSeek-V3 config.json; the paper's 671B total / 37B activated (its HF release
-    // adds the 14B multi-token-prediction layer, not built yet: 685B).
-    {"deepseek_v3", "deepseek_v3", 671'026'419'200, "DeepseekV3ForCausalLM"},
+    // deepseek-ai/DeepSeek-V3 config.json with its multi-token-prediction layer: the paper's 671B
+    // total (671'026'419'200 without MTP, checked below) + 11.6B MTP. The HF release's "685B" also
+    // counts the MTP layer's own copies of the embedding and output layer (2 x 0.93B, shared here as
+    // in Megatron) and the FP8 scales.
+    {"deepseek_v3", "deepseek_v3", 682'636'487'424, "DeepseekV3ForCausalLM"},
     // deepseek-ai/DeepSeek-V2-Lite config.json; model card: 15.7B total.
     {"deepseek_v2", "deepseek_v2_lite", 15'706'484'224, "DeepseekV2ForCausalLM"},
 };
@@ -80,6 +82,9 @@ TEST(ModelPresets, PublishedParameterCounts) {
     EXPECT_EQ(c.padded_vocab_size(), c.vocab_size);
     EXPECT_EQ(lf::models::hf::mapping_for_config(c, configs()).architecture(), p.architecture);
   }
+  DecoderConfig v3 = load_preset("deepseek_v3", "deepseek_v3");
+  EXPECT_EQ(v3.mtp_num_layers, 1);
+  EXPECT_EQ(v3.num_parameters() - v3.mtp_parameters(), 671'026'419'200);  // the paper's 671B
 }
 
 // The MoE presets' parameters per token: the model cards' activated counts (3.3B, 22B).
@@ -90,7 +95,8 @@ TEST(ModelPresets, MoeActiveParameters) {
   const auto a22b = load_preset("qwen3_moe", "qwen3_235b_a22b");
   EXPECT_NEAR(static_cast<double>(a22b.num_active_parameters()), 22e9, 0.5e9);
   for (bool moe : a3b.moe_layer_pattern()) EXPECT_TRUE(moe);
-  const auto v3 = load_preset("deepseek_v3", "deepseek_v3");
+  auto v3 = load_preset("deepseek_v3", "deepseek_v3");
+  v3.mtp_num_layers = 0;  // the paper's 37B activated are the main model's
   EXPECT_NEAR(static_cast<double>(v3.num_active_parameters()), 37e9, 0.6e9);
   const auto pattern = v3.moe_layer_pattern();
   EXPECT_EQ(std::count(pattern.begin(), pattern.end(), false), 3);

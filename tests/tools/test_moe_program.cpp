@@ -52,7 +52,7 @@ MoeRun train(int procs, const std::string& dir, std::vector<std::string> extra, 
   out.exit_code = r.exit_code;
   out.output = r.output;
   std::ifstream in(dir + "/m.jsonl");
-  std::regex field("\"(loss|lm loss|load balancing loss|z loss|expert_load_max_over_mean|grad_norm|iteration)\": ([-0-9.eE+]+)");
+  std::regex field("\"(loss|lm loss|load balancing loss|z loss|mtp loss|expert_load_max_over_mean|grad_norm|iteration)\": ([-0-9.eE+]+)");
   for (std::string line; std::getline(in, line);) {
     std::map<std::string, double> step;
     std::string canon;
@@ -88,6 +88,12 @@ void expect_equivalent(const MoeRun& ref, const MoeRun& run, const std::string& 
       ASSERT_TRUE(ref.steps[i].count(key) && run.steps[i].count(key)) << what << " step " << i + 1 << " lacks " << key;
       const double want = ref.steps[i].at(key);
       EXPECT_NEAR(run.steps[i].at(key), want, 1e-5 * std::abs(want) + 1e-9) << what << " step " << i + 1 << " " << key;
+    }
+  for (size_t i = 0; i < ref.steps.size(); ++i)
+    if (ref.steps[i].count("mtp loss")) {
+      ASSERT_TRUE(run.steps[i].count("mtp loss")) << what << " step " << i + 1 << " lacks mtp loss";
+      const double want = ref.steps[i].at("mtp loss");
+      EXPECT_NEAR(run.steps[i].at("mtp loss"), want, 1e-5 * std::abs(want)) << what << " step " << i + 1;
     }
   const double diff = lf::testing::max_abs_diff(dumped(ref.params_path), dumped(run.params_path));
   EXPECT_LE(diff, 1e-5) << what << ": final parameters";
@@ -229,6 +235,40 @@ TEST(MoeTraining, ExpertParallelCheckpointsLoadAtOtherEpSizes) {
   }
 }
 
+// Multi-token prediction (2 MTP layers on the tiny MoE): the "mtp loss" term starts at the
+// factor 0.1 times an untrained model's cross entropy (over the positions that have a target), training with the output layer's gradient
+// written straight into the gradient buffer (gradient-accumulation fusion, as the MTP term) equals
+// plain autograd, and DP = 2, TP = 2 + SP and EP = 2 equal one process (the MTP layers' MoE, their
+// column-parallel eh_proj and their share of the auxiliary losses included).
+TEST(MoeTraining, MultiTokenPredictionEqualsAcrossLayouts) {
+  const std::string d = lf::testing::make_temp_dir("moe_mtp");
+  const std::vector<std::string> mtp{"--micro-batch-size", "2", "--mtp-num-layers", "2"};
+  auto with = [&](std::vector<std::string> a) {
+    a.insert(a.begin(), mtp.begin(), mtp.end());
+    return a;
+  };
+  const MoeRun one = train(1, d + "/one", with({}));
+  ASSERT_EQ(one.exit_code, 0) << one.output;
+  ASSERT_TRUE(one.steps.front().count("mtp loss")) << one.output;
+  // Untrained, every head's cross entropy is about the main one's; MTP layer k has no target for
+  // the last k + 1 of the 32 positions and its sum is divided by the main loss's tokens
+  // (Megatron's per-token loss): 0.1 x lm loss x (31 + 30) / 64.
+  EXPECT_NEAR(one.steps.front().at("mtp loss"), 0.1 * one.steps.front().at("lm loss") * 61.0 / 64.0, 0.01);
+  EXPECT_LT(one.steps.back().at("mtp loss"), one.steps.front().at("mtp loss"));  // it learns
+  auto p = read_params(one.params_path);
+  for (const char* name : {"mtp.layers.1.eh_proj.weight", "mtp.layers.0.transformer_layer.mlp.router.weight",
+                           "mtp.layers.1.final_layernorm.weight"})
+    EXPECT_TRUE(p.count(name)) << name;
+  expect_equivalent(one, train(1, d + "/unfused", with({"--no-gradient-accumulation-fusion"})),
+                    "MTP without gradient-accumulation fusion");
+  expect_equivalent(one, train(2, d + "/dp2", with({})), "MTP, DP=2");
+  expect_equivalent(one, train(2, d + "/tp2", with({"--tensor-model-parallel-size", "2", "--sequence-parallel"})),
+                    "MTP, TP=2 + SP");
+  expect_equivalent(one, train(2, d + "/ep2", with({"--expert-model-parallel-size", "2", "--moe-token-dispatcher-type",
+                                                     "alltoall"})),
+                    "MTP, EP=2");
+}
+
 // Aux-loss-free balancing (DeepSeek-V3's expert bias) on real text, the arithmetic demo corpus
 // (byte tokens: a few digits and symbols dominate, so routing collapses when nothing balances
 // it): 300 steps of the demo MoE, the expert load max / mean over the last 50 steps. Measured:
@@ -289,6 +329,8 @@ TEST(MoeTraining, LayoutsNotBuiltForMoeAreRefusedWithTheKey) {
            "--expert-tensor-parallel-size", "1", "--moe-expert-capacity-factor", "1.5"},
        "model.foundation.moe_expert_capacity_factor"},
       {1, {"--chunkpipe-chunk-size", "16"}, "parallel.chunkpipe_chunk_size"},
+      {2, {"--mtp-num-layers", "1", "--pipeline-model-parallel-size", "2"}, "model.foundation.mtp_num_layers"},
+      {1, {"--mtp-loss-scaling-factor", "0.3"}, "model.foundation.mtp_loss_scaling_factor"},
       {1, {"--moe-token-dispatcher-type", "alltoall"}, "parallel.moe_token_dispatcher_type"},
       {1, {"--moe-router-num-groups", "3", "--moe-router-group-topk", "1"}, "model.foundation.moe_router_num_groups"},
   };

@@ -395,7 +395,8 @@ TEST(TruthPass, EveryFlagActsOrIsRefused) {
       {"--moe-token-drop-policy", "MoeRouting.CapacityDrops*"},
       {"--moe-token-dispatcher-type", "MoeTraining.ExpertParallelEqualsSingleProcess"},
       {"--overlap-moe-expert-parallel-comm", "refused"},
-      {"--delay-wgrad-compute", "refused"}, {"--mtp-num-layers", "refused"},
+      {"--delay-wgrad-compute", "refused"}, {"--mtp-num-layers", "MoeTraining.MultiTokenPrediction*, HfParity.DeepseekV3Mtp*"},
+      {"--mtp-loss-scaling-factor", "MoeTraining.MultiTokenPrediction* (0.1 x cross entropy), refused without MTP"},
       {"--multi-latent-attention", "HfParity.DeepseekV3MlaBlock*, MlaDecoder.*, TpDecoder.*"},
       {"--q-lora-rank", "HfParity.DeepseekV3MlaBlock*, MlaDecoder.*"}, {"--kv-lora-rank", "HfParity.DeepseekV3MlaBlock*"},
       {"--qk-head-dim", "HfParity.DeepseekV3MlaBlock*"}, {"--qk-pos-emb-head-dim", "HfParity.DeepseekV3MlaBlock*"},
@@ -426,7 +427,6 @@ TEST(TruthPass, EveryFlagActsOrIsRefused) {
       {{"--expert-tensor-parallel-size", "1"}, "expert_tensor_parallel_size"},     // dense: no experts
       {{"--overlap-moe-expert-parallel-comm"}, "--overlap-moe-expert-parallel-comm"},
       {{"--delay-wgrad-compute"}, "--delay-wgrad-compute"},
-      {{"--mtp-num-layers", "1"}, "--mtp-num-layers"},
       {{"--multi-latent-attention"}, "kv_lora_rank"},
       {{"--num-experts", "3", "--moe-router-topk", "4"}, "moe_router_topk"},
       {{"--hysteresis", "4"}, "training.hysteresis"},

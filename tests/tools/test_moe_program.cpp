@@ -166,7 +166,8 @@ TEST(MoeTraining, ExactResumeKeepsTheExpertBias) {
 // token dispatchers, equals the single process over the same micro-batches: EP = 2 over DP = 2
 // (also with ZeRO-1 over both the dense and the expert-DP group and overlapped reduction), EP = 2
 // x TP = 2 with SP (world 4: the EP groups are the TP groups, each TP rank routes its own sequence
-// chunk), EP = 4 spanning TP = 2 x DP = 2, and EP = 2 x PP = 2. Same tolerance as the layouts
+// chunk), EP = 4 spanning TP = 2 x DP = 2, EP = 2 x PP = 2, and the all-to-all overlapped with the
+// experts' computation (CCT: token chunks in a pipeline, forward and backward). Same tolerance as the layouts
 // above (the experts' GEMMs see the rows of several ranks at once: other summation order only).
 TEST(MoeTraining, ExpertParallelEqualsSingleProcess) {
   const std::string d = lf::testing::make_temp_dir("moe_ep");
@@ -196,6 +197,16 @@ TEST(MoeTraining, ExpertParallelEqualsSingleProcess) {
                     "EP=2 x TP=2 + SP (expert TP 1), all-to-all");
   expect_equivalent(one, train(4, d + "/ep4tp2", with_tp({"--expert-model-parallel-size", "4"})),
                     "EP=4 over TP=2 x DP=2 (expert TP 1), all-gather");
+  expect_equivalent(one,
+                    train(2, d + "/ep2_cct", ep({"--expert-model-parallel-size", "2", "--moe-token-dispatcher-type", "alltoall",
+                                                 "--overlap-moe-expert-parallel-comm"})),
+                    "EP=2 all-to-all overlapped with the experts (CCT, 2 chunks)");
+  expect_equivalent(one,
+                    train(4, d + "/ep4_cct", with_tp({"--expert-model-parallel-size", "4", "--moe-token-dispatcher-type",
+                                                      "alltoall", "--overlap-moe-expert-parallel-comm",
+                                                      "--moe-overlap-num-chunks", "3", "--recompute-granularity",
+                                                      "selective"})),
+                    "EP=4 over TP=2 x DP=2, overlapped in 3 chunks, selective recomputation");
   expect_equivalent(one,
                     train(4, d + "/ep2pp2", ep({"--expert-model-parallel-size", "2", "--pipeline-model-parallel-size", "2",
                                                 "--moe-token-dispatcher-type", "alltoall"})),
@@ -332,6 +343,9 @@ TEST(MoeTraining, LayoutsNotBuiltForMoeAreRefusedWithTheKey) {
       {2, {"--mtp-num-layers", "1", "--pipeline-model-parallel-size", "2"}, "model.foundation.mtp_num_layers"},
       {1, {"--mtp-loss-scaling-factor", "0.3"}, "model.foundation.mtp_loss_scaling_factor"},
       {1, {"--moe-token-dispatcher-type", "alltoall"}, "parallel.moe_token_dispatcher_type"},
+      {2, {"--expert-model-parallel-size", "2", "--overlap-moe-expert-parallel-comm"},
+       "parallel.overlap_moe_expert_parallel_comm"},  // the all-gather dispatcher has nothing to overlap
+      {1, {"--moe-overlap-num-chunks", "4"}, "parallel.moe_overlap_num_chunks"},
       {1, {"--moe-router-num-groups", "3", "--moe-router-group-topk", "1"}, "model.foundation.moe_router_num_groups"},
   };
   {  // the dry run of a valid MoE job states the parameters a token passes through

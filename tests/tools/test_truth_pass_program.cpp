@@ -394,7 +394,8 @@ TEST(TruthPass, EveryFlagActsOrIsRefused) {
       {"--moe-layer-freq", "MoeDecoderConfig.*"}, {"--moe-expert-capacity-factor", "MoeRouting.CapacityDrops*"},
       {"--moe-token-drop-policy", "MoeRouting.CapacityDrops*"},
       {"--moe-token-dispatcher-type", "MoeTraining.ExpertParallelEqualsSingleProcess"},
-      {"--overlap-moe-expert-parallel-comm", "refused"},
+      {"--overlap-moe-expert-parallel-comm", "MoeTraining.ExpertParallelEqualsSingleProcess"},
+      {"--moe-overlap-num-chunks", "MoeTraining.ExpertParallelEqualsSingleProcess"},
       {"--delay-wgrad-compute", "refused"}, {"--mtp-num-layers", "MoeTraining.MultiTokenPrediction*, HfParity.DeepseekV3Mtp*"},
       {"--mtp-loss-scaling-factor", "MoeTraining.MultiTokenPrediction* (0.1 x cross entropy), refused without MTP"},
       {"--multi-latent-attention", "HfParity.DeepseekV3MlaBlock*, MlaDecoder.*, TpDecoder.*"},
@@ -425,7 +426,7 @@ TEST(TruthPass, EveryFlagActsOrIsRefused) {
       {{"--merge-file", "m.txt"}, "data.merge_file"},
       {{"--moe-token-dispatcher-type", "alltoall"}, "moe_token_dispatcher_type"},  // dense: nothing to dispatch
       {{"--expert-tensor-parallel-size", "1"}, "expert_tensor_parallel_size"},     // dense: no experts
-      {{"--overlap-moe-expert-parallel-comm"}, "--overlap-moe-expert-parallel-comm"},
+      {{"--overlap-moe-expert-parallel-comm"}, "overlap_moe_expert_parallel_comm"},  // dense: nothing to overlap
       {{"--delay-wgrad-compute"}, "--delay-wgrad-compute"},
       {{"--multi-latent-attention"}, "kv_lora_rank"},
       {{"--num-experts", "3", "--moe-router-topk", "4"}, "moe_router_topk"},

@@ -32,6 +32,8 @@ const std::vector<FlagSpec> kTable = {
   {"--distributed-timeout-minutes", "parallel.distributed_timeout_minutes", K::value, "MIN", ""},
   {"--distributed-backend", "parallel.distributed_backend", K::value, "NAME", ""},
   {"--overlap-grad-reduce", "parallel.overlap_grad_reduce", K::store_true, "", ""},
+  {"--overlap-moe-expert-parallel-comm", "parallel.overlap_moe_expert_parallel_comm", K::store_true, "", ""},
+  {"--moe-overlap-num-chunks", "parallel.moe_overlap_num_chunks", K::value, "N", ""},
   {"--overlap-param-gather", "parallel.overlap_param_gather", K::store_true, "", ""},
   {"--ddp-bucket-size", "parallel.ddp_bucket_size", K::value, "N", ""},
   // training
@@ -180,9 +182,6 @@ struct Refused {
   std::string_view flag, metavar, why;
 };
 const std::vector<Refused> kRefused = {
-    {"--overlap-moe-expert-parallel-comm", "",
-     "overlapping the expert-parallel all-to-all with expert computation (CCT) is not built yet (issue 14); the "
-     "dispatch runs before and after the experts"},
     {"--delay-wgrad-compute", "", "delayed weight gradients come with the MoE communication overlap (CCT, issue 14), not built yet"},
 };
 

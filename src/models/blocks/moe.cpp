@@ -3,10 +3,13 @@
 #include <ATen/Functions.h>
 #include <ATen/TensorOperators.h>
 #include <ATen/core/grad_mode.h>
+#include <torch/csrc/autograd/autograd.h>
 #include <torch/csrc/autograd/custom_function.h>
 
 #include <cmath>
 #include <limits>
+#include <memory>
+#include <numeric>
 #include <vector>
 
 #include "loongforge/backend/functional.h"
@@ -61,6 +64,147 @@ struct AllToAllRows : torch::autograd::Function<AllToAllRows> {
     auto* group = reinterpret_cast<lf::backend::Communicator*>(ctx->saved_data["group"].toInt());
     return {exchange_rows(g[0], *group, ctx->saved_data["in"].toIntVector(), ctx->saved_data["out"].toIntVector()),
             at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+
+// The regrouping of rows received from every expert-parallel rank ([source][local expert] blocks)
+// into [local expert][source] order: order[i] is the received row placed at i, inverse its inverse,
+// per_expert the rows per local expert (CPU int64).
+struct Regroup {
+  at::Tensor order, inverse, per_expert;
+};
+
+Regroup regroup(const int64_t* got, int64_t ranks, int64_t local, c10::Device device) {
+  std::vector<int64_t> start(static_cast<size_t>(ranks * local));
+  int64_t at_row = 0;
+  for (int64_t src = 0; src < ranks; ++src)
+    for (int64_t l = 0; l < local; ++l) start[src * local + l] = at_row, at_row += got[src * local + l];
+  std::vector<int64_t> order;
+  order.reserve(static_cast<size_t>(at_row));
+  Regroup r;
+  r.per_expert = at::zeros({local}, at::TensorOptions().dtype(at::kLong));
+  auto* pe = r.per_expert.data_ptr<int64_t>();
+  for (int64_t l = 0; l < local; ++l)
+    for (int64_t src = 0; src < ranks; ++src) {
+      const int64_t n = got[src * local + l], b = start[src * local + l];
+      for (int64_t j = 0; j < n; ++j) order.push_back(b + j);
+      pe[l] += n;
+    }
+  std::vector<int64_t> inverse(order.size());
+  for (size_t i = 0; i < order.size(); ++i) inverse[static_cast<size_t>(order[i])] = static_cast<int64_t>(i);
+  const auto opts = at::TensorOptions().dtype(at::kLong);
+  r.order = at::tensor(order, opts).to(device);
+  r.inverse = at::tensor(inverse, opts).to(device);
+  return r;
+}
+
+// What the overlapped dispatch needs besides tensors: the group, the chunks' splits and
+// regroupings (filled by forward), the experts' computation on rows grouped by local expert.
+struct OverlapPlan {
+  lf::backend::Communicator* ep = nullptr;
+  std::function<at::Tensor(const at::Tensor& rows, const at::Tensor& w1, const at::Tensor& w2, const at::Tensor& counts)>
+      experts;
+  std::vector<int64_t> rows;                      // per chunk: rows this rank sends in all
+  std::vector<std::vector<int64_t>> send, recv;  // per chunk: rows to / from each rank
+  std::vector<Regroup> groups;                    // per chunk
+};
+
+// CCT: the all-to-all dispatch of C token chunks overlapped with the experts' computation. Forward
+// launches every chunk's dispatch at once (asynchronous), computes chunk c's experts as soon as
+// its rows have arrived while the later chunks are in flight, and launches chunk c's combine
+// before computing chunk c + 1. Backward mirrors it: the combines' gradients go out for every
+// chunk at once, each chunk's expert backward runs as its gradient arrives, and its rows'
+// gradient returns while the next chunk computes. The experts' graph of each chunk is built in
+// forward (on aliases of the weights) and backpropagated chunk by chunk in backward; the weights'
+// gradients are summed over the chunks and handed back once.
+struct OverlappedExperts : torch::autograd::Function<OverlappedExperts> {
+  // all_rows: every chunk's rows one after the other (plan->rows: each chunk's count); returns
+  // every chunk's combined rows the same way.
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& all_rows, const at::Tensor& fc1,
+                            const at::Tensor& fc2, std::shared_ptr<OverlapPlan> plan) {
+    auto& ep = *plan->ep;
+    const variable_list rows = all_rows.split_with_sizes(plan->rows, 0);
+    const size_t chunks = rows.size();
+    std::vector<at::Tensor> arrived(chunks), back(chunks);
+    std::vector<std::shared_ptr<lf::backend::Work>> dispatch(chunks), combine(chunks);
+    for (size_t c = 0; c < chunks; ++c) {
+      auto sizes = rows[c].sizes().vec();
+      sizes[0] = std::accumulate(plan->recv[c].begin(), plan->recv[c].end(), int64_t{0});
+      arrived[c] = at::empty(sizes, rows[c].options());
+      dispatch[c] = ep.all_to_all(arrived[c], rows[c].contiguous(), plan->recv[c], plan->send[c], true);
+    }
+    at::AutoGradMode grad(true);
+    at::Tensor w1 = fc1.detach().requires_grad_(fc1.requires_grad());
+    at::Tensor w2 = fc2.detach().requires_grad_(fc2.requires_grad());
+    variable_list inputs, outputs;
+    for (size_t c = 0; c < chunks; ++c) {
+      dispatch[c]->wait();
+      const Regroup& g = plan->groups[c];
+      at::Tensor in = arrived[c].index_select(0, g.order).detach().requires_grad_(true);
+      at::Tensor y = plan->experts(in, w1, w2, g.per_expert);
+      inputs.push_back(in);
+      outputs.push_back(y);
+      at::Tensor y_src = y.detach().index_select(0, g.inverse).contiguous();
+      auto sizes = y_src.sizes().vec();
+      sizes[0] = std::accumulate(plan->send[c].begin(), plan->send[c].end(), int64_t{0});
+      back[c] = at::empty(sizes, y_src.options());
+      combine[c] = ep.all_to_all(back[c], y_src, plan->send[c], plan->recv[c], true);
+    }
+    for (auto& w : combine) w->wait();
+    ctx->saved_data["plan"] = c10::IValue::make_capsule(c10::make_intrusive<PlanHolder>(plan));
+    ctx->saved_data["inputs"] = inputs;
+    ctx->saved_data["outputs"] = outputs;
+    ctx->saved_data["w1"] = w1;
+    ctx->saved_data["w2"] = w2;
+    return at::cat(back, 0);
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grad_out) {
+    auto plan = static_cast<PlanHolder*>(ctx->saved_data["plan"].toCapsule().get())->plan;
+    const variable_list grads = grad_out[0].contiguous().split_with_sizes(plan->rows, 0);
+    auto& ep = *plan->ep;
+    auto inputs = ctx->saved_data["inputs"].toTensorVector();
+    auto outputs = ctx->saved_data["outputs"].toTensorVector();
+    at::Tensor w1 = ctx->saved_data["w1"].toTensor(), w2 = ctx->saved_data["w2"].toTensor();
+    const size_t chunks = inputs.size();
+    std::vector<at::Tensor> arrived(chunks), rows_grad(chunks);
+    std::vector<std::shared_ptr<lf::backend::Work>> dispatch(chunks), combine(chunks);
+    for (size_t c = 0; c < chunks; ++c) {  // the combines' gradients back to the experts' ranks
+      at::Tensor g = grads[c].contiguous();
+      arrived[c] = at::empty_like(outputs[c]);
+      combine[c] = ep.all_to_all(arrived[c], g, plan->recv[c], plan->send[c], true);
+    }
+    at::Tensor dw1, dw2;
+    for (size_t c = 0; c < chunks; ++c) {
+      combine[c]->wait();
+      const Regroup& g = plan->groups[c];
+      at::Tensor gy = arrived[c].index_select(0, g.order);
+      variable_list wrt{inputs[c]};
+      if (w1.requires_grad()) wrt.push_back(w1);
+      if (w2.requires_grad()) wrt.push_back(w2);
+      auto d = torch::autograd::grad({outputs[c]}, wrt, {gy}, /*retain_graph=*/false, /*create_graph=*/false,
+                                     /*allow_unused=*/true);
+      size_t i = 1;
+      if (w1.requires_grad()) dw1 = add_grad(dw1, d[i++], w1);
+      if (w2.requires_grad()) dw2 = add_grad(dw2, d[i++], w2);
+      at::Tensor gin = d[0].defined() ? d[0] : at::zeros_like(inputs[c]);
+      at::Tensor to_src = gin.index_select(0, g.inverse).contiguous();
+      auto sizes = to_src.sizes().vec();
+      sizes[0] = std::accumulate(plan->send[c].begin(), plan->send[c].end(), int64_t{0});
+      rows_grad[c] = at::empty(sizes, to_src.options());
+      dispatch[c] = ep.all_to_all(rows_grad[c], to_src, plan->send[c], plan->recv[c], true);
+    }
+    for (auto& w : dispatch) w->wait();
+    return {at::cat(rows_grad, 0), dw1, dw2, at::Tensor()};
+  }
+
+  struct PlanHolder : torch::CustomClassHolder {
+    explicit PlanHolder(std::shared_ptr<OverlapPlan> p) : plan(std::move(p)) {}
+    std::shared_ptr<OverlapPlan> plan;
+  };
+  static at::Tensor add_grad(const at::Tensor& sum, const at::Tensor& g, const at::Tensor& like) {
+    if (!g.defined()) return sum.defined() ? sum : at::zeros_like(like);
+    return sum.defined() ? sum + g : g;
   }
 };
 
@@ -218,6 +362,8 @@ at::Tensor MoeLayer::forward(const lf::backend::DeviceBackend& be, const lf::par
     out = lf::ops::moe_unpermute(be, experts(perm.rows, perm.tokens_per_expert), perm.position, r.probs);
   } else if (tp.ep_allgather) {
     out = dispatch_allgather(be, *tp.ep, x2d, r, experts);
+  } else if (tp.ep_overlap_chunks > 1) {
+    out = dispatch_alltoall_overlapped(be, *tp.ep, x2d, r, tp.ep_overlap_chunks, selective_recompute);
   } else {
     out = dispatch_alltoall(be, *tp.ep, x2d, r, experts);
   }
@@ -327,28 +473,71 @@ at::Tensor MoeLayer::dispatch_alltoall(const lf::backend::DeviceBackend& be, lf:
     for (int64_t l = 0; l < local; ++l) send[d] += cs[d * local + l], recv[d] += gs[d * local + l];
   at::Tensor rows = AllToAllRows::apply(perm.rows, &ep, recv, send);
   // Received: [source][local expert][rows]; regroup as [local expert][source][rows].
-  std::vector<int64_t> start(static_cast<size_t>(ranks * local));
-  int64_t at_row = 0;
-  for (int64_t src = 0; src < ranks; ++src)
-    for (int64_t l = 0; l < local; ++l) start[src * local + l] = at_row, at_row += gs[src * local + l];
-  std::vector<int64_t> order;
-  order.reserve(static_cast<size_t>(at_row));
-  at::Tensor per_expert = at::zeros({local}, at::TensorOptions().dtype(at::kLong));
-  auto* pe = per_expert.data_ptr<int64_t>();
-  for (int64_t l = 0; l < local; ++l)
-    for (int64_t src = 0; src < ranks; ++src) {
-      const int64_t n = gs[src * local + l], b = start[src * local + l];
-      for (int64_t j = 0; j < n; ++j) order.push_back(b + j);
-      pe[l] += n;
-    }
-  const auto index_opts = at::TensorOptions().dtype(at::kLong);
-  at::Tensor sorted_index = at::tensor(order, index_opts).to(x2d.device());
-  std::vector<int64_t> inverse(order.size());
-  for (size_t i = 0; i < order.size(); ++i) inverse[static_cast<size_t>(order[i])] = static_cast<int64_t>(i);
-  at::Tensor y = experts(rows.index_select(0, sorted_index), per_expert);
-  y = y.index_select(0, at::tensor(inverse, index_opts).to(x2d.device()));
+  const Regroup g = regroup(gs, ranks, local, x2d.device());
+  at::Tensor y = experts(rows.index_select(0, g.order), g.per_expert).index_select(0, g.inverse);
   at::Tensor back = AllToAllRows::apply(y, &ep, send, recv);
   return lf::ops::moe_unpermute(be, back, perm.position, r.probs);
+}
+
+// The all-to-all dispatcher with the communication overlapped (CCT, --overlap-moe-expert-parallel-comm):
+// the tokens in `chunks` contiguous chunks, each permuted by expert on its own; one exchange of
+// every chunk's counts, then OverlappedExperts moves and computes the chunks in a pipeline.
+at::Tensor MoeLayer::dispatch_alltoall_overlapped(const lf::backend::DeviceBackend& be, lf::backend::Communicator& ep,
+                                                  const at::Tensor& x2d, const Routing& r, int chunks,
+                                                  bool selective_recompute) const {
+  const int64_t e = c_.num_experts, local = e / ep_size_, ranks = ep_size_, t = x2d.size(0);
+  const int64_t n = std::max<int64_t>(1, std::min<int64_t>(chunks, t));
+  std::vector<lf::ops::MoePermuted> perms;
+  std::vector<at::Tensor> probs;
+  at::Tensor counts = at::empty({ranks, n, local}, at::TensorOptions().dtype(at::kLong));  // [dest][chunk][l]
+  for (int64_t c = 0; c < n; ++c) {
+    const int64_t lo = t * c / n, hi = t * (c + 1) / n;
+    perms.push_back(lf::ops::moe_permute(be, x2d.narrow(0, lo, hi - lo), r.indices.narrow(0, lo, hi - lo), e));
+    probs.push_back(r.probs.narrow(0, lo, hi - lo));
+    counts.select(1, c).copy_(perms.back().tokens_per_expert.to(at::kLong).cpu().view({ranks, local}));
+  }
+  at::Tensor got;  // [source][chunk][l]
+  {
+    at::Tensor cd = counts.to(x2d.device()), gd = at::empty_like(cd);
+    ep.all_to_all(gd, cd, {}, {});
+    got = gd.cpu().contiguous();
+  }
+  auto plan = std::make_shared<OverlapPlan>();
+  plan->ep = &ep;
+  const bool swiglu = c_.swiglu;
+  const lf::backend::DeviceBackend* bep = &be;
+  plan->experts = [bep, swiglu, selective_recompute](const at::Tensor& rows, const at::Tensor& w1, const at::Tensor& w2,
+                                                      const at::Tensor& per_expert) {
+    auto act = [bep, swiglu](const at::Tensor& a) { return swiglu ? lf::ops::swiglu(*bep, a) : lf::ops::gelu(*bep, a); };
+    auto fc1 = lf::ops::grouped_gemm(*bep, rows, w1, per_expert);
+    at::Tensor a = selective_recompute
+                       ? lf::models::recompute([act](const std::vector<at::Tensor>& v) { return act(v[0]); }, {fc1})
+                       : act(fc1);
+    return lf::ops::grouped_gemm(*bep, a, w2, per_expert);
+  };
+  const int64_t* cs = counts.data_ptr<int64_t>();
+  const int64_t* gs = got.data_ptr<int64_t>();
+  variable_list rows;
+  for (int64_t c = 0; c < n; ++c) {
+    std::vector<int64_t> send(static_cast<size_t>(ranks), 0), recv(static_cast<size_t>(ranks), 0), mine(
+                                                                                                         static_cast<size_t>(ranks * local));
+    for (int64_t d = 0; d < ranks; ++d)
+      for (int64_t l = 0; l < local; ++l) {
+        send[d] += cs[(d * n + c) * local + l];
+        recv[d] += gs[(d * n + c) * local + l];
+        mine[d * local + l] = gs[(d * n + c) * local + l];
+      }
+    plan->send.push_back(send);
+    plan->recv.push_back(recv);
+    plan->groups.push_back(regroup(mine.data(), ranks, local, x2d.device()));
+    rows.push_back(perms[c].rows);
+    plan->rows.push_back(perms[c].rows.size(0));
+  }
+  variable_list back = OverlappedExperts::apply(at::cat(rows, 0), fc1_, fc2_, plan).split_with_sizes(plan->rows, 0);
+  std::vector<at::Tensor> outs;
+  for (int64_t c = 0; c < n; ++c)
+    outs.push_back(lf::ops::moe_unpermute(be, back[static_cast<size_t>(c)], perms[c].position, probs[c]));
+  return at::cat(outs, 0);
 }
 
 void MoeLayer::update_expert_bias(const at::Tensor& load) const {

@@ -53,6 +53,17 @@ CausalLmPlan::CausalLmPlan(std::shared_ptr<const ModelConfig> config, const Plan
                  "the capacity limit counts a rank's tokens; with expert TP 1 under TP a rank holds a chunk of the "
                  "sequence, so which tokens drop would depend on the TP size",
                  "drop the capacity factor (dropless), or leave --expert-tensor-parallel-size unset");
+    const auto& par = job_.parallel;
+    if (par.overlap_moe_expert_parallel_comm && (!expert_parallel_ || ep == 1 || par.moe_token_dispatcher_type != "alltoall"))
+      errors.add("parallel.overlap_moe_expert_parallel_comm", origin("parallel.overlap_moe_expert_parallel_comm"),
+                 "the MoE communication overlap hides the expert-parallel all-to-all, and this job has " +
+                     std::string(!expert_parallel_ || ep == 1 ? "no expert parallelism (ep 1)" : "the all-gather dispatcher"),
+                 "use --expert-model-parallel-size N (N > 1) with --moe-token-dispatcher-type alltoall, or drop "
+                 "--overlap-moe-expert-parallel-comm");
+    if (par.moe_overlap_num_chunks && !par.overlap_moe_expert_parallel_comm)
+      errors.add("parallel.moe_overlap_num_chunks", origin("parallel.moe_overlap_num_chunks"),
+                 "--moe-overlap-num-chunks is set but the MoE communication overlap is off",
+                 "add --overlap-moe-expert-parallel-comm, or drop --moe-overlap-num-chunks");
     if (!expert_parallel_ && origin("parallel.moe_token_dispatcher_type").kind != lf::config::Origin::Kind::default_)
       errors.add("parallel.moe_token_dispatcher_type", origin("parallel.moe_token_dispatcher_type"),
                  "no tokens are dispatched: every rank holds every expert (expert parallelism is off)",
@@ -124,7 +135,10 @@ std::unique_ptr<Model> CausalLmPlan::build(const BuildArgs& args) const {
   auto experts = make_expert_context(args);
   auto model = std::make_unique<CausalLm>(foundation_, *args.backend, args.seed, args.dtype, &ctx,
                                           job_.parallel.sequence_parallel, stage, !frozen_,
-                                          ExpertPlacement{experts.get(), job_.parallel.moe_token_dispatcher_type == "allgather"});
+                                          ExpertPlacement{experts.get(), job_.parallel.moe_token_dispatcher_type == "allgather",
+                                                          job_.parallel.overlap_moe_expert_parallel_comm
+                                                              ? static_cast<int>(job_.parallel.moe_overlap_num_chunks.value_or(2))
+                                                              : 0});
   model->keep_context(std::move(experts));
   return model;
 }

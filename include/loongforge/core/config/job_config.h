@@ -32,6 +32,8 @@ struct ParallelConfig {
   int64_t distributed_timeout_minutes = 10;
   std::string distributed_backend = "auto";
   bool overlap_grad_reduce = false;
+  bool overlap_moe_expert_parallel_comm = false;
+  std::optional<int64_t> moe_overlap_num_chunks;  // null: 2
   bool overlap_param_gather = false;
   std::optional<int64_t> ddp_bucket_size;  // null: 40M elements
   std::optional<std::string> pipeline_trace;
@@ -72,6 +74,11 @@ struct ParallelConfig {
       "Communication backend (auto: nccl on CUDA, gloo on CPU, the plugin's on XPU; another is refused)",
       OneOf{{"auto", "nccl", "gloo", "plugin"}});
     v("overlap_grad_reduce", overlap_grad_reduce, "Overlap the gradient reduction with the backward pass");
+    v("overlap_moe_expert_parallel_comm", overlap_moe_expert_parallel_comm,
+      "CCT: overlap the MoE all-to-all with the experts' computation (the tokens in chunks: one chunk's dispatch "
+      "and combine, forward and backward, in flight while another's experts compute); all-to-all dispatcher, ep > 1");
+    v("moe_overlap_num_chunks", moe_overlap_num_chunks,
+      "Token chunks of the overlapped MoE all-to-all (null: 2)", Min{2});
     v("pipeline_trace", pipeline_trace,
       "Write a Chrome trace of every pipeline stage's forwards/backwards to PATH.stage<k>.json and print the bubble");
     v("chunkpipe_chunk_size", chunkpipe_chunk_size,

@@ -25,6 +25,7 @@ namespace lf::models {
 struct ExpertPlacement {
   const lf::dist::ParallelContext* context = nullptr;
   bool allgather = true;  // else all-to-all
+  int overlap_chunks = 0;  // all-to-all: > 1 overlaps the dispatch of that many token chunks (CCT)
 };
 
 class CausalLm : public Model {

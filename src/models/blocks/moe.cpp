@@ -126,6 +126,7 @@ struct OverlappedExperts : torch::autograd::Function<OverlappedExperts> {
     const variable_list rows = all_rows.split_with_sizes(plan->rows, 0);
     const size_t chunks = rows.size();
     std::vector<at::Tensor> arrived(chunks), back(chunks);
+    at::Tensor combined = at::empty_like(all_rows);  // the chunks' results land in their slices
     std::vector<std::shared_ptr<lf::backend::Work>> dispatch(chunks), combine(chunks);
     for (size_t c = 0; c < chunks; ++c) {
       auto sizes = rows[c].sizes().vec();
@@ -145,9 +146,7 @@ struct OverlappedExperts : torch::autograd::Function<OverlappedExperts> {
       inputs.push_back(in);
       outputs.push_back(y);
       at::Tensor y_src = y.detach().index_select(0, g.inverse).contiguous();
-      auto sizes = y_src.sizes().vec();
-      sizes[0] = std::accumulate(plan->send[c].begin(), plan->send[c].end(), int64_t{0});
-      back[c] = at::empty(sizes, y_src.options());
+      back[c] = combined.narrow(0, offset_of(plan->rows, c), plan->rows[c]);
       combine[c] = ep.all_to_all(back[c], y_src, plan->send[c], plan->recv[c], true);
     }
     for (auto& w : combine) w->wait();
@@ -156,12 +155,14 @@ struct OverlappedExperts : torch::autograd::Function<OverlappedExperts> {
     ctx->saved_data["outputs"] = outputs;
     ctx->saved_data["w1"] = w1;
     ctx->saved_data["w2"] = w2;
-    return at::cat(back, 0);
+    return combined;
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grad_out) {
     auto plan = static_cast<PlanHolder*>(ctx->saved_data["plan"].toCapsule().get())->plan;
-    const variable_list grads = grad_out[0].contiguous().split_with_sizes(plan->rows, 0);
+    const at::Tensor grad_all = grad_out[0].contiguous();
+    const variable_list grads = grad_all.split_with_sizes(plan->rows, 0);
+    at::Tensor rows_all = at::empty_like(grad_all);  // the rows' gradients land in their slices
     auto& ep = *plan->ep;
     auto inputs = ctx->saved_data["inputs"].toTensorVector();
     auto outputs = ctx->saved_data["outputs"].toTensorVector();
@@ -189,15 +190,16 @@ struct OverlappedExperts : torch::autograd::Function<OverlappedExperts> {
       if (w2.requires_grad()) dw2 = add_grad(dw2, d[i++], w2);
       at::Tensor gin = d[0].defined() ? d[0] : at::zeros_like(inputs[c]);
       at::Tensor to_src = gin.index_select(0, g.inverse).contiguous();
-      auto sizes = to_src.sizes().vec();
-      sizes[0] = std::accumulate(plan->send[c].begin(), plan->send[c].end(), int64_t{0});
-      rows_grad[c] = at::empty(sizes, to_src.options());
+      rows_grad[c] = rows_all.narrow(0, offset_of(plan->rows, c), plan->rows[c]);
       dispatch[c] = ep.all_to_all(rows_grad[c], to_src, plan->send[c], plan->recv[c], true);
     }
     for (auto& w : dispatch) w->wait();
-    return {at::cat(rows_grad, 0), dw1, dw2, at::Tensor()};
+    return {rows_all, dw1, dw2, at::Tensor()};
   }
 
+  static int64_t offset_of(const std::vector<int64_t>& rows, size_t c) {
+    return std::accumulate(rows.begin(), rows.begin() + static_cast<std::ptrdiff_t>(c), int64_t{0});
+  }
   struct PlanHolder : torch::CustomClassHolder {
     explicit PlanHolder(std::shared_ptr<OverlapPlan> p) : plan(std::move(p)) {}
     std::shared_ptr<OverlapPlan> plan;
@@ -487,16 +489,15 @@ at::Tensor MoeLayer::dispatch_alltoall_overlapped(const lf::backend::DeviceBacke
                                                   bool selective_recompute) const {
   const int64_t e = c_.num_experts, local = e / ep_size_, ranks = ep_size_, t = x2d.size(0);
   const int64_t n = std::max<int64_t>(1, std::min<int64_t>(chunks, t));
-  std::vector<lf::ops::MoePermuted> perms;
-  std::vector<at::Tensor> probs;
-  at::Tensor counts = at::empty({ranks, n, local}, at::TensorOptions().dtype(at::kLong));  // [dest][chunk][l]
-  for (int64_t c = 0; c < n; ++c) {
-    const int64_t lo = t * c / n, hi = t * (c + 1) / n;
-    perms.push_back(lf::ops::moe_permute(be, x2d.narrow(0, lo, hi - lo), r.indices.narrow(0, lo, hi - lo), e));
-    probs.push_back(r.probs.narrow(0, lo, hi - lo));
-    counts.select(1, c).copy_(perms.back().tokens_per_expert.to(at::kLong).cpu().view({ranks, local}));
-  }
-  at::Tensor got;  // [source][chunk][l]
+  // One permutation for every chunk: token j of chunk c goes to "expert" c * E + its expert, so the
+  // rows come out chunk by chunk, each chunk grouped by expert (no per-chunk copies).
+  at::Tensor chunk_of = at::empty({t}, r.indices.options());
+  for (int64_t c = 0; c < n; ++c) chunk_of.narrow(0, t * c / n, t * (c + 1) / n - t * c / n).fill_(c);
+  at::Tensor idx = at::where(r.indices.ge(0), r.indices + chunk_of.unsqueeze(1) * e, r.indices);
+  auto perm = lf::ops::moe_permute(be, x2d, idx, n * e);
+  // counts[dest][chunk][l]: rows of chunk c for rank dest's local expert l; got[source][chunk][l].
+  at::Tensor counts = perm.tokens_per_expert.to(at::kLong).cpu().view({n, ranks, local}).permute({1, 0, 2}).contiguous();
+  at::Tensor got;
   {
     at::Tensor cd = counts.to(x2d.device()), gd = at::empty_like(cd);
     ep.all_to_all(gd, cd, {}, {});
@@ -517,27 +518,24 @@ at::Tensor MoeLayer::dispatch_alltoall_overlapped(const lf::backend::DeviceBacke
   };
   const int64_t* cs = counts.data_ptr<int64_t>();
   const int64_t* gs = got.data_ptr<int64_t>();
-  variable_list rows;
   for (int64_t c = 0; c < n; ++c) {
-    std::vector<int64_t> send(static_cast<size_t>(ranks), 0), recv(static_cast<size_t>(ranks), 0), mine(
-                                                                                                         static_cast<size_t>(ranks * local));
+    std::vector<int64_t> send(static_cast<size_t>(ranks), 0), recv(static_cast<size_t>(ranks), 0),
+        mine(static_cast<size_t>(ranks * local));
+    int64_t rows = 0;
     for (int64_t d = 0; d < ranks; ++d)
       for (int64_t l = 0; l < local; ++l) {
         send[d] += cs[(d * n + c) * local + l];
         recv[d] += gs[(d * n + c) * local + l];
         mine[d * local + l] = gs[(d * n + c) * local + l];
       }
+    for (int64_t v : send) rows += v;
     plan->send.push_back(send);
     plan->recv.push_back(recv);
+    plan->rows.push_back(rows);
     plan->groups.push_back(regroup(mine.data(), ranks, local, x2d.device()));
-    rows.push_back(perms[c].rows);
-    plan->rows.push_back(perms[c].rows.size(0));
   }
-  variable_list back = OverlappedExperts::apply(at::cat(rows, 0), fc1_, fc2_, plan).split_with_sizes(plan->rows, 0);
-  std::vector<at::Tensor> outs;
-  for (int64_t c = 0; c < n; ++c)
-    outs.push_back(lf::ops::moe_unpermute(be, back[static_cast<size_t>(c)], perms[c].position, probs[c]));
-  return at::cat(outs, 0);
+  at::Tensor back = OverlappedExperts::apply(perm.rows, fc1_, fc2_, plan);
+  return lf::ops::moe_unpermute(be, back, perm.position, r.probs);
 }
 
 void MoeLayer::update_expert_bias(const at::Tensor& load) const {

@@ -95,6 +95,28 @@ at::Tensor read_tensor(const std::string& file, const std::string& name) {
   return t;
 }
 
+// max |the model's logits - the oracle's| on the oracle's input_ids for the family directory d:
+// the main logits, or (mtp) the first MTP layer's against the oracle's `mtp_logits`.
+double oracle_difference(const lf::models::CausalLm& m, const std::string& d, bool mtp = false) {
+  auto ids = read_tensor(d + "/logits.safetensors", "input_ids");
+  auto want = read_tensor(d + "/logits.safetensors", mtp ? "mtp_logits" : "logits");
+  at::NoGradGuard no_grad;
+  auto got = (mtp ? m.mtp_logits(ids).at(0) : m.forward(ids)).permute({1, 0, 2});  // [s, b, v] -> [b, s, v]
+  EXPECT_EQ(got.sizes(), want.sizes());
+  EXPECT_GT(want.abs().max().item<double>(), 0.1);  // a real signal, not all zeros
+  if (got.sizes() != want.sizes()) return 1e9;
+  return lf::testing::max_abs_diff(got, want);
+}
+
+// Runs worker case `name` on 2 ranks with the oracle's directory and echoes its [hf parity] lines.
+void run_parity_workers(const char* name) {
+  auto results = lf::testing::run_workers(name, {.world_size = 2, .args = {oracle_dir()}});
+  lf::testing::expect_all_ok(results);
+  for (const auto& r : results)
+    for (size_t at = r.output.find("[hf parity]"); at != std::string::npos; at = r.output.find("[hf parity]", at + 1))
+      std::printf("%s\n", r.output.substr(at, r.output.find('\n', at) - at).c_str());
+}
+
 // Our logits for the oracle's input ids, [b, s, vocab] like transformers'; returns max |ours - HF|.
 double logits_difference(const std::string& family, const lf::dist::ParallelContext* ctx) {
   const std::string d = oracle_dir() + "/" + family;
@@ -103,19 +125,14 @@ double logits_difference(const std::string& family, const lf::dist::ParallelCont
                               at::kFloat, ctx);
   decoder.set_training(false);
   hf::load_hf_into(decoder, d + "/hf");
-  auto ids = read_tensor(d + "/logits.safetensors", "input_ids");
-  auto want = read_tensor(d + "/logits.safetensors", "logits");
-  at::NoGradGuard no_grad;
-  auto got = decoder.forward(ids).permute({1, 0, 2});  // [s, b, v] -> [b, s, v]
-  EXPECT_EQ(got.sizes(), want.sizes());
-  EXPECT_GT(want.abs().max().item<double>(), 0.1);  // a real signal, not all zeros
-  return lf::testing::max_abs_diff(got, want);
+  return oracle_difference(decoder, d);
 }
 
 // fp32 end to end; the only differences are the order of floating-point reductions (fused
 // RMSNorm, SDPA vs eager attention, TP partial sums): ~1e-6 on O(1) logits. A wrong layout,
 // bias, norm or RoPE is O(0.1) or more.
 constexpr double kTolerance = 1e-4;
+
 
 TEST(HfParity, LogitsMatchTransformers) {
   REQUIRE_ORACLE();
@@ -140,31 +157,27 @@ LF_WORKER_CASE(hf_parity_tp2) {
     lf::models::CausalLm decoder(m.config, lf::backend::cpu_backend(), 1, at::kFloat, ctx.get());
     decoder.set_training(false);
     decoder.load_full_parameters({m.tensors.begin(), m.tensors.end()});
-    auto ids = read_tensor(d + "/logits.safetensors", "input_ids");
-    auto want = read_tensor(d + "/logits.safetensors", "logits");
-    at::NoGradGuard no_grad;
-    auto got = decoder.forward(ids).permute({1, 0, 2});
-    ASSERT_EQ(got.sizes(), want.sizes());
-    const double diff = lf::testing::max_abs_diff(got, want);
+    const double diff = oracle_difference(decoder, d);
     std::printf("[hf parity] %s TP=2 rank %d: max |logits - transformers| = %.3g\n", family,
                 lf::testing::worker_rank(), diff);
     EXPECT_LE(diff, kTolerance) << family;
+    if (m.config.mtp_num_layers > 0) {  // DeepSeek-V3's MTP layer: its column-parallel eh_proj
+      const double mtp = oracle_difference(decoder, d, /*mtp=*/true);
+      std::printf("[hf parity] %s MTP layer TP=2 rank %d: max |logits - reference| = %.3g\n", family,
+                  lf::testing::worker_rank(), mtp);
+      EXPECT_LE(mtp, kTolerance) << family;
+    }
   }
 }
 
 TEST(HfParity, LogitsMatchTransformersAtTp2) {
   REQUIRE_ORACLE();
-  auto results = lf::testing::run_workers("hf_parity_tp2", {.world_size = 2, .args = {oracle_dir()}});
-  lf::testing::expect_all_ok(results);
-  for (const auto& r : results)
-    for (size_t at = r.output.find("[hf parity]"); at != std::string::npos;
-         at = r.output.find("[hf parity]", at + 1))
-      std::printf("%s\n", r.output.substr(at, r.output.find('\n', at) - at).c_str());
+  run_parity_workers("hf_parity_tp2");
 }
 
 // DeepSeek-V3's multi-token prediction layer (transformers has none: the oracle computes it from
 // transformers' DeepseekV3DecoderLayer, RMSNorm and rotary embedding as DeepSeek-V3 defines it) on
-// the converted weights, single process and at TP 2 with SP off (the column-parallel eh_proj).
+// the converted weights (at TP 2: hf_parity_tp2).
 TEST(HfParity, DeepseekV3MtpLayerMatchesReference) {
   REQUIRE_ORACLE();
   const std::string d = oracle_dir() + "/deepseek_v3";
@@ -172,39 +185,9 @@ TEST(HfParity, DeepseekV3MtpLayerMatchesReference) {
   ASSERT_EQ(decoder.config().mtp_num_layers, 1);
   decoder.set_training(false);
   hf::load_hf_into(decoder, d + "/hf");
-  auto ids = read_tensor(d + "/logits.safetensors", "input_ids");
-  auto want = read_tensor(d + "/logits.safetensors", "mtp_logits");
-  at::NoGradGuard no_grad;
-  auto got = decoder.mtp_logits(ids);
-  ASSERT_EQ(got.size(), 1u);
-  auto g = got[0].permute({1, 0, 2});
-  ASSERT_EQ(g.sizes(), want.sizes());
-  EXPECT_GT(want.abs().max().item<double>(), 0.1);
-  const double diff = lf::testing::max_abs_diff(g, want);
+  const double diff = oracle_difference(decoder, d, /*mtp=*/true);
   std::printf("[hf parity] deepseek_v3 MTP layer: max |logits - reference| = %.3g\n", diff);
   EXPECT_LE(diff, kTolerance);
-}
-
-LF_WORKER_CASE(hf_parity_mtp_tp2) {
-  const std::string d = lf::testing::worker_args().at(0) + "/deepseek_v3";
-  auto ctx = lf::testing::make_context(2);
-  hf::ReadOptions ro;
-  ro.vocab_tp = 2;
-  auto m = hf::read_hf(d + "/hf", ro);
-  lf::models::CausalLm decoder(m.config, lf::backend::cpu_backend(), 1, at::kFloat, ctx.get());
-  decoder.set_training(false);
-  decoder.load_full_parameters({m.tensors.begin(), m.tensors.end()});
-  at::NoGradGuard no_grad;
-  auto got = decoder.mtp_logits(read_tensor(d + "/logits.safetensors", "input_ids"))[0].permute({1, 0, 2});
-  const double diff = lf::testing::max_abs_diff(got, read_tensor(d + "/logits.safetensors", "mtp_logits"));
-  std::printf("[hf parity] deepseek_v3 MTP layer TP=2 rank %d: max |logits - reference| = %.3g\n",
-              lf::testing::worker_rank(), diff);
-  EXPECT_LE(diff, kTolerance);
-}
-
-TEST(HfParity, DeepseekV3MtpLayerMatchesReferenceAtTp2) {
-  REQUIRE_ORACLE();
-  lf::testing::expect_all_ok(lf::testing::run_workers("hf_parity_mtp_tp2", {.world_size = 2, .args = {oracle_dir()}}));
 }
 
 // The MoE families under expert parallelism: EP = 2 over two data-parallel ranks (expert TP 1),
@@ -225,12 +208,7 @@ LF_WORKER_CASE(hf_parity_ep2) {
       // This rank holds half the experts.
       for (const auto& p : decoder.parameters())
         if (p.expert) ASSERT_EQ(p.tensor.size(0) * 2, p.full_shape()[0]) << p.name;
-      auto ids = read_tensor(d + "/logits.safetensors", "input_ids");
-      auto want = read_tensor(d + "/logits.safetensors", "logits");
-      at::NoGradGuard no_grad;
-      auto got = decoder.forward(ids).permute({1, 0, 2});
-      ASSERT_EQ(got.sizes(), want.sizes());
-      const double diff = lf::testing::max_abs_diff(got, want);
+      const double diff = oracle_difference(decoder, d);
       std::printf("[hf parity] %s EP=2 (%s) rank %d: max |logits - transformers| = %.3g\n", family,
                   allgather ? "all-gather" : "all-to-all", lf::testing::worker_rank(), diff);
       EXPECT_LE(diff, kTolerance) << family;
@@ -240,12 +218,7 @@ LF_WORKER_CASE(hf_parity_ep2) {
 
 TEST(HfParity, MoeLogitsMatchTransformersAtEp2) {
   REQUIRE_ORACLE();
-  auto results = lf::testing::run_workers("hf_parity_ep2", {.world_size = 2, .args = {oracle_dir()}});
-  lf::testing::expect_all_ok(results);
-  for (const auto& r : results)
-    for (size_t at = r.output.find("[hf parity]"); at != std::string::npos;
-         at = r.output.find("[hf parity]", at + 1))
-      std::printf("%s\n", r.output.substr(at, r.output.find('\n', at) - at).c_str());
+  run_parity_workers("hf_parity_ep2");
 }
 
 // DeepSeek-V3's MoE block as transformers computes it (DeepseekV3MoE: sigmoid scores, 4 groups of

@@ -21,43 +21,38 @@ at::Tensor ParamBuilder::normal(std::vector<int64_t> shape, double std) {
   return at::normal(0.0, std, shape, generator_, at::kFloat);
 }
 
-at::Tensor ParamBuilder::add(const std::string& name, const at::Tensor& full, Sharding sharding, bool no_weight_decay,
-                             bool partial_over_tp) {
-  if (!keep_) return {};
-  const int tp = tp_.size(), r = tp_.rank();
-  sharding.check(full.sizes().vec(), tp, "parameter " + name);
-  at::Tensor t = sharding.shard(meta_ ? full.to(device_) : full, r, tp).to(dtype_).to(device_);
+Parameter& ParamBuilder::keep_shard(const std::string& name, const at::Tensor& full, Sharding sharding, int size,
+                                    int rank) {
+  sharding.check(full.sizes().vec(), size, "parameter " + name);
+  at::Tensor t = sharding.shard(meta_ ? full.to(device_) : full, rank, size).to(dtype_).to(device_);
   t.set_requires_grad(trainable_);
   Parameter p;
   p.name = name;
   p.tensor = t;
   p.sharding = sharding;
-  p.tp_size = tp;
-  p.tp_rank = r;
+  p.tp_size = size;
+  p.tp_rank = rank;
+  params_.push_back(std::move(p));
+  return params_.back();
+}
+
+at::Tensor ParamBuilder::add(const std::string& name, const at::Tensor& full, Sharding sharding, bool no_weight_decay,
+                             bool partial_over_tp) {
+  if (!keep_) return {};
+  const int tp = tp_.size();
+  Parameter& p = keep_shard(name, full, sharding, tp, tp_.rank());
   p.no_weight_decay = no_weight_decay;
   p.sequence_parallel = tp > 1 && sharding.is_replicated() && (tp_.sequence_parallel || partial_over_tp);
-  params_.push_back(std::move(p));
-  return t;
+  return p.tensor;
 }
 
 at::Tensor ParamBuilder::add_expert(const std::string& name, const at::Tensor& full) {
   if (!keep_) return {};
   LF_CHECK(tp_.ep != nullptr, "ParamBuilder::add_expert(", name, "): no expert-parallel group",
            lf::hint("internal: only expert-parallel layers register expert weights"));
-  const int ep = tp_.ep->size(), r = tp_.ep->rank();
-  const Sharding sharding = Sharding::along(0);
-  sharding.check(full.sizes().vec(), ep, "parameter " + name);
-  at::Tensor t = sharding.shard(meta_ ? full.to(device_) : full, r, ep).to(dtype_).to(device_);
-  t.set_requires_grad(trainable_);
-  Parameter p;
-  p.name = name;
-  p.tensor = t;
-  p.sharding = sharding;
-  p.tp_size = ep;
-  p.tp_rank = r;
+  Parameter& p = keep_shard(name, full, Sharding::along(0), tp_.ep->size(), tp_.ep->rank());
   p.expert = true;
-  params_.push_back(std::move(p));
-  return t;
+  return p.tensor;
 }
 
 at::Tensor ParamBuilder::add_state(const std::string& name, const at::Tensor& full) {

@@ -61,6 +61,9 @@ class ParamBuilder {
   c10::Device device() const { return device_; }
 
  private:
+  // Registers rank's part of `full` split over `size` ranks and returns its record.
+  Parameter& keep_shard(const std::string& name, const at::Tensor& full, Sharding sharding, int size, int rank);
+
   at::Generator generator_;
   at::ScalarType dtype_;
   c10::Device device_;

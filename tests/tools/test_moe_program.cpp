@@ -249,8 +249,9 @@ TEST(MoeTraining, ExpertParallelCheckpointsLoadAtOtherEpSizes) {
 // Multi-token prediction (2 MTP layers on the tiny MoE): the "mtp loss" term starts at the
 // factor 0.1 times an untrained model's cross entropy (over the positions that have a target), training with the output layer's gradient
 // written straight into the gradient buffer (gradient-accumulation fusion, as the MTP term) equals
-// plain autograd, and DP = 2, TP = 2 + SP and EP = 2 equal one process (the MTP layers' MoE, their
-// column-parallel eh_proj and their share of the auxiliary losses included).
+// plain autograd, and DP = 2, TP = 2 + SP, EP = 2 and PP = 2 (tied and untied) equal one process
+// (the MTP layers' MoE, their column-parallel eh_proj, their share of the auxiliary losses, the last
+// stage's copy of the embedding included).
 TEST(MoeTraining, MultiTokenPredictionEqualsAcrossLayouts) {
   const std::string d = lf::testing::make_temp_dir("moe_mtp");
   const std::vector<std::string> mtp{"--micro-batch-size", "2", "--mtp-num-layers", "2"};
@@ -278,6 +279,18 @@ TEST(MoeTraining, MultiTokenPredictionEqualsAcrossLayouts) {
   expect_equivalent(one, train(2, d + "/ep2", with({"--expert-model-parallel-size", "2", "--moe-token-dispatcher-type",
                                                      "alltoall"})),
                     "MTP, EP=2");
+  // PP = 2: the MTP layers on the last stage embed with the output layer's tied copy of the
+  // embedding, or (untied) with a copy of their own; either copy's gradient joins the first stage's.
+  expect_equivalent(one, train(2, d + "/pp2", with({"--pipeline-model-parallel-size", "2"})), "MTP, PP=2 (tied)");
+  // The embedding's gradient is then a sum of three uses added in another order on each side; rows
+  // of rare tokens get gradients near Adam's eps, where the update magnifies 1-ulp differences
+  // (8.7e-6 with eps 1e-8): eps 1e-6 on both sides keeps the comparison about the sum (1.4e-6).
+  const MoeRun untied = train(1, d + "/untied", with({"--untie-embeddings-and-output-weights", "--adam-eps", "1e-6"}));
+  ASSERT_EQ(untied.exit_code, 0) << untied.output;
+  expect_equivalent(untied,
+                    train(2, d + "/pp2_untied", with({"--pipeline-model-parallel-size", "2",
+                                                      "--untie-embeddings-and-output-weights", "--adam-eps", "1e-6"})),
+                    "MTP, PP=2 (untied: the MTP layers' own copy of the embedding)");
 }
 
 // Aux-loss-free balancing (DeepSeek-V3's expert bias) on real text, the arithmetic demo corpus
@@ -340,7 +353,7 @@ TEST(MoeTraining, LayoutsNotBuiltForMoeAreRefusedWithTheKey) {
            "--expert-tensor-parallel-size", "1", "--moe-expert-capacity-factor", "1.5"},
        "model.foundation.moe_expert_capacity_factor"},
       {1, {"--chunkpipe-chunk-size", "16"}, "parallel.chunkpipe_chunk_size"},
-      {2, {"--mtp-num-layers", "1", "--pipeline-model-parallel-size", "2"}, "model.foundation.mtp_num_layers"},
+      {1, {"--mtp-num-layers", "1", "--chunkpipe-chunk-size", "16"}, "model.foundation.mtp_num_layers"},
       {1, {"--mtp-loss-scaling-factor", "0.3"}, "model.foundation.mtp_loss_scaling_factor"},
       {1, {"--moe-token-dispatcher-type", "alltoall"}, "parallel.moe_token_dispatcher_type"},
       {2, {"--expert-model-parallel-size", "2", "--overlap-moe-expert-parallel-comm"},

@@ -82,13 +82,14 @@ CausalLm::CausalLm(const DecoderConfig& config, const lf::backend::DeviceBackend
         b.set_keep(true);
         return h;
       }()) {
-  foundation_.add_mtp(b);
+  foundation_.add_mtp(b, config.untie_embeddings_and_output_weights ? at::Tensor() : head_.weight());
   params_ = b.take();
   foundation_.release_initial_embedding();
   // Tied embeddings split over pipeline stages: the first stage's owner is summed with the last
-  // stage's copy too.
+  // stage's copy.
   const auto& st = foundation_.stage();
-  if (!config.untie_embeddings_and_output_weights && st.first && !st.last)
+  // MTP layers on the last stage embed with a copy of the embedding too.
+  if ((!config.untie_embeddings_and_output_weights || config.mtp_num_layers > 0) && st.first && !st.last)
     for (auto& p : params_)
       if (p.name == "embedding.word_embeddings.weight") p.pipeline_tied = true;
 }

@@ -70,11 +70,6 @@ CausalLmPlan::CausalLmPlan(std::shared_ptr<const ModelConfig> config, const Plan
                  "drop --moe-token-dispatcher-type, or add --expert-model-parallel-size N");
     if (foundation_.mtp_num_layers > 0) {
       const std::string key = "model.foundation.mtp_num_layers";
-      if (layout_.size(lf::dist::Axis::pp) > 1)
-        errors.add(key, origin(key),
-                   "multi-token prediction under pipeline parallelism is not built yet: the MTP layers need the "
-                   "embedding and the output layer on the last stage",
-                   "use --pipeline-model-parallel-size 1 with --mtp-num-layers, or drop it");
       if (job_.parallel.chunkpipe_chunk_size)
         errors.add(key, origin(key), "multi-token prediction needs the tokens ahead of each chunk: not with ChunkPipe",
                    "drop --chunkpipe-chunk-size or --mtp-num-layers");
@@ -173,6 +168,8 @@ std::vector<CausalLmPlan::StageCount> CausalLmPlan::stage_counts() const {
       if (m.mtp_num_layers > 0) c.extra += " + " + std::to_string(m.mtp_num_layers) + " MTP layer(s)";
       // Tied embeddings over several stages: the last stage holds a copy as its output layer.
       if (m.untie_embeddings_and_output_weights || pp > 1) c.params += vocab;
+      if (m.mtp_num_layers > 0 && pp > 1 && m.untie_embeddings_and_output_weights)
+        c.params += vocab, c.extra += " + the MTP layers' embedding copy";
       c.extra += m.untie_embeddings_and_output_weights ? " + final norm + output layer"
                                                        : (pp > 1 ? " + final norm + tied output copy" : " + final norm");
     }

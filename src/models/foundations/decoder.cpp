@@ -144,9 +144,21 @@ Decoder::Decoder(const DecoderConfig& c, const lf::backend::DeviceBackend& backe
   moe_config_ = moe;
 }
 
-void Decoder::add_mtp(ParamBuilder& b) {
+void Decoder::add_mtp(ParamBuilder& b, const at::Tensor& last_stage_table) {
   const auto& c = config_;
   const int64_t h = c.hidden_size;
+  if (c.mtp_num_layers > 0 && stage_.last && !stage_.first) {
+    // The MTP layers embed tokens on the last stage: the output layer's tied copy of the embedding
+    // when there is one, else a copy of their own, kept equal to the first stage's by summing
+    // their gradients over the embedding group (as Megatron does for MTP).
+    at::Tensor table = last_stage_table;
+    if (!table.defined()) {
+      table = b.add("embedding.word_embeddings.weight", initial_embedding_, Sharding::vocabulary(), false);
+      b.last().tied_copy = true;
+      b.last().pipeline_tied = true;
+    }
+    mtp_embedding_ = TokenEmbedding(table);
+  }
   b.set_keep(stage_.last);
   for (int64_t k = 0; k < c.mtp_num_layers; ++k) {
     const std::string prefix = "mtp.layers." + std::to_string(k);
@@ -174,7 +186,7 @@ at::Tensor Decoder::mtp_forward(size_t k, const at::Tensor& hidden, const at::Te
   const auto& m = mtp_[k];
   // [enorm(embed(tokens)); hnorm(hidden)] -> eh_proj (column-parallel, gathered back to the full
   // hidden size; SP: the sequence chunk again), as Megatron's MultiTokenPredictionLayer.
-  at::Tensor e = m.enorm(backend_, embed(tokens, in.start));
+  at::Tensor e = m.enorm(backend_, stage_.first ? embed(tokens, in.start) : embed_with(mtp_embedding_, tokens, in.start));
   at::Tensor joined = at::cat({e, m.hnorm(backend_, hidden)}, -1);
   at::Tensor x;
   if (tp_.size() > 1) {
@@ -203,6 +215,10 @@ std::pair<size_t, size_t> Decoder::chunk_layers(int64_t c) const {
 
 at::Tensor Decoder::embed(const at::Tensor& tokens, int64_t start, bool scatter) const {
   LF_CHECK(stage_.first, "the embedding lives on the first pipeline stage; this one holds ", describe_stage());
+  return embed_with(embedding_, tokens, start, scatter);
+}
+
+at::Tensor Decoder::embed_with(const TokenEmbedding& table, const at::Tensor& tokens, int64_t start, bool scatter) const {
   LF_CHECK(tokens.dim() == 2, "tokens must be [batch, seq], got ", tokens.sizes());
   const int64_t s = tokens.size(1);
   LF_CHECK(start + s <= config_.max_position_embeddings, "sequence length ", start + s,
@@ -212,7 +228,7 @@ at::Tensor Decoder::embed(const at::Tensor& tokens, int64_t start, bool scatter)
            " is not divisible by the tensor-model-parallel size ", tp_.size(),
            lf::hint("pick --seq-length as a multiple of the TP size"));
   // [s(/tp), b, h]: the sequence chunk under SP. Megatron's embedding dropout uses hidden_dropout.
-  auto x = embedding_.forward(tp_, tokens, scatter);
+  auto x = table.forward(tp_, tokens, scatter);
   lf::parallel::TensorParallel layout = tp_;
   if (!scatter) layout.sequence_parallel = false;
   LayerContext lc{&backend_, &layout, &rng_, training_, recompute_};

@@ -20,6 +20,8 @@ class TokenEmbedding {
   TokenEmbedding() = default;
   // Registers `name` with `full` (a vocab_table) split over TP along the vocabulary.
   TokenEmbedding(ParamBuilder& b, const std::string& name, const at::Tensor& full);
+  // Over a table registered elsewhere (a pipeline stage's tied copy of the embedding).
+  explicit TokenEmbedding(at::Tensor weight) : weight_(std::move(weight)) {}
   // tokens: [b, s] int64 -> [s, b, h], or this rank's sequence chunk [s / tp, b, h] with
   // sequence parallelism when `scatter` (false: the whole sequence on every rank, for a
   // composite that splices other embeddings in before scattering).

@@ -107,7 +107,9 @@ class Decoder {
   // eh_proj [h, 2h] (column-parallel), transformer_layer.* (a decoder layer; MoE in a MoE model)
   // and final_layernorm. The composite calls it after its head, so the main weights' draws do not
   // depend on it.
-  void add_mtp(ParamBuilder& b);
+  // last_stage_table: on a last stage that is not the first, the output layer's tied copy of the
+  // embedding (undefined when untied: the MTP layers then register their own tied copy).
+  void add_mtp(ParamBuilder& b, const at::Tensor& last_stage_table = {});
   size_t num_mtp_layers() const { return mtp_.size(); }
   // MTP layer k: hidden [s(/tp), b, h] (the decoder's output before its final norm for k = 0, else
   // MTP layer k - 1's output) and tokens [b, s] k + 1 positions ahead -> [s(/tp), b, h] (before the
@@ -144,7 +146,9 @@ class Decoder {
     Norm final_norm;
   };
   std::vector<MtpLayer> mtp_;
+  TokenEmbedding mtp_embedding_;  // the last stage's copy of the embedding (MTP under PP)
   AttentionInputs attention_inputs(const DecoderInputs& in) const;
+  at::Tensor embed_with(const TokenEmbedding& table, const at::Tensor& tokens, int64_t start, bool scatter = true) const;
 };
 
 // The MoE block settings of a decoder config (blocks/moe.h).

@@ -53,6 +53,8 @@ class LmHead {
     sink_ = sink;
     term_ = std::move(term);
   }
+  // The output layer's table (this rank's vocabulary shard; undefined off the last stage).
+  const at::Tensor& weight() const { return weight_; }
   // Local logits -> [s, b, vocab_size] on every TP rank (padding columns dropped).
   at::Tensor full_logits(const at::Tensor& local_logits) const;
 

@@ -213,6 +213,29 @@ TEST(MoeTraining, ExpertParallelEqualsSingleProcess) {
                     "EP=2 x PP=2");
 }
 
+// --save-hf under expert parallelism gathers every rank's experts: the HF directory written at
+// EP = 2 holds the same tensors as the one written by one process (the expert bias off: Qwen3-MoE's
+// HF form has none).
+TEST(MoeTraining, SaveHfGathersTheExpertsOverEp) {
+  const std::string d = lf::testing::make_temp_dir("moe_ep_hf");
+  const std::vector<std::string> base{"--micro-batch-size", "2", "model.foundation.moe_router_enable_expert_bias=false",
+                                      "model.foundation.moe_router_bias_update_rate=1e-3"};
+  auto args = [&](const std::string& out, std::vector<std::string> a) {
+    a.insert(a.begin(), base.begin(), base.end());
+    a.insert(a.end(), {"--save-hf", out});
+    return a;
+  };
+  const MoeRun one = train(1, d + "/one", args(d + "/hf1", {}), 3);
+  ASSERT_EQ(one.exit_code, 0) << one.output;
+  const MoeRun ep = train(2, d + "/ep2", args(d + "/hf2", {"--expert-model-parallel-size", "2",
+                                                           "--moe-token-dispatcher-type", "alltoall"}), 3);
+  ASSERT_EQ(ep.exit_code, 0) << ep.output;
+  const auto a = read_params(d + "/hf1/model.safetensors"), b = read_params(d + "/hf2/model.safetensors");
+  ASSERT_EQ(a.size(), b.size());
+  EXPECT_TRUE(a.count("model.layers.1.mlp.experts.7.down_proj.weight"));
+  EXPECT_LE(lf::testing::max_abs_diff(a, b), 1e-5);
+}
+
 // A checkpoint saved at EP = 2 holds the experts by expert-parallel rank
 // (model_experts_tp<r>_pp0) and loads at EP = 1 and EP = 4: training on from it equals training
 // on at EP = 2 (optimizer state included: ZeRO-1 shards of both groups re-cut).

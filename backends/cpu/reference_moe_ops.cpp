@@ -98,7 +98,9 @@ at::Tensor ReferenceOps::moe_unpermute_fwd(const at::Tensor& y, const at::Tensor
   const int64_t n = position.size(0), k = position.size(1), h = y.size(1);
   const auto ct = compute_type(y);
   auto valid = position >= 0;
-  auto rows = y.index_select(0, position.clamp_min(0).reshape({-1})).view({n, k, h}).to(ct);
+  // Every slot dropped (an expert-parallel rank that no token reached): no row to gather.
+  auto rows = y.size(0) == 0 ? at::zeros({n, k, h}, y.options().dtype(ct))
+                             : y.index_select(0, position.clamp_min(0).reshape({-1})).view({n, k, h}).to(ct);
   auto w = at::where(valid, probs.to(ct), at::zeros({}, probs.options().dtype(ct)));
   return (rows * w.unsqueeze(-1)).sum(1).to(y.scalar_type());
 }
@@ -112,7 +114,7 @@ MoeUnpermuteBwd ReferenceOps::moe_unpermute_bwd(const at::Tensor& dout, const at
   const auto ct = compute_type(y);
   auto valid = position >= 0;
   auto flat_pos = position.clamp_min(0).reshape({-1});
-  auto rows = y.index_select(0, flat_pos).view({n, k, h}).to(ct);
+  auto rows = y.size(0) == 0 ? at::zeros({n, k, h}, y.options().dtype(ct)) : y.index_select(0, flat_pos).view({n, k, h}).to(ct);
   auto g = dout.to(ct);
   auto zero = at::zeros({}, probs.options().dtype(ct));
   MoeUnpermuteBwd r;

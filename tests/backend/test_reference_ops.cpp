@@ -377,6 +377,25 @@ TEST(ReferenceMoe, PermuteGemmUnpermuteMatchPerTokenLoop) {
   }
 }
 
+// Every slot dropped (an expert-parallel rank that no token reached): no rows, a zero output, zero
+// gradients to the routing weights and an empty gradient to the rows.
+TEST(ReferenceMoe, EverySlotDroppedGivesZeros) {
+  const int64_t n = 5, k = 2, h = 3;
+  auto x = at::randn({n, h}, kF64);
+  auto idx = at::full({n, k}, -1, at::kLong);
+  auto probs = at::rand({n, k}, kF64);
+  auto p = kRef.moe_permute_fwd(x, idx, 4);
+  EXPECT_EQ(p.permuted.size(0), 0);
+  EXPECT_EQ(p.tokens_per_expert.sum().item<int64_t>(), 0);
+  auto w = at::randn({4, h, h}, kF64);
+  auto y = kRef.grouped_gemm_fwd(p.permuted, w, p.tokens_per_expert);
+  EXPECT_EQ(y.size(0), 0);
+  expect_close(kRef.moe_unpermute_fwd(y, p.position, probs), at::zeros({n, h}, kF64), 0, "output");
+  auto b = kRef.moe_unpermute_bwd(at::randn({n, h}, kF64), y, p.position, probs);
+  expect_close(b.dprobs, at::zeros({n, k}, kF64), 0, "routing weights' gradient");
+  EXPECT_EQ(b.dy.size(0), 0);
+}
+
 TEST(ReferenceFiniteDifference, MoePermuteUnpermuteGroupedGemm) {
   at::manual_seed(6);
   const int64_t n = 5, k = 2, e = 3, h = 4, f = 3;

@@ -1,10 +1,13 @@
 // CudaOps: routes rms_norm forward and swiglu forward/backward to the kernels in kernels/ when
-// the tensors are CUDA fp32/bf16/fp16 (contiguous copies are made as needed); everything else,
-// fp64 included, runs the reference math through ATen's CUDA kernels. The op harness holds
-// both paths to the CPU reference.
+// the tensors are CUDA fp32/bf16/fp16 (contiguous copies are made as needed), and the MoE
+// experts' grouped GEMM (bf16, 16-byte aligned rows) to torch's grouped GEMM (at::_grouped_mm:
+// one CUTLASS launch for every group on sm_90, its per-group fallback elsewhere); everything else,
+// fp64 included, runs the reference math through ATen's CUDA kernels. The op harness holds both
+// paths to the CPU reference.
 #include "cuda_ops.h"
 
 #include <ATen/Functions.h>
+#include <ATen/ops/_grouped_mm.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 
@@ -35,7 +38,44 @@ cudaStream_t stream_of(const at::Tensor& t) {
   return c10::cuda::getCurrentCUDAStream(t.device().index()).stream();
 }
 
+// The grouped GEMM's library path: bf16 CUDA tensors whose rows are 16-byte aligned (the
+// kernel's TMA loads), and at least one row.
+bool grouped_mm_applies(const at::Tensor& x, const at::Tensor& w) {
+  return x.is_cuda() && x.scalar_type() == at::kBFloat16 && w.scalar_type() == at::kBFloat16 && x.size(0) > 0 &&
+         x.size(1) % 8 == 0 && w.size(1) % 8 == 0;
+}
+
+// Group end offsets [G] int32 on x's device (at::_grouped_mm's `offs`).
+at::Tensor group_ends(const at::Tensor& counts, const at::Tensor& x) {
+  return counts.cumsum(0).to(at::kInt).to(x.device());
+}
+
 }  // namespace
+
+at::Tensor CudaOps::grouped_gemm_fwd(const at::Tensor& x, const at::Tensor& w, const at::Tensor& counts) const {
+  check_grouped_gemm_args(x, w, counts);
+  if (!grouped_mm_applies(x, w)) return ReferenceOps::grouped_gemm_fwd(x, w, counts);
+  const c10::cuda::CUDAGuard guard(x.device());
+  // y_g = x_g w_g^T: mat2 [G, k_in, n_out] as a transposed view (the layout the kernel reads).
+  return at::_grouped_mm(x.contiguous(), w.transpose(1, 2), group_ends(counts, x)).contiguous();
+}
+
+GroupedGemmBwd CudaOps::grouped_gemm_bwd(const at::Tensor& dy, const at::Tensor& x, const at::Tensor& w,
+                                         const at::Tensor& counts) const {
+  check_grouped_gemm_args(x, w, counts);
+  if (!grouped_mm_applies(x, w) || dy.scalar_type() != at::kBFloat16)
+    return ReferenceOps::grouped_gemm_bwd(dy, x, w, counts);
+  const c10::cuda::CUDAGuard guard(x.device());
+  const at::Tensor ends = group_ends(counts, x), d = dy.contiguous();
+  GroupedGemmBwd r;
+  r.dx = at::_grouped_mm(d, w.contiguous(), ends).contiguous();  // dx_g = dy_g w_g
+  // dw_g = dy_g^T x_g: the groups split the contraction (2-D x 2-D with offsets).
+  r.dw = at::_grouped_mm(d.t(), x.contiguous(), ends).contiguous();
+  // A group without rows contracts nothing: the kernel may leave its block unwritten.
+  const at::Tensor empty = counts.eq(0).nonzero().squeeze(1);
+  if (empty.numel() > 0) r.dw.index_fill_(0, empty.to(r.dw.device()), 0);
+  return r;
+}
 
 RmsNormFwd CudaOps::rms_norm_fwd(const at::Tensor& x0, const at::Tensor& w0, double eps) const {
   check_rms_norm_args(x0, w0);

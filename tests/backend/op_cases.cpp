@@ -393,6 +393,21 @@ void add_moe_cases(std::vector<OpCase>& cases) {
                                            {"dx", dx}};
                      }});
   }
+  // The grouped GEMM alone with 16-byte aligned rows (bf16 hidden 24, ffn 16): the shape CUDA
+  // hands to torch's grouped GEMM kernel; groups of 5, 0 (empty), 9 and 5 rows.
+  cases.push_back({"grouped_gemm_aligned_bf16", atol_for(at::kBFloat16), rtol_for(at::kBFloat16),
+                   [] {
+                     Rng g(22);
+                     return std::vector<at::Tensor>{g.randn({19, 24}, at::kBFloat16),        // x
+                                                    g.randn({4, 16, 24}, at::kBFloat16, 0.2),  // w
+                                                    g.randn({19, 16}, at::kBFloat16)};       // dy
+                   },
+                   [](const OpTable& ops, const std::vector<at::Tensor>& in) {
+                     const at::Tensor counts = at::tensor({5, 0, 9, 5}, at::TensorOptions().dtype(at::kLong));
+                     auto y = ops.grouped_gemm_fwd(in[0], in[1], counts);
+                     auto gb = ops.grouped_gemm_bwd(in[2], in[0], in[1], counts);
+                     return NamedTensors{{"y", y}, {"dx", gb.dx}, {"dw", gb.dw}};
+                   }});
 }
 
 }  // namespace

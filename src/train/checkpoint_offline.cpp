@@ -185,8 +185,13 @@ void reshard_checkpoint(const std::string& load_dir, const std::string& save_dir
   prepare_save_dir(save_dir, it);
   const std::string tmp = temp_dir(save_dir, it);
   std::map<std::string, FileRecord> records;
+  // Parameters without optimizer state (frozen groups, MoE's expert biases: model state) keep
+  // their weights only; loading checks that every trained parameter has its state.
   write_split(tmp, names, splits, kinds,
-              [&](const std::string& n, const std::string& k) { return reader.full(n, k); }, tp, pp, dp, records);
+              [&](const std::string& n, const std::string& k) {
+                return k == "param" || reader.has(n, k) ? reader.full(n, k) : at::Tensor();
+              },
+              tp, pp, dp, records);
   // RNG states belong to ranks: kept only when the ranks stay the same.
   auto& layout = state["layout"];
   const bool same = layout.value("tp", 0) == tp && layout.value("pp", 0) == pp && layout.value("dp", 0) == dp;

@@ -237,8 +237,9 @@ TEST(MoeTraining, SaveHfGathersTheExpertsOverEp) {
 }
 
 // A checkpoint saved at EP = 2 holds the experts by expert-parallel rank
-// (model_experts_tp<r>_pp0) and loads at EP = 1 and EP = 4: training on from it equals training
-// on at EP = 2 (optimizer state included: ZeRO-1 shards of both groups re-cut).
+// (model_experts_tp<r>_pp0) and loads at EP = 1 and EP = 4, and `loongforge-convert reshard`
+// rewrites it for TP = 2: training on from it equals training on at EP = 2 (optimizer state
+// included: ZeRO-1 shards of both groups re-cut).
 TEST(MoeTraining, ExpertParallelCheckpointsLoadAtOtherEpSizes) {
   const std::string d = lf::testing::make_temp_dir("moe_ep_reshard");
   const std::vector<std::string> base{"--micro-batch-size", "2", "--use-distributed-optimizer"};
@@ -267,6 +268,15 @@ TEST(MoeTraining, ExpertParallelCheckpointsLoadAtOtherEpSizes) {
     MoeRun r = train(procs, d + "/ep" + std::to_string(ep), a);
     expect_equivalent(ref, r, "EP=2 checkpoint trained on at EP=" + std::to_string(ep));
   }
+  // Offline: resharded for TP = 2 (experts split over TP, the expert biases without optimizer
+  // state), then trained on at TP = 2 + SP.
+  auto rs = lf::testing::run_command({bin("loongforge-convert"), "reshard", "--load", d + "/ck", "--save", d + "/ck_tp2",
+                                      "--tp", "2", "--pp", "1", "--dp", "1"});
+  ASSERT_TRUE(rs.ok()) << rs.output;
+  expect_equivalent(ref,
+                    train(2, d + "/tp2", args({"--load", d + "/ck_tp2", "--tensor-model-parallel-size", "2",
+                                               "--sequence-parallel"})),
+                    "EP=2 checkpoint resharded offline to TP=2, trained on at TP=2 + SP");
 }
 
 // Multi-token prediction (2 MTP layers on the tiny MoE): the "mtp loss" term starts at the

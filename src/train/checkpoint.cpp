@@ -192,6 +192,7 @@ void CheckpointSaver::save(const TrainingProgress& progress, const std::vector<C
   bool any_zero1 = false;
   std::vector<std::string> names;
   for (const auto& g : groups) {
+    if (g.from_base) continue;  // the base checkpoint holds these
     const auto& gctx = *g.context;
     const int tpr = gctx.tp_rank(), ppr = gctx.pp_rank();
     for (const auto& p : *g.params) names.push_back(p.name);
@@ -264,6 +265,7 @@ void CheckpointSaver::save(const TrainingProgress& progress, const std::vector<C
                           {"hysteresis_tracker", ls.hysteresis_tracker}};
     }
     s["params"] = names;
+    if (options_.base) s["base"] = {{"dir", options_.base->dir}, {"manifest_crc32", options_.base->manifest_crc32}};
     texts.emplace_back(kStateFile, s.dump(1) + "\n");
     texts.emplace_back(kConfigFile, options_.config_yaml);
   }
@@ -357,6 +359,30 @@ void CheckpointSaver::finish() {
 }
 
 // ---------------------------------------------------------------------------------------------
+
+BaseCheckpoint base_checkpoint_of(const std::string& load_dir) {
+  auto dir = resolve_checkpoint_dir(load_dir);
+  LF_CHECK(dir.has_value(), "base checkpoint ", load_dir, " holds no checkpoint (no ", kTrackerFile, " or ",
+           kManifestFile, ")", lf::hint("pass the directory a training run or loongforge-convert hf2lf saved to"));
+  const fs::path manifest = fs::path(*dir) / kManifestFile;
+  std::ifstream in(manifest, std::ios::binary);
+  LF_CHECK(in.good(), "base checkpoint ", *dir, ": cannot read ", manifest.string());
+  const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  return {fs::absolute(*dir).lexically_normal().string(), crc32_of(bytes.data(), bytes.size())};
+}
+
+std::optional<BaseCheckpoint> checkpoint_base(const std::string& checkpoint_dir) {
+  CheckpointReader reader(checkpoint_dir);
+  json state;
+  try {
+    state = json::parse(reader.state_json());
+  } catch (const json::exception& e) {
+    LF_FAIL("checkpoint ", checkpoint_dir, ": state.json is missing or malformed: ", e.what());
+  }
+  if (!state.contains("base")) return std::nullopt;
+  const auto& b = state["base"];
+  return BaseCheckpoint{b.value("dir", std::string()), b.value("manifest_crc32", uint32_t{0})};
+}
 
 std::optional<LoadResult> load_checkpoint(const std::string& load_dir, const LoadOptions& options,
                                           const std::vector<CheckpointGroup>& groups, Optimizer& optimizer,

@@ -77,7 +77,7 @@ Trainer::Impl::Impl(const lf::config::JobConfig& j, lf::models::Model& m, const 
   std::vector<CheckpointGroup> ckpt_groups;
   for (const auto& g : groups) {
     LF_CHECK(g.context != nullptr, "parameter group ", g.name, " of model type ", m.type(), " has no parallel context");
-    CheckpointGroup cg{g.name, &g.params, g.context, -1};
+    CheckpointGroup cg{g.name, &g.params, g.context, -1, g.base};
     if (g.trainable && !g.params.empty()) {
       lf::parallel::GradBufferOptions o;
       if (j.parallel.ddp_bucket_size) o.bucket_size = *j.parallel.ddp_bucket_size;

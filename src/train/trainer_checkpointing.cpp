@@ -17,16 +17,55 @@ TrainerCheckpointing::TrainerCheckpointing(const lf::config::JobConfig& job, lf:
 
 TrainerCheckpointing::~TrainerCheckpointing() = default;
 
+namespace {
+std::vector<CheckpointGroup> select_groups(const std::vector<CheckpointGroup>& groups, bool base) {
+  std::vector<CheckpointGroup> out;
+  for (const auto& g : groups)
+    if (g.from_base == base) out.push_back(g);
+  return out;
+}
+}  // namespace
+
+void TrainerCheckpointing::load_base(const std::string& dir) {
+  LoadOptions o;
+  o.finetune = true;  // weights only
+  auto r = load_checkpoint(dir, o, select_groups(groups_, true), optimizer_, ctx_, backend_);
+  LF_CHECK(r.has_value(), "base checkpoint ", dir, " holds no checkpoint");
+  base_ = base_checkpoint_of(dir);
+  if (ctx_.global_rank() == 0) LF_INFO("LoRA base weights from ", base_->dir, " (frozen)");
+}
+
 int64_t TrainerCheckpointing::load(BatchSource& train_data) {
   const auto& c = job_.checkpoint;
   const bool rank0 = ctx_.global_rank() == 0;
-  if (!c.load) return 0;
-  LoadOptions o;
-  o.load_optimizer = !c.no_load_optim;
-  o.load_rng = !c.no_load_rng;
-  o.finetune = c.finetune;
-  auto r = load_checkpoint(*c.load, o, groups_, optimizer_, ctx_, backend_, model_.rng_state());
-  if (!r) {
+  bool adapters = false;
+  for (const auto& g : groups_) adapters = adapters || g.from_base;
+  const auto dir = c.load ? ckpt::resolve_checkpoint_dir(*c.load) : std::nullopt;
+  const auto check_can_save = [&] {
+    LF_CHECK(!adapters || !c.save || base_.has_value(),
+             "LoRA checkpoints hold the adapters and name the base they were trained on, and this run has no base "
+             "checkpoint (its base weights are the random initialisation)",
+             lf::hint("pass --pretrained-checkpoint BASE (a checkpoint of the base model, e.g. from loongforge-convert "
+                      "hf2lf), or drop --save"));
+  };
+  if (!dir) {
+    if (c.pretrained_checkpoint) {
+      // Megatron: the pretrained weights when --load holds nothing yet (the first launch).
+      if (adapters) {
+        load_base(*c.pretrained_checkpoint);
+      } else {
+        LoadOptions o;
+        o.finetune = true;
+        auto r = load_checkpoint(*c.pretrained_checkpoint, o, groups_, optimizer_, ctx_, backend_);
+        LF_CHECK(r.has_value(), "--pretrained-checkpoint ", *c.pretrained_checkpoint, " holds no checkpoint",
+                 lf::hint("pass the directory a training run or loongforge-convert hf2lf saved to"));
+        if (rank0) LF_INFO("fine-tuning from ", r->dir, " (weights only; iteration 0, fresh optimizer)");
+      }
+      check_can_save();
+      return 0;
+    }
+    check_can_save();
+    if (!c.load) return 0;
     // Megatron: no tracker file means a fresh start, unless --exit-on-missing-checkpoint.
     LF_CHECK(!c.exit_on_missing_checkpoint, "--load ", *c.load, " holds no checkpoint (no ", ckpt::kTrackerFile,
              ") and --exit-on-missing-checkpoint is set",
@@ -34,6 +73,49 @@ int64_t TrainerCheckpointing::load(BatchSource& train_data) {
     if (rank0) LF_WARN("--load ", *c.load, " holds no checkpoint; training starts from scratch");
     return 0;
   }
+  const auto base = checkpoint_base(*dir);
+  LF_CHECK(adapters || !base, "--load ", *dir, " holds LoRA adapters (trained on the base ", base ? base->dir : "",
+           "), and this run has none",
+           lf::hint("resume it with the LoRA settings it was trained with (--lora-rank, --lora-target-modules ...: see its "
+                    "config.yaml), or export it with loongforge-convert lf2hf [--merge-lora]"));
+  std::vector<CheckpointGroup> groups = groups_;
+  if (adapters) {
+    if (!base) {
+      // A full checkpoint: the base of a new adapter run.
+      LF_CHECK(c.finetune, "--load ", *dir, " is a full checkpoint without LoRA adapters",
+               lf::hint("to train adapters on it pass --pretrained-checkpoint " + *c.load +
+                        " (or --load it with --finetune)"));
+      load_base(*dir);
+      check_can_save();
+      return 0;
+    }
+    if (c.pretrained_checkpoint) {
+      const auto named = base_checkpoint_of(*c.pretrained_checkpoint);
+      LF_CHECK(named.dir == base->dir, "the LoRA checkpoint ", *dir, " was trained on the base ", base->dir,
+               ", and --pretrained-checkpoint names ", named.dir,
+               lf::hint("resume on the base it was trained on, or start a new run in another --save directory"));
+    }
+    std::optional<BaseCheckpoint> now;
+    try {
+      now = base_checkpoint_of(base->dir);
+    } catch (const lf::Error& e) {
+      LF_FAIL("the LoRA checkpoint ", *dir, " names the base ", base->dir, ", which cannot be read: ", e.message(),
+              lf::hint("restore the base checkpoint at that path (the adapters are only meaningful on it)"));
+    }
+    LF_CHECK(now->manifest_crc32 == base->manifest_crc32, "the LoRA checkpoint ", *dir, " was trained on the base ",
+             base->dir, " (manifest CRC-32 ", base->manifest_crc32, "), which now holds different weights (CRC-32 ",
+             now->manifest_crc32, ")",
+             lf::hint("restore the original base checkpoint; adapters trained on other weights do not transfer"));
+    load_base(base->dir);
+    groups = select_groups(groups_, false);
+  }
+  LoadOptions o;
+  o.load_optimizer = !c.no_load_optim;
+  o.load_rng = !c.no_load_rng;
+  o.finetune = c.finetune;
+  auto r = load_checkpoint(*dir, o, groups, optimizer_, ctx_, backend_, model_.rng_state());
+  LF_CHECK(r.has_value(), "--load ", *dir, " holds no checkpoint");
+  check_can_save();
   if (!r->rng.empty()) model_.set_rng_state(r->rng);
   if (r->loss_scaler) scaler_.set_state(*r->loss_scaler);
   start_iteration_ = r->progress.iteration;
@@ -64,6 +146,7 @@ void TrainerCheckpointing::ensure_saver() {
     o.global_batch_size = global_batch_;
     o.seq_length = job_.training.seq_length;
     o.hooks = hooks_.save;
+    o.base = base_;
     saver_ = std::make_unique<CheckpointSaver>(o, ctx_, backend_);
   }
 }

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -37,6 +38,8 @@ class TrainerCheckpointing {
  private:
   void ensure_saver();
   void save(int64_t it);
+  // LoRA: the frozen base groups' weights from the checkpoint `dir` (recorded as the base).
+  void load_base(const std::string& dir);
 
   const lf::config::JobConfig& job_;
   lf::models::Model& model_;
@@ -52,6 +55,7 @@ class TrainerCheckpointing {
   std::unique_ptr<CheckpointSaver> saver_;
   int64_t start_iteration_ = 0, start_consumed_ = 0, last_saved_ = -1;
   bool preempted_ = false;
+  std::optional<BaseCheckpoint> base_;  // LoRA runs: the base the adapters train on
 };
 
 }  // namespace lf::train

@@ -4,8 +4,14 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
+#include <random>
+
 #include "data_source.h"
+#include "loongforge/backend/registry.h"
+#include "loongforge/data/indexed_dataset.h"
 #include "loongforge/models/blocks/attention.h"
+#include "loongforge/models/composites/causal_lm.h"
+#include "multiprocess.h"
 
 namespace {
 
@@ -53,6 +59,148 @@ TEST(DataSource, BatchesSliceTheirSequenceFields) {
   EXPECT_EQ(part.at("features").sizes(), (std::vector<int64_t>{2, 3, 4}));
   EXPECT_THROW(batch.slice_sequence(4, 3), lf::Error);
   EXPECT_THROW(batch.at("labels"), lf::Error);
+}
+
+// An SFT store as `loongforge-data preprocess --conversations` writes it: per conversation its
+// tokens and its answer mask (prompt 0, answer 1, several turns), lengths 6..29.
+struct SftStore {
+  std::string prefix;
+  std::vector<std::vector<int32_t>> tokens, masks;
+};
+
+SftStore write_sft_store(const std::string& dir, int conversations, int64_t vocab) {
+  SftStore st;
+  st.prefix = dir + "/sft";
+  lf::data::IndexedDatasetBuilder tb(st.prefix + "_input_ids_document", lf::data::TokenDType::u16, vocab),
+      mb(st.prefix + "_assistant_masks_document", lf::data::TokenDType::u8, 2);
+  std::mt19937 rng(7);
+  for (int c = 0; c < conversations; ++c) {
+    std::vector<int32_t> t, m;
+    const int turns = 1 + c % 2;
+    for (int k = 0; k < turns; ++k) {
+      const int prompt = 3 + static_cast<int>(rng() % 6), answer = 1 + static_cast<int>(rng() % 8);
+      for (int i = 0; i < prompt; ++i) t.push_back(static_cast<int32_t>(rng() % vocab)), m.push_back(0);
+      for (int i = 0; i < answer; ++i) t.push_back(static_cast<int32_t>(rng() % vocab)), m.push_back(1);
+    }
+    const int32_t n = static_cast<int32_t>(t.size());
+    tb.add_document(t, std::vector<int32_t>{n});
+    mb.add_document(m, std::vector<int32_t>{n});
+    st.tokens.push_back(t);
+    st.masks.push_back(m);
+  }
+  tb.finalize();
+  mb.finalize();
+  return st;
+}
+
+// Rows hold one conversation each: tokens[k] = c[k], labels[k] = c[k + 1] and loss_mask[k] = the
+// answer mask of c[k + 1]; padding past the conversation (label -100, mask 0); long conversations
+// cut at seq_length + 1 tokens; every conversation once per epoch.
+TEST(SftSource, RowsAreConversationsWithTheirAnswerMasksShifted) {
+  const std::string d = lf::testing::make_temp_dir("sft_source");
+  const SftStore st = write_sft_store(d, 10, 50);
+  lf::tools::SftOptions o;
+  o.prefix = st.prefix;
+  o.seq_length = 20;
+  o.micro_batch = 2;
+  o.train_samples = 20;  // two epochs
+  o.vocab_size = 50;
+  o.seed = 3;
+  auto src = lf::tools::make_sft_sources(o);
+  ASSERT_TRUE(src.train);
+  EXPECT_FALSE(src.valid);
+  std::vector<int> seen(10, 0);
+  for (int step = 0; step < 10; ++step) {
+    auto b = src.train->next();
+    ASSERT_EQ(b.at("tokens").sizes(), (std::vector<int64_t>{2, 20}));
+    for (int64_t r = 0; r < 2; ++r) {
+      // Which conversation: the one whose first tokens match.
+      int conv = -1;
+      for (int c = 0; c < 10 && conv < 0; ++c) {
+        bool same = true;
+        for (int64_t k = 0; k + 1 < std::min<int64_t>(st.tokens[c].size(), 21); ++k)
+          same = same && b.at("tokens")[r][k].item<int64_t>() == st.tokens[c][k];
+        if (same) conv = c;
+      }
+      ASSERT_GE(conv, 0) << "row " << r << " of step " << step << " is no conversation of the store";
+      ++seen[conv];
+      const auto& t = st.tokens[conv];
+      const auto& m = st.masks[conv];
+      const int64_t n = std::min<int64_t>(t.size(), 21);
+      for (int64_t k = 0; k < 20; ++k) {
+        if (k + 1 < n) {
+          EXPECT_EQ(b.at("labels")[r][k].item<int64_t>(), t[k + 1]);
+          EXPECT_EQ(b.at("loss_mask")[r][k].item<float>(), static_cast<float>(m[k + 1])) << "conv " << conv << " k " << k;
+        } else {
+          EXPECT_EQ(b.at("labels")[r][k].item<int64_t>(), -100);
+          EXPECT_EQ(b.at("loss_mask")[r][k].item<float>(), 0.0f);
+        }
+      }
+    }
+  }
+  for (int c = 0; c < 10; ++c) EXPECT_EQ(seen[c], 2) << "conversation " << c;
+  // A mask store of other lengths is refused, naming the conversation.
+  lf::data::IndexedDatasetBuilder bad(d + "/bad_assistant_masks_document", lf::data::TokenDType::u8, 2);
+  lf::data::IndexedDatasetBuilder good(d + "/bad_input_ids_document", lf::data::TokenDType::u16, 50);
+  good.add_document(std::vector<int32_t>{1, 2, 3}, std::vector<int32_t>{3});
+  bad.add_document(std::vector<int32_t>{0, 1}, std::vector<int32_t>{2});
+  good.finalize();
+  bad.finalize();
+  o.prefix = d + "/bad";
+  try {
+    lf::tools::make_sft_sources(o);
+    FAIL() << "a store with mismatched masks was accepted";
+  } catch (const lf::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("conversation 0 has 3 tokens but 2 mask entries"), std::string::npos) << e.what();
+  }
+}
+
+// The loss counts answer tokens only: a prompt token's label can be anything, an answer token's
+// changes the loss.
+TEST(SftSource, OnlyAnswerLabelsReachTheLoss) {
+  const std::string d = lf::testing::make_temp_dir("sft_loss");
+  const SftStore st = write_sft_store(d, 6, 50);
+  lf::tools::SftOptions o;
+  o.prefix = st.prefix;
+  o.seq_length = 16;
+  o.micro_batch = 3;
+  o.train_samples = 3;
+  auto batch = lf::tools::make_sft_sources(o).train->next();
+  lf::models::DecoderConfig c;
+  c.num_layers = 2;
+  c.hidden_size = 32;
+  c.ffn_hidden_size = 48;
+  c.num_attention_heads = 4;
+  c.num_query_groups = 2;
+  c.vocab_size = 50;
+  c.max_position_embeddings = 16;
+  lf::models::CausalLm model(c, lf::backend::cpu_backend(), 11, at::kFloat);
+  model.set_training(false);
+  auto loss = [&](const lf::data::Batch& b) {
+    at::NoGradGuard g;
+    auto out = model.forward_step(b, lf::models::Pass::train);
+    return out.losses.at(0).sum.item<double>();
+  };
+  const double base = loss(batch);
+  const at::Tensor mask = batch.at("loss_mask");
+  int64_t prompt = -1, answer = -1;
+  for (int64_t k = 0; k < 16; ++k) {
+    if (batch.at("labels")[0][k].item<int64_t>() < 0) break;
+    if (mask[0][k].item<float>() == 0 && prompt < 0) prompt = k;
+    if (mask[0][k].item<float>() == 1 && answer < 0) answer = k;
+  }
+  ASSERT_GE(prompt, 0);
+  ASSERT_GE(answer, 0);
+  auto with_label = [&](int64_t k) {
+    lf::data::Batch b = batch;
+    at::Tensor labels = batch.at("labels").clone();
+    labels[0][k] = (labels[0][k].item<int64_t>() + 17) % 50;
+    b.set("labels", labels, 1);
+    return b;
+  };
+  EXPECT_EQ(loss(with_label(prompt)), base) << "a prompt token's label changed the loss";
+  EXPECT_NE(loss(with_label(answer)), base) << "an answer token's label did not change the loss";
+  EXPECT_EQ(model.loss_counts(batch).at("lm loss"), mask.sum().item<double>());
 }
 
 }  // namespace

@@ -11,7 +11,9 @@
 #include "loongforge/core/error.h"
 #include "loongforge/models/composites/causal_lm.h"
 #include "loongforge/models/hf_adapter.h"
+#include "loongforge/models/lora_io.h"
 #include "loongforge/train/checkpoint.h"
+#include "loongforge/train/checkpoint_format.h"
 
 namespace lf::tools::convert {
 namespace {
@@ -76,6 +78,7 @@ void run_hf2lf(const Hf2LfArgs& a) {
 struct Lf2HfArgs {
   std::string load, out, dtype = "bf16", architecture, max_shard_size = "5GB";
   int64_t iteration = -1;
+  bool merge_lora = false;
 };
 
 void run_lf2hf(const Lf2HfArgs& a) {
@@ -86,6 +89,34 @@ void run_lf2hf(const Lf2HfArgs& a) {
   lf::train::FullModel m = lf::train::read_model_checkpoint(a.load, a.iteration);
   const auto config = hf::config_from_model_section(
       m.config_yaml, a.load + " (iteration " + std::to_string(m.iteration) + ", config.yaml)");
+  const auto resolved = lf::train::ckpt::resolve_checkpoint_dir(a.load, a.iteration);
+  const auto base = resolved ? lf::train::checkpoint_base(*resolved) : std::nullopt;
+  LF_CHECK(base || !a.merge_lora, "--merge-lora: ", a.load, " holds no LoRA adapters (a full checkpoint)",
+           lf::hint("drop --merge-lora"));
+  if (base) {
+    // A LoRA run: its adapters here, the frozen base where the checkpoint says.
+    const auto now = lf::train::base_checkpoint_of(base->dir);
+    LF_CHECK(now.manifest_crc32 == base->manifest_crc32, "the LoRA checkpoint ", *resolved, " was trained on the base ",
+             base->dir, ", which now holds different weights",
+             lf::hint("restore the original base checkpoint; adapters trained on other weights do not transfer"));
+    const auto spec = lf::models::lora_spec_from_job_yaml(m.config_yaml, *resolved + "/config.yaml");
+    LF_CHECK(spec.enabled(), *resolved, " names a base but its config.yaml has no lora section");
+    lf::train::FullModel b = lf::train::read_model_checkpoint(base->dir);
+    if (a.merge_lora) {
+      hf::write_hf(a.out, config, lf::models::merge_lora(b.tensors, spec, m.tensors, config), options);
+      std::printf("exported %s merged with the LoRA adapters of iteration %lld of %s to %s as %s\n", base->dir.c_str(),
+                  static_cast<long long>(m.iteration), a.load.c_str(), a.out.c_str(), a.dtype.c_str());
+    } else {
+      hf::write_hf(a.out, config, b.tensors, options);
+      const std::string adapter = (std::filesystem::path(a.out) / "adapter").string();
+      lf::models::write_peft_adapter(adapter, spec, m.tensors,
+                                     std::filesystem::absolute(a.out).lexically_normal().string());
+      std::printf("exported the base %s to %s as %s and the LoRA adapters (rank %lld) of iteration %lld to %s\n",
+                  base->dir.c_str(), a.out.c_str(), a.dtype.c_str(), static_cast<long long>(spec.rank),
+                  static_cast<long long>(m.iteration), adapter.c_str());
+    }
+    return;
+  }
   hf::write_hf(a.out, config, m.tensors, options);
   std::printf("exported iteration %lld of %s (%lld values) to %s as %s\n",
               static_cast<long long>(m.iteration), a.load.c_str(),
@@ -117,6 +148,9 @@ void add_lf2hf_command(CLI::App& app) {
   c->add_option("--architecture", args->architecture,
                 "HF architecture, e.g. Qwen3ForCausalLM (default: the one family that fits)");
   c->add_option("--max-shard-size", args->max_shard_size, "largest safetensors file (HF style: 5GB)");
+  c->add_flag("--merge-lora", args->merge_lora,
+              "a LoRA run: write the base with the adapters merged (default: the base, plus OUT/adapter/ in PEFT's "
+              "format)");
   c->callback([args] { run_lf2hf(*args); });
 }
 

@@ -24,12 +24,14 @@
 #include "loongforge/data/tokenizer.h"
 #include "loongforge/models/generation.h"
 #include "loongforge/models/hf_adapter.h"
+#include "loongforge/models/lora_io.h"
 #include "loongforge/train/checkpoint.h"
+#include "loongforge/train/checkpoint_format.h"
 
 namespace {
 
 struct Options {
-  std::string load, tokenizer_type, tokenizer_model, prompt, eval_file, input_ids, dump_logits;
+  std::string load, tokenizer_type, tokenizer_model, prompt, eval_file, input_ids, dump_logits, lora_adapter;
   std::vector<std::string> stop;
   int64_t iteration = -1, eval_limit = 0;
   bool bf16 = false, no_kv_cache = false, verbose = false;
@@ -40,6 +42,8 @@ struct Loaded {
   lf::models::DecoderConfig config;
   std::map<std::string, at::Tensor> tensors;
   std::string what;
+  lf::models::LoraSpec lora;                   // a LoRA checkpoint's (or --lora-adapter's) settings
+  std::map<std::string, at::Tensor> adapters;  // and its adapters, our names
 };
 
 // A LoongForge checkpoint directory or an HF model directory (config.json + safetensors).
@@ -55,8 +59,22 @@ Loaded load_model(const std::string& dir, int64_t iteration) {
   } else {
     auto m = lf::train::read_model_checkpoint(dir, iteration);
     out.config = lf::models::hf::config_from_model_section(m.config_yaml, dir + " (checkpoint config)");
-    for (auto& [name, t] : m.tensors) out.tensors[name] = t;
     out.what = "LoongForge checkpoint " + dir + " iteration " + std::to_string(m.iteration);
+    const auto resolved = lf::train::ckpt::resolve_checkpoint_dir(dir, iteration);
+    if (const auto base = resolved ? lf::train::checkpoint_base(*resolved) : std::nullopt) {
+      // A LoRA checkpoint: the adapters here, the base weights where it says.
+      const auto now = lf::train::base_checkpoint_of(base->dir);
+      LF_CHECK(now.manifest_crc32 == base->manifest_crc32, "the LoRA checkpoint ", *resolved, " was trained on the base ",
+               base->dir, ", which now holds different weights",
+               lf::hint("restore the original base checkpoint; adapters trained on other weights do not transfer"));
+      out.lora = lf::models::lora_spec_from_job_yaml(m.config_yaml, *resolved + "/config.yaml");
+      LF_CHECK(out.lora.enabled(), *resolved, " names a base but its config.yaml has no lora section");
+      for (auto& [name, t] : m.tensors) out.adapters[name] = t;
+      for (auto& [name, t] : lf::train::read_model_checkpoint(base->dir).tensors) out.tensors[name] = t;
+      out.what += " (LoRA rank " + std::to_string(out.lora.rank) + " on " + base->dir + ")";
+    } else {
+      for (auto& [name, t] : m.tensors) out.tensors[name] = t;
+    }
   }
   return out;
 }
@@ -114,6 +132,19 @@ int run(Options& o) {
   lf::models::CausalLm model(loaded.config, be, 0, o.bf16 ? at::kBFloat16 : at::kFloat);
   model.load_full_parameters(loaded.tensors);
   loaded.tensors.clear();
+  if (!o.lora_adapter.empty()) {
+    LF_CHECK(!loaded.lora.enabled(), "--lora-adapter: ", o.load, " is a LoRA checkpoint with adapters of its own",
+             lf::hint("give the base model as --load"));
+    auto adapter = lf::models::read_peft_adapter(o.lora_adapter, loaded.config);
+    loaded.lora = adapter.spec;
+    for (auto& [name, t] : adapter.tensors) loaded.adapters[name] = t;
+    loaded.what += " + PEFT adapter " + o.lora_adapter + " (rank " + std::to_string(adapter.spec.rank) + ")";
+  }
+  if (loaded.lora.enabled()) {
+    model.add_lora(loaded.lora, 0);
+    model.load_full_lora(loaded.adapters);
+    loaded.adapters.clear();
+  }
   model.set_training(false);
   LF_INFO("loaded ", loaded.what, " (", loaded.config.num_parameters(), " parameters, ", be.name(), ", ",
           o.bf16 ? "bf16" : "fp32", ") in ",
@@ -187,6 +218,8 @@ int main(int argc, char** argv) {
   CLI::App app{"loongforge-generate: sample from a LoongForge checkpoint or an HF model"};
   app.add_option("--load", o.load, "Checkpoint directory (LoongForge or HF)")->required();
   app.add_option("--iteration", o.iteration, "Checkpoint iteration (default: the latest)");
+  app.add_option("--lora-adapter", o.lora_adapter,
+                 "A PEFT LoRA adapter directory (adapter_config.json + adapter_model.safetensors) applied to --load");
   app.add_option("--tokenizer-type", o.tokenizer_type, "ByteTokenizer or HuggingFaceTokenizer");
   app.add_option("--tokenizer-model", o.tokenizer_model, "tokenizer.json or its directory");
   app.add_option("--prompt", o.prompt, "Text to continue");

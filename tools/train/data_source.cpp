@@ -3,10 +3,15 @@
 #include <ATen/Functions.h>
 #include <ATen/TensorOperators.h>
 
+#include <algorithm>
+#include <filesystem>
+#include <random>
 #include <sstream>
 
 #include "loongforge/core/error.h"
+#include "loongforge/core/logging.h"
 #include "loongforge/data/blended_dataset.h"
+#include "loongforge/data/indexed_dataset.h"
 #include "loongforge/data/loader.h"
 #include "loongforge/data/sampler.h"
 
@@ -132,6 +137,178 @@ class SyntheticSource final : public lf::train::BatchSource {
   std::unique_ptr<lf::data::PretrainingSampler> sampler_;
 };
 
+// SFT: one conversation per sample from a `loongforge-data preprocess --conversations` store
+// (<prefix>_input_ids_document + <prefix>_assistant_masks_document, one sequence each). The
+// conversations [begin, end) of the split, in a new permutation every epoch (seeded), for as many
+// samples as the run needs. A sample of n tokens predicts tokens 1..n-1 from 0..n-2, the loss
+// counting where the predicted token is an answer token; rows are padded to seq_length (labels
+// -100, loss_mask 0) and conversations longer than seq_length + 1 tokens are cut.
+class SftConversations {
+ public:
+  SftConversations(const std::string& prefix, int64_t vocab_size)
+      : tokens_(prefix + "_input_ids_document"), masks_(prefix + "_assistant_masks_document") {
+    LF_CHECK(tokens_.num_sequences() == masks_.num_sequences(), "SFT store ", prefix, ": ", tokens_.num_sequences(),
+             " token sequences but ", masks_.num_sequences(), " mask sequences",
+             lf::hint("rewrite both with loongforge-data preprocess --conversations"));
+    for (int64_t i = 0; i < tokens_.num_sequences(); ++i)
+      LF_CHECK(tokens_.sequence_length(i) == masks_.sequence_length(i), "SFT store ", prefix, ": conversation ", i,
+               " has ", tokens_.sequence_length(i), " tokens but ", masks_.sequence_length(i), " mask entries",
+               lf::hint("rewrite both with loongforge-data preprocess --conversations"));
+    if (vocab_size > 0) tokens_.validate_tokens(vocab_size);
+  }
+  int64_t size() const { return tokens_.num_sequences(); }
+  int64_t length(int64_t i) const { return tokens_.sequence_length(i); }
+  void read(int64_t i, int64_t count, int64_t* tokens, int64_t* mask) const {
+    tokens_.read(i, 0, count, tokens);
+    masks_.read(i, 0, count, mask);
+  }
+
+ private:
+  lf::data::IndexedDataset tokens_, masks_;
+};
+
+class SftSource final : public lf::train::BatchSource {
+ public:
+  SftSource(std::shared_ptr<const SftConversations> data, int64_t begin, int64_t end, int64_t samples,
+            int64_t micro_batch, int64_t seq_length, int64_t pad_id, int dp_rank, int dp_size, uint64_t seed,
+            bool shuffle, std::string split)
+      : data_(std::move(data)), begin_(begin), end_(end), samples_(samples), micro_batch_(micro_batch),
+        seq_(seq_length), pad_(pad_id), dp_rank_(dp_rank), dp_size_(dp_size), seed_(seed), shuffle_(shuffle),
+        split_(std::move(split)) {
+    LF_CHECK(end_ > begin_, "the ", split_, " split of the SFT data has no conversations");
+    rewind();
+  }
+  lf::data::Batch next() override {
+    auto indices = sampler_->next_micro_batch();
+    LF_CHECK(indices.has_value(), "the SFT ", split_, " split ran out of samples (", samples_, ")",
+             lf::hint("this is a bug in the sample count; please report it"));
+    const int64_t b = static_cast<int64_t>(indices->size()), s = seq_;
+    at::Tensor tokens = at::full({b, s}, pad_, at::kLong), labels = at::full({b, s}, -100, at::kLong),
+               mask = at::zeros({b, s}, at::kFloat);
+    std::vector<int64_t> t(static_cast<size_t>(s + 1)), m(static_cast<size_t>(s + 1));
+    for (int64_t r = 0; r < b; ++r) {
+      const int64_t conv = conversation((*indices)[static_cast<size_t>(r)]);
+      const int64_t n = std::min(data_->length(conv), s + 1);
+      if (n < 2) continue;  // nothing to predict
+      data_->read(conv, n, t.data(), m.data());
+      auto* tp = tokens.data_ptr<int64_t>() + r * s;
+      auto* lp = labels.data_ptr<int64_t>() + r * s;
+      auto* mp = mask.data_ptr<float>() + r * s;
+      for (int64_t k = 0; k + 1 < n; ++k) {
+        tp[k] = t[static_cast<size_t>(k)];
+        lp[k] = t[static_cast<size_t>(k + 1)];
+        mp[k] = m[static_cast<size_t>(k + 1)] != 0 ? 1.0f : 0.0f;
+      }
+    }
+    lf::data::Batch batch;
+    batch.set("tokens", tokens, 1);
+    batch.set("labels", labels, 1);
+    batch.set("loss_mask", mask, 1);
+    batch.sample_indices = *indices;
+    return batch;
+  }
+  void rewind() override { seek(0); }
+  bool seek(int64_t consumed) override {
+    lf::data::PretrainingSampler::State state;
+    state.consumed_samples = consumed;
+    sampler_ = std::make_unique<lf::data::PretrainingSampler>(samples_, micro_batch_, dp_rank_, dp_size_, state);
+    return true;
+  }
+
+ private:
+  // Sample k: epoch k / n, position k % n of that epoch's permutation of the split.
+  int64_t conversation(int64_t k) {
+    const int64_t n = end_ - begin_, epoch = k / n;
+    if (!shuffle_) return begin_ + k % n;
+    if (epoch != perm_epoch_) {
+      perm_.resize(static_cast<size_t>(n));
+      for (int64_t i = 0; i < n; ++i) perm_[static_cast<size_t>(i)] = i;
+      std::mt19937_64 rng(seed_ * 1000003ull + static_cast<uint64_t>(epoch));
+      for (int64_t i = n - 1; i > 0; --i) {  // Fisher-Yates (std::shuffle's order is not specified)
+        const int64_t j = static_cast<int64_t>(rng() % static_cast<uint64_t>(i + 1));
+        std::swap(perm_[static_cast<size_t>(i)], perm_[static_cast<size_t>(j)]);
+      }
+      perm_epoch_ = epoch;
+    }
+    return begin_ + perm_[static_cast<size_t>(k % n)];
+  }
+
+  std::shared_ptr<const SftConversations> data_;
+  int64_t begin_, end_, samples_, micro_batch_, seq_, pad_;
+  int dp_rank_, dp_size_;
+  uint64_t seed_;
+  bool shuffle_;
+  std::string split_;
+  std::unique_ptr<lf::data::PretrainingSampler> sampler_;
+  std::vector<int64_t> perm_;
+  int64_t perm_epoch_ = -1;
+};
+
+}  // namespace
+
+DataSources make_sft_sources(const SftOptions& o) {
+  LF_CHECK(std::filesystem::exists(lf::data::idx_path(o.prefix + "_input_ids_document")),
+           "--training-phase sft: ", lf::data::idx_path(o.prefix + "_input_ids_document"), " does not exist",
+           lf::hint("data.data_path must be the --output-prefix of `loongforge-data preprocess --conversations`"));
+  auto data = std::make_shared<const SftConversations>(o.prefix, o.vocab_size);
+  const int64_t n = data->size();
+  // Contiguous ranges of conversations by the split proportions (train first), as Megatron splits
+  // documents.
+  double total = 0;
+  for (double w : o.split) total += w;
+  LF_CHECK(total > 0, "the SFT split proportions sum to ", total);
+  std::vector<int64_t> bounds{0};
+  double acc = 0;
+  for (size_t k = 0; k < 3; ++k) {
+    acc += k < o.split.size() ? o.split[k] : 0.0;
+    bounds.push_back(k == 2 ? n
+                            : std::min<int64_t>(n, static_cast<int64_t>(std::llround(acc / total * static_cast<double>(n)))));
+  }
+  int64_t cut = 0;
+  for (int64_t i = bounds[0]; i < bounds[1]; ++i) cut += data->length(i) > o.seq_length + 1;
+  if (o.log) {
+    LF_INFO("SFT data ", o.prefix, ": ", n, " conversations (train ", bounds[1] - bounds[0], ", valid ",
+            bounds[2] - bounds[1], "), one per row padded to ", o.seq_length, " tokens");
+    if (cut > 0)
+      LF_WARN(cut, " training conversations are longer than --seq-length + 1 = ", o.seq_length + 1,
+              " tokens and are cut (their tail's answer tokens do not train)");
+  }
+  DataSources out;
+  out.train = std::make_unique<SftSource>(data, bounds[0], bounds[1], o.train_samples, o.micro_batch, o.seq_length,
+                                          o.pad_id, o.dp_rank, o.dp_size, o.seed, true, "train");
+  if (o.valid_samples > 0 && bounds[2] > bounds[1])
+    out.valid = std::make_unique<SftSource>(data, bounds[1], bounds[2], o.valid_samples, o.micro_batch, o.seq_length,
+                                            o.pad_id, o.dp_rank, o.dp_size, o.seed, false, "valid");
+  return out;
+}
+
+namespace {
+
+DataSources make_sft_sources_for(const lf::config::JobConfig& job, const lf::models::ModelPlan& plan,
+                                 const lf::dist::ParallelContext& ctx, std::optional<int64_t> eod) {
+  const auto& t = job.training;
+  const auto& d = job.data;
+  LF_CHECK(d.data_path.size() == 1, "--training-phase sft reads one conversations store, data.data_path has ",
+           d.data_path.size(), " entries",
+           lf::hint("preprocess every conversations file into one store (loongforge-data preprocess --conversations) "
+                    "and pass its prefix"));
+  const int dp = ctx.dp_size();
+  SftOptions o;
+  o.prefix = d.data_path[0];
+  o.split = d.split;
+  o.seq_length = t.seq_length;
+  o.micro_batch = t.micro_batch_size;
+  o.train_samples = t.train_iters * t.global_batch_size.value_or(t.micro_batch_size * dp);
+  o.valid_samples = t.eval_iters > 0 ? t.eval_iters * t.micro_batch_size * dp : 0;
+  o.vocab_size = plan.data_needs().vocab_size;
+  o.dp_rank = ctx.dp_rank();
+  o.dp_size = dp;
+  o.seed = static_cast<uint64_t>(t.seed);
+  o.pad_id = eod.value_or(0);
+  o.log = ctx.global_rank() == 0;
+  return make_sft_sources(o);
+}
+
 std::string split_string(const std::vector<double>& split) {
   std::ostringstream os;
   for (size_t i = 0; i < split.size(); ++i) os << (i ? "," : "") << split[i];
@@ -149,6 +326,7 @@ DataSources make_data_sources(const lf::config::JobConfig& job, const lf::models
   const int64_t train_samples = t.train_iters * global_batch;
   const int64_t valid_samples = t.eval_iters > 0 ? t.eval_iters * t.micro_batch_size * dp : 0;
   const uint64_t seed = static_cast<uint64_t>(t.seed);
+  if (job.training.training_phase == "sft") return make_sft_sources_for(job, plan, ctx, eod);
   DataSources out;
   if (!needs.token_data) {
     out.train = std::make_unique<SyntheticSource>(plan, train_samples, t.micro_batch_size, ctx.dp_rank(), dp, seed);

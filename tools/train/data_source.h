@@ -8,6 +8,8 @@
 
 #include <memory>
 #include <optional>
+#include <string>
+#include <vector>
 
 #include "loongforge/core/config/job_config.h"
 #include "loongforge/dist/parallel_context.h"
@@ -24,6 +26,25 @@ struct DataSources {
 // reset/eod flags.
 DataSources make_data_sources(const lf::config::JobConfig& job, const lf::models::ModelPlan& plan,
                               const lf::dist::ParallelContext& ctx, std::optional<int64_t> eod);
+
+// SFT (--training-phase sft): one conversation per sample from the store `prefix`
+// (<prefix>_input_ids_document + <prefix>_assistant_masks_document, written by `loongforge-data
+// preprocess --conversations`). The split proportions cut the conversations into contiguous
+// train / valid ranges; the train samples visit the train range in a new seeded permutation per
+// epoch. Row r of a micro-batch: tokens = conversation[0 .. n-2], labels = conversation[1 .. n-1],
+// loss_mask = the answer mask of the labels (a token counts when it is an answer token), padded to
+// seq_length with pad_id / label -100 / mask 0; n = min(length, seq_length + 1).
+struct SftOptions {
+  std::string prefix;
+  std::vector<double> split{1};
+  int64_t seq_length = 0, micro_batch = 1, train_samples = 0, valid_samples = 0;
+  int64_t vocab_size = 0;  // > 0: every token id is checked below it
+  int dp_rank = 0, dp_size = 1;
+  uint64_t seed = 0;
+  int64_t pad_id = 0;
+  bool log = false;
+};
+DataSources make_sft_sources(const SftOptions& options);
 
 // Megatron's masks and positions of token rows: loss_mask 0 where the input token is eod
 // (eod_mask_loss); position_ids restarting after each eod; document_ids counting the eods before

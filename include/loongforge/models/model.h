@@ -39,6 +39,9 @@ struct ParameterGroup {
   // its TP group for sequence-parallel parameters; checkpoints name files by its coordinates.
   const lf::dist::ParallelContext* context = nullptr;
   bool trainable = true;  // false: frozen (no gradients, no optimizer state; weights are saved)
+  // The frozen base of an adapter (LoRA) run: its weights come from the base checkpoint the run's
+  // checkpoints name, and are not saved with them.
+  bool base = false;
 };
 
 // One loss term of one micro-batch: the sum over its units (tokens, samples); the trainer divides

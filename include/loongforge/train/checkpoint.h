@@ -33,7 +33,21 @@ struct CheckpointGroup {
   const std::vector<lf::parallel::Parameter>* params = nullptr;
   const lf::dist::ParallelContext* context = nullptr;
   int buffer = -1;  // index into Optimizer::buffers(); -1: frozen (weights only)
+  bool from_base = false;  // an adapter run's frozen base: not saved (the checkpoint names its base)
 };
+
+// The base checkpoint an adapter (LoRA) run trains on, recorded in its checkpoints' state.json:
+// the base's iter_* directory and the CRC-32 of its manifest.json (which holds every file's CRC),
+// so that a resume finds the same base or stops.
+struct BaseCheckpoint {
+  std::string dir;
+  uint32_t manifest_crc32 = 0;
+};
+// The record of the checkpoint `load_dir` resolves to (a directory holding a manifest or a tracker).
+// Throws naming the path when there is none.
+BaseCheckpoint base_checkpoint_of(const std::string& load_dir);
+// The base an adapter checkpoint names (nullopt: a full checkpoint).
+std::optional<BaseCheckpoint> checkpoint_base(const std::string& checkpoint_dir);
 
 // The scalar progress of a run that a checkpoint stores besides tensors.
 struct TrainingProgress {
@@ -60,6 +74,7 @@ struct SaveOptions {
   std::string config_yaml;           // the resolved configuration, stored as config.yaml
   int64_t global_batch_size = 0, seq_length = 0;  // recorded in state.json
   SaveHooks* hooks = nullptr;                      // tests only
+  std::optional<BaseCheckpoint> base;              // adapter runs: the base, into state.json
 };
 
 // Saves the checkpoints of one job. Every method is collective over the job's world (all ranks

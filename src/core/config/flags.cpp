@@ -59,6 +59,7 @@ const std::vector<FlagSpec> kTable = {
   {"--eval-iters", "training.eval_iters", K::value, "N", ""},
   {"--exit-interval", "training.exit_interval", K::value, "N", ""},
   {"--exit-duration-in-mins", "training.exit_duration_in_mins", K::value, "MIN", ""},
+  {"--training-phase", "training.training_phase", K::value, "pretrain|sft", ""},
   // optimizer
   {"--optimizer", "optimizer.optimizer", K::value, "adam|sgd", ""},
   {"--lr", "optimizer.lr", K::value, "LR", ""},
@@ -91,6 +92,7 @@ const std::vector<FlagSpec> kTable = {
   {"--reset-position-ids", "data.reset_position_ids", K::store_true, "", ""},
   {"--reset-attention-mask", "data.reset_attention_mask", K::store_true, "", ""},
   {"--eod-mask-loss", "data.eod_mask_loss", K::store_true, "", ""},
+  {"--packing-sft-data", "data.packing_sft_data", K::store_true, "", ""},
   // checkpoint
   {"--save", "checkpoint.save", K::value, "DIR", ""},
   {"--load", "checkpoint.load", K::value, "DIR", ""},
@@ -104,6 +106,13 @@ const std::vector<FlagSpec> kTable = {
   {"--ckpt-keep-last", "checkpoint.ckpt_keep_last", K::value, "N", ""},
   {"--async-save", "checkpoint.async_save", K::store_true, "", ""},
   {"--save-hf", "checkpoint.save_hf", K::value, "DIR", ""},
+  {"--pretrained-checkpoint", "checkpoint.pretrained_checkpoint", K::value, "DIR", ""},
+  // LoRA
+  {"--lora-rank", "lora.rank", K::value, "R", ""},
+  {"--lora-alpha", "lora.alpha", K::value, "ALPHA", ""},
+  {"--lora-dropout", "lora.dropout", K::value, "P", ""},
+  {"--lora-target-modules", "lora.target_modules", K::list, "MODULE ...", ""},
+  {"--use-rslora", "lora.use_rslora", K::store_true, "", ""},
   // logging
   {"--log-interval", "logging.log_interval", K::value, "N", ""},
   {"--metrics-file", "logging.metrics_file", K::value, "PATH", ""},

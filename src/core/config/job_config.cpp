@@ -213,6 +213,58 @@ void validate(const JobConfig& job, const Node& resolved, ErrorList& errors) {
              "data.data_path starts with a weight, so it must alternate weight, prefix: " + c.show("data.data_path"),
              "write [0.3, prefixA, 0.7, prefixB] or list prefixes only");
   }
+  // Fine-tuning: SFT data and LoRA.
+  const bool sft = c.ok({"training.training_phase"}) && t.training_phase == "sft";
+  if (c.ok({"data.packing_sft_data"}) && d.packing_sft_data)
+    c.fail("data.packing_sft_data",
+           "packing SFT conversations needs attention that stays within each conversation without an [s, s] mask "
+           "(the long-context work); it is not built yet, and packing without it would let answers attend to other "
+           "conversations",
+           "drop --packing-sft-data: each conversation is padded to --seq-length in its own row");
+  if (sft && c.ok({"data.mock_data"}) && d.mock_data)
+    c.fail("training.training_phase",
+           "--training-phase sft trains on conversations with answer masks; mock data has none",
+           "preprocess a conversations file with `loongforge-data preprocess --conversations` and pass --data-path");
+  if (sft && c.ok({"data.valid_data_path"}) && !d.valid_data_path.empty())
+    c.fail("data.valid_data_path",
+           "--training-phase sft validates on the valid part of --split over its conversations store",
+           "drop --valid-data-path and give the validation share in --split (e.g. --split 95,5,0)");
+  if (sft)
+    for (const char* key : {"data.reset_position_ids", "data.reset_attention_mask", "data.eod_mask_loss"})
+      if (c.ok({key}) && c.given(key))
+        c.fail(key,
+               std::string(key) + " acts on end-of-document tokens inside packed pretraining rows; an SFT row holds "
+                                  "one conversation and its loss mask comes from the chat template",
+               "drop it with --training-phase sft");
+  if (c.ok({"lora.rank", "checkpoint.save_hf"}) && job.lora.rank > 0 && job.checkpoint.save_hf)
+    c.fail("checkpoint.save_hf",
+           "--save-hf writes the model's full weights, and a LoRA run trains adapters on a frozen base: the export "
+           "would silently leave the adapters out",
+           "drop --save-hf and export the saved checkpoint with `loongforge-convert lf2hf` (base + PEFT adapter/, or "
+           "--merge-lora for merged weights)");
+  if (c.ok({"lora.rank"})) {
+    const auto& l = job.lora;
+    if (l.rank == 0) {
+      for (const char* key : {"lora.alpha", "lora.dropout", "lora.target_modules", "lora.use_rslora"})
+        if (c.ok({key}) && c.given(key))
+          c.fail(key, std::string(key) + " is set but lora.rank is 0 (no adapters): it would do nothing",
+                 "add --lora-rank R to train LoRA adapters, or drop it");
+    } else if (c.ok({"lora.target_modules"})) {
+      static const std::set<std::string> known = {"q_proj", "k_proj", "v_proj", "o_proj",
+                                                  "gate_proj", "up_proj", "down_proj", "all-linear"};
+      if (l.target_modules.empty())
+        c.fail("lora.target_modules", "lora.target_modules is empty: no layer would get an adapter",
+               "e.g. --lora-target-modules q_proj k_proj v_proj o_proj");
+      std::set<std::string> seen;
+      for (const auto& m : l.target_modules) {
+        if (!known.count(m))
+          c.fail("lora.target_modules", "unknown LoRA target module '" + m + "' in " + c.show("lora.target_modules"),
+                 "use PEFT's names: q_proj k_proj v_proj o_proj gate_proj up_proj down_proj, or all-linear");
+        else if (!seen.insert(m).second)
+          c.fail("lora.target_modules", "LoRA target module '" + m + "' is listed twice", "list each module once");
+      }
+    }
+  }
   double split_sum = std::accumulate(d.split.begin(), d.split.end(), 0.0);
   if (c.ok({"data.split"}) && (d.split.empty() || d.split.size() > 3 || split_sum <= 0))
     c.fail("data.split", "data.split must hold 1 to 3 proportions (train, validation, test) with a positive sum: " +

@@ -77,7 +77,8 @@ SelfAttention::SelfAttention(ParamBuilder& b, const std::string& prefix, const A
 }
 
 at::Tensor SelfAttention::forward(const lf::backend::DeviceBackend& be, const lf::parallel::TensorParallel& tp,
-                                  const at::Tensor& x, const AttentionInputs& in, size_t i) const {
+                                  const at::Tensor& x, const AttentionInputs& in, size_t i,
+                                  const LoraInputs* lora) const {
   const int64_t d = c_.head_dim, groups = c_.num_groups / tp.size(), per_group = c_.num_heads / c_.num_groups,
                 nq = groups * per_group;  // this rank's heads
   auto qkv = lf::parallel::column_parallel_linear(x, qkv_, qkv_bias_, tp);  // [s, b, groups (pg+2) d]
@@ -88,6 +89,14 @@ at::Tensor SelfAttention::forward(const lf::backend::DeviceBackend& be, const lf
   // A copy, not a view: attention saves v for backward, and a view would keep all of qkv alive
   // (q and k are copies already), (nq + 2 nkv) / nkv times the bytes v needs.
   auto v = qkv.select(3, per_group + 1).contiguous();
+  const LayerLora* ad = lora ? lora->adapters : nullptr;
+  if (ad) {
+    // PEFT's q_proj/k_proj/v_proj: this rank's heads of each, added to the split projection.
+    at::Generator* gen = lora->column_gen(tp);
+    if ((*ad)[LoraModule::q_proj].on()) q = q + (*ad)[LoraModule::q_proj].forward(tp, x, gen).view({s, b, nq, d});
+    if ((*ad)[LoraModule::k_proj].on()) k = k + (*ad)[LoraModule::k_proj].forward(tp, x, gen).view({s, b, groups, d});
+    if ((*ad)[LoraModule::v_proj].on()) v = v + (*ad)[LoraModule::v_proj].forward(tp, x, gen).view({s, b, groups, d});
+  }
   KvCache* cache = in.cache;
   ChunkAttention* chunk = in.chunk;
   // Core attention: QK norm, RoPE, softmax(QK^T) V. [s, b, n, d] -> [s, b, nq d]
@@ -118,7 +127,9 @@ at::Tensor SelfAttention::forward(const lf::backend::DeviceBackend& be, const lf
   } else {
     o = core(q, k, v);
   }
-  return lf::parallel::row_parallel_linear(o, proj_, proj_bias_, tp);
+  auto out = lf::parallel::row_parallel_linear(o, proj_, proj_bias_, tp);
+  if (ad && (*ad)[LoraModule::o_proj].on()) out = out + (*ad)[LoraModule::o_proj].forward(tp, o, lora->row_gen(tp));
+  return out;
 }
 
 CrossAttention::CrossAttention(ParamBuilder& b, const std::string& prefix, const AttentionConfig& c,

@@ -1,6 +1,7 @@
 #include "loongforge/models/blocks/mlp.h"
 
 #include <ATen/Functions.h>
+#include <ATen/TensorOperators.h>
 
 #include "loongforge/backend/functional.h"
 #include "loongforge/models/recompute.h"
@@ -17,15 +18,27 @@ Mlp::Mlp(ParamBuilder& b, const std::string& prefix, const MlpConfig& c) : c_(c)
 }
 
 at::Tensor Mlp::forward(const lf::backend::DeviceBackend& be, const lf::parallel::TensorParallel& tp,
-                        const at::Tensor& x, bool selective_recompute) const {
+                        const at::Tensor& x, bool selective_recompute, const LoraInputs* lora) const {
   auto fc1 = lf::parallel::column_parallel_linear(x, fc1_, fc1_bias_, tp);  // [s, b, (2) f / tp]
+  const LayerLora* ad = lora ? lora->adapters : nullptr;
+  if (ad && ((*ad)[LoraModule::gate_proj].on() || (*ad)[LoraModule::up_proj].on())) {
+    // fc1 is [gate_r; up_r] on this rank: PEFT's gate_proj / up_proj adapters add to each half.
+    const int64_t half = fc1.size(-1) / 2;
+    at::Generator* gen = lora->column_gen(tp);
+    at::Tensor gate = fc1.narrow(-1, 0, half), up = fc1.narrow(-1, half, half);
+    if ((*ad)[LoraModule::gate_proj].on()) gate = gate + (*ad)[LoraModule::gate_proj].forward(tp, x, gen);
+    if ((*ad)[LoraModule::up_proj].on()) up = up + (*ad)[LoraModule::up_proj].forward(tp, x, gen);
+    fc1 = at::cat({gate, up}, -1);
+  }
   const bool swiglu = c_.swiglu;
   const lf::backend::DeviceBackend* bep = &be;  // the lambda may run again in backward
   auto act = [bep, swiglu](const at::Tensor& t) { return swiglu ? lf::ops::swiglu(*bep, t) : lf::ops::gelu(*bep, t); };
   at::Tensor a = selective_recompute
                      ? lf::models::recompute([act](const std::vector<at::Tensor>& t) { return act(t[0]); }, {fc1})
                      : act(fc1);
-  return lf::parallel::row_parallel_linear(a, fc2_, fc2_bias_, tp);
+  auto out = lf::parallel::row_parallel_linear(a, fc2_, fc2_bias_, tp);
+  if (ad && (*ad)[LoraModule::down_proj].on()) out = out + (*ad)[LoraModule::down_proj].forward(tp, a, lora->row_gen(tp));
+  return out;
 }
 
 }  // namespace lf::models

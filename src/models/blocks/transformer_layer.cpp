@@ -36,13 +36,16 @@ at::Tensor TransformerLayer::forward(const at::Tensor& x, const AttentionInputs&
   const auto& be = *lc.backend;
   AttentionInputs a = in;
   a.selective_recompute = lc.recompute.granularity == RecomputeOptions::Granularity::selective;
+  LoraInputs lora{&lora_, lc.rng, lc.training};
+  const LoraInputs* lp = lora_.any() ? &lora : nullptr;
   auto normed_in = input_norm_(be, x);
-  auto attn = c_.mla ? mla_.forward(be, *lc.tp, normed_in, a, layer) : attention_.forward(be, *lc.tp, normed_in, a, layer);
+  auto attn = c_.mla ? mla_.forward(be, *lc.tp, normed_in, a, layer)
+                     : attention_.forward(be, *lc.tp, normed_in, a, layer, lp);
   auto y = x + hidden_dropout(attn, c_.hidden_dropout, lc);
   auto normed = pre_mlp_norm_(be, y);
   auto mlp = c_.moe ? moe_.forward(be, *lc.tp, normed, lc.training, a.selective_recompute, lc.moe, moe_index_,
                                    lc.moe_layers)
-                    : mlp_.forward(be, *lc.tp, normed, a.selective_recompute);
+                    : mlp_.forward(be, *lc.tp, normed, a.selective_recompute, lp);
   return y + hidden_dropout(mlp, c_.hidden_dropout, lc);
 }
 

@@ -5,6 +5,9 @@
 #include <ATen/TensorOperators.h>
 #include <ATen/core/grad_mode.h>
 
+#include <cstdlib>
+#include <set>
+
 #include "loongforge/backend/functional.h"
 #include "loongforge/backend/registry.h"
 #include "loongforge/core/error.h"
@@ -117,6 +120,20 @@ std::map<std::string, lf::parallel::Sharding> causal_lm_shardings(const DecoderC
   return out;
 }
 
+void CausalLm::add_lora(const LoraSpec& spec, uint64_t seed) {
+  LF_CHECK(!lora_.enabled(), "CausalLm::add_lora: the model has LoRA adapters already");
+  if (!spec.enabled()) return;
+  LF_CHECK(!params_.empty(), "CausalLm::add_lora: no parameters on this rank");
+  ParamBuilder b(at::make_generator<at::CPUGeneratorImpl>(component_seed(seed, "lora")),
+                 params_.front().tensor.scalar_type(), backend_.device(), foundation_.tp(), true);
+  foundation_.add_lora(b, spec);
+  lora_params_ = b.take();
+  lora_ = spec;
+  // The base is frozen: its tensors (shared with the layers) stop requiring grad.
+  for (auto& p : params_) p.tensor.set_requires_grad(false);
+  trainable_ = false;
+}
+
 std::vector<ParameterGroup> CausalLm::parameter_groups() const {
   // Model state (MoE expert biases) travels as a frozen group: saved and loaded, never trained.
   // Expert-parallel expert weights on the experts' own layout (reduced over expert-DP, files named
@@ -127,6 +144,11 @@ std::vector<ParameterGroup> CausalLm::parameter_groups() const {
   std::vector<ParameterGroup> out{weights};
   if (!experts.params.empty()) out.push_back(experts);
   if (!state.params.empty()) out.push_back(state);
+  // LoRA adapters: the only trainable group; they follow the dense layers' layout.
+  if (lora_.enabled()) {
+    for (auto& g : out) g.base = true;
+    out.push_back({"lora", lora_params_, parallel_, true});
+  }
   return out;
 }
 
@@ -377,6 +399,37 @@ at::Tensor CausalLm::stage_forward_chunk(const at::Tensor& input, const at::Tens
   if (!st.last || !with_head) return x;
   auto logits = head_.local_logits(foundation_.final_norm(x));
   return labels.defined() ? head_.loss(logits, labels) : head_.full_logits(logits);
+}
+
+void CausalLm::load_full_lora(const std::map<std::string, at::Tensor>& full) {
+  at::NoGradGuard no_grad;
+  LF_CHECK(lora_.enabled(), "load_full_lora: the model has no LoRA adapters",
+           lf::hint("build it with add_lora (the adapter's rank and target modules) first"));
+  std::set<std::string> mine;
+  for (auto& p : lora_params_) {
+    mine.insert(p.name);
+    auto it = full.find(p.name);
+    LF_CHECK(it != full.end(), "LoRA adapter tensor ", p.name, " is missing",
+             lf::hint("the adapter was trained with other target modules or layers"));
+    const auto want = p.full_shape();
+    LF_CHECK(it->second.sizes().vec() == want, "LoRA adapter tensor ", p.name, " has shape ", it->second.sizes(),
+             ", the model needs ", c10::IntArrayRef(want),
+             lf::hint("the adapter's rank or the base model's sizes differ"));
+    p.tensor.copy_(p.sharding.shard(it->second, p.tp_rank, p.tp_size));
+  }
+  for (const auto& [name, t] : full) {
+    if (mine.count(name)) continue;
+    const std::string layers = "decoder.layers.";
+    bool other_stage = false;
+    if (name.rfind(layers, 0) == 0) {
+      const int64_t i = std::atoll(name.c_str() + layers.size());
+      bool here = false;
+      for (const auto& r : foundation_.stage().chunks) here = here || (i >= r.begin && i < r.end);
+      other_stage = !here && i < config().num_layers;
+    }
+    LF_CHECK(other_stage, "LoRA adapter tensor ", name, " has no place in this model",
+             lf::hint("the adapter targets modules this run does not (--lora-target-modules) or another model"));
+  }
 }
 
 void CausalLm::load_full_parameters(const std::map<std::string, at::Tensor>& full) {

@@ -79,6 +79,23 @@ CausalLmPlan::CausalLmPlan(std::shared_ptr<const ModelConfig> config, const Plan
                    "(--reset-position-ids / --reset-attention-mask) it would predict across document boundaries",
                    "drop --reset-position-ids / --reset-attention-mask, or --mtp-num-layers");
     }
+    if (job_.lora.rank > 0) {
+      const auto spec = lora_spec();
+      const std::string key = "lora.target_modules";
+      for (LoraModule m : spec.targets) {
+        if (is_attention_module(m) && foundation_.multi_latent_attention)
+          errors.add(key, origin(key),
+                     std::string("LoRA target ") + lora_module_name(m) +
+                         ": this model uses multi-latent attention, whose projections are not q/k/v/o_proj",
+                     "target the MLP modules only, e.g. --lora-target-modules gate_proj up_proj down_proj");
+        if (!is_attention_module(m) && (foundation_.is_moe() || !foundation_.swiglu))
+          errors.add(key, origin(key),
+                     std::string("LoRA target ") + lora_module_name(m) + ": this model's MLP is " +
+                         (foundation_.is_moe() ? "a mixture of experts" : "a GELU MLP") +
+                         ", not gate/up/down projections",
+                     "target the attention modules only, e.g. --lora-target-modules q_proj k_proj v_proj o_proj");
+      }
+    }
     if (foundation_.is_moe() && job_.parallel.chunkpipe_chunk_size)
       errors.add("parallel.chunkpipe_chunk_size", origin("parallel.chunkpipe_chunk_size"),
                  "ChunkPipe would route each chunk of a sequence on its own, which changes the per-sequence and "
@@ -98,6 +115,35 @@ CausalLmPlan::CausalLmPlan(std::shared_ptr<const ModelConfig> config, const Plan
     const int64_t m = job_.training.global_batch_size.value_or(per_step) / per_step;
     lf::parallel::pipeline::interleaved_1f1b_order(0, pp, static_cast<int>(counts.front().chunks.size()), m);
   }
+}
+
+double CausalLmPlan::lora_parameters_per_rank(int64_t layers) const {
+  const auto spec = lora_spec();
+  if (!spec.enabled()) return 0;
+  const auto& m = foundation_;
+  const double tp = layout_.size(lf::dist::Axis::tp), r = static_cast<double>(spec.rank),
+               h = static_cast<double>(m.hidden_size), q = static_cast<double>(m.num_attention_heads * m.head_dim()),
+               kv = static_cast<double>(m.query_groups() * m.head_dim()), f = static_cast<double>(m.ffn_hidden_size);
+  double per_layer = 0;
+  // Column adapters: A [r, in] replicated, B [out, r] split; row adapters: A split, B replicated.
+  for (LoraModule mod : spec.targets) {
+    switch (mod) {
+      case LoraModule::q_proj: per_layer += r * h + q * r / tp; break;
+      case LoraModule::k_proj:
+      case LoraModule::v_proj: per_layer += r * h + kv * r / tp; break;
+      case LoraModule::o_proj: per_layer += r * q / tp + h * r; break;
+      case LoraModule::gate_proj:
+      case LoraModule::up_proj: per_layer += r * h + f * r / tp; break;
+      case LoraModule::down_proj: per_layer += r * f / tp + h * r; break;
+    }
+  }
+  return per_layer * static_cast<double>(layers);
+}
+
+LoraSpec CausalLmPlan::lora_spec() const {
+  const auto& l = job_.lora;
+  if (l.rank == 0) return {};
+  return LoraSpec::from(l.rank, l.alpha, l.dropout, l.use_rslora, l.target_modules);
 }
 
 lf::parallel::pipeline::StageSplit CausalLmPlan::stage_split() const {
@@ -135,6 +181,7 @@ std::unique_ptr<Model> CausalLmPlan::build(const BuildArgs& args) const {
                                                               ? static_cast<int>(job_.parallel.moe_overlap_num_chunks.value_or(2))
                                                               : 0});
   model->keep_context(std::move(experts));
+  model->add_lora(lora_spec(), args.seed);
   return model;
 }
 
@@ -227,13 +274,17 @@ std::string CausalLmPlan::estimates() const {
     const double expert_split = expert_parallel_ ? ep : tp;
     const double dense = static_cast<double>(counts[k].params - counts[k].experts) / tp;
     const double experts = static_cast<double>(counts[k].experts) / expert_split;
-    const double params = dense + experts;
+    // LoRA: the base is frozen (weights only); the adapters are the trainable parameters.
+    const double adapters = lora_parameters_per_rank(static_cast<int64_t>(counts[k].layers));
+    const double params = dense + experts + adapters;
+    const bool base_frozen = frozen_ || adapters > 0;
+    const double trainable = base_frozen ? adapters : params;
     const double weight_bytes = params * (half ? 2 : 4);
-    const double grad_bytes = frozen_ ? 0.0 : params * 4;  // fp32 main gradients
-    const double per_param = frozen_ ? 0.0 : 8 + (half ? 4 : 0);  // Adam m, v (+ fp32 master)
+    const double grad_bytes = trainable * 4;  // fp32 main gradients
+    const double per_param = 8 + (half ? 4 : 0);  // Adam m, v (+ fp32 master)
     double optim_bytes = job.optimizer.use_distributed_optimizer
-                             ? per_param * (dense / dp + experts / (expert_parallel_ ? edp : dp))
-                             : per_param * params;
+                             ? per_param * (base_frozen ? adapters / dp : dense / dp + experts / (expert_parallel_ ? edp : dp))
+                             : per_param * trainable;
     const auto& c = counts[k];
     const int64_t v = static_cast<int64_t>(c.chunks.size());
     int64_t chunk_layers = 0;  // the largest model chunk (a layout may make them uneven)
@@ -268,7 +319,11 @@ std::string CausalLmPlan::estimates() const {
                             : std::string())
        << (pp > 1 ? ", this stage's layers" : "") << ")\n"
        << pad << "weights         " << human_bytes(weight_bytes) << "\n"
-       << pad << "gradients       " << human_bytes(grad_bytes) << " (fp32" << (frozen_ ? ", frozen: none" : "") << ")\n"
+       << (adapters > 0 ? pad + "LoRA adapters   " + std::to_string(static_cast<int64_t>(adapters)) +
+                              " parameters (rank " + std::to_string(job.lora.rank) + "; the base is frozen)\n"
+                        : std::string())
+       << pad << "gradients       " << human_bytes(grad_bytes) << " (fp32"
+       << (adapters > 0 ? ", adapters only" : frozen_ ? ", frozen: none" : "") << ")\n"
        << pad << "optimizer       " << human_bytes(optim_bytes)
        << (job.optimizer.use_distributed_optimizer
                ? (expert_parallel_ ? " (sharded over dp; experts over expert-dp " + std::to_string(edp) + ")"

@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "loongforge/models/blocks/lora.h"
 #include "loongforge/models/foundations/decoder_config.h"
 #include "loongforge/models/registry.h"
 #include "loongforge/parallel/pipeline/stages.h"
@@ -23,6 +24,10 @@ class CausalLmPlan : public ModelPlan {
 
   const DecoderConfig& foundation() const { return foundation_; }
   lf::parallel::pipeline::StageSplit stage_split() const;
+  // The job's LoRA adapters (lora.*; disabled when lora.rank is 0).
+  LoraSpec lora_spec() const;
+  // The adapters' parameters a rank holds for `layers` decoder layers (0 without LoRA).
+  double lora_parameters_per_rank(int64_t layers) const;
 
  protected:
   // The components besides the foundation, one line each, for describe().

@@ -87,6 +87,13 @@ class FeatureRegressionPlan : public ModelPlan {
     if (job.parallel.chunkpipe_chunk_size)
       errors.add("parallel.chunkpipe_chunk_size", origin("parallel.chunkpipe_chunk_size"),
                  "feature_regression does not run under ChunkPipe", "drop --chunkpipe-chunk-size");
+    if (job.lora.rank > 0)
+      errors.add("lora.rank", origin("lora.rank"), "LoRA adapters are built for the causal_lm composite",
+                 "drop --lora-rank");
+    if (job.training.training_phase == "sft")
+      errors.add("training.training_phase", origin("training.training_phase"),
+                 "feature_regression reads no tokens: there is nothing to fine-tune on conversations",
+                 "drop --training-phase sft");
     for (auto [field, value] : {std::pair<const char*, int64_t>{"num_attention_heads", foundation_.num_attention_heads},
                                 {"num_query_groups", foundation_.query_groups()},
                                 {"ffn_hidden_size", foundation_.ffn_hidden_size}})

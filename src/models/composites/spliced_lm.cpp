@@ -108,6 +108,11 @@ class SplicedLmPlan : public CausalLmPlan {
                  "expert parallelism is not built for the spliced_lm composite (its foundation's experts stay on every "
                  "rank)",
                  "drop --expert-model-parallel-size / --expert-tensor-parallel-size");
+    if (args.job->lora.rank > 0)
+      errors.add("lora.rank", origin("lora.rank"),
+                 "LoRA adapters are built for the causal_lm composite; spliced_lm would train its encoder and "
+                 "foundation whole",
+                 "drop --lora-rank, or freeze components with `freeze: true`");
     encoder_tp_ = static_cast<int>(enc.settings.tensor_model_parallel_size.value_or(tp));
     if (tp % encoder_tp_ != 0)
       errors.add("model.image_encoder.tensor_model_parallel_size", origin("model.image_encoder.tensor_model_parallel_size"),

@@ -144,6 +144,46 @@ Decoder::Decoder(const DecoderConfig& c, const lf::backend::DeviceBackend& backe
   moe_config_ = moe;
 }
 
+void Decoder::add_lora(ParamBuilder& b, const LoraSpec& spec) {
+  if (!spec.enabled()) return;
+  const auto& c = config_;
+  const int64_t h = c.hidden_size, d = c.head_dim(), nq = c.num_attention_heads, nkv = c.query_groups(),
+                f = c.ffn_hidden_size;
+  const auto moe_pattern = c.moe_layer_pattern();
+  using K = LoraAdapter::Kind;
+  size_t local = 0;
+  for (int64_t i = 0; i < c.num_layers; ++i) {
+    bool keep = false;
+    for (const auto& r : stage_.chunks) keep = keep || (i >= r.begin && i < r.end);
+    b.set_keep(keep);
+    const std::string prefix = "decoder.layers." + std::to_string(i);
+    LayerLora lora;
+    for (LoraModule m : kLoraModules) {
+      if (!spec.targets_module(m)) continue;
+      const bool attn = is_attention_module(m);
+      LF_CHECK(!attn || !c.multi_latent_attention, "LoRA target ", lora_module_name(m),
+               ": this model uses multi-latent attention, whose projections are not q/k/v/o_proj",
+               lf::hint("target the MLP modules only (--lora-target-modules gate_proj up_proj down_proj)"));
+      LF_CHECK(attn || (!moe_pattern[static_cast<size_t>(i)] && c.swiglu), "LoRA target ", lora_module_name(m),
+               ": layer ", i, " has ", moe_pattern[static_cast<size_t>(i)] ? "a mixture of experts" : "a GELU MLP",
+               ", not gate/up/down projections",
+               lf::hint("target the attention modules only (--lora-target-modules q_proj k_proj v_proj o_proj)"));
+      const std::string name = prefix + (attn ? ".self_attention." : ".mlp.") + lora_module_name(m);
+      switch (m) {
+        case LoraModule::q_proj: lora[m] = LoraAdapter(b, name, h, nq * d, K::column, spec); break;
+        case LoraModule::k_proj:
+        case LoraModule::v_proj: lora[m] = LoraAdapter(b, name, h, nkv * d, K::column, spec); break;
+        case LoraModule::o_proj: lora[m] = LoraAdapter(b, name, nq * d, h, K::row, spec); break;
+        case LoraModule::gate_proj:
+        case LoraModule::up_proj: lora[m] = LoraAdapter(b, name, h, f, K::column, spec); break;
+        case LoraModule::down_proj: lora[m] = LoraAdapter(b, name, f, h, K::row, spec); break;
+      }
+    }
+    if (keep) layers_[local++].set_lora(std::move(lora));
+  }
+  b.set_keep(true);
+}
+
 void Decoder::add_mtp(ParamBuilder& b, const at::Tensor& last_stage_table) {
   const auto& c = config_;
   const int64_t h = c.hidden_size;

@@ -115,6 +115,7 @@ struct TrainingConfig {
   int64_t eval_iters = 100;
   std::optional<int64_t> exit_interval;
   std::optional<double> exit_duration_in_mins;
+  std::string training_phase = "pretrain";
 
   template <class V>
   void visit(V& v) {
@@ -148,6 +149,10 @@ struct TrainingConfig {
     v("eval_iters", eval_iters, "Iterations per evaluation", Min{0});
     v("exit_interval", exit_interval, "Exit after the iteration that is a multiple of this", Min{1});
     v("exit_duration_in_mins", exit_duration_in_mins, "Exit after this many minutes", Min{0});
+    v("training_phase", training_phase,
+      "pretrain: token rows from data_path; sft: one conversation per sample from a preprocess --conversations "
+      "store (data_path), loss on the answer tokens only",
+      OneOf{{"pretrain", "sft"}});
   }
 };
 
@@ -209,6 +214,7 @@ struct DataConfig {
   bool reset_position_ids = false;
   bool reset_attention_mask = false;
   bool eod_mask_loss = false;
+  bool packing_sft_data = false;
 
   template <class V>
   void visit(V& v) {
@@ -229,6 +235,9 @@ struct DataConfig {
     v("reset_position_ids", reset_position_ids, "Restart position ids after each end-of-document token");
     v("reset_attention_mask", reset_attention_mask, "Mask attention across end-of-document tokens");
     v("eod_mask_loss", eod_mask_loss, "Mask the loss on end-of-document tokens");
+    v("packing_sft_data", packing_sft_data,
+      "Pack several conversations per row (sft; refused until per-document attention without a mask lands: "
+      "conversations are padded, one per row)");
   }
 };
 
@@ -245,6 +254,7 @@ struct CheckpointConfig {
   std::optional<int64_t> ckpt_keep_last;  // null: keep every checkpoint
   bool async_save = false;
   std::optional<std::string> save_hf;
+  std::optional<std::string> pretrained_checkpoint;
 
   template <class V>
   void visit(V& v) {
@@ -260,6 +270,30 @@ struct CheckpointConfig {
     v("ckpt_keep_last", ckpt_keep_last, "Keep only the newest N checkpoints in save (null: all)", Min{1});
     v("async_save", async_save, "Write checkpoints in the background while training continues");
     v("save_hf", save_hf, "Export the final weights as an HF model directory (config.json + safetensors)");
+    v("pretrained_checkpoint", pretrained_checkpoint,
+      "Weights to fine-tune from when load holds no checkpoint (loaded as with finetune); with LoRA the base the "
+      "adapters are trained on");
+  }
+};
+
+// LoRA adapters (PEFT's LoraConfig: r, lora_alpha, lora_dropout, target_modules, use_rslora) on the
+// foundation's linear layers; the base model is frozen.
+struct LoraConfig {
+  int64_t rank = 0;  // 0: no LoRA
+  double alpha = 8;
+  double dropout = 0;
+  std::vector<std::string> target_modules = {"q_proj", "v_proj"};
+  bool use_rslora = false;
+
+  template <class V>
+  void visit(V& v) {
+    v("rank", rank, "LoRA rank r (0: no adapters; > 0 freezes the base model and trains adapters only)", Min{0});
+    v("alpha", alpha, "LoRA alpha: the update is scaled by alpha / r (alpha / sqrt(r) with use_rslora)", Min{0});
+    v("dropout", dropout, "Dropout on the adapters' input", Min{0}, Max{1});
+    v("target_modules", target_modules,
+      "Linear layers that get adapters, by PEFT's names: q_proj k_proj v_proj o_proj gate_proj up_proj down_proj "
+      "(all-linear: all seven)");
+    v("use_rslora", use_rslora, "Rank-stabilised LoRA: scale alpha / sqrt(r)");
   }
 };
 
@@ -297,6 +331,7 @@ struct JobConfig {
   DataConfig data;
   CheckpointConfig checkpoint;
   LoggingConfig logging;
+  LoraConfig lora;
   Node model;  // not validated here: the model builders load it with their own field lists
 
   // The typed sections (model is not a field: it stays a Node).
@@ -308,6 +343,7 @@ struct JobConfig {
     v("data", data, "Data");
     v("checkpoint", checkpoint, "Checkpointing");
     v("logging", logging, "Logging and metrics");
+    v("lora", lora, "LoRA adapters (fine-tuning)");
   }
 };
 

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "loongforge/backend/device_backend.h"
+#include "loongforge/models/blocks/lora.h"
 #include "loongforge/models/blocks/param_builder.h"
 #include "loongforge/parallel/pipeline/chunk_attention.h"
 
@@ -78,9 +79,9 @@ class SelfAttention {
   // prefix.q_layernorm / k_layernorm [d], prefix.linear_proj.weight [h, nq d] (+ .bias).
   SelfAttention(ParamBuilder& b, const std::string& prefix, const AttentionConfig& c);
   // x: [s(/tp), b, h] -> the branch output [s(/tp), b, h] (before the residual add). `layer`:
-  // the index into in.cache / in.chunk.
+  // the index into in.cache / in.chunk. lora: adapters on q/k/v/o_proj (null: none).
   at::Tensor forward(const lf::backend::DeviceBackend& be, const lf::parallel::TensorParallel& tp, const at::Tensor& x,
-                     const AttentionInputs& in, size_t layer) const;
+                     const AttentionInputs& in, size_t layer, const LoraInputs* lora = nullptr) const;
   const AttentionConfig& config() const { return c_; }
 
  private:

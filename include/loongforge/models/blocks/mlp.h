@@ -8,6 +8,7 @@
 #include <string>
 
 #include "loongforge/backend/device_backend.h"
+#include "loongforge/models/blocks/lora.h"
 #include "loongforge/models/blocks/param_builder.h"
 
 namespace lf::models {
@@ -28,9 +29,9 @@ class Mlp {
   // prefix.linear_fc2.weight [out, f] (+ .bias [out], replicated, added after the reduction).
   Mlp(ParamBuilder& b, const std::string& prefix, const MlpConfig& c);
   // x: [s(/tp), b, h] -> [s(/tp), b, out]. selective_recompute: the activation is recomputed in
-  // backward instead of kept.
+  // backward instead of kept. lora: adapters on gate/up/down_proj (null: none; SwiGLU only).
   at::Tensor forward(const lf::backend::DeviceBackend& be, const lf::parallel::TensorParallel& tp, const at::Tensor& x,
-                     bool selective_recompute = false) const;
+                     bool selective_recompute = false, const LoraInputs* lora = nullptr) const;
 
  private:
   MlpConfig c_;

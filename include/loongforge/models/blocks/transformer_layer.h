@@ -64,6 +64,9 @@ class TransformerLayer {
   at::Tensor forward(const at::Tensor& x, const AttentionInputs& in, const LayerContext& lc, size_t layer) const;
   bool is_moe() const { return c_.moe; }
   const MoeLayer& moe() const { return moe_; }
+  // LoRA adapters on this layer's projections (drawn by the caller from the adapters' builder).
+  void set_lora(LayerLora lora) { lora_ = std::move(lora); }
+  const LayerLora& lora() const { return lora_; }
 
  private:
   TransformerLayerConfig c_;
@@ -73,6 +76,7 @@ class TransformerLayer {
   Mlp mlp_;
   MoeLayer moe_;
   size_t moe_index_ = 0;
+  LayerLora lora_;
 };
 
 // Hidden dropout with the stream the activation's layout calls for: replicated activations draw

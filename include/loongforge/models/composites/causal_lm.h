@@ -107,6 +107,9 @@ class CausalLm : public Model {
   // vocab_size rows (the padding is zero-filled). Extra names are an error (a model mismatch);
   // other pipeline stages' names are expected.
   void load_full_parameters(const std::map<std::string, at::Tensor>& full);
+  // The same for the LoRA adapters (our names, full [r, in] / [out, r] tensors): every adapter of
+  // this rank must be present; names of other stages' layers are expected, others are an error.
+  void load_full_lora(const std::map<std::string, at::Tensor>& full);
 
   const PipelineStage& stage() const { return foundation_.stage(); }
   bool training() const { return foundation_.training(); }
@@ -120,6 +123,13 @@ class CausalLm : public Model {
   const ExpertPlacement& experts() const { return experts_; }
   // Keeps a context the model's parameters use (the experts') alive as long as the model.
   void keep_context(std::unique_ptr<lf::dist::ParallelContext> c);
+
+  // LoRA: adds the adapters of `spec` (Decoder::add_lora, drawn from component_seed(seed, "lora"))
+  // as the trainable parameter group "lora" and freezes every other parameter (no gradients, no
+  // gradient buffers, no optimizer state). Once, before training.
+  void add_lora(const LoraSpec& spec, uint64_t seed);
+  const LoraSpec& lora() const { return lora_; }
+  const std::vector<Parameter>& lora_parameters() const { return lora_params_; }
 
  protected:
   // The first stage's input to the layers: [s(/tp), b, h] from the batch (tokens embedded; a
@@ -143,6 +153,8 @@ class CausalLm : public Model {
   at::Tensor mtp_loss_sum(const at::Tensor& x, const Batch& batch) const;
 
   ExpertPlacement experts_;
+  LoraSpec lora_;
+  std::vector<Parameter> lora_params_;
   std::vector<std::unique_ptr<lf::dist::ParallelContext>> owned_contexts_;
   Decoder foundation_;
   LmHead head_;

@@ -111,6 +111,13 @@ class Decoder {
   // embedding (undefined when untied: the MTP layers then register their own tied copy).
   void add_mtp(ParamBuilder& b, const at::Tensor& last_stage_table = {});
   size_t num_mtp_layers() const { return mtp_.size(); }
+
+  // LoRA adapters (spec.targets) on every decoder layer, drawn from `b` (the adapters' own
+  // builder and generator: the base weights' draws are unchanged) in layer order on every rank,
+  // this stage's kept. Registers decoder.layers.<i>.self_attention.<q|k|v|o>_proj.lora_<A|B>.weight
+  // and decoder.layers.<i>.mlp.<gate|up|down>_proj.lora_<A|B>.weight. Refused (naming the module)
+  // on MLA attention and on MoE or non-SwiGLU MLPs, whose projections PEFT names differently.
+  void add_lora(ParamBuilder& b, const LoraSpec& spec);
   // MTP layer k: hidden [s(/tp), b, h] (the decoder's output before its final norm for k = 0, else
   // MTP layer k - 1's output) and tokens [b, s] k + 1 positions ahead -> [s(/tp), b, h] (before the
   // layer's final norm).

@@ -413,6 +413,13 @@ TEST(TruthPass, EveryFlagActsOrIsRefused) {
       {"--cross-entropy-loss-fusion", "CrossEntropyFusion.*"}, {"--no-cross-entropy-loss-fusion", "CrossEntropyFusion.*"},
       {"--gradient-accumulation-fusion", "GradientAccumulationFusion.*"},
       {"--no-gradient-accumulation-fusion", "GradientAccumulationFusion.*"},
+      {"--training-phase", "SftTraining.*, SftSource.*, FinetuneConfig.*"},
+      {"--packing-sft-data", "refused (FinetuneConfig.MistakesAreRefusedWithTheKey)"},
+      {"--pretrained-checkpoint", "LoraTraining.*, LoraPeft.*"},
+      {"--lora-rank", "LoraTraining.*, LoraPeft.*"}, {"--lora-alpha", "LoraTraining.*, LoraPeft.* (scale alpha / r)"},
+      {"--lora-dropout", "LoraAdapter.DropoutActsInTrainingOnly"},
+      {"--lora-target-modules", "LoraTraining.* (all-linear), LoraPeft.* (subset), FinetuneConfig.*"},
+      {"--use-rslora", "LoraPeft.* (rsLoRA adapters and export)"},
   };
   std::set<std::string> flags;
   for (const auto& f : lf::config::flag_table()) flags.emplace(f.flag);

@@ -178,24 +178,13 @@ void pre_tokenize(const detail::BpeModel& m, detail::EncoderState& st, size_t st
 
 }  // namespace
 
-void HfBpeTokenizer::encode_into(std::string_view text, std::vector<int32_t>& out) {
-  const auto& m = *model_;
-  auto& st = *state_;
-  size_t bad = unicode::find_invalid_utf8(text);
-  LF_CHECK(bad == std::string_view::npos, "tokenizer input is not valid UTF-8 at byte ", bad,
-           " of ", text.size(), lf::hint("decode the input as UTF-8 before tokenizing"));
-  auto plain = [&](std::string_view seg) {
-    if (seg.empty()) return;
-    if (m.nfc && !unicode::nfc_unchanged(seg)) {
-      std::string normalized = unicode::nfc(seg);  // local: pieces point into it while used
-      pre_tokenize(m, st, 0, normalized, out);
-    } else {
-      pre_tokenize(m, st, 0, seg, out);
-    }
-  };
-  if (m.added.empty()) return plain(text);
-  // Added tokens first: at the leftmost position where any added token starts, take the
-  // longest one; the text between matches is encoded normally.
+namespace {
+
+// Splits text at added tokens (leftmost, then longest) and hands each plain segment and each
+// added token to the callbacks in order.
+template <class Plain, class Added>
+void split_added(const detail::BpeModel& m, std::string_view text, Plain&& plain, Added&& added) {
+  if (m.added.empty()) return plain(text, 0);
   size_t seg_begin = 0;
   for (size_t i = 0; i < text.size();) {
     if (!m.added_first_byte[static_cast<unsigned char>(text[i])]) {
@@ -216,11 +205,80 @@ void HfBpeTokenizer::encode_into(std::string_view text, std::vector<int32_t>& ou
       ++i;
       continue;
     }
-    plain(text.substr(seg_begin, i - seg_begin));
-    out.push_back(m.added[static_cast<size_t>(best)].id);
+    plain(text.substr(seg_begin, i - seg_begin), seg_begin);
+    added(m.added[static_cast<size_t>(best)].id, i, best_end);
     i = seg_begin = best_end;
   }
-  plain(text.substr(seg_begin));
+  plain(text.substr(seg_begin), seg_begin);
+}
+
+void check_utf8(std::string_view text) {
+  size_t bad = unicode::find_invalid_utf8(text);
+  LF_CHECK(bad == std::string_view::npos, "tokenizer input is not valid UTF-8 at byte ", bad,
+           " of ", text.size(), lf::hint("decode the input as UTF-8 before tokenizing"));
+}
+
+}  // namespace
+
+void HfBpeTokenizer::encode_into(std::string_view text, std::vector<int32_t>& out) {
+  const auto& m = *model_;
+  auto& st = *state_;
+  check_utf8(text);
+  split_added(
+      m, text,
+      [&](std::string_view seg, size_t) {
+        if (seg.empty()) return;
+        if (m.nfc && !unicode::nfc_unchanged(seg)) {
+          std::string normalized = unicode::nfc(seg);  // local: pieces point into it while used
+          pre_tokenize(m, st, 0, normalized, out);
+        } else {
+          pre_tokenize(m, st, 0, seg, out);
+        }
+      },
+      [&](int32_t id, size_t, size_t) { out.push_back(id); });
+}
+
+void HfBpeTokenizer::encode_with_offsets(std::string_view text, std::vector<int32_t>& out,
+                                         std::vector<ByteSpan>& spans) {
+  const auto& m = *model_;
+  auto& st = *state_;
+  check_utf8(text);
+  std::vector<unicode::NfcPiece> pieces;
+  split_added(
+      m, text,
+      [&](std::string_view seg, size_t seg_off) {
+        if (seg.empty()) return;
+        size_t first = out.size();
+        bool normalized = m.nfc && !unicode::nfc_unchanged(seg);
+        std::string norm;
+        if (normalized) norm = unicode::nfc_aligned(seg, pieces);
+        std::string_view enc = normalized ? std::string_view(norm) : seg;
+        pre_tokenize(m, st, 0, enc, out);
+        // Byte-level BPE: the tokens' bytes, back to back, are the (normalized) segment.
+        size_t pos = 0;
+        for (size_t k = first; k < out.size(); ++k) {
+          size_t len = model_->id_bytes[static_cast<size_t>(out[k])].size();
+          size_t b = pos, e = pos + len;
+          pos = e;
+          if (e > enc.size()) break;
+          if (normalized) b = unicode::nfc_input_offset(pieces, b, false), e = unicode::nfc_input_offset(pieces, e, true);
+          spans.push_back({seg_off + b, seg_off + e});
+        }
+        LF_CHECK(pos == enc.size(), "token offsets: the tokens of a ", enc.size(), "-byte segment hold ", pos,
+                 " bytes in ", model_->path,
+                 lf::hint("offsets need a byte-level BPE whose tokens spell the text exactly (no "
+                          "ByteLevel add_prefix_space, every byte in the vocabulary)"));
+      },
+      [&](int32_t id, size_t b, size_t e) {
+        out.push_back(id);
+        spans.push_back({b, e});
+      });
+}
+
+std::optional<std::string> HfBpeTokenizer::added_token_content(int32_t id) const {
+  for (const auto& t : model_->added)
+    if (t.id == id) return t.content;
+  return std::nullopt;
 }
 
 std::string HfBpeTokenizer::decode(std::span<const int32_t> ids) const {

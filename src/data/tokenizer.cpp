@@ -14,6 +14,12 @@ void ByteTokenizer::encode_into(std::string_view text, std::vector<int32_t>& out
   for (unsigned char c : text) out.push_back(c);
 }
 
+void ByteTokenizer::encode_with_offsets(std::string_view text, std::vector<int32_t>& out,
+                                        std::vector<ByteSpan>& spans) {
+  encode_into(text, out);
+  for (size_t k = 0; k < text.size(); ++k) spans.push_back({k, k + 1});
+}
+
 std::string ByteTokenizer::decode(std::span<const int32_t> ids) const {
   std::string s;
   s.reserve(ids.size());

@@ -213,9 +213,19 @@ void nfc_segment(std::string_view s, std::string& out) {
 // decomposition, never the second of a pair) starts a new normalisation segment, so only the
 // segments holding "interesting" code points need work; the rest is copied.
 std::string nfc(std::string_view s) {
+  std::vector<NfcPiece> pieces;
+  return nfc_aligned(s, pieces);
+}
+
+std::string nfc_aligned(std::string_view s, std::vector<NfcPiece>& pieces) {
   std::string out;
   out.reserve(s.size() + 16);
+  pieces.clear();
   size_t copied = 0, seg = 0;  // seg: start of the last stable code point
+  auto copy_to = [&](size_t end) {
+    if (end > copied) pieces.push_back({out.size(), copied, end, true});
+    out.append(s.substr(copied, end - copied));
+  };
   for (size_t i = 0; i < s.size();) {
     size_t at = i;
     uint32_t cp;
@@ -233,12 +243,25 @@ std::string nfc(std::string_view s) {
       end = k;
     }
     size_t begin = std::max(seg, copied);
-    out.append(s.substr(copied, begin - copied));
+    copy_to(begin);
+    pieces.push_back({out.size(), begin, end, false});
     nfc_segment(s.substr(begin, end - begin), out);
     copied = seg = i = end;
   }
-  out.append(s.substr(copied));
+  copy_to(s.size());
   return out;
+}
+
+size_t nfc_input_offset(const std::vector<NfcPiece>& pieces, size_t out, bool at_end) {
+  // The piece holding `out`: the last that starts at or before it (for an end offset, before it).
+  auto it = at_end ? std::lower_bound(pieces.begin(), pieces.end(), out,
+                                      [](const NfcPiece& p, size_t o) { return p.out_begin < o; })
+                   : std::upper_bound(pieces.begin(), pieces.end(), out,
+                                      [](size_t o, const NfcPiece& p) { return o < p.out_begin; });
+  if (it == pieces.begin()) return 0;
+  const NfcPiece& p = *(it - 1);
+  if (p.copied) return p.in_begin + (out - p.out_begin);
+  return at_end ? p.in_end : p.in_begin;
 }
 
 }  // namespace lf::data::unicode

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace lf::data::unicode {
 
@@ -21,5 +22,16 @@ std::string utf8_lossy(std::string_view s);
 bool nfc_unchanged(std::string_view s);
 // Canonical composition (NFC) of valid UTF-8 s.
 std::string nfc(std::string_view s);
+
+// NFC with an alignment to the input: the result is cut into pieces, each either copied from
+// the input byte for byte or the normalization of one input run (which then maps as a whole).
+struct NfcPiece {
+  size_t out_begin, in_begin, in_end;
+  bool copied;
+};
+std::string nfc_aligned(std::string_view s, std::vector<NfcPiece>& pieces);
+// Input byte offset of output offset `out`; inside a normalized run, the run's start (or its end
+// for an end offset, at_end).
+size_t nfc_input_offset(const std::vector<NfcPiece>& pieces, size_t out, bool at_end);
 
 }  // namespace lf::data::unicode

@@ -26,6 +26,12 @@ class HfBpeTokenizer final : public Tokenizer {
   ~HfBpeTokenizer() override;
 
   void encode_into(std::string_view text, std::vector<int32_t>& out) override;
+  // Offsets in text: a BPE token covers its decoded bytes (inside a run that NFC rewrote, the
+  // tokens of the run cover the whole run). Throws when the tokens do not cover the text byte for
+  // byte (ByteLevel add_prefix_space, or bytes missing from the vocabulary).
+  void encode_with_offsets(std::string_view text, std::vector<int32_t>& out,
+                           std::vector<ByteSpan>& spans) override;
+  std::optional<std::string> added_token_content(int32_t id) const override;
   // Special tokens are kept (as HF's decode(ids, skip_special_tokens=False)); invalid UTF-8 from
   // partial byte tokens becomes U+FFFD, as HF does.
   std::string decode(std::span<const int32_t> ids) const override;

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <deque>
+#include <functional>
 #include <exception>
 #include <fstream>
 #include <map>
@@ -16,6 +17,7 @@
 
 #include "loongforge/core/error.h"
 #include "loongforge/core/logging.h"
+#include "loongforge/data/chat_template.h"
 #include "loongforge/data/indexed_dataset.h"
 
 namespace lf::data {
@@ -29,20 +31,105 @@ struct Chunk {
 };
 
 struct ChunkResult {
-  // Per key: the tokens of every document of the chunk back to back, and each document's length.
+  // Per output: the tokens of every document of the chunk back to back, and each document's length.
   std::vector<std::vector<int32_t>> tokens, lengths;
   int64_t lines = 0, documents = 0, empty = 0, bytes = 0;
   std::exception_ptr error;
 };
 
-ChunkResult tokenize_chunk(const Chunk& c, const PreprocessOptions& o, Tokenizer& tok,
-                           std::optional<int32_t> eod) {
+// Turns one jsonl line into one document per output (a worker owns one encoder).
+class LineEncoder {
+ public:
+  virtual ~LineEncoder() = default;
+  // Appends the line's document to outs[k] for every output k; false when the line is empty
+  // (nothing appended).
+  virtual bool encode(std::string_view line, int64_t line_no, std::vector<std::vector<int32_t>*>& outs) = 0;
+};
+
+nlohmann::json parse_line(std::string_view line, const std::string& input, int64_t line_no, const char* example) {
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(line);
+  } catch (const nlohmann::json::exception& e) {
+    LF_FAIL(input, ":", line_no, ": malformed JSON line: ", e.what(),
+            lf::hint(std::string("each line must be one JSON object, e.g. ") + example));
+  }
+  LF_CHECK(j.is_object(), input, ":", line_no, ": the line is JSON but not an object");
+  return j;
+}
+
+// --json-keys: one text document per key.
+class TextEncoder final : public LineEncoder {
+ public:
+  TextEncoder(const PreprocessOptions& o, std::unique_ptr<Tokenizer> tok, std::optional<int32_t> eod)
+      : o_(o), tok_(std::move(tok)), eod_(eod), texts_(o.json_keys.size()) {}
+
+  bool encode(std::string_view line, int64_t line_no, std::vector<std::vector<int32_t>*>& outs) override {
+    nlohmann::json j = parse_line(line, o_.input, line_no, "{\"text\": \"...\"}");
+    bool all_empty = true;
+    for (size_t k = 0; k < o_.json_keys.size(); ++k) {
+      auto it = j.find(o_.json_keys[k]);
+      LF_CHECK(it != j.end(), o_.input, ":", line_no, ": no key \"", o_.json_keys[k], "\"",
+               lf::hint("choose the text field with --json-keys"));
+      LF_CHECK(it->is_string(), o_.input, ":", line_no, ": key \"", o_.json_keys[k],
+               "\" holds ", it->type_name(), ", not a string");
+      texts_[k] = it->get<std::string>();
+      if (!texts_[k].empty()) all_empty = false;
+    }
+    if (all_empty) return false;
+    for (size_t k = 0; k < o_.json_keys.size(); ++k) {
+      auto& out = *outs[k];
+      size_t before = out.size();
+      try {
+        tok_->encode_into(texts_[k], out);
+      } catch (const lf::Error& e) {
+        LF_FAIL(o_.input, ":", line_no, ": key \"", o_.json_keys[k], "\": ", e.message());
+      }
+      if (o_.append_eod && out.size() > before) out.push_back(*eod_);
+    }
+    return true;
+  }
+
+ private:
+  const PreprocessOptions& o_;
+  std::unique_ptr<Tokenizer> tok_;
+  std::optional<int32_t> eod_;
+  std::vector<std::string> texts_;
+};
+
+// --conversations: the chat template's tokens and their assistant mask.
+class ConversationEncoder final : public LineEncoder {
+ public:
+  ConversationEncoder(const PreprocessOptions& o, std::unique_ptr<Tokenizer> tok, const ChatTemplate& tpl)
+      : o_(o), tok_(std::move(tok)), tpl_(tpl) {}
+
+  bool encode(std::string_view line, int64_t line_no, std::vector<std::vector<int32_t>*>& outs) override {
+    ChatTokens t;
+    try {
+      t = tpl_.tokenize(line, false, *tok_);
+    } catch (const lf::Error& e) {
+      LF_FAIL(o_.input, ":", line_no, ": ", e.message(), e.hint().empty() ? lf::hint("") : lf::hint(e.hint()));
+    }
+    if (t.input_ids.empty()) return false;
+    outs[0]->insert(outs[0]->end(), t.input_ids.begin(), t.input_ids.end());
+    outs[1]->insert(outs[1]->end(), t.assistant_masks.begin(), t.assistant_masks.end());
+    return true;
+  }
+
+ private:
+  const PreprocessOptions& o_;
+  std::unique_ptr<Tokenizer> tok_;
+  const ChatTemplate& tpl_;
+};
+
+ChunkResult encode_chunk(const Chunk& c, size_t outputs, LineEncoder& enc) {
   ChunkResult r;
-  size_t nkeys = o.json_keys.size();
-  r.tokens.resize(nkeys);
-  r.lengths.resize(nkeys);
+  r.tokens.resize(outputs);
+  r.lengths.resize(outputs);
+  std::vector<std::vector<int32_t>*> outs;
+  for (auto& t : r.tokens) outs.push_back(&t);
   int64_t line_no = c.first_line;
-  std::vector<std::string> texts(nkeys);
+  std::vector<size_t> before(outputs);
   for (size_t pos = 0; pos < c.text.size(); ++line_no) {
     size_t nl = c.text.find('\n', pos);
     std::string_view line(c.text.data() + pos, nl - pos);
@@ -50,43 +137,25 @@ ChunkResult tokenize_chunk(const Chunk& c, const PreprocessOptions& o, Tokenizer
     ++r.lines;
     if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
     if (line.find_first_not_of(" \t") == std::string_view::npos) continue;  // blank line
-    nlohmann::json j;
-    try {
-      j = nlohmann::json::parse(line);
-    } catch (const nlohmann::json::exception& e) {
-      LF_FAIL(o.input, ":", line_no, ": malformed JSON line: ", e.what(),
-              lf::hint("each line must be one JSON object, e.g. {\"text\": \"...\"}"));
-    }
-    LF_CHECK(j.is_object(), o.input, ":", line_no, ": the line is JSON but not an object");
-    bool all_empty = true;
-    for (size_t k = 0; k < nkeys; ++k) {
-      auto it = j.find(o.json_keys[k]);
-      LF_CHECK(it != j.end(), o.input, ":", line_no, ": no key \"", o.json_keys[k], "\"",
-               lf::hint("choose the text field with --json-keys"));
-      LF_CHECK(it->is_string(), o.input, ":", line_no, ": key \"", o.json_keys[k],
-               "\" holds ", it->type_name(), ", not a string");
-      texts[k] = it->get<std::string>();
-      if (!texts[k].empty()) all_empty = false;
-    }
-    if (all_empty) {
+    for (size_t k = 0; k < outputs; ++k) before[k] = r.tokens[k].size();
+    if (!enc.encode(line, line_no, outs)) {
       ++r.empty;
       continue;
     }
-    for (size_t k = 0; k < nkeys; ++k) {
-      auto& out = r.tokens[k];
-      size_t before = out.size();
-      try {
-        tok.encode_into(texts[k], out);
-      } catch (const lf::Error& e) {
-        LF_FAIL(o.input, ":", line_no, ": key \"", o.json_keys[k], "\": ", e.message());
-      }
-      if (o.append_eod && out.size() > before) out.push_back(*eod);
-      r.lengths[k].push_back(static_cast<int32_t>(out.size() - before));
-    }
+    for (size_t k = 0; k < outputs; ++k) r.lengths[k].push_back(static_cast<int32_t>(r.tokens[k].size() - before[k]));
     ++r.documents;
   }
   return r;
 }
+
+struct OutputSpec {
+  std::string prefix;
+  TokenDType dtype;
+  int64_t vocab_size;
+};
+
+PreprocessStats run(const PreprocessOptions& o, const std::vector<OutputSpec>& specs,
+                    const std::function<std::unique_ptr<LineEncoder>()>& make_encoder);
 
 }  // namespace
 
@@ -95,26 +164,46 @@ std::string preprocess_output_prefix(const std::string& prefix, const std::strin
 }
 
 PreprocessStats preprocess_jsonl(const PreprocessOptions& o, const Tokenizer& tokenizer) {
-  LF_CHECK(o.workers >= 1, "--workers ", o.workers, " must be >= 1");
   LF_CHECK(!o.json_keys.empty(), "--json-keys is empty");
-  LF_CHECK(!o.output_prefix.empty(), "--output-prefix is empty");
-  LF_CHECK(o.chunk_bytes > 0, "chunk size must be positive");
   std::optional<int32_t> eod = tokenizer.eod_id();
   LF_CHECK(!o.append_eod || eod.has_value(), "--append-eod: ", tokenizer.describe(),
            " has no end-of-document token",
            lf::hint("add eos_token to tokenizer_config.json beside tokenizer.json"));
+  std::vector<OutputSpec> specs;
+  for (const auto& key : o.json_keys)
+    specs.push_back({preprocess_output_prefix(o.output_prefix, key), optimal_dtype(tokenizer.vocab_size()),
+                     tokenizer.vocab_size()});
+  return run(o, specs, [&] { return std::make_unique<TextEncoder>(o, tokenizer.clone(), eod); });
+}
+
+PreprocessStats preprocess_conversations(const PreprocessOptions& o, const Tokenizer& tokenizer,
+                                         const ChatTemplate& chat_template) {
+  LF_CHECK(!o.append_eod, "--append-eod does not apply to --conversations",
+           lf::hint("the chat template writes each turn's end token"));
+  std::vector<OutputSpec> specs = {
+      {preprocess_output_prefix(o.output_prefix, "input_ids"), optimal_dtype(tokenizer.vocab_size()), tokenizer.vocab_size()},
+      {preprocess_output_prefix(o.output_prefix, "assistant_masks"), TokenDType::u8, 2}};
+  return run(o, specs, [&] { return std::make_unique<ConversationEncoder>(o, tokenizer.clone(), chat_template); });
+}
+
+namespace {
+
+PreprocessStats run(const PreprocessOptions& o, const std::vector<OutputSpec>& specs,
+                    const std::function<std::unique_ptr<LineEncoder>()>& make_encoder) {
+  LF_CHECK(o.workers >= 1, "--workers ", o.workers, " must be >= 1");
+  LF_CHECK(!o.output_prefix.empty(), "--output-prefix is empty");
+  LF_CHECK(o.chunk_bytes > 0, "chunk size must be positive");
   std::ifstream in(o.input, std::ios::binary);
   LF_CHECK(in.good(), "cannot open input ", o.input);
 
   const auto t0 = Clock::now();
   PreprocessStats stats;
   stats.workers.resize(static_cast<size_t>(o.workers));
-  stats.tokens.assign(o.json_keys.size(), 0);
+  stats.tokens.assign(specs.size(), 0);
   std::vector<std::unique_ptr<IndexedDatasetBuilder>> builders;
-  for (const auto& key : o.json_keys) {
-    stats.output_prefixes.push_back(preprocess_output_prefix(o.output_prefix, key));
-    builders.push_back(std::make_unique<IndexedDatasetBuilder>(
-        stats.output_prefixes.back(), optimal_dtype(tokenizer.vocab_size()), tokenizer.vocab_size()));
+  for (const auto& spec : specs) {
+    stats.output_prefixes.push_back(spec.prefix);
+    builders.push_back(std::make_unique<IndexedDatasetBuilder>(spec.prefix, spec.dtype, spec.vocab_size));
   }
 
   // Shared state. At most `window` chunks are read but not yet written, bounding memory.
@@ -162,7 +251,7 @@ PreprocessStats preprocess_jsonl(const PreprocessOptions& o, const Tokenizer& to
   std::vector<std::thread> workers;
   for (int w = 0; w < o.workers; ++w) {
     workers.emplace_back([&, w] {
-      std::unique_ptr<Tokenizer> tok = tokenizer.clone();
+      std::unique_ptr<LineEncoder> encoder;
       for (;;) {
         Chunk c;
         {
@@ -175,7 +264,8 @@ PreprocessStats preprocess_jsonl(const PreprocessOptions& o, const Tokenizer& to
         auto start = Clock::now();
         ChunkResult r;
         try {
-          r = tokenize_chunk(c, o, *tok, eod);
+          if (!encoder) encoder = make_encoder();
+          r = encode_chunk(c, specs.size(), *encoder);
           r.bytes = static_cast<int64_t>(c.text.size());
         } catch (...) {
           r.error = std::current_exception();
@@ -257,4 +347,5 @@ PreprocessStats preprocess_jsonl(const PreprocessOptions& o, const Tokenizer& to
   return stats;
 }
 
+}  // namespace
 }  // namespace lf::data

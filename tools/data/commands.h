@@ -5,6 +5,8 @@
 #include <cstdint>
 #include <string>
 
+#include "loongforge/data/chat_template.h"
+
 namespace lf::data::tools {
 
 struct InspectOptions {
@@ -17,5 +19,17 @@ struct InspectOptions {
 
 // Prints counts, dtype, the sequence-length histogram and one sample; returns the exit code.
 int run_inspect(const InspectOptions& options);
+
+struct RenderChatOptions {
+  std::string tokenizer_model, input, output;
+  bool add_generation_prompt = false;
+  std::string chat_template_kwargs;  // JSON object, empty: none
+  std::string chat_template_name;    // empty: transformers' default choice
+};
+
+// render-chat: one {"input_ids", "assistant_masks"} line per conversation line.
+int run_render_chat(const RenderChatOptions& options);
+// The chat template of a tokenizer directory with --chat-template-kwargs applied.
+ChatTemplate load_chat_template(const std::string& dir, const std::string& name, const std::string& kwargs);
 
 }  // namespace lf::data::tools

@@ -1,6 +1,10 @@
 // loongforge-data: dataset preprocessing and inspection, the demo corpus, a tokenizer benchmark.
 //   loongforge-data preprocess --input x.jsonl --json-keys text --tokenizer-type T
 //                              [--tokenizer-model M] [--append-eod] --workers N --output-prefix P
+//   loongforge-data preprocess --conversations --tokenizer-model DIR --input x.jsonl
+//                              --output-prefix P [--workers N] [--chat-template-kwargs JSON]
+//   loongforge-data render-chat --tokenizer-model DIR --input x.jsonl --output y.jsonl
+//                               [--add-generation-prompt] [--chat-template-kwargs JSON]
 //   loongforge-data inspect P [--tokenizer-type T --tokenizer-model M] [--vocab-size V]
 //   loongforge-data make-demo-corpus --out DIR [--seed S]
 //   loongforge-data bench-tokenizer --input x.jsonl --tokenizer-type T [--tokenizer-model M]
@@ -16,16 +20,31 @@
 #include "loongforge/core/error.h"
 #include "loongforge/core/logging.h"
 #include "loongforge/data/demo_corpus.h"
+#include "loongforge/data/hf_bpe_tokenizer.h"
 #include "loongforge/data/preprocess.h"
 #include "loongforge/data/tokenizer.h"
 
 namespace {
 
+struct ConversationFlags {
+  bool on = false;
+  std::string kwargs, template_name;
+};
+
 int run_preprocess(const lf::data::PreprocessOptions& o, const std::string& type,
-                   const std::string& model) {
-  auto tok = lf::data::make_tokenizer(type, model);
-  LF_INFO("tokenizer: ", tok->describe());
-  auto s = lf::data::preprocess_jsonl(o, *tok);
+                   const std::string& model, const ConversationFlags& conv) {
+  lf::data::PreprocessStats s;
+  if (conv.on) {
+    auto tpl = lf::data::tools::load_chat_template(model, conv.template_name, conv.kwargs);
+    lf::data::HfBpeTokenizer tok(model);
+    LF_INFO("tokenizer: ", tok.describe());
+    LF_INFO(tpl.describe());
+    s = lf::data::preprocess_conversations(o, tok, tpl);
+  } else {
+    auto tok = lf::data::make_tokenizer(type, model);
+    LF_INFO("tokenizer: ", tok->describe());
+    s = lf::data::preprocess_jsonl(o, *tok);
+  }
   double mb = static_cast<double>(s.input_bytes) / 1e6;
   std::printf("input: %s, %.2f MB, %lld lines, %lld documents (%lld empty skipped)\n",
               o.input.c_str(), mb, static_cast<long long>(s.lines),
@@ -82,8 +101,18 @@ int main(int argc, char** argv) {
   std::string type = "HuggingFaceTokenizer", model;
   auto* pre = app.add_subcommand("preprocess", "tokenize a jsonl file into indexed datasets");
   pre->add_option("--input", po.input, "jsonl file, one JSON object per line")->required();
-  pre->add_option("--json-keys", po.json_keys, "keys to tokenize (one dataset each)");
-  pre->add_option("--tokenizer-type", type, "HuggingFaceTokenizer | ByteTokenizer")->required();
+  auto* keys_opt = pre->add_option("--json-keys", po.json_keys, "keys to tokenize (one dataset each)");
+  auto* type_opt = pre->add_option("--tokenizer-type", type, "HuggingFaceTokenizer | ByteTokenizer");
+  ConversationFlags conv;
+  auto* conv_opt = pre->add_flag("--conversations", conv.on,
+                                 "lines are {\"messages\": [...], \"tools\": [...]}: write "
+                                 "<prefix>_input_ids_document and <prefix>_assistant_masks_document");
+  pre->add_option("--chat-template-kwargs", conv.kwargs,
+                  "extra template variables as a JSON object, e.g. '{\"enable_thinking\": false}'")
+      ->needs(conv_opt);
+  pre->add_option("--chat-template-name", conv.template_name,
+                  "which of the tokenizer directory's named chat templates")->needs(conv_opt);
+  conv_opt->excludes(keys_opt);
   pre->add_option("--tokenizer-model", model, "tokenizer.json or its directory");
   pre->add_flag("--append-eod", po.append_eod, "end every document with the eod token");
   pre->add_option("--workers", po.workers, "tokenizing threads")->check(CLI::PositiveNumber);
@@ -91,6 +120,20 @@ int main(int argc, char** argv) {
                   "outputs are <prefix>_<key>_document.{bin,idx}")->required();
   pre->add_option("--chunk-bytes", po.chunk_bytes, "lines per work item, in bytes");
   pre->add_option("--log-interval", po.log_interval_s, "seconds between progress lines");
+
+  lf::data::tools::RenderChatOptions rc;
+  auto* chat = app.add_subcommand(
+      "render-chat", "conversations -> input_ids and assistant_masks as transformers' apply_chat_template");
+  chat->add_option("--tokenizer-model", rc.tokenizer_model, "HF tokenizer directory (tokenizer.json, chat template)")
+      ->required();
+  chat->add_option("--input", rc.input, "jsonl, one {\"messages\": [...], \"tools\": [...]} per line")->required();
+  chat->add_option("--output", rc.output, "jsonl, one {\"input_ids\", \"assistant_masks\"} per conversation")
+      ->required();
+  chat->add_flag("--add-generation-prompt", rc.add_generation_prompt, "end with the assistant turn's header");
+  chat->add_option("--chat-template-kwargs", rc.chat_template_kwargs,
+                   "extra template variables as a JSON object, e.g. '{\"enable_thinking\": false}'");
+  chat->add_option("--chat-template-name", rc.chat_template_name,
+                   "which of the tokenizer directory's named chat templates");
 
   lf::data::tools::InspectOptions io;
   auto* ins = app.add_subcommand("inspect", "counts, dtype, length histogram and a decoded sample");
@@ -124,7 +167,18 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
   try {
     lf::log::init(lf::log::options_from_env(-1, 1));
-    if (*pre) return run_preprocess(po, type, model);
+    if (*pre) {
+      if (conv.on) {
+        LF_CHECK(type_opt->count() == 0 || type == "hf" || type == "HuggingFaceTokenizer",
+                 "--conversations needs the HF tokenizer of --tokenizer-model, not --tokenizer-type ", type);
+        LF_CHECK(!po.append_eod, "--append-eod does not apply to --conversations",
+                 lf::hint("the chat template writes each turn's end token"));
+      } else {
+        LF_CHECK(type_opt->count() > 0, "preprocess needs --tokenizer-type (or --conversations)");
+      }
+      return run_preprocess(po, type, model, conv);
+    }
+    if (*chat) return lf::data::tools::run_render_chat(rc);
     if (*ins) return lf::data::tools::run_inspect(io);
     if (*bench) return run_bench(bench_input, bench_key, type, model, repeat);
     if (*demo) {

@@ -1,6 +1,7 @@
 // Preprocessing: a jsonl corpus -> Megatron indexed datasets, one per JSON key
-// (<output_prefix>_<key>_document.{bin,idx}, Megatron's naming), tokenized by N worker threads.
-// The output is byte-identical for any worker count. Not a shuffler or a deduplicator.
+// (<output_prefix>_<key>_document.{bin,idx}, Megatron's naming), tokenized by N worker threads;
+// or conversations rendered with a chat template into tokens and assistant masks. The output is
+// byte-identical for any worker count. Not a shuffler or a deduplicator.
 #pragma once
 
 #include <cstdint>
@@ -10,6 +11,8 @@
 #include "loongforge/data/tokenizer.h"
 
 namespace lf::data {
+
+class ChatTemplate;
 
 struct PreprocessOptions {
   std::string input;                         // .jsonl, one JSON object per line
@@ -36,6 +39,14 @@ struct PreprocessStats {
 // Throws lf::Error naming the file and line for malformed JSON, a missing or non-string key,
 // invalid UTF-8, and a tokenizer without an eod when append_eod is set.
 PreprocessStats preprocess_jsonl(const PreprocessOptions& options, const Tokenizer& tokenizer);
+
+// Conversations: each line {"messages": [...], "tools": [...]} becomes one document in
+// <prefix>_input_ids_document (the rendered conversation's tokens, dtype by vocabulary) and one
+// of equal length in <prefix>_assistant_masks_document (uint8, 1 = answer token), exactly
+// ChatTemplate::tokenize(line, add_generation_prompt=false). json_keys and append_eod do not
+// apply. Errors name the file and line (malformed JSON, no messages, a template error).
+PreprocessStats preprocess_conversations(const PreprocessOptions& options, const Tokenizer& tokenizer,
+                                         const ChatTemplate& chat_template);
 
 // <prefix>_<key>_document
 std::string preprocess_output_prefix(const std::string& prefix, const std::string& key);

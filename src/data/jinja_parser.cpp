@@ -1,0 +1,883 @@
+// Jinja lexer and parser: template text -> TemplateAst. Whitespace control follows jinja2's
+// lexer with trim_blocks and lstrip_blocks on ("-" strips all whitespace, "+" keeps it, a block
+// or comment tag eats the newline after it and the indentation before it); the source's newlines
+// are normalized to "\n" and one trailing newline is dropped (keep_trailing_newline=False).
+#include <cstring>
+#include <set>
+
+#include "jinja_ast.h"
+#include "loongforge/core/error.h"
+
+namespace lf::data::jinja {
+namespace {
+
+std::unique_ptr<Node> new_node(Node::Kind kind, Pos pos) {
+  auto n = std::make_unique<Node>();
+  n->kind = kind;
+  n->pos = pos;
+  return n;
+}
+
+struct Token {
+  enum class Type { text, var_begin, var_end, block_begin, block_end, name, string, integer, floating, op, eof };
+  Type type;
+  std::string text;  // text data, name, decoded string, operator
+  Pos pos;
+  int64_t i = 0;
+  double f = 0;
+};
+
+bool is_space(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v'; }
+
+class Lexer {
+ public:
+  Lexer(const std::string& src, const std::string& name) : s_(src), name_(name) {}
+
+  std::vector<Token> run() {
+    size_t pos = 0;
+    bool line_starting = true;
+    while (pos < s_.size()) {
+      size_t k = find_tag(pos);
+      if (k == std::string::npos) {
+        emit_text(pos, s_.size());
+        break;
+      }
+      char kind = s_[k + 1];  // '{', '%' or '#'
+      char sign = k + 2 < s_.size() ? s_[k + 2] : 0;
+      size_t text_end = k;
+      if (sign == '-') {
+        while (text_end > pos && is_space(s_[text_end - 1])) --text_end;
+      } else if (sign != '+' && kind != '{') {
+        // lstrip_blocks: drop the indentation between the line start and the tag.
+        size_t nl = k > pos ? s_.rfind('\n', k - 1) : std::string::npos;
+        bool has_nl = nl != std::string::npos && nl >= pos;
+        size_t l_pos = has_nl ? nl + 1 : pos;
+        bool only_ws = l_pos < k;
+        for (size_t q = l_pos; q < k; ++q) only_ws = only_ws && is_space(s_[q]);
+        if ((has_nl || line_starting) && only_ws) text_end = l_pos;
+      }
+      emit_text(pos, text_end);
+      size_t start = k + 2 + ((sign == '-' || sign == '+') ? 1 : 0);
+      char close_sign = 0;
+      size_t after;
+      if (kind == '#') {
+        size_t e = s_.find("#}", start);
+        if (e == std::string::npos) fail(k, "the comment is not closed (missing \"#}\")");
+        close_sign = (e > start && (s_[e - 1] == '-' || s_[e - 1] == '+')) ? s_[e - 1] : 0;
+        after = e + 2;
+      } else {
+        Token b{kind == '{' ? Token::Type::var_begin : Token::Type::block_begin, "", pos_of(k)};
+        tokens_.push_back(b);
+        after = lex_tag(start, kind == '{' ? '}' : '%', close_sign);
+      }
+      if (close_sign == '-') {
+        while (after < s_.size() && is_space(s_[after])) ++after;
+      } else if (kind != '{' && close_sign != '+' && after < s_.size() && s_[after] == '\n') {
+        ++after;  // trim_blocks
+      }
+      line_starting = after > 0 && s_[after - 1] == '\n';
+      pos = after;
+    }
+    tokens_.push_back({Token::Type::eof, "", pos_of(s_.size())});
+    return std::move(tokens_);
+  }
+
+ private:
+  const std::string& s_;
+  const std::string& name_;
+  std::vector<Token> tokens_;
+
+  Pos pos_of(size_t off) const {
+    Pos p;
+    for (size_t q = 0; q < off && q < s_.size(); ++q) {
+      if (s_[q] == '\n') ++p.line, p.col = 1;
+      else if ((static_cast<unsigned char>(s_[q]) & 0xc0) != 0x80) ++p.col;
+    }
+    return p;
+  }
+  [[noreturn]] void fail(size_t off, const std::string& what) const {
+    Pos p = pos_of(off);
+    LF_FAIL("chat template ", name_, " line ", p.line, ", column ", p.col, ": ", what);
+  }
+
+  size_t find_tag(size_t pos) const {
+    for (size_t k = s_.find('{', pos); k != std::string::npos; k = s_.find('{', k + 1))
+      if (k + 1 < s_.size() && (s_[k + 1] == '{' || s_[k + 1] == '%' || s_[k + 1] == '#')) return k;
+    return std::string::npos;
+  }
+
+  void emit_text(size_t b, size_t e) {
+    if (e <= b) return;
+    tokens_.push_back({Token::Type::text, s_.substr(b, e - b), pos_of(b)});
+  }
+
+  // Tokens of a {{ }} or {% %} tag from pos; returns the offset after the closing delimiter.
+  size_t lex_tag(size_t pos, char close, char& close_sign) {
+    int depth = 0;  // brackets: a "}}" inside {...} does not end the tag
+    for (;;) {
+      while (pos < s_.size() && is_space(s_[pos])) ++pos;
+      if (pos >= s_.size()) fail(pos, std::string("the tag is not closed (missing \"") + close + "}\")");
+      if (depth == 0) {
+        for (char sg : {'-', '+', '\0'}) {
+          size_t q = pos + (sg ? 1 : 0);
+          if ((sg == 0 || s_[pos] == sg) && q + 1 < s_.size() && s_[q] == close && s_[q + 1] == '}') {
+            close_sign = sg;
+            tokens_.push_back({close == '}' ? Token::Type::var_end : Token::Type::block_end, "", pos_of(pos)});
+            return q + 2;
+          }
+        }
+      }
+      size_t start = pos;
+      char c = s_[pos];
+      if (std::isalpha(static_cast<unsigned char>(c)) || c == '_') {
+        while (pos < s_.size() && (std::isalnum(static_cast<unsigned char>(s_[pos])) || s_[pos] == '_')) ++pos;
+        tokens_.push_back({Token::Type::name, s_.substr(start, pos - start), pos_of(start)});
+      } else if (std::isdigit(static_cast<unsigned char>(c))) {
+        lex_number(pos);
+      } else if (c == '\'' || c == '"') {
+        lex_string(pos);
+      } else {
+        static const char* ops[] = {"//", "**", "==", "!=", ">=", "<=", "+", "-", "/", "*", "%", "~", "[",
+                                    "]", "(", ")", "{", "}", ">", "<", "=", ".", ":", "|", ",", ";"};
+        const char* hit = nullptr;
+        for (const char* op : ops)
+          if (s_.compare(pos, std::strlen(op), op) == 0) {
+            hit = op;
+            break;
+          }
+        if (!hit) fail(pos, std::string("unexpected character '") + c + "'");
+        std::string op(hit);
+        if (op == "(" || op == "[" || op == "{") ++depth;
+        if (op == ")" || op == "]" || op == "}") --depth;
+        pos += op.size();
+        tokens_.push_back({Token::Type::op, op, pos_of(start)});
+      }
+    }
+  }
+
+  void lex_number(size_t& pos) {
+    size_t start = pos;
+    auto digits = [&] {
+      while (pos < s_.size() && (std::isdigit(static_cast<unsigned char>(s_[pos])) || s_[pos] == '_')) ++pos;
+    };
+    digits();
+    bool is_float = false;
+    if (pos + 1 < s_.size() && s_[pos] == '.' && std::isdigit(static_cast<unsigned char>(s_[pos + 1]))) {
+      is_float = true;
+      ++pos;
+      digits();
+    }
+    if (pos < s_.size() && (s_[pos] == 'e' || s_[pos] == 'E')) {
+      size_t q = pos + 1;
+      if (q < s_.size() && (s_[q] == '+' || s_[q] == '-')) ++q;
+      if (q < s_.size() && std::isdigit(static_cast<unsigned char>(s_[q]))) {
+        is_float = true;
+        pos = q;
+        digits();
+      }
+    }
+    std::string text;
+    for (size_t q = start; q < pos; ++q)
+      if (s_[q] != '_') text += s_[q];
+    Token t{is_float ? Token::Type::floating : Token::Type::integer, text, pos_of(start)};
+    try {
+      if (is_float) t.f = std::stod(text);
+      else t.i = std::stoll(text);
+    } catch (const std::exception&) {
+      fail(start, "number " + text + " is out of range");
+    }
+    tokens_.push_back(t);
+  }
+
+  // Python string literal escapes (jinja decodes literals with unicode-escape).
+  void lex_string(size_t& pos) {
+    size_t start = pos;
+    char q = s_[pos++];
+    std::string out;
+    for (;;) {
+      if (pos >= s_.size()) fail(start, "the string literal is not closed");
+      char c = s_[pos++];
+      if (c == q) break;
+      if (c != '\\') {
+        out += c;
+        continue;
+      }
+      if (pos >= s_.size()) fail(start, "the string literal is not closed");
+      char e = s_[pos++];
+      auto hex = [&](int n) {
+        uint32_t cp = 0;
+        for (int k = 0; k < n; ++k) {
+          if (pos >= s_.size() || !std::isxdigit(static_cast<unsigned char>(s_[pos])))
+            fail(pos, std::string("bad \\") + e + " escape in a string literal");
+          char h = s_[pos++];
+          cp = cp * 16 + static_cast<uint32_t>(std::isdigit(static_cast<unsigned char>(h)) ? h - '0' : (std::tolower(h) - 'a' + 10));
+        }
+        return cp;
+      };
+      switch (e) {
+        case 'n': out += '\n'; break;
+        case 't': out += '\t'; break;
+        case 'r': out += '\r'; break;
+        case '\\': out += '\\'; break;
+        case '\'': out += '\''; break;
+        case '"': out += '"'; break;
+        case 'a': out += '\a'; break;
+        case 'b': out += '\b'; break;
+        case 'f': out += '\f'; break;
+        case 'v': out += '\v'; break;
+        case '\n': break;  // line continuation
+        case 'x': append_utf8(out, hex(2)); break;
+        case 'u': append_utf8(out, hex(4)); break;
+        case 'U': append_utf8(out, hex(8)); break;
+        default:
+          if (e >= '0' && e <= '7') {
+            uint32_t cp = static_cast<uint32_t>(e - '0');
+            for (int k = 0; k < 2 && pos < s_.size() && s_[pos] >= '0' && s_[pos] <= '7'; ++k)
+              cp = cp * 8 + static_cast<uint32_t>(s_[pos++] - '0');
+            append_utf8(out, cp);
+          } else {
+            out += '\\';  // Python keeps unknown escapes
+            out += e;
+          }
+      }
+    }
+    tokens_.push_back({Token::Type::string, out, pos_of(start)});
+  }
+
+  static void append_utf8(std::string& out, uint32_t cp) {
+    if (cp < 0x80) out += static_cast<char>(cp);
+    else if (cp < 0x800) out += static_cast<char>(0xc0 | (cp >> 6)), out += static_cast<char>(0x80 | (cp & 0x3f));
+    else if (cp < 0x10000)
+      out += static_cast<char>(0xe0 | (cp >> 12)), out += static_cast<char>(0x80 | ((cp >> 6) & 0x3f)),
+          out += static_cast<char>(0x80 | (cp & 0x3f));
+    else
+      out += static_cast<char>(0xf0 | (cp >> 18)), out += static_cast<char>(0x80 | ((cp >> 12) & 0x3f)),
+          out += static_cast<char>(0x80 | ((cp >> 6) & 0x3f)), out += static_cast<char>(0x80 | (cp & 0x3f));
+  }
+};
+
+class Parser {
+ public:
+  Parser(std::vector<Token> tokens, const std::string& name) : t_(std::move(tokens)), name_(name) {}
+
+  Body parse_all() {
+    std::string end;
+    Body b = parse_body({}, end);
+    return b;
+  }
+
+ private:
+  std::vector<Token> t_;
+  size_t i_ = 0;
+  const std::string& name_;
+
+  const Token& cur() const { return t_[i_]; }
+  const Token& peek(size_t k = 1) const { return t_[std::min(i_ + k, t_.size() - 1)]; }
+  bool is_op(const char* op) const { return cur().type == Token::Type::op && cur().text == op; }
+  bool is_name(const char* n) const { return cur().type == Token::Type::name && cur().text == n; }
+  [[noreturn]] void fail(const Token& t, const std::string& what) const {
+    LF_FAIL("chat template ", name_, " line ", t.pos.line, ", column ", t.pos.col, ": ", what);
+  }
+  std::string describe(const Token& t) const {
+    switch (t.type) {
+      case Token::Type::eof: return "the end of the template";
+      case Token::Type::block_end: return "the end of the tag";
+      case Token::Type::var_end: return "\"}}\"";
+      case Token::Type::string: return "a string";
+      case Token::Type::integer: case Token::Type::floating: return "a number";
+      default: return "\"" + t.text + "\"";
+    }
+  }
+  void expect_op(const char* op) {
+    if (!is_op(op)) fail(cur(), std::string("expected \"") + op + "\", found " + describe(cur()));
+    ++i_;
+  }
+  std::string expect_name(const char* what) {
+    if (cur().type != Token::Type::name) fail(cur(), std::string("expected ") + what + ", found " + describe(cur()));
+    return t_[i_++].text;
+  }
+  void expect_block_end(const std::string& tag) {
+    if (cur().type != Token::Type::block_end)
+      fail(cur(), "expected the end of the \"" + tag + "\" tag, found " + describe(cur()));
+    ++i_;
+  }
+
+  // Statements until one of end_tags ({% name %}); the tag name found is returned in `end`
+  // (its block begin and name consumed, the rest of the tag not).
+  Body parse_body(const std::set<std::string>& end_tags, std::string& end) {
+    Body body;
+    for (;;) {
+      const Token& t = cur();
+      if (t.type == Token::Type::eof) {
+        if (!end_tags.empty()) {
+          std::string want;
+          for (const auto& e : end_tags) want += (want.empty() ? "" : " or ") + std::string("{% ") + e + " %}";
+          fail(t, "unexpected end of the template, expected " + want);
+        }
+        return body;
+      }
+      if (t.type == Token::Type::text) {
+        auto n = new_node(Node::Kind::text, t.pos);
+        n->text = t.text;
+        body.push_back(std::move(n));
+        ++i_;
+      } else if (t.type == Token::Type::var_begin) {
+        ++i_;
+        auto n = new_node(Node::Kind::output, t.pos);
+        n->expr = parse_expression();
+        if (cur().type != Token::Type::var_end) fail(cur(), "expected \"}}\", found " + describe(cur()));
+        ++i_;
+        body.push_back(std::move(n));
+      } else if (t.type == Token::Type::block_begin) {
+        ++i_;
+        const Token& nt = cur();
+        if (nt.type != Token::Type::name) fail(nt, "expected a tag name after \"{%\", found " + describe(nt));
+        if (end_tags.count(nt.text)) {
+          end = nt.text;
+          ++i_;
+          return body;
+        }
+        body.push_back(parse_statement());
+      } else {
+        fail(t, "unexpected " + describe(t));
+      }
+    }
+  }
+
+  std::unique_ptr<Node> parse_statement() {
+    const Token& t = cur();
+    std::string tag = t.text;
+    ++i_;
+    auto node = new_node(Node::Kind::text, t.pos);
+    std::string end;
+    if (tag == "if") {
+      node->kind = Node::Kind::if_;
+      ExprPtr cond = parse_expression();
+      for (;;) {
+        expect_block_end(tag);
+        Body b = parse_body({"elif", "else", "endif"}, end);
+        node->branches.emplace_back(std::move(cond), std::move(b));
+        if (end == "elif") {
+          cond = parse_expression();
+          continue;
+        }
+        if (end == "else") {
+          expect_block_end("else");
+          node->else_body = parse_body({"endif"}, end);
+        }
+        expect_block_end(end);
+        break;
+      }
+    } else if (tag == "for") {
+      node->kind = Node::Kind::for_;
+      node->targets = parse_targets();
+      if (!is_name("in")) fail(cur(), "expected \"in\" in the for tag, found " + describe(cur()));
+      ++i_;
+      node->expr = parse_ternary(false);
+      if (is_name("if")) {
+        ++i_;
+        node->filter = parse_ternary(true);
+      }
+      if (is_name("recursive")) fail(cur(), "recursive for loops are not supported");
+      expect_block_end(tag);
+      node->body = parse_body({"else", "endfor"}, end);
+      if (end == "else") {
+        expect_block_end("else");
+        node->else_body = parse_body({"endfor"}, end);
+      }
+      expect_block_end(end);
+    } else if (tag == "set") {
+      std::string first = expect_name("a variable name");
+      if (is_op(".")) {
+        ++i_;
+        node->kind = Node::Kind::set;
+        node->targets = {first};
+        node->text = expect_name("an attribute name");
+        expect_op("=");
+        node->expr = parse_tuple_expression();
+        expect_block_end(tag);
+      } else if (cur().type == Token::Type::block_end) {
+        node->kind = Node::Kind::set_block;
+        node->text = first;
+        ++i_;
+        node->body = parse_body({"endset"}, end);
+        expect_block_end(end);
+      } else {
+        node->kind = Node::Kind::set;
+        node->targets = {first};
+        while (is_op(",")) {
+          ++i_;
+          node->targets.push_back(expect_name("a variable name"));
+        }
+        if (is_op("|")) fail(cur(), "filtered {% set %} blocks are not supported");
+        expect_op("=");
+        node->expr = parse_tuple_expression();
+        expect_block_end(tag);
+      }
+    } else if (tag == "macro") {
+      node->kind = Node::Kind::macro;
+      node->text = expect_name("a macro name");
+      expect_op("(");
+      while (!is_op(")")) {
+        if (!node->params.empty()) expect_op(",");
+        if (is_op(")")) break;
+        std::string p = expect_name("a parameter name");
+        ExprPtr def;
+        if (is_op("=")) {
+          ++i_;
+          def = parse_expression();
+        }
+        node->params.emplace_back(p, std::move(def));
+      }
+      ++i_;
+      expect_block_end(tag);
+      node->body = parse_body({"endmacro"}, end);
+      expect_block_end(end);
+    } else if (tag == "generation") {
+      node->kind = Node::Kind::generation;
+      expect_block_end(tag);
+      node->body = parse_body({"endgeneration"}, end);
+      expect_block_end(end);
+    } else if (tag == "break" || tag == "continue") {
+      node->kind = tag == "break" ? Node::Kind::break_ : Node::Kind::continue_;
+      expect_block_end(tag);
+    } else if (tag == "with") {
+      node->kind = Node::Kind::with;
+      while (cur().type != Token::Type::block_end) {
+        if (!node->params.empty()) expect_op(",");
+        std::string n = expect_name("a variable name");
+        expect_op("=");
+        node->params.emplace_back(n, parse_expression());
+      }
+      expect_block_end(tag);
+      node->body = parse_body({"endwith"}, end);
+      expect_block_end(end);
+    } else {
+      static const std::set<std::string> known_unsupported = {
+          "include", "import", "from", "extends", "block", "call", "filter", "raw", "do", "autoescape", "trans"};
+      if (known_unsupported.count(tag))
+        fail(t, "the {% " + tag + " %} tag is not supported by LoongForge's Jinja subset (docs/data.md lists it)");
+      fail(t, "unknown tag \"" + tag + "\"");
+    }
+    return node;
+  }
+
+  std::vector<std::string> parse_targets() {
+    std::vector<std::string> names;
+    bool paren = is_op("(");
+    if (paren) ++i_;
+    names.push_back(expect_name("a loop variable"));
+    while (is_op(",")) {
+      ++i_;
+      names.push_back(expect_name("a loop variable"));
+    }
+    if (paren) expect_op(")");
+    return names;
+  }
+
+  ExprPtr make(Expr::Kind k, Pos p) {
+    auto e = std::make_unique<Expr>();
+    e->kind = k;
+    e->pos = p;
+    return e;
+  }
+
+  // "a, b" without parentheses is a tuple (set statements).
+  ExprPtr parse_tuple_expression() {
+    Pos p = cur().pos;
+    ExprPtr first = parse_expression();
+    if (!is_op(",")) return first;
+    auto t = make(Expr::Kind::tuple, p);
+    t->args.push_back(std::move(first));
+    while (is_op(",")) {
+      ++i_;
+      if (cur().type == Token::Type::block_end) break;
+      t->args.push_back(parse_expression());
+    }
+    return t;
+  }
+
+  ExprPtr parse_expression() { return parse_ternary(true); }
+
+  ExprPtr parse_ternary(bool with_cond) {
+    ExprPtr e = parse_or();
+    while (with_cond && is_name("if")) {
+      Pos p = cur().pos;
+      ++i_;
+      auto c = make(Expr::Kind::cond, p);
+      ExprPtr test = parse_or();
+      c->args.push_back(std::move(e));
+      c->args.push_back(std::move(test));
+      if (is_name("else")) {
+        ++i_;
+        c->args.push_back(parse_ternary(true));
+      }
+      e = std::move(c);
+    }
+    return e;
+  }
+
+  ExprPtr binary(Op op, ExprPtr a, ExprPtr b, Pos p) {
+    auto e = make(Expr::Kind::binary, p);
+    e->ops = {op};
+    e->args.push_back(std::move(a));
+    e->args.push_back(std::move(b));
+    return e;
+  }
+
+  ExprPtr parse_or() {
+    ExprPtr e = parse_and();
+    while (is_name("or")) {
+      Pos p = cur().pos;
+      ++i_;
+      e = binary(Op::or_, std::move(e), parse_and(), p);
+    }
+    return e;
+  }
+  ExprPtr parse_and() {
+    ExprPtr e = parse_not();
+    while (is_name("and")) {
+      Pos p = cur().pos;
+      ++i_;
+      e = binary(Op::and_, std::move(e), parse_not(), p);
+    }
+    return e;
+  }
+  ExprPtr parse_not() {
+    if (is_name("not")) {
+      Pos p = cur().pos;
+      ++i_;
+      auto e = make(Expr::Kind::unary, p);
+      e->ops = {Op::not_};
+      e->args.push_back(parse_not());
+      return e;
+    }
+    return parse_compare();
+  }
+  ExprPtr parse_compare() {
+    Pos p = cur().pos;
+    ExprPtr first = parse_math1();
+    ExprPtr cmp;
+    for (;;) {
+      Op op;
+      if (is_op("==")) op = Op::eq;
+      else if (is_op("!=")) op = Op::ne;
+      else if (is_op("<")) op = Op::lt;
+      else if (is_op("<=")) op = Op::le;
+      else if (is_op(">")) op = Op::gt;
+      else if (is_op(">=")) op = Op::ge;
+      else if (is_name("in")) op = Op::in;
+      else if (is_name("not") && peek().type == Token::Type::name && peek().text == "in") {
+        op = Op::not_in;
+        ++i_;
+      } else break;
+      ++i_;
+      if (!cmp) {
+        cmp = make(Expr::Kind::compare, p);
+        cmp->args.push_back(std::move(first));
+      }
+      cmp->ops.push_back(op);
+      cmp->args.push_back(parse_math1());
+    }
+    return cmp ? std::move(cmp) : std::move(first);
+  }
+  ExprPtr parse_math1() {
+    ExprPtr e = parse_concat();
+    while (is_op("+") || is_op("-")) {
+      Pos p = cur().pos;
+      Op op = is_op("+") ? Op::add : Op::sub;
+      ++i_;
+      e = binary(op, std::move(e), parse_concat(), p);
+    }
+    return e;
+  }
+  ExprPtr parse_concat() {
+    ExprPtr e = parse_math2();
+    while (is_op("~")) {
+      Pos p = cur().pos;
+      ++i_;
+      e = binary(Op::concat, std::move(e), parse_math2(), p);
+    }
+    return e;
+  }
+  ExprPtr parse_math2() {
+    ExprPtr e = parse_pow();
+    for (;;) {
+      Op op;
+      if (is_op("*")) op = Op::mul;
+      else if (is_op("/")) op = Op::div;
+      else if (is_op("//")) op = Op::floordiv;
+      else if (is_op("%")) op = Op::mod;
+      else break;
+      Pos p = cur().pos;
+      ++i_;
+      e = binary(op, std::move(e), parse_pow(), p);
+    }
+    return e;
+  }
+  ExprPtr parse_pow() {
+    ExprPtr e = parse_unary(true);
+    while (is_op("**")) {
+      Pos p = cur().pos;
+      ++i_;
+      e = binary(Op::pow, std::move(e), parse_unary(true), p);
+    }
+    return e;
+  }
+  ExprPtr parse_unary(bool with_filter) {
+    ExprPtr e;
+    if (is_op("-") || is_op("+")) {
+      Pos p = cur().pos;
+      Op op = is_op("-") ? Op::neg : Op::pos;
+      ++i_;
+      e = make(Expr::Kind::unary, p);
+      e->ops = {op};
+      e->args.push_back(parse_unary(false));
+    } else {
+      e = parse_primary();
+    }
+    e = parse_postfix(std::move(e));
+    if (with_filter) e = parse_filter_expr(std::move(e));
+    return e;
+  }
+
+  ExprPtr parse_primary() {
+    const Token& t = cur();
+    Pos p = t.pos;
+    switch (t.type) {
+      case Token::Type::name: {
+        ++i_;
+        auto e = make(Expr::Kind::literal, p);
+        if (t.text == "true" || t.text == "True") e->value = true;
+        else if (t.text == "false" || t.text == "False") e->value = false;
+        else if (t.text == "none" || t.text == "None") e->value = None{};
+        else {
+          e->kind = Expr::Kind::name;
+          e->name = t.text;
+        }
+        return e;
+      }
+      case Token::Type::string: {
+        std::string s;
+        while (cur().type == Token::Type::string) s += t_[i_++].text;  // adjacent literals join
+        auto e = make(Expr::Kind::literal, p);
+        e->value = s;
+        return e;
+      }
+      case Token::Type::integer: {
+        ++i_;
+        auto e = make(Expr::Kind::literal, p);
+        e->value = t.i;
+        return e;
+      }
+      case Token::Type::floating: {
+        ++i_;
+        auto e = make(Expr::Kind::literal, p);
+        e->value = t.f;
+        return e;
+      }
+      case Token::Type::op:
+        if (t.text == "(") {
+          ++i_;
+          if (is_op(")")) {
+            ++i_;
+            return make(Expr::Kind::tuple, p);
+          }
+          ExprPtr first = parse_expression();
+          if (is_op(")")) {
+            ++i_;
+            return first;
+          }
+          auto tup = make(Expr::Kind::tuple, p);
+          tup->args.push_back(std::move(first));
+          while (is_op(",")) {
+            ++i_;
+            if (is_op(")")) break;
+            tup->args.push_back(parse_expression());
+          }
+          expect_op(")");
+          return tup;
+        }
+        if (t.text == "[") {
+          ++i_;
+          auto l = make(Expr::Kind::list, p);
+          while (!is_op("]")) {
+            if (!l->args.empty()) expect_op(",");
+            if (is_op("]")) break;
+            l->args.push_back(parse_expression());
+          }
+          ++i_;
+          return l;
+        }
+        if (t.text == "{") {
+          ++i_;
+          auto d = make(Expr::Kind::dict, p);
+          while (!is_op("}")) {
+            if (!d->args.empty()) expect_op(",");
+            if (is_op("}")) break;
+            d->args.push_back(parse_expression());
+            expect_op(":");
+            d->args.push_back(parse_expression());
+          }
+          ++i_;
+          return d;
+        }
+        [[fallthrough]];
+      default: fail(t, "expected an expression, found " + describe(t));
+    }
+  }
+
+  ExprPtr parse_postfix(ExprPtr e) {
+    for (;;) {
+      Pos p = cur().pos;
+      if (is_op(".")) {
+        ++i_;
+        if (cur().type == Token::Type::integer) {
+          auto g = make(Expr::Kind::getitem, p);
+          auto k = make(Expr::Kind::literal, cur().pos);
+          k->value = cur().i;
+          ++i_;
+          g->args.push_back(std::move(e));
+          g->args.push_back(std::move(k));
+          e = std::move(g);
+          continue;
+        }
+        auto g = make(Expr::Kind::getattr, p);
+        g->name = expect_name("an attribute name after \".\"");
+        g->args.push_back(std::move(e));
+        e = std::move(g);
+      } else if (is_op("[")) {
+        ++i_;
+        e = parse_subscript(std::move(e), p);
+      } else if (is_op("(")) {
+        e = parse_call(std::move(e));
+      } else {
+        return e;
+      }
+    }
+  }
+
+  ExprPtr parse_subscript(ExprPtr obj, Pos p) {
+    ExprPtr parts[3];
+    int colons = 0;
+    for (;;) {
+      if (is_op("]")) break;
+      if (is_op(":")) {
+        if (++colons > 2) fail(cur(), "a slice has at most two \":\"");
+        ++i_;
+        continue;
+      }
+      if (parts[colons]) fail(cur(), "expected \":\" or \"]\", found " + describe(cur()));
+      parts[colons] = parse_expression();
+    }
+    ++i_;
+    if (colons == 0) {
+      if (!parts[0]) fail(cur(), "empty subscript \"[]\"");
+      auto g = make(Expr::Kind::getitem, p);
+      g->args.push_back(std::move(obj));
+      g->args.push_back(std::move(parts[0]));
+      return g;
+    }
+    auto s = make(Expr::Kind::slice, p);
+    s->args.push_back(std::move(obj));
+    for (auto& x : parts) s->args.push_back(std::move(x));
+    return s;
+  }
+
+  // Arguments "(a, b, key=c)" into e->args (after any already there) and e->kwargs.
+  void parse_call_args(Expr& e) {
+    expect_op("(");
+    bool first = true;
+    while (!is_op(")")) {
+      if (!first) expect_op(",");
+      first = false;
+      if (is_op(")")) break;
+      if (is_op("*") || is_op("**")) fail(cur(), "*args and **kwargs in calls are not supported");
+      if (cur().type == Token::Type::name && peek().type == Token::Type::op && peek().text == "=") {
+        std::string k = t_[i_].text;
+        i_ += 2;
+        e.kwargs.emplace_back(k, parse_expression());
+      } else {
+        if (!e.kwargs.empty()) fail(cur(), "a positional argument follows a keyword argument");
+        e.args.push_back(parse_expression());
+      }
+    }
+    ++i_;
+  }
+
+  ExprPtr parse_call(ExprPtr callee) {
+    auto c = make(Expr::Kind::call, cur().pos);
+    c->args.push_back(std::move(callee));
+    parse_call_args(*c);
+    return c;
+  }
+
+  ExprPtr parse_filter_expr(ExprPtr e) {
+    for (;;) {
+      if (is_op("|")) {
+        ++i_;
+        Pos p = cur().pos;
+        auto f = make(Expr::Kind::filter, p);
+        f->name = expect_name("a filter name after \"|\"");
+        while (is_op(".")) {
+          ++i_;
+          f->name += "." + expect_name("a filter name");
+        }
+        f->args.push_back(std::move(e));
+        if (is_op("(")) parse_call_args(*f);
+        e = std::move(f);
+      } else if (is_name("is")) {
+        ++i_;
+        Pos p = cur().pos;
+        auto t = make(Expr::Kind::test, p);
+        if (is_name("not")) {
+          t->negated = true;
+          ++i_;
+        }
+        // Tests named by operators ("==", "!=") are only valid in select/reject; here names.
+        t->name = expect_name("a test name after \"is\"");
+        t->args.push_back(std::move(e));
+        if (is_op("(")) {
+          parse_call_args(*t);
+        } else if ((cur().type == Token::Type::name || cur().type == Token::Type::string ||
+                    cur().type == Token::Type::integer || cur().type == Token::Type::floating ||
+                    is_op("(") || is_op("[") || is_op("{")) &&
+                   !is_name("else") && !is_name("or") && !is_name("and")) {
+          if (is_name("is")) fail(cur(), "tests cannot be chained with \"is\"");
+          ExprPtr arg = parse_postfix(parse_primary());
+          t->args.push_back(std::move(arg));
+        }
+        e = std::move(t);
+      } else if (is_op("(")) {
+        e = parse_call(std::move(e));
+      } else {
+        return e;
+      }
+    }
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<TemplateAst> parse_template(const std::string& source, const std::string& name) {
+  // Newlines normalized to "\n"; one trailing newline dropped (jinja's keep_trailing_newline=False).
+  std::string src;
+  src.reserve(source.size());
+  for (size_t k = 0; k < source.size(); ++k) {
+    if (source[k] == '\r') {
+      src += '\n';
+      if (k + 1 < source.size() && source[k + 1] == '\n') ++k;
+    } else {
+      src += source[k];
+    }
+  }
+  if (!src.empty() && src.back() == '\n') src.pop_back();
+  auto ast = std::make_unique<TemplateAst>();
+  ast->name = name;
+  Lexer lexer(src, name);
+  Parser parser(lexer.run(), name);
+  ast->body = parser.parse_all();
+  return ast;
+}
+
+}  // namespace lf::data::jinja

@@ -72,13 +72,13 @@ LinearCrossEntropyFwd CpuOps::linear_cross_entropy(const at::Tensor& x0, const a
   // [v, h]: at a 32K vocabulary that fill alone costs a pass over 100 MB), padding rows are zeroed.
   // With a destination (GradInto) the accumulator is that buffer, the scale folded into the GEMMs'
   // [c, h] operands, and with accumulate the first chunk adds instead of writing.
-  const bool direct = into.dw.defined();
+  const bool direct = into.dw.defined(), skip = into.skip;
   const bool add_first = direct && into.accumulate;
   const double gscale = direct ? into.scale : 1.0;
-  at::Tensor dw = direct ? into.dw : at::empty({v, h}, f32);
-  if (valid < v && !add_first) dw.narrow(0, valid, v - valid).zero_();
-  at::Tensor dwv = dw.narrow(0, 0, valid);
-  if (n == 0 && !add_first) dwv.zero_();
+  at::Tensor dw = direct ? into.dw : skip ? at::Tensor() : at::empty({v, h}, f32);
+  if (!skip && valid < v && !add_first) dw.narrow(0, valid, v - valid).zero_();
+  at::Tensor dwv = skip ? at::Tensor() : dw.narrow(0, 0, valid);
+  if (!skip && n == 0 && !add_first) dwv.zero_();
   at::Tensor buf = at::empty({chunk, valid}, f32);
   for (int64_t c0 = 0; c0 < n; c0 += chunk) {
     const int64_t c = std::min(chunk, n - c0);
@@ -117,6 +117,7 @@ LinearCrossEntropyFwd CpuOps::linear_cross_entropy(const at::Tensor& x0, const a
     if (dtype == at::kFloat) {
       at::mm_out(dxc, z, wv);
       dxc.mul_(scale).sub_(wv.index_select(0, st) * hit);
+      if (skip) continue;
       at::Tensor xs = direct ? xc * (scale * gscale) : xc * scale;
       if (write)
         at::mm_out(dwv, z.t(), xs);
@@ -127,6 +128,7 @@ LinearCrossEntropyFwd CpuOps::linear_cross_entropy(const at::Tensor& x0, const a
       at::Tensor zb = z.to(dtype);
       at::Tensor xf = xc.to(at::kFloat);
       dxc.copy_(at::mm(zb, wv).to(at::kFloat).mul_(scale).sub_(wv.index_select(0, st).to(at::kFloat) * hit));
+      if (skip) continue;
       at::Tensor part = at::mm(zb.t(), (xf * (direct ? scale * gscale : scale)).to(dtype));
       if (write)
         dwv.copy_(part);
@@ -135,7 +137,7 @@ LinearCrossEntropyFwd CpuOps::linear_cross_entropy(const at::Tensor& x0, const a
       dwv.index_add_(0, st, direct ? xf * (hit * gscale) : xf * hit, -1.0);
     }
   }
-  if (!direct) r.dw = dtype == at::kFloat ? dw : dw.to(dtype);
+  if (!direct && !skip) r.dw = dtype == at::kFloat ? dw : dw.to(dtype);
   return r;
 }
 

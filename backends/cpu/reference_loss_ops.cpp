@@ -44,6 +44,8 @@ ShardTargets shard_targets(const at::Tensor& target, const VocabShard& shard, in
 }
 
 void check_grad_into(const GradInto& into, const at::Tensor& w) {
+  LF_CHECK(!into.skip || !into.dw.defined(), "linear_cross_entropy: a gradient destination for a weight whose "
+           "gradient is skipped");
   if (!into.dw.defined()) return;
   LF_CHECK(into.dw.scalar_type() == at::kFloat && into.dw.sizes() == w.sizes() && into.dw.is_contiguous() &&
                into.dw.device() == w.device(),
@@ -80,6 +82,7 @@ LinearCrossEntropyFwd ReferenceOps::linear_cross_entropy(const at::Tensor& x, co
   dz = dz * weight.to(ct).masked_fill(ignored, 0.0).unsqueeze(1);
   at::Tensor dzx = dz.to(x.scalar_type());
   r.dx = at::matmul(dzx, w).contiguous();
+  if (into.skip) return r;
   r.dw = at::matmul(dzx.t(), x).to(w.scalar_type()).contiguous();
   if (into.dw.defined()) {  // the reference is about the math, not the memory: computed, then moved
     at::NoGradGuard no_grad;

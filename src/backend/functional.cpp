@@ -131,7 +131,9 @@ struct LinearCrossEntropyFn : torch::autograd::Function<LinearCrossEntropyFn> {
     auto r = be->ops().linear_cross_entropy(x, w, target, weight, ignore_index, *shard, chunk,
                                             into ? *into : lf::backend::GradInto{});
     ctx->saved_data["dx"] = r.dx;
-    if (into) {
+    if (into && into->skip) {
+      ctx->saved_data["skip_dw"] = true;
+    } else if (into) {
       ctx->saved_data["into_scale"] = static_cast<double>(static_cast<float>(into->scale));
     } else {
       ctx->saved_data["dw"] = r.dw;
@@ -146,7 +148,9 @@ struct LinearCrossEntropyFn : torch::autograd::Function<LinearCrossEntropyFn> {
     const at::Tensor g = dl[0].to(at::kFloat);
     dx.mul_(g);
     at::Tensor dw;
-    if (ctx->saved_data.count("into_scale")) {
+    if (ctx->saved_data.count("skip_dw")) {
+      // a frozen weight: no gradient
+    } else if (ctx->saved_data.count("into_scale")) {
       const float want = static_cast<float>(ctx->saved_data["into_scale"].toDouble());
       const float got = g.item<float>();
       LF_CHECK(got == want, "linear_cross_entropy_sum: the output layer's weight gradient was written to the "

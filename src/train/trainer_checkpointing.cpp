@@ -27,6 +27,12 @@ std::vector<CheckpointGroup> select_groups(const std::vector<CheckpointGroup>& g
 }  // namespace
 
 void TrainerCheckpointing::load_base(const std::string& dir) {
+  const auto resolved = ckpt::resolve_checkpoint_dir(dir);
+  LF_CHECK(resolved.has_value(), "base checkpoint ", dir, " holds no checkpoint (no ", ckpt::kTrackerFile, ")",
+           lf::hint("pass the directory a training run or loongforge-convert hf2lf saved to"));
+  LF_CHECK(!checkpoint_base(*resolved).has_value(), "base checkpoint ", *resolved,
+           " is itself a LoRA checkpoint (adapters on another base)",
+           lf::hint("resume it with --load, or merge it first: loongforge-convert lf2hf --merge-lora, then hf2lf"));
   LoadOptions o;
   o.finetune = true;  // weights only
   auto r = load_checkpoint(dir, o, select_groups(groups_, true), optimizer_, ctx_, backend_);

@@ -289,6 +289,24 @@ void add_linear_cross_entropy_cases(std::vector<OpCase>& cases) {
                            return NamedTensors{{"loss", r.loss}, {"dx", r.dx}, {"dw_into", into.dw}};
                          }});
       }
+      // A frozen weight (LoRA's base): no weight gradient at all, the same loss and dx.
+      cases.push_back({name + "_frozen_weight", dt == at::kFloat ? 1e-5 : kBf16Tol, dt == at::kFloat ? kF32Rtol : kBf16Tol,
+                       [dt] {
+                         Rng g(15);
+                         auto target = g.randint(64, {37});
+                         target.index_fill_(0, at::arange(0, 37, 5), -100);
+                         auto weight = g.randn({37}, at::kFloat).abs();
+                         return std::vector<at::Tensor>{g.randn({37, 16}, dt), g.randn({70, 16}, dt, 0.5), target, weight};
+                       },
+                       [chunk](const OpTable& ops, const std::vector<at::Tensor>& in) {
+                         backend::VocabShard shard;
+                         shard.valid = 64;
+                         backend::GradInto into;
+                         into.skip = true;
+                         auto r = ops.linear_cross_entropy(in[0], in[1], in[2], in[3], -100, shard, chunk, into);
+                         LF_CHECK(!r.dw.defined(), "linear_cross_entropy returned dw for a frozen weight");
+                         return NamedTensors{{"loss", r.loss}, {"dx", r.dx}};
+                       }});
     }
 }
 

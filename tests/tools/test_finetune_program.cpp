@@ -225,6 +225,14 @@ TEST(FinetuneConfig, MistakesAreRefusedWithTheKey) {
   ASSERT_EQ(dry.exit_code, 0) << dry.output;
   EXPECT_NE(dry.output.find("LoRA adapters"), std::string::npos) << dry.output;
   EXPECT_NE(dry.output.find("adapters only"), std::string::npos) << dry.output;
+  // The example job of docs/finetuning.md composes, and its adapters are PEFT's count for
+  // Qwen3-0.6B at r 16 on all seven projections (print_trainable_parameters: 10,092,544).
+  auto example = lf::testing::run_command({bin("loongforge-train"), "--config-file",
+                                           lf::testing::source_dir() + "/configs/examples/sft_lora_qwen3.yaml",
+                                           "--dry-run", "~data.tokenizer_type", "~data.tokenizer_model"},
+                                          {}, std::chrono::seconds(120));
+  EXPECT_EQ(example.exit_code, 0) << example.output;
+  EXPECT_NE(example.output.find("LoRA adapters   10092544 parameters"), std::string::npos) << example.output;
 }
 
 }  // namespace

@@ -112,6 +112,7 @@ struct GradInto {
   at::Tensor dw;  // fp32 [v_local, h], contiguous; undefined: return dw as usual
   double scale = 1.0;
   bool accumulate = false;
+  bool skip = false;  // the weight is frozen (LoRA): dL/dw is not computed at all; the result's dw is undefined
 };
 
 // Mixture of experts: each of n tokens goes to k experts (indices [n, k], -1: the slot was dropped

@@ -72,6 +72,7 @@ at::Tensor LmHead::loss_sum(const at::Tensor& x, const at::Tensor& labels, const
   at::Tensor flat = full.reshape({-1, full.size(-1)});
   std::optional<lf::backend::GradInto> into;
   if (sink_ && at::GradMode::is_enabled() && weight_.requires_grad()) into = sink_->take(weight_, term.empty() ? term_ : term);
+  if (!weight_.requires_grad()) into = lf::backend::GradInto{.skip = true};  // frozen (LoRA): no dL/dw GEMMs
   return lf::ops::linear_cross_entropy_sum(*backend_, flat, weight_, target, weight, shard, -100, 0,
                                            into ? &*into : nullptr);
 }

@@ -28,6 +28,15 @@ struct Undefined {
 };
 struct None {};
 
+// What a sequence value is in Python: its str(), len(), subscripting and JSON differ by kind.
+// Generators (select, map, items, unique, reverse ...) are consumed by iteration, as in Python.
+enum class Seq : uint8_t { list, tuple, generator, range, dict_items, dict_keys, dict_values };
+
+// The storage of a range(): its items plus what str() prints.
+struct RangeList : std::vector<Value> {
+  int64_t start = 0, stop = 0, step = 1;
+};
+
 class Value {
  public:
   using ListPtr = std::shared_ptr<List>;
@@ -46,7 +55,9 @@ class Value {
   Value(double f) : v_(f) {}
   Value(std::string s) : v_(std::move(s)) {}
   Value(const char* s) : v_(std::string(s)) {}
-  Value(List l, bool tuple = false);
+  explicit Value(List l, Seq kind = Seq::list);
+  Value(ListPtr l, Seq kind) : v_(std::move(l)), seq_(kind) {}
+  static Value range(int64_t start, int64_t stop, int64_t step);
   Value(DictPtr d) : v_(std::move(d)) {}
   Value(NsPtr n) : v_(std::move(n)) {}
   Value(CallablePtr c) : v_(std::move(c)) {}
@@ -58,8 +69,12 @@ class Value {
   bool is_float() const { return std::holds_alternative<double>(v_); }
   bool is_number() const { return is_int() || is_float() || is_bool(); }  // Python: bool is int
   bool is_string() const { return std::holds_alternative<std::string>(v_); }
-  bool is_list() const { return std::holds_alternative<ListPtr>(v_); }  // list or tuple
-  bool is_tuple() const { return is_list() && tuple_; }
+  bool is_list() const { return std::holds_alternative<ListPtr>(v_); }  // any Seq kind
+  bool is_tuple() const { return is_list() && seq_ == Seq::tuple; }
+  // A list, tuple or range: len(), subscripts and slices work.
+  bool is_indexable() const { return is_list() && (seq_ == Seq::list || seq_ == Seq::tuple || seq_ == Seq::range); }
+  bool is_generator() const { return is_list() && seq_ == Seq::generator; }
+  Seq seq() const { return seq_; }
   bool is_dict() const { return std::holds_alternative<DictPtr>(v_); }
   bool is_namespace() const { return std::holds_alternative<NsPtr>(v_); }
   bool is_callable() const { return std::holds_alternative<CallablePtr>(v_); }
@@ -69,6 +84,11 @@ class Value {
   double as_double() const;  // any number
   const std::string& str() const { return std::get<std::string>(v_); }
   const List& list() const { return *std::get<ListPtr>(v_); }
+  // A generator's remaining items, taken out (iteration consumes it); other kinds are copied.
+  List consume() const;
+  // A generator's first remaining item taken out (nullptr-like Undefined when exhausted).
+  bool consume_first(Value& out) const;
+  const RangeList& range_list() const { return static_cast<const RangeList&>(list()); }
   const Dict& dict() const { return *std::get<DictPtr>(v_); }
   Namespace& ns() const { return *std::get<NsPtr>(v_); }
   const Callable& callable() const { return *std::get<CallablePtr>(v_); }
@@ -81,7 +101,7 @@ class Value {
 
  private:
   Storage v_;
-  bool tuple_ = false;
+  Seq seq_ = Seq::list;
 };
 
 struct Dict {

@@ -25,7 +25,7 @@ std::vector<std::string> utf8_chars(const std::string& s) {
 
 List iterate(Renderer& r, const Value& v, Pos pos) {
   if (v.is_undefined()) return {};
-  if (v.is_list()) return v.list();
+  if (v.is_list()) return v.consume();
   if (v.is_dict()) {
     List keys;
     for (const auto& kv : v.dict().items) keys.push_back(kv.first);
@@ -192,7 +192,7 @@ int64_t count_chars(const std::string& s) {
 
 Value length(Renderer& r, const Value& v, Pos pos) {
   if (v.is_string()) return count_chars(v.str());
-  if (v.is_list()) return static_cast<int64_t>(v.list().size());
+  if (v.is_list() && !v.is_generator()) return static_cast<int64_t>(v.list().size());
   if (v.is_dict()) return static_cast<int64_t>(v.dict().items.size());
   if (v.is_undefined()) return int64_t{0};
   r.fail(pos, "object of type '" + v.type_name() + "' has no len()");
@@ -281,7 +281,7 @@ Value select_like(Renderer& r, const Value& seq, const CallArgs& a, Pos pos, boo
     bool ok = test.empty() ? subject.truthy() : call_test(r, test, subject, targs, pos);
     if (ok == keep) out.push_back(item);
   }
-  return Value(std::move(out));
+  return Value(std::move(out), Seq::generator);
 }
 
 Value map_filter(Renderer& r, const Value& seq, const CallArgs& a, Pos pos) {
@@ -292,7 +292,7 @@ Value map_filter(Renderer& r, const Value& seq, const CallArgs& a, Pos pos) {
       Value v = attr_path(r, item, need_str(r, *attr, pos, "map attribute"), pos);
       out.push_back(v.is_undefined() && def ? *def : v);
     }
-    return Value(std::move(out));
+    return Value(std::move(out), Seq::generator);
   }
   if (a.pos.empty()) r.fail(pos, "map needs a filter name or attribute=");
   std::string f = need_str(r, a.pos[0], pos, "map filter");
@@ -301,7 +301,7 @@ Value map_filter(Renderer& r, const Value& seq, const CallArgs& a, Pos pos) {
   fargs.pos.assign(a.pos.begin() + 1, a.pos.end());
   fargs.kw = a.kw;
   for (const auto& item : iterate(r, seq, pos)) out.push_back(call_filter(r, f, item, fargs, pos));
-  return Value(std::move(out));
+  return Value(std::move(out), Seq::generator);
 }
 
 Value sort_filter(Renderer& r, const Value& seq, const CallArgs& a, Pos pos) {
@@ -468,11 +468,14 @@ const std::map<std::string, Fn>& filters() {
     m["map"] = map_filter;
     m["first"] = [](Renderer& r, const Value& v, const CallArgs& a, Pos pos) -> Value {
       args(r, a, pos, "first", {});
+      Value first;
+      if (v.is_list()) return v.consume_first(first) ? first : Value(Undefined{"No first item, sequence was empty."});
       List l = iterate(r, v, pos);
       return l.empty() ? Value(Undefined{"No first item, sequence was empty."}) : l.front();
     };
     m["last"] = [](Renderer& r, const Value& v, const CallArgs& a, Pos pos) -> Value {
       args(r, a, pos, "last", {});
+      if (v.is_generator()) r.fail(pos, "last: 'generator' object is not reversible");
       List l = iterate(r, v, pos);
       return l.empty() ? Value(Undefined{"No last item, sequence was empty."}) : l.back();
     };
@@ -518,11 +521,11 @@ const std::map<std::string, Fn>& filters() {
     m["float"] = float_filter;
     m["items"] = [](Renderer& r, const Value& v, const CallArgs& a, Pos pos) -> Value {
       args(r, a, pos, "items", {});
-      if (v.is_undefined()) return Value(List{});
+      if (v.is_undefined()) return Value(List{}, Seq::generator);
       if (!v.is_dict()) r.fail(pos, "items expects a mapping, got " + v.type_name());
       List out;
-      for (const auto& [k, val] : v.dict().items) out.push_back(Value(List{k, val}, true));
-      return Value(std::move(out));
+      for (const auto& [k, val] : v.dict().items) out.push_back(Value(List{k, val}, Seq::tuple));
+      return Value(std::move(out), Seq::generator);
     };
     m["dictsort"] = [](Renderer& r, const Value& v, const CallArgs& a, Pos pos) -> Value {
       auto x = args(r, a, pos, "dictsort", {"case_sensitive", "by", "reverse"});
@@ -532,7 +535,7 @@ const std::map<std::string, Fn>& filters() {
       if (by != "key" && by != "value") r.fail(pos, "dictsort: by must be 'key' or 'value'");
       size_t k = by == "key" ? 0 : 1;
       List out;
-      for (const auto& [key, val] : v.dict().items) out.push_back(Value(List{key, val}, true));
+      for (const auto& [key, val] : v.dict().items) out.push_back(Value(List{key, val}, Seq::tuple));
       std::stable_sort(out.begin(), out.end(), [&](const Value& p, const Value& q) {
         return rev ? less(r, q.list()[k], p.list()[k], cs, pos) : less(r, p.list()[k], q.list()[k], cs, pos);
       });
@@ -551,7 +554,7 @@ const std::map<std::string, Fn>& filters() {
           out.push_back(item);
         }
       }
-      return Value(std::move(out));
+      return Value(std::move(out), Seq::generator);
     };
     m["reverse"] = [](Renderer& r, const Value& v, const CallArgs& a, Pos pos) -> Value {
       args(r, a, pos, "reverse", {});
@@ -561,9 +564,11 @@ const std::map<std::string, Fn>& filters() {
         for (size_t k = cs.size(); k-- > 0;) out += cs[k];
         return out;
       }
+      // reversed(x) for sequences (an iterator); a generator becomes a reversed list.
+      bool was_generator = v.is_generator();
       List l = iterate(r, v, pos);
       std::reverse(l.begin(), l.end());
-      return Value(std::move(l));
+      return Value(std::move(l), was_generator ? Seq::list : Seq::generator);
     };
     m["sort"] = sort_filter;
     m["sum"] = [](Renderer& r, const Value& v, const CallArgs& a, Pos pos) -> Value {
@@ -618,8 +623,9 @@ const std::map<std::string, TestFn>& tests() {
     m["iterable"] = [](Renderer&, const Value& v, const CallArgs&, Pos) {
       return v.is_string() || v.is_list() || v.is_dict() || v.is_undefined();
     };
+    // Python: len() and __getitem__ (not generators or dict views).
     m["sequence"] = [](Renderer&, const Value& v, const CallArgs&, Pos) {
-      return v.is_string() || v.is_list() || v.is_dict() || v.is_undefined();
+      return v.is_string() || v.is_indexable() || v.is_dict() || v.is_undefined();
     };
     m["callable"] = [](Renderer&, const Value& v, const CallArgs&, Pos) { return v.is_callable(); };
     m["odd"] = [](Renderer& r, const Value& v, const CallArgs&, Pos p) { return (need_int(r, v, p, "odd") & 1) != 0; };
@@ -790,8 +796,8 @@ Value dict_method(const Value& self, const std::string& name) {
       args(r, a, p, name.c_str(), {});
       List out;
       for (const auto& [k, v] : owner.dict().items)
-        out.push_back(name == "items" ? Value(List{k, v}, true) : name == "keys" ? k : v);
-      return Value(std::move(out));
+        out.push_back(name == "items" ? Value(List{k, v}, Seq::tuple) : name == "keys" ? k : v);
+      return Value(std::move(out), name == "items" ? Seq::dict_items : name == "keys" ? Seq::dict_keys : Seq::dict_values);
     });
   if (name == "get")
     return make_builtin(name, [owner](Renderer& r, const CallArgs& a, Pos p) -> Value {
@@ -842,12 +848,10 @@ void add_globals(Variables& g) {
     else start = need_int(r, a.pos[0], p, "range"), stop = need_int(r, a.pos[1], p, "range");
     if (a.pos.size() == 3) step = need_int(r, a.pos[2], p, "range");
     if (step == 0) r.fail(p, "range() arg 3 must not be zero");
-    List out;
-    for (int64_t k = start; step > 0 ? k < stop : k > stop; k += step) {
-      if (out.size() >= 100000) r.fail(p, "range() is too big (jinja's sandbox limit is 100000 items)");
-      out.push_back(k);
-    }
-    return Value(std::move(out));
+    int64_t n = step > 0 ? (stop > start ? (stop - start + step - 1) / step : 0)
+                         : (start > stop ? (start - stop - step - 1) / -step : 0);
+    if (n > 100000) r.fail(p, "range() is too big (jinja's sandbox limit is 100000 items)");
+    return Value::range(start, stop, step);
   }));
   g.emplace_back("namespace", make_builtin("namespace", [](Renderer& r, const CallArgs& a, Pos p) -> Value {
     auto ns = std::make_shared<Namespace>();

@@ -100,7 +100,7 @@ class Evaluator final : public Renderer {
     if (obj.is_undefined()) fail(pos, undefined_message(obj));
     if (obj.is_dict()) {
       if (const Value* v = obj.dict().find(key)) return *v;
-    } else if ((obj.is_list() || obj.is_string()) && (key.is_int() || key.is_bool())) {
+    } else if ((obj.is_indexable() || obj.is_string()) && (key.is_int() || key.is_bool())) {
       int64_t n = obj.is_list() ? static_cast<int64_t>(obj.list().size()) : -1;
       if (obj.is_string()) {
         auto chars = utf8_chars(obj.str());
@@ -319,15 +319,15 @@ class Evaluator final : public Renderer {
     if (b.is_undefined()) fail(pos, undefined_message(b));
     if (op == Op::add) {
       if (a.is_string() && b.is_string()) return a.str() + b.str();
-      if (a.is_list() && b.is_list()) {
-        if (a.is_tuple() != b.is_tuple()) type_error();
+      if (a.is_list() && b.is_list() && a.seq() == b.seq() && (a.seq() == Seq::list || a.seq() == Seq::tuple)) {
         List l = a.list();
         l.insert(l.end(), b.list().begin(), b.list().end());
-        return Value(std::move(l), a.is_tuple());
+        return Value(std::move(l), a.seq());
       }
     }
     if (op == Op::mul) {
-      const Value* seq = a.is_string() || a.is_list() ? &a : b.is_string() || b.is_list() ? &b : nullptr;
+      auto repeatable = [](const Value& v) { return v.is_string() || (v.is_list() && (v.seq() == Seq::list || v.seq() == Seq::tuple)); };
+      const Value* seq = repeatable(a) ? &a : repeatable(b) ? &b : nullptr;
       const Value* cnt = seq == &a ? &b : &a;
       if (seq && (cnt->is_int() || cnt->is_bool())) {
         int64_t n = std::max<int64_t>(0, cnt->as_int());
@@ -338,9 +338,10 @@ class Evaluator final : public Renderer {
         }
         List l;
         for (int64_t k = 0; k < n; ++k) l.insert(l.end(), seq->list().begin(), seq->list().end());
-        return Value(std::move(l), seq->is_tuple());
+        return Value(std::move(l), seq->seq());
       }
     }
+    if (op == Op::mod && a.is_string()) return percent_format(a.str(), b, pos);
     if (!a.is_number() || !b.is_number()) type_error();
     bool ints = !a.is_float() && !b.is_float();
     if (ints) {
@@ -401,6 +402,42 @@ class Evaluator final : public Renderer {
     return type_error();
   }
 
+  // Python's printf-style "fmt % args" for %s, %r, %d, %i, %f and %%.
+  Value percent_format(const std::string& fmt, const Value& args, Pos pos) {
+    List items = args.is_tuple() ? args.list() : List{args};
+    size_t next = 0;
+    std::string out;
+    for (size_t i = 0; i < fmt.size(); ++i) {
+      if (fmt[i] != '%') {
+        out += fmt[i];
+        continue;
+      }
+      if (++i >= fmt.size()) fail(pos, "incomplete format: a trailing '%'");
+      char c = fmt[i];
+      if (c == '%') {
+        out += '%';
+        continue;
+      }
+      if (next >= items.size()) fail(pos, "not enough arguments for format string");
+      const Value& v = items[next++];
+      if (c == 's') out += py_str(v);
+      else if (c == 'r') out += py_repr(v);
+      else if (c == 'd' || c == 'i') {
+        if (!v.is_number()) fail(pos, std::string("%") + c + " format: a real number is required, not " + v.type_name());
+        out += std::to_string(v.is_float() ? static_cast<int64_t>(v.as_double()) : v.as_int());
+      } else if (c == 'f') {
+        if (!v.is_number()) fail(pos, "%f format: a real number is required, not " + v.type_name());
+        char buf[64];
+        std::snprintf(buf, sizeof buf, "%f", v.as_double());
+        out += buf;
+      } else {
+        fail(pos, std::string("the %") + c + " format (or flags and widths) is not supported; use %s, %r, %d, %i, %f");
+      }
+    }
+    if (next < items.size()) fail(pos, "not all arguments converted during string formatting");
+    return out;
+  }
+
   // <, <=, >, >= as Python orders numbers, strings (code points) and lists.
   int order(const Value& a, const Value& b, const char* op, Pos pos) {
     if (a.is_number() && b.is_number()) {
@@ -409,7 +446,7 @@ class Evaluator final : public Renderer {
       return x < y ? -1 : x > y;
     }
     if (a.is_string() && b.is_string()) return a.str().compare(b.str()) < 0 ? -1 : a.str() != b.str();
-    if (a.is_list() && b.is_list() && a.is_tuple() == b.is_tuple()) {
+    if (a.is_indexable() && b.is_indexable() && a.seq() == b.seq() && a.seq() != Seq::range) {
       const auto &x = a.list(), &y = b.list();
       for (size_t k = 0; k < x.size() && k < y.size(); ++k)
         if (!equals(x[k], y[k])) return order(x[k], y[k], op, pos);
@@ -428,6 +465,12 @@ class Evaluator final : public Renderer {
       return container.str().find(item.str()) != std::string::npos;
     }
     if (container.is_list()) {
+      if (container.seq() == Seq::dict_items && !item.is_tuple()) return false;
+      if (container.is_generator()) {  // consumes up to the match, as Python's iteration does
+        for (Value x; container.consume_first(x);)
+          if (equals(x, item)) return true;
+        return false;
+      }
       for (const auto& x : container.list())
         if (equals(x, item)) return true;
       return false;
@@ -454,8 +497,10 @@ class Evaluator final : public Renderer {
     if (obj.is_string()) {
       chars = utf8_chars(obj.str());
       n = static_cast<int64_t>(chars.size());
-    } else if (obj.is_list()) {
+    } else if (obj.is_indexable()) {
       n = static_cast<int64_t>(obj.list().size());
+    } else if (obj.is_list()) {
+      return Undefined{object_name(obj) + " has no element slice"};
     } else {
       fail(e.pos, "'" + obj.type_name() + "' object is not subscriptable");
     }
@@ -474,7 +519,11 @@ class Evaluator final : public Renderer {
       else l.push_back(obj.list()[static_cast<size_t>(k)]);
     }
     if (obj.is_string()) return s;
-    return Value(std::move(l), obj.is_tuple());
+    if (obj.seq() == Seq::range) {  // a range again, as Python's range slicing
+      const auto& r = obj.range_list();
+      return Value::range(r.start + b * r.step, r.start + en * r.step, r.step * step);
+    }
+    return Value(std::move(l), obj.seq());
   }
 
   CallArgs eval_args(const Expr& e, size_t first, const std::shared_ptr<Frame>& frame) {
@@ -495,13 +544,14 @@ class Evaluator final : public Renderer {
       case Expr::Kind::tuple: {
         List l;
         for (const auto& x : e.args) l.push_back(eval(*x, frame));
-        return Value(std::move(l), e.kind == Expr::Kind::tuple);
+        return Value(std::move(l), e.kind == Expr::Kind::tuple ? Seq::tuple : Seq::list);
       }
       case Expr::Kind::dict: {
         auto d = std::make_shared<Dict>();
         for (size_t k = 0; k + 1 < e.args.size(); k += 2) {
           Value key = eval(*e.args[k], frame);
-          if (key.is_list() && !key.is_tuple()) fail(e.args[k]->pos, "unhashable type: 'list'");
+          if (key.is_list() && !key.is_tuple() && key.seq() != Seq::range)
+            fail(e.args[k]->pos, "unhashable type: '" + key.type_name() + "'");
           if (key.is_dict()) fail(e.args[k]->pos, "unhashable type: 'dict'");
           d->set(std::move(key), eval(*e.args[k + 1], frame));
         }

@@ -9,7 +9,29 @@
 
 namespace lf::data::jinja {
 
-Value::Value(List l, bool tuple) : v_(std::make_shared<List>(std::move(l))), tuple_(tuple) {}
+Value::Value(List l, Seq kind) : v_(std::make_shared<List>(std::move(l))), seq_(kind) {}
+
+Value Value::range(int64_t start, int64_t stop, int64_t step) {
+  auto r = std::make_shared<RangeList>();
+  r->start = start, r->stop = stop, r->step = step;
+  for (int64_t k = start; step > 0 ? k < stop : k > stop; k += step) r->emplace_back(k);
+  return Value(ListPtr(std::move(r)), Seq::range);
+}
+
+List Value::consume() const {
+  if (!is_generator()) return list();
+  List out;
+  out.swap(*std::get<ListPtr>(v_));
+  return out;
+}
+
+bool Value::consume_first(Value& out) const {
+  auto& l = *std::get<ListPtr>(v_);
+  if (l.empty()) return false;
+  out = l.front();
+  if (is_generator()) l.erase(l.begin());
+  return true;
+}
 
 int64_t Value::as_int() const {
   if (is_bool()) return as_bool() ? 1 : 0;
@@ -23,14 +45,14 @@ double Value::as_double() const {
 
 bool Value::truthy() const {
   return std::visit(
-      [](const auto& x) -> bool {
+      [this](const auto& x) -> bool {
         using T = std::decay_t<decltype(x)>;
         if constexpr (std::is_same_v<T, Undefined> || std::is_same_v<T, None>) return false;
         else if constexpr (std::is_same_v<T, bool>) return x;
         else if constexpr (std::is_same_v<T, int64_t>) return x != 0;
         else if constexpr (std::is_same_v<T, double>) return x != 0.0;
         else if constexpr (std::is_same_v<T, std::string>) return !x.empty();
-        else if constexpr (std::is_same_v<T, ListPtr>) return !x->empty();
+        else if constexpr (std::is_same_v<T, ListPtr>) return seq_ == Seq::generator || !x->empty();
         else if constexpr (std::is_same_v<T, DictPtr>) return !x->items.empty();
         else return true;  // namespace, callable
       },
@@ -44,8 +66,17 @@ std::string Value::type_name() const {
   if (is_int()) return "int";
   if (is_float()) return "float";
   if (is_string()) return "str";
-  if (is_tuple()) return "tuple";
-  if (is_list()) return "list";
+  if (is_list()) {
+    switch (seq_) {
+      case Seq::list: return "list";
+      case Seq::tuple: return "tuple";
+      case Seq::generator: return "generator";
+      case Seq::range: return "range";
+      case Seq::dict_items: return "dict_items";
+      case Seq::dict_keys: return "dict_keys";
+      case Seq::dict_values: return "dict_values";
+    }
+  }
   if (is_dict()) return "dict";
   if (is_namespace()) return "Namespace";
   return callable().macro ? "Macro" : "function";
@@ -96,7 +127,8 @@ bool equals(const Value& a, const Value& b) {
   if (a.is_none() && b.is_none()) return true;
   if (a.is_undefined() && b.is_undefined()) return true;
   if (a.is_list() && b.is_list()) {
-    if (a.is_tuple() != b.is_tuple()) return false;  // Python: [1] != (1,)
+    if (a.seq() != b.seq()) return false;  // Python: [1] != (1,)
+    if (a.is_generator()) return &a.list() == &b.list();  // identity
     const auto &x = a.list(), &y = b.list();
     if (x.size() != y.size()) return false;
     for (size_t k = 0; k < x.size(); ++k)
@@ -162,7 +194,20 @@ void repr_string(const std::string& s, std::string& out) {
 void repr_into(const Value& v, std::string& out) {
   if (v.is_string()) return repr_string(v.str(), out);
   if (v.is_list()) {
+    if (v.is_generator()) {
+      out += "<generator object>";  // Python adds the function and an address
+      return;
+    }
+    if (v.seq() == Seq::range) {
+      const auto& r = v.range_list();
+      out += "range(" + std::to_string(r.start) + ", " + std::to_string(r.stop);
+      if (r.step != 1) out += ", " + std::to_string(r.step);
+      out += ")";
+      return;
+    }
     const auto& l = v.list();
+    bool view = v.seq() == Seq::dict_items || v.seq() == Seq::dict_keys || v.seq() == Seq::dict_values;
+    if (view) out += v.type_name() + "(";
     out += v.is_tuple() ? '(' : '[';
     for (size_t k = 0; k < l.size(); ++k) {
       if (k) out += ", ";
@@ -170,6 +215,7 @@ void repr_into(const Value& v, std::string& out) {
     }
     if (v.is_tuple() && l.size() == 1) out += ',';
     out += v.is_tuple() ? ')' : ']';
+    if (view) out += ")";
     return;
   }
   if (v.is_dict()) {
@@ -243,7 +289,7 @@ struct JsonWriter {
       double d = v.as_double();
       out += std::isnan(d) ? "NaN" : std::isinf(d) ? (d > 0 ? "Infinity" : "-Infinity") : py_float_repr(d);
     } else if (v.is_string()) json_string(v.str(), o.ensure_ascii, out);
-    else if (v.is_list()) {
+    else if (v.is_list() && (v.seq() == Seq::list || v.seq() == Seq::tuple)) {
       const auto& l = v.list();
       if (l.empty()) return out += "[]", true;
       out += '[';

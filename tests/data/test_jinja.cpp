@@ -238,6 +238,21 @@ TEST(Jinja, TojsonAsTransformers) {
 1.0 null [])~");
 }
 
+TEST(Jinja, IteratorsRangesAndDictViewsAsPython) {
+  EXPECT_EQ(render(R"~({{ d.items() }}|{{ d.keys() }}|{{ d.values() }}|{{ (d.items())|length }}|{{ range(3) }}|{{ range(3)|length }}|{{ range(3)[1] }}|{{ range(1, 10, 3) }}|{{ range(10)[2:8:2] }}|{{ range(5)[::-1] }}|{{ range(0) }})~",
+                   R"~({"d": {"a": 1, "b": [2]}})~"),
+            R"~(dict_items([('a', 1), ('b', [2])])|dict_keys(['a', 'b'])|dict_values([1, [2]])|2|range(0, 3)|3|1|range(1, 10, 3)|range(2, 8, 2)|range(4, -1, -1)|range(0, 0))~");
+  EXPECT_EQ(render(R"~({{ [1,2]|map('string')|first }}|{% set g = [1,2,3]|select %}{{ g|first }}{{ g|list }}{{ g|list }}|{% if [0]|select %}T{% endif %}|{{ 1 in u }}|{{ d.keys() == d.keys() }}|{{ [1]|select == [1] }}|{{ (1, 2) == [1, 2] }}|{{ u ~ 1 }})~",
+                   R"~({"d": {"a": 1}})~"),
+            R"~(1|1[2, 3][]|T|False|True|False|False|1)~");
+  EXPECT_EQ(render(R"~({% set g = [1,2,3]|map('string') %}{{ '2' in g }}{{ g|list }}|{{ [1,2] is sequence }}{{ d.items() is sequence }}{{ (d|items) is iterable }}{{ range(2) is sequence }}|{{ d.items()|list }}|{% for k, v in d|items %}{{ k }}{{ v }}{% endfor %}|{{ [3,1]|reverse|list }}|{{ [1,1,2]|unique|list }})~",
+                   R"~({"d": {"a": 1, "b": 2}})~"),
+            R"~(True['3']|TrueFalseTrueTrue|[('a', 1), ('b', 2)]|a1b2|[1, 3]|[1, 2])~");
+  EXPECT_EQ(render(R"~({{ x.y }}|{{ none.x }}|{{ none[0] }}|{{ 'abc'.x }}|{{ loop }}|{{ [1,2][5] }}|{{ (1,)[5] is defined }}|{{ '%s-%d' % ('a', 3) }}|{{ '%r' % 'x' }}|{{ '%d%%' % 5 }}|{{ true + 1 }}|{{ 1.5 // 1 }}|{{ 7.5 % 2 }}|{{ 2 ** 0.5 }})~",
+                   R"~({"x": null})~"),
+            R"~(||||||False|a-3|'x'|5%|2|1.0|1.5|1.4142135623730951)~");
+}
+
 TEST(Jinja, GenerationSpansAreBytesOfTheTopLevelOutput) {
   // As transformers' AssistantTracker: each block's span starts at the output written so far.
   auto r = render_full("é{% generation %}abc{% endgeneration %}x{% for i in range(2) %}"
@@ -305,6 +320,17 @@ TEST(Jinja, ErrorsNameTheTemplateLineAndColumn) {
   EXPECT_EQ(error_of("{% macro f(a) %}{% endmacro %}{{ f(1, 2) }}"),
             "chat template test.jinja line 1, column 35: macro 'f' takes not more than 1 argument(s), got 2");
   EXPECT_EQ(error_of("{{ 1 // 0 }}"), "chat template test.jinja line 1, column 6: integer division or modulo by zero");
+  // Python raises on these too: generators have no len(), ranges and views are not JSON.
+  EXPECT_EQ(error_of("{{ [1] | select | length }}"),
+            "chat template test.jinja line 1, column 19: object of type 'generator' has no len()");
+  EXPECT_EQ(error_of("{{ range(3) | tojson }}"),
+            "chat template test.jinja line 1, column 15: tojson: Object of type range is not JSON serializable");
+  // Outside the subset: clear errors rather than different output.
+  EXPECT_EQ(error_of("{{ 10 ** 20 }}"),
+            "chat template test.jinja line 1, column 7: integer overflow in 10 ** 20 (integers are 64-bit here)");
+  EXPECT_EQ(error_of("{{ '%5d' % 3 }}"),
+            "chat template test.jinja line 1, column 10: the %5 format (or flags and widths) is not supported; use "
+            "%s, %r, %d, %i, %f");
 }
 
 }  // namespace

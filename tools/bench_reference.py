@@ -232,6 +232,54 @@ def train_hf_moe(args):
                       "experts_implementation": args.experts}))
 
 
+def train_hf_lora(args):
+    """HF transformers' LlamaForCausalLM with PEFT LoRA adapters (the base frozen), the same shapes
+    and optimizer as the LoongForge run; one micro-batch per step."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import LlamaConfig, LlamaForCausalLM
+    cfg = json.loads(args.config_json)
+    c, t = cfg["model"], cfg["training"]
+    o = {k: float(cfg["optimizer"][k]) for k in
+         ("lr", "weight_decay", "adam_beta1", "adam_beta2", "adam_eps", "clip_grad")}
+    torch.manual_seed(t.get("seed", 1234))
+    baseline_kib = vm_kib("VmRSS")
+    nq = c["num_attention_heads"]
+    hc = LlamaConfig(hidden_size=c["hidden_size"], intermediate_size=c["ffn_hidden_size"],
+                     num_hidden_layers=c["num_layers"], num_attention_heads=nq,
+                     num_key_value_heads=c["num_query_groups"] or nq,
+                     head_dim=c["kv_channels"] or c["hidden_size"] // nq, vocab_size=c["vocab_size"],
+                     max_position_embeddings=c["max_position_embeddings"], rms_norm_eps=float(c["norm_epsilon"]),
+                     rope_theta=float(c["rotary_base"]),
+                     tie_word_embeddings=not c["untie_embeddings_and_output_weights"])
+    hc._attn_implementation = "sdpa"
+    device = torch.device(args.device)
+    model = LlamaForCausalLM(hc).to(device)
+    targets = args.targets.split(",")
+    model = get_peft_model(model, LoraConfig(r=args.rank, lora_alpha=args.alpha, lora_dropout=0.0,
+                                             target_modules=targets if targets != ["all-linear"] else "all-linear",
+                                             task_type="CAUSAL_LM")).train()
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=o["lr"], betas=(o["adam_beta1"], o["adam_beta2"]), eps=o["adam_eps"],
+                            weight_decay=o["weight_decay"], fused=True)
+    b, s = t["micro_batch_size"], t["seq_length"]
+    assert t["global_batch_size"] == b, "the bench runs one micro-batch per step"
+    times, losses = [], []
+    for step in range(args.steps):
+        start = time.perf_counter()
+        data = torch.randint(0, c["vocab_size"], (b, s + 1)).to(device)
+        out = model(input_ids=data[:, :-1], labels=data[:, :-1], use_cache=False)
+        out.loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, o["clip_grad"], foreach=True)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        losses.append(out.loss.item())
+        times.append(time.perf_counter() - start)
+    timed = times[args.warmup:]
+    print(json.dumps({"tokens_per_sec": b * s * len(timed) / sum(timed), "step_seconds": timed,
+                      "losses": losses, "trainable_parameters": sum(p.numel() for p in params),
+                      "baseline_rss_kib": baseline_kib, "threads": torch.get_num_threads()}))
+
+
 def peak(args):
     # The best of a few large square matmuls: what this machine's BLAS reaches for the dtype.
     dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float32
@@ -274,11 +322,19 @@ def main():
     hm.add_argument("--warmup", type=int, required=True)
     hm.add_argument("--experts", choices=["eager", "grouped_mm"], default="eager")
     hm.add_argument("--device", default="cpu")
+    hl = sub.add_parser("train-hf-lora")
+    hl.add_argument("--config-json", required=True)
+    hl.add_argument("--steps", type=int, required=True)
+    hl.add_argument("--warmup", type=int, required=True)
+    hl.add_argument("--rank", type=int, required=True)
+    hl.add_argument("--alpha", type=float, required=True)
+    hl.add_argument("--targets", required=True, help="q_proj,v_proj or all-linear")
+    hl.add_argument("--device", default="cpu")
     pk = sub.add_parser("peak")
     pk.add_argument("--dtype", choices=["fp32", "bf16"], required=True)
     pk.add_argument("--device", default="cpu", help="cpu or cuda")
     args = ap.parse_args()
-    {"train": train, "train-hf-moe": train_hf_moe, "peak": peak}[args.cmd](args)
+    {"train": train, "train-hf-moe": train_hf_moe, "train-hf-lora": train_hf_lora, "peak": peak}[args.cmd](args)
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@
 #include "loongforge/data/indexed_dataset.h"
 #include "loongforge/data/loader.h"
 #include "loongforge/data/sampler.h"
+#include "loongforge/data/sft_dataset.h"
 
 namespace lf::tools {
 
@@ -146,25 +147,29 @@ class SyntheticSource final : public lf::train::BatchSource {
 class SftConversations {
  public:
   SftConversations(const std::string& prefix, int64_t vocab_size)
-      : tokens_(prefix + "_input_ids_document"), masks_(prefix + "_assistant_masks_document") {
-    LF_CHECK(tokens_.num_sequences() == masks_.num_sequences(), "SFT store ", prefix, ": ", tokens_.num_sequences(),
-             " token sequences but ", masks_.num_sequences(), " mask sequences",
-             lf::hint("rewrite both with loongforge-data preprocess --conversations"));
-    for (int64_t i = 0; i < tokens_.num_sequences(); ++i)
-      LF_CHECK(tokens_.sequence_length(i) == masks_.sequence_length(i), "SFT store ", prefix, ": conversation ", i,
-               " has ", tokens_.sequence_length(i), " tokens but ", masks_.sequence_length(i), " mask entries",
-               lf::hint("rewrite both with loongforge-data preprocess --conversations"));
-    if (vocab_size > 0) tokens_.validate_tokens(vocab_size);
-  }
-  int64_t size() const { return tokens_.num_sequences(); }
-  int64_t length(int64_t i) const { return tokens_.sequence_length(i); }
+      : data_(prefix), prefix_(prefix), vocab_(vocab_size) {}
+  int64_t size() const { return data_.size(); }
+  int64_t length(int64_t i) const { return data_.length(i); }
+  // The first `count` tokens and mask values of conversation i; ids are checked against the
+  // model's vocabulary.
   void read(int64_t i, int64_t count, int64_t* tokens, int64_t* mask) const {
-    tokens_.read(i, 0, count, tokens);
-    masks_.read(i, 0, count, mask);
+    std::vector<int32_t> t;
+    std::vector<uint8_t> m;
+    data_.read(i, t, m);
+    for (int64_t k = 0; k < count; ++k) {
+      LF_CHECK(vocab_ <= 0 || (t[static_cast<size_t>(k)] >= 0 && t[static_cast<size_t>(k)] < vocab_), "SFT store ",
+               prefix_, ": conversation ", i, " token ", k, " is id ", t[static_cast<size_t>(k)],
+               ", outside the model's vocabulary of ", vocab_,
+               lf::hint("preprocess with the tokenizer of the model being trained"));
+      tokens[k] = t[static_cast<size_t>(k)];
+      mask[k] = m[static_cast<size_t>(k)];
+    }
   }
 
  private:
-  lf::data::IndexedDataset tokens_, masks_;
+  lf::data::SftDataset data_;
+  std::string prefix_;
+  int64_t vocab_;
 };
 
 class SftSource final : public lf::train::BatchSource {
@@ -247,8 +252,8 @@ class SftSource final : public lf::train::BatchSource {
 }  // namespace
 
 DataSources make_sft_sources(const SftOptions& o) {
-  LF_CHECK(std::filesystem::exists(lf::data::idx_path(o.prefix + "_input_ids_document")),
-           "--training-phase sft: ", lf::data::idx_path(o.prefix + "_input_ids_document"), " does not exist",
+  const std::string tokens_idx = lf::data::idx_path(lf::data::SftDataset::tokens_prefix(o.prefix));
+  LF_CHECK(std::filesystem::exists(tokens_idx), "--training-phase sft: ", tokens_idx, " does not exist",
            lf::hint("data.data_path must be the --output-prefix of `loongforge-data preprocess --conversations`"));
   auto data = std::make_shared<const SftConversations>(o.prefix, o.vocab_size);
   const int64_t n = data->size();

@@ -86,14 +86,18 @@ class Lexer {
   const std::string& s_;
   const std::string& name_;
   std::vector<Token> tokens_;
+  mutable size_t memo_off_ = 0;
+  mutable Pos memo_pos_;
 
+  // Line and column (in code points) of a byte offset; offsets mostly increase, so the scan
+  // resumes from the last answer.
   Pos pos_of(size_t off) const {
-    Pos p;
-    for (size_t q = 0; q < off && q < s_.size(); ++q) {
-      if (s_[q] == '\n') ++p.line, p.col = 1;
-      else if ((static_cast<unsigned char>(s_[q]) & 0xc0) != 0x80) ++p.col;
+    if (off < memo_off_) memo_off_ = 0, memo_pos_ = Pos{};
+    for (; memo_off_ < off && memo_off_ < s_.size(); ++memo_off_) {
+      if (s_[memo_off_] == '\n') ++memo_pos_.line, memo_pos_.col = 1;
+      else if ((static_cast<unsigned char>(s_[memo_off_]) & 0xc0) != 0x80) ++memo_pos_.col;
     }
-    return p;
+    return memo_pos_;
   }
   [[noreturn]] void fail(size_t off, const std::string& what) const {
     Pos p = pos_of(off);

@@ -349,3 +349,39 @@ TEST(LoraPeft, TrainedAdapterExportsToPeftAndMerges) {
 }
 
 }  // namespace
+
+namespace {
+
+// docs/finetuning.md's flow end to end on tiny pieces: a conversations file rendered with a real
+// chat template (Qwen3's, tests/data/chat_template_oracle.py's tokenizer) into an SFT store by
+// `preprocess --conversations`, LoRA SFT on a base checkpoint, lf2hf to base + PEFT adapter, which
+// transformers + peft load with the logits loongforge-generate gives.
+TEST(FinetuneFlow, ConversationsToAPeftAdapter) {
+  const std::string d = lf::testing::make_temp_dir("ft_flow");
+  auto tok = run({python(), lf::testing::source_dir() + "/tests/data/chat_template_oracle.py", d + "/tok"});
+  ASSERT_EQ(tok.exit_code, 0) << tok.output;
+  auto pre = run({bin("loongforge-data"), "preprocess", "--conversations", "--tokenizer-model", d + "/tok/qwen3",
+                  "--input", d + "/tok/conversations_qwen.jsonl", "--output-prefix", d + "/chats"});
+  ASSERT_EQ(pre.exit_code, 0) << pre.output;
+  const std::vector<std::string> model = {"model.foundation.vocab_size=1280", "--seq-length", "96"};
+  ASSERT_EQ(train(1, d + "/base", with(model, {"--save", d + "/base_ckpt"}), 2).exit_code, 0);
+  const TrainRun sft = train(1, d + "/sft",
+                             with(with(model, kLora), {"--training-phase", "sft", "--data-path", d + "/chats", "--split",
+                                                       "100,0,0", "data.mock_data=false", "--tokenizer-type",
+                                                       "HuggingFaceTokenizer", "--tokenizer-model", d + "/tok/qwen3",
+                                                       "--pretrained-checkpoint", d + "/base_ckpt", "--save",
+                                                       d + "/lora_ckpt"}),
+                             4);
+  ASSERT_EQ(sft.exit_code, 0) << sft.output;
+  EXPECT_NE(sft.output.find("SFT data"), std::string::npos) << sft.output;
+  auto conv = run({bin("loongforge-convert"), "lf2hf", "--load", d + "/lora_ckpt", "--out", d + "/hf", "--dtype", "fp32"});
+  ASSERT_EQ(conv.exit_code, 0) << conv.output;
+  auto native = run({bin("loongforge-generate"), "--load", d + "/lora_ckpt", "--input-ids", kIds, "--dump-logits",
+                     d + "/native.safetensors"});
+  ASSERT_EQ(native.exit_code, 0) << native.output;
+  auto peft = run({python(), oracle(), "logits", d + "/hf", d + "/hf/adapter", kIds, d + "/peft.safetensors"});
+  ASSERT_EQ(peft.exit_code, 0) << peft.output;
+  EXPECT_LE(max_diff(read_logits(d + "/peft.safetensors"), read_logits(d + "/native.safetensors")), 1e-4);
+}
+
+}  // namespace

@@ -19,7 +19,12 @@ Marked variants render exactly the text of the original (checked here).
 Also writes conversations_{qwen,llama}.jsonl and expected.json: a list of runs
   {"variant", "conversations", "add_generation_prompt", "kwargs", "input_ids": [[...]],
    "masks": [[...]] (transformers' assistant_masks), "rule_masks": [[...]] (unmarked variants: the
-   rendering rule of docs/data.md, re-implemented here)}.
+   rendering rule of docs/data.md, re-implemented here)}
+and rendered.json: the text (or the error message) transformers renders with other shipped
+templates (Gemma 2, Mistral Nemo, llama.cpp's DeepSeek-R1) and the first three, for every
+conversation here, with add_generation_prompt both ways:
+  [{"template": file name, "conversation": {...}, "add_generation_prompt": bool,
+    "special_tokens": {...}, "text": str or null, "error": str or null}].
 """
 import json
 import os
@@ -168,6 +173,18 @@ QWEN_CONVERSATIONS = [
                   {"role": "user", "content": "Say e\u0301 and A\u030a (combining marks)."},
                   {"role": "assistant", "content": "e\u0301 A\u030a — done.", "tool_calls": None},
                   {"role": "user", "content": "Now a question left open?"}]},
+]
+
+EXTRA_CONVERSATIONS = [
+    # Mistral's tool-call ids are 9 characters; DeepSeek's template reads content None as absent.
+    {"messages": [{"role": "user", "content": "Weather in Köln?"},
+                  {"role": "assistant", "content": None,
+                   "tool_calls": [dict(call("get_weather", {"city": "Köln"}, as_string=True), id="call00001")]},
+                  {"role": "tool", "content": "{\"temp\": 9}", "tool_call_id": "call00001"},
+                  {"role": "assistant", "content": "<think>9 is cold</think>It is 9 °C."}],
+     "tools": [WEATHER_TOOL]},
+    {"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": " b "},
+                  {"role": "user", "content": "c ✓"}]},
 ]
 
 LLAMA_CONVERSATIONS = [
@@ -329,6 +346,25 @@ def main():
                 runs += [runs_plain, runs_marked]
     with open(os.path.join(out, "expected.json"), "w", encoding="utf-8") as f:
         json.dump(runs, f)
+
+    rendered = []
+    renderer = AutoTokenizer.from_pretrained(os.path.join(out, "qwen25"))
+    special = renderer.special_tokens_map  # {"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>"}
+    for name in ("google-gemma-2-2b-it.jinja", "mistralai-Mistral-Nemo-Instruct-2407.jinja",
+                 "llama-cpp-deepseek-r1.jinja", "Qwen-Qwen2.5-7B-Instruct.jinja", "Qwen-Qwen3-0.6B.jinja",
+                 "meta-llama-Llama-3.3-70B-Instruct.jinja"):
+        for c in QWEN_CONVERSATIONS + LLAMA_CONVERSATIONS + EXTRA_CONVERSATIONS:
+            for agp in (False, True):
+                rec = {"template": name, "conversation": c, "add_generation_prompt": agp,
+                       "special_tokens": special, "text": None, "error": None}
+                try:
+                    rec["text"] = renderer.apply_chat_template(c["messages"], tools=c.get("tools"), chat_template=read(name),
+                                                            tokenize=False, add_generation_prompt=agp)
+                except Exception as e:  # the template's raise_exception, or a jinja2 error
+                    rec["error"] = str(e)
+                rendered.append(rec)
+    with open(os.path.join(out, "rendered.json"), "w", encoding="utf-8") as f:
+        json.dump(rendered, f, ensure_ascii=False)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 // Chat templates end to end: `loongforge-data render-chat` equals transformers' apply_chat_template
 // (input_ids and assistant_masks, token for token) on Qwen2.5, Qwen3 and Llama 3.x's shipped
-// templates and their {% generation %}-marked variants (tests/data/chat_template_oracle.py);
+// templates and their {% generation %}-marked variants (tests/data/chat_template_oracle.py), and
+// renders Gemma 2, Mistral Nemo and DeepSeek-R1 templates to transformers' text;
 // the rendering-based masks of the unmarked templates follow docs/data.md's rule and equal the
 // marked variants' masks; preprocess --conversations is byte-identical for 1 and 3 workers,
 // agrees with render-chat through SftDataset, and names the file and line of a bad conversation.
@@ -121,6 +122,36 @@ TEST(ChatTemplate, RenderedMasksOfUnmarkedTemplatesFollowTheRuleAndEqualTheMarke
     }
   }
   EXPECT_EQ(equal_to_marked, 2 * 6 + 2 * 6 + 4 * 3);
+}
+
+TEST(ChatTemplate, ShippedTemplatesRenderTheTextTransformersRenders) {
+  // Gemma 2, Mistral Nemo and llama.cpp's DeepSeek-R1 besides the three above: the same text, or
+  // the same error (a raise_exception message, a generator tojson cannot serialize, an undefined
+  // content concatenated) for every conversation of the oracle, with and without the generation
+  // prompt.
+  // Ordered: the conversations' key order is what tojson prints.
+  auto records = nlohmann::ordered_json::parse(slurp(oracle_dir() + "/rendered.json"));
+  int texts = 0, errors = 0;
+  for (const auto& rec : records) {
+    std::string name = rec["template"];
+    std::string source = slurp(lf::testing::source_dir() + "/tests/data/chat_templates/" + name);
+    lf::data::ChatTemplate t(source, name, rec["special_tokens"].dump());
+    std::string what = name + " add_generation_prompt=" + rec["add_generation_prompt"].dump() + " " +
+                       rec["conversation"].dump().substr(0, 80);
+    try {
+      auto r = t.render(rec["conversation"].dump(), rec["add_generation_prompt"].get<bool>());
+      ASSERT_TRUE(rec["error"].is_null()) << what << ": rendered, transformers raised " << rec["error"];
+      EXPECT_EQ(r.text, rec["text"].get<std::string>()) << what;
+      ++texts;
+    } catch (const lf::Error& e) {
+      ASSERT_TRUE(rec["text"].is_string() == false) << what << ": " << e.what();
+      EXPECT_NE(e.message().find(rec["error"].get<std::string>()), std::string::npos)
+          << what << ": " << e.message() << " vs transformers' " << rec["error"];
+      ++errors;
+    }
+  }
+  EXPECT_EQ(texts, 98);
+  EXPECT_EQ(errors, 34);
 }
 
 TEST(ChatTemplate, NamedTemplatesAndLoading) {

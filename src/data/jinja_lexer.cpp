@@ -131,7 +131,11 @@ class Lexer {
             hit = op;
             break;
           }
-        if (!hit) fail(pos, std::string("unexpected character '") + c + "'");
+        if (!hit) {
+          size_t n = 1;  // the whole UTF-8 sequence, so the message stays valid UTF-8
+          while (pos + n < s_.size() && (static_cast<unsigned char>(s_[pos + n]) & 0xc0) == 0x80) ++n;
+          fail(pos, "unexpected character '" + s_.substr(pos, n) + "' in a tag");
+        }
         std::string op(hit);
         if (op == "(" || op == "[" || op == "{") ++depth;
         if (op == ")" || op == "]" || op == "}") --depth;

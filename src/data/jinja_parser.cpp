@@ -107,6 +107,7 @@ class Parser {
   }
 
   std::unique_ptr<Node> parse_statement() {
+    DepthGuard guard(*this);
     const Token& t = cur();
     std::string tag = t.text;
     ++i_;
@@ -261,7 +262,19 @@ class Parser {
 
   ExprPtr parse_expression() { return parse_ternary(true); }
 
+  // Bounds the recursion of nested expressions and blocks (a stack overflow on a hostile template).
+  struct DepthGuard {
+    Parser& p;
+    DepthGuard(Parser& parser) : p(parser) {
+      if (++p.depth_ > kMaxDepth) p.fail(p.cur(), "expressions or blocks nested deeper than " + std::to_string(kMaxDepth) + " levels");
+    }
+    ~DepthGuard() { --p.depth_; }
+  };
+  static constexpr int kMaxDepth = 200;
+  int depth_ = 0;
+
   ExprPtr parse_ternary(bool with_cond) {
+    DepthGuard guard(*this);
     ExprPtr e = parse_or();
     while (with_cond && is_name("if")) {
       Pos p = cur().pos;
@@ -387,6 +400,7 @@ class Parser {
     return e;
   }
   ExprPtr parse_unary(bool with_filter) {
+    DepthGuard guard(*this);
     ExprPtr e;
     if (is_op("-") || is_op("+")) {
       Pos p = cur().pos;

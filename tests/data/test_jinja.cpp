@@ -325,6 +325,10 @@ TEST(Jinja, ErrorsNameTheTemplateLineAndColumn) {
             "chat template test.jinja line 1, column 19: object of type 'generator' has no len()");
   EXPECT_EQ(error_of("{{ range(3) | tojson }}"),
             "chat template test.jinja line 1, column 15: tojson: Object of type range is not JSON serializable");
+  // A stray non-ASCII character is named whole; hostile nesting is refused, not a stack overflow.
+  EXPECT_EQ(error_of("{{ a é }}"), "chat template test.jinja line 1, column 6: unexpected character 'é' in a tag");
+  EXPECT_EQ(error_of("{{ " + std::string(300, '(') + "1" + std::string(300, ')') + " }}"),
+            "chat template test.jinja line 1, column 104: expressions or blocks nested deeper than 200 levels");
   // Outside the subset: clear errors rather than different output.
   EXPECT_EQ(error_of("{{ 10 ** 20 }}"),
             "chat template test.jinja line 1, column 7: integer overflow in 10 ** 20 (integers are 64-bit here)");

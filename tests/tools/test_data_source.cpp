@@ -203,4 +203,81 @@ TEST(SftSource, OnlyAnswerLabelsReachTheLoss) {
   EXPECT_EQ(model.loss_counts(batch).at("lm loss"), mask.sum().item<double>());
 }
 
+// --packing-sft-data: a row holds whole conversations (positions restarting, one document id
+// each, the padding a document of its own); its loss and every gradient equal those of the same
+// conversations each in its own row (attention per document, no [s, s] mask), <= 1e-6 relative.
+TEST(SftSource, PackedRowsEqualEachConversationInItsOwnRow) {
+  const std::string d = lf::testing::make_temp_dir("sft_pack");
+  const SftStore st = write_sft_store(d, 12, 50);
+  lf::tools::SftOptions o;
+  o.prefix = st.prefix;
+  o.seq_length = 48;
+  o.micro_batch = 2;
+  o.train_samples = 4;
+  o.pack = true;
+  auto packed = lf::tools::make_sft_sources(o).train->next();
+  ASSERT_TRUE(packed.contains("document_ids") && packed.contains("position_ids"));
+  const int64_t s = 48;
+  // Each document of the packed rows as a row of its own.
+  std::vector<at::Tensor> tokens, labels, masks;
+  int64_t documents = 0;
+  for (int64_t r = 0; r < 2; ++r) {
+    const at::Tensor doc = packed.at("document_ids")[r];
+    for (int64_t a = 0; a < s;) {
+      int64_t b = a;
+      while (b < s && doc[b].item<int64_t>() == doc[a].item<int64_t>()) ++b;
+      EXPECT_EQ(packed.at("position_ids")[r][a].item<int64_t>(), 0) << "row " << r << " at " << a;
+      auto cut = [&](const char* f, double fill) {
+        at::Tensor row = at::full({s}, fill, packed.at(f).options());
+        row.narrow(0, 0, b - a).copy_(packed.at(f)[r].narrow(0, a, b - a));
+        return row;
+      };
+      if (packed.at("labels")[r].narrow(0, a, b - a).ge(0).any().item<bool>()) {
+        // A whole conversation of the store: its tokens, then its last token as the final label.
+        bool whole = false;
+        for (const auto& conv : st.tokens)
+          if (static_cast<int64_t>(conv.size()) == b - a + 1) {
+            bool same = true;
+            for (int64_t k = 0; k < b - a; ++k) same = same && packed.at("tokens")[r][a + k].item<int64_t>() == conv[k];
+            whole = whole || same;
+          }
+        EXPECT_TRUE(whole) << "row " << r << " [" << a << ", " << b << ") is not a whole conversation";
+        tokens.push_back(cut("tokens", 0));
+        labels.push_back(cut("labels", -100));
+        masks.push_back(cut("loss_mask", 0));
+        ++documents;
+      }
+      a = b;
+    }
+  }
+  EXPECT_GT(documents, 2) << "nothing was packed";
+  lf::data::Batch separate;
+  separate.set("tokens", at::stack(tokens), 1);
+  separate.set("labels", at::stack(labels), 1);
+  separate.set("loss_mask", at::stack(masks), 1);
+  lf::models::DecoderConfig c;
+  c.num_layers = 2;
+  c.hidden_size = 32;
+  c.ffn_hidden_size = 48;
+  c.num_attention_heads = 4;
+  c.num_query_groups = 2;
+  c.vocab_size = 50;
+  c.max_position_embeddings = 64;
+  auto run = [&](const lf::data::Batch& b) {
+    lf::models::CausalLm m(c, lf::backend::cpu_backend(), 21, at::kFloat);
+    auto out = m.forward_step(b, lf::models::Pass::train);
+    out.losses.at(0).sum.backward();
+    std::vector<at::Tensor> r{out.losses.at(0).sum.detach()};
+    for (const auto& p : m.parameters()) r.push_back(p.tensor.grad());
+    EXPECT_EQ(m.loss_counts(b).at("lm loss"), b.at("loss_mask").sum().item<double>());
+    return r;
+  };
+  const auto want = run(separate), got = run(packed);
+  ASSERT_EQ(want.size(), got.size());
+  for (size_t i = 0; i < want.size(); ++i) {
+    const double scale = want[i].abs().max().item<double>();
+    EXPECT_LE((got[i] - want[i]).abs().max().item<double>(), 1e-6 * scale + 1e-9) << "tensor " << i;
+  }
+}
+
 }  // namespace

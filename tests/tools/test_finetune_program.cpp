@@ -202,6 +202,13 @@ TEST(SftTraining, DataParallelEqualsOneProcessOnUnevenAnswers) {
   expect_equivalent(one, train(2, d + "/dp2", sft, 6), "SFT DP=2");
   expect_equivalent(one, train(2, d + "/dp2z", with(sft, {"--use-distributed-optimizer"}), 6), "SFT DP=2 + ZeRO-1");
   expect_equivalent(one, train(2, d + "/pp2", with(sft, {"--pipeline-model-parallel-size", "2"}), 6), "SFT PP=2");
+  // Packed conversations (several per row, attention per conversation): DP = 2 equals one process.
+  const TrainRun packed = train(1, d + "/packed", with(sft, {"--packing-sft-data", "--seq-length", "64"}), 6);
+  ASSERT_EQ(packed.exit_code, 0) << packed.output;
+  EXPECT_NE(packed.output.find("packed into rows of 64"), std::string::npos) << packed.output;
+  EXPECT_LT(packed.steps.back().at("loss"), packed.steps.front().at("loss"));
+  expect_equivalent(packed, train(2, d + "/packed_dp2", with(sft, {"--packing-sft-data", "--seq-length", "64"}), 6),
+                    "SFT packed DP=2");
   // SFT with LoRA on top.
   const TrainRun lora = train(1, d + "/lora", with(sft, kLora), 4);
   ASSERT_EQ(lora.exit_code, 0) << lora.output;
@@ -218,7 +225,7 @@ TEST(FinetuneConfig, MistakesAreRefusedWithTheKey) {
   refused({"--lora-rank", "4", "--lora-target-modules", "qkv"}, "unknown LoRA target module 'qkv'");
   refused({"--lora-alpha", "16"}, "lora.alpha is set but lora.rank is 0");
   refused({"--lora-rank", "4", "--save-hf", d + "/hf"}, "checkpoint.save_hf");
-  refused({"--training-phase", "sft", "--packing-sft-data"}, "data.packing_sft_data");
+  refused({"--packing-sft-data"}, "not an SFT run");
   refused({"--training-phase", "sft"}, "mock data has none");
   // --dry-run shows the adapters and that only they carry gradients and optimizer state.
   TrainRun dry = train(1, d + "/dry", with(kLora, {"--dry-run"}), 2);

@@ -414,7 +414,7 @@ TEST(TruthPass, EveryFlagActsOrIsRefused) {
       {"--gradient-accumulation-fusion", "GradientAccumulationFusion.*"},
       {"--no-gradient-accumulation-fusion", "GradientAccumulationFusion.*"},
       {"--training-phase", "SftTraining.*, SftSource.*, FinetuneConfig.*"},
-      {"--packing-sft-data", "refused (FinetuneConfig.MistakesAreRefusedWithTheKey)"},
+      {"--packing-sft-data", "SftSource.PackedRowsEqualEachConversationInItsOwnRow, SftTraining.*"},
       {"--pretrained-checkpoint", "LoraTraining.*, LoraPeft.*"},
       {"--lora-rank", "LoraTraining.*, LoraPeft.*"}, {"--lora-alpha", "LoraTraining.*, LoraPeft.* (scale alpha / r)"},
       {"--lora-dropout", "LoraAdapter.DropoutActsInTrainingOnly"},

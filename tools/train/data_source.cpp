@@ -176,10 +176,10 @@ class SftSource final : public lf::train::BatchSource {
  public:
   SftSource(std::shared_ptr<const SftConversations> data, int64_t begin, int64_t end, int64_t samples,
             int64_t micro_batch, int64_t seq_length, int64_t pad_id, int dp_rank, int dp_size, uint64_t seed,
-            bool shuffle, std::string split)
+            bool shuffle, bool pack, std::string split)
       : data_(std::move(data)), begin_(begin), end_(end), samples_(samples), micro_batch_(micro_batch),
         seq_(seq_length), pad_(pad_id), dp_rank_(dp_rank), dp_size_(dp_size), seed_(seed), shuffle_(shuffle),
-        split_(std::move(split)) {
+        pack_(pack), split_(std::move(split)) {
     LF_CHECK(end_ > begin_, "the ", split_, " split of the SFT data has no conversations");
     rewind();
   }
@@ -189,26 +189,42 @@ class SftSource final : public lf::train::BatchSource {
              lf::hint("this is a bug in the sample count; please report it"));
     const int64_t b = static_cast<int64_t>(indices->size()), s = seq_;
     at::Tensor tokens = at::full({b, s}, pad_, at::kLong), labels = at::full({b, s}, -100, at::kLong),
-               mask = at::zeros({b, s}, at::kFloat);
+               mask = at::zeros({b, s}, at::kFloat), positions = at::zeros({b, s}, at::kLong),
+               documents = at::zeros({b, s}, at::kLong);
     std::vector<int64_t> t(static_cast<size_t>(s + 1)), m(static_cast<size_t>(s + 1));
     for (int64_t r = 0; r < b; ++r) {
-      const int64_t conv = conversation((*indices)[static_cast<size_t>(r)]);
-      const int64_t n = std::min(data_->length(conv), s + 1);
-      if (n < 2) continue;  // nothing to predict
-      data_->read(conv, n, t.data(), m.data());
       auto* tp = tokens.data_ptr<int64_t>() + r * s;
       auto* lp = labels.data_ptr<int64_t>() + r * s;
       auto* mp = mask.data_ptr<float>() + r * s;
-      for (int64_t k = 0; k + 1 < n; ++k) {
-        tp[k] = t[static_cast<size_t>(k)];
-        lp[k] = t[static_cast<size_t>(k + 1)];
-        mp[k] = m[static_cast<size_t>(k + 1)] != 0 ? 1.0f : 0.0f;
+      auto* pp = positions.data_ptr<int64_t>() + r * s;
+      auto* dp = documents.data_ptr<int64_t>() + r * s;
+      // A conversation of n tokens takes n - 1 positions (its last token is only a label).
+      int64_t at_pos = 0, doc = 0;
+      for (int64_t conv : row((*indices)[static_cast<size_t>(r)])) {
+        const int64_t n = std::min(data_->length(conv), s + 1);
+        if (n < 2) continue;  // nothing to predict
+        data_->read(conv, n, t.data(), m.data());
+        for (int64_t k = 0; k + 1 < n; ++k) {
+          tp[at_pos + k] = t[static_cast<size_t>(k)];
+          lp[at_pos + k] = t[static_cast<size_t>(k + 1)];
+          mp[at_pos + k] = m[static_cast<size_t>(k + 1)] != 0 ? 1.0f : 0.0f;
+          pp[at_pos + k] = k;
+          dp[at_pos + k] = doc;
+        }
+        at_pos += n - 1;
+        ++doc;
       }
+      for (int64_t k = at_pos; k < s; ++k) pp[k] = k - at_pos, dp[k] = doc;  // the padding: a document of its own
     }
     lf::data::Batch batch;
     batch.set("tokens", tokens, 1);
     batch.set("labels", labels, 1);
     batch.set("loss_mask", mask, 1);
+    if (pack_) {
+      // Several conversations per row: positions restart and attention stays within each.
+      batch.set("position_ids", positions, 1);
+      batch.set("document_ids", documents, 1);
+    }
     batch.sample_indices = *indices;
     return batch;
   }
@@ -221,32 +237,57 @@ class SftSource final : public lf::train::BatchSource {
   }
 
  private:
-  // Sample k: epoch k / n, position k % n of that epoch's permutation of the split.
-  int64_t conversation(int64_t k) {
-    const int64_t n = end_ - begin_, epoch = k / n;
-    if (!shuffle_) return begin_ + k % n;
-    if (epoch != perm_epoch_) {
-      perm_.resize(static_cast<size_t>(n));
-      for (int64_t i = 0; i < n; ++i) perm_[static_cast<size_t>(i)] = i;
-      std::mt19937_64 rng(seed_ * 1000003ull + static_cast<uint64_t>(epoch));
-      for (int64_t i = n - 1; i > 0; --i) {  // Fisher-Yates (std::shuffle's order is not specified)
-        const int64_t j = static_cast<int64_t>(rng() % static_cast<uint64_t>(i + 1));
-        std::swap(perm_[static_cast<size_t>(i)], perm_[static_cast<size_t>(j)]);
-      }
-      perm_epoch_ = epoch;
+  // The split's conversations in epoch e's order: a seeded permutation (in order for validation).
+  std::vector<int64_t> epoch_order(int64_t epoch) const {
+    const int64_t n = end_ - begin_;
+    std::vector<int64_t> perm(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) perm[static_cast<size_t>(i)] = begin_ + i;
+    if (!shuffle_) return perm;
+    std::mt19937_64 rng(seed_ * 1000003ull + static_cast<uint64_t>(epoch));
+    for (int64_t i = n - 1; i > 0; --i) {  // Fisher-Yates (std::shuffle's order is not specified)
+      const int64_t j = static_cast<int64_t>(rng() % static_cast<uint64_t>(i + 1));
+      std::swap(perm[static_cast<size_t>(i)], perm[static_cast<size_t>(j)]);
     }
-    return begin_ + perm_[static_cast<size_t>(k % n)];
+    return perm;
+  }
+  // Sample k's conversations. Unpacked: epoch k / n, position k % n. Packed: each epoch's order cut
+  // greedily into rows of at most seq_length positions (a conversation never splits; one longer
+  // than the row is cut and alone), the epochs' rows one after another.
+  std::vector<int64_t> row(int64_t k) {
+    const int64_t n = end_ - begin_;
+    if (!pack_) {
+      if (k / n != order_epoch_) order_ = epoch_order(k / n), order_epoch_ = k / n;
+      return {order_[static_cast<size_t>(k % n)]};
+    }
+    int64_t first = 0;  // the first sample of epoch e
+    for (int64_t e = 0;; ++e) {
+      if (e >= static_cast<int64_t>(rows_.size())) {
+        std::vector<std::vector<int64_t>> rows;
+        int64_t used = 0;
+        for (int64_t conv : epoch_order(e)) {
+          const int64_t need = std::min(data_->length(conv), seq_ + 1) - 1;
+          if (rows.empty() || used + need > seq_) rows.emplace_back(), used = 0;
+          rows.back().push_back(conv);
+          used += std::max<int64_t>(need, 0);
+        }
+        rows_.push_back(std::move(rows));
+      }
+      const int64_t count = static_cast<int64_t>(rows_[static_cast<size_t>(e)].size());
+      if (k < first + count) return rows_[static_cast<size_t>(e)][static_cast<size_t>(k - first)];
+      first += count;
+    }
   }
 
   std::shared_ptr<const SftConversations> data_;
   int64_t begin_, end_, samples_, micro_batch_, seq_, pad_;
   int dp_rank_, dp_size_;
   uint64_t seed_;
-  bool shuffle_;
+  bool shuffle_, pack_;
   std::string split_;
   std::unique_ptr<lf::data::PretrainingSampler> sampler_;
-  std::vector<int64_t> perm_;
-  int64_t perm_epoch_ = -1;
+  std::vector<int64_t> order_;
+  int64_t order_epoch_ = -1;
+  std::vector<std::vector<std::vector<int64_t>>> rows_;  // packed: per epoch, its rows
 };
 
 }  // namespace
@@ -273,17 +314,18 @@ DataSources make_sft_sources(const SftOptions& o) {
   for (int64_t i = bounds[0]; i < bounds[1]; ++i) cut += data->length(i) > o.seq_length + 1;
   if (o.log) {
     LF_INFO("SFT data ", o.prefix, ": ", n, " conversations (train ", bounds[1] - bounds[0], ", valid ",
-            bounds[2] - bounds[1], "), one per row padded to ", o.seq_length, " tokens");
+            bounds[2] - bounds[1], "), ",
+            o.pack ? "packed into rows of " : "one per row padded to ", o.seq_length, " tokens");
     if (cut > 0)
       LF_WARN(cut, " training conversations are longer than --seq-length + 1 = ", o.seq_length + 1,
               " tokens and are cut (their tail's answer tokens do not train)");
   }
   DataSources out;
   out.train = std::make_unique<SftSource>(data, bounds[0], bounds[1], o.train_samples, o.micro_batch, o.seq_length,
-                                          o.pad_id, o.dp_rank, o.dp_size, o.seed, true, "train");
+                                          o.pad_id, o.dp_rank, o.dp_size, o.seed, true, o.pack, "train");
   if (o.valid_samples > 0 && bounds[2] > bounds[1])
     out.valid = std::make_unique<SftSource>(data, bounds[1], bounds[2], o.valid_samples, o.micro_batch, o.seq_length,
-                                            o.pad_id, o.dp_rank, o.dp_size, o.seed, false, "valid");
+                                            o.pad_id, o.dp_rank, o.dp_size, o.seed, false, o.pack, "valid");
   return out;
 }
 
@@ -311,6 +353,7 @@ DataSources make_sft_sources_for(const lf::config::JobConfig& job, const lf::mod
   o.seed = static_cast<uint64_t>(t.seed);
   o.pad_id = eod.value_or(0);
   o.log = ctx.global_rank() == 0;
+  o.pack = d.packing_sft_data;
   return make_sft_sources(o);
 }
 

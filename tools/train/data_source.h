@@ -43,6 +43,11 @@ struct SftOptions {
   uint64_t seed = 0;
   int64_t pad_id = 0;
   bool log = false;
+  // --packing-sft-data: a sample is a row of whole conversations (each epoch's order cut greedily
+  // at seq_length positions; a conversation of n tokens takes n - 1), with position_ids restarting
+  // per conversation and document_ids keeping attention within each (the padding is a document
+  // of its own).
+  bool pack = false;
 };
 DataSources make_sft_sources(const SftOptions& options);
 

@@ -215,12 +215,14 @@ void validate(const JobConfig& job, const Node& resolved, ErrorList& errors) {
   }
   // Fine-tuning: SFT data and LoRA.
   const bool sft = c.ok({"training.training_phase"}) && t.training_phase == "sft";
-  if (c.ok({"data.packing_sft_data"}) && d.packing_sft_data)
+  if (c.ok({"data.packing_sft_data"}) && d.packing_sft_data && !sft)
+    c.fail("data.packing_sft_data", "--packing-sft-data packs SFT conversations, and this is not an SFT run",
+           "add --training-phase sft, or drop --packing-sft-data (pretraining rows are packed documents already)");
+  if (sft && c.ok({"data.packing_sft_data", "parallel.chunkpipe_chunk_size"}) && d.packing_sft_data &&
+      p.chunkpipe_chunk_size)
     c.fail("data.packing_sft_data",
-           "packing SFT conversations needs attention that stays within each conversation without an [s, s] mask "
-           "(the long-context work); it is not built yet, and packing without it would let answers attend to other "
-           "conversations",
-           "drop --packing-sft-data: each conversation is padded to --seq-length in its own row");
+           "packed conversations attend within each conversation, which ChunkPipe's chunked attention does not do",
+           "drop --chunkpipe-chunk-size or --packing-sft-data");
   if (sft && c.ok({"data.mock_data"}) && d.mock_data)
     c.fail("training.training_phase",
            "--training-phase sft trains on conversations with answer masks; mock data has none",

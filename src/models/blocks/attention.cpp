@@ -21,9 +21,39 @@ at::Tensor apply_rope(const lf::backend::DeviceBackend& be, const at::Tensor& x,
   return at::cat(parts, 1);
 }
 
+namespace {
+// Causal attention within each run of equal document ids ([b, s], CPU int64): every run's queries,
+// keys and values sliced out and attended on their own, so no [s, s] mask exists and the work is
+// the sum of the runs' squares.
+at::Tensor attend_documents(const lf::backend::DeviceBackend& be, const at::Tensor& q, const at::Tensor& k,
+                            const at::Tensor& v, const at::Tensor& documents, std::optional<double> scale) {
+  const int64_t b = q.size(0), s = q.size(2);
+  LF_CHECK(documents.dim() == 2 && documents.size(0) == b && documents.size(1) == s, "document ids must be [", b, ", ",
+           s, "], got ", documents.sizes());
+  const at::Tensor ids = documents.to(at::kCPU, at::kLong).contiguous();
+  const int64_t* d = ids.data_ptr<int64_t>();
+  std::vector<at::Tensor> rows;
+  for (int64_t r = 0; r < b; ++r) {
+    std::vector<at::Tensor> runs;
+    for (int64_t start = 0, t = 1; t <= s; ++t) {
+      if (t < s && d[r * s + t] == d[r * s + t - 1]) continue;
+      auto cut = [&](const at::Tensor& x) { return x.narrow(0, r, 1).narrow(2, start, t - start); };
+      runs.push_back(lf::ops::sdpa(be, cut(q), cut(k), cut(v), lf::backend::AttentionMask::causal(), scale));
+      start = t;
+    }
+    rows.push_back(runs.size() == 1 ? runs[0] : at::cat(runs, 2));
+  }
+  return b == 1 ? rows[0] : at::cat(rows, 0);
+}
+}  // namespace
+
 at::Tensor attend(const lf::backend::DeviceBackend& be, at::Tensor qr, at::Tensor kr, at::Tensor vr,
                   const lf::backend::AttentionMask& mask, KvCache* cache, ChunkAttention* chunk, size_t i,
-                  std::optional<double> scale) {
+                  std::optional<double> scale, const at::Tensor& documents) {
+  if (documents.defined()) {
+    LF_CHECK(!cache && !chunk, "document masks work on whole sequences (no KV cache, no ChunkPipe)");
+    return attend_documents(be, qr, kr, vr, documents, scale);
+  }
   if (cache) {
     const int64_t past = cache->length;
     if (past > 0) {
@@ -103,7 +133,7 @@ at::Tensor SelfAttention::forward(const lf::backend::DeviceBackend& be, const lf
   // Captured by value: under selective recomputation this runs again in backward, after the
   // caller's frame (and `in`) are gone.
   const lf::backend::DeviceBackend* bep = &be;
-  auto core = [this, bep, cos = in.cos, sin = in.sin, mask = in.mask, s, b, nq, d, cache, chunk,
+  auto core = [this, bep, cos = in.cos, sin = in.sin, mask = in.mask, docs = in.documents, s, b, nq, d, cache, chunk,
                i](const at::Tensor& q0, const at::Tensor& k0, const at::Tensor& v0) {
     const auto& be = *bep;
     at::Tensor qn = q0, kn = k0;
@@ -117,7 +147,7 @@ at::Tensor SelfAttention::forward(const lf::backend::DeviceBackend& be, const lf
     }
     // [s, b, n, d] -> [b, n, s, d]
     auto o = attend(be, qn.permute({1, 2, 0, 3}), kn.permute({1, 2, 0, 3}), v0.permute({1, 2, 0, 3}), mask, cache,
-                    chunk, i);  // [b, nq, s, d]
+                    chunk, i, std::nullopt, docs);  // [b, nq, s, d]
     return o.permute({2, 0, 1, 3}).reshape({s, b, nq * d});
   };
   at::Tensor o;

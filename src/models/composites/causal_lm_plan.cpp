@@ -73,11 +73,12 @@ CausalLmPlan::CausalLmPlan(std::shared_ptr<const ModelConfig> config, const Plan
       if (job_.parallel.chunkpipe_chunk_size)
         errors.add(key, origin(key), "multi-token prediction needs the tokens ahead of each chunk: not with ChunkPipe",
                    "drop --chunkpipe-chunk-size or --mtp-num-layers");
-      if (job_.data.reset_position_ids || job_.data.reset_attention_mask)
+      if (job_.data.reset_position_ids || job_.data.reset_attention_mask || job_.data.packing_sft_data)
         errors.add(key, origin(key),
                    "multi-token prediction shifts tokens across the whole row; with packed documents "
-                   "(--reset-position-ids / --reset-attention-mask) it would predict across document boundaries",
-                   "drop --reset-position-ids / --reset-attention-mask, or --mtp-num-layers");
+                   "(--reset-position-ids / --reset-attention-mask / --packing-sft-data) it would predict across "
+                 "document boundaries",
+                   "drop --reset-position-ids / --reset-attention-mask / --packing-sft-data, or --mtp-num-layers");
     }
     if (job_.lora.rank > 0) {
       const auto spec = lora_spec();

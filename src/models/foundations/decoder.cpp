@@ -307,7 +307,8 @@ AttentionInputs Decoder::attention_inputs(const DecoderInputs& in) const {
   if (in.document_ids.defined()) {
     LF_CHECK(!in.cache && !in.chunk, "document masks (--reset-attention-mask) work on whole sequences (no KV cache, "
              "no ChunkPipe)");
-    a.mask = lf::backend::AttentionMask::boolean(block_causal_mask(in.document_ids.to(backend_.device())));
+    // Attention within each document, run by run: no [s, s] mask.
+    a.documents = in.document_ids.to(at::kCPU);
   }
   return a;
 }

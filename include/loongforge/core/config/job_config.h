@@ -236,8 +236,8 @@ struct DataConfig {
     v("reset_attention_mask", reset_attention_mask, "Mask attention across end-of-document tokens");
     v("eod_mask_loss", eod_mask_loss, "Mask the loss on end-of-document tokens");
     v("packing_sft_data", packing_sft_data,
-      "Pack several conversations per row (sft; refused until per-document attention without a mask lands: "
-      "conversations are padded, one per row)");
+      "SFT: pack whole conversations into each row (positions restart and attention stays within each "
+      "conversation, computed per conversation: no [s, s] mask); off: one conversation per row, padded");
   }
 };
 

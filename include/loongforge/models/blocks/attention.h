@@ -50,6 +50,9 @@ struct AttentionInputs {
   // causal (bottom-right aligned), none (bidirectional) or an explicit [b|1, 1, s, t] mask
   // (block_mask / prefix_lm_mask below).
   lf::backend::AttentionMask mask = lf::backend::AttentionMask::causal();
+  // Packed documents: [b, s] int64 on the CPU, contiguous runs of one id; each run attends
+  // causally within itself only, computed run by run (no [s, s] mask). Undefined: one sequence.
+  at::Tensor documents;
   KvCache* cache = nullptr;         // incremental decoding
   ChunkAttention* chunk = nullptr;  // ChunkPipe
   bool selective_recompute = false; // recompute RoPE + core attention in backward
@@ -60,10 +63,11 @@ at::Tensor apply_rope(const lf::backend::DeviceBackend& be, const at::Tensor& x,
                       const at::Tensor& sin, bool interleaved = false);
 // Core attention of layer i on q [b, nq, s, d], k [b, nq|nkv, s, d], v [b, ., s, dv] with the
 // KV cache (keys/values appended, the causal mask bottom-right over them) or ChunkPipe's prefix
-// keys/values when given: [b, nq, s, dv]. scale: 1/sqrt(d) by default.
+// keys/values when given: [b, nq, s, dv]. scale: 1/sqrt(d) by default. documents (AttentionInputs::
+// documents, defined): causal attention within each document run instead of `mask`.
 at::Tensor attend(const lf::backend::DeviceBackend& be, at::Tensor q, at::Tensor k, at::Tensor v,
                   const lf::backend::AttentionMask& mask, KvCache* cache, ChunkAttention* chunk, size_t layer,
-                  std::optional<double> scale = std::nullopt);
+                  std::optional<double> scale = std::nullopt, const at::Tensor& documents = {});
 
 // Causal attention within documents: document_ids [b, s] (int64) -> bool [b, 1, s, s], true
 // where query i may see key j (j <= i and the same document).

@@ -177,6 +177,26 @@ def moe_layers(freq, layers):
     return list(pattern)
 
 
+def hf_steps(model, params, opt, c, t, o, args, device):
+    """The HF references' training loop: one micro-batch of random tokens per step, HF's own loss
+    (it shifts the labels itself: s tokens in, s - 1 predictions), clipping, AdamW. Step seconds
+    and losses."""
+    b, s = t["micro_batch_size"], t["seq_length"]
+    assert t["global_batch_size"] == b, "the bench runs one micro-batch per step"
+    times, losses = [], []
+    for _ in range(args.steps):
+        start = time.perf_counter()
+        data = torch.randint(0, c["vocab_size"], (b, s + 1)).to(device)
+        out = model(input_ids=data[:, :-1], labels=data[:, :-1], use_cache=False)
+        out.loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, o["clip_grad"], foreach=True)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        losses.append(out.loss.item())
+        times.append(time.perf_counter() - start)
+    return times, losses
+
+
 def train_hf_moe(args):
     from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
     cfg = json.loads(args.config_json)
@@ -212,19 +232,7 @@ def train_hf_moe(args):
                             lr=o["lr"], betas=(o["adam_beta1"], o["adam_beta2"]),
                             eps=o["adam_eps"], fused=True)
     b, s = t["micro_batch_size"], t["seq_length"]
-    assert t["global_batch_size"] == b, "the bench runs one micro-batch per step"
-    times, losses = [], []
-    for step in range(args.steps):
-        start = time.perf_counter()
-        data = torch.randint(0, c["vocab_size"], (b, s + 1)).to(device)
-        # HF shifts the labels itself: s tokens in, s - 1 predictions.
-        out = model(input_ids=data[:, :-1], labels=data[:, :-1], use_cache=False)
-        out.loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, o["clip_grad"], foreach=True)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        losses.append(out.loss.item())
-        times.append(time.perf_counter() - start)
+    times, losses = hf_steps(model, params, opt, c, t, o, args, device)
     timed = times[args.warmup:]
     print(json.dumps({"tokens_per_sec": b * s * len(timed) / sum(timed), "step_seconds": timed,
                       "losses": losses, "parameters": sum(p.numel() for p in params),
@@ -262,18 +270,7 @@ def train_hf_lora(args):
     opt = torch.optim.AdamW(params, lr=o["lr"], betas=(o["adam_beta1"], o["adam_beta2"]), eps=o["adam_eps"],
                             weight_decay=o["weight_decay"], fused=True)
     b, s = t["micro_batch_size"], t["seq_length"]
-    assert t["global_batch_size"] == b, "the bench runs one micro-batch per step"
-    times, losses = [], []
-    for step in range(args.steps):
-        start = time.perf_counter()
-        data = torch.randint(0, c["vocab_size"], (b, s + 1)).to(device)
-        out = model(input_ids=data[:, :-1], labels=data[:, :-1], use_cache=False)
-        out.loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, o["clip_grad"], foreach=True)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        losses.append(out.loss.item())
-        times.append(time.perf_counter() - start)
+    times, losses = hf_steps(model, params, opt, c, t, o, args, device)
     timed = times[args.warmup:]
     print(json.dumps({"tokens_per_sec": b * s * len(timed) / sum(timed), "step_seconds": timed,
                       "losses": losses, "trainable_parameters": sum(p.numel() for p in params),

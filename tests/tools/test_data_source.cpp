@@ -12,6 +12,7 @@
 #include "loongforge/models/blocks/attention.h"
 #include "loongforge/models/composites/causal_lm.h"
 #include "multiprocess.h"
+#include "../models/tiny_decoder.h"
 
 namespace {
 
@@ -93,17 +94,22 @@ SftStore write_sft_store(const std::string& dir, int conversations, int64_t voca
   return st;
 }
 
+lf::tools::SftOptions sft_options(const std::string& prefix, int64_t seq, int64_t micro, int64_t samples) {
+  lf::tools::SftOptions o;
+  o.prefix = prefix;
+  o.seq_length = seq;
+  o.micro_batch = micro;
+  o.train_samples = samples;
+  return o;
+}
+
 // Rows hold one conversation each: tokens[k] = c[k], labels[k] = c[k + 1] and loss_mask[k] = the
 // answer mask of c[k + 1]; padding past the conversation (label -100, mask 0); long conversations
 // cut at seq_length + 1 tokens; every conversation once per epoch.
 TEST(SftSource, RowsAreConversationsWithTheirAnswerMasksShifted) {
   const std::string d = lf::testing::make_temp_dir("sft_source");
   const SftStore st = write_sft_store(d, 10, 50);
-  lf::tools::SftOptions o;
-  o.prefix = st.prefix;
-  o.seq_length = 20;
-  o.micro_batch = 2;
-  o.train_samples = 20;  // two epochs
+  lf::tools::SftOptions o = sft_options(st.prefix, 20, 2, 20);  // 10 conversations: two epochs
   o.vocab_size = 50;
   o.seed = 3;
   auto src = lf::tools::make_sft_sources(o);
@@ -160,20 +166,9 @@ TEST(SftSource, RowsAreConversationsWithTheirAnswerMasksShifted) {
 TEST(SftSource, OnlyAnswerLabelsReachTheLoss) {
   const std::string d = lf::testing::make_temp_dir("sft_loss");
   const SftStore st = write_sft_store(d, 6, 50);
-  lf::tools::SftOptions o;
-  o.prefix = st.prefix;
-  o.seq_length = 16;
-  o.micro_batch = 3;
-  o.train_samples = 3;
+  lf::tools::SftOptions o = sft_options(st.prefix, 16, 3, 3);
   auto batch = lf::tools::make_sft_sources(o).train->next();
-  lf::models::DecoderConfig c;
-  c.num_layers = 2;
-  c.hidden_size = 32;
-  c.ffn_hidden_size = 48;
-  c.num_attention_heads = 4;
-  c.num_query_groups = 2;
-  c.vocab_size = 50;
-  c.max_position_embeddings = 16;
+  auto c = lf::testing::tiny_decoder_config();  // vocabulary 50, 16 positions
   lf::models::CausalLm model(c, lf::backend::cpu_backend(), 11, at::kFloat);
   model.set_training(false);
   auto loss = [&](const lf::data::Batch& b) {
@@ -209,11 +204,7 @@ TEST(SftSource, OnlyAnswerLabelsReachTheLoss) {
 TEST(SftSource, PackedRowsEqualEachConversationInItsOwnRow) {
   const std::string d = lf::testing::make_temp_dir("sft_pack");
   const SftStore st = write_sft_store(d, 12, 50);
-  lf::tools::SftOptions o;
-  o.prefix = st.prefix;
-  o.seq_length = 48;
-  o.micro_batch = 2;
-  o.train_samples = 4;
+  lf::tools::SftOptions o = sft_options(st.prefix, 48, 2, 4);
   o.pack = true;
   auto packed = lf::tools::make_sft_sources(o).train->next();
   ASSERT_TRUE(packed.contains("document_ids") && packed.contains("position_ids"));
@@ -255,13 +246,7 @@ TEST(SftSource, PackedRowsEqualEachConversationInItsOwnRow) {
   separate.set("tokens", at::stack(tokens), 1);
   separate.set("labels", at::stack(labels), 1);
   separate.set("loss_mask", at::stack(masks), 1);
-  lf::models::DecoderConfig c;
-  c.num_layers = 2;
-  c.hidden_size = 32;
-  c.ffn_hidden_size = 48;
-  c.num_attention_heads = 4;
-  c.num_query_groups = 2;
-  c.vocab_size = 50;
+  auto c = lf::testing::tiny_decoder_config();  // vocabulary 50
   c.max_position_embeddings = 64;
   auto run = [&](const lf::data::Batch& b) {
     lf::models::CausalLm m(c, lf::backend::cpu_backend(), 21, at::kFloat);

@@ -56,6 +56,14 @@ struct BatchOptions {
   const lf::models::ModelPlan* plan = nullptr;
 };
 
+// Megatron's sampler over `samples` indices, positioned after `consumed` (all DP ranks').
+std::unique_ptr<lf::data::PretrainingSampler> sampler_at(int64_t samples, int64_t micro_batch, int dp_rank, int dp_size,
+                                                         int64_t consumed) {
+  lf::data::PretrainingSampler::State state;
+  state.consumed_samples = consumed;
+  return std::make_unique<lf::data::PretrainingSampler>(samples, micro_batch, dp_rank, dp_size, state);
+}
+
 // One split's micro-batches for this DP rank from a token dataset. rewind() starts over from the
 // first sample, so every evaluation sees the same held-out batches.
 class LoaderSource final : public lf::train::BatchSource {
@@ -124,9 +132,7 @@ class SyntheticSource final : public lf::train::BatchSource {
   }
   void rewind() override { seek(0); }
   bool seek(int64_t consumed) override {
-    lf::data::PretrainingSampler::State state;
-    state.consumed_samples = consumed;
-    sampler_ = std::make_unique<lf::data::PretrainingSampler>(samples_, micro_batch_, dp_rank_, dp_size_, state);
+    sampler_ = sampler_at(samples_, micro_batch_, dp_rank_, dp_size_, consumed);
     return true;
   }
 
@@ -230,9 +236,7 @@ class SftSource final : public lf::train::BatchSource {
   }
   void rewind() override { seek(0); }
   bool seek(int64_t consumed) override {
-    lf::data::PretrainingSampler::State state;
-    state.consumed_samples = consumed;
-    sampler_ = std::make_unique<lf::data::PretrainingSampler>(samples_, micro_batch_, dp_rank_, dp_size_, state);
+    sampler_ = sampler_at(samples_, micro_batch_, dp_rank_, dp_size_, consumed);
     return true;
   }
 

@@ -122,10 +122,12 @@ at::Tensor SelfAttention::forward(const lf::backend::DeviceBackend& be, const lf
   const LayerLora* ad = lora ? lora->adapters : nullptr;
   if (ad) {
     // PEFT's q_proj/k_proj/v_proj: this rank's heads of each, added to the split projection.
-    at::Generator* gen = lora->column_gen(tp);
-    if ((*ad)[LoraModule::q_proj].on()) q = q + (*ad)[LoraModule::q_proj].forward(tp, x, gen).view({s, b, nq, d});
-    if ((*ad)[LoraModule::k_proj].on()) k = k + (*ad)[LoraModule::k_proj].forward(tp, x, gen).view({s, b, groups, d});
-    if ((*ad)[LoraModule::v_proj].on()) v = v + (*ad)[LoraModule::v_proj].forward(tp, x, gen).view({s, b, groups, d});
+    const auto dqkv = LoraAdapter::column_group(tp, x, lora->column_gen(tp),
+                                                {&(*ad)[LoraModule::q_proj], &(*ad)[LoraModule::k_proj],
+                                                 &(*ad)[LoraModule::v_proj]});
+    if (dqkv[0].defined()) q = q + dqkv[0].view({s, b, nq, d});
+    if (dqkv[1].defined()) k = k + dqkv[1].view({s, b, groups, d});
+    if (dqkv[2].defined()) v = v + dqkv[2].view({s, b, groups, d});
   }
   KvCache* cache = in.cache;
   ChunkAttention* chunk = in.chunk;

@@ -82,12 +82,44 @@ at::Tensor LoraAdapter::forward(const lf::parallel::TensorParallel& tp, const at
     // A is replicated: the rank-r activation enters the TP region like the layer's input (gathered
     // along the sequence under SP; its gradient summed over the ranks' B shards).
     if (split) t = tp.sequence_parallel ? P::gather_from_sequence_parallel(t, *tp.tp) : P::copy_to_tp(t, *tp.tp);
-    return at::matmul(t, b_.t()) * scale_;  // [s, b, out / tp]
+    return at::matmul(t * scale_, b_.t());  // [s, b, out / tp]; the scale on the rank-r side
   }
   // Row: each rank's A shard sees its input columns; the partial rank-r sums are reduced (scattered
   // along the sequence under SP) before the replicated B.
   if (split) t = tp.sequence_parallel ? P::reduce_scatter_to_sequence_parallel(t, *tp.tp) : P::reduce_from_tp(t, *tp.tp);
-  return at::matmul(t, b_.t()) * scale_;  // [s(/tp), b, out]
+  return at::matmul(t * scale_, b_.t());  // [s(/tp), b, out]
+}
+
+std::vector<at::Tensor> LoraAdapter::column_group(const lf::parallel::TensorParallel& tp, const at::Tensor& x,
+                                                  at::Generator* dropout_gen,
+                                                  const std::vector<const LoraAdapter*>& adapters) {
+  namespace P = lf::parallel;
+  std::vector<at::Tensor> out(adapters.size());
+  std::vector<at::Tensor> as;
+  bool dropout = false;
+  for (const LoraAdapter* a : adapters)
+    if (a && a->on()) {
+      LF_CHECK(a->kind_ == Kind::column, "LoraAdapter::column_group: a row-parallel adapter");
+      as.push_back(a->a_);
+      dropout = dropout || (dropout_gen && a->dropout_ > 0);
+    }
+  if (as.size() <= 1 || dropout) {
+    for (size_t i = 0; i < adapters.size(); ++i)
+      if (adapters[i] && adapters[i]->on()) out[i] = adapters[i]->forward(tp, x, dropout_gen);
+    return out;
+  }
+  at::Tensor t = at::matmul(x, at::cat(as, 0).t());  // [s(/tp), b, sum of ranks]
+  if (tp.tp != nullptr && tp.size() > 1)
+    t = tp.sequence_parallel ? P::gather_from_sequence_parallel(t, *tp.tp) : P::copy_to_tp(t, *tp.tp);
+  int64_t at_col = 0;
+  for (size_t i = 0; i < adapters.size(); ++i) {
+    const LoraAdapter* a = adapters[i];
+    if (!a || !a->on()) continue;
+    const int64_t r = a->a_.size(0);
+    out[i] = at::matmul(t.narrow(-1, at_col, r) * a->scale_, a->b_.t());
+    at_col += r;
+  }
+  return out;
 }
 
 bool LayerLora::any() const {

@@ -23,12 +23,15 @@ at::Tensor Mlp::forward(const lf::backend::DeviceBackend& be, const lf::parallel
   const LayerLora* ad = lora ? lora->adapters : nullptr;
   if (ad && ((*ad)[LoraModule::gate_proj].on() || (*ad)[LoraModule::up_proj].on())) {
     // fc1 is [gate_r; up_r] on this rank: PEFT's gate_proj / up_proj adapters add to each half.
+    const auto d = LoraAdapter::column_group(tp, x, lora->column_gen(tp),
+                                             {&(*ad)[LoraModule::gate_proj], &(*ad)[LoraModule::up_proj]});
     const int64_t half = fc1.size(-1) / 2;
-    at::Generator* gen = lora->column_gen(tp);
-    at::Tensor gate = fc1.narrow(-1, 0, half), up = fc1.narrow(-1, half, half);
-    if ((*ad)[LoraModule::gate_proj].on()) gate = gate + (*ad)[LoraModule::gate_proj].forward(tp, x, gen);
-    if ((*ad)[LoraModule::up_proj].on()) up = up + (*ad)[LoraModule::up_proj].forward(tp, x, gen);
-    fc1 = at::cat({gate, up}, -1);
+    if (d[0].defined() && d[1].defined())
+      fc1 = fc1 + at::cat({d[0], d[1]}, -1);
+    else if (d[0].defined())
+      fc1 = at::cat({fc1.narrow(-1, 0, half) + d[0], fc1.narrow(-1, half, half)}, -1);
+    else
+      fc1 = at::cat({fc1.narrow(-1, 0, half), fc1.narrow(-1, half, half) + d[1]}, -1);
   }
   const bool swiglu = c_.swiglu;
   const lf::backend::DeviceBackend* bep = &be;  // the lambda may run again in backward

@@ -56,6 +56,12 @@ class LoraAdapter {
   // row: x [s, b, in / tp] -> [s(/tp), b, out], summed over TP (added to the layer's output).
   // `dropout_gen`: the stream of the input's layout (null: no dropout, evaluation).
   at::Tensor forward(const lf::parallel::TensorParallel& tp, const at::Tensor& x, at::Generator* dropout_gen) const;
+  // Column adapters on one input (q/k/v, gate/up): their A's as one GEMM and one TP collective,
+  // then each B; the results in order, undefined for adapters that are off. Without dropout only
+  // (PEFT draws a mask per adapter); with it, each adapter on its own.
+  static std::vector<at::Tensor> column_group(const lf::parallel::TensorParallel& tp, const at::Tensor& x,
+                                              at::Generator* dropout_gen,
+                                              const std::vector<const LoraAdapter*>& adapters);
 
  private:
   Kind kind_ = Kind::column;

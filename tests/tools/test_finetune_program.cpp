@@ -323,6 +323,32 @@ TEST(LoraPeft, AdapterLogitsEqualPeftModel) {
   EXPECT_GT(max_diff(read_logits(b.dir + "/base.safetensors"), read_logits(b.dir + "/peft_plain/want.safetensors")), 1e-3);
 }
 
+// The same parity on the other families' layers: Qwen3 (per-head QK norms after q/k_proj: the
+// adapters act before them) and Qwen2 (QKV biases: the adapters add to the biased projection).
+TEST(LoraPeft, AdapterLogitsEqualPeftModelOnQwen3AndQwen2Layers) {
+  const std::string d = lf::testing::make_temp_dir("lora_peft_families");
+  for (const auto& [family, flag] : std::vector<std::pair<std::string, std::string>>{
+           {"qwen3", "++model.foundation.qk_layernorm=true"}, {"qwen2", "++model.foundation.add_qkv_bias=true"}}) {
+    const std::string dir = d + "/" + family;
+    TrainRun base = train(1, dir + "/base", {flag, "--save", dir + "/ckpt"}, 3);
+    ASSERT_EQ(base.exit_code, 0) << base.output;
+    auto conv = run({bin("loongforge-convert"), "lf2hf", "--load", dir + "/ckpt", "--out", dir + "/hf", "--dtype", "fp32"});
+    ASSERT_EQ(conv.exit_code, 0) << conv.output;
+    ASSERT_NE(lf::testing::read_file(dir + "/hf/config.json").find("\"model_type\": \"" + family + "\""), std::string::npos)
+        << lf::testing::read_file(dir + "/hf/config.json");
+    auto made = run({python(), oracle(), "make", dir + "/hf", dir + "/adapter", "all-linear", "4", "8", "0", "5"});
+    ASSERT_EQ(made.exit_code, 0) << made.output;
+    auto want = run({python(), oracle(), "logits", dir + "/hf", dir + "/adapter", kIds, dir + "/want.safetensors"});
+    ASSERT_EQ(want.exit_code, 0) << want.output;
+    auto got = run({bin("loongforge-generate"), "--load", dir + "/hf", "--lora-adapter", dir + "/adapter", "--input-ids",
+                    kIds, "--dump-logits", dir + "/got.safetensors"});
+    ASSERT_EQ(got.exit_code, 0) << got.output;
+    const double diff = max_diff(read_logits(dir + "/want.safetensors"), read_logits(dir + "/got.safetensors"));
+    EXPECT_LE(diff, 1e-4) << family;
+    std::printf("[peft parity] %s layers: logits max |diff| %.3g\n", family.c_str(), diff);
+  }
+}
+
 // A LoRA run exported by lf2hf: the base HF directory plus OUT/adapter/ in PEFT's format, which
 // transformers + peft load with the logits loongforge-generate gives for the run's checkpoint;
 // --merge-lora writes merged weights with the same logits.

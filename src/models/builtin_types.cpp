@@ -4,6 +4,7 @@
 #include "loongforge/models/composites/feature_regression.h"
 #include "loongforge/models/composites/spliced_lm.h"
 #include "loongforge/models/encoders/mlp_encoder.h"
+#include "loongforge/models/encoders/qwen2_5_vl_vision.h"
 #include "loongforge/models/foundations/decoder_config.h"
 #include "loongforge/models/registry.h"
 
@@ -15,6 +16,7 @@ void register_builtin_types(Registry& r) {
                       "final norm",
                       schema_loader<DecoderConfig>()});
   register_mlp_encoder(r);
+  register_qwen25_vision(r);
   register_causal_lm(r);
   register_spliced_lm(r);
   register_feature_regression(r);

@@ -2,9 +2,9 @@
 // oracle only): a tiny random Qwen2_5_VisionTransformerPretrainedModel saved by transformers, its
 // weights loaded by name (Qwen25VisionEncoder::load_hf_state), run on three images of different
 // sizes from transformers' image processor and a 2x4x4 video grid in one call: our merged output
-// equals transformers' fp32 output within 1e-4, at encoder TP 1 and TP 2. Encoding each medium on
-// its own gives the rows of encoding all at once. Malformed inputs and weights are lf::Errors (these
-// run without Python).
+// equals transformers' fp32 output within 1e-4, at encoder TP 1 and TP 2, and so do the gradients
+// (input and weights). Encoding each medium on its own gives the rows of encoding all at once.
+// Malformed inputs and weights are lf::Errors; the fields load from YAML (these run without Python).
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 #include <gtest/gtest.h>
@@ -21,6 +21,8 @@
 
 #include "../parallel/tp_testing.h"
 #include "loongforge/backend/registry.h"
+#include "loongforge/core/config/config_error.h"
+#include "loongforge/core/config/yaml.h"
 #include "loongforge/core/error.h"
 #include "loongforge/core/safetensors.h"
 #include "loongforge/models/encoders/qwen2_5_vl_vision.h"
@@ -137,6 +139,34 @@ TEST(Qwen25Vision, OutputMatchesTransformers) {
   std::printf("[vision parity] qwen2_5_vl_vision TP=1: max |output - transformers| = %.3g\n", diff);
   RecordProperty("tp1_max_abs_diff", std::to_string(diff));
   EXPECT_LE(diff, kTolerance);
+}
+
+// The backward: gradients of sum(output * probe) for the input and for weights at both ends of the
+// tower (the patch embedding, block 0's norm and MLP, the merger) equal transformers' autograd.
+TEST(Qwen25Vision, GradientsMatchTransformers) {
+  REQUIRE_ORACLE();
+  auto e = oracle_encoder(oracle_dir());
+  auto io = read_all(oracle_dir() + "/io.safetensors");
+  auto pixels = io.at("pixel_values").clone().requires_grad_(true);
+  (e->forward(pixels, io.at("grid_thw")) * io.at("probe")).sum().backward();
+  std::map<std::string, at::Tensor> got{{"grad_pixel_values", pixels.grad()}};
+  for (const auto& p : e->parameters()) {
+    if (p.name == "image_encoder.patch_embed.weight") got["grad_patch_embed"] = p.tensor.grad();
+    if (p.name == "image_encoder.blocks.0.norm1.weight") got["grad_block0_norm1"] = p.tensor.grad();
+    if (p.name == "image_encoder.blocks.0.mlp.linear_fc2.weight") got["grad_block0_down_proj"] = p.tensor.grad();
+    if (p.name == "image_encoder.merger.mlp.linear_fc1.weight") got["grad_merger_fc1"] = p.tensor.grad();
+  }
+  ASSERT_EQ(got.size(), 5u);
+  for (const auto& [name, g] : got) {
+    const auto& want = io.at(name);
+    ASSERT_TRUE(g.defined()) << name;
+    ASSERT_EQ(g.sizes(), want.sizes()) << name;
+    // Relative to the gradient's size (up to ~10 for the merger): fp32 sums in other orders.
+    const double diff = lf::testing::max_abs_diff(g, want), scale = lf::testing::scale_of(want);
+    std::printf("[vision parity] %s: max |ours - transformers| = %.3g (max |grad| %.3g)\n", name.c_str(), diff,
+                want.abs().max().item<double>());
+    EXPECT_LE(diff, kTolerance * scale) << name;
+  }
 }
 
 LF_WORKER_CASE(vision_parity_tp2) {
@@ -269,6 +299,24 @@ TEST(Qwen25Vision, RegisteredAsVisionEncoder) {
   const auto* t = lf::models::Registry::builtin().component("qwen2_5_vl_vision");
   ASSERT_NE(t, nullptr);
   EXPECT_EQ(t->kind, "vision_encoder");
+  // Its fields from YAML, with HF's names; defaults filled in; a wrong activation reported by key.
+  auto load = [&](const std::string& text, lf::config::ErrorList& errors) {
+    return t->load(lf::config::parse_yaml_string(text, {}), "model.image_encoder", errors);
+  };
+  lf::config::ErrorList errors;
+  auto cfg = load("depth: 4\nhidden_size: 64\nintermediate_size: 96\nnum_heads: 4\nwindow_size: 56\n"
+                  "fullatt_block_indexes: [1, 3]\nout_hidden_size: 48\n",
+                  errors);
+  ASSERT_TRUE(errors.empty()) << errors.issues().front().message;
+  const auto& f = dynamic_cast<const lf::models::ComponentConfigOf<Qwen25VisionConfig>&>(*cfg).fields;
+  EXPECT_EQ(f.fullatt_block_indexes, (std::vector<int64_t>{1, 3}));
+  EXPECT_EQ(f.patch_size, 14);
+  EXPECT_EQ(f.temporal_patch_size, 2);
+  EXPECT_EQ(f.hidden_act, "silu");
+  lf::config::ErrorList bad;
+  load("depth: 4\nhidden_size: 64\nintermediate_size: 96\nnum_heads: 4\nhidden_act: gelu\n", bad);
+  ASSERT_FALSE(bad.empty());
+  EXPECT_EQ(bad.issues().front().key, "model.image_encoder.hidden_act");
   EXPECT_EQ(tiny_config().num_parameters(), [] {
     int64_t n = 0;
     for (const auto& p : make_encoder(tiny_config())->parameters()) n += p.tensor.numel();

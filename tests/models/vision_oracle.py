@@ -13,7 +13,10 @@ Python is a test oracle only; LoongForge never runs it.
                                  uint8 RGB images (56x84, 112x112, 28x196) through transformers'
                                  Qwen2VLImageProcessor(Pil) and a 4-frame 56x56 "video" (grid 2x4x4,
                                  random normalised values); `output` [n / 4, 48]: the model's merged
-                                 output (pooler_output) for all four at once.
+                                 output (pooler_output) for all four at once; `probe` [n / 4, 48]
+                                 random and the gradients of sum(output * probe) with respect to
+                                 pixel_values, the patch embedding (as [64, 1176]), block 0's norm1
+                                 and down_proj weights and the merger's first linear weight.
 """
 import json
 import os
@@ -59,13 +62,24 @@ def make(out):
     pixel_values = torch.cat([pixel_values, video], 0).contiguous()
     grid = torch.cat([grid, video_grid], 0).contiguous()
 
-    with torch.no_grad():
-        output = model(hidden_states=pixel_values, grid_thw=grid).pooler_output
+    # Backward too: the gradients of sum(output * probe) (a fixed random probe).
+    pixels = pixel_values.clone().requires_grad_(True)
+    output = model(hidden_states=pixels, grid_thw=grid).pooler_output
     assert output.shape == (pixel_values.shape[0] // 4, CONFIG["out_hidden_size"]), output.shape
+    probe = torch.randn(output.shape, generator=g)
+    (output * probe).sum().backward()
+    output = output.detach()
+    params = dict(model.named_parameters())
+    grads = {"grad_pixel_values": pixels.grad,
+             "grad_patch_embed": params["patch_embed.proj.weight"].grad.reshape(CONFIG["hidden_size"], -1),
+             "grad_block0_norm1": params["blocks.0.norm1.weight"].grad,
+             "grad_block0_down_proj": params["blocks.0.mlp.down_proj.weight"].grad,
+             "grad_merger_fc1": params["merger.mlp.0.weight"].grad}
 
     save_file({"visual." + k: v.contiguous() for k, v in model.state_dict().items()},
               os.path.join(out, "weights.safetensors"))
-    save_file({"pixel_values": pixel_values, "grid_thw": grid, "output": output.contiguous()},
+    save_file({"pixel_values": pixel_values, "grid_thw": grid, "output": output.contiguous(), "probe": probe,
+               **{k: v.contiguous() for k, v in grads.items()}},
               os.path.join(out, "io.safetensors"))
     with open(os.path.join(out, "config.json"), "w") as f:
         json.dump(CONFIG, f, indent=1)

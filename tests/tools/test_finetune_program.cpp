@@ -349,6 +349,22 @@ TEST(LoraPeft, AdapterLogitsEqualPeftModelOnQwen3AndQwen2Layers) {
   }
 }
 
+// --pretrained-checkpoint takes an HF directory too (full fine-tuning: the same start as --load of
+// it); LoRA refuses one, naming the conversion (its checkpoints name a native base).
+TEST(LoraPeft, PretrainedHfDirectoryFineTunesOrIsRefusedForLora) {
+  const Base& b = base_model();
+  const std::string d = b.dir + "/pretrained_hf";
+  const TrainRun via_pretrained = train(1, d + "/a", {"--pretrained-checkpoint", b.hf}, 2);
+  ASSERT_EQ(via_pretrained.exit_code, 0) << via_pretrained.output;
+  EXPECT_NE(via_pretrained.output.find("fine-tuning from the HF weights"), std::string::npos) << via_pretrained.output;
+  const TrainRun via_load = train(1, d + "/b", {"--load", b.hf}, 2);
+  ASSERT_EQ(via_load.exit_code, 0) << via_load.output;
+  EXPECT_EQ(via_pretrained.lines, via_load.lines);
+  const TrainRun lora = train(1, d + "/c", with(kLora, {"--pretrained-checkpoint", b.hf}), 2);
+  EXPECT_NE(lora.exit_code, 0);
+  EXPECT_NE(lora.output.find("loongforge-convert hf2lf"), std::string::npos) << lora.output;
+}
+
 // A LoRA run exported by lf2hf: the base HF directory plus OUT/adapter/ in PEFT's format, which
 // transformers + peft load with the logits loongforge-generate gives for the run's checkpoint;
 // --merge-lora writes merged weights with the same logits.

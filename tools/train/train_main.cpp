@@ -22,6 +22,7 @@
 #include "loongforge/models/hf_adapter.h"
 #include "loongforge/models/registry.h"
 #include "loongforge/train/checkpoint.h"
+#include "loongforge/train/checkpoint_format.h"
 #include "loongforge/train/param_dump.h"
 #include "loongforge/train/trainer.h"
 
@@ -199,6 +200,22 @@ int train_main(const lf::config::TrainCommandLine& cl, const lf::train::TrainerH
   // --load of an HF model directory: its weights, converted on the fly (this rank's shards),
   // then training starts at iteration 0 (an HF directory holds no optimizer or progress).
   lf::config::JobConfig trainer_job = job;
+  const auto& pretrained = job.checkpoint.pretrained_checkpoint;
+  for (const auto* hf_dir : {&job.checkpoint.load, &pretrained})
+    LF_CHECK(!(job.lora.rank > 0 && *hf_dir && lf::models::hf::is_hf_model_dir(**hf_dir)), **hf_dir,
+             " is an HF model directory, and LoRA checkpoints name their base by a native checkpoint's manifest",
+             lf::hint("convert it once: loongforge-convert hf2lf --hf-dir " + **hf_dir +
+                      " --out BASE, then pass --pretrained-checkpoint BASE"));
+  if (pretrained && lf::models::hf::is_hf_model_dir(*pretrained) &&
+      !(job.checkpoint.load && lf::train::ckpt::resolve_checkpoint_dir(*job.checkpoint.load))) {
+    // --pretrained-checkpoint of an HF directory when --load holds nothing yet: its weights, as
+    // --load of one does.
+    LF_CHECK(causal != nullptr, "--pretrained-checkpoint ", *pretrained, " is an HF model directory; model type ",
+             model->type(), " cannot load HF weights");
+    lf::models::hf::load_hf_into(*causal, *pretrained);
+    if (env.rank == 0) LF_INFO("fine-tuning from the HF weights of ", *pretrained, "; starting at iteration 0");
+    trainer_job.checkpoint.pretrained_checkpoint.reset();
+  }
   if (job.checkpoint.load && lf::models::hf::is_hf_model_dir(*job.checkpoint.load)) {
     LF_CHECK(causal != nullptr, "--load ", *job.checkpoint.load, " is an HF model directory; model type ",
              model->type(), " cannot load HF weights",

@@ -71,6 +71,15 @@ Decoder::Decoder(const DecoderConfig& c, const lf::backend::DeviceBackend& backe
                  const PipelineStage& stage, uint64_t seed, int tp_rank, int pp_rank)
     : config_(c), backend_(backend), tp_(b.tp()), stage_(stage) {
   if (stage_.chunks.empty()) stage_.chunks = {{0, c.num_layers}};
+  if (!c.mrope_section.empty()) {
+    int64_t sum = 0;
+    for (int64_t v : c.mrope_section) sum += v;
+    LF_CHECK(c.mrope_section.size() == 3 && sum == rope_spec(c).head_dim / 2 && !c.multi_latent_attention &&
+                 !c.rotary_interleaved,
+             "model mrope_section must be 3 sections (temporal, height, width) summing to head_dim / 2 = ",
+             rope_spec(c).head_dim / 2, " (halves-layout RoPE, no MLA); got ", c.mrope_section.size(), " summing to ", sum,
+             lf::hint("Qwen2.5-VL uses [16, 24, 24] for head_dim 128"));
+  }
   {
     bool ok = stage_.chunks.front().begin >= 0 && stage_.chunks.back().end <= c.num_layers &&
               (!stage_.first || stage_.chunks.front().begin == 0) &&
@@ -289,13 +298,20 @@ AttentionInputs Decoder::attention_inputs(const DecoderInputs& in) const {
   AttentionInputs a;
   if (in.position_ids.defined()) {
     LF_CHECK(!in.cache && !in.chunk, "per-sample position ids work on whole sequences (no KV cache, no ChunkPipe)");
-    LF_CHECK(in.position_ids.dim() == 2 && in.position_ids.size(1) == s, "position_ids must be [batch, ", s,
-             "], got ", in.position_ids.sizes());
+    const bool mrope = in.position_ids.dim() == 3;
+    LF_CHECK(!mrope || !config_.mrope_section.empty(), "position_ids [3, batch, seq] (M-RoPE) need model "
+             "mrope_section; got ", in.position_ids.sizes(), lf::hint("set the foundation's mrope_section, e.g. [16, 24, 24]"));
+    LF_CHECK((in.position_ids.dim() == 2 || (mrope && in.position_ids.size(0) == 3)) && in.position_ids.size(-1) == s,
+             "position_ids must be [batch, ", s, "]", config_.mrope_section.empty() ? "" : " or [3, batch, seq] (M-RoPE)",
+             ", got ", in.position_ids.sizes());
     LF_CHECK(in.position_ids.max().item<int64_t>() < config_.max_position_embeddings, "a position id reaches ",
              in.position_ids.max().item<int64_t>(), ", past max_position_embeddings ", config_.max_position_embeddings);
     std::vector<at::Tensor> cos, sin;
-    for (int64_t i = 0; i < in.position_ids.size(0); ++i) {
-      auto [c, si] = rope_tables_at(rope_spec(config_), in.position_ids[i], options);
+    const int64_t b = in.position_ids.size(mrope ? 1 : 0);
+    for (int64_t i = 0; i < b; ++i) {
+      // M-RoPE tables [s, d] per sample from its [3, s] positions; [b, s] positions are 1D RoPE.
+      auto [c, si] = mrope ? mrope_tables(rope_spec(config_), in.position_ids.select(1, i), config_.mrope_section, options)
+                           : rope_tables_at(rope_spec(config_), in.position_ids[i], options);
       cos.push_back(c);
       sin.push_back(si);
     }

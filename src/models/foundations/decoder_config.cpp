@@ -271,6 +271,17 @@ void DecoderConfig::validate(const lf::config::Node& tree, const std::string& pr
                "set --num-query-groups N (model.foundation.num_query_groups); Megatron's default of 1 would "
                "silently make this multi-query attention");
   if (is_moe()) validate_moe_fields(*this, origin, key, errors);
+  if (!mrope_section.empty()) {
+    int64_t sum = 0;
+    for (int64_t v : mrope_section) sum += v;
+    const int64_t half = (kv_channels > 0 ? kv_channels : num_attention_heads > 0 ? hidden_size / num_attention_heads : 0) / 2;
+    if (mrope_section.size() != 3 || sum != half || multi_latent_attention || rotary_interleaved)
+      errors.add(key("mrope_section"), origin("mrope_section"),
+                 "mrope_section must be 3 sections (temporal, height, width) summing to head_dim / 2 = " +
+                     std::to_string(half) + " (halves-layout RoPE, no multi-latent attention); got " +
+                     std::to_string(mrope_section.size()) + " summing to " + std::to_string(sum),
+                 "Qwen2.5-VL uses [16, 24, 24] for head_dim 128; leave it empty for 1D RoPE");
+  }
   if (multi_latent_attention) {
     for (const char* f : {"kv_lora_rank", "qk_head_dim", "qk_pos_emb_head_dim", "v_head_dim"}) {
       const int64_t v = std::string(f) == "kv_lora_rank" ? kv_lora_rank

@@ -59,7 +59,8 @@ RopeSpec rope_spec(const DecoderConfig& c);
 struct DecoderInputs {
   int64_t start = 0;          // position of the first token (KV cache, ChunkPipe)
   int64_t seq = 0;            // the full sequence length of the hidden states (SP: before the split)
-  at::Tensor position_ids;    // [b, s] int64 per-sample positions (packed documents), or undefined
+  at::Tensor position_ids;    // [b, s] int64 per-sample positions (packed documents), [3, b, s] with
+                              // mrope_section (t/h/w M-RoPE positions), or undefined
   at::Tensor document_ids;    // [b, s] int64: attention stays within a document, or undefined
   KvCache* cache = nullptr;
   ChunkAttention* chunk = nullptr;

@@ -53,6 +53,10 @@ struct DecoderConfig {
   double beta_fast = 32;
   double beta_slow = 1;
   bool rotary_interleaved = false;
+  // M-RoPE (Qwen2-VL / Qwen2.5-VL; HF's rope_scaling.mrope_section): 3 sections (temporal, height,
+  // width) of the head_dim / 2 rotary frequencies; empty: 1D RoPE. Set, the decoder takes position
+  // ids [3, b, s] (or [b, s] / none: all three axes equal, which is 1D RoPE).
+  std::vector<int64_t> mrope_section;
   // Multi-latent attention (DeepSeek-V2/V3; Megatron's --multi-latent-attention).
   bool multi_latent_attention = false;
   int64_t q_lora_rank = 0;
@@ -116,6 +120,9 @@ struct DecoderConfig {
     v("beta_fast", beta_fast, "YaRN: rotations above which frequencies are kept", Min{0});
     v("beta_slow", beta_slow, "YaRN: rotations below which frequencies are interpolated", Min{0});
     v("rotary_interleaved", rotary_interleaved, "RoPE rotates pairs (x[2i], x[2i+1]) (DeepSeek) instead of halves");
+    v("mrope_section", mrope_section,
+      "M-RoPE (Qwen2.5-VL): temporal, height, width sections of the head_dim / 2 rotary frequencies (empty: 1D RoPE)",
+      Min{1});
     v("untie_embeddings_and_output_weights", untie_embeddings_and_output_weights,
       "Separate output layer instead of the transposed embedding");
     v("add_bias_linear", add_bias_linear, "Biases in the linear layers");

@@ -359,6 +359,31 @@ HfModel read_hf(const std::string& hf_dir, const ReadOptions& options) {
   return out;
 }
 
+NamedTensors decoder_from_hf_tensors(const DecoderConfig& c, const Mapping& mapping,
+                                     const std::map<std::string, at::Tensor>& tensors, const std::string& model_prefix,
+                                     int64_t vocab_tp) {
+  NamedTensors out;
+  const int64_t vocab_rows = c.padded_vocab_size(vocab_tp);
+  for (const auto& p : plan(mapping.impl(), c)) {
+    std::vector<at::Tensor> in;
+    for (size_t k = 0; k < p.hf.size(); ++k) {
+      std::string name = p.hf[k];
+      if (name.rfind("model.", 0) == 0) name = model_prefix + name.substr(6);
+      auto it = tensors.find(name);
+      LF_CHECK(it != tensors.end(), "HF tensor '", name, "' (for ", p.lf, ", ", mapping.model_type(),
+               " mapping) is missing", lf::hint("the checkpoint does not hold this model's language model, or its "
+                                               "names carry another prefix than '" + model_prefix + "'"));
+      LF_CHECK(it->second.sizes().vec() == p.shapes[k], "HF tensor '", name, "' has shape ", it->second.sizes(),
+               ", but the model's configuration implies ", shape_text(p.shapes[k]), " (", p.rule->origin, ")");
+      in.push_back(it->second);
+    }
+    at::Tensor t = to_lf(p, std::move(in), c, vocab_rows);
+    if (p.rule->duplicate) continue;
+    out.emplace_back(p.lf, t);
+  }
+  return out;
+}
+
 DecoderConfig load_hf_into(CausalLm& decoder, const std::string& hf_dir,
                            const std::string& configs_root) {
   const DecoderConfig& want = decoder.config();

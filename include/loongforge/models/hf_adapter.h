@@ -7,6 +7,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -95,6 +96,16 @@ struct WriteOptions {
 // or more (padding) rows. Every tensor the mapping needs must be present and no other.
 void write_hf(const std::string& out_dir, const DecoderConfig& config, const NamedTensors& full,
               const WriteOptions& options = {});
+
+// In-memory HF tensors of a decoder -> LoongForge names, full tensors in the decoder's parameter
+// order (vocabulary tables padded to padded_vocab_size(vocab_tp) rows). The mapping's names that
+// begin with "model." are looked up with `model_prefix` in its place (a VLM checkpoint's
+// "model.language_model."); others (lm_head.weight) as they are. Throws naming the tensor when one
+// is missing or has a shape the config contradicts; tensors the mapping does not ask for are the
+// caller's (a VLM's vision tower).
+NamedTensors decoder_from_hf_tensors(const DecoderConfig& config, const Mapping& mapping,
+                                     const std::map<std::string, at::Tensor>& tensors,
+                                     const std::string& model_prefix = "model.", int64_t vocab_tp = 1);
 
 // How two configurations differ in what shapes the weights or the function (dropout, vocabulary
 // padding multiple and init_method_std aside): {field, a's value, b's value}, empty when alike.

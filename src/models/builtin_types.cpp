@@ -2,6 +2,7 @@
 
 #include "composites/causal_lm_plan.h"
 #include "loongforge/models/composites/feature_regression.h"
+#include "loongforge/models/composites/qwen2_5_vl.h"
 #include "loongforge/models/composites/spliced_lm.h"
 #include "loongforge/models/encoders/mlp_encoder.h"
 #include "loongforge/models/encoders/qwen2_5_vl_vision.h"
@@ -20,6 +21,7 @@ void register_builtin_types(Registry& r) {
   register_causal_lm(r);
   register_spliced_lm(r);
   register_feature_regression(r);
+  register_qwen2_5_vl(r);
 }
 
 }  // namespace lf::models

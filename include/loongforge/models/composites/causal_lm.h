@@ -139,6 +139,7 @@ class CausalLm : public Model {
   StageOutput head_output(const at::Tensor& x, const Batch& batch, Pass pass) const;
   DecoderInputs inputs_of(const Batch& batch, int64_t seq) const;
   void check_whole_model(const char* what) const;
+  const LmHead& lm_head() const { return head_; }
 
   const lf::backend::DeviceBackend& backend_;
   const lf::dist::ParallelContext* parallel_;

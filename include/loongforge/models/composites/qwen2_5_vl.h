@@ -1,0 +1,106 @@
+// The `qwen2_5_vl` composite: Qwen2.5-VL end to end. The vision tower + merger (slot
+// `vision_encoder`, encoders/qwen2_5_vl_vision.h) encodes the batch's images; its outputs replace
+// the embeddings of the image placeholder tokens (`image_token_id`, in order) of a decoder
+// foundation whose RoPE is M-RoPE (its `mrope_section` set); the position ids are transformers'
+// get_rope_index (qwen2_5_vl_position_ids below); then the LM head, the loss the causal LM's.
+// Batch fields: those of causal_lm plus `pixel_values` [num_patches, C T P P] (the rows of
+// transformers' Qwen2VLImageProcessor) and `image_grid_thw` [num_images, 3] (t, h, w in patches;
+// the micro-batch's images in sample order). The encoder runs at TP 1 on the first pipeline
+// stage, every rank of a foundation TP group encoding all of the micro-batch's images (its context:
+// those ranks as the share axis cp, each contributing 1 / cp of the gradient; DP the foundation's);
+// the foundation has any TP and PP. Not built: video inputs in the composite (the position ids
+// handle them), media data pipelines.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "loongforge/core/config/schema.h"
+#include "loongforge/models/composites/causal_lm.h"
+#include "loongforge/models/encoders/qwen2_5_vl_vision.h"
+
+namespace lf::models {
+
+// Field names of transformers' Qwen2_5_VLConfig.
+struct Qwen25VlConfig {
+  int64_t image_token_id = 151655;
+  int64_t video_token_id = 151656;
+  int64_t vision_start_token_id = 151652;
+  int64_t tokens_per_second = 2;  // video: temporal positions per second of frames
+
+  template <class V>
+  void visit(V& v) {
+    using namespace lf::config;
+    v("image_token_id", image_token_id, "The image placeholder token (one per merged vision patch)", Min{0});
+    v("video_token_id", video_token_id, "The video placeholder token", Min{0});
+    v("vision_start_token_id", vision_start_token_id, "The token opening a vision segment", Min{0});
+    v("tokens_per_second", tokens_per_second, "Video: temporal position steps per second", Min{1});
+  }
+};
+
+// transformers' Qwen2_5_VLModel.get_rope_index: input_ids [b, s] int64 -> position ids [3, b, s]
+// (temporal, height, width). Text tokens count up on all three axes; a run of t h w / merge^2
+// image (video) placeholders takes the next grid of image_grid_thw (video_grid_thw) and the
+// positions start + (t', h', w') over its merged grid (t' = 0 for images, floor(frame x
+// tokens_per_second x second_per_grid_ts[v]) for videos); the text after it continues at start +
+// max(h, w) / merge. Grids are consumed in sample order. Throws naming the counts when the
+// placeholders do not match the grids.
+at::Tensor qwen2_5_vl_position_ids(const at::Tensor& input_ids, const at::Tensor& image_grid_thw,
+                                   const at::Tensor& video_grid_thw, const std::vector<double>& second_per_grid_ts,
+                                   const Qwen25VlConfig& ids, int64_t spatial_merge_size);
+
+class Qwen25Vl : public CausalLm {
+ public:
+  // vision: its out_hidden_size 0 becomes the foundation's hidden size. The encoder's parameters
+  // are drawn from component_seed(seed, "vision_encoder") at TP 1; vision_context: the context
+  // its gradients are reduced over (TP 1, cp = the ranks encoding the same images; may be null:
+  // single device); held by the model.
+  Qwen25Vl(const DecoderConfig& foundation, const Qwen25VisionConfig& vision, const Qwen25VlConfig& config,
+           const lf::backend::DeviceBackend& backend, uint64_t seed, at::ScalarType dtype,
+           const lf::dist::ParallelContext* parallel, bool sequence_parallel, const PipelineStage& stage,
+           bool foundation_trainable = true, std::unique_ptr<lf::dist::ParallelContext> vision_context = nullptr,
+           bool vision_trainable = true);
+  ~Qwen25Vl() override;
+
+  const std::string& type() const override;
+  std::vector<ParameterGroup> parameter_groups() const override;
+  std::vector<std::string> batch_fields() const override;
+  bool supports_chunkpipe() const override { return false; }
+  StageOutput stage_forward(const Batch& batch, const TensorMap& input, int64_t chunk, Pass pass) override;
+
+  // Whole model: tokens [b, s], pixel_values [n, C T P P], image_grid_thw [images, 3] (both
+  // undefined for text only) -> full-vocabulary logits [s, b, vocab_size].
+  at::Tensor logits(const at::Tensor& tokens, const at::Tensor& pixel_values, const at::Tensor& image_grid_thw) const;
+  // The M-RoPE position ids [3, b, s] of tokens with these images.
+  at::Tensor position_ids(const at::Tensor& tokens, const at::Tensor& image_grid_thw) const;
+
+  // A Qwen2_5_VLForConditionalGeneration state dict (transformers 5 names: model.visual.*,
+  // model.language_model.*, lm_head.weight; transformers 4's visual.* and model.* too) -> this
+  // rank's shards. Every tensor must be used.
+  void load_hf_state(const std::map<std::string, at::Tensor>& tensors);
+
+  const Qwen25VisionEncoder& vision_encoder() const { return *encoder_; }
+  const std::vector<Parameter>& vision_parameters() const { return encoder_params_; }
+
+ protected:
+  at::Tensor embed_inputs(const Batch& batch) const override;
+
+ private:
+  // [b, s] tokens + the images -> [s, b, h] embeddings, placeholders replaced (not scattered).
+  at::Tensor embed_with_images(const at::Tensor& tokens, const at::Tensor& pixel_values,
+                               const at::Tensor& image_grid_thw) const;
+
+  Qwen25VlConfig config_;
+  std::unique_ptr<lf::dist::ParallelContext> vision_context_;
+  bool vision_trainable_;
+  std::unique_ptr<Qwen25VisionEncoder> encoder_;
+  std::vector<Parameter> encoder_params_;
+};
+
+void register_qwen2_5_vl(Registry& r);
+
+}  // namespace lf::models

@@ -1,0 +1,371 @@
+#include "loongforge/models/composites/qwen2_5_vl.h"
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/Functions.h>
+#include <ATen/TensorOperators.h>
+
+#include <algorithm>
+#include <array>
+#include <sstream>
+
+#include "causal_lm_plan.h"
+#include "loongforge/core/error.h"
+#include "loongforge/dist/parallel_context.h"
+#include "loongforge/models/hf_adapter.h"
+
+namespace lf::models {
+namespace {
+const std::string kType = "qwen2_5_vl";
+
+std::vector<std::array<int64_t, 3>> grids_of(const at::Tensor& g, const char* field) {
+  std::vector<std::array<int64_t, 3>> out;
+  if (!g.defined()) return out;
+  LF_CHECK(g.dim() == 2 && g.size(1) == 3, field, " must be [num_media, 3] (t, h, w in patches), got ", g.sizes());
+  const auto c = g.to(at::kCPU, at::kLong).contiguous();
+  const int64_t* p = c.data_ptr<int64_t>();
+  for (int64_t i = 0; i < c.size(0); ++i) out.push_back({p[3 * i], p[3 * i + 1], p[3 * i + 2]});
+  return out;
+}
+}  // namespace
+
+at::Tensor qwen2_5_vl_position_ids(const at::Tensor& input_ids, const at::Tensor& image_grid_thw,
+                                   const at::Tensor& video_grid_thw, const std::vector<double>& second_per_grid_ts,
+                                   const Qwen25VlConfig& ids, int64_t merge) {
+  LF_CHECK(input_ids.dim() == 2, "input_ids must be [batch, seq], got ", input_ids.sizes());
+  LF_CHECK(merge >= 1, "spatial_merge_size must be >= 1, got ", merge);
+  const auto tok = input_ids.to(at::kCPU, at::kLong).contiguous();
+  const int64_t b = tok.size(0), s = tok.size(1);
+  const int64_t* t = tok.data_ptr<int64_t>();
+  const auto images = grids_of(image_grid_thw, "image_grid_thw"), videos = grids_of(video_grid_thw, "video_grid_thw");
+  LF_CHECK(second_per_grid_ts.empty() || second_per_grid_ts.size() == videos.size(), "second_per_grid_ts holds ",
+           second_per_grid_ts.size(), " values for ", videos.size(), " videos", lf::hint("give one per video, or none (1 s)"));
+  at::Tensor out = at::zeros({3, b, s}, at::kLong);
+  auto a = out.accessor<int64_t, 3>();
+  size_t next[2] = {0, 0};
+  for (int64_t i = 0; i < b; ++i) {
+    int64_t pos = 0, j = 0;
+    const int64_t* row = t + i * s;
+    while (j < s) {
+      const int64_t id = row[j];
+      if (id != ids.image_token_id && id != ids.video_token_id) {
+        for (int k = 0; k < 3; ++k) a[k][i][j] = pos;
+        ++pos, ++j;
+        continue;
+      }
+      const int video = id == ids.video_token_id ? 1 : 0;
+      const auto& list = video ? videos : images;
+      const char* what = video ? "video" : "image";
+      size_t& m = next[video];
+      LF_CHECK(m < list.size(), "sample ", i, " position ", j, ": ", what, " placeholders (token ", id, ") beyond the ",
+               list.size(), " grid(s) of ", what, "_grid_thw",
+               lf::hint("every " + std::string(what) + " needs one grid row, in sample order"));
+      const auto [gt, h, w] = list[m];
+      const int64_t gh = h / merge, gw = w / merge, n = gt * gh * gw;
+      int64_t run = 0;
+      while (j + run < s && row[j + run] == id && run < n) ++run;
+      LF_CHECK(run == n, "sample ", i, " position ", j, ": ", what, " ", m, " (grid ", gt, "x", h, "x", w, ", merge ",
+               merge, ") needs ", n, " consecutive placeholder tokens, the sequence holds ", run,
+               lf::hint("the tokenizer's placeholder count must be t h w / merge^2 per " + std::string(what)));
+      const float interval =
+          video ? static_cast<float>(ids.tokens_per_second) *
+                      static_cast<float>(second_per_grid_ts.empty() ? 1.0 : second_per_grid_ts[m])
+                : 1.0f;
+      for (int64_t tt = 0; tt < gt; ++tt)
+        for (int64_t hh = 0; hh < gh; ++hh)
+          for (int64_t ww = 0; ww < gw; ++ww) {
+            const int64_t q = j + (tt * gh + hh) * gw + ww;
+            a[0][i][q] = pos + static_cast<int64_t>(static_cast<float>(tt) * interval);
+            a[1][i][q] = pos + hh;
+            a[2][i][q] = pos + ww;
+          }
+      pos += std::max(gh, gw);
+      j += n;
+      ++m;
+    }
+  }
+  LF_CHECK(next[0] == images.size() && next[1] == videos.size(), "image_grid_thw holds ", images.size(),
+           " grid(s) and video_grid_thw ", videos.size(), ", but the tokens hold placeholders for ", next[0],
+           " image(s) and ", next[1], " video(s)", lf::hint("one run of placeholders per grid row"));
+  return out;
+}
+
+Qwen25Vl::Qwen25Vl(const DecoderConfig& foundation, const Qwen25VisionConfig& vision, const Qwen25VlConfig& config,
+                   const lf::backend::DeviceBackend& backend, uint64_t seed, at::ScalarType dtype,
+                   const lf::dist::ParallelContext* parallel, bool sequence_parallel, const PipelineStage& stage,
+                   bool foundation_trainable, std::unique_ptr<lf::dist::ParallelContext> vision_context,
+                   bool vision_trainable)
+    : CausalLm(foundation, backend, seed, dtype, parallel, sequence_parallel, stage, foundation_trainable),
+      config_(config), vision_context_(std::move(vision_context)), vision_trainable_(vision_trainable) {
+  for (const auto& [field, id] : {std::pair<const char*, int64_t>{"image_token_id", config.image_token_id},
+                                  {"video_token_id", config.video_token_id},
+                                  {"vision_start_token_id", config.vision_start_token_id}})
+    LF_CHECK(id < foundation.vocab_size, "model.", field, " ", id, " is outside the vocabulary of ",
+             foundation.vocab_size, " tokens");
+  LF_CHECK(foundation.mrope_section.size() == 3, "qwen2_5_vl: the foundation needs M-RoPE: set model.foundation."
+           "mrope_section (3 sections summing to head_dim / 2; Qwen2.5-VL: [16, 24, 24])");
+  if (!stage.first) return;  // the vision tower lives on the first pipeline stage
+  ParamBuilder b(at::make_generator<at::CPUGeneratorImpl>(component_seed(seed, "vision_encoder")), dtype,
+                 backend.device(), tensor_parallel_of(nullptr, false), vision_trainable);
+  Qwen25VisionConfig v = vision;
+  if (v.out_hidden_size == 0) v.out_hidden_size = foundation.hidden_size;
+  LF_CHECK(v.out_hidden_size == foundation.hidden_size, "model.vision_encoder.out_hidden_size ", v.out_hidden_size,
+           " differs from the foundation's hidden_size ", foundation.hidden_size,
+           lf::hint("the merger's outputs replace token embeddings: set out_hidden_size 0 (the foundation's width)"));
+  encoder_ = std::make_unique<Qwen25VisionEncoder>(v, backend, b, "vision_encoder");
+  encoder_params_ = b.take();
+}
+
+Qwen25Vl::~Qwen25Vl() = default;
+
+const std::string& Qwen25Vl::type() const { return kType; }
+
+std::vector<ParameterGroup> Qwen25Vl::parameter_groups() const {
+  auto groups = CausalLm::parameter_groups();
+  if (encoder_)
+    groups.push_back(ParameterGroup{"vision_encoder", encoder_params_, vision_context_.get(), vision_trainable_});
+  return groups;
+}
+
+std::vector<std::string> Qwen25Vl::batch_fields() const {
+  auto f = CausalLm::batch_fields();
+  f.push_back("pixel_values");
+  f.push_back("image_grid_thw");
+  return f;
+}
+
+at::Tensor Qwen25Vl::position_ids(const at::Tensor& tokens, const at::Tensor& image_grid_thw) const {
+  const int64_t merge = encoder_ ? encoder_->config().spatial_merge_size : 2;
+  return qwen2_5_vl_position_ids(tokens, image_grid_thw, {}, {}, config_, merge);
+}
+
+at::Tensor Qwen25Vl::embed_with_images(const at::Tensor& tokens, const at::Tensor& pixel_values,
+                                       const at::Tensor& image_grid_thw) const {
+  LF_CHECK(encoder_ != nullptr, "qwen2_5_vl: images are encoded on the first pipeline stage; this one holds ",
+           describe_stage());
+  at::Tensor x = foundation().embed(tokens, 0, /*scatter=*/false);  // [s, b, h]
+  const at::Tensor placeholders = tokens.eq(config_.image_token_id);  // [b, s]
+  const int64_t count = placeholders.sum().item<int64_t>();
+  if (!pixel_values.defined()) {
+    LF_CHECK(count == 0, "the tokens hold ", count, " image placeholders (model.image_token_id ",
+             config_.image_token_id, ") but the batch has no pixel_values / image_grid_thw");
+    return x;
+  }
+  LF_CHECK(image_grid_thw.defined(), "pixel_values come with image_grid_thw [num_images, 3]");
+  at::Tensor encoded = encoder_->forward(
+      pixel_values.to(backend_.device(), encoder_params_.front().tensor.scalar_type()), image_grid_thw);
+  // Every rank of a foundation TP group encodes the same images and receives the whole gradient;
+  // the trainer sums the tower's gradients over its share axis (those ranks) and DP, so each
+  // replica contributes 1 / shares.
+  const int64_t shares = vision_context_ ? vision_context_->cp_size() : 1;
+  if (shares > 1 && encoded.requires_grad())
+    encoded.register_hook([shares](const at::Tensor& g) { return g / static_cast<double>(shares); });
+  LF_CHECK(count == encoded.size(0), "the tokens hold ", count, " image placeholders (model.image_token_id ",
+           config_.image_token_id, ") but the vision tower made ", encoded.size(0), " embeddings from image_grid_thw ",
+           image_grid_thw.to(at::kCPU).reshape({-1}).sizes(), " grids",
+           lf::hint("each image needs t h w / spatial_merge_size^2 placeholder tokens"));
+  at::Tensor xb = x.transpose(0, 1);  // [b, s, h]
+  xb = xb.masked_scatter(placeholders.to(x.device()).unsqueeze(-1), encoded.to(x.scalar_type()));
+  return xb.transpose(0, 1).contiguous();
+}
+
+at::Tensor Qwen25Vl::embed_inputs(const Batch& batch) const {
+  const at::Tensor* pv = batch.find("pixel_values");
+  const at::Tensor* grid = batch.find("image_grid_thw");
+  return foundation().scatter_sequence(
+      embed_with_images(batch.at("tokens"), pv ? *pv : at::Tensor(), grid ? *grid : at::Tensor()));
+}
+
+StageOutput Qwen25Vl::stage_forward(const Batch& batch, const TensorMap& input, int64_t chunk, Pass pass) {
+  LF_CHECK(!batch.contains("position_ids"), "qwen2_5_vl computes its M-RoPE position ids from the tokens and "
+           "image_grid_thw; a batch with position_ids (--reset-position-ids) is not supported",
+           lf::hint("drop --reset-position-ids"));
+  const at::Tensor* grid = batch.find("image_grid_thw");
+  Batch with = batch;
+  with.set("position_ids", position_ids(batch.at("tokens"), grid ? *grid : at::Tensor()), 2);
+  return CausalLm::stage_forward(with, input, chunk, pass);
+}
+
+at::Tensor Qwen25Vl::logits(const at::Tensor& tokens, const at::Tensor& pixel_values,
+                            const at::Tensor& image_grid_thw) const {
+  check_whole_model("Qwen25Vl::logits");
+  at::Tensor x = foundation().scatter_sequence(embed_with_images(tokens, pixel_values, image_grid_thw));
+  DecoderInputs in;
+  in.seq = tokens.size(1);
+  in.position_ids = position_ids(tokens, image_grid_thw);
+  x = foundation().run_layers(x, in);
+  return lm_head().full_logits(lm_head().local_logits(foundation().final_norm(x)));
+}
+
+void Qwen25Vl::load_hf_state(const std::map<std::string, at::Tensor>& tensors) {
+  // transformers 5: model.visual.*, model.language_model.*; transformers 4: visual.*, model.*.
+  const bool v5 = std::any_of(tensors.begin(), tensors.end(),
+                              [](const auto& e) { return e.first.rfind("model.language_model.", 0) == 0; });
+  const std::string visual = v5 ? "model.visual." : "visual.", lm = v5 ? "model.language_model." : "model.";
+  for (const auto& [name, t] : tensors)
+    LF_CHECK(name.rfind(visual, 0) == 0 || name.rfind(lm, 0) == 0 || name.rfind("lm_head.", 0) == 0, "HF tensor '",
+             name, "' is neither the vision tower's (", visual, "*) nor the language model's (", lm,
+             "*, lm_head.*)", lf::hint("is this a Qwen2_5_VLForConditionalGeneration state dict?"));
+  if (encoder_) {
+    std::map<std::string, at::Tensor> vision;
+    for (const auto& [name, t] : tensors)
+      if (name.rfind(visual, 0) == 0) vision.emplace(name, t);
+    encoder_->load_hf_state(vision, visual);
+  }
+  const auto mapping = hf::mapping_for_architecture("Qwen2ForCausalLM", "qwen2");
+  const auto full = hf::decoder_from_hf_tensors(config(), mapping, tensors, lm, tp_size());
+  load_full_parameters({full.begin(), full.end()});
+}
+
+// --- plan -------------------------------------------------------------------------------------
+
+namespace {
+
+class Qwen25VlPlan : public CausalLmPlan {
+ public:
+  Qwen25VlPlan(std::shared_ptr<const ModelConfig> config, const PlanArgs& args, lf::config::ErrorList& errors)
+      : CausalLmPlan(config, args, errors),
+        vision_(config->fields<Qwen25VisionConfig>("vision_encoder")),
+        own_(config->own_fields<Qwen25VlConfig>()),
+        vision_frozen_(config->component("vision_encoder").settings.freeze) {
+    if (vision_.out_hidden_size == 0) vision_.out_hidden_size = foundation_.hidden_size;
+    const auto origin = [&](const std::string& path) {
+      const auto* n = args.resolved->find_path(path);
+      return n ? n->origin() : lf::config::Origin::from_default();
+    };
+    const auto& enc = config->component("vision_encoder");
+    if (enc.settings.tensor_model_parallel_size.value_or(1) != 1)
+      errors.add("model.vision_encoder.tensor_model_parallel_size",
+                 origin("model.vision_encoder.tensor_model_parallel_size"),
+                 "qwen2_5_vl runs its vision tower at TP 1 (every rank of the first stage encodes the micro-batch's "
+                 "images)", "set model.vision_encoder.tensor_model_parallel_size 1");
+    if (foundation_.mrope_section.size() != 3)
+      errors.add("model.foundation.mrope_section", origin("model.foundation.mrope_section"),
+                 "qwen2_5_vl needs M-RoPE in its foundation",
+                 "set model.foundation.mrope_section to 3 sections summing to head_dim / 2 (Qwen2.5-VL: [16, 24, 24])");
+    if (vision_.out_hidden_size != foundation_.hidden_size)
+      errors.add("model.vision_encoder.out_hidden_size", origin("model.vision_encoder.out_hidden_size"),
+                 "the merger's out_hidden_size " + std::to_string(vision_.out_hidden_size) +
+                     " differs from the foundation's hidden_size " + std::to_string(foundation_.hidden_size),
+                 "leave out_hidden_size at 0 (the foundation's width)");
+    for (const auto& [field, id] : {std::pair<std::string, int64_t>{"image_token_id", own_.image_token_id},
+                                    {"video_token_id", own_.video_token_id},
+                                    {"vision_start_token_id", own_.vision_start_token_id}})
+      if (id >= foundation_.vocab_size)
+        errors.add("model." + field, origin("model." + field),
+                   "model." + field + " " + std::to_string(id) + " is outside the vocabulary of " +
+                       std::to_string(foundation_.vocab_size) + " tokens");
+    if (expert_parallel() || layout_.size(lf::dist::Axis::cp) > 1 || layout_.size(lf::dist::Axis::ep) > 1)
+      errors.add("parallel.context_parallel_size", origin("parallel.context_parallel_size"),
+                 "qwen2_5_vl is built for TP, PP and DP of its foundation; context and expert parallelism are not "
+                 "combined with it yet",
+                 "set --context-parallel-size 1 and --expert-model-parallel-size 1");
+    if (args.job->lora.rank > 0)
+      errors.add("lora.rank", origin("lora.rank"), "LoRA adapters are built for the causal_lm composite",
+                 "drop --lora-rank, or freeze components with `freeze: true`");
+    if (job_.parallel.chunkpipe_chunk_size)
+      errors.add("parallel.chunkpipe_chunk_size", origin("parallel.chunkpipe_chunk_size"),
+                 "qwen2_5_vl does not run under ChunkPipe (its vision tower splices whole sequences)",
+                 "drop --chunkpipe-chunk-size");
+    // The first stage's ranks ordered (foundation DP index, TP index): the tower's share groups
+    // (cp) are the foundation's TP groups, its DP the foundation's.
+    std::vector<std::pair<std::pair<int, int>, int>> first;
+    for (int r = 0; r < layout_.world_size(); ++r) {
+      const auto c = layout_.coords(r);
+      if (c.pp == 0) first.push_back({{c.dp, c.tp}, r});
+    }
+    std::sort(first.begin(), first.end());
+    for (const auto& f : first) vision_ranks_.push_back(f.second);
+    shares_ = layout_.size(lf::dist::Axis::tp);
+  }
+
+  std::string summary() const override {
+    return CausalLmPlan::summary() + " + vision_encoder " + std::to_string(vision_.num_parameters()) + " parameters";
+  }
+  int64_t num_parameters() const override { return CausalLmPlan::num_parameters() + vision_.num_parameters(); }
+  DataNeeds data_needs() const override {
+    DataNeeds d = CausalLmPlan::data_needs();
+    d.mock_only_why = "qwen2_5_vl's images come from --mock-data until multimodal records arrive (issue 15)";
+    return d;
+  }
+
+  // Each sample's first tokens become the placeholders of one random image of 2m x 2m patches
+  // (m = spatial_merge_size: 4 merged tokens), drawn from (seed, sample index); the loss skips
+  // predicting them.
+  void add_mock_fields(Batch& batch, uint64_t seed) const override {
+    at::Tensor tokens = batch.at("tokens").clone(), labels = batch.at("labels").clone();
+    at::Tensor mask = batch.find("loss_mask") ? batch.at("loss_mask").clone() : at::ones(tokens.sizes(), at::kFloat);
+    const int64_t m = vision_.spatial_merge_size, side = 2 * m, n = 4, id = own_.image_token_id;
+    LF_CHECK(tokens.size(1) > n, "training.seq_length ", tokens.size(1), " leaves no text after ", n, " placeholders");
+    for (int64_t special : {own_.image_token_id, own_.video_token_id}) {
+      tokens.masked_fill_(tokens.eq(special), (special + 2) % foundation_.vocab_size);
+      labels.masked_fill_(labels.eq(special), (special + 2) % foundation_.vocab_size);
+    }
+    tokens.narrow(1, 0, n).fill_(id);
+    labels.narrow(1, 0, n - 1).fill_(id);
+    mask.narrow(1, 0, n - 1).fill_(0);
+    std::vector<at::Tensor> pixels;
+    for (int64_t i = 0; i < tokens.size(0); ++i) {
+      const int64_t index = i < static_cast<int64_t>(batch.sample_indices.size()) ? batch.sample_indices[static_cast<size_t>(i)] : i;
+      auto gen = at::make_generator<at::CPUGeneratorImpl>(seed * 1000003ull + static_cast<uint64_t>(index) + 29);
+      pixels.push_back(at::normal(0.0, 1.0, {side * side, vision_.patch_dim()}, gen, at::kFloat));
+    }
+    batch.set("tokens", tokens, 1);
+    batch.set("labels", labels, 1);
+    batch.set("loss_mask", mask, 1);
+    batch.set("pixel_values", at::cat(pixels), -1);
+    batch.set("image_grid_thw", at::tensor({int64_t{1}, side, side}, at::kLong).repeat({tokens.size(0), 1}), -1);
+  }
+
+  std::unique_ptr<Model> build(const BuildArgs& args) const override {
+    const auto& ctx = *args.context;
+    const auto stage = lf::parallel::pipeline::pipeline_stage(foundation_.num_layers, ctx.pp_size(), ctx.pp_rank(), stage_split());
+    std::unique_ptr<lf::dist::ParallelContext> enc;
+    if (stage.first) enc = args.make_context("vision_encoder", vision_layout(), vision_ranks_);
+    return std::make_unique<Qwen25Vl>(foundation_, vision_, own_, *args.backend, args.seed, args.dtype, &ctx,
+                                      job_.parallel.sequence_parallel, stage, !frozen_, std::move(enc), !vision_frozen_);
+  }
+
+ protected:
+  // TP 1; each foundation TP group's ranks are one share group (cp: they encode the same images,
+  // each contributing 1 / shares of the gradient), the foundation's DP the tower's.
+  lf::dist::ParallelLayout vision_layout() const {
+    lf::dist::ParallelSizes s;
+    s.tp = 1;
+    s.cp = shares_;
+    return lf::dist::ParallelLayout(static_cast<int>(vision_ranks_.size()), s);
+  }
+  std::string describe_components() const override {
+    std::ostringstream os;
+    os << "  vision_encoder  " << config_->component("vision_encoder").type << ", " << vision_.num_parameters()
+       << " parameters | tp 1, " << shares_ << " replica(s) per foundation TP group (same images, 1 / " << shares_
+       << " of the gradient each), over the " << vision_ranks_.size() << " ranks of pipeline stage 0"
+       << (vision_frozen_ ? " | frozen" : "") << "\n";
+    return os.str();
+  }
+
+ private:
+  Qwen25VisionConfig vision_;
+  Qwen25VlConfig own_;
+  bool vision_frozen_;
+  std::vector<int> vision_ranks_;
+  int shares_ = 1;
+};
+
+std::unique_ptr<ModelPlan> plan_qwen2_5_vl(std::shared_ptr<const ModelConfig> c, const PlanArgs& a,
+                                           lf::config::ErrorList& e) {
+  return std::make_unique<Qwen25VlPlan>(std::move(c), a, e);
+}
+
+}  // namespace
+
+void register_qwen2_5_vl(Registry& r) {
+  CompositeType t;
+  t.name = kType;
+  t.description = "Qwen2.5-VL: a vision tower's merged patches spliced into an M-RoPE decoder at image placeholders";
+  t.slots = {{"vision_encoder", "vision_encoder", "qwen2_5_vl_vision", true}, {"foundation", "foundation", "decoder", true}};
+  t.load_own = schema_loader<Qwen25VlConfig>();
+  t.plan = plan_qwen2_5_vl;
+  r.add(std::move(t));
+}
+
+}  // namespace lf::models

@@ -1,7 +1,8 @@
 // The model layer through loongforge-train as users run it: composites assembled only from YAML
 // train with per-component layouts equal to the single process (the VLM skeleton with encoder
 // TP 1 and foundation TP 2, its encoder frozen; the DiT skeleton under DP 2), --dry-run prints
-// every component's layout, a TP 1 checkpoint resharded offline to TP 2 loads and trains on.
+// every component's layout, a TP 1 checkpoint resharded offline to TP 2 loads and trains on;
+// Qwen2.5-VL (vision tower + M-RoPE decoder) under foundation TP 2 and PP 2.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -61,6 +62,23 @@ TEST(SplicedLm, EncoderTp1WithFoundationTp2EqualsOneProcess) {
   auto same = run(2, kSpliced, {"--tensor-model-parallel-size", "2", "model.image_encoder.tensor_model_parallel_size=2"},
                   "spliced_tp2");
   lf::testing::expect_same_training(one, same, "spliced_lm: encoder and foundation tp 2");
+}
+
+// Qwen2.5-VL on mock images (configs/examples/qwen2_5_vl_tiny.yaml): the vision tower at TP 1
+// beside a TP 2 foundation (each TP rank encodes the same images, 1 / 2 of the gradient each), and
+// the tower on the first of 2 pipeline stages (the last computes the same M-RoPE positions from the
+// batch), equal one process.
+TEST(Qwen25Vl, FoundationTp2AndPp2EqualOneProcess) {
+  const std::string cfg = config("examples/qwen2_5_vl_tiny.yaml");
+  auto one = run(1, cfg, {}, "qwen25vl1");
+  ASSERT_FALSE(only(one.params, "vision_encoder.", true).empty());
+  auto tp2 = run(2, cfg, {"--tensor-model-parallel-size", "2"}, "qwen25vl_tp2");
+  lf::testing::expect_same_training(one, tp2, "qwen2_5_vl: vision tp 1, foundation tp 2");
+  const std::string dir = lf::testing::make_temp_dir("ml-qwen25vl_pp2");
+  auto pp2 = run(2, cfg, {"--pipeline-model-parallel-size", "2"}, "qwen25vl_pp2", dir);
+  for (int k = 0; k < 2; ++k)  // each stage dumps its own parameters
+    for (auto& [name, v] : lf::testing::read_params(dir + "/p.safetensors.pp" + std::to_string(k))) pp2.params[name] = v;
+  lf::testing::expect_same_training(one, pp2, "qwen2_5_vl: foundation pp 2");
 }
 
 // Frozen encoder: no gradients, no optimizer state; its weights stay as initialised (a run at

@@ -1,0 +1,380 @@
+// The qwen2_5_vl composite against transformers (tests/models/vlm_oracle.py, Python as an oracle
+// only): a tiny random Qwen2_5_VLForConditionalGeneration saved by transformers, its state dict
+// loaded by name (Qwen25Vl::load_hf_state: model.visual.* into the vision tower, the language model
+// through the qwen2 HF mapping), run on a batch of two samples, each with an image of its own size
+// between text: the M-RoPE position ids equal get_rope_index's, the full-vocabulary logits equal
+// transformers' fp32 logits within 1e-4 on one device and with the foundation at TP 2. A text-only
+// batch gives transformers' logits and the plain qwen2 causal_lm's with the same weights. Position
+// ids of videos, placeholder/grid mismatches and the registry entry run without Python.
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <map>
+
+#include <unistd.h>
+#include <nlohmann/json.hpp>
+
+#include "../parallel/tp_testing.h"
+#include "loongforge/backend/registry.h"
+#include "loongforge/core/config/yaml.h"
+#include "loongforge/core/error.h"
+#include "loongforge/core/safetensors.h"
+#include "loongforge/models/composites/qwen2_5_vl.h"
+#include "loongforge/models/hf_adapter.h"
+#include "loongforge/models/registry.h"
+#include "error_message.h"
+#include "multiprocess.h"
+
+namespace {
+namespace fs = std::filesystem;
+using lf::models::Qwen25Vl;
+using lf::models::Qwen25VlConfig;
+using lf::models::Qwen25VisionConfig;
+
+std::string python() { return lf::testing::source_dir() + "/.venv/bin/python"; }
+std::string oracle_script() { return lf::testing::source_dir() + "/tests/models/vlm_oracle.py"; }
+
+std::string read_text(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+// The oracle's directory ("" without transformers), made once and cached in the build tree under
+// a name keyed by the script's text.
+const std::string& oracle_dir() {
+  static const std::string dir = []() -> std::string {
+    if (!fs::exists(python())) return "";
+    const std::string key = std::to_string(std::hash<std::string>{}(read_text(oracle_script())));
+    const std::string cache = lf::testing::binary_dir() + "/test-cache/vlm_oracle-" + key;
+    if (fs::exists(cache + "/io.safetensors")) return cache;
+    const std::string tmp = cache + ".tmp-" + std::to_string(::getpid());
+    std::error_code ec;
+    fs::remove_all(tmp, ec);
+    fs::create_directories(tmp);
+    auto r = lf::testing::run_command({python(), oracle_script(), "make", tmp}, {}, std::chrono::seconds(240));
+    if (!r.ok() && (r.output.find("No module named 'transformers'") != std::string::npos ||
+                    r.output.find("No module named 'torch'") != std::string::npos))
+      return "";
+    EXPECT_TRUE(r.ok()) << r.output;
+    if (!r.ok()) return tmp;
+    fs::rename(tmp, cache, ec);
+    if (ec) fs::remove_all(tmp, ec);
+    return cache;
+  }();
+  return dir;
+}
+
+#define REQUIRE_ORACLE()                                                                   \
+  if (oracle_dir().empty()) GTEST_SKIP() << "transformers is not installed in " << python(); \
+  ASSERT_TRUE(fs::exists(oracle_dir() + "/io.safetensors"))
+
+std::map<std::string, at::Tensor> read_all(const std::string& file) {
+  auto r = lf::safetensors::Reader::open(file);
+  std::map<std::string, at::Tensor> out;
+  for (const auto& info : r.tensors()) {
+    auto dtype = info.dtype == lf::safetensors::DType::I64 ? at::kLong : at::kFloat;
+    auto t = at::empty(info.shape, at::TensorOptions().dtype(dtype));
+    std::memcpy(t.data_ptr(), r.data(info), info.end - info.begin);
+    out[info.name] = t;
+  }
+  return out;
+}
+
+struct Configs {
+  lf::models::DecoderConfig text;
+  Qwen25VisionConfig vision;
+  Qwen25VlConfig own;
+};
+
+// The oracle's config.json (transformers' field names) -> ours.
+Configs read_configs(const std::string& file) {
+  const auto j = nlohmann::json::parse(read_text(file));
+  Configs c;
+  const auto& t = j.at("text");
+  c.text.num_layers = t.at("num_hidden_layers");
+  c.text.hidden_size = t.at("hidden_size");
+  c.text.ffn_hidden_size = t.at("intermediate_size");
+  c.text.num_attention_heads = t.at("num_attention_heads");
+  c.text.num_query_groups = t.at("num_key_value_heads");
+  c.text.kv_channels = t.at("head_dim");
+  c.text.vocab_size = t.at("vocab_size");
+  c.text.max_position_embeddings = t.at("max_position_embeddings");
+  c.text.norm_epsilon = t.at("rms_norm_eps");
+  c.text.rotary_base = t.at("rope_parameters").at("rope_theta");
+  c.text.mrope_section = t.at("rope_parameters").at("mrope_section").get<std::vector<int64_t>>();
+  c.text.add_qkv_bias = true;
+  c.text.untie_embeddings_and_output_weights = !t.at("tie_word_embeddings").get<bool>();
+  const auto& v = j.at("vision");
+  c.vision.depth = v.at("depth");
+  c.vision.hidden_size = v.at("hidden_size");
+  c.vision.intermediate_size = v.at("intermediate_size");
+  c.vision.num_heads = v.at("num_heads");
+  c.vision.window_size = v.at("window_size");
+  c.vision.fullatt_block_indexes = v.at("fullatt_block_indexes").get<std::vector<int64_t>>();
+  c.vision.out_hidden_size = v.at("out_hidden_size");
+  c.own.image_token_id = j.at("image_token_id");
+  c.own.video_token_id = j.at("video_token_id");
+  c.own.vision_start_token_id = j.at("vision_start_token_id");
+  c.own.tokens_per_second = v.at("tokens_per_second");
+  return c;
+}
+
+std::unique_ptr<Qwen25Vl> oracle_model(const std::string& dir, const lf::dist::ParallelContext* ctx = nullptr) {
+  const auto c = read_configs(dir + "/config.json");
+  auto m = std::make_unique<Qwen25Vl>(c.text, c.vision, c.own, lf::backend::cpu_backend(), 5, at::kFloat, ctx, false,
+                                      lf::models::PipelineStage{});
+  m->load_hf_state(read_all(dir + "/weights.safetensors"));
+  return m;
+}
+
+// max |ours - transformers'|: ours [s, b, v], theirs [b, s, v].
+double logits_difference(const at::Tensor& ours, const at::Tensor& theirs) {
+  const auto want = theirs.transpose(0, 1);
+  EXPECT_EQ(ours.sizes(), want.sizes());
+  EXPECT_GT(want.abs().max().item<double>(), 0.05);  // a real signal
+  if (ours.sizes() != want.sizes()) return 1e9;
+  return lf::testing::max_abs_diff(ours, want);
+}
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const lf::Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+// fp32 end to end: the differences are the order of floating-point sums; a wrong splice, M-RoPE
+// section or position would be O(0.1).
+constexpr double kTolerance = 1e-4;
+
+TEST(Qwen25Vl, PositionIdsMatchTransformers) {
+  REQUIRE_ORACLE();
+  const auto c = read_configs(oracle_dir() + "/config.json");
+  auto io = read_all(oracle_dir() + "/io.safetensors");
+  const auto got = lf::models::qwen2_5_vl_position_ids(io.at("input_ids"), io.at("image_grid_thw"), {}, {}, c.own,
+                                                       c.vision.spatial_merge_size);
+  EXPECT_TRUE(at::equal(got, io.at("position_ids"))) << got << "\n" << io.at("position_ids");
+}
+
+TEST(Qwen25Vl, LogitsMatchTransformers) {
+  REQUIRE_ORACLE();
+  auto m = oracle_model(oracle_dir());
+  auto io = read_all(oracle_dir() + "/io.safetensors");
+  at::NoGradGuard no_grad;
+  EXPECT_TRUE(at::equal(m->position_ids(io.at("input_ids"), io.at("image_grid_thw")), io.at("position_ids")));
+  const double diff =
+      logits_difference(m->logits(io.at("input_ids"), io.at("pixel_values"), io.at("image_grid_thw")), io.at("logits"));
+  std::printf("[vlm parity] qwen2_5_vl TP=1: max |logits - transformers| = %.3g\n", diff);
+  RecordProperty("tp1_max_abs_diff", std::to_string(diff));
+  EXPECT_LE(diff, kTolerance);
+}
+
+// A text-only batch: 1D positions (M-RoPE with equal rows); transformers' logits, and the plain
+// qwen2 causal_lm (no mrope_section) with the same language-model weights gives the same.
+TEST(Qwen25Vl, TextOnlyEqualsTransformersAndThePlainDecoder) {
+  REQUIRE_ORACLE();
+  auto m = oracle_model(oracle_dir());
+  auto io = read_all(oracle_dir() + "/io.safetensors");
+  at::NoGradGuard no_grad;
+  const auto vlm = m->logits(io.at("text_ids"), {}, {});
+  const double diff = logits_difference(vlm, io.at("text_logits"));
+  std::printf("[vlm parity] qwen2_5_vl text only: max |logits - transformers| = %.3g\n", diff);
+  EXPECT_LE(diff, kTolerance);
+
+  auto text = read_configs(oracle_dir() + "/config.json").text;
+  text.mrope_section.clear();
+  lf::models::CausalLm plain(text, lf::backend::cpu_backend(), 9, at::kFloat);
+  const auto mapping = lf::models::hf::mapping_for_architecture("Qwen2ForCausalLM", "qwen2");
+  const auto full = lf::models::hf::decoder_from_hf_tensors(text, mapping, read_all(oracle_dir() + "/weights.safetensors"),
+                                                            "model.language_model.");
+  plain.load_full_parameters({full.begin(), full.end()});
+  const double same = lf::testing::max_abs_diff(plain.forward(io.at("text_ids")), vlm);
+  std::printf("[vlm parity] qwen2_5_vl text only vs the qwen2 causal_lm: max |difference| = %.3g\n", same);
+  EXPECT_LE(same, 1e-5);
+}
+
+// The trainer's path: stage_forward on a batch (tokens, labels, loss_mask, pixel_values,
+// image_grid_thw) computes the M-RoPE positions itself; its evaluation loss is the cross entropy of
+// logits(), and the training loss reaches the vision tower's weights.
+TEST(Qwen25Vl, StageForwardOnABatchOfImages) {
+  REQUIRE_ORACLE();
+  auto m = oracle_model(oracle_dir());
+  auto io = read_all(oracle_dir() + "/io.safetensors");
+  const auto& tokens = io.at("input_ids");
+  const int64_t s = tokens.size(1);
+  auto labels = at::cat({tokens.narrow(1, 1, s - 1), at::zeros({tokens.size(0), 1}, at::kLong)}, 1);
+  auto mask = at::ones(tokens.sizes(), at::kFloat);
+  mask.select(1, s - 1).fill_(0);
+  lf::data::Batch batch;
+  batch.set("tokens", tokens, 1);
+  batch.set("labels", labels, 1);
+  batch.set("loss_mask", mask, 1);
+  batch.set("pixel_values", io.at("pixel_values"));
+  batch.set("image_grid_thw", io.at("image_grid_thw"));
+  double want = 0;
+  {
+    at::NoGradGuard no_grad;
+    const auto logits = m->logits(tokens, io.at("pixel_values"), io.at("image_grid_thw"));  // [s, b, v]
+    const auto logp = at::log_softmax(logits.transpose(0, 1), -1).gather(-1, labels.unsqueeze(-1)).squeeze(-1);
+    want = -(logp * mask).sum().item<double>();
+  }
+  const auto eval = m->forward_step(batch, lf::models::Pass::eval);
+  ASSERT_EQ(eval.metrics.count("lm loss"), 1u);
+  EXPECT_NEAR(eval.metrics.at("lm loss").sum, want, 1e-4 * std::abs(want));
+  EXPECT_EQ(eval.metrics.at("lm loss").count, mask.sum().item<double>());
+  const auto train = m->forward_step(batch, lf::models::Pass::train);
+  ASSERT_EQ(train.losses.size(), 1u);
+  EXPECT_NEAR(train.losses[0].sum.item<double>(), want, 1e-4 * std::abs(want));
+  train.losses[0].sum.backward();
+  for (const auto& p : m->vision_parameters()) {
+    ASSERT_TRUE(p.tensor.grad().defined()) << p.name;
+    EXPECT_GT(p.tensor.grad().abs().max().item<double>(), 0) << p.name;
+  }
+  auto with_positions = batch;
+  with_positions.set("position_ids", at::zeros(tokens.sizes(), at::kLong), 1);
+  EXPECT_NE(error_of([&] { m->forward_step(with_positions, lf::models::Pass::eval); }).find("--reset-position-ids"),
+            std::string::npos);
+}
+
+// The composite and its own fields load from a `model:` section.
+TEST(Qwen25Vl, LoadsFromYaml) {
+  auto cfg = lf::models::load_model_config(lf::config::parse_yaml_string(
+      "type: qwen2_5_vl\nimage_token_id: 192\nvideo_token_id: 193\nvision_start_token_id: 190\n"
+      "vision_encoder:\n  type: qwen2_5_vl_vision\n  depth: 2\n  hidden_size: 32\n  intermediate_size: 40\n"
+      "  num_heads: 2\n  fullatt_block_indexes: [1]\n"
+      "foundation:\n  type: decoder\n  num_layers: 2\n  hidden_size: 64\n  ffn_hidden_size: 96\n"
+      "  num_attention_heads: 4\n  num_query_groups: 2\n  kv_channels: 16\n  vocab_size: 200\n"
+      "  max_position_embeddings: 256\n  mrope_section: [2, 3, 3]\n",
+      {}));
+  const auto own = cfg->own_fields<Qwen25VlConfig>();
+  EXPECT_EQ(own.image_token_id, 192);
+  EXPECT_EQ(own.tokens_per_second, 2);
+  EXPECT_EQ(cfg->fields<lf::models::DecoderConfig>("foundation").mrope_section, (std::vector<int64_t>{2, 3, 3}));
+  EXPECT_EQ(cfg->fields<Qwen25VisionConfig>("vision_encoder").depth, 2);
+  // Sections that do not sum to head_dim / 2 are a configuration error naming the key.
+  const auto bad = lf::testing::error_message([] {
+    lf::models::load_model_config(lf::config::parse_yaml_string(
+        "type: causal_lm\nfoundation:\n  type: decoder\n  num_layers: 2\n  hidden_size: 64\n  ffn_hidden_size: 96\n"
+        "  num_attention_heads: 4\n  vocab_size: 200\n  max_position_embeddings: 256\n  mrope_section: [2, 3, 2]\n",
+        {}))->fields<lf::models::DecoderConfig>("foundation");
+  });
+  EXPECT_NE(bad.find("summing to head_dim / 2 = 8"), std::string::npos) << bad;
+}
+
+LF_WORKER_CASE(vlm_parity_tp2) {
+  const std::string dir = lf::testing::worker_args().at(0);
+  auto ctx = lf::testing::make_context(2);
+  auto m = oracle_model(dir, ctx.get());
+  EXPECT_EQ(m->tp_size(), 2);
+  auto io = read_all(dir + "/io.safetensors");
+  at::NoGradGuard no_grad;
+  const double diff =
+      logits_difference(m->logits(io.at("input_ids"), io.at("pixel_values"), io.at("image_grid_thw")), io.at("logits"));
+  std::printf("[vlm parity] qwen2_5_vl foundation TP=2 rank %d: max |logits - transformers| = %.3g\n",
+              lf::testing::worker_rank(), diff);
+  EXPECT_LE(diff, kTolerance);
+}
+
+TEST(Qwen25Vl, LogitsMatchTransformersAtTp2) {
+  REQUIRE_ORACLE();
+  auto results = lf::testing::run_workers("vlm_parity_tp2", {.world_size = 2, .args = {oracle_dir()}});
+  lf::testing::expect_all_ok(results);
+  for (const auto& r : results)
+    for (size_t at = r.output.find("[vlm parity]"); at != std::string::npos; at = r.output.find("[vlm parity]", at + 1))
+      std::printf("%s\n", r.output.substr(at, r.output.find('\n', at) - at).c_str());
+}
+
+// Hand-computed positions (no Python): text, an image of 4x6 patches (2x3 merged), text, a video of
+// 2 frames of 4x4 patches at 2 tokens per second and 0.5 s per grid step, text.
+TEST(Qwen25Vl, PositionIdsOfImagesAndVideos) {
+  Qwen25VlConfig ids;
+  ids.image_token_id = 7;
+  ids.video_token_id = 8;
+  ids.tokens_per_second = 2;
+  std::vector<int64_t> row{1, 2};
+  for (int i = 0; i < 6; ++i) row.push_back(7);
+  row.push_back(3);
+  for (int i = 0; i < 8; ++i) row.push_back(8);
+  row.push_back(4);
+  const auto tokens = at::tensor(row, at::kLong).unsqueeze(0);
+  const auto image = at::tensor({1, 4, 6}, at::kLong).view({1, 3}), video = at::tensor({2, 4, 4}, at::kLong).view({1, 3});
+  const auto got = lf::models::qwen2_5_vl_position_ids(tokens, image, video, {0.5}, ids, 2).select(1, 0);
+  // Image at 2: t 2, h 2 + {0, 1}, w 2 + {0, 1, 2}; the text after it at 2 + max(2, 3) = 5; the
+  // video at 6: t 6 + floor(frame x 1.0), h/w 6 + {0, 1}; the last text at 6 + 2 = 8.
+  const auto want = at::tensor({0, 1, 2, 2, 2, 2, 2, 2, 5, 6, 6, 6, 6, 7, 7, 7, 7, 8,
+                                0, 1, 2, 2, 2, 3, 3, 3, 5, 6, 6, 7, 7, 6, 6, 7, 7, 8,
+                                0, 1, 2, 3, 4, 2, 3, 4, 5, 6, 7, 6, 7, 6, 7, 6, 7, 8}, at::kLong).view({3, 18});
+  EXPECT_TRUE(at::equal(got, want)) << got;
+  // Text only: 0 .. s - 1 on every axis.
+  const auto text = lf::models::qwen2_5_vl_position_ids(at::tensor({5, 6, 9}, at::kLong).view({1, 3}), {}, {}, {}, ids, 2);
+  EXPECT_TRUE(at::equal(text, at::arange(3, at::kLong).view({1, 1, 3}).expand({3, 1, 3})));
+}
+
+TEST(Qwen25Vl, PlaceholderAndGridMismatchesAreErrors) {
+  Qwen25VlConfig ids;
+  ids.image_token_id = 7;
+  ids.video_token_id = 8;
+  const auto grid = at::tensor({1, 4, 4}, at::kLong).view({1, 3});  // 4 placeholders
+  const auto three = at::tensor({1, 7, 7, 7, 2}, at::kLong).view({1, 5});
+  auto m = error_of([&] { lf::models::qwen2_5_vl_position_ids(three, grid, {}, {}, ids, 2); });
+  EXPECT_NE(m.find("needs 4 consecutive placeholder tokens, the sequence holds 3"), std::string::npos) << m;
+  const auto none = at::tensor({1, 2, 3}, at::kLong).view({1, 3});
+  m = error_of([&] { lf::models::qwen2_5_vl_position_ids(none, grid, {}, {}, ids, 2); });
+  EXPECT_NE(m.find("image_grid_thw holds 1 grid(s)"), std::string::npos) << m;
+  m = error_of([&] { lf::models::qwen2_5_vl_position_ids(three, {}, {}, {}, ids, 2); });
+  EXPECT_NE(m.find("beyond the 0 grid(s) of image_grid_thw"), std::string::npos) << m;
+
+  // The model: tower outputs and placeholders disagree; a foundation without M-RoPE.
+  lf::models::DecoderConfig text;
+  text.num_layers = 1;
+  text.hidden_size = 32;
+  text.ffn_hidden_size = 48;
+  text.num_attention_heads = 4;
+  text.num_query_groups = 2;
+  text.vocab_size = 20;
+  text.make_vocab_size_divisible_by = 4;
+  text.max_position_embeddings = 32;
+  Qwen25VisionConfig v;
+  v.depth = 1;
+  v.hidden_size = 32;
+  v.intermediate_size = 40;
+  v.num_heads = 2;
+  v.window_size = 56;
+  v.fullatt_block_indexes = {0};
+  m = error_of([&] { Qwen25Vl(text, v, ids, lf::backend::cpu_backend(), 1, at::kFloat, nullptr, false, {}); });
+  EXPECT_NE(m.find("model.vision_start_token_id 151652 is outside the vocabulary of 20 tokens"), std::string::npos) << m;
+  ids.vision_start_token_id = 6;
+  m = error_of([&] { Qwen25Vl(text, v, ids, lf::backend::cpu_backend(), 1, at::kFloat, nullptr, false, {}); });
+  EXPECT_NE(m.find("set model.foundation.mrope_section"), std::string::npos) << m;
+  text.mrope_section = {2, 2, 2};
+  m = error_of([&] { Qwen25Vl(text, v, ids, lf::backend::cpu_backend(), 1, at::kFloat, nullptr, false, {}); });
+  EXPECT_NE(m.find("summing to head_dim / 2 = 4"), std::string::npos) << m;
+  text.mrope_section = {2, 1, 1};
+  Qwen25Vl model(text, v, ids, lf::backend::cpu_backend(), 1, at::kFloat, nullptr, false, {});
+  const auto pixels = at::randn({16, v.patch_dim()});
+  const auto five = at::tensor({1, 7, 7, 7, 7, 7, 2}, at::kLong).view({1, 7});
+  m = error_of([&] { model.logits(five, pixels, grid); });
+  EXPECT_NE(m.find("the tokens hold 5 image placeholders (model.image_token_id 7) but the vision tower made 4"),
+            std::string::npos) << m;
+  const auto four = at::tensor({1, 7, 7, 7, 7, 2}, at::kLong).view({1, 6});
+  EXPECT_EQ(model.logits(four, pixels, grid).sizes(), (std::vector<int64_t>{6, 1, 20}));
+  m = error_of([&] { model.logits(four, {}, {}); });
+  EXPECT_NE(m.find("the tokens hold 4 image placeholders"), std::string::npos) << m;
+}
+
+TEST(Qwen25Vl, Registered) {
+  const auto* t = lf::models::Registry::builtin().composite("qwen2_5_vl");
+  ASSERT_NE(t, nullptr);
+  ASSERT_EQ(t->slots.size(), 2u);
+  EXPECT_EQ(t->slots[0].name, "vision_encoder");
+}
+
+}  // namespace

@@ -361,7 +361,7 @@ HfModel read_hf(const std::string& hf_dir, const ReadOptions& options) {
 
 NamedTensors decoder_from_hf_tensors(const DecoderConfig& c, const Mapping& mapping,
                                      const std::map<std::string, at::Tensor>& tensors, const std::string& model_prefix,
-                                     int64_t vocab_tp) {
+                                     int64_t vocab_tp, std::vector<std::string>* used) {
   NamedTensors out;
   const int64_t vocab_rows = c.padded_vocab_size(vocab_tp);
   for (const auto& p : plan(mapping.impl(), c)) {
@@ -376,6 +376,7 @@ NamedTensors decoder_from_hf_tensors(const DecoderConfig& c, const Mapping& mapp
       LF_CHECK(it->second.sizes().vec() == p.shapes[k], "HF tensor '", name, "' has shape ", it->second.sizes(),
                ", but the model's configuration implies ", shape_text(p.shapes[k]), " (", p.rule->origin, ")");
       in.push_back(it->second);
+      if (used) used->push_back(name);
     }
     at::Tensor t = to_lf(p, std::move(in), c, vocab_rows);
     if (p.rule->duplicate) continue;

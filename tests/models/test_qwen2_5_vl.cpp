@@ -177,6 +177,30 @@ TEST(Qwen25Vl, LogitsMatchTransformers) {
   EXPECT_LE(diff, kTolerance);
 }
 
+// A state dict that is not this model's: a missing, a stray and a misshapen tensor are errors
+// naming them.
+TEST(Qwen25Vl, MismatchedStateDictsAreErrors) {
+  REQUIRE_ORACLE();
+  auto m = oracle_model(oracle_dir());
+  const auto weights = read_all(oracle_dir() + "/weights.safetensors");
+  auto missing = weights;
+  missing.erase("model.language_model.layers.1.mlp.up_proj.weight");
+  auto e = error_of([&] { m->load_hf_state(missing); });
+  EXPECT_NE(e.find("model.language_model.layers.1.mlp.up_proj.weight' (for decoder.layers.1"), std::string::npos) << e;
+  auto stray = weights;
+  stray["model.language_model.layers.2.input_layernorm.weight"] = at::ones({64});
+  e = error_of([&] { m->load_hf_state(stray); });
+  EXPECT_NE(e.find("'model.language_model.layers.2.input_layernorm.weight' has no place"), std::string::npos) << e;
+  auto shaped = weights;
+  shaped["lm_head.weight"] = at::zeros({10, 64});
+  e = error_of([&] { m->load_hf_state(shaped); });
+  EXPECT_NE(e.find("'lm_head.weight' has shape"), std::string::npos) << e;
+  stray = weights;
+  stray["vision_tower.x"] = at::ones({1});
+  e = error_of([&] { m->load_hf_state(stray); });
+  EXPECT_NE(e.find("'vision_tower.x' is neither"), std::string::npos) << e;
+}
+
 // A text-only batch: 1D positions (M-RoPE with equal rows); transformers' logits, and the plain
 // qwen2 causal_lm (no mrope_section) with the same language-model weights gives the same.
 TEST(Qwen25Vl, TextOnlyEqualsTransformersAndThePlainDecoder) {

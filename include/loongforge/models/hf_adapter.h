@@ -102,10 +102,11 @@ void write_hf(const std::string& out_dir, const DecoderConfig& config, const Nam
 // begin with "model." are looked up with `model_prefix` in its place (a VLM checkpoint's
 // "model.language_model."); others (lm_head.weight) as they are. Throws naming the tensor when one
 // is missing or has a shape the config contradicts; tensors the mapping does not ask for are the
-// caller's (a VLM's vision tower).
+// caller's (a VLM's vision tower); `used` (optional) receives the names read.
 NamedTensors decoder_from_hf_tensors(const DecoderConfig& config, const Mapping& mapping,
                                      const std::map<std::string, at::Tensor>& tensors,
-                                     const std::string& model_prefix = "model.", int64_t vocab_tp = 1);
+                                     const std::string& model_prefix = "model.", int64_t vocab_tp = 1,
+                                     std::vector<std::string>* used = nullptr);
 
 // How two configurations differ in what shapes the weights or the function (dropout, vocabulary
 // padding multiple and init_method_std aside): {field, a's value, b's value}, empty when alike.

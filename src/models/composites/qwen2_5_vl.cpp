@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <array>
+#include <set>
 #include <sstream>
 
 #include "causal_lm_plan.h"
@@ -212,7 +213,13 @@ void Qwen25Vl::load_hf_state(const std::map<std::string, at::Tensor>& tensors) {
     encoder_->load_hf_state(vision, visual);
   }
   const auto mapping = hf::mapping_for_architecture("Qwen2ForCausalLM", "qwen2");
-  const auto full = hf::decoder_from_hf_tensors(config(), mapping, tensors, lm, tp_size());
+  std::vector<std::string> used;
+  const auto full = hf::decoder_from_hf_tensors(config(), mapping, tensors, lm, tp_size(), &used);
+  const std::set<std::string> read(used.begin(), used.end());
+  for (const auto& [name, t] : tensors)
+    LF_CHECK(name.rfind(visual, 0) == 0 || read.count(name), "HF tensor '", name,
+             "' has no place in this model's language model (", config().num_layers, " layers, qwen2 mapping)",
+             lf::hint("the checkpoint and model.foundation disagree (e.g. num_layers)"));
   load_full_parameters({full.begin(), full.end()});
 }
 

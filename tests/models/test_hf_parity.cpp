@@ -32,6 +32,7 @@
 #include "loongforge/models/blocks/moe.h"
 #include "loongforge/models/composites/causal_lm.h"
 #include "loongforge/models/hf_adapter.h"
+#include "cached_oracle.h"
 #include "multiprocess.h"
 #include "tiny_decoder.h"
 
@@ -42,43 +43,13 @@ using nlohmann::json;
 
 const char* kFamilies[] = {"llama", "qwen2", "qwen3", "qwen3_moe", "deepseek_v3", "deepseek_v2"};
 
-std::string python() { return lf::testing::source_dir() + "/.venv/bin/python"; }
+std::string python() { return lf::testing::venv_python(); }
 std::string oracle_script() { return lf::testing::source_dir() + "/tests/models/hf_oracle.py"; }
 
-// Skips (rather than fails) only when Python or transformers is genuinely missing.
-bool missing_python(const std::string& output) {
-  return output.find("No module named 'transformers'") != std::string::npos ||
-         output.find("No module named 'torch'") != std::string::npos;
-}
+using lf::testing::read_text;
 
-std::string read_text(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-}
-
-// The oracle's models: "" when transformers is unavailable. Made once and cached in the build tree
-// under a name keyed by the script's text (ctest runs every case in its own process, and the
-// oracle takes ~15 s): written to a temporary directory, then renamed into place, so concurrent
-// test processes either win the rename or use the winner's.
 const std::string& oracle_dir() {
-  static const std::string dir = []() -> std::string {
-    if (!fs::exists(python())) return "";
-    const std::string key = std::to_string(std::hash<std::string>{}(read_text(oracle_script())));
-    const std::string cache = lf::testing::binary_dir() + "/test-cache/hf_oracle-" + key;
-    if (fs::exists(cache + "/qwen3/logits.safetensors")) return cache;
-    const std::string tmp = cache + ".tmp-" + std::to_string(::getpid());
-    std::error_code ec;
-    fs::remove_all(tmp, ec);
-    fs::create_directories(tmp);
-    auto r = lf::testing::run_command({python(), oracle_script(), "make", tmp}, {},
-                                      std::chrono::seconds(240));
-    if (!r.ok() && missing_python(r.output)) return "";
-    EXPECT_TRUE(r.ok()) << r.output;
-    if (!r.ok()) return tmp;
-    fs::rename(tmp, cache, ec);  // fails harmlessly when another process got there first
-    if (ec) fs::remove_all(tmp, ec);
-    return cache;
-  }();
+  static const std::string dir = lf::testing::cached_oracle(oracle_script(), "hf_oracle", "qwen3/logits.safetensors");
   return dir;
 }
 
@@ -206,8 +177,9 @@ LF_WORKER_CASE(hf_parity_ep2) {
       decoder.set_training(false);
       decoder.load_full_parameters({m.tensors.begin(), m.tensors.end()});
       // This rank holds half the experts.
-      for (const auto& p : decoder.parameters())
+      for (const auto& p : decoder.parameters()) {
         if (p.expert) ASSERT_EQ(p.tensor.size(0) * 2, p.full_shape()[0]) << p.name;
+      }
       const double diff = oracle_difference(decoder, d);
       std::printf("[hf parity] %s EP=2 (%s) rank %d: max |logits - transformers| = %.3g\n", family,
                   allgather ? "all-gather" : "all-to-all", lf::testing::worker_rank(), diff);

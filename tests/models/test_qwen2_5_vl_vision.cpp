@@ -27,6 +27,7 @@
 #include "loongforge/core/safetensors.h"
 #include "loongforge/models/encoders/qwen2_5_vl_vision.h"
 #include "loongforge/models/registry.h"
+#include "cached_oracle.h"
 #include "multiprocess.h"
 
 namespace {
@@ -34,37 +35,13 @@ namespace fs = std::filesystem;
 using lf::models::Qwen25VisionConfig;
 using lf::models::Qwen25VisionEncoder;
 
-std::string python() { return lf::testing::source_dir() + "/.venv/bin/python"; }
+std::string python() { return lf::testing::venv_python(); }
 std::string oracle_script() { return lf::testing::source_dir() + "/tests/models/vision_oracle.py"; }
 
-std::string read_text(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-}
+using lf::testing::read_text;
 
-// The oracle's directory: "" when transformers is unavailable. Made once and cached in the build
-// tree under a name keyed by the script's text (ctest runs each case in its own process), written
-// to a temporary directory and renamed into place.
 const std::string& oracle_dir() {
-  static const std::string dir = []() -> std::string {
-    if (!fs::exists(python())) return "";
-    const std::string key = std::to_string(std::hash<std::string>{}(read_text(oracle_script())));
-    const std::string cache = lf::testing::binary_dir() + "/test-cache/vision_oracle-" + key;
-    if (fs::exists(cache + "/io.safetensors")) return cache;
-    const std::string tmp = cache + ".tmp-" + std::to_string(::getpid());
-    std::error_code ec;
-    fs::remove_all(tmp, ec);
-    fs::create_directories(tmp);
-    auto r = lf::testing::run_command({python(), oracle_script(), "make", tmp}, {}, std::chrono::seconds(240));
-    if (!r.ok() && (r.output.find("No module named 'transformers'") != std::string::npos ||
-                    r.output.find("No module named 'torch'") != std::string::npos))
-      return "";
-    EXPECT_TRUE(r.ok()) << r.output;
-    if (!r.ok()) return tmp;
-    fs::rename(tmp, cache, ec);
-    if (ec) fs::remove_all(tmp, ec);
-    return cache;
-  }();
+  static const std::string dir = lf::testing::cached_oracle(oracle_script(), "vision_oracle", "io.safetensors");
   return dir;
 }
 
@@ -72,17 +49,7 @@ const std::string& oracle_dir() {
   if (oracle_dir().empty()) GTEST_SKIP() << "transformers is not installed in " << python(); \
   ASSERT_TRUE(fs::exists(oracle_dir() + "/io.safetensors"))
 
-std::map<std::string, at::Tensor> read_all(const std::string& file) {
-  auto r = lf::safetensors::Reader::open(file);
-  std::map<std::string, at::Tensor> out;
-  for (const auto& info : r.tensors()) {
-    auto dtype = info.dtype == lf::safetensors::DType::I64 ? at::kLong : at::kFloat;
-    auto t = at::empty(info.shape, at::TensorOptions().dtype(dtype));
-    std::memcpy(t.data_ptr(), r.data(info), info.end - info.begin);
-    out[info.name] = t;
-  }
-  return out;
-}
+std::map<std::string, at::Tensor> read_all(const std::string& file) { return lf::testing::read_safetensors(file); }
 
 // transformers' config.json fields -> ours (the same names).
 Qwen25VisionConfig read_config(const std::string& file) {

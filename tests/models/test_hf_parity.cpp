@@ -178,7 +178,9 @@ LF_WORKER_CASE(hf_parity_ep2) {
       decoder.load_full_parameters({m.tensors.begin(), m.tensors.end()});
       // This rank holds half the experts.
       for (const auto& p : decoder.parameters()) {
-        if (p.expert) ASSERT_EQ(p.tensor.size(0) * 2, p.full_shape()[0]) << p.name;
+        if (p.expert) {
+          ASSERT_EQ(p.tensor.size(0) * 2, p.full_shape()[0]) << p.name;
+        }
       }
       const double diff = oracle_difference(decoder, d);
       std::printf("[hf parity] %s EP=2 (%s) rank %d: max |logits - transformers| = %.3g\n", family,

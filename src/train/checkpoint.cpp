@@ -384,6 +384,23 @@ std::optional<BaseCheckpoint> checkpoint_base(const std::string& checkpoint_dir)
   return BaseCheckpoint{b.value("dir", std::string()), b.value("manifest_crc32", uint32_t{0})};
 }
 
+std::optional<BaseCheckpoint> verified_checkpoint_base(const std::string& checkpoint_dir) {
+  auto base = checkpoint_base(checkpoint_dir);
+  if (!base) return base;
+  std::optional<BaseCheckpoint> now;
+  try {
+    now = base_checkpoint_of(base->dir);
+  } catch (const lf::Error& e) {
+    LF_FAIL("the LoRA checkpoint ", checkpoint_dir, " names the base ", base->dir, ", which cannot be read: ",
+            e.message(), lf::hint("restore the base checkpoint at that path (the adapters are only meaningful on it)"));
+  }
+  LF_CHECK(now->manifest_crc32 == base->manifest_crc32, "the LoRA checkpoint ", checkpoint_dir,
+           " was trained on the base ", base->dir, " (manifest CRC-32 ", base->manifest_crc32,
+           "), which now holds different weights (CRC-32 ", now->manifest_crc32, ")",
+           lf::hint("restore the original base checkpoint; adapters trained on other weights do not transfer"));
+  return base;
+}
+
 std::optional<LoadResult> load_checkpoint(const std::string& load_dir, const LoadOptions& options,
                                           const std::vector<CheckpointGroup>& groups, Optimizer& optimizer,
                                           const lf::dist::ParallelContext& ctx,

@@ -79,7 +79,7 @@ int64_t TrainerCheckpointing::load(BatchSource& train_data) {
     if (rank0) LF_WARN("--load ", *c.load, " holds no checkpoint; training starts from scratch");
     return 0;
   }
-  const auto base = checkpoint_base(*dir);
+  const auto base = adapters ? verified_checkpoint_base(*dir) : checkpoint_base(*dir);
   LF_CHECK(adapters || !base, "--load ", *dir, " holds LoRA adapters (trained on the base ", base ? base->dir : "",
            "), and this run has none",
            lf::hint("resume it with the LoRA settings it was trained with (--lora-rank, --lora-target-modules ...: see its "
@@ -101,17 +101,6 @@ int64_t TrainerCheckpointing::load(BatchSource& train_data) {
                ", and --pretrained-checkpoint names ", named.dir,
                lf::hint("resume on the base it was trained on, or start a new run in another --save directory"));
     }
-    std::optional<BaseCheckpoint> now;
-    try {
-      now = base_checkpoint_of(base->dir);
-    } catch (const lf::Error& e) {
-      LF_FAIL("the LoRA checkpoint ", *dir, " names the base ", base->dir, ", which cannot be read: ", e.message(),
-              lf::hint("restore the base checkpoint at that path (the adapters are only meaningful on it)"));
-    }
-    LF_CHECK(now->manifest_crc32 == base->manifest_crc32, "the LoRA checkpoint ", *dir, " was trained on the base ",
-             base->dir, " (manifest CRC-32 ", base->manifest_crc32, "), which now holds different weights (CRC-32 ",
-             now->manifest_crc32, ")",
-             lf::hint("restore the original base checkpoint; adapters trained on other weights do not transfer"));
     load_base(base->dir);
     groups = select_groups(groups_, false);
   }

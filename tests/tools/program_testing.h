@@ -6,8 +6,10 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <regex>
@@ -62,6 +64,58 @@ inline double max_abs_diff(const std::map<std::string, std::vector<float>>& a,
       worst = std::max(worst, std::abs(static_cast<double>(va[i]) - it->second[i]));
   }
   return worst;
+}
+
+// The parameter dump of a run; under pipeline parallelism one file per stage (path.pp<k>), merged.
+inline std::map<std::string, std::vector<float>> read_dumped_params(const std::string& path) {
+  namespace fs = std::filesystem;
+  if (fs::exists(path)) return read_params(path);
+  std::map<std::string, std::vector<float>> out;
+  for (int k = 0; fs::exists(path + ".pp" + std::to_string(k)); ++k)
+    for (auto& [name, v] : read_params(path + ".pp" + std::to_string(k))) out[name] = std::move(v);
+  return out;
+}
+
+// One training run of a program test: its exit code and output, the metrics fields per logged
+// iteration (values, and as text for bit comparisons) and where its parameters were dumped.
+struct MetricsRun {
+  int exit_code = -1;
+  std::string output;
+  std::vector<std::map<std::string, double>> steps;
+  std::vector<std::string> lines;
+  std::string params_path;
+};
+
+// loongforge-train with `args` (under loongforge-run --standalone when procs > 1), OMP 1 thread,
+// metrics in dir/m.jsonl and the final parameters in dir/p.safetensors; `fields`: the metrics keys
+// read, a regex alternation ("loss|grad_norm|iteration").
+inline MetricsRun run_training(int procs, const std::string& dir, const std::vector<std::string>& args,
+                             const std::string& fields) {
+  std::filesystem::create_directories(dir);
+  std::vector<std::string> argv;
+  if (procs > 1) argv = {bin("loongforge-run"), "--standalone", "--nproc-per-node", std::to_string(procs)};
+  argv.push_back(bin("loongforge-train"));
+  argv.insert(argv.end(), args.begin(), args.end());
+  argv.insert(argv.end(), {"--metrics-file", dir + "/m.jsonl"});
+  auto r = run_command(argv, {{"OMP_NUM_THREADS", "1"}, {"LOONGFORGE_DUMP_PARAMS", dir + "/p.safetensors"}},
+                       std::chrono::seconds(300));
+  MetricsRun out;
+  out.exit_code = r.exit_code;
+  out.output = r.output;
+  std::ifstream in(dir + "/m.jsonl");
+  const std::regex field("\"(" + fields + ")\": ([-0-9.eE+]+)");
+  for (std::string line; std::getline(in, line);) {
+    std::map<std::string, double> step;
+    std::string canon;
+    for (std::sregex_iterator it(line.begin(), line.end(), field), end; it != end; ++it) {
+      step[(*it)[1]] = std::stod((*it)[2]);
+      canon += (*it)[1].str() + "=" + (*it)[2].str() + " ";
+    }
+    out.steps.push_back(step);
+    out.lines.push_back(canon);
+  }
+  out.params_path = dir + "/p.safetensors";
+  return out;
 }
 
 }  // namespace lf::testing

@@ -21,54 +21,19 @@ namespace fs = std::filesystem;
 using lf::testing::bin;
 using lf::testing::read_params;
 
-struct TrainRun {
-  int exit_code = -1;
-  std::string output;
-  std::vector<std::map<std::string, double>> steps;
-  std::vector<std::string> lines;  // the numeric fields as text (bit comparisons)
-  std::string params_path;
-};
+using TrainRun = lf::testing::MetricsRun;
 
 TrainRun train(int procs, const std::string& dir, std::vector<std::string> extra, int iters) {
-  fs::create_directories(dir);
-  std::vector<std::string> argv;
-  if (procs > 1) argv = {bin("loongforge-run"), "--standalone", "--nproc-per-node", std::to_string(procs)};
-  std::vector<std::string> t = {bin("loongforge-train"), "--config-file", lf::testing::source_dir() + "/configs/demo.yaml",
-                                "--train-iters", std::to_string(iters), "--micro-batch-size", "2",
-                                "--global-batch-size", "8", "--seq-length", "32", "--metrics-file", dir + "/m.jsonl",
-                                "--eval-iters", "0", "--lr", "1e-2", "--lr-warmup-iters", "1",
+  std::vector<std::string> t = {"--config-file", lf::testing::source_dir() + "/configs/demo.yaml", "--train-iters",
+                                std::to_string(iters), "--micro-batch-size", "2", "--global-batch-size", "8",
+                                "--seq-length", "32", "--eval-iters", "0", "--lr", "1e-2", "--lr-warmup-iters", "1",
                                 "--data-cache-path", fs::path(dir).parent_path().string() + "/cache",
                                 "--deterministic-mode"};
-  argv.insert(argv.end(), t.begin(), t.end());
-  argv.insert(argv.end(), extra.begin(), extra.end());
-  auto r = lf::testing::run_command(argv, {{"OMP_NUM_THREADS", "1"}, {"LOONGFORGE_DUMP_PARAMS", dir + "/p.safetensors"}},
-                                    std::chrono::seconds(300));
-  TrainRun out;
-  out.exit_code = r.exit_code;
-  out.output = r.output;
-  std::ifstream in(dir + "/m.jsonl");
-  std::regex field("\"(loss|grad_norm|iteration)\": ([-0-9.eE+]+)");
-  for (std::string line; std::getline(in, line);) {
-    std::map<std::string, double> step;
-    std::string canon;
-    for (std::sregex_iterator it(line.begin(), line.end(), field), end; it != end; ++it) {
-      step[(*it)[1]] = std::stod((*it)[2]);
-      canon += (*it)[1].str() + "=" + (*it)[2].str() + " ";
-    }
-    out.steps.push_back(step);
-    out.lines.push_back(canon);
-  }
-  out.params_path = dir + "/p.safetensors";
-  return out;
+  t.insert(t.end(), extra.begin(), extra.end());
+  return lf::testing::run_training(procs, dir, t, "loss|grad_norm|iteration");
 }
 
-std::map<std::string, std::vector<float>> dumped(const std::string& path) {
-  if (fs::exists(path)) return read_params(path);
-  std::map<std::string, std::vector<float>> out;
-  for (int k = 0; fs::exists(path + ".pp" + std::to_string(k)); ++k)
-    for (auto& [name, v] : read_params(path + ".pp" + std::to_string(k))) out[name] = std::move(v);
-  return out;
-}
+const auto& dumped = lf::testing::read_dumped_params;
 
 bool is_adapter(const std::string& name) { return name.find(".lora_") != std::string::npos; }
 

@@ -25,56 +25,20 @@ using lf::testing::bin;
 using lf::testing::read_file;
 using lf::testing::read_params;
 
-struct MoeRun {
-  int exit_code = -1;
-  std::string output;
-  std::vector<std::map<std::string, double>> steps;  // per iteration: loss, lm loss, ..., expert load
-  std::vector<std::string> lines;                     // the numeric fields as text (bit comparisons)
-  std::string params_path;
-};
+using MoeRun = lf::testing::MetricsRun;
 
 MoeRun train(int procs, const std::string& dir, std::vector<std::string> extra, int iters = 10) {
-  fs::create_directories(dir);
-  std::vector<std::string> argv;
-  if (procs > 1) argv = {bin("loongforge-run"), "--standalone", "--nproc-per-node", std::to_string(procs)};
-  std::vector<std::string> t = {bin("loongforge-train"), "--config-file",
-                                lf::testing::source_dir() + "/configs/demo_moe.yaml", "--train-iters",
+  std::vector<std::string> t = {"--config-file", lf::testing::source_dir() + "/configs/demo_moe.yaml", "--train-iters",
                                 std::to_string(iters), "--global-batch-size", "8", "--seq-length", "32",
-                                "--metrics-file", dir + "/m.jsonl", "--eval-iters", "0", "--lr", "3e-3",
-                                "--lr-warmup-iters", "2", "--moe-z-loss-coeff", "1e-3",
-                                "--data-cache-path", fs::path(dir).parent_path().string() + "/cache",
+                                "--eval-iters", "0", "--lr", "3e-3", "--lr-warmup-iters", "2", "--moe-z-loss-coeff",
+                                "1e-3", "--data-cache-path", fs::path(dir).parent_path().string() + "/cache",
                                 "--deterministic-mode"};
-  argv.insert(argv.end(), t.begin(), t.end());
-  argv.insert(argv.end(), extra.begin(), extra.end());
-  auto r = lf::testing::run_command(argv, {{"OMP_NUM_THREADS", "1"}, {"LOONGFORGE_DUMP_PARAMS", dir + "/p.safetensors"}},
-                                    std::chrono::seconds(300));
-  MoeRun out;
-  out.exit_code = r.exit_code;
-  out.output = r.output;
-  std::ifstream in(dir + "/m.jsonl");
-  std::regex field("\"(loss|lm loss|load balancing loss|z loss|mtp loss|expert_load_max_over_mean|grad_norm|iteration)\": ([-0-9.eE+]+)");
-  for (std::string line; std::getline(in, line);) {
-    std::map<std::string, double> step;
-    std::string canon;
-    for (std::sregex_iterator it(line.begin(), line.end(), field), end; it != end; ++it) {
-      step[(*it)[1]] = std::stod((*it)[2]);
-      canon += (*it)[1].str() + "=" + (*it)[2].str() + " ";
-    }
-    out.steps.push_back(step);
-    out.lines.push_back(canon);
-  }
-  out.params_path = dir + "/p.safetensors";
-  return out;
+  t.insert(t.end(), extra.begin(), extra.end());
+  return lf::testing::run_training(
+      procs, dir, t, "loss|lm loss|load balancing loss|z loss|mtp loss|expert_load_max_over_mean|grad_norm|iteration");
 }
 
-// The parameter dump; under pipeline parallelism one file per stage (path.pp<k>), merged.
-std::map<std::string, std::vector<float>> dumped(const std::string& path) {
-  if (fs::exists(path)) return read_params(path);
-  std::map<std::string, std::vector<float>> out;
-  for (int k = 0; fs::exists(path + ".pp" + std::to_string(k)); ++k)
-    for (auto& [name, v] : read_params(path + ".pp" + std::to_string(k))) out[name] = std::move(v);
-  return out;
-}
+const auto& dumped = lf::testing::read_dumped_params;
 
 // fp32 sums of the same numbers in another order (DP all-reduce, accumulation, pipeline
 // stages) differ by ~1e-7 relative per step; 1e-5 relative over 10 Adam steps catches a lost

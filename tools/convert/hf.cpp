@@ -90,15 +90,11 @@ void run_lf2hf(const Lf2HfArgs& a) {
   const auto config = hf::config_from_model_section(
       m.config_yaml, a.load + " (iteration " + std::to_string(m.iteration) + ", config.yaml)");
   const auto resolved = lf::train::ckpt::resolve_checkpoint_dir(a.load, a.iteration);
-  const auto base = resolved ? lf::train::checkpoint_base(*resolved) : std::nullopt;
+  const auto base = resolved ? lf::train::verified_checkpoint_base(*resolved) : std::nullopt;
   LF_CHECK(base || !a.merge_lora, "--merge-lora: ", a.load, " holds no LoRA adapters (a full checkpoint)",
            lf::hint("drop --merge-lora"));
   if (base) {
     // A LoRA run: its adapters here, the frozen base where the checkpoint says.
-    const auto now = lf::train::base_checkpoint_of(base->dir);
-    LF_CHECK(now.manifest_crc32 == base->manifest_crc32, "the LoRA checkpoint ", *resolved, " was trained on the base ",
-             base->dir, ", which now holds different weights",
-             lf::hint("restore the original base checkpoint; adapters trained on other weights do not transfer"));
     const auto spec = lf::models::lora_spec_from_job_yaml(m.config_yaml, *resolved + "/config.yaml");
     LF_CHECK(spec.enabled(), *resolved, " names a base but its config.yaml has no lora section");
     lf::train::FullModel b = lf::train::read_model_checkpoint(base->dir);

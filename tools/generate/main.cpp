@@ -61,12 +61,8 @@ Loaded load_model(const std::string& dir, int64_t iteration) {
     out.config = lf::models::hf::config_from_model_section(m.config_yaml, dir + " (checkpoint config)");
     out.what = "LoongForge checkpoint " + dir + " iteration " + std::to_string(m.iteration);
     const auto resolved = lf::train::ckpt::resolve_checkpoint_dir(dir, iteration);
-    if (const auto base = resolved ? lf::train::checkpoint_base(*resolved) : std::nullopt) {
+    if (const auto base = resolved ? lf::train::verified_checkpoint_base(*resolved) : std::nullopt) {
       // A LoRA checkpoint: the adapters here, the base weights where it says.
-      const auto now = lf::train::base_checkpoint_of(base->dir);
-      LF_CHECK(now.manifest_crc32 == base->manifest_crc32, "the LoRA checkpoint ", *resolved, " was trained on the base ",
-               base->dir, ", which now holds different weights",
-               lf::hint("restore the original base checkpoint; adapters trained on other weights do not transfer"));
       out.lora = lf::models::lora_spec_from_job_yaml(m.config_yaml, *resolved + "/config.yaml");
       LF_CHECK(out.lora.enabled(), *resolved, " names a base but its config.yaml has no lora section");
       for (auto& [name, t] : m.tensors) out.adapters[name] = t;

@@ -48,6 +48,9 @@ struct BaseCheckpoint {
 BaseCheckpoint base_checkpoint_of(const std::string& load_dir);
 // The base an adapter checkpoint names (nullopt: a full checkpoint).
 std::optional<BaseCheckpoint> checkpoint_base(const std::string& checkpoint_dir);
+// checkpoint_base, checked: the named base must still be readable and hold the weights it held
+// (its manifest's CRC-32); otherwise an lf::Error naming both directories and what to do.
+std::optional<BaseCheckpoint> verified_checkpoint_base(const std::string& checkpoint_dir);
 
 // The scalar progress of a run that a checkpoint stores besides tensors.
 struct TrainingProgress {

@@ -88,7 +88,6 @@ Configs read_configs(const std::string& file) {
   c.vision.out_hidden_size = v.at("out_hidden_size");
   c.own.image_token_id = j.at("image_token_id");
   c.own.video_token_id = j.at("video_token_id");
-  c.own.vision_start_token_id = j.at("vision_start_token_id");
   c.own.tokens_per_second = v.at("tokens_per_second");
   return c;
 }
@@ -239,7 +238,7 @@ TEST(Qwen25Vl, StageForwardOnABatchOfImages) {
 // The composite and its own fields load from a `model:` section.
 TEST(Qwen25Vl, LoadsFromYaml) {
   auto cfg = lf::models::load_model_config(lf::config::parse_yaml_string(
-      "type: qwen2_5_vl\nimage_token_id: 192\nvideo_token_id: 193\nvision_start_token_id: 190\n"
+      "type: qwen2_5_vl\nimage_token_id: 192\nvideo_token_id: 193\n"
       "vision_encoder:\n  type: qwen2_5_vl_vision\n  depth: 2\n  hidden_size: 32\n  intermediate_size: 40\n"
       "  num_heads: 2\n  fullatt_block_indexes: [1]\n"
       "foundation:\n  type: decoder\n  num_layers: 2\n  hidden_size: 64\n  ffn_hidden_size: 96\n"
@@ -341,9 +340,10 @@ TEST(Qwen25Vl, PlaceholderAndGridMismatchesAreErrors) {
   v.num_heads = 2;
   v.window_size = 56;
   v.fullatt_block_indexes = {0};
+  ids.image_token_id = 151655;
   m = error_of([&] { Qwen25Vl(text, v, ids, lf::backend::cpu_backend(), 1, at::kFloat, nullptr, false, {}); });
-  EXPECT_NE(m.find("model.vision_start_token_id 151652 is outside the vocabulary of 20 tokens"), std::string::npos) << m;
-  ids.vision_start_token_id = 6;
+  EXPECT_NE(m.find("model.image_token_id 151655 is outside the vocabulary of 20 tokens"), std::string::npos) << m;
+  ids.image_token_id = 7;
   m = error_of([&] { Qwen25Vl(text, v, ids, lf::backend::cpu_backend(), 1, at::kFloat, nullptr, false, {}); });
   EXPECT_NE(m.find("set model.foundation.mrope_section"), std::string::npos) << m;
   text.mrope_section = {2, 2, 2};

@@ -98,8 +98,7 @@ Qwen25Vl::Qwen25Vl(const DecoderConfig& foundation, const Qwen25VisionConfig& vi
     : CausalLm(foundation, backend, seed, dtype, parallel, sequence_parallel, stage, foundation_trainable),
       config_(config), vision_context_(std::move(vision_context)), vision_trainable_(vision_trainable) {
   for (const auto& [field, id] : {std::pair<const char*, int64_t>{"image_token_id", config.image_token_id},
-                                  {"video_token_id", config.video_token_id},
-                                  {"vision_start_token_id", config.vision_start_token_id}})
+                                  {"video_token_id", config.video_token_id}})
     LF_CHECK(id < foundation.vocab_size, "model.", field, " ", id, " is outside the vocabulary of ",
              foundation.vocab_size, " tokens");
   LF_CHECK(foundation.mrope_section.size() == 3, "qwen2_5_vl: the foundation needs M-RoPE: set model.foundation."
@@ -255,8 +254,7 @@ class Qwen25VlPlan : public CausalLmPlan {
                      " differs from the foundation's hidden_size " + std::to_string(foundation_.hidden_size),
                  "leave out_hidden_size at 0 (the foundation's width)");
     for (const auto& [field, id] : {std::pair<std::string, int64_t>{"image_token_id", own_.image_token_id},
-                                    {"video_token_id", own_.video_token_id},
-                                    {"vision_start_token_id", own_.vision_start_token_id}})
+                                    {"video_token_id", own_.video_token_id}})
       if (id >= foundation_.vocab_size)
         errors.add("model." + field, origin("model." + field),
                    "model." + field + " " + std::to_string(id) + " is outside the vocabulary of " +

@@ -29,7 +29,6 @@ namespace lf::models {
 struct Qwen25VlConfig {
   int64_t image_token_id = 151655;
   int64_t video_token_id = 151656;
-  int64_t vision_start_token_id = 151652;
   int64_t tokens_per_second = 2;  // video: temporal positions per second of frames
 
   template <class V>
@@ -37,7 +36,6 @@ struct Qwen25VlConfig {
     using namespace lf::config;
     v("image_token_id", image_token_id, "The image placeholder token (one per merged vision patch)", Min{0});
     v("video_token_id", video_token_id, "The video placeholder token", Min{0});
-    v("vision_start_token_id", vision_start_token_id, "The token opening a vision segment", Min{0});
     v("tokens_per_second", tokens_per_second, "Video: temporal position steps per second", Min{1});
   }
 };

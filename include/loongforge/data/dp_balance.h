@@ -51,8 +51,9 @@ struct CostObservation {
 // unconstrained problem on every subset of {a, b, c} (columns scaled to unit norm) and keeping
 // the feasible one of least residual. Throws lf::Error when the problem is under-determined or
 // degenerate: fewer than 3 observations, a non-finite or negative value, the three feature
-// columns not linearly independent (e.g. every observation with the same sample count and
-// lengths in a fixed ratio, so a, b and c cannot be told apart), or a fit that is all zero.
+// columns not linearly independent (e.g. every observation with the same sample count and the
+// same total length, so b and c cannot be told apart), an all-zero column, or times that no
+// non-negative a, b, c fit (all zero).
 CostModel fit_cost_model(const std::vector<CostObservation>& observations);
 
 struct BalanceOptions {
@@ -111,7 +112,8 @@ struct BalanceStats {
 struct BalanceResult {
   std::vector<RankPlan> ranks;  // dp_size entries
   BalanceStats stats;
-  bool skipped = false;       // the naive placement was returned (below the trigger threshold)
+  // The naive placement was returned: below the trigger threshold, or no better plan found.
+  bool skipped = false;
   bool cap_exceeded = false;  // some rank's packed length is above the cap (see max_length_ratio)
   int64_t length_cap = 0;     // the cap in tokens (0: none)
 };
@@ -122,11 +124,13 @@ std::vector<std::vector<int64_t>> naive_placement(int64_t n_samples, int dp_size
 // Plans the global batch: sample_lengths[i] is global sample i's length in tokens. Deterministic:
 // samples sorted by cost descending with ties broken by index, ranks chosen with ties broken by
 // rank, so every rank computes the same plan. The algorithm: LPT (costliest sample first to the
-// least loaded rank with room under the count and length caps), then refinement between the most
+// least loaded rank with room under the count and length caps; a repair pass if it had to
+// overfill a rank), then refinement between the most
 // loaded rank and each other rank: the swap (or, without equal_counts, the move) that minimises
 // the pair's new maximum while lowering it, falling back to exchanges of up to two samples a side
 // when no single one helps, until max/mean <= 1 + tolerance, no step helps, or
-// max_refinement_steps. The plan is returned only when better than the naive one.
+// max_refinement_steps. The plan is returned only when better than the naive one. The same
+// inputs give the same plan on every rank (same binary: the costs are the same doubles).
 BalanceResult plan_balance(const std::vector<int64_t>& sample_lengths, int dp_size,
                            const CostModel& model, const BalanceOptions& options = {});
 

@@ -122,6 +122,18 @@ std::string error_of(const std::function<void()>& f) {
 // section or position would be O(0.1).
 constexpr double kTolerance = 1e-4;
 
+// The oracle's batch of images and videos (mv_*).
+lf::models::Qwen25VlMedia media_batch(const std::map<std::string, at::Tensor>& io) {
+  lf::models::Qwen25VlMedia m;
+  m.pixel_values = io.at("mv_pixel_values");
+  m.image_grid_thw = io.at("mv_image_grid");
+  m.pixel_values_videos = io.at("mv_pixel_values_videos");
+  m.video_grid_thw = io.at("mv_video_grid");
+  const at::Tensor s = io.at("mv_seconds").to(at::kDouble).contiguous();
+  m.second_per_grid_ts.assign(s.data_ptr<double>(), s.data_ptr<double>() + s.numel());
+  return m;
+}
+
 TEST(Qwen25Vl, PositionIdsMatchTransformers) {
   REQUIRE_ORACLE();
   const auto c = read_configs(oracle_dir() + "/config.json");
@@ -142,6 +154,29 @@ TEST(Qwen25Vl, LogitsMatchTransformers) {
   std::printf("[vlm parity] qwen2_5_vl TP=1: max |logits - transformers| = %.3g\n", diff);
   RecordProperty("tp1_max_abs_diff", std::to_string(diff));
   EXPECT_LE(diff, kTolerance);
+}
+
+// Images and videos in one batch (an image and a 2-step video at 0.5 s per step in sample 0, a
+// video in sample 1): the splice of each kind at its own placeholders and the videos' temporal
+// positions.
+TEST(Qwen25Vl, LogitsOfImagesAndVideosMatchTransformers) {
+  REQUIRE_ORACLE();
+  auto m = oracle_model(oracle_dir());
+  auto io = read_all(oracle_dir() + "/io.safetensors");
+  at::NoGradGuard no_grad;
+  const auto media = media_batch(io);
+  EXPECT_TRUE(at::equal(m->position_ids(io.at("mv_ids"), media), io.at("mv_position_ids")));
+  const double diff = logits_difference(m->logits(io.at("mv_ids"), media), io.at("mv_logits"));
+  std::printf("[vlm parity] qwen2_5_vl images + videos TP=1: max |logits - transformers| = %.3g\n", diff);
+  EXPECT_LE(diff, kTolerance);
+  // Videos without their pixels, or with the grids swapped between kinds, are errors.
+  auto no_video = media;
+  no_video.pixel_values_videos = at::Tensor();
+  EXPECT_NE(error_of([&] { m->logits(io.at("mv_ids"), no_video); }).find("video placeholders"), std::string::npos);
+  auto swapped = media;
+  std::swap(swapped.image_grid_thw, swapped.video_grid_thw);
+  std::swap(swapped.pixel_values, swapped.pixel_values_videos);
+  EXPECT_NE(error_of([&] { m->logits(io.at("mv_ids"), swapped); }), "");
 }
 
 // A state dict that is not this model's: a missing, a stray and a misshapen tensor are errors
@@ -272,6 +307,10 @@ LF_WORKER_CASE(vlm_parity_tp2) {
   std::printf("[vlm parity] qwen2_5_vl foundation TP=2 rank %d: max |logits - transformers| = %.3g\n",
               lf::testing::worker_rank(), diff);
   EXPECT_LE(diff, kTolerance);
+  const double mv = logits_difference(m->logits(io.at("mv_ids"), media_batch(io)), io.at("mv_logits"));
+  std::printf("[vlm parity] qwen2_5_vl images + videos foundation TP=2 rank %d: max |logits - transformers| = %.3g\n",
+              lf::testing::worker_rank(), mv);
+  EXPECT_LE(mv, kTolerance);
 }
 
 TEST(Qwen25Vl, LogitsMatchTransformersAtTp2) {
@@ -354,7 +393,7 @@ TEST(Qwen25Vl, PlaceholderAndGridMismatchesAreErrors) {
   const auto pixels = at::randn({16, v.patch_dim()});
   const auto five = at::tensor({1, 7, 7, 7, 7, 7, 2}, at::kLong).view({1, 7});
   m = error_of([&] { model.logits(five, pixels, grid); });
-  EXPECT_NE(m.find("the tokens hold 5 image placeholders (model.image_token_id 7) but the vision tower made 4"),
+  EXPECT_NE(m.find("the tokens hold 5 image placeholders (model.image_token_id 7) but the image grids (1, 4, 4) make 4"),
             std::string::npos) << m;
   const auto four = at::tensor({1, 7, 7, 7, 7, 2}, at::kLong).view({1, 6});
   EXPECT_EQ(model.logits(four, pixels, grid).sizes(), (std::vector<int64_t>{6, 1, 20}));

@@ -13,7 +13,11 @@ Python is a test oracle only; LoongForge never runs it.
                                  each between vision_start and vision_end amid text), pixel_values [88, 1176]
                                  random, image_grid_thw [2, 3]; position_ids [3, 2, 25] from
                                  get_rope_index; logits [2, 25, 200]; text_ids [2, 12] and text_logits
-                                 [2, 12, 200] (a text-only batch, 1D positions).
+                                 [2, 12, 200] (a text-only batch, 1D positions); the media batch mv_*:
+                                 mv_ids [2, 30] (sample 0 a 4x4-patch image then a 2-step 4x4 video at 0.5 s
+                                 per grid step, sample 1 a 1x4x8 video), mv_pixel_values [16, 1176],
+                                 mv_image_grid [1, 3], mv_pixel_values_videos [64, 1176], mv_video_grid
+                                 [2, 3], mv_seconds [2], mv_position_ids [3, 2, 30], mv_logits [2, 30, 200].
 """
 import json
 import os
@@ -66,11 +70,31 @@ def make(out):
                        mm_token_type_ids=mm).logits
         text_ids = torch.randint(0, 180, (2, 12), generator=g)
         text_logits = model(input_ids=text_ids).logits
+        # Images and videos together: sample 0 an image then a video, sample 1 a video.
+        V = IDS["video_token_id"]
+        mv_image_grid = torch.tensor([[1, 4, 4]])
+        mv_video_grid = torch.tensor([[2, 4, 4], [1, 4, 8]])
+        mv_seconds = torch.tensor([0.5, 1.0])
+        mv_pixel_values = torch.randn(16, 3 * 2 * 14 * 14, generator=g)
+        mv_pixel_values_videos = torch.randn(32 + 32, 3 * 2 * 14 * 14, generator=g)
+        mrow0 = text(2) + [S] + [I] * 4 + [E] + text(3) + [S] + [V] * 8 + [E] + text(9)
+        mrow1 = text(4) + [S] + [V] * 8 + [E] + text(30 - 14)
+        mv_ids = torch.tensor([mrow0, mrow1])
+        mv_mm = (mv_ids == I).int() + 2 * (mv_ids == V).int()
+        mv_position_ids, _ = model.model.get_rope_index(mv_ids, mm_token_type_ids=mv_mm, image_grid_thw=mv_image_grid,
+                                                        video_grid_thw=mv_video_grid, second_per_grid_ts=mv_seconds)
+        mv_logits = model(input_ids=mv_ids, pixel_values=mv_pixel_values, image_grid_thw=mv_image_grid,
+                          pixel_values_videos=mv_pixel_values_videos, video_grid_thw=mv_video_grid,
+                          second_per_grid_ts=mv_seconds, mm_token_type_ids=mv_mm).logits
 
     save_file({k: v.contiguous() for k, v in model.state_dict().items()}, os.path.join(out, "weights.safetensors"))
     save_file({"input_ids": input_ids, "pixel_values": pixel_values, "image_grid_thw": grid,
                "position_ids": position_ids.contiguous(), "logits": logits.contiguous(),
-               "text_ids": text_ids, "text_logits": text_logits.contiguous()},
+               "text_ids": text_ids, "text_logits": text_logits.contiguous(),
+               "mv_ids": mv_ids, "mv_pixel_values": mv_pixel_values, "mv_image_grid": mv_image_grid,
+               "mv_pixel_values_videos": mv_pixel_values_videos, "mv_video_grid": mv_video_grid,
+               "mv_seconds": mv_seconds, "mv_position_ids": mv_position_ids.contiguous(),
+               "mv_logits": mv_logits.contiguous()},
               os.path.join(out, "io.safetensors"))
     with open(os.path.join(out, "config.json"), "w") as f:
         json.dump({"text": TEXT, "vision": VISION, **IDS}, f, indent=1)

@@ -128,70 +128,136 @@ std::vector<ParameterGroup> Qwen25Vl::parameter_groups() const {
 
 std::vector<std::string> Qwen25Vl::batch_fields() const {
   auto f = CausalLm::batch_fields();
-  f.push_back("pixel_values");
-  f.push_back("image_grid_thw");
+  for (const char* name : {"pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw", "second_per_grid_ts"})
+    f.push_back(name);
   return f;
 }
 
-at::Tensor Qwen25Vl::position_ids(const at::Tensor& tokens, const at::Tensor& image_grid_thw) const {
-  const int64_t merge = encoder_ ? encoder_->config().spatial_merge_size : 2;
-  return qwen2_5_vl_position_ids(tokens, image_grid_thw, {}, {}, config_, merge);
+Qwen25VlMedia Qwen25Vl::media_of(const Batch& batch) {
+  Qwen25VlMedia m;
+  const auto take = [&](const char* name) {
+    const at::Tensor* t = batch.find(name);
+    return t ? *t : at::Tensor();
+  };
+  m.pixel_values = take("pixel_values");
+  m.image_grid_thw = take("image_grid_thw");
+  m.pixel_values_videos = take("pixel_values_videos");
+  m.video_grid_thw = take("video_grid_thw");
+  if (const at::Tensor* s = batch.find("second_per_grid_ts")) {
+    const at::Tensor c = s->to(at::kCPU, at::kDouble).contiguous().reshape({-1});
+    m.second_per_grid_ts.assign(c.data_ptr<double>(), c.data_ptr<double>() + c.numel());
+  }
+  return m;
 }
 
-at::Tensor Qwen25Vl::embed_with_images(const at::Tensor& tokens, const at::Tensor& pixel_values,
-                                       const at::Tensor& image_grid_thw) const {
+at::Tensor Qwen25Vl::position_ids(const at::Tensor& tokens, const at::Tensor& image_grid_thw) const {
+  Qwen25VlMedia m;
+  m.image_grid_thw = image_grid_thw;
+  return position_ids(tokens, m);
+}
+
+at::Tensor Qwen25Vl::position_ids(const at::Tensor& tokens, const Qwen25VlMedia& media) const {
+  const int64_t merge = encoder_ ? encoder_->config().spatial_merge_size : 2;
+  std::vector<double> seconds = media.second_per_grid_ts;
+  if (seconds.empty() && media.video_grid_thw.defined()) seconds.assign(size_t(media.video_grid_thw.size(0)), 1.0);
+  return qwen2_5_vl_position_ids(tokens, media.image_grid_thw, media.video_grid_thw, seconds, config_, merge);
+}
+
+at::Tensor Qwen25Vl::embed_with_media(const at::Tensor& tokens, const Qwen25VlMedia& media) const {
   LF_CHECK(encoder_ != nullptr, "qwen2_5_vl: images are encoded on the first pipeline stage; this one holds ",
            describe_stage());
   at::Tensor x = foundation().embed(tokens, 0, /*scatter=*/false);  // [s, b, h]
-  const at::Tensor placeholders = tokens.eq(config_.image_token_id);  // [b, s]
-  const int64_t count = placeholders.sum().item<int64_t>();
-  if (!pixel_values.defined()) {
-    LF_CHECK(count == 0, "the tokens hold ", count, " image placeholders (model.image_token_id ",
-             config_.image_token_id, ") but the batch has no pixel_values / image_grid_thw");
-    return x;
+  struct Kind {
+    const char* what;
+    int64_t token;
+    const at::Tensor& pixels;
+    const at::Tensor& grid;
+  };
+  const Kind kinds[2] = {{"image", config_.image_token_id, media.pixel_values, media.image_grid_thw},
+                         {"video", config_.video_token_id, media.pixel_values_videos, media.video_grid_thw}};
+  // One tower call over the images then the videos (rows and grids concatenated), then each
+  // kind's embeddings replace its placeholders in order.
+  std::vector<at::Tensor> pixels, grids;
+  std::vector<int64_t> counts;
+  std::vector<at::Tensor> masks;
+  const int64_t merge = encoder_->config().spatial_merge_size;
+  for (const Kind& k : kinds) {
+    const at::Tensor mask = tokens.eq(k.token);  // [b, s]
+    const int64_t count = mask.sum().item<int64_t>();
+    masks.push_back(mask);
+    if (!k.pixels.defined()) {
+      LF_CHECK(count == 0, "the tokens hold ", count, " ", k.what, " placeholders (model.", k.what, "_token_id ",
+               k.token, ") but the batch has no ", k.what == std::string("image") ? "pixel_values / image_grid_thw"
+                                                                                 : "pixel_values_videos / video_grid_thw");
+      counts.push_back(0);
+      continue;
+    }
+    LF_CHECK(k.grid.defined() && k.grid.dim() == 2 && k.grid.size(1) == 3, k.what,
+             " pixels come with a [num, 3] grid (", k.what == std::string("image") ? "image_grid_thw" : "video_grid_thw",
+             ")");
+    const at::Tensor g = k.grid.to(at::kCPU, at::kLong);
+    const int64_t tokens_made = (g.select(1, 0) * g.select(1, 1) * g.select(1, 2)).sum().item<int64_t>() / (merge * merge);
+    if (count != tokens_made) {
+      std::string grids;
+      for (int64_t i = 0; i < g.size(0); ++i)
+        grids += lf::str(i ? ", " : "", "(", g[i][0].item<int64_t>(), ", ", g[i][1].item<int64_t>(), ", ",
+                         g[i][2].item<int64_t>(), ")");
+      LF_FAIL("the tokens hold ", count, " ", k.what, " placeholders (model.", k.what, "_token_id ", k.token,
+              ") but the ", k.what, " grids ", grids, " make ", tokens_made, " embeddings",
+              lf::hint("each medium needs t h w / spatial_merge_size^2 placeholder tokens"));
+    }
+    pixels.push_back(k.pixels);
+    grids.push_back(g);
+    counts.push_back(count);
   }
-  LF_CHECK(image_grid_thw.defined(), "pixel_values come with image_grid_thw [num_images, 3]");
+  if (pixels.empty()) return x;
+  const at::Tensor all_pixels = pixels.size() == 1 ? pixels[0] : at::cat(pixels);
   at::Tensor encoded = encoder_->forward(
-      pixel_values.to(backend_.device(), encoder_params_.front().tensor.scalar_type()), image_grid_thw);
-  // Every rank of a foundation TP group encodes the same images and receives the whole gradient;
+      all_pixels.to(backend_.device(), encoder_params_.front().tensor.scalar_type()), at::cat(grids));
+  // Every rank of a foundation TP group encodes the same media and receives the whole gradient;
   // the trainer sums the tower's gradients over its share axis (those ranks) and DP, so each
   // replica contributes 1 / shares.
   const int64_t shares = vision_context_ ? vision_context_->cp_size() : 1;
   if (shares > 1 && encoded.requires_grad())
     encoded.register_hook([shares](const at::Tensor& g) { return g / static_cast<double>(shares); });
-  LF_CHECK(count == encoded.size(0), "the tokens hold ", count, " image placeholders (model.image_token_id ",
-           config_.image_token_id, ") but the vision tower made ", encoded.size(0), " embeddings from image_grid_thw ",
-           image_grid_thw.to(at::kCPU).reshape({-1}).sizes(), " grids",
-           lf::hint("each image needs t h w / spatial_merge_size^2 placeholder tokens"));
   at::Tensor xb = x.transpose(0, 1);  // [b, s, h]
-  xb = xb.masked_scatter(placeholders.to(x.device()).unsqueeze(-1), encoded.to(x.scalar_type()));
+  int64_t offset = 0;
+  for (size_t k = 0; k < 2; ++k) {
+    if (counts[k] == 0) continue;
+    xb = xb.masked_scatter(masks[k].to(x.device()).unsqueeze(-1),
+                           encoded.narrow(0, offset, counts[k]).to(x.scalar_type()));
+    offset += counts[k];
+  }
   return xb.transpose(0, 1).contiguous();
 }
 
 at::Tensor Qwen25Vl::embed_inputs(const Batch& batch) const {
-  const at::Tensor* pv = batch.find("pixel_values");
-  const at::Tensor* grid = batch.find("image_grid_thw");
-  return foundation().scatter_sequence(
-      embed_with_images(batch.at("tokens"), pv ? *pv : at::Tensor(), grid ? *grid : at::Tensor()));
+  return foundation().scatter_sequence(embed_with_media(batch.at("tokens"), media_of(batch)));
 }
 
 StageOutput Qwen25Vl::stage_forward(const Batch& batch, const TensorMap& input, int64_t chunk, Pass pass) {
   LF_CHECK(!batch.contains("position_ids"), "qwen2_5_vl computes its M-RoPE position ids from the tokens and "
-           "image_grid_thw; a batch with position_ids (--reset-position-ids) is not supported",
+           "the media grids; a batch with position_ids (--reset-position-ids) is not supported",
            lf::hint("drop --reset-position-ids"));
-  const at::Tensor* grid = batch.find("image_grid_thw");
   Batch with = batch;
-  with.set("position_ids", position_ids(batch.at("tokens"), grid ? *grid : at::Tensor()), 2);
+  with.set("position_ids", position_ids(batch.at("tokens"), media_of(batch)), 2);
   return CausalLm::stage_forward(with, input, chunk, pass);
 }
 
 at::Tensor Qwen25Vl::logits(const at::Tensor& tokens, const at::Tensor& pixel_values,
                             const at::Tensor& image_grid_thw) const {
+  Qwen25VlMedia m;
+  m.pixel_values = pixel_values;
+  m.image_grid_thw = image_grid_thw;
+  return logits(tokens, m);
+}
+
+at::Tensor Qwen25Vl::logits(const at::Tensor& tokens, const Qwen25VlMedia& media) const {
   check_whole_model("Qwen25Vl::logits");
-  at::Tensor x = foundation().scatter_sequence(embed_with_images(tokens, pixel_values, image_grid_thw));
+  at::Tensor x = foundation().scatter_sequence(embed_with_media(tokens, media));
   DecoderInputs in;
   in.seq = tokens.size(1);
-  in.position_ids = position_ids(tokens, image_grid_thw);
+  in.position_ids = position_ids(tokens, media);
   x = foundation().run_layers(x, in);
   return lm_head().full_logits(lm_head().local_logits(foundation().final_norm(x)));
 }

@@ -5,11 +5,12 @@
 // get_rope_index (qwen2_5_vl_position_ids below); then the LM head, the loss the causal LM's.
 // Batch fields: those of causal_lm plus `pixel_values` [num_patches, C T P P] (the rows of
 // transformers' Qwen2VLImageProcessor) and `image_grid_thw` [num_images, 3] (t, h, w in patches;
-// the micro-batch's images in sample order). The encoder runs at TP 1 on the first pipeline
+// the micro-batch's images in sample order); for videos `pixel_values_videos`, `video_grid_thw`
+// (the video processor's) and optionally `second_per_grid_ts` [num_videos] float (seconds per
+// temporal grid step, default 1). The encoder runs at TP 1 on the first pipeline
 // stage, every rank of a foundation TP group encoding all of the micro-batch's images (its context:
 // those ranks as the share axis cp, each contributing 1 / cp of the gradient; DP the foundation's);
-// the foundation has any TP and PP. Not built: video inputs in the composite (the position ids
-// handle them), media data pipelines.
+// the foundation has any TP and PP.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -51,6 +52,13 @@ at::Tensor qwen2_5_vl_position_ids(const at::Tensor& input_ids, const at::Tensor
                                    const at::Tensor& video_grid_thw, const std::vector<double>& second_per_grid_ts,
                                    const Qwen25VlConfig& ids, int64_t spatial_merge_size);
 
+// A batch's media: images and videos as transformers' processors emit them (undefined: none).
+struct Qwen25VlMedia {
+  at::Tensor pixel_values, image_grid_thw;         // [patches, C T P P], [images, 3]
+  at::Tensor pixel_values_videos, video_grid_thw;  // [patches, C T P P], [videos, 3]
+  std::vector<double> second_per_grid_ts;          // per video; empty: 1.0 each
+};
+
 class Qwen25Vl : public CausalLm {
  public:
   // vision: its out_hidden_size 0 becomes the foundation's hidden size. The encoder's parameters
@@ -73,8 +81,14 @@ class Qwen25Vl : public CausalLm {
   // Whole model: tokens [b, s], pixel_values [n, C T P P], image_grid_thw [images, 3] (both
   // undefined for text only) -> full-vocabulary logits [s, b, vocab_size].
   at::Tensor logits(const at::Tensor& tokens, const at::Tensor& pixel_values, const at::Tensor& image_grid_thw) const;
-  // The M-RoPE position ids [3, b, s] of tokens with these images.
+  // Images and videos: image placeholders take the images' embeddings, video placeholders the videos'.
+  at::Tensor logits(const at::Tensor& tokens, const Qwen25VlMedia& media) const;
+  // The M-RoPE position ids [3, b, s] of tokens with these images (and videos).
   at::Tensor position_ids(const at::Tensor& tokens, const at::Tensor& image_grid_thw) const;
+  at::Tensor position_ids(const at::Tensor& tokens, const Qwen25VlMedia& media) const;
+  // The media fields of a batch (pixel_values, image_grid_thw, pixel_values_videos, video_grid_thw,
+  // second_per_grid_ts), checked for shape.
+  static Qwen25VlMedia media_of(const Batch& batch);
 
   // A Qwen2_5_VLForConditionalGeneration state dict (transformers 5 names: model.visual.*,
   // model.language_model.*, lm_head.weight; transformers 4's visual.* and model.* too) -> this
@@ -88,9 +102,8 @@ class Qwen25Vl : public CausalLm {
   at::Tensor embed_inputs(const Batch& batch) const override;
 
  private:
-  // [b, s] tokens + the images -> [s, b, h] embeddings, placeholders replaced (not scattered).
-  at::Tensor embed_with_images(const at::Tensor& tokens, const at::Tensor& pixel_values,
-                               const at::Tensor& image_grid_thw) const;
+  // [b, s] tokens + the media -> [s, b, h] embeddings, placeholders replaced (not scattered).
+  at::Tensor embed_with_media(const at::Tensor& tokens, const Qwen25VlMedia& media) const;
 
   Qwen25VlConfig config_;
   std::unique_ptr<lf::dist::ParallelContext> vision_context_;

@@ -8,6 +8,8 @@
 #include <deque>
 #include <functional>
 #include <exception>
+#include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <mutex>
@@ -19,6 +21,8 @@
 #include "loongforge/core/logging.h"
 #include "loongforge/data/chat_template.h"
 #include "loongforge/data/indexed_dataset.h"
+#include "loongforge/data/multimodal.h"
+#include "multimodal_internal.h"
 
 namespace lf::data {
 namespace {
@@ -122,6 +126,83 @@ class ConversationEncoder final : public LineEncoder {
   const ChatTemplate& tpl_;
 };
 
+// --multimodal: conversations with media -> tokens with each medium's placeholder expanded, the
+// answer mask, and the media's metadata and resized pixels.
+class MultimodalEncoder final : public LineEncoder {
+ public:
+  MultimodalEncoder(const PreprocessOptions& o, std::unique_ptr<Tokenizer> tok, const ChatTemplate& tpl,
+                    const MultimodalOptions& mo, std::string root, int32_t image_id, int32_t video_id)
+      : o_(o), tok_(std::move(tok)), tpl_(tpl), mo_(mo), root_(std::move(root)), image_id_(image_id),
+        video_id_(video_id) {}
+
+  bool encode(std::string_view line, int64_t line_no, std::vector<std::vector<int32_t>*>& outs) override {
+    const nlohmann::json j = parse_line(line, o_.input, line_no,
+                                        "{\"messages\": [{\"role\": \"user\", \"content\": \"<image>Describe it.\"}, "
+                                        "{\"role\": \"assistant\", \"content\": \"...\"}], \"images\": [\"a.png\"]}");
+    const auto where = [&] { return lf::str(o_.input, ":", line_no, ": "); };
+    mm::Conversation conv;
+    ChatTokens t;
+    try {
+      conv = mm::normalise(j);
+      t = tpl_.tokenize(conv.json.dump(), false, *tok_);
+    } catch (const lf::Error& e) {
+      LF_FAIL(where(), e.message(), e.hint().empty() ? lf::hint("") : lf::hint(e.hint()));
+    }
+    if (t.input_ids.empty()) return false;
+    std::vector<MediaRecord> media;
+    for (size_t k = 0; k < conv.media.size(); ++k) {
+      try {
+        media.push_back(mm::load(conv.media[k], root_, mo_));
+      } catch (const lf::Error& e) {
+        LF_FAIL(where(), "medium ", k, " (", conv.media[k].path, "): ", e.message(),
+                e.hint().empty() ? lf::hint("fix or drop this sample") : lf::hint(e.hint()));
+      }
+    }
+    size_t next = 0;
+    std::vector<int32_t>& ids = *outs[0];
+    std::vector<int32_t>& mask = *outs[1];
+    for (size_t p = 0; p < t.input_ids.size(); ++p) {
+      const int32_t id = t.input_ids[p];
+      const bool image = id == image_id_, video = id == video_id_;
+      if (!image && !video) {
+        ids.push_back(id);
+        mask.push_back(t.assistant_masks[p]);
+        continue;
+      }
+      LF_CHECK(next < media.size(), where(), "the chat template rendered more media placeholders than the sample's ",
+               media.size(), " media", lf::hint("the conversation's text holds a literal " + mo_.image_token +
+                                                " / " + mo_.video_token + "; remove it"));
+      const MediaRecord& r = media[next];
+      LF_CHECK((r.kind == MediaRecord::kImage) == image, where(), "medium ", next, " (", conv.media[next].path,
+               ") is ", image ? "a video" : "an image", " but the template placed ",
+               image ? mo_.image_token : mo_.video_token, " there");
+      const int64_t n = mm::placeholders(r, mo_.image);
+      ids.insert(ids.end(), size_t(n), id);
+      mask.insert(mask.end(), size_t(n), 0);
+      std::vector<int32_t>& meta = *outs[2];
+      int32_t bits;
+      std::memcpy(&bits, &r.seconds_per_grid, 4);
+      meta.insert(meta.end(), {int32_t(r.kind), int32_t(r.frames), int32_t(r.height), int32_t(r.width), bits});
+      std::vector<int32_t>& px = *outs[3];
+      for (const auto& f : r.images) px.insert(px.end(), f.rgb.begin(), f.rgb.end());
+      ++next;
+    }
+    LF_CHECK(next == media.size(), where(), "the chat template rendered ", next, " media placeholders for the sample's ",
+             media.size(), " media",
+             lf::hint("the template must render " + mo_.image_token + " for {\"type\": \"image\"} content entries "
+                      "(Qwen-VL's does); is this a vision-language model's tokenizer directory?"));
+    return true;
+  }
+
+ private:
+  const PreprocessOptions& o_;
+  std::unique_ptr<Tokenizer> tok_;
+  const ChatTemplate& tpl_;
+  const MultimodalOptions& mo_;
+  std::string root_;
+  int32_t image_id_, video_id_;
+};
+
 ChunkResult encode_chunk(const Chunk& c, size_t outputs, LineEncoder& enc) {
   ChunkResult r;
   r.tokens.resize(outputs);
@@ -184,6 +265,38 @@ PreprocessStats preprocess_conversations(const PreprocessOptions& o, const Token
       {preprocess_output_prefix(o.output_prefix, "input_ids"), optimal_dtype(tokenizer.vocab_size()), tokenizer.vocab_size()},
       {preprocess_output_prefix(o.output_prefix, "assistant_masks"), TokenDType::u8, 2}};
   return run(o, specs, [&] { return std::make_unique<ConversationEncoder>(o, tokenizer.clone(), chat_template); });
+}
+
+namespace {
+
+int32_t single_token(Tokenizer& tok, const std::string& text, const char* flag) {
+  const auto ids = tok.encode(text);
+  LF_CHECK(ids.size() == 1, flag, " '", text, "' is ", ids.size(), " tokens in ", tok.describe(),
+           ", not one special token", lf::hint("use the vision-language model's tokenizer, or name its placeholder token"));
+  return ids[0];
+}
+
+}  // namespace
+
+PreprocessStats preprocess_multimodal(const PreprocessOptions& o, const Tokenizer& tokenizer,
+                                      const ChatTemplate& chat_template, const MultimodalOptions& mo) {
+  LF_CHECK(!o.append_eod, "--append-eod does not apply to --multimodal",
+           lf::hint("the chat template writes each turn's end token"));
+  auto probe = tokenizer.clone();
+  const int32_t image_id = single_token(*probe, mo.image_token, "--image-token");
+  const int32_t video_id = single_token(*probe, mo.video_token, "--video-token");
+  const std::string root =
+      !mo.media_root.empty() ? mo.media_root : std::filesystem::path(o.input).parent_path().string();
+  std::vector<OutputSpec> specs = {
+      {preprocess_output_prefix(o.output_prefix, "input_ids"), optimal_dtype(tokenizer.vocab_size()), tokenizer.vocab_size()},
+      {preprocess_output_prefix(o.output_prefix, "assistant_masks"), TokenDType::u8, 2},
+      {preprocess_output_prefix(o.output_prefix, "media_meta"), TokenDType::i32, -1},
+      {preprocess_output_prefix(o.output_prefix, "media_pixels"), TokenDType::u8, 256}};
+  PreprocessStats stats = run(o, specs, [&] {
+    return std::make_unique<MultimodalEncoder>(o, tokenizer.clone(), chat_template, mo, root, image_id, video_id);
+  });
+  std::ofstream(o.output_prefix + "_media.json") << mm::info_json(mo, image_id, video_id) << "\n";
+  return stats;
 }
 
 namespace {

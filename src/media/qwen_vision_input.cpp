@@ -33,6 +33,15 @@ void check(const QwenVisionPreprocess& p) {
 // m), each row (C, T, P, P); values (x / 255 - mean) / std in float32 as transformers computes
 // them (rescale in float64 then float32; normalize in float32).
 VisionPatches patchify(const std::vector<const Image*>& frames, const QwenVisionPreprocess& p) {
+  LF_CHECK(!frames.empty() && int64_t(frames.size()) % p.temporal_patch_size == 0, "vision patches: ", frames.size(),
+           " frames is not a positive multiple of temporal_patch_size ", p.temporal_patch_size);
+  const int64_t unit = p.patch_size * p.merge_size;
+  for (const Image* f : frames) {
+    LF_CHECK(f->height == frames[0]->height && f->width == frames[0]->width && f->height % unit == 0 &&
+                 f->width % unit == 0 && f->rgb.size() == size_t(f->height * f->width * 3),
+             "vision patches: a ", f->height, "x", f->width, " frame (", f->rgb.size(),
+             " bytes) is not a multiple of patch_size x merge_size = ", unit, " or differs from the first frame");
+  }
   const int64_t P = p.patch_size, T = p.temporal_patch_size, M = p.merge_size;
   const int64_t H = frames[0]->height, W = frames[0]->width;
   const int64_t gt = int64_t(frames.size()) / T, gh = H / P, gw = W / P;
@@ -79,6 +88,19 @@ VisionPatches patchify(const std::vector<const Image*>& frames, const QwenVision
 }
 
 }  // namespace
+
+VisionPatches qwen_patches_of_resized(const std::vector<const Image*>& frames, const QwenVisionPreprocess& p) {
+  check(p);
+  LF_CHECK(!frames.empty(), "vision patches: no frames");
+  std::vector<const Image*> padded = frames;
+  while (int64_t(padded.size()) % p.temporal_patch_size != 0) padded.push_back(padded.back());
+  return patchify(padded, p);
+}
+
+std::pair<int64_t, int64_t> qwen_resized_size(int64_t height, int64_t width, const QwenVisionPreprocess& p) {
+  check(p);
+  return smart_resize(height, width, p.patch_size * p.merge_size, p.min_pixels, p.max_pixels);
+}
 
 std::pair<int64_t, int64_t> smart_resize(int64_t height, int64_t width, int64_t factor, int64_t min_pixels,
                                          int64_t max_pixels) {

@@ -3,6 +3,8 @@
 //                              [--tokenizer-model M] [--append-eod] --workers N --output-prefix P
 //   loongforge-data preprocess --conversations --tokenizer-model DIR --input x.jsonl
 //                              --output-prefix P [--workers N] [--chat-template-kwargs JSON]
+//   loongforge-data preprocess --multimodal --tokenizer-model DIR --input x.jsonl --output-prefix P
+//                              [--media-root DIR] [--min-pixels N --max-pixels N ...]
 //   loongforge-data render-chat --tokenizer-model DIR --input x.jsonl --output y.jsonl
 //                               [--add-generation-prompt] [--chat-template-kwargs JSON]
 //   loongforge-data inspect P [--tokenizer-type T --tokenizer-model M] [--vocab-size V]
@@ -10,6 +12,8 @@
 //   loongforge-data bench-tokenizer --input x.jsonl --tokenizer-type T [--tokenizer-model M]
 // Errors from the library become one message on stderr and exit code 1 (2 for usage errors).
 #include <CLI/CLI.hpp>
+#include <filesystem>
+#include <set>
 #include <chrono>
 #include <cstdio>
 #include <fstream>
@@ -21,20 +25,69 @@
 #include "loongforge/core/logging.h"
 #include "loongforge/data/demo_corpus.h"
 #include "loongforge/data/hf_bpe_tokenizer.h"
+#include "loongforge/data/multimodal.h"
 #include "loongforge/data/preprocess.h"
 #include "loongforge/data/tokenizer.h"
 
 namespace {
 
 struct ConversationFlags {
-  bool on = false;
+  bool on = false, multimodal = false;
   std::string kwargs, template_name;
+  lf::data::MultimodalOptions media;
+  // Flags given explicitly (they override the model directory's preprocessor_config.json).
+  std::set<std::string> given;
 };
+
+// transformers' preprocessor_config.json beside the tokenizer (a VLM's directory): patch sizes,
+// pixel bounds (size.shortest_edge / longest_edge or min_pixels / max_pixels), mean and std, for
+// the settings not given as flags.
+void apply_preprocessor_config(const std::string& model, ConversationFlags& c) {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::is_directory(model) ? fs::path(model) : fs::path(model).parent_path();
+  const fs::path file = dir / "preprocessor_config.json";
+  if (!fs::exists(file)) return;
+  nlohmann::json j;
+  try {
+    std::ifstream(file) >> j;
+  } catch (const nlohmann::json::exception& e) {
+    LF_FAIL(file.string(), ": malformed JSON (", e.what(), ")");
+  }
+  auto& p = c.media.image;
+  const auto take = [&](const char* key, const char* flag, auto& field) {
+    if (j.contains(key) && !j[key].is_null() && !c.given.count(flag)) field = j[key].get<std::decay_t<decltype(field)>>();
+  };
+  take("patch_size", "--patch-size", p.patch_size);
+  take("merge_size", "--merge-size", p.merge_size);
+  take("temporal_patch_size", "--temporal-patch-size", p.temporal_patch_size);
+  take("min_pixels", "--min-pixels", p.min_pixels);
+  take("max_pixels", "--max-pixels", p.max_pixels);
+  if (j.contains("size") && j["size"].is_object()) {
+    const auto& size = j["size"];
+    if (size.contains("shortest_edge") && !c.given.count("--min-pixels")) p.min_pixels = size["shortest_edge"];
+    if (size.contains("longest_edge") && !c.given.count("--max-pixels")) p.max_pixels = size["longest_edge"];
+  }
+  take("image_mean", "--image-mean", p.image_mean);
+  take("image_std", "--image-std", p.image_std);
+  LF_INFO("vision preprocessing from ", file.string(), ": patch ", p.patch_size, ", merge ", p.merge_size,
+          ", temporal ", p.temporal_patch_size, ", pixels [", p.min_pixels, ", ", p.max_pixels, "]");
+}
 
 int run_preprocess(const lf::data::PreprocessOptions& o, const std::string& type,
                    const std::string& model, const ConversationFlags& conv) {
   lf::data::PreprocessStats s;
-  if (conv.on) {
+  LF_CHECK(conv.on || conv.multimodal || (conv.kwargs.empty() && conv.template_name.empty()),
+           "--chat-template-kwargs and --chat-template-name apply to --conversations and --multimodal");
+  if (conv.multimodal) {
+    auto tpl = lf::data::tools::load_chat_template(model, conv.template_name, conv.kwargs);
+    lf::data::HfBpeTokenizer tok(model);
+    LF_INFO("tokenizer: ", tok.describe());
+    LF_INFO(tpl.describe());
+    ConversationFlags c = conv;
+    apply_preprocessor_config(model, c);
+    s = lf::data::preprocess_multimodal(o, tok, tpl, c.media);
+    std::printf("output: %s_media.json\n", o.output_prefix.c_str());
+  } else if (conv.on) {
     auto tpl = lf::data::tools::load_chat_template(model, conv.template_name, conv.kwargs);
     lf::data::HfBpeTokenizer tok(model);
     LF_INFO("tokenizer: ", tok.describe());
@@ -107,12 +160,35 @@ int main(int argc, char** argv) {
   auto* conv_opt = pre->add_flag("--conversations", conv.on,
                                  "lines are {\"messages\": [...], \"tools\": [...]}: write "
                                  "<prefix>_input_ids_document and <prefix>_assistant_masks_document");
+  auto* mm_opt = pre->add_flag("--multimodal", conv.multimodal,
+                               "lines are conversations with media (messages + images / videos, or LLaVA's "
+                               "conversations + image): write the multimodal store (docs/data.md)");
   pre->add_option("--chat-template-kwargs", conv.kwargs,
-                  "extra template variables as a JSON object, e.g. '{\"enable_thinking\": false}'")
-      ->needs(conv_opt);
-  pre->add_option("--chat-template-name", conv.template_name,
-                  "which of the tokenizer directory's named chat templates")->needs(conv_opt);
+                  "extra template variables as a JSON object, e.g. '{\"enable_thinking\": false}'");
+  pre->add_option("--chat-template-name", conv.template_name, "which of the tokenizer directory's named chat templates");
   conv_opt->excludes(keys_opt);
+  mm_opt->excludes(keys_opt)->excludes(conv_opt);
+  auto& mo = conv.media;
+  const auto media_option = [&](const std::string& name, auto& field, const std::string& help) {
+    pre->add_option(name, field, help)->needs(mm_opt)->capture_default_str()->each([&conv, name](const std::string&) {
+      conv.given.insert(name);
+    });
+  };
+  media_option("--media-root", mo.media_root, "relative media paths resolve here (default: the input's directory)");
+  media_option("--patch-size", mo.image.patch_size, "vision patch size (default, or preprocessor_config.json)");
+  media_option("--merge-size", mo.image.merge_size, "spatial merge size");
+  media_option("--temporal-patch-size", mo.image.temporal_patch_size, "frames per temporal patch");
+  media_option("--min-pixels", mo.image.min_pixels, "images: smart-resize lower bound (pixels)");
+  media_option("--max-pixels", mo.image.max_pixels, "images: smart-resize upper bound (pixels)");
+  media_option("--image-mean", mo.image.image_mean, "normalisation mean per channel (3 values)");
+  media_option("--image-std", mo.image.image_std, "normalisation std per channel (3 values)");
+  media_option("--video-min-pixels", mo.video_min_pixels, "videos: per-frame lower bound (pixels)");
+  media_option("--video-max-pixels", mo.video_max_pixels, "videos: per-frame upper bound (pixels)");
+  media_option("--video-fps", mo.video_fps, "frames sampled per second of video (0: every frame)");
+  media_option("--video-min-frames", mo.video_min_frames, "videos: at least this many sampled frames");
+  media_option("--video-max-frames", mo.video_max_frames, "videos: at most this many sampled frames");
+  media_option("--image-token", mo.image_token, "the image placeholder token the chat template renders");
+  media_option("--video-token", mo.video_token, "the video placeholder token the chat template renders");
   pre->add_option("--tokenizer-model", model, "tokenizer.json or its directory");
   pre->add_flag("--append-eod", po.append_eod, "end every document with the eod token");
   pre->add_option("--workers", po.workers, "tokenizing threads")->check(CLI::PositiveNumber);
@@ -168,13 +244,14 @@ int main(int argc, char** argv) {
   try {
     lf::log::init(lf::log::options_from_env(-1, 1));
     if (*pre) {
-      if (conv.on) {
-        LF_CHECK(type_opt->count() == 0 || type == "hf" || type == "HuggingFaceTokenizer",
-                 "--conversations needs the HF tokenizer of --tokenizer-model, not --tokenizer-type ", type);
-        LF_CHECK(!po.append_eod, "--append-eod does not apply to --conversations",
+      if (conv.on || conv.multimodal) {
+        const char* mode = conv.on ? "--conversations" : "--multimodal";
+        LF_CHECK(type_opt->count() == 0 || type == "hf" || type == "HuggingFaceTokenizer", mode,
+                 " needs the HF tokenizer of --tokenizer-model, not --tokenizer-type ", type);
+        LF_CHECK(!po.append_eod, "--append-eod does not apply to ", mode,
                  lf::hint("the chat template writes each turn's end token"));
       } else {
-        LF_CHECK(type_opt->count() > 0, "preprocess needs --tokenizer-type (or --conversations)");
+        LF_CHECK(type_opt->count() > 0, "preprocess needs --tokenizer-type (or --conversations / --multimodal)");
       }
       return run_preprocess(po, type, model, conv);
     }

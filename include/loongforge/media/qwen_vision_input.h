@@ -47,6 +47,14 @@ VisionPatches qwen_image_patches(const Image& image, const QwenVisionPreprocess&
 // frame, padded with copies of the last frame to a multiple of temporal_patch_size; grid (t, h, w).
 VisionPatches qwen_video_patches(const std::vector<Image>& frames, const QwenVisionPreprocess& p);
 
+// Frames already resized to multiples of patch x merge (as a store keeps them), padded with copies
+// of the last to a multiple of temporal_patch_size, -> their rows (normalisation and patch order as
+// above).
+VisionPatches qwen_patches_of_resized(const std::vector<const Image*>& frames, const QwenVisionPreprocess& p);
+
+// The size a medium is resized to: smart_resize with the processor's factor and pixel bounds.
+std::pair<int64_t, int64_t> qwen_resized_size(int64_t height, int64_t width, const QwenVisionPreprocess& p);
+
 // The placeholder tokens a grid takes in the sequence: t h w / merge^2.
 inline int64_t qwen_placeholder_count(const std::array<int64_t, 3>& grid, int64_t merge_size) {
   return grid[0] * grid[1] * grid[2] / (merge_size * merge_size);

@@ -499,4 +499,84 @@ void write_hf(const std::string& out_dir, const DecoderConfig& c, const NamedTen
   }
 }
 
+std::map<std::string, at::Tensor> read_hf_weights(const std::string& dir, std::optional<at::ScalarType> dtype) {
+  const Weights w = open_weights(dir);
+  std::map<std::string, at::Tensor> out;
+  for (const auto& [name, where] : w.tensors) {
+    at::Tensor t = w.load(name);
+    out.emplace(name, dtype ? t.to(*dtype) : t);
+  }
+  return out;
+}
+
+NamedTensors decoder_to_hf_tensors(const DecoderConfig& c, const Mapping& mapping,
+                                   const std::map<std::string, at::Tensor>& full, const std::string& model_prefix,
+                                   std::vector<std::string>* used) {
+  NamedTensors out;
+  for (const auto& p : plan(mapping.impl(), c)) {
+    auto it = full.find(p.lf);
+    LF_CHECK(it != full.end(), "the model lacks tensor '", p.lf, "', which the ", mapping.model_type(),
+             " mapping (", p.rule->origin, ") exports");
+    const at::Tensor& x = it->second;
+    const auto want = lf_shape(p, c, x.dim() > 0 ? x.size(0) : 0);
+    const bool vocab_ok = p.rule->transform != "vocab" || x.size(0) >= c.vocab_size;
+    LF_CHECK(x.sizes().vec() == want && vocab_ok, "tensor '", p.lf, "' has shape ", shape_text(x.sizes().vec()),
+             ", but the configuration implies ", shape_text(want),
+             p.rule->transform == "vocab" ? " (at least vocab_size rows)" : "");
+    if (used) used->push_back(p.lf);
+    auto parts = to_hf(p, x.detach().cpu(), c);
+    for (size_t k = 0; k < p.hf.size(); ++k) {
+      std::string name = p.hf[k];
+      if (name.rfind("model.", 0) == 0) name = model_prefix + name.substr(6);
+      LF_CHECK(parts[k].sizes().vec() == p.shapes[k], "internal: ", name, " came out as ",
+               shape_text(parts[k].sizes().vec()), ", expected ", shape_text(p.shapes[k]));
+      out.emplace_back(name, parts[k]);
+    }
+  }
+  return out;
+}
+
+void write_hf_files(const std::string& out_dir, const std::string& config_text, const NamedTensors& tensors,
+                    at::ScalarType dtype, int64_t max_shard_bytes) {
+  LF_CHECK(dtype == at::kBFloat16 || dtype == at::kHalf || dtype == at::kFloat,
+           "HF export dtype must be bf16, fp16 or fp32, got ", c10::toString(dtype));
+  std::vector<std::vector<size_t>> shards(1);
+  uint64_t shard_bytes = 0, total = 0;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const uint64_t bytes = static_cast<uint64_t>(tensors[i].second.numel()) * c10::elementSize(dtype);
+    if (!shards.back().empty() && shard_bytes + bytes > static_cast<uint64_t>(max_shard_bytes))
+      shards.emplace_back(), shard_bytes = 0;
+    shards.back().push_back(i);
+    shard_bytes += bytes;
+    total += bytes;
+  }
+  fs::create_directories(out_dir);
+  std::set<std::string> written{"config.json"};
+  json weight_map = json::object();
+  for (size_t s = 0; s < shards.size(); ++s) {
+    const std::string file = shards.size() == 1 ? "model.safetensors" : shard_name(s, shards.size());
+    std::vector<at::Tensor> keep;
+    st::Writer writer;
+    writer.set_metadata("format", "pt");
+    for (size_t i : shards[s]) {
+      at::Tensor t = tensors[i].second.detach().cpu().to(dtype).contiguous();
+      keep.push_back(t);
+      writer.add(tensors[i].first, file_dtype(dtype), t.sizes().vec(), t.data_ptr());
+      weight_map[tensors[i].first] = file;
+    }
+    writer.write((fs::path(out_dir) / file).string());
+    written.insert(file);
+  }
+  if (shards.size() > 1) {
+    json index = {{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}};
+    write_text(fs::path(out_dir) / "model.safetensors.index.json", index.dump(2) + "\n");
+    written.insert("model.safetensors.index.json");
+  }
+  write_text(fs::path(out_dir) / "config.json", config_text);
+  for (const auto& e : fs::directory_iterator(out_dir)) {
+    const std::string name = e.path().filename().string();
+    if (is_weight_file(name) && !written.count(name)) fs::remove(e.path());
+  }
+}
+
 }  // namespace lf::models::hf

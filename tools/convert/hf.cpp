@@ -11,6 +11,7 @@
 #include "loongforge/core/error.h"
 #include "loongforge/models/composites/causal_lm.h"
 #include "loongforge/models/hf_adapter.h"
+#include "loongforge/models/hf_vlm.h"
 #include "loongforge/models/lora_io.h"
 #include "loongforge/train/checkpoint.h"
 #include "loongforge/train/checkpoint_format.h"
@@ -55,19 +56,48 @@ struct Hf2LfArgs {
   int tp = 1, pp = 1;
 };
 
+// The image preprocessing settings travel with the weights (loongforge-generate --image reads
+// them from --load): preprocessor_config.json is copied when `from` has one.
+void copy_preprocessor_config(const std::string& from, const std::string& to) {
+  namespace fs = std::filesystem;
+  const fs::path src = fs::path(from) / "preprocessor_config.json";
+  std::error_code ec;
+  if (!fs::is_regular_file(src, ec)) return;
+  fs::create_directories(to);
+  fs::copy_file(src, fs::path(to) / "preprocessor_config.json", fs::copy_options::overwrite_existing, ec);
+  LF_CHECK(!ec, "cannot copy ", src.string(), " to ", to, ": ", ec.message());
+}
+
+void check_layout(const lf::models::DecoderConfig& c, int tp, int pp) {
+  // The layout checks the decoder would make at load time, made now (before writing anything).
+  LF_CHECK(c.num_attention_heads % tp == 0 && c.query_groups() % tp == 0 && c.ffn_hidden_size % tp == 0,
+           "--tp ", tp, " must divide num_attention_heads ", c.num_attention_heads, ", the query groups ",
+           c.query_groups(), " and ffn_hidden_size ", c.ffn_hidden_size, lf::hint("each TP rank owns whole query groups"));
+  LF_CHECK(c.num_layers % pp == 0, "--pp ", pp, " must divide num_layers ", c.num_layers);
+}
+
+// A vision-language model (hf_vlm.h): the composite's config.yaml section and every tensor, the
+// vision tower's on the first pipeline stage.
+void run_hf2lf_vlm(const Hf2LfArgs& a, const hf::ReadOptions& options) {
+  hf::VlmHfModel m = hf::read_vlm_hf(a.hf_dir, options);
+  check_layout(m.config.foundation, a.tp, a.pp);
+  lf::train::write_model_checkpoint(a.out, /*iteration=*/0, m.tensors, hf::vlm_shardings(m.config),
+                                    hf::vlm_model_section_yaml(m.config), a.tp, a.pp);
+  copy_preprocessor_config(a.hf_dir, a.out);
+  std::printf("converted %s (%s: %lld values, %lld layers, vision depth %lld) from %s to %s (tp %d, pp %d)\n",
+              m.architecture.c_str(), m.config.type.c_str(), static_cast<long long>(count(m.tensors)),
+              static_cast<long long>(m.config.foundation.num_layers), static_cast<long long>(m.config.vision.depth),
+              a.hf_dir.c_str(), a.out.c_str(), a.tp, a.pp);
+}
+
 void run_hf2lf(const Hf2LfArgs& a) {
   hf::ReadOptions options;
   options.vocab_tp = a.tp;
   if (a.dtype != "keep") options.dtype = parse_dtype(a.dtype);
+  if (hf::is_vlm_hf_dir(a.hf_dir)) return run_hf2lf_vlm(a, options);
   hf::HfModel m = hf::read_hf(a.hf_dir, options);
   const auto& c = m.config;
-  // The layout checks the decoder would make at load time, made now (before writing anything).
-  LF_CHECK(c.num_attention_heads % a.tp == 0 && c.query_groups() % a.tp == 0 &&
-               c.ffn_hidden_size % a.tp == 0,
-           "--tp ", a.tp, " must divide num_attention_heads ", c.num_attention_heads,
-           ", the query groups ", c.query_groups(), " and ffn_hidden_size ", c.ffn_hidden_size,
-           lf::hint("each TP rank owns whole query groups"));
-  LF_CHECK(c.num_layers % a.pp == 0, "--pp ", a.pp, " must divide num_layers ", c.num_layers);
+  check_layout(c, a.tp, a.pp);
   lf::train::write_model_checkpoint(a.out, /*iteration=*/0, m.tensors, lf::models::causal_lm_shardings(c),
                                     hf::model_section_yaml(c), a.tp, a.pp);
   std::printf("converted %s (%lld parameters, %lld layers) from %s to %s (tp %d, pp %d)\n",
@@ -87,10 +117,20 @@ void run_lf2hf(const Lf2HfArgs& a) {
   options.architecture = a.architecture;
   options.max_shard_bytes = parse_size(a.max_shard_size);
   lf::train::FullModel m = lf::train::read_model_checkpoint(a.load, a.iteration);
-  const auto config = hf::config_from_model_section(
-      m.config_yaml, a.load + " (iteration " + std::to_string(m.iteration) + ", config.yaml)");
+  const std::string source = a.load + " (iteration " + std::to_string(m.iteration) + ", config.yaml)";
   const auto resolved = lf::train::ckpt::resolve_checkpoint_dir(a.load, a.iteration);
   const auto base = resolved ? lf::train::verified_checkpoint_base(*resolved) : std::nullopt;
+  if (const auto vlm = hf::vlm_config_from_model_section(m.config_yaml, source)) {
+    LF_CHECK(!base, a.load, " is a LoRA checkpoint of a ", vlm->type, " model; LoRA export is built for causal_lm",
+             lf::hint("export a full checkpoint"));
+    hf::write_vlm_hf(a.out, *vlm, m.tensors, options);
+    copy_preprocessor_config(a.load, a.out);
+    std::printf("exported iteration %lld of %s (%s, %lld values) to %s as %s\n", static_cast<long long>(m.iteration),
+                a.load.c_str(), vlm->type.c_str(), static_cast<long long>(count(m.tensors)), a.out.c_str(),
+                a.dtype.c_str());
+    return;
+  }
+  const auto config = hf::config_from_model_section(m.config_yaml, source);
   LF_CHECK(base || !a.merge_lora, "--merge-lora: ", a.load, " holds no LoRA adapters (a full checkpoint)",
            lf::hint("drop --merge-lora"));
   if (base) {

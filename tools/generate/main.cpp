@@ -4,26 +4,39 @@
 //       (--prompt TEXT | --eval-file eval.jsonl [--eval-limit N] | --input-ids 1,2,3)
 //       [--max-new-tokens N] [--temperature T] [--top-k K] [--top-p P] [--seed S]
 //       [--stop TEXT] [--no-kv-cache] [--bf16] [--dump-logits out.safetensors]
+//       [--image FILE ... | --vision-inputs FILE.safetensors]   (a vision-language model: qwen2_5_vl)
 // Single process. Errors become one message on stderr and exit code 1 (2 for usage errors).
+#include <ATen/CPUGeneratorImpl.h>
 #include <ATen/Functions.h>
+#include <ATen/TensorOperators.h>
 #include <ATen/core/grad_mode.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <optional>
+#include <set>
 #include <sstream>
+#include <tuple>
 
 #include "loongforge/backend/registry.h"
 #include "loongforge/core/error.h"
 #include "loongforge/core/logging.h"
 #include "loongforge/core/safetensors.h"
 #include "loongforge/data/tokenizer.h"
+#include "loongforge/media/image.h"
+#include "loongforge/media/qwen_vision_input.h"
+#include "loongforge/models/composites/qwen2_5_vl.h"
 #include "loongforge/models/generation.h"
 #include "loongforge/models/hf_adapter.h"
+#include "loongforge/models/hf_vlm.h"
 #include "loongforge/models/lora_io.h"
 #include "loongforge/train/checkpoint.h"
 #include "loongforge/train/checkpoint_format.h"
@@ -32,7 +45,8 @@ namespace {
 
 struct Options {
   std::string load, tokenizer_type, tokenizer_model, prompt, eval_file, input_ids, dump_logits, lora_adapter;
-  std::vector<std::string> stop;
+  std::vector<std::string> stop, images;
+  std::string vision_inputs;
   int64_t iteration = -1, eval_limit = 0;
   bool bf16 = false, no_kv_cache = false, verbose = false;
   lf::models::GenerateOptions gen;
@@ -44,12 +58,21 @@ struct Loaded {
   std::string what;
   lf::models::LoraSpec lora;                   // a LoRA checkpoint's (or --lora-adapter's) settings
   std::map<std::string, at::Tensor> adapters;  // and its adapters, our names
+  std::optional<lf::models::hf::VlmConfig> vlm;  // a vision-language model (config = its foundation)
 };
 
 // A LoongForge checkpoint directory or an HF model directory (config.json + safetensors).
 Loaded load_model(const std::string& dir, int64_t iteration) {
   Loaded out;
-  if (lf::models::hf::is_hf_model_dir(dir)) {
+  if (lf::models::hf::is_vlm_hf_dir(dir)) {
+    lf::models::hf::ReadOptions ro;
+    ro.dtype = at::kFloat;
+    auto m = lf::models::hf::read_vlm_hf(dir, ro);
+    out.vlm = m.config;
+    out.config = m.config.foundation;
+    for (auto& [name, t] : m.tensors) out.tensors[name] = t;
+    out.what = "HF " + m.architecture + " model " + dir;
+  } else if (lf::models::hf::is_hf_model_dir(dir)) {
     lf::models::hf::ReadOptions ro;
     ro.dtype = at::kFloat;
     auto m = lf::models::hf::read_hf(dir, ro);
@@ -58,13 +81,16 @@ Loaded load_model(const std::string& dir, int64_t iteration) {
     out.what = "HF " + m.architecture + " model " + dir;
   } else {
     auto m = lf::train::read_model_checkpoint(dir, iteration);
-    out.config = lf::models::hf::config_from_model_section(m.config_yaml, dir + " (checkpoint config)");
+    out.vlm = lf::models::hf::vlm_config_from_model_section(m.config_yaml, dir + " (checkpoint config)");
+    out.config = out.vlm ? out.vlm->foundation
+                         : lf::models::hf::config_from_model_section(m.config_yaml, dir + " (checkpoint config)");
     out.what = "LoongForge checkpoint " + dir + " iteration " + std::to_string(m.iteration);
     const auto resolved = lf::train::ckpt::resolve_checkpoint_dir(dir, iteration);
     if (const auto base = resolved ? lf::train::verified_checkpoint_base(*resolved) : std::nullopt) {
       // A LoRA checkpoint: the adapters here, the base weights where it says.
       out.lora = lf::models::lora_spec_from_job_yaml(m.config_yaml, *resolved + "/config.yaml");
       LF_CHECK(out.lora.enabled(), *resolved, " names a base but its config.yaml has no lora section");
+      LF_CHECK(!out.vlm, dir, ": LoRA adapters are built for causal_lm models, not ", out.vlm->type);
       for (auto& [name, t] : m.tensors) out.adapters[name] = t;
       for (auto& [name, t] : lf::train::read_model_checkpoint(base->dir).tensors) out.tensors[name] = t;
       out.what += " (LoRA rank " + std::to_string(out.lora.rank) + " on " + base->dir + ")";
@@ -94,13 +120,9 @@ std::vector<int64_t> parse_ids(const std::string& text) {
 std::vector<int64_t> to64(const std::vector<int32_t>& v) { return {v.begin(), v.end()}; }
 std::vector<int32_t> to32(const std::vector<int64_t>& v) { return {v.begin(), v.end()}; }
 
-// Full-sequence logits of `ids` -> `path`, tensor "logits" [tokens, vocab] float32.
-void dump_logits(const lf::models::CausalLm& model, const std::vector<int64_t>& ids, const std::string& path) {
-  at::NoGradGuard no_grad;
-  at::Tensor logits = model.forward(at::tensor(ids, at::TensorOptions().dtype(at::kLong)).unsqueeze(0))
-                          .select(1, 0)
-                          .to(at::kCPU, at::kFloat)
-                          .contiguous();  // [tokens, vocab]
+// logits [tokens, vocab] of `ids` -> `path`, tensor "logits" float32.
+void write_logits(at::Tensor logits, const std::vector<int64_t>& ids, const std::string& path) {
+  logits = logits.to(at::kCPU, at::kFloat).contiguous();
   lf::safetensors::Writer w;
   w.add("logits", lf::safetensors::DType::F32, {logits.size(0), logits.size(1)}, logits.data_ptr());
   w.set_metadata("input_ids", [&] {
@@ -113,6 +135,232 @@ void dump_logits(const lf::models::CausalLm& model, const std::vector<int64_t>& 
               static_cast<long long>(logits.size(1)), path.c_str());
 }
 
+// Full-sequence logits of `ids` -> `path`.
+void dump_logits(const lf::models::CausalLm& model, const std::vector<int64_t>& ids, const std::string& path) {
+  at::NoGradGuard no_grad;
+  write_logits(model.forward(at::tensor(ids, at::TensorOptions().dtype(at::kLong)).unsqueeze(0)).select(1, 0), ids,
+               path);
+}
+
+// --- vision-language models ---------------------------------------------------------------------
+
+namespace fs = std::filesystem;
+using lf::models::Qwen25VlMedia;
+using nlohmann::json;
+
+// The image preprocessing of --load: its preprocessor_config.json (transformers'
+// Qwen2VLImageProcessor fields) when present, else the defaults; the tower's patch, merge and
+// temporal sizes must agree with it.
+lf::media::QwenVisionPreprocess preprocess_of(const std::string& dir, const lf::models::Qwen25VisionConfig& v) {
+  lf::media::QwenVisionPreprocess p;
+  p.patch_size = v.patch_size;
+  p.merge_size = v.spatial_merge_size;
+  p.temporal_patch_size = v.temporal_patch_size;
+  const fs::path file = fs::path(dir) / "preprocessor_config.json";
+  std::error_code ec;
+  if (!fs::is_regular_file(file, ec)) return p;
+  json j;
+  try {
+    std::ifstream in(file);
+    j = json::parse(in);
+  } catch (const json::exception& e) {
+    LF_FAIL(file.string(), ": not JSON: ", e.what());
+  }
+  const auto integer = [&](const json& o, const char* key, int64_t& into) {
+    if (!o.contains(key) || o[key].is_null()) return;
+    LF_CHECK(o[key].is_number_integer(), file.string(), ": ", key, " must be an integer, got ", o[key].dump());
+    into = o[key].get<int64_t>();
+  };
+  integer(j, "min_pixels", p.min_pixels);
+  integer(j, "max_pixels", p.max_pixels);
+  if (j.contains("size") && j["size"].is_object()) {
+    integer(j["size"], "shortest_edge", p.min_pixels);
+    integer(j["size"], "longest_edge", p.max_pixels);
+  }
+  integer(j, "patch_size", p.patch_size);
+  integer(j, "merge_size", p.merge_size);
+  integer(j, "temporal_patch_size", p.temporal_patch_size);
+  for (const auto& [key, into] : {std::pair<const char*, std::array<double, 3>*>{"image_mean", &p.image_mean},
+                                  {"image_std", &p.image_std}})
+    if (j.contains(key)) {
+      LF_CHECK(j[key].is_array() && j[key].size() == 3, file.string(), ": ", key, " must be 3 numbers");
+      for (size_t c = 0; c < 3; ++c) (*into)[c] = j[key][c].get<double>();
+    }
+  LF_CHECK(p.patch_size == v.patch_size && p.merge_size == v.spatial_merge_size &&
+               p.temporal_patch_size == v.temporal_patch_size,
+           file.string(), ": patch_size ", p.patch_size, ", merge_size ", p.merge_size, ", temporal_patch_size ",
+           p.temporal_patch_size, " differ from the vision tower's ", v.patch_size, ", ", v.spatial_merge_size, ", ",
+           v.temporal_patch_size);
+  return p;
+}
+
+// --image files -> pixel_values (their rows, in order) and image_grid_thw.
+Qwen25VlMedia media_of_images(const std::vector<std::string>& files, const lf::media::QwenVisionPreprocess& p) {
+  std::vector<at::Tensor> rows;
+  std::vector<int64_t> grids;
+  for (const auto& f : files) {
+    lf::media::Image image;
+    try {
+      image = lf::media::decode_image(f);
+    } catch (const lf::Error& e) {
+      LF_FAIL("--image ", f, ": ", e.message(), lf::hint(e.hint()));
+    }
+    auto patches = lf::media::qwen_image_patches(image, p);
+    rows.push_back(patches.pixel_values);
+    grids.insert(grids.end(), patches.grid.begin(), patches.grid.end());
+  }
+  Qwen25VlMedia m;
+  m.pixel_values = at::cat(rows);
+  m.image_grid_thw = at::tensor(grids, at::kLong).view({-1, 3});
+  return m;
+}
+
+at::Tensor tensor_of(const lf::safetensors::Reader& r, const lf::safetensors::TensorInfo& info) {
+  using lf::safetensors::DType;
+  static const std::map<DType, at::ScalarType> types{{DType::F32, at::kFloat}, {DType::F16, at::kHalf},
+                                                     {DType::BF16, at::kBFloat16}, {DType::F64, at::kDouble},
+                                                     {DType::I64, at::kLong}, {DType::I32, at::kInt}};
+  auto it = types.find(info.dtype);
+  LF_CHECK(it != types.end(), "--vision-inputs ", r.source(), ": tensor ", info.name, " has dtype ",
+           lf::safetensors::dtype_name(info.dtype), lf::hint("floats (F32, F16, BF16, F64) or I64 / I32 grids"));
+  at::Tensor t = at::empty(info.shape, it->second);
+  std::memcpy(t.data_ptr(), r.data(info), info.end - info.begin);
+  return t;
+}
+
+// --vision-inputs: the tensors transformers' processor returns (pixel_values + image_grid_thw,
+// pixel_values_videos + video_grid_thw, second_per_grid_ts); its input_ids / attention_mask /
+// mm_token_type_ids are ignored (--input-ids gives the ids).
+Qwen25VlMedia media_of_file(const std::string& file, const lf::models::Qwen25VisionConfig& v) {
+  const auto r = lf::safetensors::Reader::open(file);
+  std::map<std::string, at::Tensor> t;
+  for (const auto& info : r.tensors()) {
+    static const std::set<std::string> ignored{"input_ids", "attention_mask", "mm_token_type_ids"};
+    if (ignored.count(info.name)) continue;
+    static const std::set<std::string> known{"pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw",
+                                             "second_per_grid_ts"};
+    LF_CHECK(known.count(info.name), "--vision-inputs ", file, ": unknown tensor '", info.name, "'",
+             lf::hint("pixel_values + image_grid_thw, pixel_values_videos + video_grid_thw, second_per_grid_ts"));
+    t[info.name] = tensor_of(r, info);
+  }
+  Qwen25VlMedia m;
+  for (const auto& [pix, grid, out_pix, out_grid] :
+       {std::tuple<const char*, const char*, at::Tensor*, at::Tensor*>{"pixel_values", "image_grid_thw", &m.pixel_values,
+                                                                       &m.image_grid_thw},
+        {"pixel_values_videos", "video_grid_thw", &m.pixel_values_videos, &m.video_grid_thw}}) {
+    LF_CHECK(t.count(pix) == t.count(grid), "--vision-inputs ", file, ": ", t.count(pix) ? pix : grid, " without ",
+             t.count(pix) ? grid : pix);
+    if (!t.count(pix)) continue;
+    const at::Tensor g = t[grid].to(at::kLong);
+    const at::Tensor x = t[pix].to(at::kFloat);
+    LF_CHECK(g.dim() == 2 && g.size(1) == 3, "--vision-inputs ", file, ": ", grid, " must be [n, 3], got ", g.sizes());
+    LF_CHECK(x.dim() == 2 && x.size(1) == v.patch_dim(), "--vision-inputs ", file, ": ", pix, " must be [patches, ",
+             v.patch_dim(), "] (C T P P of the vision tower), got ", x.sizes());
+    const int64_t rows = (g.select(1, 0) * g.select(1, 1) * g.select(1, 2)).sum().item<int64_t>();
+    LF_CHECK(rows == x.size(0), "--vision-inputs ", file, ": ", grid, " makes ", rows, " patches, ", pix, " holds ",
+             x.size(0));
+    *out_pix = x;
+    *out_grid = g;
+  }
+  if (t.count("second_per_grid_ts")) {
+    LF_CHECK(m.video_grid_thw.defined(), "--vision-inputs ", file, ": second_per_grid_ts without videos");
+    const at::Tensor s = t["second_per_grid_ts"].to(at::kDouble).contiguous().reshape({-1});
+    LF_CHECK(s.numel() == m.video_grid_thw.size(0), "--vision-inputs ", file, ": second_per_grid_ts holds ", s.numel(),
+             " values for ", m.video_grid_thw.size(0), " videos");
+    m.second_per_grid_ts.assign(s.data_ptr<double>(), s.data_ptr<double>() + s.numel());
+  }
+  LF_CHECK(m.pixel_values.defined() || m.pixel_values_videos.defined(), "--vision-inputs ", file,
+           " holds neither pixel_values nor pixel_values_videos");
+  return m;
+}
+
+// The placeholders of `ids` against the media's grids: one clear error naming the flags.
+void check_placeholders(const std::vector<int64_t>& ids, const Qwen25VlMedia& m, const lf::models::hf::VlmConfig& c,
+                        const std::string& media_flag) {
+  const int64_t merge = c.vision.spatial_merge_size;
+  for (const auto& [what, token, grid] :
+       {std::tuple<const char*, int64_t, const at::Tensor*>{"image", c.own.image_token_id, &m.image_grid_thw},
+        {"video", c.own.video_token_id, &m.video_grid_thw}}) {
+    const int64_t have = std::count(ids.begin(), ids.end(), token);
+    int64_t want = 0;
+    std::string grids;
+    if (grid->defined())
+      for (int64_t i = 0; i < grid->size(0); ++i) {
+        const auto g = (*grid)[i];
+        const int64_t t = g[0].item<int64_t>(), h = g[1].item<int64_t>(), w = g[2].item<int64_t>();
+        want += t * h * w / (merge * merge);
+        grids += lf::str(i ? ", " : "", "(", t, ", ", h, ", ", w, ")");
+      }
+    LF_CHECK(have == want, "the ids hold ", have, " ", what, " placeholders (token ", token, ") but ",
+             media_flag.empty() ? std::string("no media were given")
+                                : media_flag + " give" + (grids.empty() ? " no " + std::string(what) + "s"
+                                                                        : " " + std::string(what) + " grids " + grids +
+                                                                              " (t, h, w in patches), " +
+                                                                              std::to_string(want) + " placeholders"),
+             lf::hint("each " + std::string(what) + " takes t h w / " + std::to_string(merge * merge) +
+                      " consecutive placeholder tokens in the ids, in order"));
+  }
+}
+
+// A vision-language model: logits of the ids with the media, or generation that recomputes the
+// whole sequence (and its M-RoPE positions) each step.
+int run_vlm(Options& o, Loaded& loaded, lf::data::Tokenizer* tok) {
+  const auto& v = *loaded.vlm;
+  LF_CHECK(o.eval_file.empty(), "--eval-file scores text-only models; ", o.load, " is a ", v.type, " model",
+           lf::hint("use --input-ids (with the media's placeholders) or --prompt"));
+  LF_CHECK(o.lora_adapter.empty(), "--lora-adapter: LoRA adapters are built for causal_lm models, not ", v.type);
+  const auto t0 = std::chrono::steady_clock::now();
+  const auto& be = lf::backend::select_backend();
+  lf::models::Qwen25Vl model(v.foundation, v.vision, v.own, be, 0, o.bf16 ? at::kBFloat16 : at::kFloat, nullptr, false,
+                             lf::models::PipelineStage{});
+  lf::models::hf::load_full_vlm(model, loaded.tensors);
+  loaded.tensors.clear();
+  model.set_training(false);
+  LF_INFO("loaded ", loaded.what, " (", v.type, ", ", be.name(), ", ", o.bf16 ? "bf16" : "fp32", ") in ",
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), " s");
+  Qwen25VlMedia media;
+  std::string media_flag;
+  if (!o.images.empty()) {
+    media = media_of_images(o.images, preprocess_of(o.load, v.vision));
+    for (const auto& f : o.images) media_flag += (media_flag.empty() ? "--image " : ", --image ") + f;
+  } else if (!o.vision_inputs.empty()) {
+    media = media_of_file(o.vision_inputs, v.vision);
+    media_flag = "--vision-inputs " + o.vision_inputs;
+  }
+  const std::vector<int64_t> ids = !o.input_ids.empty() ? parse_ids(o.input_ids) : to64(tok->encode(o.prompt));
+  for (int64_t id : ids)
+    LF_CHECK(id >= 0 && id < v.foundation.vocab_size, "token ", id, " is outside the vocabulary [0, ",
+             v.foundation.vocab_size, ")");
+  check_placeholders(ids, media, v, media_flag);
+  at::NoGradGuard no_grad;
+  const auto opts = at::TensorOptions().dtype(at::kLong);
+  if (!o.dump_logits.empty()) {
+    write_logits(model.logits(at::tensor(ids, opts).unsqueeze(0), media).select(1, 0), ids, o.dump_logits);
+    return 0;
+  }
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(o.gen.seed);
+  std::vector<int64_t> seq = ids, out;
+  const auto start = std::chrono::steady_clock::now();
+  while (static_cast<int64_t>(out.size()) < o.gen.max_new_tokens &&
+         static_cast<int64_t>(seq.size()) < v.foundation.max_position_embeddings) {
+    const at::Tensor logits = model.logits(at::tensor(seq, opts).unsqueeze(0), media);  // [s, 1, vocab]
+    const int64_t token = lf::models::sample_token(logits[-1][0], o.gen.sampling, gen);
+    if (std::find(o.gen.stop_ids.begin(), o.gen.stop_ids.end(), token) != o.gen.stop_ids.end()) break;
+    if (token == v.own.image_token_id || token == v.own.video_token_id) {
+      LF_WARN("the model produced the placeholder token ", token, "; generation stops (a placeholder needs a medium)");
+      break;
+    }
+    out.push_back(token);
+    seq.push_back(token);
+  }
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  for (size_t i = 0; i < out.size(); ++i) std::printf("%s%lld", i ? "," : "", static_cast<long long>(out[i]));
+  std::printf("\n");
+  if (tok) std::printf("%s\n", tok->decode(to32(out)).c_str());
+  LF_INFO(out.size(), " tokens in ", secs, " s (the whole sequence recomputed per token)");
+  return 0;
+}
+
 int run(Options& o) {
   const int modes = !o.prompt.empty() + !o.eval_file.empty() + !o.input_ids.empty();
   LF_CHECK(modes == 1, "give exactly one of --prompt, --eval-file, --input-ids (got ", modes, ")");
@@ -121,9 +369,31 @@ int run(Options& o) {
   if (!o.tokenizer_type.empty()) tok = lf::data::make_tokenizer(o.tokenizer_type, o.tokenizer_model);
   LF_CHECK(tok || !o.input_ids.empty(), "--prompt and --eval-file need --tokenizer-type",
            lf::hint("e.g. --tokenizer-type ByteTokenizer, or HuggingFaceTokenizer --tokenizer-model DIR"));
+  LF_CHECK(o.images.empty() || o.vision_inputs.empty(), "give --image or --vision-inputs, not both (--vision-inputs ",
+           o.vision_inputs, ", --image ", o.images.empty() ? "" : o.images[0], ")");
+  for (const auto& f : o.images) {
+    std::error_code ec;
+    LF_CHECK(fs::is_regular_file(f, ec), "--image ", f, ": no such file");
+  }
+  if (!o.vision_inputs.empty()) {
+    std::error_code ec;
+    LF_CHECK(fs::is_regular_file(o.vision_inputs, ec), "--vision-inputs ", o.vision_inputs, ": no such file");
+  }
 
   const auto t0 = std::chrono::steady_clock::now();
   Loaded loaded = load_model(o.load, o.iteration);
+  if (loaded.vlm) {
+    if (tok)
+      LF_CHECK(tok->vocab_size() <= loaded.config.vocab_size, "the tokenizer has ", tok->vocab_size(),
+               " ids, the model's vocabulary only ", loaded.config.vocab_size);
+    if (tok)
+      if (auto eod = tok->eod_id()) o.gen.stop_ids.push_back(*eod);
+    return run_vlm(o, loaded, tok.get());
+  }
+  const std::string media_flag = !o.images.empty() ? "--image " + o.images[0] : "--vision-inputs " + o.vision_inputs;
+  LF_CHECK(o.images.empty() && o.vision_inputs.empty(), media_flag, ": ", loaded.what,
+           " is a text-only model (causal_lm); images need a vision-language model (qwen2_5_vl)",
+           lf::hint("drop " + media_flag.substr(0, media_flag.find(' ')) + ", or --load a Qwen2.5-VL checkpoint"));
   const auto& be = lf::backend::select_backend();
   lf::models::CausalLm model(loaded.config, be, 0, o.bf16 ? at::kBFloat16 : at::kFloat);
   model.load_full_parameters(loaded.tensors);
@@ -223,6 +493,12 @@ int main(int argc, char** argv) {
   app.add_option("--eval-limit", o.eval_limit, "Score at most this many problems (0: all)");
   app.add_option("--input-ids", o.input_ids, "Token ids to continue, e.g. 1,2,3");
   app.add_option("--dump-logits", o.dump_logits, "With --input-ids: write their logits (safetensors)");
+  app.add_option("--image", o.images,
+                 "A vision-language model: an image (PNG/JPEG) for the ids' image placeholders, in order (repeatable; "
+                 "preprocessed as --load's preprocessor_config.json says)");
+  app.add_option("--vision-inputs", o.vision_inputs,
+                 "A vision-language model: safetensors with the processor's pixel_values + image_grid_thw and/or "
+                 "pixel_values_videos + video_grid_thw (+ second_per_grid_ts)");
   app.add_option("--max-new-tokens", o.gen.max_new_tokens, "Tokens to generate at most")->capture_default_str();
   app.add_option("--temperature", o.gen.sampling.temperature, "0: greedy")->capture_default_str();
   app.add_option("--top-k", o.gen.sampling.top_k, "Keep the k most likely tokens (0: off)")->capture_default_str();

@@ -1,0 +1,73 @@
+// HF transformers vision-language checkpoints (config.json with text_config + vision_config,
+// safetensors sharded or not) <-> LoongForge's multimodal composites: the configuration of the
+// composite (its foundation DecoderConfig, vision tower and own fields) and the full, unsharded
+// tensors under our parameter names. A table of architectures (hf_vlm.cpp) says which HF class
+// maps to which composite; today one entry: Qwen2_5_VLForConditionalGeneration <-> qwen2_5_vl
+// (its language model through the qwen2 decoder mapping, configs/models/qwen2/hf.yaml; its tower
+// through encoders/qwen2_5_vl_vision.h). Programs (loongforge-convert hf2lf / lf2hf,
+// loongforge-generate) ask is_vlm_hf_dir / vlm_config_from_model_section first and fall back to
+// the decoder path of hf_adapter.h.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <map>
+#include <optional>
+#include <string>
+
+#include "loongforge/models/composites/qwen2_5_vl.h"
+#include "loongforge/models/hf_adapter.h"
+#include "loongforge/parallel/sharding.h"
+
+namespace lf::models::hf {
+
+// A multimodal composite's configuration: `type` names the composite (qwen2_5_vl).
+struct VlmConfig {
+  std::string type;
+  DecoderConfig foundation;  // M-RoPE (mrope_section set)
+  Qwen25VisionConfig vision;  // out_hidden_size resolved (> 0)
+  Qwen25VlConfig own;
+};
+
+// True when dir is an HF model directory (is_hf_model_dir) whose config.json names an
+// architecture (else model_type) of the VLM table.
+bool is_vlm_hf_dir(const std::string& dir);
+
+// config.json -> VlmConfig: transformers 5's nested text_config / vision_config or transformers
+// 4's flat text fields; mrope_section from rope_parameters or rope_scaling ({"type": "mrope"}).
+// Errors name the file and key.
+VlmConfig read_vlm_hf_config(const std::string& hf_dir);
+
+struct VlmHfModel {
+  VlmConfig config;
+  std::string architecture;
+  NamedTensors tensors;  // our names (vision_encoder.*, embedding.*, decoder.*, output_layer.*), full
+};
+
+// Reads config.json and every weight (model.safetensors, or the index and its shards). Every HF
+// tensor must be used; errors name the tensor and file. options.vocab_tp / dtype as read_hf.
+VlmHfModel read_vlm_hf(const std::string& hf_dir, const ReadOptions& options = {});
+
+// Writes out_dir/config.json (transformers 5 layout: text_config with rope_parameters incl.
+// mrope_section, vision_config) and the weights under transformers 5's names (model.visual.*,
+// model.language_model.*, lm_head.weight), sharded past options.max_shard_bytes as write_hf.
+// `full`: our names, every tensor of the model and no other.
+void write_vlm_hf(const std::string& out_dir, const VlmConfig& config, const NamedTensors& full,
+                  const WriteOptions& options = {});
+
+// The checkpoint config.yaml `model:` section of the composite (type, own fields, foundation,
+// vision_encoder), and back: nullopt when the section's type is not a VLM of the table (a
+// causal_lm: config_from_model_section).
+std::string vlm_model_section_yaml(const VlmConfig& config);
+std::optional<VlmConfig> vlm_config_from_model_section(const std::string& yaml_text, const std::string& source);
+
+// The shardings of every parameter of the composite at TP 1 (the vision tower's replicated: it
+// runs at TP 1), for write_model_checkpoint.
+std::map<std::string, lf::parallel::Sharding> vlm_shardings(const VlmConfig& config);
+
+// Copies full tensors under our names into a built model (this rank's shards): the language model
+// through CausalLm::load_full_parameters, the tower's parameters by name. Every parameter must
+// be given and every tensor used.
+void load_full_vlm(Qwen25Vl& model, const std::map<std::string, at::Tensor>& full);
+
+}  // namespace lf::models::hf

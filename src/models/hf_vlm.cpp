@@ -1,0 +1,412 @@
+// HF vision-language checkpoints <-> LoongForge's multimodal composites (hf_vlm.h). The language
+// model goes through the decoder family's mapping (hf_adapter.cpp: the same rules, with the HF
+// names under the VLM's language-model prefix); the vision tower through its own name table
+// (qwen25_vision_from_hf and its inverse below). Every transform is a rearrangement, so
+// lf2hf(hf2lf(x)) reproduces each tensor bit for bit.
+#include "loongforge/models/hf_vlm.h"
+
+#include <ATen/Functions.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <set>
+
+#include "hf_mapping.h"
+#include "loongforge/core/config/yaml.h"
+#include "loongforge/core/error.h"
+#include "loongforge/models/registry.h"
+
+namespace lf::models::hf {
+namespace fs = std::filesystem;
+
+namespace {
+
+// The architecture table: an HF class, the composite it becomes, the decoder mapping of its
+// language model and the model_type strings transformers writes for the sub-configs.
+struct VlmArchitecture {
+  const char* architecture;
+  const char* model_type;
+  const char* composite;
+  const char* text_architecture;  // the decoder mapping (configs/models/*/hf.yaml) of the language model
+  const char* text_model_type;
+  const char* vision_model_type;
+};
+
+constexpr VlmArchitecture kVlms[] = {
+    {"Qwen2_5_VLForConditionalGeneration", "qwen2_5_vl", "qwen2_5_vl", "Qwen2ForCausalLM", "qwen2_5_vl_text",
+     "qwen2_5_vl_vision"},
+};
+
+const VlmArchitecture* by_hf(const std::string& architecture, const std::string& model_type) {
+  for (const auto& a : kVlms)
+    if (architecture == a.architecture) return &a;
+  if (architecture.empty())
+    for (const auto& a : kVlms)
+      if (model_type == a.model_type) return &a;
+  return nullptr;
+}
+
+const VlmArchitecture* by_composite(const std::string& type) {
+  for (const auto& a : kVlms)
+    if (type == a.composite) return &a;
+  return nullptr;
+}
+
+std::string known_list() {
+  std::string s;
+  for (const auto& a : kVlms) s += (s.empty() ? "" : ", ") + std::string(a.architecture);
+  return s;
+}
+
+Mapping text_mapping(const VlmArchitecture& a) { return mapping_for_architecture(a.text_architecture); }
+
+std::pair<std::string, std::string> architecture_of(const json& j) {
+  std::string arch, type = j.value("model_type", std::string());
+  if (j.contains("architectures") && j["architectures"].is_array() && !j["architectures"].empty() &&
+      j["architectures"][0].is_string())
+    arch = j["architectures"][0].get<std::string>();
+  return {arch, type};
+}
+
+// The vision tower's parameter names (relative to the encoder) and full shapes, in the
+// encoder's registration order.
+std::vector<std::pair<std::string, std::vector<int64_t>>> vision_tensors(const Qwen25VisionConfig& c) {
+  const int64_t h = c.hidden_size, f = c.intermediate_size,
+                merged = h * c.spatial_merge_size * c.spatial_merge_size;
+  std::vector<std::pair<std::string, std::vector<int64_t>>> out{{"patch_embed.weight", {h, c.patch_dim()}}};
+  for (int64_t i = 0; i < c.depth; ++i) {
+    const std::string p = "blocks." + std::to_string(i) + ".";
+    out.push_back({p + "norm1.weight", {h}});
+    out.push_back({p + "attention.linear_qkv.weight", {3 * h, h}});
+    out.push_back({p + "attention.linear_qkv.bias", {3 * h}});
+    out.push_back({p + "attention.linear_proj.weight", {h, h}});
+    out.push_back({p + "attention.linear_proj.bias", {h}});
+    out.push_back({p + "norm2.weight", {h}});
+    out.push_back({p + "mlp.linear_fc1.weight", {2 * f, h}});
+    out.push_back({p + "mlp.linear_fc1.bias", {2 * f}});
+    out.push_back({p + "mlp.linear_fc2.weight", {h, f}});
+    out.push_back({p + "mlp.linear_fc2.bias", {h}});
+  }
+  out.push_back({"merger.ln_q.weight", {h}});
+  out.push_back({"merger.mlp.linear_fc1.weight", {merged, merged}});
+  out.push_back({"merger.mlp.linear_fc1.bias", {merged}});
+  out.push_back({"merger.mlp.linear_fc2.weight", {c.out_hidden_size, merged}});
+  out.push_back({"merger.mlp.linear_fc2.bias", {c.out_hidden_size}});
+  return out;
+}
+
+const std::string kVision = "vision_encoder.";
+
+// Our vision tensors (relative names) -> transformers' (prefix + patch_embed.proj.weight ...):
+// the inverse of qwen25_vision_from_hf.
+NamedTensors vision_to_hf(const Qwen25VisionConfig& c, const std::map<std::string, at::Tensor>& ours,
+                          const std::string& prefix) {
+  const int64_t h = c.hidden_size, d = c.head_dim(), nh = c.num_heads, f = c.intermediate_size;
+  auto get = [&](const std::string& name) { return ours.at(name).detach().cpu(); };
+  NamedTensors out;
+  out.emplace_back(prefix + "patch_embed.proj.weight",
+                   get("patch_embed.weight").reshape({h, c.in_channels, c.temporal_patch_size, c.patch_size, c.patch_size}));
+  for (int64_t i = 0; i < c.depth; ++i) {
+    const std::string p = "blocks." + std::to_string(i) + ".", hp = prefix + p;
+    out.emplace_back(hp + "norm1.weight", get(p + "norm1.weight"));
+    out.emplace_back(hp + "norm2.weight", get(p + "norm2.weight"));
+    out.emplace_back(hp + "attn.qkv.weight", get(p + "attention.linear_qkv.weight")
+                                                 .view({nh, 3, d, h}).transpose(0, 1).reshape({3 * h, h}));
+    out.emplace_back(hp + "attn.qkv.bias",
+                     get(p + "attention.linear_qkv.bias").view({nh, 3, d}).transpose(0, 1).reshape({3 * h}));
+    out.emplace_back(hp + "attn.proj.weight", get(p + "attention.linear_proj.weight"));
+    out.emplace_back(hp + "attn.proj.bias", get(p + "attention.linear_proj.bias"));
+    const auto fc1 = get(p + "mlp.linear_fc1.weight").split(f, 0), fc1b = get(p + "mlp.linear_fc1.bias").split(f, 0);
+    out.emplace_back(hp + "mlp.gate_proj.weight", fc1[0]);
+    out.emplace_back(hp + "mlp.gate_proj.bias", fc1b[0]);
+    out.emplace_back(hp + "mlp.up_proj.weight", fc1[1]);
+    out.emplace_back(hp + "mlp.up_proj.bias", fc1b[1]);
+    out.emplace_back(hp + "mlp.down_proj.weight", get(p + "mlp.linear_fc2.weight"));
+    out.emplace_back(hp + "mlp.down_proj.bias", get(p + "mlp.linear_fc2.bias"));
+  }
+  out.emplace_back(prefix + "merger.ln_q.weight", get("merger.ln_q.weight"));
+  out.emplace_back(prefix + "merger.mlp.0.weight", get("merger.mlp.linear_fc1.weight"));
+  out.emplace_back(prefix + "merger.mlp.0.bias", get("merger.mlp.linear_fc1.bias"));
+  out.emplace_back(prefix + "merger.mlp.2.weight", get("merger.mlp.linear_fc2.weight"));
+  out.emplace_back(prefix + "merger.mlp.2.bias", get("merger.mlp.linear_fc2.bias"));
+  for (auto& [name, t] : out) t = t.contiguous();
+  return out;
+}
+
+// vision_config -> ours; transformers' defaults for absent keys.
+Qwen25VisionConfig vision_from_json(const json& v, const std::string& src) {
+  LF_CHECK(v.is_object(), src, ": vision_config must be an object");
+  auto integer = [&](std::initializer_list<const char*> keys, int64_t fallback) {
+    for (const char* k : keys)
+      if (v.contains(k) && !v[k].is_null()) {
+        LF_CHECK(v[k].is_number_integer(), src, ": vision_config.", k, " must be an integer, got ", v[k].dump());
+        return v[k].get<int64_t>();
+      }
+    return fallback;
+  };
+  Qwen25VisionConfig c;
+  c.depth = integer({"depth", "num_hidden_layers"}, 32);
+  c.hidden_size = integer({"hidden_size"}, 3584);
+  c.intermediate_size = integer({"intermediate_size"}, 3420);
+  c.num_heads = integer({"num_heads", "num_attention_heads"}, 16);
+  c.in_channels = integer({"in_channels", "in_chans"}, 3);
+  c.patch_size = integer({"patch_size", "spatial_patch_size"}, 14);
+  c.spatial_merge_size = integer({"spatial_merge_size"}, 2);
+  c.temporal_patch_size = integer({"temporal_patch_size"}, 2);
+  c.window_size = integer({"window_size"}, 112);
+  c.out_hidden_size = integer({"out_hidden_size"}, 3584);
+  if (v.contains("fullatt_block_indexes")) {
+    LF_CHECK(v["fullatt_block_indexes"].is_array(), src, ": vision_config.fullatt_block_indexes must be a list");
+    c.fullatt_block_indexes = v["fullatt_block_indexes"].get<std::vector<int64_t>>();
+  } else {
+    c.fullatt_block_indexes = {7, 15, 23, 31};
+  }
+  c.hidden_act = v.value("hidden_act", std::string("silu"));
+  LF_CHECK(c.hidden_act == "silu", src, ": vision_config.hidden_act '", c.hidden_act, "' is not supported (silu)");
+  if (v.contains("initializer_range") && v["initializer_range"].is_number())
+    c.initializer_range = v["initializer_range"].get<double>();
+  if (v.contains("rope_parameters") && v["rope_parameters"].is_object() && v["rope_parameters"].contains("rope_theta"))
+    c.rope_theta = v["rope_parameters"]["rope_theta"].get<double>();
+  else if (v.contains("rope_theta") && v["rope_theta"].is_number())
+    c.rope_theta = v["rope_theta"].get<double>();
+  LF_CHECK(c.hidden_size % c.num_heads == 0, src, ": vision_config.hidden_size ", c.hidden_size,
+           " is not a multiple of num_heads ", c.num_heads);
+  return c;
+}
+
+json vision_to_json(const Qwen25VisionConfig& c, const Qwen25VlConfig& own, const VlmArchitecture& a) {
+  return json{{"model_type", a.vision_model_type},
+              {"depth", c.depth},
+              {"hidden_size", c.hidden_size},
+              {"intermediate_size", c.intermediate_size},
+              {"num_heads", c.num_heads},
+              {"in_channels", c.in_channels},
+              {"patch_size", c.patch_size},
+              {"spatial_merge_size", c.spatial_merge_size},
+              {"temporal_patch_size", c.temporal_patch_size},
+              {"window_size", c.window_size},
+              {"fullatt_block_indexes", c.fullatt_block_indexes},
+              {"out_hidden_size", c.out_hidden_size},
+              {"hidden_act", c.hidden_act},
+              {"initializer_range", c.initializer_range},
+              {"tokens_per_second", own.tokens_per_second},
+              {"rope_parameters", {{"rope_theta", c.rope_theta}, {"rope_type", "axial"}}}};
+}
+
+}  // namespace
+
+bool is_vlm_hf_dir(const std::string& dir) {
+  if (!is_hf_model_dir(dir)) return false;
+  try {
+    const auto [arch, type] = architecture_of(read_json_file((fs::path(dir) / "config.json").string()));
+    return by_hf(arch, type) != nullptr;
+  } catch (const lf::Error&) {
+    return false;  // an unreadable config.json: the decoder path reports it
+  }
+}
+
+VlmConfig read_vlm_hf_config(const std::string& hf_dir) {
+  const std::string path = (fs::path(hf_dir) / "config.json").string(), src = lf::config::display_path(path);
+  const json j = read_json_file(path);
+  LF_CHECK(j.is_object(), src, ": config.json must hold a JSON object");
+  const auto [arch, type] = architecture_of(j);
+  const VlmArchitecture* a = by_hf(arch, type);
+  LF_CHECK(a != nullptr, src, ": architecture '", arch, "' (model_type '", type, "') is not a known vision-language model",
+           lf::hint("known: " + known_list()));
+  VlmConfig out;
+  out.type = a->composite;
+  // The language model: transformers 5 nests it (text_config), transformers 4 writes it flat.
+  json t = j.contains("text_config") && j["text_config"].is_object() ? j["text_config"] : j;
+  const bool tied = j.value("tie_word_embeddings", false) || t.value("tie_word_embeddings", false);
+  t["tie_word_embeddings"] = tied;
+  std::vector<int64_t> mrope;
+  for (const char* key : {"rope_parameters", "rope_scaling"}) {
+    if (!t.contains(key) || !t[key].is_object() || !t[key].contains("mrope_section")) continue;
+    LF_CHECK(t[key]["mrope_section"].is_array(), src, ": ", key, ".mrope_section must be a list");
+    mrope = t[key]["mrope_section"].get<std::vector<int64_t>>();
+    json& r = t[key];
+    r.erase("mrope_section");
+    const std::string kind = r.value("rope_type", r.value("type", std::string("default")));
+    if (kind == "mrope" || kind == "default") {
+      if (std::string(key) == "rope_scaling") {
+        t.erase("rope_scaling");  // transformers 4: {"type": "mrope", "mrope_section": [...]}; theta at top level
+      } else {
+        r["rope_type"] = "default";
+        r.erase("type");
+      }
+    }
+    break;
+  }
+  LF_CHECK(mrope.size() == 3, src, ": the language model needs M-RoPE: no 3-section mrope_section in ",
+           j.contains("text_config") ? "text_config." : "", "rope_parameters or rope_scaling",
+           lf::hint("a Qwen2.5-VL config.json has rope_parameters.mrope_section, e.g. [16, 24, 24]"));
+  out.foundation = config_from_json(t, text_mapping(*a).impl(), src + " (language model)");
+  out.foundation.mrope_section = mrope;
+  int64_t sum = 0;
+  for (auto s : mrope) sum += s;
+  LF_CHECK(2 * sum == out.foundation.head_dim(), src, ": mrope_section sums to ", sum, ", the head dim ",
+           out.foundation.head_dim(), " needs ", out.foundation.head_dim() / 2);
+  LF_CHECK(j.contains("vision_config"), src, ": no vision_config");
+  out.vision = vision_from_json(j["vision_config"], src);
+  LF_CHECK(out.vision.out_hidden_size == out.foundation.hidden_size, src, ": vision_config.out_hidden_size ",
+           out.vision.out_hidden_size, " differs from the language model's hidden_size ", out.foundation.hidden_size);
+  const json& v = j["vision_config"];
+  auto id = [&](const char* key, int64_t fallback) {
+    const json* where = j.contains(key) ? &j : t.contains(key) ? &t : nullptr;
+    if (!where) return fallback;
+    LF_CHECK((*where)[key].is_number_integer(), src, ": ", key, " must be an integer, got ", (*where)[key].dump());
+    return (*where)[key].get<int64_t>();
+  };
+  out.own.image_token_id = id("image_token_id", 151655);
+  out.own.video_token_id = id("video_token_id", 151656);
+  out.own.tokens_per_second = v.contains("tokens_per_second") ? v["tokens_per_second"].get<int64_t>()
+                                                               : j.value("tokens_per_second", int64_t{4});
+  for (const auto& [key, value] : {std::pair<const char*, int64_t>{"image_token_id", out.own.image_token_id},
+                                   {"video_token_id", out.own.video_token_id}})
+    LF_CHECK(value >= 0 && value < out.foundation.vocab_size, src, ": ", key, " ", value,
+             " is outside the vocabulary of ", out.foundation.vocab_size, " tokens");
+  return out;
+}
+
+VlmHfModel read_vlm_hf(const std::string& hf_dir, const ReadOptions& options) {
+  VlmHfModel out;
+  out.config = read_vlm_hf_config(hf_dir);
+  const VlmArchitecture& a = *by_composite(out.config.type);
+  out.architecture = a.architecture;
+  const auto tensors = read_hf_weights(hf_dir, options.dtype);
+  // transformers 5: model.visual.*, model.language_model.*; transformers 4: visual.*, model.*.
+  const bool v5 = std::any_of(tensors.begin(), tensors.end(),
+                              [](const auto& e) { return e.first.rfind("model.language_model.", 0) == 0; });
+  const std::string visual = v5 ? "model.visual." : "visual.", lm = v5 ? "model.language_model." : "model.";
+  std::vector<std::string> used;
+  out.tensors = decoder_from_hf_tensors(out.config.foundation, text_mapping(a), tensors, lm, options.vocab_tp, &used);
+  const std::set<std::string> read(used.begin(), used.end());
+  for (const auto& [name, t] : tensors)
+    LF_CHECK(name.rfind(visual, 0) == 0 || read.count(name), "HF tensor '", name, "' in ", hf_dir,
+             " is neither the vision tower's (", visual, "*) nor a tensor of the language model (",
+             out.config.foundation.num_layers, " layers, ", a.text_architecture, " mapping)",
+             lf::hint("config.json may not match the weights (e.g. num_hidden_layers)"));
+  for (auto& [name, t] : qwen25_vision_from_hf(out.config.vision, tensors, visual))
+    out.tensors.emplace_back(kVision + name, t.contiguous());
+  return out;
+}
+
+void write_vlm_hf(const std::string& out_dir, const VlmConfig& config, const NamedTensors& full,
+                  const WriteOptions& options) {
+  const VlmArchitecture* a = by_composite(config.type);
+  LF_CHECK(a != nullptr, "model type ", config.type, " has no HF vision-language form", lf::hint("known: " + known_list()));
+  LF_CHECK(options.architecture.empty() || options.architecture == a->architecture, "--architecture ",
+           options.architecture, " cannot express a ", config.type, " model", lf::hint(std::string("use ") + a->architecture));
+  std::map<std::string, at::Tensor> lm, vision;
+  for (const auto& [name, t] : full) {
+    auto& into = name.rfind(kVision, 0) == 0 ? vision : lm;
+    const std::string key = name.rfind(kVision, 0) == 0 ? name.substr(kVision.size()) : name;
+    LF_CHECK(into.emplace(key, t).second, "tensor '", name, "' given twice");
+  }
+  for (const auto& [name, shape] : vision_tensors(config.vision)) {
+    auto it = vision.find(name);
+    LF_CHECK(it != vision.end(), "the model lacks tensor '", kVision + name, "' of the vision tower");
+    LF_CHECK(it->second.sizes().vec() == shape, "tensor '", kVision + name, "' has shape ",
+             shape_text(it->second.sizes().vec()), ", but the configuration implies ", shape_text(shape));
+  }
+  LF_CHECK(vision.size() == vision_tensors(config.vision).size(), "the vision tower holds ", vision.size(),
+           " tensors, its configuration (depth ", config.vision.depth, ") ", vision_tensors(config.vision).size());
+  const Mapping mapping = text_mapping(*a);
+  std::vector<std::string> used;
+  NamedTensors hf_tensors = vision_to_hf(config.vision, vision, "model.visual.");
+  for (auto& e : decoder_to_hf_tensors(config.foundation, mapping, lm, "model.language_model.", &used))
+    hf_tensors.push_back(std::move(e));
+  const std::set<std::string> read(used.begin(), used.end());
+  for (const auto& [name, t] : lm)
+    LF_CHECK(read.count(name), "tensor '", name, "' has no place in the ", mapping.model_type(), " mapping (",
+             mapping.path(), ") of the language model",
+             lf::hint("the configuration does not match the tensors (e.g. num_layers)"));
+
+  // config.json, transformers 5's layout.
+  DecoderConfig text = config.foundation;
+  text.mrope_section.clear();  // the decoder mapping has no M-RoPE; written below
+  json t = config_to_json(text, mapping.impl(), options.dtype);
+  json rope = {{"rope_type", "default"}, {"rope_theta", t["rope_theta"]}};
+  if (t.contains("rope_scaling") && t["rope_scaling"].is_object())
+    for (const auto& [k, v] : t["rope_scaling"].items()) rope[k] = v;
+  rope["mrope_section"] = config.foundation.mrope_section;
+  for (const char* k : {"architectures", "torch_dtype", "rope_scaling", "rope_theta"}) t.erase(k);
+  t["model_type"] = a->text_model_type;
+  t["rope_parameters"] = rope;
+  const char* dtype = options.dtype == at::kBFloat16 ? "bfloat16" : options.dtype == at::kHalf ? "float16" : "float32";
+  json j = {{"architectures", json::array({a->architecture})},
+            {"model_type", a->model_type},
+            {"dtype", dtype},
+            {"image_token_id", config.own.image_token_id},
+            {"video_token_id", config.own.video_token_id},
+            {"tie_word_embeddings", !config.foundation.untie_embeddings_and_output_weights},
+            {"text_config", t},
+            {"vision_config", vision_to_json(config.vision, config.own, *a)}};
+  write_hf_files(out_dir, j.dump(2) + "\n", hf_tensors, options.dtype, options.max_shard_bytes);
+}
+
+std::string vlm_model_section_yaml(const VlmConfig& config) {
+  using lf::config::Node;
+  const VlmArchitecture* a = by_composite(config.type);
+  LF_CHECK(a != nullptr, "model type ", config.type, " is not a vision-language composite");
+  Node model = Node::map();
+  model.set("type", Node::scalar(config.type));
+  const Node own = lf::config::to_node(config.own), tower = lf::config::to_node(config.vision);
+  for (const auto& field : own.children()) model.set(field.key(), field);
+  Node vision = Node::map();
+  vision.set("type", Node::scalar(a->vision_model_type));
+  for (const auto& field : tower.children()) vision.set(field.key(), field);
+  model.set("vision_encoder", std::move(vision));
+  model.set("foundation", lf::config::to_node(config.foundation));
+  Node root = Node::map();
+  root.set("model", std::move(model));
+  return lf::config::to_yaml(root);
+}
+
+std::optional<VlmConfig> vlm_config_from_model_section(const std::string& yaml_text, const std::string& source) {
+  const auto root = lf::config::parse_yaml_string(yaml_text, lf::config::Origin::from_file(source, 1));
+  const auto* model = root.find("model");
+  LF_CHECK(model != nullptr, source, ": no model: section in the checkpoint's configuration",
+           lf::hint("the checkpoint was not written by loongforge-train or loongforge-convert"));
+  const auto* type = model->find("type");
+  if (!type || !type->is_scalar() || !by_composite(type->text())) return std::nullopt;
+  const auto mc = load_model_config(*model);
+  VlmConfig out;
+  out.type = mc->type;
+  out.foundation = mc->fields<DecoderConfig>("foundation");
+  out.vision = mc->fields<Qwen25VisionConfig>("vision_encoder");
+  if (out.vision.out_hidden_size == 0) out.vision.out_hidden_size = out.foundation.hidden_size;
+  out.own = mc->own_fields<Qwen25VlConfig>();
+  return out;
+}
+
+std::map<std::string, lf::parallel::Sharding> vlm_shardings(const VlmConfig& config) {
+  auto out = causal_lm_shardings(config.foundation);
+  for (const auto& [name, shape] : vision_tensors(config.vision)) out[kVision + name] = lf::parallel::Sharding::replicated();
+  return out;
+}
+
+void load_full_vlm(Qwen25Vl& model, const std::map<std::string, at::Tensor>& full) {
+  std::map<std::string, at::Tensor> lm;
+  std::set<std::string> vision_names;
+  for (const auto& [name, t] : full)
+    if (name.rfind(kVision, 0) == 0) vision_names.insert(name);
+    else lm.emplace(name, t);
+  model.load_full_parameters(lm);
+  at::NoGradGuard no_grad;
+  for (const auto& p : model.vision_parameters()) {
+    auto it = full.find(p.name);
+    LF_CHECK(it != full.end(), "the weights lack the vision tower's ", p.name,
+             lf::hint("the weights belong to another model (or a text-only one)"));
+    const at::Tensor shard = p.sharding.shard(it->second, p.tp_rank, p.tp_size);
+    LF_CHECK(shard.sizes() == p.tensor.sizes(), "parameter ", p.name, ": the given tensor has shape ",
+             it->second.sizes(), ", the model needs ", p.tensor.sizes());
+    p.tensor.copy_(shard);
+    vision_names.erase(p.name);
+  }
+  LF_CHECK(vision_names.empty(), "tensor ", vision_names.empty() ? "" : *vision_names.begin(),
+           " is not a parameter of this model's vision tower",
+           lf::hint("the weights belong to a model with a different vision configuration (depth)"));
+}
+
+}  // namespace lf::models::hf

@@ -1,61 +1,17 @@
-// The Python oracles of the model tests (tests/models/*_oracle.py, run with the project's .venv):
-// each writes its models and expected tensors once into a directory cached in the build tree
-// under a name keyed by the script's text (ctest runs every case in its own process, and an oracle
-// takes seconds), written to a temporary directory and renamed into place, so concurrent test
-// processes either win the rename or use the winner's. Header-only, for tests/models/*.cpp.
+// The model tests' oracle harness: the cached Python oracles (tests/support/oracle_cache.h) and a
+// reader of the safetensors files they write. Header-only, for tests that link LibTorch.
 #pragma once
 
 #include <ATen/ATen.h>
-#include <gtest/gtest.h>
-#include <unistd.h>
 
-#include <chrono>
 #include <cstring>
-#include <filesystem>
-#include <fstream>
-#include <functional>
 #include <map>
 #include <string>
 
 #include "loongforge/core/safetensors.h"
-#include "multiprocess.h"
+#include "oracle_cache.h"
 
 namespace lf::testing {
-
-inline std::string venv_python() { return source_dir() + "/.venv/bin/python"; }
-
-inline std::string read_text(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-}
-
-// Skips (rather than fails) only when Python or transformers is genuinely missing.
-inline bool missing_python(const std::string& output) {
-  return output.find("No module named 'transformers'") != std::string::npos ||
-         output.find("No module named 'torch'") != std::string::npos;
-}
-
-// `script make DIR`, cached as <build>/test-cache/<name>-<hash of the script>; `done_file` (relative)
-// marks a complete cache. "" when Python or transformers is unavailable; a failed run is a test
-// failure (and returns the partial directory).
-inline std::string cached_oracle(const std::string& script, const std::string& name, const std::string& done_file) {
-  namespace fs = std::filesystem;
-  if (!fs::exists(venv_python())) return "";
-  const std::string key = std::to_string(std::hash<std::string>{}(read_text(script)));
-  const std::string cache = binary_dir() + "/test-cache/" + name + "-" + key;
-  if (fs::exists(cache + "/" + done_file)) return cache;
-  const std::string tmp = cache + ".tmp-" + std::to_string(::getpid());
-  std::error_code ec;
-  fs::remove_all(tmp, ec);
-  fs::create_directories(tmp);
-  auto r = run_command({venv_python(), script, "make", tmp}, {}, std::chrono::seconds(240));
-  if (!r.ok() && missing_python(r.output)) return "";
-  EXPECT_TRUE(r.ok()) << r.output;
-  if (!r.ok()) return tmp;
-  fs::rename(tmp, cache, ec);  // fails harmlessly when another process got there first
-  if (ec) fs::remove_all(tmp, ec);
-  return cache;
-}
 
 // Every tensor of an oracle's safetensors file (F32 -> float, I64 -> long).
 inline std::map<std::string, at::Tensor> read_safetensors(const std::string& file) {

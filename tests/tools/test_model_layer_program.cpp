@@ -10,6 +10,7 @@
 #include <fstream>
 #include <regex>
 
+#include "oracle_cache.h"
 #include "pp_training.h"
 
 namespace {
@@ -79,6 +80,50 @@ TEST(Qwen25Vl, FoundationTp2AndPp2EqualOneProcess) {
   for (int k = 0; k < 2; ++k)  // each stage dumps its own parameters
     for (auto& [name, v] : lf::testing::read_params(dir + "/p.safetensors.pp" + std::to_string(k))) pp2.params[name] = v;
   lf::testing::expect_same_training(one, pp2, "qwen2_5_vl: foundation pp 2");
+}
+
+// Qwen2.5-VL on real media: conversations with images in the formats users have
+// (tests/data/vlm_data_oracle.py: messages with tags, LLaVA, typed entries, text only, two images)
+// preprocessed by `loongforge-data preprocess --multimodal`, trained with --training-phase sft: the
+// batches carry pixel_values / image_grid_thw cut per sample, and foundation TP 2 and PP 2 (vision
+// tower at TP 1) equal one process.
+TEST(Qwen25Vl, MultimodalStoreTrainsAndLayoutsEqualOneProcess) {
+  const std::string o = lf::testing::cached_oracle(lf::testing::source_dir() + "/tests/data/vlm_data_oracle.py",
+                                                   "vlm_data", "done");
+  if (o.empty()) GTEST_SKIP() << "Python oracle unavailable (.venv missing)";
+  const std::string d = lf::testing::make_temp_dir("ml-vlm-store");
+  auto pre = lf::testing::run_command({bin("loongforge-data"), "preprocess", "--multimodal", "--tokenizer-model",
+                                       o + "/tok", "--input", o + "/conversations.jsonl", "--output-prefix",
+                                       d + "/store"});
+  ASSERT_EQ(pre.exit_code, 0) << pre.output;
+  const std::string cfg = config("examples/qwen2_5_vl_tiny.yaml");
+  const std::vector<std::string> data = {"--training-phase", "sft", "--data-path", d + "/store", "data.mock_data=false",
+                                         "--split", "100,0,0", "--tokenizer-type", "HuggingFaceTokenizer",
+                                         "--tokenizer-model", o + "/tok", "model.foundation.vocab_size=1280",
+                                         "model.image_token_id=1208", "model.video_token_id=1209", "--seq-length", "96"};
+  auto one = run(1, cfg, data, "vlm_store1");
+  ASSERT_EQ(one.exit_code, 0) << one.output;
+  EXPECT_NE(one.output.find("SFT multimodal data"), std::string::npos) << one.output;
+  std::vector<std::string> tp = data;
+  tp.insert(tp.end(), {"--tensor-model-parallel-size", "2"});
+  lf::testing::expect_same_training(one, run(2, cfg, tp, "vlm_store_tp2"), "qwen2_5_vl store: foundation tp 2");
+  std::vector<std::string> pp = data;
+  pp.insert(pp.end(), {"--pipeline-model-parallel-size", "2"});
+  const std::string dir = lf::testing::make_temp_dir("ml-vlm-store-pp2");
+  auto pp2 = run(2, cfg, pp, "vlm_store_pp2", dir);
+  for (int k = 0; k < 2; ++k)
+    for (auto& [name, v] : lf::testing::read_params(dir + "/p.safetensors.pp" + std::to_string(k))) pp2.params[name] = v;
+  lf::testing::expect_same_training(one, pp2, "qwen2_5_vl store: foundation pp 2");
+  // The store's placeholder ids must be the model's; a text model refuses a multimodal store.
+  std::vector<std::string> wrong = data;
+  wrong.push_back("model.image_token_id=1207");
+  auto bad = run(1, cfg, wrong, "vlm_store_bad");
+  EXPECT_NE(bad.exit_code, 0);
+  EXPECT_NE(bad.output.find("uses image token id 1208 but model.image_token_id is 1207"), std::string::npos)
+      << bad.output;
+  auto no_sft = run(1, cfg, {"--data-path", d + "/store", "data.mock_data=false"}, "vlm_store_nosft");
+  EXPECT_NE(no_sft.exit_code, 0);
+  EXPECT_NE(no_sft.output.find("--training-phase sft"), std::string::npos) << no_sft.output;
 }
 
 // Frozen encoder: no gradients, no optimizer state; its weights stay as initialised (a run at

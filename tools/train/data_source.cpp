@@ -14,7 +14,9 @@
 #include "loongforge/data/indexed_dataset.h"
 #include "loongforge/data/loader.h"
 #include "loongforge/data/sampler.h"
+#include "loongforge/data/multimodal.h"
 #include "loongforge/data/sft_dataset.h"
+#include "loongforge/media/qwen_vision_input.h"
 
 namespace lf::tools {
 
@@ -150,23 +152,37 @@ class SyntheticSource final : public lf::train::BatchSource {
 // samples as the run needs. A sample of n tokens predicts tokens 1..n-1 from 0..n-2, the loss
 // counting where the predicted token is an answer token; rows are padded to seq_length (labels
 // -100, loss_mask 0) and conversations longer than seq_length + 1 tokens are cut.
-class SftConversations {
+class ConversationStore {
+ public:
+  virtual ~ConversationStore() = default;
+  virtual int64_t size() const = 0;
+  virtual int64_t length(int64_t i) const = 0;
+  // The first `count` tokens and mask values of conversation i; ids are checked against the
+  // model's vocabulary.
+  virtual void read(int64_t i, int64_t count, int64_t* tokens, int64_t* mask) const = 0;
+  // The media of a micro-batch's conversations (row order) as batch fields; none for text.
+  virtual void add_media(const std::vector<int64_t>& conversations, lf::data::Batch& batch) const {}
+
+ protected:
+  static void check_vocab(int64_t id, int64_t vocab, const std::string& prefix, int64_t i, int64_t k) {
+    LF_CHECK(vocab <= 0 || (id >= 0 && id < vocab), "SFT store ", prefix, ": conversation ", i, " token ", k, " is id ",
+             id, ", outside the model's vocabulary of ", vocab,
+             lf::hint("preprocess with the tokenizer of the model being trained"));
+  }
+};
+
+class SftConversations final : public ConversationStore {
  public:
   SftConversations(const std::string& prefix, int64_t vocab_size)
       : data_(prefix), prefix_(prefix), vocab_(vocab_size) {}
-  int64_t size() const { return data_.size(); }
-  int64_t length(int64_t i) const { return data_.length(i); }
-  // The first `count` tokens and mask values of conversation i; ids are checked against the
-  // model's vocabulary.
-  void read(int64_t i, int64_t count, int64_t* tokens, int64_t* mask) const {
+  int64_t size() const override { return data_.size(); }
+  int64_t length(int64_t i) const override { return data_.length(i); }
+  void read(int64_t i, int64_t count, int64_t* tokens, int64_t* mask) const override {
     std::vector<int32_t> t;
     std::vector<uint8_t> m;
     data_.read(i, t, m);
     for (int64_t k = 0; k < count; ++k) {
-      LF_CHECK(vocab_ <= 0 || (t[static_cast<size_t>(k)] >= 0 && t[static_cast<size_t>(k)] < vocab_), "SFT store ",
-               prefix_, ": conversation ", i, " token ", k, " is id ", t[static_cast<size_t>(k)],
-               ", outside the model's vocabulary of ", vocab_,
-               lf::hint("preprocess with the tokenizer of the model being trained"));
+      check_vocab(t[static_cast<size_t>(k)], vocab_, prefix_, i, k);
       tokens[k] = t[static_cast<size_t>(k)];
       mask[k] = m[static_cast<size_t>(k)];
     }
@@ -178,9 +194,74 @@ class SftConversations {
   int64_t vocab_;
 };
 
+// A `preprocess --multimodal` store, less the samples longer than seq_length + 1 tokens (a cut
+// would split a medium's placeholders from its pixels): conversation i of this view is stored
+// sample kept_[i]. Media become pixel_values / image_grid_thw and pixel_values_videos /
+// video_grid_thw / second_per_grid_ts (the Qwen-VL processors' fields), normalised and cut into
+// patch rows here, in the micro-batch's row order.
+class MultimodalConversations final : public ConversationStore {
+ public:
+  MultimodalConversations(const std::string& prefix, int64_t vocab_size, int64_t seq_length)
+      : data_(prefix), prefix_(prefix), vocab_(vocab_size) {
+    for (int64_t i = 0; i < data_.size(); ++i) {
+      if (data_.length(i) <= seq_length + 1) kept_.push_back(i);
+      else ++dropped_;
+    }
+  }
+  int64_t size() const override { return static_cast<int64_t>(kept_.size()); }
+  int64_t length(int64_t i) const override { return data_.length(kept_.at(static_cast<size_t>(i))); }
+  int64_t dropped() const { return dropped_; }
+  const lf::data::MultimodalStoreInfo& info() const { return data_.info(); }
+  void read(int64_t i, int64_t count, int64_t* tokens, int64_t* mask) const override {
+    const auto s = data_.read(kept_.at(static_cast<size_t>(i)));
+    for (int64_t k = 0; k < count; ++k) {
+      check_vocab(s.tokens[static_cast<size_t>(k)], vocab_, prefix_, kept_[static_cast<size_t>(i)], k);
+      tokens[k] = s.tokens[static_cast<size_t>(k)];
+      mask[k] = s.mask[static_cast<size_t>(k)];
+    }
+  }
+  void add_media(const std::vector<int64_t>& conversations, lf::data::Batch& batch) const override {
+    std::vector<at::Tensor> image_rows, image_grids, video_rows, video_grids;
+    std::vector<double> seconds;
+    for (int64_t c : conversations) {
+      const auto s = data_.read(kept_.at(static_cast<size_t>(c)));
+      for (const auto& m : s.media) {
+        std::vector<const lf::media::Image*> frames;
+        for (const auto& f : m.images) frames.push_back(&f);
+        auto v = lf::media::qwen_patches_of_resized(frames, data_.info().vision);
+        const at::Tensor grid = at::tensor({v.grid[0], v.grid[1], v.grid[2]}, at::kLong).view({1, 3});
+        if (m.kind == lf::data::MediaRecord::kImage) {
+          image_rows.push_back(v.pixel_values);
+          image_grids.push_back(grid);
+        } else {
+          video_rows.push_back(v.pixel_values);
+          video_grids.push_back(grid);
+          seconds.push_back(m.seconds_per_grid);
+        }
+      }
+    }
+    if (!image_rows.empty()) {
+      batch.set("pixel_values", at::cat(image_rows), -1);
+      batch.set("image_grid_thw", at::cat(image_grids), -1);
+    }
+    if (!video_rows.empty()) {
+      batch.set("pixel_values_videos", at::cat(video_rows), -1);
+      batch.set("video_grid_thw", at::cat(video_grids), -1);
+      batch.set("second_per_grid_ts", at::tensor(seconds, at::kDouble), -1);
+    }
+  }
+
+ private:
+  lf::data::MultimodalDataset data_;
+  std::string prefix_;
+  int64_t vocab_;
+  std::vector<int64_t> kept_;
+  int64_t dropped_ = 0;
+};
+
 class SftSource final : public lf::train::BatchSource {
  public:
-  SftSource(std::shared_ptr<const SftConversations> data, int64_t begin, int64_t end, int64_t samples,
+  SftSource(std::shared_ptr<const ConversationStore> data, int64_t begin, int64_t end, int64_t samples,
             int64_t micro_batch, int64_t seq_length, int64_t pad_id, int dp_rank, int dp_size, uint64_t seed,
             bool shuffle, bool pack, std::string split)
       : data_(std::move(data)), begin_(begin), end_(end), samples_(samples), micro_batch_(micro_batch),
@@ -197,7 +278,7 @@ class SftSource final : public lf::train::BatchSource {
     at::Tensor tokens = at::full({b, s}, pad_, at::kLong), labels = at::full({b, s}, -100, at::kLong),
                mask = at::zeros({b, s}, at::kFloat), positions = at::zeros({b, s}, at::kLong),
                documents = at::zeros({b, s}, at::kLong);
-    std::vector<int64_t> t(static_cast<size_t>(s + 1)), m(static_cast<size_t>(s + 1));
+    std::vector<int64_t> t(static_cast<size_t>(s + 1)), m(static_cast<size_t>(s + 1)), in_rows;
     for (int64_t r = 0; r < b; ++r) {
       auto* tp = tokens.data_ptr<int64_t>() + r * s;
       auto* lp = labels.data_ptr<int64_t>() + r * s;
@@ -209,6 +290,7 @@ class SftSource final : public lf::train::BatchSource {
       for (int64_t conv : row((*indices)[static_cast<size_t>(r)])) {
         const int64_t n = std::min(data_->length(conv), s + 1);
         if (n < 2) continue;  // nothing to predict
+        in_rows.push_back(conv);
         data_->read(conv, n, t.data(), m.data());
         for (int64_t k = 0; k + 1 < n; ++k) {
           tp[at_pos + k] = t[static_cast<size_t>(k)];
@@ -231,6 +313,7 @@ class SftSource final : public lf::train::BatchSource {
       batch.set("position_ids", positions, 1);
       batch.set("document_ids", documents, 1);
     }
+    data_->add_media(in_rows, batch);
     batch.sample_indices = *indices;
     return batch;
   }
@@ -282,7 +365,7 @@ class SftSource final : public lf::train::BatchSource {
     }
   }
 
-  std::shared_ptr<const SftConversations> data_;
+  std::shared_ptr<const ConversationStore> data_;
   int64_t begin_, end_, samples_, micro_batch_, seq_, pad_;
   int dp_rank_, dp_size_;
   uint64_t seed_;
@@ -299,8 +382,34 @@ class SftSource final : public lf::train::BatchSource {
 DataSources make_sft_sources(const SftOptions& o) {
   const std::string tokens_idx = lf::data::idx_path(lf::data::SftDataset::tokens_prefix(o.prefix));
   LF_CHECK(std::filesystem::exists(tokens_idx), "--training-phase sft: ", tokens_idx, " does not exist",
-           lf::hint("data.data_path must be the --output-prefix of `loongforge-data preprocess --conversations`"));
-  auto data = std::make_shared<const SftConversations>(o.prefix, o.vocab_size);
+           lf::hint("data.data_path must be the --output-prefix of `loongforge-data preprocess --conversations` "
+                    "(or --multimodal)"));
+  const bool multimodal = lf::data::MultimodalDataset::exists(o.prefix);
+  LF_CHECK(multimodal == o.media, "--training-phase sft: ", o.prefix, multimodal ? " is a multimodal store (media) but the model reads no media"
+                                                                                : " holds text conversations but the model reads media",
+           lf::hint(multimodal ? "train a vision-language model (e.g. model type qwen2_5_vl) on it"
+                               : "preprocess the conversations with `loongforge-data preprocess --multimodal`"));
+  std::shared_ptr<const ConversationStore> data;
+  if (multimodal) {
+    LF_CHECK(!o.pack, "--packing-sft-data is not supported with multimodal data yet (M-RoPE positions come from "
+             "whole conversations)", lf::hint("drop --packing-sft-data"));
+    auto mm = std::make_shared<const MultimodalConversations>(o.prefix, o.vocab_size, o.seq_length);
+    LF_CHECK(o.image_token_id < 0 || mm->info().image_token_id == o.image_token_id, "multimodal store ", o.prefix,
+             " uses image token id ", mm->info().image_token_id, " but model.image_token_id is ", o.image_token_id,
+             lf::hint("set model.image_token_id (and video_token_id) to the tokenizer's ids"));
+    LF_CHECK(o.video_token_id < 0 || mm->info().video_token_id == o.video_token_id, "multimodal store ", o.prefix,
+             " uses video token id ", mm->info().video_token_id, " but model.video_token_id is ", o.video_token_id,
+             lf::hint("set model.video_token_id to the tokenizer's id"));
+    LF_CHECK(mm->size() > 0, "multimodal store ", o.prefix, ": all ", mm->dropped(),
+             " samples are longer than --seq-length + 1 = ", o.seq_length + 1, " tokens",
+             lf::hint("raise --seq-length, or lower --max-pixels when preprocessing"));
+    if (o.log && mm->dropped() > 0)
+      LF_WARN(mm->dropped(), " multimodal samples are longer than --seq-length + 1 = ", o.seq_length + 1,
+              " tokens and are skipped (a cut would separate placeholders from their pixels)");
+    data = mm;
+  } else {
+    data = std::make_shared<const SftConversations>(o.prefix, o.vocab_size);
+  }
   const int64_t n = data->size();
   // Contiguous ranges of conversations by the split proportions (train first), as Megatron splits
   // documents.
@@ -317,7 +426,8 @@ DataSources make_sft_sources(const SftOptions& o) {
   int64_t cut = 0;
   for (int64_t i = bounds[0]; i < bounds[1]; ++i) cut += data->length(i) > o.seq_length + 1;
   if (o.log) {
-    LF_INFO("SFT data ", o.prefix, ": ", n, " conversations (train ", bounds[1] - bounds[0], ", valid ",
+    LF_INFO(multimodal ? "SFT multimodal data " : "SFT data ", o.prefix, ": ", n, " conversations (train ",
+            bounds[1] - bounds[0], ", valid ",
             bounds[2] - bounds[1], "), ",
             o.pack ? "packed into rows of " : "one per row padded to ", o.seq_length, " tokens");
     if (cut > 0)
@@ -358,6 +468,10 @@ DataSources make_sft_sources_for(const lf::config::JobConfig& job, const lf::mod
   o.pad_id = eod.value_or(0);
   o.log = ctx.global_rank() == 0;
   o.pack = d.packing_sft_data;
+  const auto needs = plan.data_needs();
+  o.media = needs.media;
+  o.image_token_id = needs.image_token_id;
+  o.video_token_id = needs.video_token_id;
   return make_sft_sources(o);
 }
 

@@ -48,6 +48,11 @@ struct SftOptions {
   // per conversation and document_ids keeping attention within each (the padding is a document
   // of its own).
   bool pack = false;
+  // The model reads media: the store must be a `preprocess --multimodal` one (and a text store
+  // must not be), its placeholder ids those given (-1: unchecked). Media batches carry
+  // pixel_values / image_grid_thw and pixel_values_videos / video_grid_thw / second_per_grid_ts.
+  bool media = false;
+  int64_t image_token_id = -1, video_token_id = -1;
 };
 DataSources make_sft_sources(const SftOptions& options);
 

@@ -61,6 +61,12 @@ void check_job(const lf::config::JobConfig& job, const lf::config::Node& resolve
                origin_of(resolved, job.data.mock_data ? "data.data_path" : "data.mock_data"),
                "model type " + plan.config().type + " trains on --mock-data only: " + needs.mock_only_why,
                "pass --mock-data (and no --data-path)");
+  if (needs.media && !job.data.mock_data && job.training.training_phase != "sft")
+    errors.add("training.training_phase", origin_of(resolved, "training.training_phase"),
+               "model type " + plan.config().type +
+                   " reads images and videos: it trains on a multimodal store (loongforge-data preprocess --multimodal) "
+                   "with --training-phase sft, or on --mock-data",
+               "add --training-phase sft with --data-path set to the store's prefix, or pass --mock-data");
   const bool wants_eod = job.data.eod_mask_loss || job.data.reset_position_ids || job.data.reset_attention_mask;
   if (wants_eod && !needs.token_data)
     errors.add("data.eod_mask_loss", origin_of(resolved, "data.eod_mask_loss"),

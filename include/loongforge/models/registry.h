@@ -176,6 +176,10 @@ struct DataNeeds {
   bool token_data = true;      // reads token datasets (--data-path, or the mock token dataset)
   int64_t vocab_size = 0;      // token ids must stay below this
   std::string mock_only_why;   // non-empty: only --mock-data works, for this reason
+  // Reads media (pixel_values ...): trains on a multimodal store (--training-phase sft) or
+  // --mock-data; the store's placeholder ids must be these.
+  bool media = false;
+  int64_t image_token_id = -1, video_token_id = -1;
 };
 
 // A composite's plan for one layout: every component's parallel layout and size, known before any

@@ -355,7 +355,9 @@ class Qwen25VlPlan : public CausalLmPlan {
   int64_t num_parameters() const override { return CausalLmPlan::num_parameters() + vision_.num_parameters(); }
   DataNeeds data_needs() const override {
     DataNeeds d = CausalLmPlan::data_needs();
-    d.mock_only_why = "qwen2_5_vl's images come from --mock-data until multimodal records arrive (issue 15)";
+    d.media = true;
+    d.image_token_id = own_.image_token_id;
+    d.video_token_id = own_.video_token_id;
     return d;
   }
 

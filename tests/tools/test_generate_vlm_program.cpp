@@ -1,0 +1,240 @@
+// loongforge-generate and loongforge-convert on a Qwen2.5-VL model as transformers saves it
+// (tests/tools/vlm_generate_oracle.py, Python as an oracle only: a tiny random
+// Qwen2_5_VLForConditionalGeneration, sharded safetensors + index, a Qwen2VLImageProcessorPil
+// preprocessor_config.json with small pixel bounds, two PNGs): the logits of `--image a.png --image
+// b.png` (decoded and preprocessed by us) and of `--vision-inputs` (the processor's tensors plus a
+// video) equal transformers' within 1e-4; greedy tokens (the whole sequence recomputed per step)
+// equal transformers'; hf2lf (TP 1, and TP 2 x PP 2) then generate from the LoongForge checkpoint
+// gives the HF directory's logits; hf -> lf -> hf reproduces every tensor and a config.json
+// transformers loads with identical logits; mistakes are errors naming the flag and the file.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include <unistd.h>
+
+#include "loongforge/core/safetensors.h"
+#include "multiprocess.h"
+#include "program_testing.h"
+
+namespace {
+namespace fs = std::filesystem;
+using lf::testing::bin;
+using lf::testing::run_command;
+
+std::string python() { return lf::testing::source_dir() + "/.venv/bin/python"; }
+std::string script() { return lf::testing::source_dir() + "/tests/tools/vlm_generate_oracle.py"; }
+
+std::string read_text(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+// The oracle's directory, made once per script text under <build>/test-cache (written to a
+// temporary directory and renamed into place, so concurrent test processes share one); "" when
+// transformers is not installed.
+const std::string& oracle() {
+  static const std::string dir = []() -> std::string {
+    if (!fs::exists(python())) return "";
+    const std::string cache = lf::testing::binary_dir() + "/test-cache/vlm_generate_oracle-" +
+                              std::to_string(std::hash<std::string>{}(read_text(script())));
+    if (fs::exists(cache + "/ids.json")) return cache;
+    const std::string tmp = cache + ".tmp-" + std::to_string(::getpid());
+    std::error_code ec;
+    fs::remove_all(tmp, ec);
+    fs::create_directories(tmp);
+    auto r = run_command({python(), script(), "make", tmp}, {{"HF_HUB_OFFLINE", "1"}}, std::chrono::seconds(240));
+    if (!r.ok() && (r.output.find("No module named 'transformers'") != std::string::npos ||
+                    r.output.find("No module named 'torch'") != std::string::npos))
+      return "";
+    EXPECT_TRUE(r.ok()) << r.output;
+    fs::rename(tmp, cache, ec);
+    if (ec) fs::remove_all(tmp, ec);
+    return cache;
+  }();
+  return dir;
+}
+
+#define REQUIRE_ORACLE()                                                                    \
+  if (oracle().empty()) GTEST_SKIP() << "transformers is not installed in " << python();     \
+  ASSERT_TRUE(fs::exists(oracle() + "/ids.json"))
+
+std::string ids(const std::string& key) { return nlohmann::json::parse(read_text(oracle() + "/ids.json")).at(key); }
+
+// A float32 tensor of a safetensors file, flattened, with its shape.
+std::vector<float> read_f32(const std::string& file, const std::string& name, std::vector<int64_t>* shape = nullptr) {
+  auto r = lf::safetensors::Reader::open(file);
+  const auto& t = r.at(name);
+  EXPECT_EQ(t.dtype, lf::safetensors::DType::F32) << name << " in " << file;
+  if (shape) *shape = t.shape;
+  std::vector<float> v(static_cast<size_t>(t.numel()));
+  std::memcpy(v.data(), r.data(t), v.size() * 4);
+  return v;
+}
+
+double max_diff(const std::vector<float>& a, const std::vector<float>& b) {
+  EXPECT_EQ(a.size(), b.size());
+  if (a.size() != b.size()) return 1e9;
+  double d = 0;
+  for (size_t i = 0; i < a.size(); ++i) d = std::max(d, static_cast<double>(std::abs(a[i] - b[i])));
+  return d;
+}
+
+double max_abs(const std::vector<float>& a) {
+  double m = 0;
+  for (float x : a) m = std::max(m, static_cast<double>(std::abs(x)));
+  return m;
+}
+
+// loongforge-generate --dump-logits with `args`; the logits (asserting success).
+std::vector<float> dump(const std::vector<std::string>& args, const std::string& out, std::vector<int64_t>* shape = nullptr) {
+  std::vector<std::string> argv{bin("loongforge-generate")};
+  argv.insert(argv.end(), args.begin(), args.end());
+  argv.insert(argv.end(), {"--dump-logits", out});
+  auto r = run_command(argv, {{"OMP_NUM_THREADS", "1"}});
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  if (r.exit_code != 0) return {};
+  return read_f32(out, "logits", shape);
+}
+
+constexpr double kTolerance = 1e-4;  // fp32 end to end; a wrong splice or position is O(0.1)
+
+std::vector<std::string> image_args(const std::string& load) {
+  return {"--load", load, "--image", oracle() + "/a.png", "--image", oracle() + "/b.png", "--input-ids", ids("images_ids")};
+}
+std::vector<std::string> vision_input_args(const std::string& load) {
+  return {"--load", load, "--vision-inputs", oracle() + "/vision_inputs.safetensors", "--input-ids", ids("vi_ids")};
+}
+
+TEST(GenerateVlm, ImageLogitsEqualTransformers) {
+  REQUIRE_ORACLE();
+  const auto work = lf::testing::make_temp_dir("genvlm");
+  std::vector<int64_t> shape;
+  const auto ours = dump(image_args(oracle() + "/hf"), work + "/l.safetensors", &shape);
+  const auto want = read_f32(oracle() + "/expected.safetensors", "images_logits");
+  ASSERT_FALSE(ours.empty());
+  EXPECT_EQ(shape, (std::vector<int64_t>{28, 200}));
+  EXPECT_GT(max_abs(want), 0.05);
+  const double d = max_diff(ours, want);
+  std::printf("--image a.png --image b.png: max |ours - transformers| = %.3g\n", d);
+  EXPECT_LE(d, kTolerance);
+}
+
+TEST(GenerateVlm, VisionInputsWithAVideoEqualTransformers) {
+  REQUIRE_ORACLE();
+  const auto work = lf::testing::make_temp_dir("genvlm");
+  const auto ours = dump(vision_input_args(oracle() + "/hf"), work + "/l.safetensors");
+  const auto want = read_f32(oracle() + "/expected.safetensors", "vi_logits");
+  ASSERT_FALSE(ours.empty());
+  const double d = max_diff(ours, want);
+  std::printf("--vision-inputs (image + video): max |ours - transformers| = %.3g\n", d);
+  EXPECT_LE(d, kTolerance);
+}
+
+TEST(GenerateVlm, GreedyTokensEqualTransformers) {
+  REQUIRE_ORACLE();
+  auto args = image_args(oracle() + "/hf");
+  std::vector<std::string> argv{bin("loongforge-generate")};
+  argv.insert(argv.end(), args.begin(), args.end());
+  argv.insert(argv.end(), {"--max-new-tokens", "4"});
+  auto r = run_command(argv, {{"OMP_NUM_THREADS", "1"}});
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find(ids("images_greedy") + "\n"), std::string::npos)
+      << "transformers: " << ids("images_greedy") << "\n" << r.output;
+}
+
+// hf2lf writes a qwen2_5_vl checkpoint (and carries preprocessor_config.json); generate from it
+// gives the HF directory's logits, at TP 1 and from TP 2 x PP 2 shards.
+TEST(ConvertVlm, Hf2LfCheckpointGivesTheSameLogits) {
+  REQUIRE_ORACLE();
+  const auto work = lf::testing::make_temp_dir("genvlm");
+  const auto hf_images = dump(image_args(oracle() + "/hf"), work + "/hf_i.safetensors");
+  const auto hf_vi = dump(vision_input_args(oracle() + "/hf"), work + "/hf_v.safetensors");
+  for (const auto& [tp, pp] : {std::pair<const char*, const char*>{"1", "1"}, {"2", "2"}}) {
+    const std::string ckpt = work + "/lf" + tp + pp;
+    auto conv = run_command({bin("loongforge-convert"), "hf2lf", "--hf-dir", oracle() + "/hf", "--out", ckpt, "--tp", tp,
+                             "--pp", pp});
+    ASSERT_EQ(conv.exit_code, 0) << conv.output;
+    EXPECT_NE(read_text(ckpt + "/iter_0000000/config.yaml").find("type: qwen2_5_vl\n"), std::string::npos);
+    EXPECT_TRUE(fs::exists(ckpt + "/preprocessor_config.json"));
+    const double di = max_diff(dump(image_args(ckpt), work + "/i.safetensors"), hf_images);
+    const double dv = max_diff(dump(vision_input_args(ckpt), work + "/v.safetensors"), hf_vi);
+    std::printf("hf2lf --tp %s --pp %s: checkpoint vs HF directory logits: images %.3g, vision inputs %.3g\n", tp, pp,
+                di, dv);
+    EXPECT_EQ(di, 0.0);
+    EXPECT_EQ(dv, 0.0);
+  }
+}
+
+// hf -> lf -> hf: every tensor bit for bit, a config.json transformers loads, the same logits.
+TEST(ConvertVlm, RoundTripReproducesTheModel) {
+  REQUIRE_ORACLE();
+  const auto work = lf::testing::make_temp_dir("genvlm");
+  auto r = run_command({bin("loongforge-convert"), "hf2lf", "--hf-dir", oracle() + "/hf", "--out", work + "/lf"});
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  r = run_command({bin("loongforge-convert"), "lf2hf", "--load", work + "/lf", "--out", work + "/rt", "--dtype", "fp32"});
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(fs::exists(work + "/rt/model.safetensors"));
+  EXPECT_TRUE(fs::exists(work + "/rt/preprocessor_config.json"));
+  auto cmp = run_command({python(), script(), "compare", oracle() + "/hf", work + "/rt"}, {{"HF_HUB_OFFLINE", "1"}},
+                         std::chrono::seconds(240));
+  ASSERT_EQ(cmp.exit_code, 0) << cmp.output;
+  EXPECT_NE(cmp.output.find("tensors 69 69 equal 69\n"), std::string::npos) << cmp.output;
+  EXPECT_NE(cmp.output.find("logits 0.000e+00\n"), std::string::npos) << cmp.output;
+  // And the exported directory is a --load for generate, with the same logits.
+  const double d = max_diff(dump(image_args(work + "/rt"), work + "/a.safetensors"),
+                            dump(image_args(oracle() + "/hf"), work + "/b.safetensors"));
+  EXPECT_EQ(d, 0.0);
+  // A sharded export (the HF index) reads back the same.
+  r = run_command({bin("loongforge-convert"), "lf2hf", "--load", work + "/lf", "--out", work + "/sharded", "--dtype",
+                   "fp32", "--max-shard-size", "300KB"});
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(fs::exists(work + "/sharded/model.safetensors.index.json"));
+  EXPECT_EQ(max_diff(dump(image_args(work + "/sharded"), work + "/c.safetensors"),
+                     dump(image_args(oracle() + "/hf"), work + "/d.safetensors")),
+            0.0);
+}
+
+// Each mistake is an error (exit 1) naming the flag and the file.
+TEST(GenerateVlm, MistakesAreClearErrors) {
+  REQUIRE_ORACLE();
+  const auto work = lf::testing::make_temp_dir("genvlm");
+  const std::string hf = oracle() + "/hf", a = oracle() + "/a.png", vi = oracle() + "/vision_inputs.safetensors";
+  auto run = [&](std::vector<std::string> args) {
+    args.insert(args.begin(), bin("loongforge-generate"));
+    return run_command(args, {{"OMP_NUM_THREADS", "1"}});
+  };
+  auto expect_error = [&](const lf::testing::RankResult& r, const std::vector<std::string>& words) {
+    EXPECT_EQ(r.exit_code, 1) << r.output;
+    for (const auto& w : words) EXPECT_NE(r.output.find(w), std::string::npos) << "no '" << w << "' in:\n" << r.output;
+  };
+  const std::string missing = work + "/missing.png";
+  expect_error(run({"--load", hf, "--image", missing, "--input-ids", "1,2"}), {"--image", missing, "no such file"});
+  expect_error(run({"--load", hf, "--image", a, "--vision-inputs", vi, "--input-ids", "1,2"}),
+               {"--image", "--vision-inputs", "not both"});
+  // One placeholder short of the two images' grids.
+  std::string short_ids = ids("images_ids");
+  short_ids = short_ids.substr(0, short_ids.find(",192,")) + short_ids.substr(short_ids.find(",192,") + 4);
+  expect_error(run({"--load", hf, "--image", a, "--image", oracle() + "/b.png", "--input-ids", short_ids}),
+               {"image placeholders", "--image " + a, "grids"});
+  expect_error(run({"--load", hf, "--input-ids", ids("images_ids")}), {"image placeholders", "no media"});
+  // Not an image.
+  expect_error(run({"--load", hf, "--image", oracle() + "/ids.json", "--input-ids", "1,2"}),
+               {"--image", oracle() + "/ids.json"});
+  // Images for a text-only model.
+  expect_error(run({"--load", oracle() + "/text_hf", "--image", a, "--input-ids", "1,2", "--dump-logits",
+                    work + "/x.safetensors"}),
+               {"--image " + a, "text-only"});
+  expect_error(run({"--load", oracle() + "/text_hf", "--vision-inputs", vi, "--input-ids", "1,2"}),
+               {"--vision-inputs " + vi, "text-only"});
+}
+
+}  // namespace

@@ -15,14 +15,12 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
-#include <functional>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
-#include <unistd.h>
-
 #include "loongforge/core/safetensors.h"
 #include "multiprocess.h"
+#include "oracle_cache.h"
 #include "program_testing.h"
 
 namespace {
@@ -30,36 +28,15 @@ namespace fs = std::filesystem;
 using lf::testing::bin;
 using lf::testing::run_command;
 
-std::string python() { return lf::testing::source_dir() + "/.venv/bin/python"; }
+std::string python() { return lf::testing::venv_python(); }
 std::string script() { return lf::testing::source_dir() + "/tests/tools/vlm_generate_oracle.py"; }
 
-std::string read_text(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-}
+using lf::testing::read_text;
 
-// The oracle's directory, made once per script text under <build>/test-cache (written to a
-// temporary directory and renamed into place, so concurrent test processes share one); "" when
+// The oracle's directory, made once per script text (tests/support/oracle_cache.h); "" when
 // transformers is not installed.
 const std::string& oracle() {
-  static const std::string dir = []() -> std::string {
-    if (!fs::exists(python())) return "";
-    const std::string cache = lf::testing::binary_dir() + "/test-cache/vlm_generate_oracle-" +
-                              std::to_string(std::hash<std::string>{}(read_text(script())));
-    if (fs::exists(cache + "/ids.json")) return cache;
-    const std::string tmp = cache + ".tmp-" + std::to_string(::getpid());
-    std::error_code ec;
-    fs::remove_all(tmp, ec);
-    fs::create_directories(tmp);
-    auto r = run_command({python(), script(), "make", tmp}, {{"HF_HUB_OFFLINE", "1"}}, std::chrono::seconds(240));
-    if (!r.ok() && (r.output.find("No module named 'transformers'") != std::string::npos ||
-                    r.output.find("No module named 'torch'") != std::string::npos))
-      return "";
-    EXPECT_TRUE(r.ok()) << r.output;
-    fs::rename(tmp, cache, ec);
-    if (ec) fs::remove_all(tmp, ec);
-    return cache;
-  }();
+  static const std::string dir = lf::testing::cached_oracle(script(), "vlm_generate_oracle", "ids.json");
   return dir;
 }
 

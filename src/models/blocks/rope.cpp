@@ -86,7 +86,7 @@ std::pair<at::Tensor, at::Tensor> rope_tables_at(const RopeSpec& spec, const at:
 
 std::pair<at::Tensor, at::Tensor> mrope_tables(const RopeSpec& spec, const at::Tensor& positions,
                                                const std::vector<int64_t>& sections,
-                                               const at::TensorOptions& options) {
+                                               const at::TensorOptions& options, bool interleaved) {
   const int64_t half = spec.head_dim / 2;
   LF_CHECK(positions.dim() == 2 && positions.size(0) == static_cast<int64_t>(sections.size()),
            "M-RoPE positions must be [", sections.size(), ", n] (one row per section), got ", positions.sizes());
@@ -94,6 +94,16 @@ std::pair<at::Tensor, at::Tensor> mrope_tables(const RopeSpec& spec, const at::T
            "head_dim / 2 = ", half, lf::hint("Qwen2-VL uses mrope_section [16, 24, 24] for head_dim 128"));
   auto inv_freq = rope_inv_freq(spec);                                   // [d/2]
   auto all = positions.to(at::kCPU, at::kDouble).unsqueeze(-1) * inv_freq;  // [A, n, d/2]
+  if (interleaved) {
+    LF_CHECK(sections.size() == 3, "interleaved M-RoPE takes 3 sections (temporal, height, width), got ",
+             sections.size());
+    std::vector<int64_t> axis(static_cast<size_t>(half), 0);
+    for (int64_t i = 0; i < half; ++i)
+      if (i % 3 == 1 && i < 3 * sections[1]) axis[static_cast<size_t>(i)] = 1;
+      else if (i % 3 == 2 && i < 3 * sections[2]) axis[static_cast<size_t>(i)] = 2;
+    auto pick = at::tensor(axis, at::kLong).view({1, 1, half}).expand({1, all.size(1), half});
+    return tables_of(all.gather(0, pick).squeeze(0), options);
+  }
   std::vector<at::Tensor> parts;
   int64_t at_ = 0;
   for (size_t a = 0; a < sections.size(); ++a) {

@@ -3,6 +3,7 @@
 #include <ATen/Functions.h>
 #include <ATen/TensorOperators.h>
 
+#include <algorithm>
 #include <cmath>
 #include <tuple>
 
@@ -80,6 +81,8 @@ Decoder::Decoder(const DecoderConfig& c, const lf::backend::DeviceBackend& backe
              rope_spec(c).head_dim / 2, " (halves-layout RoPE, no MLA); got ", c.mrope_section.size(), " summing to ", sum,
              lf::hint("Qwen2.5-VL uses [16, 24, 24] for head_dim 128"));
   }
+  LF_CHECK(!c.mrope_interleaved || !c.mrope_section.empty(), "model mrope_interleaved needs mrope_section",
+           lf::hint("Qwen3-VL uses mrope_section [24, 20, 20] with mrope_interleaved for head_dim 128"));
   {
     bool ok = stage_.chunks.front().begin >= 0 && stage_.chunks.back().end <= c.num_layers &&
               (!stage_.first || stage_.chunks.front().begin == 0) &&
@@ -310,7 +313,8 @@ AttentionInputs Decoder::attention_inputs(const DecoderInputs& in) const {
     const int64_t b = in.position_ids.size(mrope ? 1 : 0);
     for (int64_t i = 0; i < b; ++i) {
       // M-RoPE tables [s, d] per sample from its [3, s] positions; [b, s] positions are 1D RoPE.
-      auto [c, si] = mrope ? mrope_tables(rope_spec(config_), in.position_ids.select(1, i), config_.mrope_section, options)
+      auto [c, si] = mrope ? mrope_tables(rope_spec(config_), in.position_ids.select(1, i), config_.mrope_section, options,
+                                          config_.mrope_interleaved)
                            : rope_tables_at(rope_spec(config_), in.position_ids[i], options);
       cos.push_back(c);
       sin.push_back(si);
@@ -329,7 +333,65 @@ AttentionInputs Decoder::attention_inputs(const DecoderInputs& in) const {
   return a;
 }
 
+int64_t Decoder::global_layer(size_t local) const {
+  size_t before = 0;
+  for (const auto& r : stage_.chunks) {
+    const auto n = static_cast<size_t>(r.size());
+    if (local < before + n) return r.begin + static_cast<int64_t>(local - before);
+    before += n;
+  }
+  LF_FAIL("local layer ", local, " of a pipeline stage with ", layers_.size(), " layers (", describe_stage(), ")");
+}
+
+at::Tensor Decoder::inject(const at::Tensor& x, const HiddenInjection& j, int64_t seq) const {
+  LF_CHECK(j.mask.dim() == 2 && j.mask.size(1) == seq && j.mask.size(0) == x.size(1), "injection after layer ",
+           j.layer, ": the mask must be [batch ", x.size(1), ", seq ", seq, "], got ", j.mask.sizes());
+  const auto mask = j.mask.to(x.device(), at::kBool);
+  LF_CHECK(j.values.dim() == 2 && j.values.size(1) == x.size(2) && j.values.size(0) == mask.sum().item<int64_t>(),
+           "injection after layer ", j.layer, ": values must be [", mask.sum().item<int64_t>(),
+           " (the mask's positions), ", x.size(2), "], got ", j.values.sizes());
+  at::Tensor local = mask, values = j.values.to(x.device(), x.scalar_type());
+  if (x.size(0) != seq) {
+    // Sequence parallelism: this rank's chunk of the sequence and the rows that fall in it.
+    const int64_t len = x.size(0), start = static_cast<int64_t>(tp_.rank()) * len;
+    const auto row = (mask.reshape({-1}).to(at::kLong).cumsum(0) - 1).view(mask.sizes());
+    local = mask.narrow(1, start, len);
+    values = values.index_select(0, row.narrow(1, start, len).masked_select(local));
+  }
+  const auto add = at::zeros({x.size(1), x.size(0), x.size(2)}, x.options())
+                       .masked_scatter(local.unsqueeze(-1), values);  // [b, s(/tp), h]
+  return x + add.transpose(0, 1);
+}
+
 at::Tensor Decoder::run_layers(at::Tensor x, const DecoderInputs& in, size_t lo, size_t hi) const {
+  hi = std::min(hi, layers_.size());
+  if (!in.injections.empty()) {
+    LF_CHECK(!in.cache && !in.chunk, "hidden-state injections (DeepStack) work on whole sequences (no KV cache, no "
+             "ChunkPipe)");
+    std::vector<std::pair<size_t, const HiddenInjection*>> at_layer;
+    for (const auto& j : in.injections) {
+      size_t local = SIZE_MAX;
+      for (size_t i = lo; i < hi; ++i)
+        if (global_layer(i) == j.layer) local = i;
+      LF_CHECK(local != SIZE_MAX, "an injection after decoder layer ", j.layer, " reached a call running ",
+               hi > lo ? "layers " + std::to_string(global_layer(lo)) + ".." + std::to_string(global_layer(hi - 1))
+                       : std::string("no layers"),
+               " of pipeline stage ", describe_stage(),
+               lf::hint("the stage holding that layer must receive the injection"));
+      at_layer.push_back({local, &j});
+    }
+    std::stable_sort(at_layer.begin(), at_layer.end(),
+                     [](const auto& a, const auto& b) { return a.first < b.first; });
+    DecoderInputs rest = in;
+    rest.injections.clear();
+    size_t from = lo;
+    for (const auto& [local, j] : at_layer) {
+      if (local + 1 > from) x = run_layers(x, rest, from, local + 1);
+      from = local + 1;
+      x = inject(x, *j, in.seq);
+    }
+    return from < hi ? run_layers(x, rest, from, hi) : x;
+  }
   AttentionInputs a = attention_inputs(in);
   a.cache = in.cache;
   a.chunk = in.chunk;
@@ -342,7 +404,7 @@ at::Tensor Decoder::run_layers(at::Tensor x, const DecoderInputs& in, size_t lo,
     in.chunk->v.assign(layers_.size(), at::Tensor());
   }
   LayerContext lc{&backend_, &tp_, &rng_, training_, recompute_, &moe_step_, moe_layers_};
-  x = lf::models::run_layers(layers_, lo, std::min(hi, layers_.size()), x, a, lc);
+  x = lf::models::run_layers(layers_, lo, hi, x, a, lc);
   if (in.cache) in.cache->length += in.seq;
   return x;
 }

@@ -282,6 +282,10 @@ void DecoderConfig::validate(const lf::config::Node& tree, const std::string& pr
                      std::to_string(mrope_section.size()) + " summing to " + std::to_string(sum),
                  "Qwen2.5-VL uses [16, 24, 24] for head_dim 128; leave it empty for 1D RoPE");
   }
+  if (mrope_interleaved && mrope_section.empty())
+    errors.add(key("mrope_interleaved"), origin("mrope_interleaved"),
+               "mrope_interleaved arranges the sections of M-RoPE, but mrope_section is empty",
+               "set mrope_section (Qwen3-VL: [24, 20, 20] for head_dim 128) or drop mrope_interleaved");
   if (multi_latent_attention) {
     for (const char* f : {"kv_lora_rank", "qk_head_dim", "qk_pos_emb_head_dim", "v_head_dim"}) {
       const int64_t v = std::string(f) == "kv_lora_rank" ? kv_lora_rank

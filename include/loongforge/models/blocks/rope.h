@@ -58,10 +58,12 @@ std::pair<at::Tensor, at::Tensor> rope_tables_at(const RopeSpec& spec, const at:
 
 // M-RoPE (Qwen2-VL): positions [3, n] (temporal, height, width); `sections` [3] split the d/2
 // frequencies (their sum is d/2): frequency i takes the position of the axis whose section
-// holds it. With the three rows equal this is 1D RoPE (text tokens).
+// holds it. With the three rows equal this is 1D RoPE (text tokens). interleaved (Qwen3-VL's
+// apply_interleaved_mrope): frequency i takes the height row when i % 3 == 1 and i < 3 sections[1],
+// the width row when i % 3 == 2 and i < 3 sections[2], else the temporal row.
 std::pair<at::Tensor, at::Tensor> mrope_tables(const RopeSpec& spec, const at::Tensor& positions,
                                                const std::vector<int64_t>& sections,
-                                               const at::TensorOptions& options);
+                                               const at::TensorOptions& options, bool interleaved = false);
 
 // N-D RoPE: positions [A, n]; axis a owns axis_dims[a] / 2 consecutive of the d/2 rotation pairs
 // (axis_dims even, their sum head_dim), with its own frequencies base^(-2i/axis_dims[a]). In the

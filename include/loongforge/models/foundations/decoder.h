@@ -55,6 +55,17 @@ PipelineStage pipeline_stage(const DecoderConfig& config, int pp, int pp_rank,
 
 RopeSpec rope_spec(const DecoderConfig& c);
 
+// An addition to the hidden states after one decoder layer at masked positions (Qwen3-VL's
+// DeepStack): after global layer `layer`, the hidden state of sample b at position p gains the next
+// row of `values` wherever mask[b, p] is true (rows in (b, p) row-major order, as masked_scatter
+// takes them). mask [b, s] bool over the whole sequence (sequence parallelism: each rank adds its
+// chunk's rows), values [mask.sum(), h]; differentiable in values.
+struct HiddenInjection {
+  int64_t layer = 0;
+  at::Tensor mask;
+  at::Tensor values;
+};
+
 // Per-forward inputs of the layers beyond the hidden states.
 struct DecoderInputs {
   int64_t start = 0;          // position of the first token (KV cache, ChunkPipe)
@@ -64,6 +75,10 @@ struct DecoderInputs {
   at::Tensor document_ids;    // [b, s] int64: attention stays within a document, or undefined
   KvCache* cache = nullptr;
   ChunkAttention* chunk = nullptr;
+  // Additions after given layers (whole sequences only: no KV cache, no ChunkPipe). Every layer
+  // named must be among those the run_layers call runs (an error otherwise: under pipeline
+  // parallelism the stage holding the layer must receive the injection).
+  std::vector<HiddenInjection> injections;
 };
 
 class Decoder {
@@ -81,13 +96,17 @@ class Decoder {
   // [s, b, h] -> this rank's sequence chunk under sequence parallelism (identity otherwise);
   // differentiable (backward all-gathers).
   at::Tensor scatter_sequence(const at::Tensor& x) const;
-  // Local layers [lo, hi) (default: all of this rank's): [s(/tp), b, h] -> [s(/tp), b, h].
+  // Local layers [lo, hi) (default: all of this rank's): [s(/tp), b, h] -> [s(/tp), b, h]; with
+  // in.injections the run is split after each injected layer (the recomputation policy counts
+  // layers from each piece's start).
   at::Tensor run_layers(at::Tensor x, const DecoderInputs& in, size_t lo = 0, size_t hi = SIZE_MAX) const;
   // Final norm (last stage): [s(/tp), b, h] -> [s(/tp), b, h].
   at::Tensor final_norm(const at::Tensor& x) const;
 
   // Local layer indices [begin, end) of model chunk c.
   std::pair<size_t, size_t> chunk_layers(int64_t c) const;
+  // The global index of local layer i.
+  int64_t global_layer(size_t local) const;
   size_t num_local_layers() const { return layers_.size(); }
   const PipelineStage& stage() const { return stage_; }
   std::string describe_stage() const { return stage_.describe(); }
@@ -156,6 +175,7 @@ class Decoder {
   std::vector<MtpLayer> mtp_;
   TokenEmbedding mtp_embedding_;  // the last stage's copy of the embedding (MTP under PP)
   AttentionInputs attention_inputs(const DecoderInputs& in) const;
+  at::Tensor inject(const at::Tensor& x, const HiddenInjection& injection, int64_t seq) const;
   at::Tensor embed_with(const TokenEmbedding& table, const at::Tensor& tokens, int64_t start, bool scatter = true) const;
 };
 

@@ -57,6 +57,10 @@ struct DecoderConfig {
   // width) of the head_dim / 2 rotary frequencies; empty: 1D RoPE. Set, the decoder takes position
   // ids [3, b, s] (or [b, s] / none: all three axes equal, which is 1D RoPE).
   std::vector<int64_t> mrope_section;
+  // Interleaved M-RoPE (Qwen3-VL; HF's rope_parameters.mrope_interleaved): frequency j takes the
+  // height position when j % 3 == 1 and j < 3 mrope_section[1], the width position when j % 3 == 2
+  // and j < 3 mrope_section[2], else the temporal one (instead of three contiguous sections).
+  bool mrope_interleaved = false;
   // Multi-latent attention (DeepSeek-V2/V3; Megatron's --multi-latent-attention).
   bool multi_latent_attention = false;
   int64_t q_lora_rank = 0;
@@ -123,6 +127,9 @@ struct DecoderConfig {
     v("mrope_section", mrope_section,
       "M-RoPE (Qwen2.5-VL): temporal, height, width sections of the head_dim / 2 rotary frequencies (empty: 1D RoPE)",
       Min{1});
+    v("mrope_interleaved", mrope_interleaved,
+      "M-RoPE (Qwen3-VL): the height and width frequencies interleaved with the temporal ones (t, h, w, t, h, w, ...) "
+      "instead of contiguous sections; needs mrope_section");
     v("untie_embeddings_and_output_weights", untie_embeddings_and_output_weights,
       "Separate output layer instead of the transposed embedding");
     v("add_bias_linear", add_bias_linear, "Biases in the linear layers");

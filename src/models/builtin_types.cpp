@@ -3,9 +3,11 @@
 #include "composites/causal_lm_plan.h"
 #include "loongforge/models/composites/feature_regression.h"
 #include "loongforge/models/composites/qwen2_5_vl.h"
+#include "loongforge/models/composites/qwen3_vl.h"
 #include "loongforge/models/composites/spliced_lm.h"
 #include "loongforge/models/encoders/mlp_encoder.h"
 #include "loongforge/models/encoders/qwen2_5_vl_vision.h"
+#include "loongforge/models/encoders/qwen3_vl_vision.h"
 #include "loongforge/models/foundations/decoder_config.h"
 #include "loongforge/models/registry.h"
 
@@ -18,10 +20,12 @@ void register_builtin_types(Registry& r) {
                       schema_loader<DecoderConfig>()});
   register_mlp_encoder(r);
   register_qwen25_vision(r);
+  register_qwen3_vision(r);
   register_causal_lm(r);
   register_spliced_lm(r);
   register_feature_regression(r);
   register_qwen2_5_vl(r);
+  register_qwen3_vl(r);
 }
 
 }  // namespace lf::models

@@ -1,0 +1,467 @@
+#include "loongforge/models/composites/qwen3_vl.h"
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/Functions.h>
+#include <ATen/TensorOperators.h>
+
+#include <algorithm>
+#include <array>
+#include <set>
+#include <sstream>
+
+#include "causal_lm_plan.h"
+#include "loongforge/core/error.h"
+#include "loongforge/dist/parallel_context.h"
+#include "loongforge/models/hf_adapter.h"
+
+namespace lf::models {
+namespace {
+const std::string kType = "qwen3_vl";
+
+std::vector<std::array<int64_t, 3>> grids_of(const at::Tensor& g, const char* field) {
+  std::vector<std::array<int64_t, 3>> out;
+  if (!g.defined()) return out;
+  LF_CHECK(g.dim() == 2 && g.size(1) == 3, field, " must be [num_media, 3] (t, h, w in patches), got ", g.sizes());
+  const auto c = g.to(at::kCPU, at::kLong).contiguous();
+  const int64_t* p = c.data_ptr<int64_t>();
+  for (int64_t i = 0; i < c.size(0); ++i) out.push_back({p[3 * i], p[3 * i + 1], p[3 * i + 2]});
+  return out;
+}
+}  // namespace
+
+at::Tensor qwen3_vl_position_ids(const at::Tensor& input_ids, const at::Tensor& image_grid_thw,
+                                 const at::Tensor& video_grid_thw, const Qwen3VlConfig& ids, int64_t merge) {
+  LF_CHECK(input_ids.dim() == 2, "input_ids must be [batch, seq], got ", input_ids.sizes());
+  LF_CHECK(merge >= 1, "spatial_merge_size must be >= 1, got ", merge);
+  const auto tok = input_ids.to(at::kCPU, at::kLong).contiguous();
+  const int64_t b = tok.size(0), s = tok.size(1);
+  const int64_t* t = tok.data_ptr<int64_t>();
+  const auto images = grids_of(image_grid_thw, "image_grid_thw");
+  // A video of t frames is t grids of one frame each (timestamps separate the frames).
+  std::vector<std::array<int64_t, 3>> frames;
+  std::vector<std::pair<size_t, int64_t>> frame_of;  // (video, frame) of each frame grid
+  {
+    const auto videos = grids_of(video_grid_thw, "video_grid_thw");
+    for (size_t v = 0; v < videos.size(); ++v)
+      for (int64_t f = 0; f < videos[v][0]; ++f) {
+        frames.push_back({1, videos[v][1], videos[v][2]});
+        frame_of.push_back({v, f});
+      }
+  }
+  at::Tensor out = at::zeros({3, b, s}, at::kLong);
+  auto a = out.accessor<int64_t, 3>();
+  size_t next[2] = {0, 0};
+  for (int64_t i = 0; i < b; ++i) {
+    int64_t pos = 0, j = 0;
+    const int64_t* row = t + i * s;
+    while (j < s) {
+      const int64_t id = row[j];
+      if (id != ids.image_token_id && id != ids.video_token_id) {
+        for (int k = 0; k < 3; ++k) a[k][i][j] = pos;
+        ++pos, ++j;
+        continue;
+      }
+      const int video = id == ids.video_token_id ? 1 : 0;
+      const auto& list = video ? frames : images;
+      size_t& m = next[video];
+      LF_CHECK(m < list.size(), "sample ", i, " position ", j, ": ", video ? "video frame" : "image",
+               " placeholders (token ", id, ") beyond the ", list.size(), video ? " frame(s) of video_grid_thw" :
+               " grid(s) of image_grid_thw", lf::hint(video ? "every video needs one grid row, each frame t h w / "
+               "merge^2 placeholders" : "every image needs one grid row, in sample order"));
+      const auto [gt, h, w] = list[m];
+      const int64_t gh = h / merge, gw = w / merge, n = gt * gh * gw;
+      int64_t run = 0;
+      while (j + run < s && row[j + run] == id && run < n) ++run;
+      std::ostringstream what;
+      if (video)
+        what << "video " << frame_of[m].first << " frame " << frame_of[m].second;
+      else
+        what << "image " << m;
+      LF_CHECK(run == n, "sample ", i, " position ", j, ": ", what.str(), " (grid ", gt, "x", h, "x", w, ", merge ",
+               merge, ") needs ", n, " consecutive placeholder tokens, the sequence holds ", run,
+               lf::hint("the tokenizer's placeholder count must be h w / merge^2 per image or video frame"));
+      for (int64_t tt = 0; tt < gt; ++tt)
+        for (int64_t hh = 0; hh < gh; ++hh)
+          for (int64_t ww = 0; ww < gw; ++ww) {
+            const int64_t q = j + (tt * gh + hh) * gw + ww;
+            a[0][i][q] = pos + tt;
+            a[1][i][q] = pos + hh;
+            a[2][i][q] = pos + ww;
+          }
+      pos += std::max(gh, gw);
+      j += n;
+      ++m;
+    }
+  }
+  LF_CHECK(next[0] == images.size() && next[1] == frames.size(), "image_grid_thw holds ", images.size(),
+           " grid(s) and video_grid_thw ", frames.size(), " frame(s), but the tokens hold placeholders for ", next[0],
+           " image(s) and ", next[1], " video frame(s)", lf::hint("one run of placeholders per image and per frame"));
+  return out;
+}
+
+Qwen3Vl::Qwen3Vl(const DecoderConfig& foundation, const Qwen3VisionConfig& vision, const Qwen3VlConfig& config,
+                 const lf::backend::DeviceBackend& backend, uint64_t seed, at::ScalarType dtype,
+                 const lf::dist::ParallelContext* parallel, bool sequence_parallel, const PipelineStage& stage,
+                 bool foundation_trainable, std::unique_ptr<lf::dist::ParallelContext> vision_context,
+                 bool vision_trainable)
+    : CausalLm(foundation, backend, seed, dtype, parallel, sequence_parallel, stage, foundation_trainable),
+      config_(config), vision_context_(std::move(vision_context)), vision_trainable_(vision_trainable) {
+  for (const auto& [field, id] : {std::pair<const char*, int64_t>{"image_token_id", config.image_token_id},
+                                  {"video_token_id", config.video_token_id}})
+    LF_CHECK(id < foundation.vocab_size, "model.", field, " ", id, " is outside the vocabulary of ",
+             foundation.vocab_size, " tokens");
+  LF_CHECK(foundation.mrope_section.size() == 3 && foundation.mrope_interleaved,
+           "qwen3_vl: the foundation needs interleaved M-RoPE: set model.foundation.mrope_section (3 sections "
+           "summing to head_dim / 2; Qwen3-VL: [24, 20, 20]) and model.foundation.mrope_interleaved: true");
+  const auto k = static_cast<int64_t>(vision.deepstack_visual_indexes.size());
+  LF_CHECK(k <= foundation.num_layers, "qwen3_vl: the vision tower's ", k, " DeepStack entries feed the decoder's "
+           "first ", k, " layers, but it has ", foundation.num_layers);
+  if (!this->foundation().stage().first) return;  // the vision tower lives on the first pipeline stage
+  const auto& first = this->foundation().stage().chunks.front();
+  LF_CHECK(first.begin == 0 && first.end >= k, "qwen3_vl: DeepStack adds vision features after decoder layers 0..",
+           k - 1, ", which must all lie on the first pipeline stage's first model chunk; it holds ", describe_stage(),
+           lf::hint("give the first stage at least " + std::to_string(k) +
+                    " layers (--decoder-first-pipeline-num-layers) or use fewer pipeline stages"));
+  ParamBuilder b(at::make_generator<at::CPUGeneratorImpl>(component_seed(seed, "vision_encoder")), dtype,
+                 backend.device(), tensor_parallel_of(nullptr, false), vision_trainable);
+  Qwen3VisionConfig v = vision;
+  if (v.out_hidden_size == 0) v.out_hidden_size = foundation.hidden_size;
+  LF_CHECK(v.out_hidden_size == foundation.hidden_size, "model.vision_encoder.out_hidden_size ", v.out_hidden_size,
+           " differs from the foundation's hidden_size ", foundation.hidden_size,
+           lf::hint("the mergers' outputs replace token embeddings: set out_hidden_size 0 (the foundation's width)"));
+  encoder_ = std::make_unique<Qwen3VisionEncoder>(v, backend, b, "vision_encoder");
+  encoder_params_ = b.take();
+}
+
+Qwen3Vl::~Qwen3Vl() = default;
+
+const std::string& Qwen3Vl::type() const { return kType; }
+
+std::vector<ParameterGroup> Qwen3Vl::parameter_groups() const {
+  auto groups = CausalLm::parameter_groups();
+  if (encoder_)
+    groups.push_back(ParameterGroup{"vision_encoder", encoder_params_, vision_context_.get(), vision_trainable_});
+  return groups;
+}
+
+std::vector<std::string> Qwen3Vl::batch_fields() const {
+  auto f = CausalLm::batch_fields();
+  for (const char* name : {"pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw"})
+    f.push_back(name);
+  return f;
+}
+
+at::Tensor Qwen3Vl::position_ids(const at::Tensor& tokens, const at::Tensor& image_grid_thw,
+                                 const at::Tensor& video_grid_thw) const {
+  const int64_t merge = encoder_ ? encoder_->config().spatial_merge_size : 2;
+  return qwen3_vl_position_ids(tokens, image_grid_thw, video_grid_thw, config_, merge);
+}
+
+Qwen3Vl::Embedded Qwen3Vl::embed_with_media(const at::Tensor& tokens, const at::Tensor& pixel_values,
+                                            const at::Tensor& image_grid_thw, const at::Tensor& pixel_values_videos,
+                                            const at::Tensor& video_grid_thw) const {
+  LF_CHECK(encoder_ != nullptr, "qwen3_vl: media are encoded on the first pipeline stage; this one holds ",
+           describe_stage());
+  Embedded out;
+  at::Tensor x = foundation().embed(tokens, 0, /*scatter=*/false).transpose(0, 1);  // [b, s, h]
+  const auto device = x.device();
+  const int64_t shares = vision_context_ ? vision_context_->cp_size() : 1;
+  struct Media {
+    at::Tensor mask;  // [b, s] bool
+    Qwen3VisionOutput encoded;
+  };
+  auto encode = [&](const at::Tensor& pixels, const at::Tensor& grid, int64_t id, const char* kind,
+                    const char* pixels_field, const char* grid_field) {
+    Media m;
+    m.mask = tokens.eq(id).to(device);
+    const int64_t count = m.mask.sum().item<int64_t>();
+    if (!pixels.defined()) {
+      LF_CHECK(count == 0, "the tokens hold ", count, " ", kind, " placeholders (model.", kind, "_token_id ", id,
+               ") but the batch has no ", pixels_field, " / ", grid_field);
+      return m;
+    }
+    LF_CHECK(grid.defined(), pixels_field, " come with ", grid_field, " [num_", kind, "s, 3]");
+    m.encoded = encoder_->forward(pixels.to(device, encoder_params_.front().tensor.scalar_type()), grid);
+    LF_CHECK(count == m.encoded.merged.size(0), "the tokens hold ", count, " ", kind, " placeholders (model.", kind,
+             "_token_id ", id, ") but the vision tower made ", m.encoded.merged.size(0), " embeddings from the ",
+             grid.size(0), " grid(s) of ", grid_field,
+             lf::hint(std::string("each ") + kind + " needs t h w / spatial_merge_size^2 placeholder tokens"));
+    // Every rank of a foundation TP group encodes the same media and receives the whole gradient;
+    // the trainer sums the tower's gradients over its share axis, so each replica contributes 1 / shares.
+    auto share = [shares](at::Tensor& t) {
+      if (shares > 1 && t.requires_grad())
+        t.register_hook([shares](const at::Tensor& g) { return g / static_cast<double>(shares); });
+    };
+    share(m.encoded.merged);
+    for (auto& d : m.encoded.deepstack) share(d);
+    x = x.masked_scatter(m.mask.unsqueeze(-1), m.encoded.merged.to(x.scalar_type()));
+    return m;
+  };
+  const Media image = encode(pixel_values, image_grid_thw, config_.image_token_id, "image", "pixel_values",
+                             "image_grid_thw");
+  const Media video = encode(pixel_values_videos, video_grid_thw, config_.video_token_id, "video",
+                             "pixel_values_videos", "video_grid_thw");
+  out.hidden = x.transpose(0, 1).contiguous();
+  const bool has_image = image.encoded.merged.defined(), has_video = video.encoded.merged.defined();
+  if (!has_image && !has_video) return out;
+  // DeepStack: layer k's rows at every visual position, images' and videos' rows in sequence order.
+  const at::Tensor visual = has_image && has_video ? image.mask.logical_or(video.mask)
+                                                   : (has_image ? image.mask : video.mask);
+  const int64_t n = visual.sum().item<int64_t>(), h = x.size(2);
+  const size_t layers = encoder_->config().deepstack_visual_indexes.size();
+  for (size_t k = 0; k < layers; ++k) {
+    at::Tensor values;
+    if (has_image && has_video) {
+      values = at::zeros({n, h}, x.options())
+                   .masked_scatter(image.mask.masked_select(visual).unsqueeze(-1),
+                                   image.encoded.deepstack[k].to(x.scalar_type()))
+                   .masked_scatter(video.mask.masked_select(visual).unsqueeze(-1),
+                                   video.encoded.deepstack[k].to(x.scalar_type()));
+    } else {
+      values = (has_image ? image : video).encoded.deepstack[k].to(x.scalar_type());
+    }
+    out.injections.push_back(HiddenInjection{static_cast<int64_t>(k), visual, values});
+  }
+  return out;
+}
+
+at::Tensor Qwen3Vl::embed_inputs(const Batch&) const {
+  LF_FAIL("qwen3_vl embeds in its stage_forward (its DeepStack features go to the decoder layers)");
+}
+
+StageOutput Qwen3Vl::stage_forward(const Batch& batch, const TensorMap& input, int64_t chunk, Pass pass) {
+  LF_CHECK(!batch.contains("position_ids"), "qwen3_vl computes its M-RoPE position ids from the tokens and the "
+           "media grids; a batch with position_ids (--reset-position-ids) is not supported",
+           lf::hint("drop --reset-position-ids"));
+  auto field = [&](const char* name) {
+    const at::Tensor* t = batch.find(name);
+    return t ? *t : at::Tensor();
+  };
+  const at::Tensor& tokens = batch.at("tokens");
+  Batch with = batch;
+  with.set("position_ids", position_ids(tokens, field("image_grid_thw"), field("video_grid_thw")), 2);
+  const auto& st = foundation().stage();
+  const auto [lo, hi] = foundation().chunk_layers(chunk);
+  const bool embeds = st.first && chunk == 0, heads = st.last && chunk == st.num_chunks() - 1;
+  DecoderInputs in = inputs_of(with, tokens.size(1));
+  at::Tensor x;
+  if (embeds) {
+    auto e = embed_with_media(tokens.to(backend_.device()), field("pixel_values"), field("image_grid_thw"),
+                              field("pixel_values_videos"), field("video_grid_thw"));
+    x = foundation().scatter_sequence(e.hidden);
+    in.injections = std::move(e.injections);
+  } else {
+    x = input.at("hidden_states");
+  }
+  x = foundation().run_layers(x, in, lo, hi);
+  if (!heads) {
+    StageOutput out;
+    out.activations.set("hidden_states", x);
+    return out;
+  }
+  return head_output(x, with, pass);
+}
+
+at::Tensor Qwen3Vl::logits(const at::Tensor& tokens, const at::Tensor& pixel_values, const at::Tensor& image_grid_thw,
+                           const at::Tensor& pixel_values_videos, const at::Tensor& video_grid_thw) const {
+  check_whole_model("Qwen3Vl::logits");
+  auto e = embed_with_media(tokens.to(backend_.device()), pixel_values, image_grid_thw, pixel_values_videos,
+                            video_grid_thw);
+  DecoderInputs in;
+  in.seq = tokens.size(1);
+  in.position_ids = position_ids(tokens, image_grid_thw, video_grid_thw);
+  in.injections = std::move(e.injections);
+  at::Tensor x = foundation().run_layers(foundation().scatter_sequence(e.hidden), in);
+  return lm_head().full_logits(lm_head().local_logits(foundation().final_norm(x)));
+}
+
+void Qwen3Vl::load_hf_state(const std::map<std::string, at::Tensor>& tensors) {
+  const std::string visual = "model.visual.", lm = "model.language_model.";
+  for (const auto& [name, t] : tensors)
+    LF_CHECK(name.rfind(visual, 0) == 0 || name.rfind(lm, 0) == 0 || name.rfind("lm_head.", 0) == 0, "HF tensor '",
+             name, "' is neither the vision tower's (", visual, "*) nor the language model's (", lm,
+             "*, lm_head.*)", lf::hint("is this a Qwen3VLForConditionalGeneration state dict (transformers 5 names)?"));
+  if (encoder_) {
+    std::map<std::string, at::Tensor> vision;
+    for (const auto& [name, t] : tensors)
+      if (name.rfind(visual, 0) == 0) vision.emplace(name, t);
+    encoder_->load_hf_state(vision, visual);
+  }
+  const auto mapping = hf::mapping_for_architecture("Qwen3ForCausalLM", "qwen3");
+  std::vector<std::string> used;
+  const auto full = hf::decoder_from_hf_tensors(config(), mapping, tensors, lm, tp_size(), &used);
+  const std::set<std::string> read(used.begin(), used.end());
+  for (const auto& [name, t] : tensors)
+    LF_CHECK(name.rfind(visual, 0) == 0 || read.count(name), "HF tensor '", name,
+             "' has no place in this model's language model (", config().num_layers, " layers, qwen3 mapping)",
+             lf::hint("the checkpoint and model.foundation disagree (e.g. num_layers)"));
+  load_full_parameters({full.begin(), full.end()});
+}
+
+// --- plan -------------------------------------------------------------------------------------
+
+namespace {
+
+class Qwen3VlPlan : public CausalLmPlan {
+ public:
+  Qwen3VlPlan(std::shared_ptr<const ModelConfig> config, const PlanArgs& args, lf::config::ErrorList& errors)
+      : CausalLmPlan(config, args, errors),
+        vision_(config->fields<Qwen3VisionConfig>("vision_encoder")),
+        own_(config->own_fields<Qwen3VlConfig>()),
+        vision_frozen_(config->component("vision_encoder").settings.freeze) {
+    if (vision_.out_hidden_size == 0) vision_.out_hidden_size = foundation_.hidden_size;
+    const auto origin = [&](const std::string& path) {
+      const auto* n = args.resolved->find_path(path);
+      return n ? n->origin() : lf::config::Origin::from_default();
+    };
+    const auto& enc = config->component("vision_encoder");
+    if (enc.settings.tensor_model_parallel_size.value_or(1) != 1)
+      errors.add("model.vision_encoder.tensor_model_parallel_size",
+                 origin("model.vision_encoder.tensor_model_parallel_size"),
+                 "qwen3_vl runs its vision tower at TP 1 (every rank of the first stage encodes the micro-batch's "
+                 "media)", "set model.vision_encoder.tensor_model_parallel_size 1");
+    if (foundation_.mrope_section.size() != 3 || !foundation_.mrope_interleaved)
+      errors.add("model.foundation.mrope_interleaved", origin("model.foundation.mrope_interleaved"),
+                 "qwen3_vl needs interleaved M-RoPE in its foundation",
+                 "set model.foundation.mrope_section (Qwen3-VL: [24, 20, 20]) and mrope_interleaved: true");
+    if (vision_.out_hidden_size != foundation_.hidden_size)
+      errors.add("model.vision_encoder.out_hidden_size", origin("model.vision_encoder.out_hidden_size"),
+                 "the mergers' out_hidden_size " + std::to_string(vision_.out_hidden_size) +
+                     " differs from the foundation's hidden_size " + std::to_string(foundation_.hidden_size),
+                 "leave out_hidden_size at 0 (the foundation's width)");
+    const auto deep = static_cast<int64_t>(vision_.deepstack_visual_indexes.size());
+    if (deep > foundation_.num_layers)
+      errors.add("model.vision_encoder.deepstack_visual_indexes", origin("model.vision_encoder.deepstack_visual_indexes"),
+                 std::to_string(deep) + " DeepStack entries feed the decoder's first layers, but it has " +
+                     std::to_string(foundation_.num_layers),
+                 "list at most num_layers blocks");
+    else if (deep > 0 && layout_.size(lf::dist::Axis::pp) > 1) {
+      const auto first = lf::parallel::pipeline::pipeline_stage(foundation_.num_layers, layout_.size(lf::dist::Axis::pp),
+                                                                0, stage_split());
+      if (!first.chunks.empty() && first.chunks.front().end < deep)
+        errors.add("parallel.pipeline_model_parallel_size", origin("parallel.pipeline_model_parallel_size"),
+                   "qwen3_vl adds DeepStack features after decoder layers 0.." + std::to_string(deep - 1) +
+                       ", which must all lie on the first pipeline stage's first model chunk",
+                   "give the first stage at least " + std::to_string(deep) +
+                       " layers (--decoder-first-pipeline-num-layers) or use fewer pipeline stages");
+    }
+    for (const auto& [field, id] : {std::pair<std::string, int64_t>{"image_token_id", own_.image_token_id},
+                                    {"video_token_id", own_.video_token_id}})
+      if (id >= foundation_.vocab_size)
+        errors.add("model." + field, origin("model." + field),
+                   "model." + field + " " + std::to_string(id) + " is outside the vocabulary of " +
+                       std::to_string(foundation_.vocab_size) + " tokens");
+    if (expert_parallel() || layout_.size(lf::dist::Axis::cp) > 1 || layout_.size(lf::dist::Axis::ep) > 1)
+      errors.add("parallel.context_parallel_size", origin("parallel.context_parallel_size"),
+                 "qwen3_vl is built for TP, PP and DP of its foundation; context and expert parallelism are not "
+                 "combined with it yet",
+                 "set --context-parallel-size 1 and --expert-model-parallel-size 1");
+    if (args.job->lora.rank > 0)
+      errors.add("lora.rank", origin("lora.rank"), "LoRA adapters are built for the causal_lm composite",
+                 "drop --lora-rank, or freeze components with `freeze: true`");
+    if (job_.parallel.chunkpipe_chunk_size)
+      errors.add("parallel.chunkpipe_chunk_size", origin("parallel.chunkpipe_chunk_size"),
+                 "qwen3_vl does not run under ChunkPipe (its vision tower splices whole sequences)",
+                 "drop --chunkpipe-chunk-size");
+    std::vector<std::pair<std::pair<int, int>, int>> first;
+    for (int r = 0; r < layout_.world_size(); ++r) {
+      const auto c = layout_.coords(r);
+      if (c.pp == 0) first.push_back({{c.dp, c.tp}, r});
+    }
+    std::sort(first.begin(), first.end());
+    for (const auto& f : first) vision_ranks_.push_back(f.second);
+    shares_ = layout_.size(lf::dist::Axis::tp);
+  }
+
+  std::string summary() const override {
+    return CausalLmPlan::summary() + " + vision_encoder " + std::to_string(vision_.num_parameters()) + " parameters";
+  }
+  int64_t num_parameters() const override { return CausalLmPlan::num_parameters() + vision_.num_parameters(); }
+  DataNeeds data_needs() const override {
+    DataNeeds d = CausalLmPlan::data_needs();
+    d.mock_only_why = "qwen3_vl's images come from --mock-data until multimodal records arrive";
+    return d;
+  }
+
+  // As qwen2_5_vl's: each sample's first tokens become the placeholders of one random image of
+  // 2m x 2m patches (4 merged tokens), drawn from (seed, sample index); the loss skips them.
+  void add_mock_fields(Batch& batch, uint64_t seed) const override {
+    at::Tensor tokens = batch.at("tokens").clone(), labels = batch.at("labels").clone();
+    at::Tensor mask = batch.find("loss_mask") ? batch.at("loss_mask").clone() : at::ones(tokens.sizes(), at::kFloat);
+    const int64_t m = vision_.spatial_merge_size, side = 2 * m, n = 4, id = own_.image_token_id;
+    LF_CHECK(tokens.size(1) > n, "training.seq_length ", tokens.size(1), " leaves no text after ", n, " placeholders");
+    for (int64_t special : {own_.image_token_id, own_.video_token_id}) {
+      tokens.masked_fill_(tokens.eq(special), (special + 2) % foundation_.vocab_size);
+      labels.masked_fill_(labels.eq(special), (special + 2) % foundation_.vocab_size);
+    }
+    tokens.narrow(1, 0, n).fill_(id);
+    labels.narrow(1, 0, n - 1).fill_(id);
+    mask.narrow(1, 0, n - 1).fill_(0);
+    std::vector<at::Tensor> pixels;
+    for (int64_t i = 0; i < tokens.size(0); ++i) {
+      const int64_t index =
+          i < static_cast<int64_t>(batch.sample_indices.size()) ? batch.sample_indices[static_cast<size_t>(i)] : i;
+      auto gen = at::make_generator<at::CPUGeneratorImpl>(seed * 1000003ull + static_cast<uint64_t>(index) + 29);
+      pixels.push_back(at::normal(0.0, 1.0, {side * side, vision_.patch_dim()}, gen, at::kFloat));
+    }
+    batch.set("tokens", tokens, 1);
+    batch.set("labels", labels, 1);
+    batch.set("loss_mask", mask, 1);
+    batch.set("pixel_values", at::cat(pixels), -1);
+    batch.set("image_grid_thw", at::tensor({int64_t{1}, side, side}, at::kLong).repeat({tokens.size(0), 1}), -1);
+  }
+
+  std::unique_ptr<Model> build(const BuildArgs& args) const override {
+    const auto& ctx = *args.context;
+    const auto stage =
+        lf::parallel::pipeline::pipeline_stage(foundation_.num_layers, ctx.pp_size(), ctx.pp_rank(), stage_split());
+    std::unique_ptr<lf::dist::ParallelContext> enc;
+    if (stage.first) enc = args.make_context("vision_encoder", vision_layout(), vision_ranks_);
+    return std::make_unique<Qwen3Vl>(foundation_, vision_, own_, *args.backend, args.seed, args.dtype, &ctx,
+                                     job_.parallel.sequence_parallel, stage, !frozen_, std::move(enc), !vision_frozen_);
+  }
+
+ protected:
+  lf::dist::ParallelLayout vision_layout() const {
+    lf::dist::ParallelSizes s;
+    s.tp = 1;
+    s.cp = shares_;
+    return lf::dist::ParallelLayout(static_cast<int>(vision_ranks_.size()), s);
+  }
+  std::string describe_components() const override {
+    std::ostringstream os;
+    os << "  vision_encoder  " << config_->component("vision_encoder").type << ", " << vision_.num_parameters()
+       << " parameters | tp 1, " << shares_ << " replica(s) per foundation TP group (same media, 1 / " << shares_
+       << " of the gradient each), over the " << vision_ranks_.size() << " ranks of pipeline stage 0"
+       << (vision_frozen_ ? " | frozen" : "") << "\n";
+    return os.str();
+  }
+
+ private:
+  Qwen3VisionConfig vision_;
+  Qwen3VlConfig own_;
+  bool vision_frozen_;
+  std::vector<int> vision_ranks_;
+  int shares_ = 1;
+};
+
+std::unique_ptr<ModelPlan> plan_qwen3_vl(std::shared_ptr<const ModelConfig> c, const PlanArgs& a,
+                                         lf::config::ErrorList& e) {
+  return std::make_unique<Qwen3VlPlan>(std::move(c), a, e);
+}
+
+}  // namespace
+
+void register_qwen3_vl(Registry& r) {
+  CompositeType t;
+  t.name = kType;
+  t.description = "Qwen3-VL: a vision tower's merged patches spliced into an interleaved-M-RoPE qwen3 decoder at "
+                  "media placeholders, its DeepStack features added after the first layers";
+  t.slots = {{"vision_encoder", "vision_encoder", "qwen3_vl_vision", true},
+             {"foundation", "foundation", "decoder", true}};
+  t.load_own = schema_loader<Qwen3VlConfig>();
+  t.plan = plan_qwen3_vl;
+  r.add(std::move(t));
+}
+
+}  // namespace lf::models

@@ -32,4 +32,14 @@ int run_render_chat(const RenderChatOptions& options);
 // The chat template of a tokenizer directory with --chat-template-kwargs applied.
 ChatTemplate load_chat_template(const std::string& dir, const std::string& name, const std::string& kwargs);
 
+struct DemoVlmOptions {
+  std::string out;
+  uint64_t seed = 1;
+  int64_t train_images = 1200, eval_images = 100;
+};
+
+// make-demo-vlm: synthetic shape images, attribute questions, a held-out set and its image-ablated
+// twin, and a tokenizer directory for them (tools/data/demo_vlm.cpp).
+int run_make_demo_vlm(const DemoVlmOptions& options);
+
 }  // namespace lf::data::tools

@@ -197,6 +197,13 @@ int main(int argc, char** argv) {
   pre->add_option("--chunk-bytes", po.chunk_bytes, "lines per work item, in bytes");
   pre->add_option("--log-interval", po.log_interval_s, "seconds between progress lines");
 
+  lf::data::tools::DemoVlmOptions dv;
+  auto* demo_vlm = app.add_subcommand("make-demo-vlm", "the VLM demo's images, conversations and tokenizer (tools/demo-vlm)");
+  demo_vlm->add_option("--out", dv.out, "output directory")->required();
+  demo_vlm->add_option("--seed", dv.seed, "random seed")->capture_default_str();
+  demo_vlm->add_option("--train-images", dv.train_images, "training images (3 questions each)")->capture_default_str();
+  demo_vlm->add_option("--eval-images", dv.eval_images, "held-out images (3 questions each)")->capture_default_str();
+
   lf::data::tools::RenderChatOptions rc;
   auto* chat = app.add_subcommand(
       "render-chat", "conversations -> input_ids and assistant_masks as transformers' apply_chat_template");
@@ -256,6 +263,7 @@ int main(int argc, char** argv) {
       return run_preprocess(po, type, model, conv);
     }
     if (*chat) return lf::data::tools::run_render_chat(rc);
+    if (*demo_vlm) return lf::data::tools::run_make_demo_vlm(dv);
     if (*ins) return lf::data::tools::run_inspect(io);
     if (*bench) return run_bench(bench_input, bench_key, type, model, repeat);
     if (*demo) {

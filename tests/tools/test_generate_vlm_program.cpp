@@ -5,7 +5,8 @@
 // b.png` (decoded and preprocessed by us) and of `--vision-inputs` (the processor's tensors plus a
 // video) equal transformers' within 1e-4; greedy tokens (the whole sequence recomputed per step)
 // equal transformers'; hf2lf (TP 1, and TP 2 x PP 2) then generate from the LoongForge checkpoint
-// gives the HF directory's logits; hf -> lf -> hf reproduces every tensor and a config.json
+// gives the HF directory's logits; loongforge-train loads that checkpoint and saves one that
+// exports back unchanged (lr 0); hf -> lf -> hf reproduces every tensor and a config.json
 // transformers loads with identical logits; mistakes are errors naming the flag and the file.
 #include <gtest/gtest.h>
 
@@ -149,6 +150,36 @@ TEST(ConvertVlm, Hf2LfCheckpointGivesTheSameLogits) {
     EXPECT_EQ(di, 0.0);
     EXPECT_EQ(dv, 0.0);
   }
+}
+
+// loongforge-train --load of the hf2lf checkpoint (its model section as the job's model), two
+// steps at lr 0, --save: generate from the trainer's checkpoint and lf2hf of it give the HF model.
+TEST(ConvertVlm, TrainLoadsTheCheckpointAndSavesTheSameModel) {
+  REQUIRE_ORACLE();
+  const auto work = lf::testing::make_temp_dir("genvlm");
+  auto r = run_command({bin("loongforge-convert"), "hf2lf", "--hf-dir", oracle() + "/hf", "--out", work + "/lf"});
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  {
+    std::ofstream y(work + "/train.yaml");
+    y << "defaults:\n  - /train/base@_global_\n  - _self_\n"
+      << read_text(work + "/lf/iter_0000000/config.yaml")
+      << "training:\n  train_iters: 2\n  micro_batch_size: 1\n  global_batch_size: 1\n  seq_length: 32\n"
+         "  eval_iters: 0\noptimizer:\n  lr: 0.0\n  min_lr: 0.0\n  lr_warmup_iters: 0\ndata:\n  mock_data: true\n";
+  }
+  r = run_command({bin("loongforge-train"), "--config-file", work + "/train.yaml", "--load", work + "/lf", "--finetune",
+                   "--save", work + "/trained", "--data-cache-path", work},
+                  {{"OMP_NUM_THREADS", "1"}}, std::chrono::seconds(300));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(max_diff(dump(image_args(work + "/trained"), work + "/a.safetensors"),
+                     dump(image_args(oracle() + "/hf"), work + "/b.safetensors")),
+            0.0);
+  r = run_command({bin("loongforge-convert"), "lf2hf", "--load", work + "/trained", "--out", work + "/rt", "--dtype",
+                   "fp32"});
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  auto cmp = run_command({python(), script(), "compare", oracle() + "/hf", work + "/rt"}, {{"HF_HUB_OFFLINE", "1"}},
+                         std::chrono::seconds(240));
+  ASSERT_EQ(cmp.exit_code, 0) << cmp.output;
+  EXPECT_NE(cmp.output.find("tensors 69 69 equal 69\n"), std::string::npos) << cmp.output;
 }
 
 // hf -> lf -> hf: every tensor bit for bit, a config.json transformers loads, the same logits.

@@ -142,6 +142,13 @@ double vision_difference(const Qwen3VisionEncoder& e, const std::string& dir) {
 TEST(Qwen3Vision, OutputMatchesTransformers) {
   REQUIRE_ORACLE();
   auto e = oracle_encoder(oracle_dir());
+  // num_parameters() counts what transformers holds.
+  int64_t hf = 0, ours = 0;
+  for (const auto& [name, t] : read_all(oracle_dir() + "/weights.safetensors"))
+    if (name.rfind("model.visual.", 0) == 0) hf += t.numel();
+  for (const auto& p : e->parameters()) ours += p.tensor.numel();
+  EXPECT_EQ(ours, hf);
+  EXPECT_EQ(e->config().num_parameters(), hf);
   const double diff = vision_difference(*e, oracle_dir());
   std::printf("[qwen3_vl parity] vision TP=1: max |merged, deepstack - transformers| = %.3g\n", diff);
   RecordProperty("vision_tp1_max_abs_diff", std::to_string(diff));

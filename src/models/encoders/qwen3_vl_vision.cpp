@@ -99,10 +99,8 @@ void check_config(const Qwen3VisionConfig& c, const std::string& name, int tp) {
            lf::hint("set model." + name + ".tensor_model_parallel_size to a common divisor"));
 }
 
-}  // namespace
-
-std::pair<at::Tensor, at::Tensor> qwen3_vision_position_taps(const at::Tensor& grid_thw, int64_t side, int64_t m) {
-  const auto layout = vision_layout(grids_of(grid_thw, m, "position table"), m);
+// The four bilinear taps of every token of `layout` into a side x side table and their weights.
+std::pair<at::Tensor, at::Tensor> taps_of(const VisionLayout& layout, int64_t side) {
   const auto [h_taps, h_weights] =
       axis_taps(at::tensor(layout.row, at::kLong), at::tensor(layout.height, at::kLong), side);
   const auto [w_taps, w_weights] =
@@ -111,6 +109,12 @@ std::pair<at::Tensor, at::Tensor> qwen3_vision_position_taps(const at::Tensor& g
   const auto indices = (h_taps.unsqueeze(2) * side + w_taps.unsqueeze(1)).reshape({-1, 4});
   const auto weights = (h_weights.unsqueeze(2) * w_weights.unsqueeze(1)).reshape({-1, 4});
   return {indices, weights};
+}
+
+}  // namespace
+
+std::pair<at::Tensor, at::Tensor> qwen3_vision_position_taps(const at::Tensor& grid_thw, int64_t side, int64_t m) {
+  return taps_of(vision_layout(grids_of(grid_thw, m, "position table"), m), side);
 }
 
 int64_t Qwen3VisionConfig::num_parameters() const {
@@ -236,7 +240,7 @@ Qwen3VisionOutput Qwen3VisionEncoder::forward(const at::Tensor& pixel_values, co
   auto x = at::linear(pixel_values.to(device, dtype), patch_embed_, patch_bias_);  // [n, hidden]
   // The learned position table, resampled bilinearly to each grid (4 taps per patch).
   const int64_t side = static_cast<int64_t>(std::llround(std::sqrt(static_cast<double>(c_.num_position_embeddings))));
-  const auto [taps, weights] = qwen3_vision_position_taps(grid_thw, side, m);
+  const auto [taps, weights] = taps_of(layout, side);
   auto pos = pos_embed_.index_select(0, taps.reshape({-1}).to(device)).view({n, 4, -1});
   x = x + (pos * weights.to(device, dtype).unsqueeze(-1)).sum(1);
   x = x.unsqueeze(1);  // [n, 1, hidden]

@@ -351,7 +351,10 @@ at::Tensor Decoder::inject(const at::Tensor& x, const HiddenInjection& j, int64_
            "injection after layer ", j.layer, ": values must be [", mask.sum().item<int64_t>(),
            " (the mask's positions), ", x.size(2), "], got ", j.values.sizes());
   at::Tensor local = mask, values = j.values.to(x.device(), x.scalar_type());
-  if (x.size(0) != seq) {
+  const bool chunked = tp_.sequence_parallel && tp_.size() > 1;
+  LF_CHECK(x.size(0) * (chunked ? tp_.size() : 1) == seq, "injection after layer ", j.layer, ": hidden states of ",
+           x.size(0), " positions", chunked ? " per sequence-parallel rank" : "", " for a sequence of ", seq);
+  if (chunked) {
     // Sequence parallelism: this rank's chunk of the sequence and the rows that fall in it.
     const int64_t len = x.size(0), start = static_cast<int64_t>(tp_.rank()) * len;
     const auto row = (mask.reshape({-1}).to(at::kLong).cumsum(0) - 1).view(mask.sizes());

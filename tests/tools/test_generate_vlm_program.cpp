@@ -5,7 +5,7 @@
 // b.png` (decoded and preprocessed by us) and of `--vision-inputs` (the processor's tensors plus a
 // video) equal transformers' within 1e-4; greedy tokens (the whole sequence recomputed per step)
 // equal transformers'; hf2lf (TP 1, and TP 2 x PP 2) then generate from the LoongForge checkpoint
-// gives the HF directory's logits; loongforge-train loads that checkpoint and saves one that
+// gives the HF directory's logits; transformers 4's directory layout reads the same; loongforge-train loads that checkpoint and saves one that
 // exports back unchanged (lr 0); hf -> lf -> hf reproduces every tensor and a config.json
 // transformers loads with identical logits; mistakes are errors naming the flag and the file.
 #include <gtest/gtest.h>
@@ -209,6 +209,26 @@ TEST(ConvertVlm, RoundTripReproducesTheModel) {
   EXPECT_EQ(max_diff(dump(image_args(work + "/sharded"), work + "/c.safetensors"),
                      dump(image_args(oracle() + "/hf"), work + "/d.safetensors")),
             0.0);
+}
+
+// A directory in transformers 4's layout (flat text fields, rope_scaling {"type": "mrope"},
+// in_chans, visual.* / model.* names) reads as the same model: the same logits, and hf2lf + lf2hf
+// turns it into transformers 5's layout with the original's tensors.
+TEST(ConvertVlm, Transformers4LayoutReadsTheSame) {
+  REQUIRE_ORACLE();
+  const auto work = lf::testing::make_temp_dir("genvlm");
+  EXPECT_EQ(max_diff(dump(image_args(oracle() + "/hf_v4"), work + "/a.safetensors"),
+                     dump(image_args(oracle() + "/hf"), work + "/b.safetensors")),
+            0.0);
+  auto r = run_command({bin("loongforge-convert"), "hf2lf", "--hf-dir", oracle() + "/hf_v4", "--out", work + "/lf"});
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  r = run_command({bin("loongforge-convert"), "lf2hf", "--load", work + "/lf", "--out", work + "/rt", "--dtype", "fp32"});
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  auto cmp = run_command({python(), script(), "compare", oracle() + "/hf", work + "/rt"}, {{"HF_HUB_OFFLINE", "1"}},
+                         std::chrono::seconds(240));
+  ASSERT_EQ(cmp.exit_code, 0) << cmp.output;
+  EXPECT_NE(cmp.output.find("tensors 69 69 equal 69\n"), std::string::npos) << cmp.output;
+  EXPECT_NE(cmp.output.find("logits 0.000e+00\n"), std::string::npos) << cmp.output;
 }
 
 // Each mistake is an error (exit 1) naming the flag and the file.

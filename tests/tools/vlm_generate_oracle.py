@@ -16,6 +16,9 @@
           vi_logits [s2, 200]: the logits of vi_ids with OUT/vision_inputs.safetensors
       OUT/vision_inputs.safetensors  pixel_values + image_grid_thw (the processor's, of a.png) and a short
                    random video (pixel_values_videos, video_grid_thw [[2, 4, 4]], second_per_grid_ts [0.5])
+      OUT/hf_v4/     the same model in transformers 4's layout (a Hub Qwen2.5-VL's): flat text fields with
+                   rope_scaling {"type": "mrope", "mrope_section": ...}, vision_config with in_chans /
+                   spatial_patch_size, weights named visual.* and model.* in one model.safetensors
       OUT/text_hf/   a tiny text-only Qwen2ForCausalLM (for the errors of --image on an LLM)
       OUT/ids.json   {"images_ids": "1,2,...", "vi_ids": "...", "images_greedy": "..."} (written last)
 
@@ -117,6 +120,24 @@ def make(out):
     save_file({"images_logits": logits.contiguous(), "images_greedy": torch.tensor(greedy),
                "vi_logits": vi_logits.contiguous(), "images_pixel_values": pixel_values.float().contiguous(),
                "images_grid": grid}, os.path.join(out, "expected.safetensors"))
+    v4 = os.path.join(out, "hf_v4")
+    os.makedirs(v4)
+    flat = {k: v for k, v in TEXT.items() if k != "rope_parameters"}
+    vision4 = {k: v for k, v in VISION.items() if k not in ("in_channels",)}
+    vision4.update(in_chans=3, spatial_patch_size=14)
+    cfg4 = dict(architectures=["Qwen2_5_VLForConditionalGeneration"], model_type="qwen2_5_vl", torch_dtype="float32",
+                rope_theta=10000.0, rope_scaling={"type": "mrope", "mrope_section": [2, 3, 3]}, sliding_window=4096,
+                use_sliding_window=False, max_window_layers=2, vision_config=vision4, **flat, **IDS)
+    with open(os.path.join(v4, "config.json"), "w") as f:
+        json.dump(cfg4, f, indent=1)
+    renamed = {}
+    for k, v in model.state_dict().items():
+        if k.startswith("model.visual."):
+            k = k[len("model."):]
+        elif k.startswith("model.language_model."):
+            k = "model." + k[len("model.language_model."):]
+        renamed[k] = v.contiguous()
+    save_file(renamed, os.path.join(v4, "model.safetensors"), metadata={"format": "pt"})
     text_only = {k: v for k, v in TEXT.items() if k != "rope_parameters"}
     Qwen2ForCausalLM(Qwen2Config(**text_only)).save_pretrained(os.path.join(out, "text_hf"))
     with open(os.path.join(out, "ids.json"), "w") as f:

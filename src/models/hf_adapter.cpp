@@ -15,6 +15,7 @@
 #include "loongforge/core/error.h"
 #include "loongforge/core/safetensors.h"
 #include "loongforge/models/composites/causal_lm.h"
+#include "loongforge/models/hf_vlm.h"
 
 namespace lf::models::hf {
 namespace fs = std::filesystem;
@@ -387,6 +388,7 @@ NamedTensors decoder_from_hf_tensors(const DecoderConfig& c, const Mapping& mapp
 
 DecoderConfig load_hf_into(CausalLm& decoder, const std::string& hf_dir,
                            const std::string& configs_root) {
+  if (is_vlm_hf_dir(hf_dir)) return load_vlm_hf_into(decoder, hf_dir);  // a vision-language model (hf_vlm.h)
   const DecoderConfig& want = decoder.config();
   // Checked before the weights are read (config.json is small; the weights may be 100s of GB).
   const DecoderConfig have = read_hf_config(hf_dir, nullptr, configs_root);

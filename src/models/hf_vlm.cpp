@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <set>
+#include <tuple>
 
 #include "hf_mapping.h"
 #include "loongforge/core/config/yaml.h"
@@ -393,6 +394,7 @@ void load_full_vlm(Qwen25Vl& model, const std::map<std::string, at::Tensor>& ful
     if (name.rfind(kVision, 0) == 0) vision_names.insert(name);
     else lm.emplace(name, t);
   model.load_full_parameters(lm);
+  if (model.vision_parameters().empty()) return;  // a later pipeline stage: no tower here
   at::NoGradGuard no_grad;
   for (const auto& p : model.vision_parameters()) {
     auto it = full.find(p.name);
@@ -407,6 +409,43 @@ void load_full_vlm(Qwen25Vl& model, const std::map<std::string, at::Tensor>& ful
   LF_CHECK(vision_names.empty(), "tensor ", vision_names.empty() ? "" : *vision_names.begin(),
            " is not a parameter of this model's vision tower",
            lf::hint("the weights belong to a model with a different vision configuration (depth)"));
+}
+
+DecoderConfig load_vlm_hf_into(CausalLm& model, const std::string& hf_dir) {
+  const VlmConfig have = read_vlm_hf_config(hf_dir);
+  const VlmArchitecture& a = *by_composite(have.type);
+  auto* vlm = dynamic_cast<Qwen25Vl*>(&model);
+  LF_CHECK(vlm != nullptr && model.type() == have.type, "the HF model in ", hf_dir, " is a ", a.architecture, " (",
+           have.type, "); the configured model is ", model.type(),
+           lf::hint("set model.type " + have.type + " with its vision_encoder (e.g. configs/examples/" + have.type +
+                    "_tiny.yaml), or convert with loongforge-convert hf2lf and read the config.yaml it writes"));
+  // Checked before the weights are read.
+  std::string list;
+  for (const auto& d : model_differences(model.config(), have.foundation))
+    list += "\n  foundation." + d.field + ": model " + d.ours + ", config.json " + d.theirs;
+  if (!vlm->vision_parameters().empty()) {
+    json ours = vision_to_json(vlm->vision_encoder().config(), vlm->own_config(), a),
+         theirs = vision_to_json(have.vision, have.own, a);
+    for (const char* skip : {"initializer_range", "tokens_per_second"}) ours.erase(skip), theirs.erase(skip);
+    for (const auto& [key, value] : ours.items())
+      if (theirs[key] != value)
+        list += "\n  vision_encoder." + key + ": model " + value.dump() + ", config.json " + theirs[key].dump();
+  }
+  const auto& own = vlm->own_config();
+  for (const auto& [key, ours, theirs] :
+       {std::tuple<const char*, int64_t, int64_t>{"image_token_id", own.image_token_id, have.own.image_token_id},
+        {"video_token_id", own.video_token_id, have.own.video_token_id},
+        {"tokens_per_second", own.tokens_per_second, have.own.tokens_per_second}})
+    if (ours != theirs) list += lf::str("\n  ", key, ": model ", ours, ", config.json ", theirs);
+  if (!list.empty())
+    LF_FAIL("the HF model in ", hf_dir, " is not the configured model:", list,
+            lf::hint("set these model fields to config.json's values (loongforge-convert hf2lf writes them all into "
+                     "its config.yaml)"));
+  ReadOptions options;
+  options.vocab_tp = model.tp_size();
+  VlmHfModel m = read_vlm_hf(hf_dir, options);
+  load_full_vlm(*vlm, {m.tensors.begin(), m.tensors.end()});
+  return m.config.foundation;
 }
 
 }  // namespace lf::models::hf

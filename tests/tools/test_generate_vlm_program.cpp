@@ -5,8 +5,9 @@
 // b.png` (decoded and preprocessed by us) and of `--vision-inputs` (the processor's tensors plus a
 // video) equal transformers' within 1e-4; greedy tokens (the whole sequence recomputed per step)
 // equal transformers'; hf2lf (TP 1, and TP 2 x PP 2) then generate from the LoongForge checkpoint
-// gives the HF directory's logits; transformers 4's directory layout reads the same; loongforge-train loads that checkpoint and saves one that
-// exports back unchanged (lr 0); hf -> lf -> hf reproduces every tensor and a config.json
+// gives the HF directory's logits; transformers 4's directory layout reads the same;
+// loongforge-train loads that checkpoint, and the HF directory itself (at TP 2 and PP 2), and saves
+// what exports back unchanged (lr 0); hf -> lf -> hf reproduces every tensor and a config.json
 // transformers loads with identical logits; mistakes are errors naming the flag and the file.
 #include <gtest/gtest.h>
 
@@ -180,6 +181,53 @@ TEST(ConvertVlm, TrainLoadsTheCheckpointAndSavesTheSameModel) {
                          std::chrono::seconds(240));
   ASSERT_EQ(cmp.exit_code, 0) << cmp.output;
   EXPECT_NE(cmp.output.find("tensors 69 69 equal 69\n"), std::string::npos) << cmp.output;
+}
+
+// loongforge-train --load HF_DIR (load_hf_into -> load_vlm_hf_into): at foundation TP 2 and at
+// PP 2 (loongforge-run, 2 processes) the HF weights load on the fly, two steps at lr 0 save a
+// checkpoint that exports back to the HF tensors; a model that differs from config.json is
+// refused listing every difference, a causal_lm naming the composite to configure.
+TEST(ConvertVlm, TrainLoadsTheHfDirectoryOnline) {
+  REQUIRE_ORACLE();
+  const auto work = lf::testing::make_temp_dir("genvlm");
+  auto r = run_command({bin("loongforge-convert"), "hf2lf", "--hf-dir", oracle() + "/hf", "--out", work + "/lf"});
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  {
+    std::ofstream y(work + "/train.yaml");  // the job's model: the section hf2lf wrote
+    y << "defaults:\n  - /train/base@_global_\n  - _self_\n"
+      << read_text(work + "/lf/iter_0000000/config.yaml")
+      << "training:\n  train_iters: 2\n  micro_batch_size: 1\n  global_batch_size: 1\n  seq_length: 32\n"
+         "  eval_iters: 0\noptimizer:\n  lr: 0.0\n  min_lr: 0.0\n  lr_warmup_iters: 0\ndata:\n  mock_data: true\n";
+  }
+  for (const char* flag : {"--tensor-model-parallel-size", "--pipeline-model-parallel-size"}) {
+    const std::string save = work + "/trained" + std::string(flag).substr(2, 6);
+    r = run_command({bin("loongforge-run"), "--standalone", "--nproc-per-node", "2", bin("loongforge-train"),
+                     "--config-file", work + "/train.yaml", "--load", oracle() + "/hf", flag, "2", "--save", save,
+                     "--data-cache-path", work},
+                    {{"OMP_NUM_THREADS", "1"}}, std::chrono::seconds(300));
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    r = run_command({bin("loongforge-convert"), "lf2hf", "--load", save, "--out", save + "_hf", "--dtype", "fp32"});
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    auto cmp = run_command({python(), script(), "compare", oracle() + "/hf", save + "_hf"}, {{"HF_HUB_OFFLINE", "1"}},
+                           std::chrono::seconds(240));
+    ASSERT_EQ(cmp.exit_code, 0) << cmp.output;
+    EXPECT_NE(cmp.output.find("tensors 69 69 equal 69\n"), std::string::npos) << flag << "\n" << cmp.output;
+  }
+  r = run_command({bin("loongforge-train"), "--config-file", work + "/train.yaml", "--load", oracle() + "/hf",
+                   "--data-cache-path", work, "model.image_token_id=150", "model.vision_encoder.window_size=112",
+                   "model.foundation.rotary_base=5000"},
+                  {{"OMP_NUM_THREADS", "1"}}, std::chrono::seconds(300));
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  for (const char* w : {"is not the configured model", "foundation.rotary_base: model 5000", "config.json 10000",
+                        "vision_encoder.window_size: model 112, config.json 56", "image_token_id: model 150, config.json 192"})
+    EXPECT_NE(r.output.find(w), std::string::npos) << "no '" << w << "' in:\n" << r.output;
+  r = run_command({bin("loongforge-train"), "--config-file", lf::testing::source_dir() + "/configs/demo.yaml", "--load",
+                   oracle() + "/hf", "--data-cache-path", work, "--train-iters", "4", "--lr-warmup-iters", "0"},
+                  {{"OMP_NUM_THREADS", "1"}}, std::chrono::seconds(300));
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("Qwen2_5_VLForConditionalGeneration (qwen2_5_vl); the configured model is causal_lm"),
+            std::string::npos)
+      << r.output;
 }
 
 // hf -> lf -> hf: every tensor bit for bit, a config.json transformers loads, the same logits.

@@ -119,7 +119,8 @@ std::vector<ConfigDifference> model_differences(const DecoderConfig& a, const De
 // The online form of hf2lf (loongforge-train --load HF_DIR, loongforge-generate): reads hf_dir
 // and copies its weights into `decoder` (this rank's shards at the decoder's TP size), after
 // checking that config.json describes the decoder's model (an lf::Error lists every difference).
-// Returns the configuration read.
+// Returns the configuration read. A vision-language directory (hf_vlm.h's table) goes to
+// load_vlm_hf_into: `decoder` must then be that composite.
 DecoderConfig load_hf_into(CausalLm& decoder, const std::string& hf_dir,
                            const std::string& configs_root = "");
 

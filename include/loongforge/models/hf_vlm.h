@@ -66,8 +66,16 @@ std::optional<VlmConfig> vlm_config_from_model_section(const std::string& yaml_t
 std::map<std::string, lf::parallel::Sharding> vlm_shardings(const VlmConfig& config);
 
 // Copies full tensors under our names into a built model (this rank's shards): the language model
-// through CausalLm::load_full_parameters, the tower's parameters by name. Every parameter must
-// be given and every tensor used.
+// through CausalLm::load_full_parameters, the tower's parameters by name (on the first pipeline
+// stage; other stages skip the tower's tensors). Every parameter must be given and every tensor
+// used.
 void load_full_vlm(Qwen25Vl& model, const std::map<std::string, at::Tensor>& full);
+
+// The online form of hf2lf for a VLM (load_hf_into calls it for a directory of the table, so
+// loongforge-train --load / --pretrained-checkpoint HF_DIR work): `model` must be the composite
+// config.json describes; every difference of the foundation, the tower (checked on the first
+// pipeline stage, which holds it) and the own fields is listed in one lf::Error before any weight
+// is read. Returns the foundation's configuration.
+DecoderConfig load_vlm_hf_into(CausalLm& model, const std::string& hf_dir);
 
 }  // namespace lf::models::hf

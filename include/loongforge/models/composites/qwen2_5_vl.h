@@ -95,7 +95,8 @@ class Qwen25Vl : public CausalLm {
   // rank's shards. Every tensor must be used.
   void load_hf_state(const std::map<std::string, at::Tensor>& tensors);
 
-  const Qwen25VisionEncoder& vision_encoder() const { return *encoder_; }
+  const Qwen25VisionEncoder& vision_encoder() const { return *encoder_; }  // first pipeline stage only
+  const Qwen25VlConfig& own_config() const { return config_; }  // image / video ids, tokens_per_second
   const std::vector<Parameter>& vision_parameters() const { return encoder_params_; }
 
  protected:

@@ -14,7 +14,13 @@ LoongForge does. It is a benchmark oracle, not a runtime: nothing in LoongForge 
       # implementation `eager` (a loop over the hit experts) or `grouped_mm` (torch's grouped GEMM),
       # router aux loss on when the config has one), trained the same way
 
-Both print one JSON line on stdout. Threads come from OMP_NUM_THREADS (set by tools/bench).
+  bench_reference.py train-hf-vlm --config-json JSON --steps N --warmup W --attn sdpa|eager
+      # the VLM reference: HF transformers' Qwen2_5_VLForConditionalGeneration (vision tower and
+      # language model with that attention implementation) on the batch shape --mock-data gives
+      # LoongForge: per sample one random image of mock_image_patches^2 patches whose merged
+      # placeholders start the sequence, random text after; the placeholders are not predicted
+
+All print one JSON line on stdout. Threads come from OMP_NUM_THREADS (set by tools/bench).
 """
 import argparse
 import json
@@ -277,6 +283,87 @@ def train_hf_lora(args):
                       "baseline_rss_kib": baseline_kib, "threads": torch.get_num_threads()}))
 
 
+def train_hf_vlm(args):
+    """HF transformers' Qwen2_5_VLForConditionalGeneration of the composite's shapes, trained on
+    the batch shape LoongForge's --mock-data gives (qwen2_5_vl add_mock_fields): per sample the
+    first (N / merge)^2 tokens are the placeholders of one N x N-patch image of random pixel rows,
+    then random text; fp32, clipping, AdamW (fused), one micro-batch per step."""
+    from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
+    cfg = json.loads(args.config_json)
+    m, t = cfg["model"], cfg["training"]
+    c, v = m["foundation"], m["vision_encoder"]
+    o = {k: float(cfg["optimizer"][k]) for k in
+         ("lr", "weight_decay", "adam_beta1", "adam_beta2", "adam_eps", "clip_grad")}
+    torch.manual_seed(t.get("seed", 1234))
+    baseline_kib = vm_kib("VmRSS")
+    nq = c["num_attention_heads"]
+    mult = c["make_vocab_size_divisible_by"]
+    vocab = (c["vocab_size"] + mult - 1) // mult * mult
+    assert c["add_qkv_bias"] and not c["add_bias_linear"] and c["swiglu"], "a Qwen2 backbone"
+    vision = dict(depth=v["depth"], hidden_size=v["hidden_size"], intermediate_size=v["intermediate_size"],
+                  num_heads=v["num_heads"], in_channels=v["in_channels"], patch_size=v["patch_size"],
+                  spatial_merge_size=v["spatial_merge_size"], temporal_patch_size=v["temporal_patch_size"],
+                  window_size=v["window_size"], fullatt_block_indexes=v["fullatt_block_indexes"],
+                  out_hidden_size=v["out_hidden_size"] or c["hidden_size"], hidden_act=v["hidden_act"],
+                  initializer_range=float(v["initializer_range"]), tokens_per_second=m["tokens_per_second"])
+    text = dict(vocab_size=vocab, hidden_size=c["hidden_size"], intermediate_size=c["ffn_hidden_size"],
+                num_hidden_layers=c["num_layers"], num_attention_heads=nq,
+                num_key_value_heads=c["num_query_groups"] or nq, head_dim=c["kv_channels"] or c["hidden_size"] // nq,
+                max_position_embeddings=c["max_position_embeddings"], rms_norm_eps=float(c["norm_epsilon"]),
+                tie_word_embeddings=not c["untie_embeddings_and_output_weights"], hidden_act="silu",
+                rope_parameters={"rope_type": "default", "mrope_section": c["mrope_section"],
+                                 "rope_theta": float(c["rotary_base"])})
+    hc = Qwen2_5_VLConfig(vision_config=vision, text_config=text,
+                          tie_word_embeddings=not c["untie_embeddings_and_output_weights"],
+                          image_token_id=m["image_token_id"], video_token_id=m["video_token_id"])
+    for sub in (hc, hc.text_config, hc.vision_config):
+        sub._attn_implementation = args.attn
+    device = torch.device(args.device)
+    model = Qwen2_5_VLForConditionalGeneration(hc).to(device).train()
+    params = list(model.parameters())
+    decay = [p for p in params if p.dim() > 1]
+    no_decay = [p for p in params if p.dim() <= 1]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": o["weight_decay"]},
+                             {"params": no_decay, "weight_decay": 0.0}],
+                            lr=o["lr"], betas=(o["adam_beta1"], o["adam_beta2"]),
+                            eps=o["adam_eps"], fused=True)
+    b, s = t["micro_batch_size"], t["seq_length"]
+    assert t["global_batch_size"] == b, "the bench runs one micro-batch per step"
+    merge = v["spatial_merge_size"]
+    side = m.get("mock_image_patches") or 2 * merge
+    n = (side // merge) ** 2
+    patch_dim = v["in_channels"] * v["temporal_patch_size"] * v["patch_size"] ** 2
+    grid = torch.tensor([[1, side, side]] * b, device=device)
+    image = m["image_token_id"]
+    times, losses = [], []
+    for _ in range(args.steps):
+        start = time.perf_counter()
+        ids = torch.randint(0, c["vocab_size"], (b, s))
+        ids[ids == image] = (image + 2) % c["vocab_size"]
+        ids[ids == m["video_token_id"]] = (m["video_token_id"] + 2) % c["vocab_size"]
+        ids[:, :n] = image
+        labels = ids.clone()
+        labels[:, :n] = -100
+        pixels = torch.randn(b * side * side, patch_dim)
+        ids, labels, pixels = ids.to(device), labels.to(device), pixels.to(device)
+        out = model(input_ids=ids, labels=labels, pixel_values=pixels, image_grid_thw=grid,
+                    mm_token_type_ids=(ids == image).int(), use_cache=False)
+        out.loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, o["clip_grad"], foreach=True)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        losses.append(out.loss.item())
+        times.append(time.perf_counter() - start)
+    timed = times[args.warmup:]
+    print(json.dumps({"tokens_per_sec": b * s * len(timed) / sum(timed), "step_seconds": timed,
+                      "losses": losses, "parameters": sum(p.numel() for p in params),
+                      "vision_parameters": sum(p.numel() for p in model.model.visual.parameters()),
+                      "image_tokens_per_sample": n, "baseline_rss_kib": baseline_kib,
+                      "threads": torch.get_num_threads(), "attn_implementation": args.attn,
+                      "device_peak_mib": (torch.cuda.max_memory_allocated() / 2**20
+                                          if device.type == "cuda" else None)}))
+
+
 def peak(args):
     # The best of a few large square matmuls: what this machine's BLAS reaches for the dtype.
     dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float32
@@ -327,11 +414,18 @@ def main():
     hl.add_argument("--alpha", type=float, required=True)
     hl.add_argument("--targets", required=True, help="q_proj,v_proj or all-linear")
     hl.add_argument("--device", default="cpu")
+    hv = sub.add_parser("train-hf-vlm")
+    hv.add_argument("--config-json", required=True)
+    hv.add_argument("--steps", type=int, required=True)
+    hv.add_argument("--warmup", type=int, required=True)
+    hv.add_argument("--attn", choices=["sdpa", "eager"], default="sdpa")
+    hv.add_argument("--device", default="cpu")
     pk = sub.add_parser("peak")
     pk.add_argument("--dtype", choices=["fp32", "bf16"], required=True)
     pk.add_argument("--device", default="cpu", help="cpu or cuda")
     args = ap.parse_args()
-    {"train": train, "train-hf-moe": train_hf_moe, "train-hf-lora": train_hf_lora, "peak": peak}[args.cmd](args)
+    {"train": train, "train-hf-moe": train_hf_moe, "train-hf-lora": train_hf_lora,
+     "train-hf-vlm": train_hf_vlm, "peak": peak}[args.cmd](args)
 
 
 if __name__ == "__main__":

@@ -361,13 +361,15 @@ class Qwen25VlPlan : public CausalLmPlan {
     return d;
   }
 
-  // Each sample's first tokens become the placeholders of one random image of 2m x 2m patches
-  // (m = spatial_merge_size: 4 merged tokens), drawn from (seed, sample index); the loss skips
-  // predicting them.
+  // Each sample's first tokens become the placeholders of one random image of side x side
+  // patches (mock_image_patches; 0: 2m, m = spatial_merge_size: 4 merged tokens), drawn from
+  // (seed, sample index); the loss skips predicting them.
   void add_mock_fields(Batch& batch, uint64_t seed) const override {
     at::Tensor tokens = batch.at("tokens").clone(), labels = batch.at("labels").clone();
     at::Tensor mask = batch.find("loss_mask") ? batch.at("loss_mask").clone() : at::ones(tokens.sizes(), at::kFloat);
-    const int64_t m = vision_.spatial_merge_size, side = 2 * m, n = 4, id = own_.image_token_id;
+    const int64_t m = vision_.spatial_merge_size, side = own_.mock_image_patches ? own_.mock_image_patches : 2 * m;
+    LF_CHECK(side % m == 0, "model.mock_image_patches ", side, " is not a multiple of spatial_merge_size ", m);
+    const int64_t n = (side / m) * (side / m), id = own_.image_token_id;
     LF_CHECK(tokens.size(1) > n, "training.seq_length ", tokens.size(1), " leaves no text after ", n, " placeholders");
     for (int64_t special : {own_.image_token_id, own_.video_token_id}) {
       tokens.masked_fill_(tokens.eq(special), (special + 2) % foundation_.vocab_size);

@@ -31,6 +31,7 @@ struct Qwen25VlConfig {
   int64_t image_token_id = 151655;
   int64_t video_token_id = 151656;
   int64_t tokens_per_second = 2;  // video: temporal positions per second of frames
+  int64_t mock_image_patches = 0;  // --mock-data only: each sample's image is N x N patches (0: 2 merge)
 
   template <class V>
   void visit(V& v) {
@@ -38,6 +39,11 @@ struct Qwen25VlConfig {
     v("image_token_id", image_token_id, "The image placeholder token (one per merged vision patch)", Min{0});
     v("video_token_id", video_token_id, "The video placeholder token", Min{0});
     v("tokens_per_second", tokens_per_second, "Video: temporal position steps per second", Min{1});
+    v("mock_image_patches", mock_image_patches,
+      "--mock-data only (not a transformers field): each sample starts with one random image of N x N patches, "
+      "(N / spatial_merge_size)^2 placeholders; N a multiple of spatial_merge_size (0: 2 spatial_merge_size, "
+      "4 placeholders)",
+      Min{0});
   }
 };
 

@@ -2,6 +2,7 @@
 // one step's forward/backward under each schedule, and evaluation). Internal to the train layer.
 #pragma once
 
+#include <chrono>
 #include <map>
 #include <memory>
 #include <string>
@@ -71,6 +72,9 @@ struct Trainer::Impl {
   // MoE: the last step's expert load, max / mean tokens per expert averaged over the MoE layers
   // (global batch); negative when the model has none.
   double last_expert_load = -1;
+  // When the current step's forward/backward began (after its loss-count reduction): the compute
+  // time reported to the train source (BatchSource::report_compute_seconds).
+  std::chrono::steady_clock::time_point compute_start;
 
   lf::backend::Communicator* dp() const { return ctx.dp_size() > 1 ? &ctx.dp() : nullptr; }
   std::vector<GradBuffer*> grad_list() const;

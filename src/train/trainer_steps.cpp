@@ -77,6 +77,7 @@ std::optional<lf::backend::GradInto> BufferGradientSink::take(const at::Tensor& 
 double Trainer::Impl::forward_backward() {
   const auto batches = read_step();
   const auto weights = loss_weights(batches);
+  compute_start = std::chrono::steady_clock::now();
   // The step's loss weights scale what the gradient sink's users write; none outside the step.
   struct SinkWeights {
     BufferGradientSink* sink;
@@ -165,6 +166,8 @@ double Trainer::Impl::forward_backward_chunkpipe(const std::vector<lf::data::Bat
 }
 
 double Trainer::Impl::finish_step(std::map<std::string, double>& sums, const std::map<std::string, double>& weights) {
+  train_data->report_compute_seconds(
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - compute_start).count());
   // Tied embeddings over pipeline stages: the first stage's embedding and the last stage's copy
   // get their gradients summed over the embedding group (Megatron's _allreduce_word_embedding_grads),
   // before the DP reduction (both are sums).

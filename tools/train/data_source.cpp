@@ -5,18 +5,21 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <limits>
 #include <random>
 #include <sstream>
 
 #include "loongforge/core/error.h"
 #include "loongforge/core/logging.h"
 #include "loongforge/data/blended_dataset.h"
+#include "loongforge/data/dp_balance.h"
 #include "loongforge/data/indexed_dataset.h"
 #include "loongforge/data/loader.h"
 #include "loongforge/data/sampler.h"
 #include "loongforge/data/multimodal.h"
 #include "loongforge/data/sft_dataset.h"
 #include "loongforge/media/qwen_vision_input.h"
+#include "loongforge/backend/registry.h"
 
 namespace lf::tools {
 
@@ -259,19 +262,60 @@ class MultimodalConversations final : public ConversationStore {
   int64_t dropped_ = 0;
 };
 
+// --use-vlm-dp-balance settings of the train split (SftOptions' balance fields).
+struct SftBalance {
+  bool enabled = false;
+  std::optional<lf::data::CostModel> given;
+  int64_t warmup_iters = 5, global_batch = 0, log_interval = 1;
+  lf::backend::Communicator* group = nullptr;
+  c10::Device device = c10::kCPU;
+  bool log = false;
+};
+
 class SftSource final : public lf::train::BatchSource {
  public:
   SftSource(std::shared_ptr<const ConversationStore> data, int64_t begin, int64_t end, int64_t samples,
             int64_t micro_batch, int64_t seq_length, int64_t pad_id, int dp_rank, int dp_size, uint64_t seed,
-            bool shuffle, bool pack, std::string split)
+            bool shuffle, bool pack, std::string split, SftBalance balance = {})
       : data_(std::move(data)), begin_(begin), end_(end), samples_(samples), micro_batch_(micro_batch),
         seq_(seq_length), pad_(pad_id), dp_rank_(dp_rank), dp_size_(dp_size), seed_(seed), shuffle_(shuffle),
-        pack_(pack), split_(std::move(split)) {
+        pack_(pack), split_(std::move(split)), balance_(std::move(balance)) {
     LF_CHECK(end_ > begin_, "the ", split_, " split of the SFT data has no conversations");
+    if (balance_.enabled) {
+      LF_CHECK(!pack_ && dp_size_ > 1 && balance_.global_batch % (micro_batch_ * dp_size_) == 0,
+               "--use-vlm-dp-balance needs unpacked conversations, DP > 1 and a global batch of whole micro-batch "
+               "steps");
+      model_ = balance_.given;
+      if (balance_.log) {
+        if (model_)
+          LF_INFO("VLM DP balance: every global batch of ", balance_.global_batch, " samples planned over ", dp_size_,
+                  " DP ranks with the given cost a*sum(len^2) + b*sum(len) + c*samples, a ", model_->a, ", b ",
+                  model_->b, ", c ", model_->c);
+        else
+          LF_INFO("VLM DP balance: Megatron's split for ", balance_.warmup_iters,
+                  " warm-up iterations, then every global batch of ", balance_.global_batch, " samples planned over ",
+                  dp_size_, " DP ranks with a cost model fitted to the measured forward/backward times of iterations 2..",
+                  balance_.warmup_iters);
+      }
+    }
     rewind();
   }
+  void report_compute_seconds(double seconds) override {
+    // Warm-up observations for the fit; the first iteration (allocations, first calls) is left out.
+    if (!balance_.enabled || model_ || fit_done_ || steps_ < 2) return;
+    auto o = step_features_;
+    o.seconds = seconds;
+    observations_.push_back(o);
+  }
   lf::data::Batch next() override {
-    auto indices = sampler_->next_micro_batch();
+    std::optional<std::vector<int64_t>> indices;
+    if (balance_.enabled) {
+      if (step_pos_ == 0) plan_step();
+      indices = step_batches_[static_cast<size_t>(step_pos_)];
+      step_pos_ = (step_pos_ + 1) % static_cast<int64_t>(step_batches_.size());
+    } else {
+      indices = sampler_->next_micro_batch();
+    }
     LF_CHECK(indices.has_value(), "the SFT ", split_, " split ran out of samples (", samples_, ")",
              lf::hint("this is a bug in the sample count; please report it"));
     const int64_t b = static_cast<int64_t>(indices->size()), s = seq_;
@@ -320,10 +364,138 @@ class SftSource final : public lf::train::BatchSource {
   void rewind() override { seek(0); }
   bool seek(int64_t consumed) override {
     sampler_ = sampler_at(samples_, micro_batch_, dp_rank_, dp_size_, consumed);
+    if (balance_.enabled) {
+      LF_CHECK(consumed % balance_.global_batch == 0, "--use-vlm-dp-balance resumes at a global batch boundary; ",
+               consumed, " consumed samples is not a multiple of the global batch size ", balance_.global_batch);
+      consumed_ = consumed;
+      step_pos_ = 0;
+    }
     return true;
   }
 
  private:
+  // --use-vlm-dp-balance: the next global batch's micro-batches for this rank. Position p of the
+  // global batch is the sample Megatron's sampler gives rank p / (M mb) in micro-batch
+  // (p % (M mb)) / mb, row p % mb (M micro-batches of mb rows a rank), so that
+  // lf::data::naive_placement is the unbalanced split; the plan's rank r list, cut at its
+  // micro-batch offsets, is what rank r reads.
+  void plan_step() {
+    namespace ld = lf::data;
+    const int64_t g = balance_.global_batch, mb = micro_batch_, dp = dp_size_, m = g / (mb * dp);
+    LF_CHECK(consumed_ + g <= samples_, "the SFT ", split_, " split ran out of samples (", samples_, ")",
+             lf::hint("this is a bug in the sample count; please report it"));
+    std::vector<int64_t> sample(static_cast<size_t>(g)), length(static_cast<size_t>(g));
+    for (int64_t k = 0; k < g; ++k) {  // in sample order (row() caches one epoch's order)
+      const int64_t j = k / (mb * dp), r = (k % (mb * dp)) / mb, i = k % mb;
+      const int64_t p = r * m * mb + j * mb + i;
+      sample[static_cast<size_t>(p)] = consumed_ + k;
+      length[static_cast<size_t>(p)] = std::min(data_->length(row(consumed_ + k)[0]), seq_ + 1);
+    }
+    const int64_t iteration = consumed_ / g + 1;
+    consumed_ += g;
+    ++steps_;
+    if (!model_ && !fit_done_ && steps_ > balance_.warmup_iters) fit();
+    std::vector<int64_t> mine;  // positions, in micro-batch order
+    std::vector<int64_t> offsets;
+    if (model_) {
+      ld::BalanceOptions opt;
+      opt.equal_counts = true;
+      opt.micro_batches_per_rank = static_cast<int>(m);
+      const auto plan = ld::plan_balance(length, static_cast<int>(dp), *model_, opt);
+      const auto& rp = plan.ranks[static_cast<size_t>(dp_rank_)];
+      mine = rp.samples;
+      offsets = rp.micro_batch_offsets;
+      if (!plan_checked_) check_plan(plan);
+      if (balance_.log && (!logged_ || iteration % balance_.log_interval == 0)) {
+        logged_ = true;
+        int64_t max_len = 0, min_len = std::numeric_limits<int64_t>::max();
+        for (const auto& q : plan.ranks) max_len = std::max(max_len, q.packed_length), min_len = std::min(min_len, q.packed_length);
+        LF_INFO("VLM DP balance | iteration ", iteration, " | rank cost max/mean: Megatron's split ",
+                plan.stats.naive_max_over_mean, ", balanced ", plan.stats.balanced_max_over_mean,
+                plan.skipped ? " (Megatron's split kept: within 1.05 or no better plan)" : "", " | ",
+                plan.stats.moved_samples, " of ", g, " samples moved | rank tokens ", min_len, "..", max_len);
+      }
+    } else {
+      mine.resize(static_cast<size_t>(m * mb));
+      for (int64_t q = 0; q < m * mb; ++q) mine[static_cast<size_t>(q)] = dp_rank_ * m * mb + q;
+      for (int64_t j = 0; j <= m; ++j) offsets.push_back(j * mb);
+    }
+    step_batches_.assign(static_cast<size_t>(m), {});
+    step_features_ = {};
+    for (int64_t j = 0; j < m; ++j)
+      for (int64_t q = offsets[static_cast<size_t>(j)]; q < offsets[static_cast<size_t>(j + 1)]; ++q) {
+        const int64_t p = mine[static_cast<size_t>(q)];
+        step_batches_[static_cast<size_t>(j)].push_back(sample[static_cast<size_t>(p)]);
+        const double l = static_cast<double>(length[static_cast<size_t>(p)]);
+        step_features_.sum_sq_length += l * l;
+        step_features_.sum_length += l;
+        step_features_.n_samples += 1;
+      }
+  }
+  // After the warm-up: every rank's observations gathered, fitted on rank 0, a, b, c broadcast
+  // (a degenerate fit keeps Megatron's split, with the reason in the log).
+  void fit() {
+    fit_done_ = true;
+    auto* g = balance_.group;
+    LF_CHECK(g != nullptr, "--use-vlm-dp-balance: no process group to fit the cost model over");
+    const auto dopt = at::TensorOptions().dtype(at::kDouble);
+    std::vector<double> mine;
+    for (const auto& o : observations_) mine.insert(mine.end(), {o.sum_sq_length, o.sum_length, o.n_samples, o.seconds});
+    at::Tensor in = at::tensor(mine, dopt).to(balance_.device);
+    at::Tensor all = at::empty({static_cast<int64_t>(mine.size()) * g->size()}, dopt.device(balance_.device));
+    g->all_gather(all, in);
+    all = all.cpu().contiguous();
+    std::vector<double> result{0, 0, 0, 0};
+    std::string why;
+    if (g->rank() == 0) {
+      std::vector<lf::data::CostObservation> obs;
+      const double* v = all.data_ptr<double>();
+      for (int64_t k = 0; k + 3 < all.numel(); k += 4) obs.push_back({v[k], v[k + 1], v[k + 2], v[k + 3]});
+      try {
+        const auto c = lf::data::fit_cost_model(obs);
+        result = {1, c.a, c.b, c.c};
+      } catch (const lf::Error& e) {
+        why = e.what();
+      }
+      if (balance_.log) {
+        if (result[0] > 0)
+          LF_INFO("VLM DP balance: cost model fitted from ", obs.size(), " observations (ranks x iterations 2..",
+                  balance_.warmup_iters, "): seconds = ", result[1], " * sum(len^2) + ", result[2], " * sum(len) + ",
+                  result[3], " * samples; balancing from iteration ", consumed_ / balance_.global_batch);
+        else
+          LF_WARN("VLM DP balance: the cost model cannot be fitted from the warm-up's ", obs.size(),
+                  " observations, so Megatron's split is kept for the whole run: ", why);
+      }
+    }
+    at::Tensor r = at::tensor(result, dopt).to(balance_.device);
+    g->broadcast(r, 0);
+    r = r.cpu();
+    if (r[0].item<double>() > 0) model_ = lf::data::CostModel{r[1].item<double>(), r[2].item<double>(), r[3].item<double>()};
+  }
+  // Every rank must compute the same plan (same lengths, same cost model, same binary): the first
+  // plan's checksum is compared over the group, once.
+  void check_plan(const lf::data::BalanceResult& plan) {
+    plan_checked_ = true;
+    if (!balance_.group) return;
+    uint64_t h = 1469598103934665603ull;
+    auto mix = [&](int64_t v) { h = (h ^ static_cast<uint64_t>(v)) * 1099511628211ull; };
+    for (const auto& rp : plan.ranks) {
+      for (int64_t v : rp.samples) mix(v);
+      for (int64_t v : rp.micro_batch_offsets) mix(v);
+      mix(-1);
+    }
+    const auto lopt = at::TensorOptions().dtype(at::kLong);
+    at::Tensor in = at::tensor({static_cast<int64_t>(h >> 1)}, lopt).to(balance_.device);
+    at::Tensor all = at::empty({balance_.group->size()}, lopt.device(balance_.device));
+    balance_.group->all_gather(all, in);
+    all = all.cpu();
+    for (int64_t k = 0; k < all.numel(); ++k)
+      LF_CHECK(all[k].item<int64_t>() == static_cast<int64_t>(h >> 1), "--use-vlm-dp-balance: rank ",
+               balance_.group->ranks()[static_cast<size_t>(k)], " planned a different global batch than rank ",
+               balance_.group->ranks()[static_cast<size_t>(balance_.group->rank())],
+               lf::hint("every rank must run the same binary on the same store; this is a bug, please report it"));
+  }
+
   // The split's conversations in epoch e's order: a seeded permutation (in order for validation).
   std::vector<int64_t> epoch_order(int64_t epoch) const {
     const int64_t n = end_ - begin_;
@@ -375,6 +547,14 @@ class SftSource final : public lf::train::BatchSource {
   std::vector<int64_t> order_;
   int64_t order_epoch_ = -1;
   std::vector<std::vector<std::vector<int64_t>>> rows_;  // packed: per epoch, its rows
+  // --use-vlm-dp-balance
+  SftBalance balance_;
+  std::optional<lf::data::CostModel> model_;  // given, or fitted (none: Megatron's split)
+  int64_t consumed_ = 0, steps_ = 0, step_pos_ = 0;
+  std::vector<std::vector<int64_t>> step_batches_;  // this rank's micro-batches of the current step
+  lf::data::CostObservation step_features_;         // their features (seconds unset)
+  std::vector<lf::data::CostObservation> observations_;
+  bool fit_done_ = false, plan_checked_ = false, logged_ = false;
 };
 
 }  // namespace
@@ -435,8 +615,21 @@ DataSources make_sft_sources(const SftOptions& o) {
               " tokens and are cut (their tail's answer tokens do not train)");
   }
   DataSources out;
+  SftBalance balance;
+  if (o.balance) {
+    LF_CHECK(multimodal, "--use-vlm-dp-balance balances multimodal stores; ", o.prefix, " holds text conversations",
+             lf::hint("drop --use-vlm-dp-balance"));
+    balance.enabled = true;
+    if (!o.balance_cost.empty()) balance.given = lf::data::CostModel{o.balance_cost[0], o.balance_cost[1], o.balance_cost[2]};
+    balance.warmup_iters = o.balance_warmup_iters;
+    balance.global_batch = o.global_batch;
+    balance.log_interval = std::max<int64_t>(1, o.log_interval);
+    balance.group = o.group;
+    balance.device = o.device;
+    balance.log = o.log;
+  }
   out.train = std::make_unique<SftSource>(data, bounds[0], bounds[1], o.train_samples, o.micro_batch, o.seq_length,
-                                          o.pad_id, o.dp_rank, o.dp_size, o.seed, true, o.pack, "train");
+                                          o.pad_id, o.dp_rank, o.dp_size, o.seed, true, o.pack, "train", balance);
   if (o.valid_samples > 0 && bounds[2] > bounds[1])
     out.valid = std::make_unique<SftSource>(data, bounds[1], bounds[2], o.valid_samples, o.micro_batch, o.seq_length,
                                             o.pad_id, o.dp_rank, o.dp_size, o.seed, false, o.pack, "valid");
@@ -472,6 +665,15 @@ DataSources make_sft_sources_for(const lf::config::JobConfig& job, const lf::mod
   o.media = needs.media;
   o.image_token_id = needs.image_token_id;
   o.video_token_id = needs.video_token_id;
+  if (d.use_vlm_dp_balance) {
+    o.balance = true;
+    o.balance_cost = d.vlm_dp_balance_cost;
+    o.balance_warmup_iters = d.vlm_dp_balance_warmup_iters;
+    o.global_batch = t.global_batch_size.value_or(t.micro_batch_size * dp);
+    o.log_interval = job.logging.log_interval;
+    o.group = ctx.world_size() > 1 ? &ctx.world() : nullptr;
+    o.device = lf::backend::select_backend().device();
+  }
   return make_sft_sources(o);
 }
 

@@ -53,6 +53,19 @@ struct SftOptions {
   // pixel_values / image_grid_thw and pixel_values_videos / video_grid_thw / second_per_grid_ts.
   bool media = false;
   int64_t image_token_id = -1, video_token_id = -1;
+  // --use-vlm-dp-balance (the train split; multimodal stores, unpacked, dp_size > 1): each
+  // iteration's global_batch samples (consumed .. consumed + global_batch, the ones Megatron's
+  // sampler hands the DP ranks) are planned by lf::data::plan_balance on their token lengths, and
+  // this rank reads its planned micro-batches itself (every rank maps the whole store, so no
+  // samples move). The cost model is balance_cost (a, b, c), or fitted after balance_warmup_iters
+  // iterations of Megatron's split from the times the trainer reports (all but the first): every
+  // rank's (sum len^2, sum len, n, seconds) gathered over `group`, fitted on its rank 0 and
+  // broadcast. The first balanced plan's checksum is compared over `group`.
+  bool balance = false;
+  std::vector<double> balance_cost;
+  int64_t balance_warmup_iters = 5, global_batch = 0, log_interval = 1;
+  lf::backend::Communicator* group = nullptr;  // every rank of the run (the fit, the plan check)
+  c10::Device device = c10::kCPU;              // of the group's tensors
 };
 DataSources make_sft_sources(const SftOptions& options);
 

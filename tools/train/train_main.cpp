@@ -67,6 +67,27 @@ void check_job(const lf::config::JobConfig& job, const lf::config::Node& resolve
                    " reads images and videos: it trains on a multimodal store (loongforge-data preprocess --multimodal) "
                    "with --training-phase sft, or on --mock-data",
                "add --training-phase sft with --data-path set to the store's prefix, or pass --mock-data");
+  if (job.data.use_vlm_dp_balance && !needs.media)
+    errors.add("data.use_vlm_dp_balance", origin_of(resolved, "data.use_vlm_dp_balance"),
+               "--use-vlm-dp-balance balances the samples of a multimodal store, and model type " +
+                   plan.config().type + " reads no media",
+               "train a vision-language model (e.g. model type qwen2_5_vl) on a `loongforge-data preprocess "
+               "--multimodal` store, or drop --use-vlm-dp-balance");
+  if (job.data.use_vlm_dp_balance && layout.size(lf::dist::Axis::dp) == 1)
+    errors.add("data.use_vlm_dp_balance", origin_of(resolved, "data.use_vlm_dp_balance"),
+               "--use-vlm-dp-balance spreads each global batch over the data-parallel ranks, and the data-parallel "
+               "size is 1: there is nothing to balance",
+               "run with a data-parallel size above 1 (more ranks than tensor x pipeline parallel), or drop "
+               "--use-vlm-dp-balance");
+  if (job.data.use_vlm_dp_balance && job.data.vlm_dp_balance_cost.empty() &&
+      (job.data.vlm_dp_balance_warmup_iters - 1) * layout.size(lf::dist::Axis::dp) < 3)
+    errors.add("data.vlm_dp_balance_warmup_iters", origin_of(resolved, "data.vlm_dp_balance_warmup_iters"),
+               "the cost model's three coefficients are fitted to one observation per data-parallel rank and "
+               "warm-up iteration after the first: " + std::to_string(job.data.vlm_dp_balance_warmup_iters) +
+                   " warm-up iterations at DP " + std::to_string(layout.size(lf::dist::Axis::dp)) + " give " +
+                   std::to_string((job.data.vlm_dp_balance_warmup_iters - 1) * layout.size(lf::dist::Axis::dp)) +
+                   ", fewer than 3",
+               "raise --vlm-dp-balance-warmup-iters, or give the coefficients with --vlm-dp-balance-cost A,B,C");
   const bool wants_eod = job.data.eod_mask_loss || job.data.reset_position_ids || job.data.reset_attention_mask;
   if (wants_eod && !needs.token_data)
     errors.add("data.eod_mask_loss", origin_of(resolved, "data.eod_mask_loss"),

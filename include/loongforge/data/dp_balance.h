@@ -2,8 +2,10 @@
 // the planner, as a pure library piece. Samples of a global batch differ wildly in length (an
 // image is 64-1280 tokens, a video up to 16K), so Megatron's contiguous split (rank r takes
 // samples [r*n/dp, (r+1)*n/dp)) leaves the slowest rank far behind the mean. The planner
-// reassigns the batch's samples across DP ranks to equalise a fitted per-rank cost; the trainer
-// moves the samples with an all-to-all (make_send_plan) before the step. Plain std::vector in
+// reassigns the batch's samples across DP ranks to equalise a fitted per-rank cost; a trainer
+// whose ranks hold only their own samples moves them with an all-to-all (make_send_plan) before
+// the step. loongforge-train's SFT source needs no move: every rank maps the whole store and reads
+// its planned samples itself (tools/train/data_source.cpp, docs/data.md). Plain std::vector in
 // and out, no LibTorch, no communication: every rank runs the same deterministic planner on the
 // same lengths and gets the same plan.
 //

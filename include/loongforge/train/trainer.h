@@ -35,6 +35,10 @@ class BatchSource {
   // Resume: continue after `consumed_samples` samples of the global stream (all DP ranks).
   // false: not supported (the trainer then skips whole micro-batches with next()).
   virtual bool seek(int64_t consumed_samples) { return false; }
+  // After each training step: this rank's forward/backward seconds for the micro-batches just
+  // read (from the step's loss-count reduction to the start of the gradient reduction, so not the
+  // time spent waiting for slower ranks). Load-balancing sources fit their cost model on it.
+  virtual void report_compute_seconds(double seconds) {}
 };
 
 struct EvalResult {

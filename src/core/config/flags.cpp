@@ -93,6 +93,9 @@ const std::vector<FlagSpec> kTable = {
   {"--reset-attention-mask", "data.reset_attention_mask", K::store_true, "", ""},
   {"--eod-mask-loss", "data.eod_mask_loss", K::store_true, "", ""},
   {"--packing-sft-data", "data.packing_sft_data", K::store_true, "", ""},
+  {"--use-vlm-dp-balance", "data.use_vlm_dp_balance", K::store_true, "", ""},
+  {"--vlm-dp-balance-warmup-iters", "data.vlm_dp_balance_warmup_iters", K::value, "N", ""},
+  {"--vlm-dp-balance-cost", "data.vlm_dp_balance_cost", K::comma_list, "A,B,C", ""},
   // checkpoint
   {"--save", "checkpoint.save", K::value, "DIR", ""},
   {"--load", "checkpoint.load", K::value, "DIR", ""},

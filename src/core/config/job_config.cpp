@@ -223,6 +223,41 @@ void validate(const JobConfig& job, const Node& resolved, ErrorList& errors) {
     c.fail("data.packing_sft_data",
            "packed conversations attend within each conversation, which ChunkPipe's chunked attention does not do",
            "drop --chunkpipe-chunk-size or --packing-sft-data");
+  // VLM data-parallel load balancing: SFT only, one conversation per row.
+  if (c.ok({"data.use_vlm_dp_balance"}) && d.use_vlm_dp_balance) {
+    if (!sft)
+      c.fail("data.use_vlm_dp_balance",
+             "--use-vlm-dp-balance reassigns the conversations of a multimodal SFT store across data-parallel ranks, "
+             "and this is not an SFT run",
+             "add --training-phase sft with --data-path set to a `loongforge-data preprocess --multimodal` store, or "
+             "drop --use-vlm-dp-balance");
+    if (c.ok({"data.packing_sft_data"}) && d.packing_sft_data)
+      c.fail("data.use_vlm_dp_balance",
+             "--use-vlm-dp-balance places single conversations, and --packing-sft-data packs several into a row",
+             "drop --packing-sft-data or --use-vlm-dp-balance");
+    if (c.ok({"data.vlm_dp_balance_cost"}) && !d.vlm_dp_balance_cost.empty()) {
+      const auto& k = d.vlm_dp_balance_cost;
+      if (k.size() != 3)
+        c.fail("data.vlm_dp_balance_cost",
+               "data.vlm_dp_balance_cost takes the three coefficients a, b, c of a*sum(len^2) + b*sum(len) + "
+               "c*samples: " + c.show("data.vlm_dp_balance_cost"),
+               "e.g. --vlm-dp-balance-cost 0,1,0 (cost proportional to tokens), or drop it to fit them");
+      else if (k[0] + k[1] + k[2] <= 0)
+        c.fail("data.vlm_dp_balance_cost",
+               "data.vlm_dp_balance_cost is all zero: every placement would cost the same",
+               "give a positive coefficient, e.g. --vlm-dp-balance-cost 0,1,0");
+      if (c.ok({"data.vlm_dp_balance_warmup_iters"}) && c.given("data.vlm_dp_balance_warmup_iters"))
+        c.fail("data.vlm_dp_balance_warmup_iters",
+               "data.vlm_dp_balance_warmup_iters is set with data.vlm_dp_balance_cost: the warm-up fits the cost "
+               "model, and it is given",
+               "drop --vlm-dp-balance-warmup-iters, or drop --vlm-dp-balance-cost to fit the coefficients");
+    }
+  } else {
+    for (const char* key : {"data.vlm_dp_balance_warmup_iters", "data.vlm_dp_balance_cost"})
+      if (c.ok({key}) && c.given(key))
+        c.fail(key, std::string(key) + " is set but data.use_vlm_dp_balance is off: it would do nothing",
+               "add --use-vlm-dp-balance, or drop it");
+  }
   if (sft && c.ok({"data.mock_data"}) && d.mock_data)
     c.fail("training.training_phase",
            "--training-phase sft trains on conversations with answer masks; mock data has none",

@@ -215,6 +215,9 @@ struct DataConfig {
   bool reset_attention_mask = false;
   bool eod_mask_loss = false;
   bool packing_sft_data = false;
+  bool use_vlm_dp_balance = false;
+  int64_t vlm_dp_balance_warmup_iters = 5;
+  std::vector<double> vlm_dp_balance_cost;  // empty: fitted after the warm-up iterations
 
   template <class V>
   void visit(V& v) {
@@ -238,6 +241,16 @@ struct DataConfig {
     v("packing_sft_data", packing_sft_data,
       "SFT: pack whole conversations into each row (positions restart and attention stays within each "
       "conversation, computed per conversation: no [s, s] mask); off: one conversation per row, padded");
+    v("use_vlm_dp_balance", use_vlm_dp_balance,
+      "SFT on a multimodal store at DP > 1: each iteration's global batch is reassigned across the DP ranks to "
+      "equalise their cost a*sum(len^2) + b*sum(len) + c*samples (every rank reads its planned samples; the loss "
+      "and the update are unchanged)");
+    v("vlm_dp_balance_warmup_iters", vlm_dp_balance_warmup_iters,
+      "use_vlm_dp_balance without vlm_dp_balance_cost: iterations run with Megatron's split whose measured "
+      "forward/backward times (all but the first) fit a, b, c; balancing starts after them",
+      Min{2});
+    v("vlm_dp_balance_cost", vlm_dp_balance_cost,
+      "use_vlm_dp_balance: the cost coefficients a, b, c (any unit; empty: fitted after the warm-up)", Min{0});
   }
 };
 

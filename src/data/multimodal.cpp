@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "loongforge/core/error.h"
+#include "loongforge/data/chat_template.h"
 #include "loongforge/data/indexed_dataset.h"
 #include "loongforge/media/video.h"
 #include "multimodal_internal.h"
@@ -192,6 +193,55 @@ std::string info_json(const MultimodalOptions& o, int64_t image_token_id, int64_
 namespace {
 std::string part(const std::string& prefix, const char* key) { return preprocess_output_prefix(prefix, key); }
 }  // namespace
+
+MultimodalSample render_multimodal(std::string_view line_json, const ChatTemplate& chat_template, Tokenizer& tokenizer,
+                                   const MultimodalOptions& o, const std::string& root, int32_t image_token_id,
+                                   int32_t video_token_id, bool add_generation_prompt) {
+  nlohmann::json line;
+  try {
+    line = nlohmann::json::parse(line_json);
+  } catch (const nlohmann::json::exception& e) {
+    LF_FAIL("malformed JSON line: ", e.what());
+  }
+  LF_CHECK(line.is_object(), "the line is JSON but not an object");
+  const mm::Conversation conv = mm::normalise(line);
+  const ChatTokens t = chat_template.tokenize(conv.json.dump(), add_generation_prompt, tokenizer);
+  MultimodalSample out;
+  for (size_t k = 0; k < conv.media.size(); ++k) {
+    try {
+      out.media.push_back(mm::load(conv.media[k], root, o));
+    } catch (const lf::Error& e) {
+      LF_FAIL("medium ", k, " (", conv.media[k].path, "): ", e.message(),
+              e.hint().empty() ? lf::hint("fix or drop this sample") : lf::hint(e.hint()));
+    }
+  }
+  size_t next = 0;
+  for (size_t p = 0; p < t.input_ids.size(); ++p) {
+    const int32_t id = t.input_ids[p];
+    const bool image = id == image_token_id, video = id == video_token_id;
+    if (!image && !video) {
+      out.tokens.push_back(id);
+      out.mask.push_back(t.assistant_masks[p]);
+      continue;
+    }
+    LF_CHECK(next < out.media.size(), "the chat template rendered more media placeholders than the sample's ",
+             out.media.size(), " media",
+             lf::hint("the conversation's text holds a literal " + o.image_token + " / " + o.video_token + "; remove it"));
+    const MediaRecord& r = out.media[next];
+    LF_CHECK((r.kind == MediaRecord::kImage) == image, "medium ", next, " (", conv.media[next].path, ") is ",
+             image ? "a video" : "an image", " but the template placed ", image ? o.image_token : o.video_token,
+             " there");
+    const int64_t n = mm::placeholders(r, o.image);
+    out.tokens.insert(out.tokens.end(), size_t(n), id);
+    out.mask.insert(out.mask.end(), size_t(n), 0);
+    ++next;
+  }
+  LF_CHECK(next == out.media.size(), "the chat template rendered ", next, " media placeholders for the sample's ",
+           out.media.size(), " media",
+           lf::hint("the template must render " + o.image_token + " for {\"type\": \"image\"} content entries "
+                    "(Qwen-VL's does); is this a vision-language model's tokenizer directory?"));
+  return out;
+}
 
 bool MultimodalDataset::exists(const std::string& prefix) {
   return std::filesystem::exists(prefix + "_media.json") && std::filesystem::exists(idx_path(part(prefix, "media_meta")));

@@ -136,61 +136,24 @@ class MultimodalEncoder final : public LineEncoder {
         video_id_(video_id) {}
 
   bool encode(std::string_view line, int64_t line_no, std::vector<std::vector<int32_t>*>& outs) override {
-    const nlohmann::json j = parse_line(line, o_.input, line_no,
-                                        "{\"messages\": [{\"role\": \"user\", \"content\": \"<image>Describe it.\"}, "
-                                        "{\"role\": \"assistant\", \"content\": \"...\"}], \"images\": [\"a.png\"]}");
-    const auto where = [&] { return lf::str(o_.input, ":", line_no, ": "); };
-    mm::Conversation conv;
-    ChatTokens t;
+    parse_line(line, o_.input, line_no,
+               "{\"messages\": [{\"role\": \"user\", \"content\": \"<image>Describe it.\"}, "
+               "{\"role\": \"assistant\", \"content\": \"...\"}], \"images\": [\"a.png\"]}");
+    MultimodalSample s;
     try {
-      conv = mm::normalise(j);
-      t = tpl_.tokenize(conv.json.dump(), false, *tok_);
+      s = render_multimodal(line, tpl_, *tok_, mo_, root_, image_id_, video_id_, false);
     } catch (const lf::Error& e) {
-      LF_FAIL(where(), e.message(), e.hint().empty() ? lf::hint("") : lf::hint(e.hint()));
+      LF_FAIL(o_.input, ":", line_no, ": ", e.message(), e.hint().empty() ? lf::hint("") : lf::hint(e.hint()));
     }
-    if (t.input_ids.empty()) return false;
-    std::vector<MediaRecord> media;
-    for (size_t k = 0; k < conv.media.size(); ++k) {
-      try {
-        media.push_back(mm::load(conv.media[k], root_, mo_));
-      } catch (const lf::Error& e) {
-        LF_FAIL(where(), "medium ", k, " (", conv.media[k].path, "): ", e.message(),
-                e.hint().empty() ? lf::hint("fix or drop this sample") : lf::hint(e.hint()));
-      }
-    }
-    size_t next = 0;
-    std::vector<int32_t>& ids = *outs[0];
-    std::vector<int32_t>& mask = *outs[1];
-    for (size_t p = 0; p < t.input_ids.size(); ++p) {
-      const int32_t id = t.input_ids[p];
-      const bool image = id == image_id_, video = id == video_id_;
-      if (!image && !video) {
-        ids.push_back(id);
-        mask.push_back(t.assistant_masks[p]);
-        continue;
-      }
-      LF_CHECK(next < media.size(), where(), "the chat template rendered more media placeholders than the sample's ",
-               media.size(), " media", lf::hint("the conversation's text holds a literal " + mo_.image_token +
-                                                " / " + mo_.video_token + "; remove it"));
-      const MediaRecord& r = media[next];
-      LF_CHECK((r.kind == MediaRecord::kImage) == image, where(), "medium ", next, " (", conv.media[next].path,
-               ") is ", image ? "a video" : "an image", " but the template placed ",
-               image ? mo_.image_token : mo_.video_token, " there");
-      const int64_t n = mm::placeholders(r, mo_.image);
-      ids.insert(ids.end(), size_t(n), id);
-      mask.insert(mask.end(), size_t(n), 0);
-      std::vector<int32_t>& meta = *outs[2];
+    if (s.tokens.empty()) return false;
+    outs[0]->insert(outs[0]->end(), s.tokens.begin(), s.tokens.end());
+    outs[1]->insert(outs[1]->end(), s.mask.begin(), s.mask.end());
+    for (const MediaRecord& r : s.media) {
       int32_t bits;
       std::memcpy(&bits, &r.seconds_per_grid, 4);
-      meta.insert(meta.end(), {int32_t(r.kind), int32_t(r.frames), int32_t(r.height), int32_t(r.width), bits});
-      std::vector<int32_t>& px = *outs[3];
-      for (const auto& f : r.images) px.insert(px.end(), f.rgb.begin(), f.rgb.end());
-      ++next;
+      outs[2]->insert(outs[2]->end(), {int32_t(r.kind), int32_t(r.frames), int32_t(r.height), int32_t(r.width), bits});
+      for (const auto& f : r.images) outs[3]->insert(outs[3]->end(), f.rgb.begin(), f.rgb.end());
     }
-    LF_CHECK(next == media.size(), where(), "the chat template rendered ", next, " media placeholders for the sample's ",
-             media.size(), " media",
-             lf::hint("the template must render " + mo_.image_token + " for {\"type\": \"image\"} content entries "
-                      "(Qwen-VL's does); is this a vision-language model's tokenizer directory?"));
     return true;
   }
 

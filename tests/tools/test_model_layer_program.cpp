@@ -101,9 +101,36 @@ TEST(Qwen25Vl, MultimodalStoreTrainsAndLayoutsEqualOneProcess) {
                                          "--split", "100,0,0", "--tokenizer-type", "HuggingFaceTokenizer",
                                          "--tokenizer-model", o + "/tok", "model.foundation.vocab_size=1280",
                                          "model.image_token_id=1208", "model.video_token_id=1209", "--seq-length", "96"};
-  auto one = run(1, cfg, data, "vlm_store1");
+  std::vector<std::string> save = data;
+  save.insert(save.end(), {"--save", d + "/ckpt"});
+  auto one = run(1, cfg, save, "vlm_store1");
   ASSERT_EQ(one.exit_code, 0) << one.output;
   EXPECT_NE(one.output.find("SFT multimodal data"), std::string::npos) << one.output;
+  // loongforge-generate --eval-file on the checkpoint: conversations with images rendered by the
+  // chat template (generation prompt), answers scored per attribute; a missing image names its line.
+  {
+    std::ofstream eval(d + "/eval.jsonl");
+    eval << R"({"messages": [{"role": "user", "content": "<image>What colour is the square?"}], "images": [")" << o
+         << R"(/img/a.png"], "answer": "It is red.", "attribute": "colour"})" << "\n";
+    eval << R"({"messages": [{"role": "user", "content": "Compare <image> and <image>."}], "images": [")" << o
+         << R"(/img/a.png", ")" << o << R"(/img/d.png"], "answer": "The second is square.", "attribute": "compare"})"
+         << "\n";
+  }
+  const std::vector<std::string> gen = {bin("loongforge-generate"), "--load", d + "/ckpt", "--tokenizer-type",
+                                        "HuggingFaceTokenizer", "--tokenizer-model", o + "/tok", "--max-new-tokens", "6"};
+  auto scored = lf::testing::run_command(
+      [&] { auto a = gen; a.insert(a.end(), {"--eval-file", d + "/eval.jsonl", "--verbose"}); return a; }());
+  ASSERT_EQ(scored.exit_code, 0) << scored.output;
+  EXPECT_NE(scored.output.find("attribute colour: "), std::string::npos) << scored.output;
+  EXPECT_NE(scored.output.find("attribute compare: "), std::string::npos) << scored.output;
+  EXPECT_NE(scored.output.find("exact match: "), std::string::npos) << scored.output;
+  std::ofstream(d + "/bad.jsonl") << R"({"messages": [{"role": "user", "content": "<image>?"}], "images": ["nope.png"], "answer": "x"})"
+                                  << "\n";
+  auto bad_eval = lf::testing::run_command(
+      [&] { auto a = gen; a.insert(a.end(), {"--eval-file", d + "/bad.jsonl"}); return a; }());
+  EXPECT_NE(bad_eval.exit_code, 0);
+  EXPECT_NE(bad_eval.output.find("bad.jsonl:1"), std::string::npos) << bad_eval.output;
+  EXPECT_NE(bad_eval.output.find("nope.png"), std::string::npos) << bad_eval.output;
   std::vector<std::string> tp = data;
   tp.insert(tp.end(), {"--tensor-model-parallel-size", "2"});
   lf::testing::expect_same_training(one, run(2, cfg, tp, "vlm_store_tp2"), "qwen2_5_vl store: foundation tp 2");

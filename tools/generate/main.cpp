@@ -30,6 +30,8 @@
 #include "loongforge/core/error.h"
 #include "loongforge/core/logging.h"
 #include "loongforge/core/safetensors.h"
+#include "loongforge/data/chat_template.h"
+#include "loongforge/data/multimodal.h"
 #include "loongforge/data/tokenizer.h"
 #include "loongforge/media/image.h"
 #include "loongforge/media/qwen_vision_input.h"
@@ -304,10 +306,31 @@ void check_placeholders(const std::vector<int64_t>& ids, const Qwen25VlMedia& m,
 
 // A vision-language model: logits of the ids with the media, or generation that recomputes the
 // whole sequence (and its M-RoPE positions) each step.
+// A rendered evaluation line's media -> the composite's inputs (rows normalised, in order).
+Qwen25VlMedia media_of_records(const std::vector<lf::data::MediaRecord>& records, const lf::media::QwenVisionPreprocess& p) {
+  Qwen25VlMedia m;
+  std::vector<at::Tensor> image_rows, image_grids, video_rows, video_grids;
+  for (const auto& r : records) {
+    std::vector<const lf::media::Image*> frames;
+    for (const auto& f : r.images) frames.push_back(&f);
+    auto v = lf::media::qwen_patches_of_resized(frames, p);
+    const at::Tensor grid = at::tensor({v.grid[0], v.grid[1], v.grid[2]}, at::kLong).view({1, 3});
+    if (r.kind == lf::data::MediaRecord::kImage) {
+      image_rows.push_back(v.pixel_values);
+      image_grids.push_back(grid);
+    } else {
+      video_rows.push_back(v.pixel_values);
+      video_grids.push_back(grid);
+      m.second_per_grid_ts.push_back(r.seconds_per_grid);
+    }
+  }
+  if (!image_rows.empty()) m.pixel_values = at::cat(image_rows), m.image_grid_thw = at::cat(image_grids);
+  if (!video_rows.empty()) m.pixel_values_videos = at::cat(video_rows), m.video_grid_thw = at::cat(video_grids);
+  return m;
+}
+
 int run_vlm(Options& o, Loaded& loaded, lf::data::Tokenizer* tok) {
   const auto& v = *loaded.vlm;
-  LF_CHECK(o.eval_file.empty(), "--eval-file scores text-only models; ", o.load, " is a ", v.type, " model",
-           lf::hint("use --input-ids (with the media's placeholders) or --prompt"));
   LF_CHECK(o.lora_adapter.empty(), "--lora-adapter: LoRA adapters are built for causal_lm models, not ", v.type);
   const auto t0 = std::chrono::steady_clock::now();
   const auto& be = lf::backend::select_backend();
@@ -318,6 +341,79 @@ int run_vlm(Options& o, Loaded& loaded, lf::data::Tokenizer* tok) {
   model.set_training(false);
   LF_INFO("loaded ", loaded.what, " (", v.type, ", ", be.name(), ", ", o.bf16 ? "bf16" : "fp32", ") in ",
           std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), " s");
+  at::NoGradGuard no_grad_all;
+  const auto opts = at::TensorOptions().dtype(at::kLong);
+  // Greedy or sampled continuation of `seq` with `media`, the whole sequence recomputed per token.
+  const auto continue_ids = [&](std::vector<int64_t> seq, const Qwen25VlMedia& media, at::Generator& gen) {
+    std::vector<int64_t> out;
+    while (static_cast<int64_t>(out.size()) < o.gen.max_new_tokens &&
+           static_cast<int64_t>(seq.size()) < v.foundation.max_position_embeddings) {
+      const at::Tensor logits = model.logits(at::tensor(seq, opts).unsqueeze(0), media);  // [s, 1, vocab]
+      const int64_t token = lf::models::sample_token(logits[-1][0], o.gen.sampling, gen);
+      if (std::find(o.gen.stop_ids.begin(), o.gen.stop_ids.end(), token) != o.gen.stop_ids.end()) break;
+      if (token == v.own.image_token_id || token == v.own.video_token_id) {
+        LF_WARN("the model produced the placeholder token ", token, "; generation stops (a placeholder needs a medium)");
+        break;
+      }
+      out.push_back(token);
+      seq.push_back(token);
+    }
+    return out;
+  };
+  if (!o.eval_file.empty()) {
+    // --eval-file for a VLM: {"messages": [...], "images": [...], "answer": ..., "attribute": ...}
+    // per line, rendered with --tokenizer-model's chat template (generation prompt added) and
+    // media as preprocess --multimodal does; exact match of the stripped completion, per attribute.
+    LF_CHECK(!o.tokenizer_model.empty() && tok, "--eval-file with a ", v.type,
+             " model needs --tokenizer-type HuggingFaceTokenizer --tokenizer-model DIR (its chat template)");
+    const auto tpl = lf::data::ChatTemplate::from_tokenizer_dir(
+        fs::is_directory(o.tokenizer_model) ? o.tokenizer_model : fs::path(o.tokenizer_model).parent_path().string());
+    lf::data::MultimodalOptions mo;
+    mo.image = preprocess_of(o.load, v.vision);
+    const std::string root = fs::path(o.eval_file).parent_path().string();
+    std::ifstream in(o.eval_file);
+    LF_CHECK(in.good(), "cannot open --eval-file ", o.eval_file);
+    std::map<std::string, std::pair<int64_t, int64_t>> by_attribute;  // correct, total
+    int64_t n = 0, correct = 0, line_no = 0;
+    for (std::string line; std::getline(in, line);) {
+      ++line_no;
+      if (line.empty()) continue;
+      if (o.eval_limit > 0 && n >= o.eval_limit) break;
+      json j;
+      lf::data::MultimodalSample s;
+      try {
+        j = json::parse(line);
+        LF_CHECK(j.contains("answer") && j["answer"].is_string(), "needs a string field \"answer\"");
+        s = lf::data::render_multimodal(line, tpl, *tok, mo, root, static_cast<int32_t>(v.own.image_token_id),
+                                        static_cast<int32_t>(v.own.video_token_id), true);
+      } catch (const json::exception& e) {
+        LF_FAIL(o.eval_file, ":", line_no, ": not JSON: ", e.what());
+      } catch (const lf::Error& e) {
+        LF_FAIL(o.eval_file, ":", line_no, ": ", e.message(), e.hint().empty() ? lf::hint("") : lf::hint(e.hint()));
+      }
+      auto gen = at::make_generator<at::CPUGeneratorImpl>(o.gen.seed);
+      const auto out = continue_ids(to64(s.tokens), media_of_records(s.media, mo.image), gen);
+      std::string got = tok->decode(to32(out));
+      while (!got.empty() && std::isspace(static_cast<unsigned char>(got.back()))) got.pop_back();
+      const std::string answer = j["answer"];
+      const bool ok = got == answer;
+      correct += ok;
+      ++n;
+      auto& a = by_attribute[j.value("attribute", "")];
+      a.first += ok;
+      ++a.second;
+      if (o.verbose) std::printf("line %lld: %s %s (want %s)\n", static_cast<long long>(line_no), got.c_str(),
+                                 ok ? "ok" : "wrong", answer.c_str());
+    }
+    LF_CHECK(n > 0, o.eval_file, " has no problems");
+    for (const auto& [attribute, a] : by_attribute)
+      if (!attribute.empty())
+        std::printf("attribute %s: %lld/%lld = %.3f\n", attribute.c_str(), static_cast<long long>(a.first),
+                    static_cast<long long>(a.second), static_cast<double>(a.first) / static_cast<double>(a.second));
+    std::printf("exact match: %lld/%lld = %.3f\n", static_cast<long long>(correct), static_cast<long long>(n),
+                static_cast<double>(correct) / static_cast<double>(n));
+    return 0;
+  }
   Qwen25VlMedia media;
   std::string media_flag;
   if (!o.images.empty()) {
@@ -332,27 +428,13 @@ int run_vlm(Options& o, Loaded& loaded, lf::data::Tokenizer* tok) {
     LF_CHECK(id >= 0 && id < v.foundation.vocab_size, "token ", id, " is outside the vocabulary [0, ",
              v.foundation.vocab_size, ")");
   check_placeholders(ids, media, v, media_flag);
-  at::NoGradGuard no_grad;
-  const auto opts = at::TensorOptions().dtype(at::kLong);
   if (!o.dump_logits.empty()) {
     write_logits(model.logits(at::tensor(ids, opts).unsqueeze(0), media).select(1, 0), ids, o.dump_logits);
     return 0;
   }
   auto gen = at::make_generator<at::CPUGeneratorImpl>(o.gen.seed);
-  std::vector<int64_t> seq = ids, out;
   const auto start = std::chrono::steady_clock::now();
-  while (static_cast<int64_t>(out.size()) < o.gen.max_new_tokens &&
-         static_cast<int64_t>(seq.size()) < v.foundation.max_position_embeddings) {
-    const at::Tensor logits = model.logits(at::tensor(seq, opts).unsqueeze(0), media);  // [s, 1, vocab]
-    const int64_t token = lf::models::sample_token(logits[-1][0], o.gen.sampling, gen);
-    if (std::find(o.gen.stop_ids.begin(), o.gen.stop_ids.end(), token) != o.gen.stop_ids.end()) break;
-    if (token == v.own.image_token_id || token == v.own.video_token_id) {
-      LF_WARN("the model produced the placeholder token ", token, "; generation stops (a placeholder needs a medium)");
-      break;
-    }
-    out.push_back(token);
-    seq.push_back(token);
-  }
+  const std::vector<int64_t> out = continue_ids(ids, media, gen);
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   for (size_t i = 0; i < out.size(); ++i) std::printf("%s%lld", i ? "," : "", static_cast<long long>(out[i]));
   std::printf("\n");
@@ -489,7 +571,9 @@ int main(int argc, char** argv) {
   app.add_option("--tokenizer-type", o.tokenizer_type, "ByteTokenizer or HuggingFaceTokenizer");
   app.add_option("--tokenizer-model", o.tokenizer_model, "tokenizer.json or its directory");
   app.add_option("--prompt", o.prompt, "Text to continue");
-  app.add_option("--eval-file", o.eval_file, "jsonl with prompt/answer: exact-match accuracy");
+  app.add_option("--eval-file", o.eval_file,
+                 "jsonl with prompt/answer: exact-match accuracy (VLMs: messages + images + answer [+ attribute], "
+                 "rendered with the chat template of --tokenizer-model)");
   app.add_option("--eval-limit", o.eval_limit, "Score at most this many problems (0: all)");
   app.add_option("--input-ids", o.input_ids, "Token ids to continue, e.g. 1,2,3");
   app.add_option("--dump-logits", o.dump_logits, "With --input-ids: write their logits (safetensors)");

@@ -60,6 +60,14 @@ struct MultimodalSample {
   std::vector<MediaRecord> media;  // in placeholder order
 };
 
+// One conversation line rendered as preprocess --multimodal renders it (the template, media loaded
+// and resized, placeholders expanded, answer mask): also what generation and evaluation feed a
+// VLM. `root` resolves relative media paths; the placeholder ids are the tokenizer's. Errors carry
+// no file or line (callers add them).
+MultimodalSample render_multimodal(std::string_view line_json, const ChatTemplate& chat_template, Tokenizer& tokenizer,
+                                   const MultimodalOptions& options, const std::string& root, int32_t image_token_id,
+                                   int32_t video_token_id, bool add_generation_prompt);
+
 // <prefix>_media.json
 struct MultimodalStoreInfo {
   lf::media::QwenVisionPreprocess vision;  // patch sizes and mean / std (pixel bounds as preprocessed)

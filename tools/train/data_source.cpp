@@ -301,8 +301,24 @@ class SftSource final : public lf::train::BatchSource {
     rewind();
   }
   void report_compute_seconds(double seconds) override {
+    if (!balance_.enabled) return;
+    // Every --log-interval-th iteration: the ranks' measured times in the log, what the plan is for
+    // (every rank knows the iteration, so all take part in the gather).
+    const int64_t iteration = consumed_ / balance_.global_batch;
+    if (balance_.group && iteration % balance_.log_interval == 0) {
+      const auto dopt = at::TensorOptions().dtype(at::kDouble);
+      at::Tensor in = at::full({1}, seconds, dopt).to(balance_.device);
+      at::Tensor all = at::empty({balance_.group->size()}, dopt.device(balance_.device));
+      balance_.group->all_gather(all, in);
+      all = all.cpu();
+      if (balance_.log) {
+        const double mx = all.max().item<double>(), mn = all.min().item<double>(), mean = all.mean().item<double>();
+        LF_INFO("VLM DP balance | iteration ", iteration, " | measured forward/backward seconds per rank ", mn, "..",
+                mx, ", max/mean ", mean > 0 ? mx / mean : 1.0, step_planned_ ? " (planned)" : " (Megatron's split)");
+      }
+    }
     // Warm-up observations for the fit; the first iteration (allocations, first calls) is left out.
-    if (!balance_.enabled || model_ || fit_done_ || steps_ < 2) return;
+    if (model_ || fit_done_ || steps_ < 2) return;
     auto o = step_features_;
     o.seconds = seconds;
     observations_.push_back(o);
@@ -395,6 +411,7 @@ class SftSource final : public lf::train::BatchSource {
     consumed_ += g;
     ++steps_;
     if (!model_ && !fit_done_ && steps_ > balance_.warmup_iters) fit();
+    step_planned_ = false;
     std::vector<int64_t> mine;  // positions, in micro-batch order
     std::vector<int64_t> offsets;
     if (model_) {
@@ -402,6 +419,7 @@ class SftSource final : public lf::train::BatchSource {
       opt.equal_counts = true;
       opt.micro_batches_per_rank = static_cast<int>(m);
       const auto plan = ld::plan_balance(length, static_cast<int>(dp), *model_, opt);
+      step_planned_ = !plan.skipped;
       const auto& rp = plan.ranks[static_cast<size_t>(dp_rank_)];
       mine = rp.samples;
       offsets = rp.micro_batch_offsets;
@@ -554,7 +572,7 @@ class SftSource final : public lf::train::BatchSource {
   std::vector<std::vector<int64_t>> step_batches_;  // this rank's micro-batches of the current step
   lf::data::CostObservation step_features_;         // their features (seconds unset)
   std::vector<lf::data::CostObservation> observations_;
-  bool fit_done_ = false, plan_checked_ = false, logged_ = false;
+  bool fit_done_ = false, plan_checked_ = false, logged_ = false, step_planned_ = false;
 };
 
 }  // namespace

@@ -74,19 +74,34 @@ VisionLayout vision_layout(const std::vector<Grid>& grids, const Qwen25VisionCon
 }
 
 // Segment by segment bidirectional attention: q, k, v [1, n, s, d] -> [1, n, s, d]. Each
-// segment's rows are sliced out and attended on their own (no [s, s] mask).
+// segment attends over its own rows only (no [s, s] mask). A run of consecutive segments of one
+// length (the windows of an image, the frames of a video, same-sized images) is one batched call
+// ([run, n, len, d]: each (segment, head) is its own task, the same math as a call per segment),
+// so the autograd graph holds one slice per run, not one per window (whose backward each
+// zero-fills and copies a whole [1, n, s, d] gradient).
 at::Tensor attend_segments(const lf::backend::DeviceBackend& be, const at::Tensor& q, const at::Tensor& k,
                            const at::Tensor& v, const std::vector<int64_t>& segments) {
-  if (segments.size() == 1) return lf::ops::sdpa(be, q, k, v, lf::backend::AttentionMask::none());
+  const int64_t n = q.size(1);
+  auto batched = [&](int64_t start, int64_t len, int64_t run) {
+    auto cut = [&](const at::Tensor& x) {
+      at::Tensor part = run * len == x.size(2) ? x : x.narrow(2, start, run * len);
+      if (run == 1) return part;
+      return part.reshape({n, run, len, x.size(3)}).transpose(0, 1);  // [run, n, len, d]
+    };
+    at::Tensor o = lf::ops::sdpa(be, cut(q), cut(k), cut(v), lf::backend::AttentionMask::none());
+    return run == 1 ? o : o.transpose(0, 1).reshape({1, n, run * len, o.size(3)});
+  };
   std::vector<at::Tensor> parts;
-  parts.reserve(segments.size());
   int64_t start = 0;
-  for (int64_t len : segments) {
-    auto cut = [&](const at::Tensor& x) { return x.narrow(2, start, len); };
-    parts.push_back(lf::ops::sdpa(be, cut(q), cut(k), cut(v), lf::backend::AttentionMask::none()));
-    start += len;
+  for (size_t i = 0; i < segments.size();) {
+    size_t j = i + 1;
+    while (j < segments.size() && segments[j] == segments[i]) ++j;
+    const int64_t len = segments[i], run = static_cast<int64_t>(j - i);
+    parts.push_back(batched(start, len, run));
+    start += len * run;
+    i = j;
   }
-  return at::cat(parts, 2);
+  return parts.size() == 1 ? parts[0] : at::cat(parts, 2);
 }
 
 void check_config(const Qwen25VisionConfig& c, const std::string& name, int tp) {

@@ -266,15 +266,21 @@ TEST(VlmDpBalance, DISABLED_StepTimeOnASkewedMix) {
         if (static_cast<int>(i) + iters - static_cast<int>(lines.size()) >= skip)
           split += lines[i].first, balanced += lines[i].second, ++k;
       // The ranks' measured forward/backward max/mean, iterations after the warm-up.
-      std::regex measured("iteration (\\d+) \\| measured forward/backward seconds per rank [0-9.eE+-]+\\.\\.[0-9.eE+-]+, "
+      std::regex measured("iteration (\\d+) \\| measured forward/backward seconds per rank [0-9.eE+-]+\\.\\.([0-9.eE+-]+), "
                           "max/mean ([0-9.eE+-]+)");
-      double measured_sum = 0;
+      double measured_sum = 0, slowest = 0, mean_rank = 0;
       int measured_n = 0;
       for (auto mi = std::sregex_iterator(r.output.begin(), r.output.end(), measured); mi != std::sregex_iterator(); ++mi)
-        if (std::stoi((*mi)[1]) > skip) measured_sum += std::stod((*mi)[2]), ++measured_n;
+        if (std::stoi((*mi)[1]) > skip) {
+          const double mx = std::stod((*mi)[2]), ratio = std::stod((*mi)[3]);
+          measured_sum += ratio, slowest += mx, mean_rank += mx / ratio, ++measured_n;
+        }
       std::cout << "| " << round << " | " << row.name << " | " << median << " s | "
                 << (k ? std::to_string(split / k) + " -> " + std::to_string(balanced / k) : std::string("-")) << " | "
-                << (measured_n ? std::to_string(measured_sum / measured_n) : std::string("-")) << " |\n";
+                << (measured_n ? std::to_string(measured_sum / measured_n) + " | " + std::to_string(slowest / measured_n) +
+                                     " s | " + std::to_string(mean_rank / measured_n) + " s"
+                               : std::string("- | - | -"))
+                << " |\n";
       std::smatch m;
       std::regex fit("cost model fitted from[^\n]*");
       if (std::regex_search(r.output, m, fit)) std::cout << "  " << m[0] << "\n";

@@ -374,7 +374,7 @@ std::optional<VlmConfig> vlm_config_from_model_section(const std::string& yaml_t
   const auto mc = load_model_config(*model);
   VlmConfig out;
   out.type = mc->type;
-  out.foundation = mc->fields<DecoderConfig>("foundation");
+  out.foundation = qwen2_5_vl_foundation(mc->fields<DecoderConfig>("foundation"));
   out.vision = mc->fields<Qwen25VisionConfig>("vision_encoder");
   if (out.vision.out_hidden_size == 0) out.vision.out_hidden_size = out.foundation.hidden_size;
   out.own = mc->own_fields<Qwen25VlConfig>();

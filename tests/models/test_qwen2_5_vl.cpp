@@ -362,7 +362,7 @@ TEST(Qwen25Vl, PlaceholderAndGridMismatchesAreErrors) {
   m = error_of([&] { lf::models::qwen2_5_vl_position_ids(three, {}, {}, {}, ids, 2); });
   EXPECT_NE(m.find("beyond the 0 grid(s) of image_grid_thw"), std::string::npos) << m;
 
-  // The model: tower outputs and placeholders disagree; a foundation without M-RoPE.
+  // The model: tower outputs and placeholders disagree; a foundation without M-RoPE sections.
   lf::models::DecoderConfig text;
   text.num_layers = 1;
   text.hidden_size = 32;
@@ -383,8 +383,9 @@ TEST(Qwen25Vl, PlaceholderAndGridMismatchesAreErrors) {
   m = error_of([&] { Qwen25Vl(text, v, ids, lf::backend::cpu_backend(), 1, at::kFloat, nullptr, false, {}); });
   EXPECT_NE(m.find("model.image_token_id 151655 is outside the vocabulary of 20 tokens"), std::string::npos) << m;
   ids.image_token_id = 7;
-  m = error_of([&] { Qwen25Vl(text, v, ids, lf::backend::cpu_backend(), 1, at::kFloat, nullptr, false, {}); });
-  EXPECT_NE(m.find("set model.foundation.mrope_section"), std::string::npos) << m;
+  // No mrope_section: Qwen2.5-VL's proportions of head_dim / 2 = 4 (a quarter temporal).
+  EXPECT_EQ(Qwen25Vl(text, v, ids, lf::backend::cpu_backend(), 1, at::kFloat, nullptr, false, {}).config().mrope_section,
+            (std::vector<int64_t>{1, 1, 2}));
   text.mrope_section = {2, 2, 2};
   m = error_of([&] { Qwen25Vl(text, v, ids, lf::backend::cpu_backend(), 1, at::kFloat, nullptr, false, {}); });
   EXPECT_NE(m.find("summing to head_dim / 2 = 4"), std::string::npos) << m;

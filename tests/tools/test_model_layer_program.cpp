@@ -82,6 +82,32 @@ TEST(Qwen25Vl, FoundationTp2AndPp2EqualOneProcess) {
   lf::testing::expect_same_training(one, pp2, "qwen2_5_vl: foundation pp 2");
 }
 
+// One-line backbone swap: configs/examples/qwen2_5_vl_tiny.yaml with only its defaults line changed
+// to another backbone preset (head_dims 16 and 32, dense and MoE) trains unchanged (the M-RoPE
+// sections follow head_dim); DeepSeek-V3's multi-latent attention is refused naming the key.
+TEST(Qwen25Vl, BackboneSwapIsOneYamlLine) {
+  const std::string base = lf::testing::read_file(config("examples/qwen2_5_vl_tiny.yaml"));
+  const std::string line = "/models/qwen2@model.foundation: tiny";
+  ASSERT_NE(base.find(line), std::string::npos);
+  const std::string d = lf::testing::make_temp_dir("ml-vlm-swap");
+  for (const std::string preset : {"qwen3", "llama", "qwen3_moe", "deepseek_v3"}) {
+    std::string text = base;
+    text.replace(text.find(line), line.size(), "/models/" + preset + "@model.foundation: tiny");
+    const std::string file = d + "/" + preset + ".yaml";
+    std::ofstream(file) << text;
+    auto r = lf::testing::run_command({bin("loongforge-train"), "--config-file", file, "--train-iters", "3",
+                                       "--eval-iters", "0", "--lr-warmup-iters", "1"});
+    if (preset == "deepseek_v3") {
+      EXPECT_EQ(r.exit_code, 2) << r.output;
+      EXPECT_NE(r.output.find("model.foundation.mrope_section"), std::string::npos) << r.output;
+      EXPECT_NE(r.output.find("multi-latent attention"), std::string::npos) << r.output;
+      continue;
+    }
+    EXPECT_EQ(r.exit_code, 0) << preset << "\n" << r.output;
+    EXPECT_NE(r.output.find("done: 3 iterations"), std::string::npos) << preset << "\n" << r.output;
+  }
+}
+
 // Qwen2.5-VL on real media: conversations with images in the formats users have
 // (tests/data/vlm_data_oracle.py: messages with tags, LLaVA, typed entries, text only, two images)
 // preprocessed by `loongforge-data preprocess --multimodal`, trained with --training-phase sft: the

@@ -10,6 +10,8 @@
 #include <sstream>
 
 #include "causal_lm_plan.h"
+#include "vlm_hf.h"
+#include "vlm_plan.h"
 #include "loongforge/core/error.h"
 #include "loongforge/dist/parallel_context.h"
 #include "loongforge/models/hf_adapter.h"
@@ -28,6 +30,15 @@ std::vector<std::array<int64_t, 3>> grids_of(const at::Tensor& g, const char* fi
   return out;
 }
 }  // namespace
+
+DecoderConfig qwen2_5_vl_foundation(DecoderConfig foundation) {
+  if (foundation.mrope_section.empty() && !foundation.multi_latent_attention && !foundation.rotary_interleaved &&
+      foundation.head_dim() >= 8) {
+    const int64_t half = foundation.head_dim() / 2, t = half / 4;
+    foundation.mrope_section = {t, (half - t) / 2, half - t - (half - t) / 2};
+  }
+  return foundation;
+}
 
 at::Tensor qwen2_5_vl_position_ids(const at::Tensor& input_ids, const at::Tensor& image_grid_thw,
                                    const at::Tensor& video_grid_thw, const std::vector<double>& second_per_grid_ts,
@@ -95,14 +106,16 @@ Qwen25Vl::Qwen25Vl(const DecoderConfig& foundation, const Qwen25VisionConfig& vi
                    const lf::dist::ParallelContext* parallel, bool sequence_parallel, const PipelineStage& stage,
                    bool foundation_trainable, std::unique_ptr<lf::dist::ParallelContext> vision_context,
                    bool vision_trainable)
-    : CausalLm(foundation, backend, seed, dtype, parallel, sequence_parallel, stage, foundation_trainable),
+    : CausalLm(qwen2_5_vl_foundation(foundation), backend, seed, dtype, parallel, sequence_parallel, stage,
+               foundation_trainable),
       config_(config), vision_context_(std::move(vision_context)), vision_trainable_(vision_trainable) {
   for (const auto& [field, id] : {std::pair<const char*, int64_t>{"image_token_id", config.image_token_id},
                                   {"video_token_id", config.video_token_id}})
     LF_CHECK(id < foundation.vocab_size, "model.", field, " ", id, " is outside the vocabulary of ",
              foundation.vocab_size, " tokens");
-  LF_CHECK(foundation.mrope_section.size() == 3, "qwen2_5_vl: the foundation needs M-RoPE: set model.foundation."
-           "mrope_section (3 sections summing to head_dim / 2; Qwen2.5-VL: [16, 24, 24])");
+  LF_CHECK(CausalLm::config().mrope_section.size() == 3, "qwen2_5_vl: the foundation needs M-RoPE: set model.foundation."
+           "mrope_section (3 sections summing to head_dim / 2; Qwen2.5-VL: [16, 24, 24]); multi-latent or "
+           "interleaved RoPE does not take it");
   if (!stage.first) return;  // the vision tower lives on the first pipeline stage
   ParamBuilder b(at::make_generator<at::CPUGeneratorImpl>(component_seed(seed, "vision_encoder")), dtype,
                  backend.device(), tensor_parallel_of(nullptr, false), vision_trainable);
@@ -267,128 +280,37 @@ void Qwen25Vl::load_hf_state(const std::map<std::string, at::Tensor>& tensors) {
   const bool v5 = std::any_of(tensors.begin(), tensors.end(),
                               [](const auto& e) { return e.first.rfind("model.language_model.", 0) == 0; });
   const std::string visual = v5 ? "model.visual." : "visual.", lm = v5 ? "model.language_model." : "model.";
-  for (const auto& [name, t] : tensors)
-    LF_CHECK(name.rfind(visual, 0) == 0 || name.rfind(lm, 0) == 0 || name.rfind("lm_head.", 0) == 0, "HF tensor '",
-             name, "' is neither the vision tower's (", visual, "*) nor the language model's (", lm,
-             "*, lm_head.*)", lf::hint("is this a Qwen2_5_VLForConditionalGeneration state dict?"));
-  if (encoder_) {
-    std::map<std::string, at::Tensor> vision;
-    for (const auto& [name, t] : tensors)
-      if (name.rfind(visual, 0) == 0) vision.emplace(name, t);
-    encoder_->load_hf_state(vision, visual);
-  }
-  const auto mapping = hf::mapping_for_architecture("Qwen2ForCausalLM", "qwen2");
-  std::vector<std::string> used;
-  const auto full = hf::decoder_from_hf_tensors(config(), mapping, tensors, lm, tp_size(), &used);
-  const std::set<std::string> read(used.begin(), used.end());
-  for (const auto& [name, t] : tensors)
-    LF_CHECK(name.rfind(visual, 0) == 0 || read.count(name), "HF tensor '", name,
-             "' has no place in this model's language model (", config().num_layers, " layers, qwen2 mapping)",
-             lf::hint("the checkpoint and model.foundation disagree (e.g. num_layers)"));
-  load_full_parameters({full.begin(), full.end()});
+  load_vlm_hf_state(*this, tensors, visual, lm, "Qwen2ForCausalLM", "qwen2", "Qwen2_5_VLForConditionalGeneration",
+                    encoder_ ? std::function<void(const std::map<std::string, at::Tensor>&)>(
+                                   [&](const std::map<std::string, at::Tensor>& v) { encoder_->load_hf_state(v, visual); })
+                             : nullptr);
 }
 
 // --- plan -------------------------------------------------------------------------------------
 
 namespace {
 
-class Qwen25VlPlan : public CausalLmPlan {
+class Qwen25VlPlan : public VlmPlan<Qwen25VisionConfig, Qwen25VlConfig> {
  public:
   Qwen25VlPlan(std::shared_ptr<const ModelConfig> config, const PlanArgs& args, lf::config::ErrorList& errors)
-      : CausalLmPlan(config, args, errors),
-        vision_(config->fields<Qwen25VisionConfig>("vision_encoder")),
-        own_(config->own_fields<Qwen25VlConfig>()),
-        vision_frozen_(config->component("vision_encoder").settings.freeze) {
-    if (vision_.out_hidden_size == 0) vision_.out_hidden_size = foundation_.hidden_size;
-    const auto origin = [&](const std::string& path) {
-      const auto* n = args.resolved->find_path(path);
-      return n ? n->origin() : lf::config::Origin::from_default();
-    };
-    const auto& enc = config->component("vision_encoder");
-    if (enc.settings.tensor_model_parallel_size.value_or(1) != 1)
-      errors.add("model.vision_encoder.tensor_model_parallel_size",
-                 origin("model.vision_encoder.tensor_model_parallel_size"),
-                 "qwen2_5_vl runs its vision tower at TP 1 (every rank of the first stage encodes the micro-batch's "
-                 "images)", "set model.vision_encoder.tensor_model_parallel_size 1");
+      : VlmPlan(config, args, errors, "qwen2_5_vl") {
+    foundation_ = qwen2_5_vl_foundation(foundation_);
     if (foundation_.mrope_section.size() != 3)
-      errors.add("model.foundation.mrope_section", origin("model.foundation.mrope_section"),
-                 "qwen2_5_vl needs M-RoPE in its foundation",
-                 "set model.foundation.mrope_section to 3 sections summing to head_dim / 2 (Qwen2.5-VL: [16, 24, 24])");
-    if (vision_.out_hidden_size != foundation_.hidden_size)
-      errors.add("model.vision_encoder.out_hidden_size", origin("model.vision_encoder.out_hidden_size"),
-                 "the merger's out_hidden_size " + std::to_string(vision_.out_hidden_size) +
-                     " differs from the foundation's hidden_size " + std::to_string(foundation_.hidden_size),
-                 "leave out_hidden_size at 0 (the foundation's width)");
-    for (const auto& [field, id] : {std::pair<std::string, int64_t>{"image_token_id", own_.image_token_id},
-                                    {"video_token_id", own_.video_token_id}})
-      if (id >= foundation_.vocab_size)
-        errors.add("model." + field, origin("model." + field),
-                   "model." + field + " " + std::to_string(id) + " is outside the vocabulary of " +
-                       std::to_string(foundation_.vocab_size) + " tokens");
-    if (expert_parallel() || layout_.size(lf::dist::Axis::cp) > 1 || layout_.size(lf::dist::Axis::ep) > 1)
-      errors.add("parallel.context_parallel_size", origin("parallel.context_parallel_size"),
-                 "qwen2_5_vl is built for TP, PP and DP of its foundation; context and expert parallelism are not "
-                 "combined with it yet",
-                 "set --context-parallel-size 1 and --expert-model-parallel-size 1");
-    if (args.job->lora.rank > 0)
-      errors.add("lora.rank", origin("lora.rank"), "LoRA adapters are built for the causal_lm composite",
-                 "drop --lora-rank, or freeze components with `freeze: true`");
-    if (job_.parallel.chunkpipe_chunk_size)
-      errors.add("parallel.chunkpipe_chunk_size", origin("parallel.chunkpipe_chunk_size"),
-                 "qwen2_5_vl does not run under ChunkPipe (its vision tower splices whole sequences)",
-                 "drop --chunkpipe-chunk-size");
-    // The first stage's ranks ordered (foundation DP index, TP index): the tower's share groups
-    // (cp) are the foundation's TP groups, its DP the foundation's.
-    std::vector<std::pair<std::pair<int, int>, int>> first;
-    for (int r = 0; r < layout_.world_size(); ++r) {
-      const auto c = layout_.coords(r);
-      if (c.pp == 0) first.push_back({{c.dp, c.tp}, r});
-    }
-    std::sort(first.begin(), first.end());
-    for (const auto& f : first) vision_ranks_.push_back(f.second);
-    shares_ = layout_.size(lf::dist::Axis::tp);
+      errors.add("model.foundation.mrope_section", origin(args, "model.foundation.mrope_section"),
+                 std::string("qwen2_5_vl needs M-RoPE in its foundation") +
+                     (foundation_.multi_latent_attention ? " (multi-latent attention's decoupled RoPE does not take "
+                                                            "M-RoPE sections yet)"
+                                                          : ""),
+                 "set model.foundation.mrope_section to 3 sections summing to head_dim / 2 (Qwen2.5-VL: [16, 24, 24]), "
+                 "or use a foundation with standard attention");
   }
 
-  std::string summary() const override {
-    return CausalLmPlan::summary() + " + vision_encoder " + std::to_string(vision_.num_parameters()) + " parameters";
-  }
-  int64_t num_parameters() const override { return CausalLmPlan::num_parameters() + vision_.num_parameters(); }
   DataNeeds data_needs() const override {
     DataNeeds d = CausalLmPlan::data_needs();
     d.media = true;
     d.image_token_id = own_.image_token_id;
     d.video_token_id = own_.video_token_id;
     return d;
-  }
-
-  // Each sample's first tokens become the placeholders of one random image of side x side
-  // patches (mock_image_patches; 0: 2m, m = spatial_merge_size: 4 merged tokens), drawn from
-  // (seed, sample index); the loss skips predicting them.
-  void add_mock_fields(Batch& batch, uint64_t seed) const override {
-    at::Tensor tokens = batch.at("tokens").clone(), labels = batch.at("labels").clone();
-    at::Tensor mask = batch.find("loss_mask") ? batch.at("loss_mask").clone() : at::ones(tokens.sizes(), at::kFloat);
-    const int64_t m = vision_.spatial_merge_size, side = own_.mock_image_patches ? own_.mock_image_patches : 2 * m;
-    LF_CHECK(side % m == 0, "model.mock_image_patches ", side, " is not a multiple of spatial_merge_size ", m);
-    const int64_t n = (side / m) * (side / m), id = own_.image_token_id;
-    LF_CHECK(tokens.size(1) > n, "training.seq_length ", tokens.size(1), " leaves no text after ", n, " placeholders");
-    for (int64_t special : {own_.image_token_id, own_.video_token_id}) {
-      tokens.masked_fill_(tokens.eq(special), (special + 2) % foundation_.vocab_size);
-      labels.masked_fill_(labels.eq(special), (special + 2) % foundation_.vocab_size);
-    }
-    tokens.narrow(1, 0, n).fill_(id);
-    labels.narrow(1, 0, n - 1).fill_(id);
-    mask.narrow(1, 0, n - 1).fill_(0);
-    std::vector<at::Tensor> pixels;
-    for (int64_t i = 0; i < tokens.size(0); ++i) {
-      const int64_t index = i < static_cast<int64_t>(batch.sample_indices.size()) ? batch.sample_indices[static_cast<size_t>(i)] : i;
-      auto gen = at::make_generator<at::CPUGeneratorImpl>(seed * 1000003ull + static_cast<uint64_t>(index) + 29);
-      pixels.push_back(at::normal(0.0, 1.0, {side * side, vision_.patch_dim()}, gen, at::kFloat));
-    }
-    batch.set("tokens", tokens, 1);
-    batch.set("labels", labels, 1);
-    batch.set("loss_mask", mask, 1);
-    batch.set("pixel_values", at::cat(pixels), -1);
-    batch.set("image_grid_thw", at::tensor({int64_t{1}, side, side}, at::kLong).repeat({tokens.size(0), 1}), -1);
   }
 
   std::unique_ptr<Model> build(const BuildArgs& args) const override {
@@ -401,29 +323,10 @@ class Qwen25VlPlan : public CausalLmPlan {
   }
 
  protected:
-  // TP 1; each foundation TP group's ranks are one share group (cp: they encode the same images,
-  // each contributing 1 / shares of the gradient), the foundation's DP the tower's.
-  lf::dist::ParallelLayout vision_layout() const {
-    lf::dist::ParallelSizes s;
-    s.tp = 1;
-    s.cp = shares_;
-    return lf::dist::ParallelLayout(static_cast<int>(vision_ranks_.size()), s);
+  // model.mock_image_patches (0: 2 x merge).
+  int64_t mock_side() const override {
+    return own_.mock_image_patches ? own_.mock_image_patches : 2 * vision_.spatial_merge_size;
   }
-  std::string describe_components() const override {
-    std::ostringstream os;
-    os << "  vision_encoder  " << config_->component("vision_encoder").type << ", " << vision_.num_parameters()
-       << " parameters | tp 1, " << shares_ << " replica(s) per foundation TP group (same images, 1 / " << shares_
-       << " of the gradient each), over the " << vision_ranks_.size() << " ranks of pipeline stage 0"
-       << (vision_frozen_ ? " | frozen" : "") << "\n";
-    return os.str();
-  }
-
- private:
-  Qwen25VisionConfig vision_;
-  Qwen25VlConfig own_;
-  bool vision_frozen_;
-  std::vector<int> vision_ranks_;
-  int shares_ = 1;
 };
 
 std::unique_ptr<ModelPlan> plan_qwen2_5_vl(std::shared_ptr<const ModelConfig> c, const PlanArgs& a,

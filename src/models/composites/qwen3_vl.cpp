@@ -10,6 +10,8 @@
 #include <sstream>
 
 #include "causal_lm_plan.h"
+#include "vlm_hf.h"
+#include "vlm_plan.h"
 #include "loongforge/core/error.h"
 #include "loongforge/dist/parallel_context.h"
 #include "loongforge/models/hf_adapter.h"
@@ -277,61 +279,27 @@ at::Tensor Qwen3Vl::logits(const at::Tensor& tokens, const at::Tensor& pixel_val
 
 void Qwen3Vl::load_hf_state(const std::map<std::string, at::Tensor>& tensors) {
   const std::string visual = "model.visual.", lm = "model.language_model.";
-  for (const auto& [name, t] : tensors)
-    LF_CHECK(name.rfind(visual, 0) == 0 || name.rfind(lm, 0) == 0 || name.rfind("lm_head.", 0) == 0, "HF tensor '",
-             name, "' is neither the vision tower's (", visual, "*) nor the language model's (", lm,
-             "*, lm_head.*)", lf::hint("is this a Qwen3VLForConditionalGeneration state dict (transformers 5 names)?"));
-  if (encoder_) {
-    std::map<std::string, at::Tensor> vision;
-    for (const auto& [name, t] : tensors)
-      if (name.rfind(visual, 0) == 0) vision.emplace(name, t);
-    encoder_->load_hf_state(vision, visual);
-  }
-  const auto mapping = hf::mapping_for_architecture("Qwen3ForCausalLM", "qwen3");
-  std::vector<std::string> used;
-  const auto full = hf::decoder_from_hf_tensors(config(), mapping, tensors, lm, tp_size(), &used);
-  const std::set<std::string> read(used.begin(), used.end());
-  for (const auto& [name, t] : tensors)
-    LF_CHECK(name.rfind(visual, 0) == 0 || read.count(name), "HF tensor '", name,
-             "' has no place in this model's language model (", config().num_layers, " layers, qwen3 mapping)",
-             lf::hint("the checkpoint and model.foundation disagree (e.g. num_layers)"));
-  load_full_parameters({full.begin(), full.end()});
+  load_vlm_hf_state(*this, tensors, visual, lm, "Qwen3ForCausalLM", "qwen3", "Qwen3VLForConditionalGeneration (transformers 5 names)",
+                    encoder_ ? std::function<void(const std::map<std::string, at::Tensor>&)>(
+                                   [&](const std::map<std::string, at::Tensor>& v) { encoder_->load_hf_state(v, visual); })
+                             : nullptr);
 }
 
 // --- plan -------------------------------------------------------------------------------------
 
 namespace {
 
-class Qwen3VlPlan : public CausalLmPlan {
+class Qwen3VlPlan : public VlmPlan<Qwen3VisionConfig, Qwen3VlConfig> {
  public:
   Qwen3VlPlan(std::shared_ptr<const ModelConfig> config, const PlanArgs& args, lf::config::ErrorList& errors)
-      : CausalLmPlan(config, args, errors),
-        vision_(config->fields<Qwen3VisionConfig>("vision_encoder")),
-        own_(config->own_fields<Qwen3VlConfig>()),
-        vision_frozen_(config->component("vision_encoder").settings.freeze) {
-    if (vision_.out_hidden_size == 0) vision_.out_hidden_size = foundation_.hidden_size;
-    const auto origin = [&](const std::string& path) {
-      const auto* n = args.resolved->find_path(path);
-      return n ? n->origin() : lf::config::Origin::from_default();
-    };
-    const auto& enc = config->component("vision_encoder");
-    if (enc.settings.tensor_model_parallel_size.value_or(1) != 1)
-      errors.add("model.vision_encoder.tensor_model_parallel_size",
-                 origin("model.vision_encoder.tensor_model_parallel_size"),
-                 "qwen3_vl runs its vision tower at TP 1 (every rank of the first stage encodes the micro-batch's "
-                 "media)", "set model.vision_encoder.tensor_model_parallel_size 1");
+      : VlmPlan(config, args, errors, "qwen3_vl") {
     if (foundation_.mrope_section.size() != 3 || !foundation_.mrope_interleaved)
-      errors.add("model.foundation.mrope_interleaved", origin("model.foundation.mrope_interleaved"),
+      errors.add("model.foundation.mrope_interleaved", origin(args, "model.foundation.mrope_interleaved"),
                  "qwen3_vl needs interleaved M-RoPE in its foundation",
                  "set model.foundation.mrope_section (Qwen3-VL: [24, 20, 20]) and mrope_interleaved: true");
-    if (vision_.out_hidden_size != foundation_.hidden_size)
-      errors.add("model.vision_encoder.out_hidden_size", origin("model.vision_encoder.out_hidden_size"),
-                 "the mergers' out_hidden_size " + std::to_string(vision_.out_hidden_size) +
-                     " differs from the foundation's hidden_size " + std::to_string(foundation_.hidden_size),
-                 "leave out_hidden_size at 0 (the foundation's width)");
     const auto deep = static_cast<int64_t>(vision_.deepstack_visual_indexes.size());
     if (deep > foundation_.num_layers)
-      errors.add("model.vision_encoder.deepstack_visual_indexes", origin("model.vision_encoder.deepstack_visual_indexes"),
+      errors.add("model.vision_encoder.deepstack_visual_indexes", origin(args, "model.vision_encoder.deepstack_visual_indexes"),
                  std::to_string(deep) + " DeepStack entries feed the decoder's first layers, but it has " +
                      std::to_string(foundation_.num_layers),
                  "list at most num_layers blocks");
@@ -339,76 +307,18 @@ class Qwen3VlPlan : public CausalLmPlan {
       const auto first = lf::parallel::pipeline::pipeline_stage(foundation_.num_layers, layout_.size(lf::dist::Axis::pp),
                                                                 0, stage_split());
       if (!first.chunks.empty() && first.chunks.front().end < deep)
-        errors.add("parallel.pipeline_model_parallel_size", origin("parallel.pipeline_model_parallel_size"),
+        errors.add("parallel.pipeline_model_parallel_size", origin(args, "parallel.pipeline_model_parallel_size"),
                    "qwen3_vl adds DeepStack features after decoder layers 0.." + std::to_string(deep - 1) +
                        ", which must all lie on the first pipeline stage's first model chunk",
                    "give the first stage at least " + std::to_string(deep) +
                        " layers (--decoder-first-pipeline-num-layers) or use fewer pipeline stages");
     }
-    for (const auto& [field, id] : {std::pair<std::string, int64_t>{"image_token_id", own_.image_token_id},
-                                    {"video_token_id", own_.video_token_id}})
-      if (id >= foundation_.vocab_size)
-        errors.add("model." + field, origin("model." + field),
-                   "model." + field + " " + std::to_string(id) + " is outside the vocabulary of " +
-                       std::to_string(foundation_.vocab_size) + " tokens");
-    if (expert_parallel() || layout_.size(lf::dist::Axis::cp) > 1 || layout_.size(lf::dist::Axis::ep) > 1)
-      errors.add("parallel.context_parallel_size", origin("parallel.context_parallel_size"),
-                 "qwen3_vl is built for TP, PP and DP of its foundation; context and expert parallelism are not "
-                 "combined with it yet",
-                 "set --context-parallel-size 1 and --expert-model-parallel-size 1");
-    if (args.job->lora.rank > 0)
-      errors.add("lora.rank", origin("lora.rank"), "LoRA adapters are built for the causal_lm composite",
-                 "drop --lora-rank, or freeze components with `freeze: true`");
-    if (job_.parallel.chunkpipe_chunk_size)
-      errors.add("parallel.chunkpipe_chunk_size", origin("parallel.chunkpipe_chunk_size"),
-                 "qwen3_vl does not run under ChunkPipe (its vision tower splices whole sequences)",
-                 "drop --chunkpipe-chunk-size");
-    std::vector<std::pair<std::pair<int, int>, int>> first;
-    for (int r = 0; r < layout_.world_size(); ++r) {
-      const auto c = layout_.coords(r);
-      if (c.pp == 0) first.push_back({{c.dp, c.tp}, r});
-    }
-    std::sort(first.begin(), first.end());
-    for (const auto& f : first) vision_ranks_.push_back(f.second);
-    shares_ = layout_.size(lf::dist::Axis::tp);
   }
 
-  std::string summary() const override {
-    return CausalLmPlan::summary() + " + vision_encoder " + std::to_string(vision_.num_parameters()) + " parameters";
-  }
-  int64_t num_parameters() const override { return CausalLmPlan::num_parameters() + vision_.num_parameters(); }
   DataNeeds data_needs() const override {
     DataNeeds d = CausalLmPlan::data_needs();
     d.mock_only_why = "qwen3_vl's images come from --mock-data until multimodal records arrive";
     return d;
-  }
-
-  // As qwen2_5_vl's: each sample's first tokens become the placeholders of one random image of
-  // 2m x 2m patches (4 merged tokens), drawn from (seed, sample index); the loss skips them.
-  void add_mock_fields(Batch& batch, uint64_t seed) const override {
-    at::Tensor tokens = batch.at("tokens").clone(), labels = batch.at("labels").clone();
-    at::Tensor mask = batch.find("loss_mask") ? batch.at("loss_mask").clone() : at::ones(tokens.sizes(), at::kFloat);
-    const int64_t m = vision_.spatial_merge_size, side = 2 * m, n = 4, id = own_.image_token_id;
-    LF_CHECK(tokens.size(1) > n, "training.seq_length ", tokens.size(1), " leaves no text after ", n, " placeholders");
-    for (int64_t special : {own_.image_token_id, own_.video_token_id}) {
-      tokens.masked_fill_(tokens.eq(special), (special + 2) % foundation_.vocab_size);
-      labels.masked_fill_(labels.eq(special), (special + 2) % foundation_.vocab_size);
-    }
-    tokens.narrow(1, 0, n).fill_(id);
-    labels.narrow(1, 0, n - 1).fill_(id);
-    mask.narrow(1, 0, n - 1).fill_(0);
-    std::vector<at::Tensor> pixels;
-    for (int64_t i = 0; i < tokens.size(0); ++i) {
-      const int64_t index =
-          i < static_cast<int64_t>(batch.sample_indices.size()) ? batch.sample_indices[static_cast<size_t>(i)] : i;
-      auto gen = at::make_generator<at::CPUGeneratorImpl>(seed * 1000003ull + static_cast<uint64_t>(index) + 29);
-      pixels.push_back(at::normal(0.0, 1.0, {side * side, vision_.patch_dim()}, gen, at::kFloat));
-    }
-    batch.set("tokens", tokens, 1);
-    batch.set("labels", labels, 1);
-    batch.set("loss_mask", mask, 1);
-    batch.set("pixel_values", at::cat(pixels), -1);
-    batch.set("image_grid_thw", at::tensor({int64_t{1}, side, side}, at::kLong).repeat({tokens.size(0), 1}), -1);
   }
 
   std::unique_ptr<Model> build(const BuildArgs& args) const override {
@@ -421,28 +331,6 @@ class Qwen3VlPlan : public CausalLmPlan {
                                      job_.parallel.sequence_parallel, stage, !frozen_, std::move(enc), !vision_frozen_);
   }
 
- protected:
-  lf::dist::ParallelLayout vision_layout() const {
-    lf::dist::ParallelSizes s;
-    s.tp = 1;
-    s.cp = shares_;
-    return lf::dist::ParallelLayout(static_cast<int>(vision_ranks_.size()), s);
-  }
-  std::string describe_components() const override {
-    std::ostringstream os;
-    os << "  vision_encoder  " << config_->component("vision_encoder").type << ", " << vision_.num_parameters()
-       << " parameters | tp 1, " << shares_ << " replica(s) per foundation TP group (same media, 1 / " << shares_
-       << " of the gradient each), over the " << vision_ranks_.size() << " ranks of pipeline stage 0"
-       << (vision_frozen_ ? " | frozen" : "") << "\n";
-    return os.str();
-  }
-
- private:
-  Qwen3VisionConfig vision_;
-  Qwen3VlConfig own_;
-  bool vision_frozen_;
-  std::vector<int> vision_ranks_;
-  int shares_ = 1;
 };
 
 std::unique_ptr<ModelPlan> plan_qwen3_vl(std::shared_ptr<const ModelConfig> c, const PlanArgs& a,

@@ -1,0 +1,143 @@
+// The plans of the Qwen-VL composites (qwen2_5_vl, qwen3_vl): the vision tower at TP 1 on the first
+// pipeline stage, one replica per foundation TP rank (its share axis cp: the ranks that encode the
+// same media, each contributing 1 / TP of the gradient; its DP the foundation's); the checks every
+// such composite makes (tower TP, merger width, placeholder ids inside the vocabulary, no context or
+// expert parallelism, no LoRA, no ChunkPipe); --mock-data's images; --dry-run's line. A subclass
+// adds its foundation's checks (M-RoPE layout, DeepStack stages), its data needs and build().
+// Internal to src/models/composites.
+#pragma once
+
+#include <ATen/Functions.h>
+#include <ATen/core/Generator.h>
+#include <ATen/CPUGeneratorImpl.h>
+
+#include <algorithm>
+#include <sstream>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "causal_lm_plan.h"
+
+namespace lf::models {
+
+template <class Vision, class Own>
+class VlmPlan : public CausalLmPlan {
+ public:
+  VlmPlan(std::shared_ptr<const ModelConfig> config, const PlanArgs& args, lf::config::ErrorList& errors,
+          std::string type)
+      : CausalLmPlan(config, args, errors),
+        type_(std::move(type)),
+        vision_(config->fields<Vision>("vision_encoder")),
+        own_(config->own_fields<Own>()),
+        vision_frozen_(config->component("vision_encoder").settings.freeze) {
+    if (vision_.out_hidden_size == 0) vision_.out_hidden_size = foundation_.hidden_size;
+    const auto& enc = config->component("vision_encoder");
+    if (enc.settings.tensor_model_parallel_size.value_or(1) != 1)
+      errors.add("model.vision_encoder.tensor_model_parallel_size",
+                 origin(args, "model.vision_encoder.tensor_model_parallel_size"),
+                 type_ + " runs its vision tower at TP 1 (every rank of the first stage encodes the micro-batch's "
+                         "media)",
+                 "set model.vision_encoder.tensor_model_parallel_size 1");
+    if (vision_.out_hidden_size != foundation_.hidden_size)
+      errors.add("model.vision_encoder.out_hidden_size", origin(args, "model.vision_encoder.out_hidden_size"),
+                 "the merger's out_hidden_size " + std::to_string(vision_.out_hidden_size) +
+                     " differs from the foundation's hidden_size " + std::to_string(foundation_.hidden_size),
+                 "leave out_hidden_size at 0 (the foundation's width)");
+    for (const auto& [field, id] : {std::pair<std::string, int64_t>{"image_token_id", own_.image_token_id},
+                                    {"video_token_id", own_.video_token_id}})
+      if (id >= foundation_.vocab_size)
+        errors.add("model." + field, origin(args, "model." + field),
+                   "model." + field + " " + std::to_string(id) + " is outside the vocabulary of " +
+                       std::to_string(foundation_.vocab_size) + " tokens");
+    if (expert_parallel() || layout_.size(lf::dist::Axis::cp) > 1 || layout_.size(lf::dist::Axis::ep) > 1)
+      errors.add("parallel.context_parallel_size", origin(args, "parallel.context_parallel_size"),
+                 type_ + " is built for TP, PP and DP of its foundation; context and expert parallelism are not "
+                         "combined with it yet",
+                 "set --context-parallel-size 1 and --expert-model-parallel-size 1");
+    if (args.job->lora.rank > 0)
+      errors.add("lora.rank", origin(args, "lora.rank"), "LoRA adapters are built for the causal_lm composite",
+                 "drop --lora-rank, or freeze components with `freeze: true`");
+    if (job_.parallel.chunkpipe_chunk_size)
+      errors.add("parallel.chunkpipe_chunk_size", origin(args, "parallel.chunkpipe_chunk_size"),
+                 type_ + " does not run under ChunkPipe (its vision tower splices whole sequences)",
+                 "drop --chunkpipe-chunk-size");
+    // The first stage's ranks ordered (foundation DP index, TP index): the tower's share groups
+    // (cp) are the foundation's TP groups, its DP the foundation's.
+    std::vector<std::pair<std::pair<int, int>, int>> first;
+    for (int r = 0; r < layout_.world_size(); ++r) {
+      const auto c = layout_.coords(r);
+      if (c.pp == 0) first.push_back({{c.dp, c.tp}, r});
+    }
+    std::sort(first.begin(), first.end());
+    for (const auto& f : first) vision_ranks_.push_back(f.second);
+    shares_ = layout_.size(lf::dist::Axis::tp);
+  }
+
+  std::string summary() const override {
+    return CausalLmPlan::summary() + " + vision_encoder " + std::to_string(vision_.num_parameters()) + " parameters";
+  }
+  int64_t num_parameters() const override { return CausalLmPlan::num_parameters() + vision_.num_parameters(); }
+
+  // Each sample's first tokens become the placeholders of one random image of mock_side() x
+  // mock_side() patches, drawn from (seed, sample index); the loss skips predicting them.
+  void add_mock_fields(Batch& batch, uint64_t seed) const override {
+    at::Tensor tokens = batch.at("tokens").clone(), labels = batch.at("labels").clone();
+    at::Tensor mask = batch.find("loss_mask") ? batch.at("loss_mask").clone() : at::ones(tokens.sizes(), at::kFloat);
+    const int64_t m = vision_.spatial_merge_size, side = mock_side();
+    LF_CHECK(side % m == 0, "model.mock_image_patches ", side, " is not a multiple of spatial_merge_size ", m);
+    const int64_t n = (side / m) * (side / m), id = own_.image_token_id;
+    LF_CHECK(tokens.size(1) > n, "training.seq_length ", tokens.size(1), " leaves no text after ", n, " placeholders");
+    for (int64_t special : {own_.image_token_id, own_.video_token_id}) {
+      tokens.masked_fill_(tokens.eq(special), (special + 2) % foundation_.vocab_size);
+      labels.masked_fill_(labels.eq(special), (special + 2) % foundation_.vocab_size);
+    }
+    tokens.narrow(1, 0, n).fill_(id);
+    labels.narrow(1, 0, n - 1).fill_(id);
+    mask.narrow(1, 0, n - 1).fill_(0);
+    std::vector<at::Tensor> pixels;
+    for (int64_t i = 0; i < tokens.size(0); ++i) {
+      const int64_t index =
+          i < static_cast<int64_t>(batch.sample_indices.size()) ? batch.sample_indices[static_cast<size_t>(i)] : i;
+      auto gen = at::make_generator<at::CPUGeneratorImpl>(seed * 1000003ull + static_cast<uint64_t>(index) + 29);
+      pixels.push_back(at::normal(0.0, 1.0, {side * side, vision_.patch_dim()}, gen, at::kFloat));
+    }
+    batch.set("tokens", tokens, 1);
+    batch.set("labels", labels, 1);
+    batch.set("loss_mask", mask, 1);
+    batch.set("pixel_values", at::cat(pixels), -1);
+    batch.set("image_grid_thw", at::tensor({int64_t{1}, side, side}, at::kLong).repeat({tokens.size(0), 1}), -1);
+  }
+
+ protected:
+  static lf::config::Origin origin(const PlanArgs& args, const std::string& path) {
+    const auto* n = args.resolved->find_path(path);
+    return n ? n->origin() : lf::config::Origin::from_default();
+  }
+  // --mock-data's image side in patches (default 2 x merge: 4 merged tokens).
+  virtual int64_t mock_side() const { return 2 * vision_.spatial_merge_size; }
+  // TP 1; each foundation TP group's ranks are one share group (cp), the foundation's DP the tower's.
+  lf::dist::ParallelLayout vision_layout() const {
+    lf::dist::ParallelSizes s;
+    s.tp = 1;
+    s.cp = shares_;
+    return lf::dist::ParallelLayout(static_cast<int>(vision_ranks_.size()), s);
+  }
+  std::string describe_components() const override {
+    std::ostringstream os;
+    os << "  vision_encoder  " << config_->component("vision_encoder").type << ", " << vision_.num_parameters()
+       << " parameters | tp 1, " << shares_ << " replica(s) per foundation TP group (same media, 1 / " << shares_
+       << " of the gradient each), over the " << vision_ranks_.size() << " ranks of pipeline stage 0"
+       << (vision_frozen_ ? " | frozen" : "") << "\n";
+    return os.str();
+  }
+
+  std::string type_;
+  Vision vision_;
+  Own own_;
+  bool vision_frozen_;
+  std::vector<int> vision_ranks_;
+  int shares_ = 1;
+};
+
+}  // namespace lf::models

@@ -179,3 +179,63 @@ TEST(MultimodalStore, BadMediaAndTagsAreNamed) {
 }
 
 }  // namespace
+
+namespace {
+
+// The VLM demo's data (make-demo-vlm): a tokenizer directory the store accepts, one 56 x 56
+// picture per conversation (4 placeholders), and answers that describe the pictures: the shape's
+// colour is the picture's most saturated colour, and the ablation picture has none.
+TEST(MultimodalStore, DemoDataDescribesItsPictures) {
+  const std::string d = lf::testing::make_temp_dir("mm_demo");
+  auto made = run_command({bin("loongforge-data"), "make-demo-vlm", "--out", d, "--train-images", "6", "--eval-images",
+                           "4"});
+  ASSERT_TRUE(made.ok()) << made.output;
+  auto pre = run_command({bin("loongforge-data"), "preprocess", "--multimodal", "--tokenizer-model", d + "/tok",
+                          "--input", d + "/train.jsonl", "--output-prefix", d + "/train"});
+  ASSERT_TRUE(pre.ok()) << pre.output;
+  lf::data::MultimodalDataset ds(d + "/train");
+  ASSERT_EQ(ds.size(), 18);
+  for (int64_t i = 0; i < ds.size(); ++i) {
+    const auto s = ds.read(i);
+    ASSERT_EQ(s.media.size(), 1u);
+    EXPECT_EQ(s.media[0].height, 56);
+    int64_t pads = 0;
+    for (int32_t id : s.tokens) pads += id == ds.info().image_token_id;
+    EXPECT_EQ(pads, 4);
+  }
+  const std::map<std::string, int> channel = {{"red", 0}, {"green", 1}, {"blue", 2}};
+  std::ifstream eval(d + "/eval.jsonl");
+  int checked = 0;
+  for (std::string line; std::getline(eval, line);) {
+    const auto j = nlohmann::json::parse(line);
+    if (j["attribute"] != "colour") continue;
+    const auto img = lf::media::decode_image(d + "/" + j["images"][0].get<std::string>());
+    // The most saturated pixel (max - min over channels) carries the shape's colour.
+    int best = -1;
+    size_t at = 0;
+    for (size_t p = 0; p < img.rgb.size(); p += 3) {
+      const int sat = std::max({img.rgb[p], img.rgb[p + 1], img.rgb[p + 2]}) -
+                      std::min({img.rgb[p], img.rgb[p + 1], img.rgb[p + 2]});
+      if (sat > best) best = sat, at = p;
+    }
+    EXPECT_GT(best, 100) << line;
+    const std::string answer = j["answer"];
+    if (answer == "yellow") {
+      EXPECT_LT(img.rgb[at + 2], img.rgb[at]) << line;
+      EXPECT_LT(img.rgb[at + 2], img.rgb[at + 1]) << line;
+    } else {
+      const int c = channel.at(answer);
+      EXPECT_EQ(std::max({img.rgb[at], img.rgb[at + 1], img.rgb[at + 2]}), img.rgb[at + c]) << line;
+    }
+    ++checked;
+  }
+  EXPECT_EQ(checked, 4);
+  const auto blank = lf::media::decode_image(d + "/img/blank.png");
+  int blank_sat = 0;
+  for (size_t p = 0; p < blank.rgb.size(); p += 3)
+    blank_sat = std::max(blank_sat, std::max({blank.rgb[p], blank.rgb[p + 1], blank.rgb[p + 2]}) -
+                                        std::min({blank.rgb[p], blank.rgb[p + 1], blank.rgb[p + 2]}));
+  EXPECT_LT(blank_sat, 40);
+}
+
+}  // namespace

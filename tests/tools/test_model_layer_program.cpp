@@ -160,6 +160,27 @@ TEST(Qwen25Vl, MultimodalStoreTrainsAndLayoutsEqualOneProcess) {
   std::vector<std::string> tp = data;
   tp.insert(tp.end(), {"--tensor-model-parallel-size", "2"});
   lf::testing::expect_same_training(one, run(2, cfg, tp, "vlm_store_tp2"), "qwen2_5_vl store: foundation tp 2");
+  // --enable-encoder-hetero-dp: the two TP ranks encode alternate media (images of different sizes)
+  // and all-gather the features; each medium's gradient reaches the tower once.
+  std::vector<std::string> hetero = tp;
+  hetero.push_back("--enable-encoder-hetero-dp");
+  lf::testing::expect_same_training(one, run(2, cfg, hetero, "vlm_store_hetero"),
+                                    "qwen2_5_vl store: foundation tp 2, encoder data-parallel over it");
+  auto dry = lf::testing::run_command({bin("loongforge-run"), "--standalone", "--nproc-per-node", "2",
+                                       bin("loongforge-train"), "--config-file", cfg, "--tensor-model-parallel-size", "2",
+                                       "--enable-encoder-hetero-dp", "--dry-run"});
+  EXPECT_EQ(dry.exit_code, 0) << dry.output;
+  EXPECT_NE(dry.output.find("(data-parallel: each encodes its share of the media, features all-gathered)"),
+            std::string::npos)
+      << dry.output;
+  auto tp1 = lf::testing::run_command({bin("loongforge-train"), "--config-file", cfg, "--enable-encoder-hetero-dp",
+                                       "--dry-run"});
+  EXPECT_EQ(tp1.exit_code, 2) << tp1.output;
+  EXPECT_NE(tp1.output.find("parallel.enable_encoder_hetero_dp"), std::string::npos) << tp1.output;
+  auto text_model = lf::testing::run_command({bin("loongforge-train"), "--config-file", config("examples/spliced_lm_tiny.yaml"),
+                                              "--enable-encoder-hetero-dp", "--dry-run"});
+  EXPECT_NE(text_model.exit_code, 0) << text_model.output;
+  EXPECT_NE(text_model.output.find("has no vision tower"), std::string::npos) << text_model.output;
   std::vector<std::string> pp = data;
   pp.insert(pp.end(), {"--pipeline-model-parallel-size", "2"});
   const std::string dir = lf::testing::make_temp_dir("ml-vlm-store-pp2");

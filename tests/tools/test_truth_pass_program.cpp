@@ -416,6 +416,9 @@ TEST(TruthPass, EveryFlagActsOrIsRefused) {
       {"--training-phase", "SftTraining.*, SftSource.*, FinetuneConfig.*"},
       {"--packing-sft-data", "SftSource.PackedRowsEqualEachConversationInItsOwnRow, SftTraining.*"},
       {"--use-vlm-dp-balance", "VlmDpBalance.* (balanced DP 2 equals Megatron's split; refusals)"},
+      {"--enable-encoder-hetero-dp",
+       "Qwen25Vl.MultimodalStoreTrainsAndLayoutsEqualOneProcess (TP 2 with the tower data-parallel over it equals one "
+       "process; --dry-run line; refusals)"},
       {"--vlm-dp-balance-warmup-iters", "VlmDpBalance.BalancedTrainingEqualsMegatronsSplit (fitted), VlmDpBalance.Flags*"},
       {"--vlm-dp-balance-cost", "VlmDpBalance.BalancedTrainingEqualsMegatronsSplit (given), VlmDpBalance.Flags*"},
       {"--pretrained-checkpoint", "LoraTraining.*, LoraPeft.*"},

@@ -61,6 +61,11 @@ void check_job(const lf::config::JobConfig& job, const lf::config::Node& resolve
                origin_of(resolved, job.data.mock_data ? "data.data_path" : "data.mock_data"),
                "model type " + plan.config().type + " trains on --mock-data only: " + needs.mock_only_why,
                "pass --mock-data (and no --data-path)");
+  if (job.parallel.enable_encoder_hetero_dp && !needs.media)
+    errors.add("parallel.enable_encoder_hetero_dp", origin_of(resolved, "parallel.enable_encoder_hetero_dp"),
+               "--enable-encoder-hetero-dp spreads a vision tower's media over the foundation's TP group; model type " +
+                   plan.config().type + " has no vision tower",
+               "drop --enable-encoder-hetero-dp");
   if (needs.media && !job.data.mock_data && job.training.training_phase != "sft")
     errors.add("training.training_phase", origin_of(resolved, "training.training_phase"),
                "model type " + plan.config().type +

@@ -19,6 +19,7 @@ const std::vector<FlagSpec> kTable = {
   {"--tensor-model-parallel-size", "parallel.tensor_model_parallel_size", K::value, "N", ""},
   {"--pipeline-model-parallel-size", "parallel.pipeline_model_parallel_size", K::value, "N", ""},
   {"--sequence-parallel", "parallel.sequence_parallel", K::store_true, "", ""},
+  {"--enable-encoder-hetero-dp", "parallel.enable_encoder_hetero_dp", K::store_true, "", ""},
   {"--context-parallel-size", "parallel.context_parallel_size", K::value, "N", ""},
   {"--expert-model-parallel-size", "parallel.expert_model_parallel_size", K::value, "N", ""},
   {"--expert-tensor-parallel-size", "parallel.expert_tensor_parallel_size", K::value, "N", ""},

@@ -15,6 +15,7 @@
 #include "loongforge/core/error.h"
 #include "loongforge/dist/parallel_context.h"
 #include "loongforge/models/hf_adapter.h"
+#include "loongforge/parallel/tensor/mappings.h"
 
 namespace lf::models {
 namespace {
@@ -225,14 +226,58 @@ at::Tensor Qwen25Vl::embed_with_media(const at::Tensor& tokens, const Qwen25VlMe
   }
   if (pixels.empty()) return x;
   const at::Tensor all_pixels = pixels.size() == 1 ? pixels[0] : at::cat(pixels);
-  at::Tensor encoded = encoder_->forward(
-      all_pixels.to(backend_.device(), encoder_params_.front().tensor.scalar_type()), at::cat(grids));
-  // Every rank of a foundation TP group encodes the same media and receives the whole gradient;
-  // the trainer sums the tower's gradients over its share axis (those ranks) and DP, so each
-  // replica contributes 1 / shares.
+  const at::Tensor all_grids = at::cat(grids);
+  const auto dtype = encoder_params_.front().tensor.scalar_type();
   const int64_t shares = vision_context_ ? vision_context_->cp_size() : 1;
-  if (shares > 1 && encoded.requires_grad())
-    encoded.register_hook([shares](const at::Tensor& g) { return g / static_cast<double>(shares); });
+  at::Tensor encoded;
+  if (encoder_data_parallel_ && shares > 1) {
+    // Medium k (images then videos) is encoded by share rank k mod shares; the gathered features
+    // come in rank order and are put back in media order.
+    const int64_t me = vision_context_->cp_rank(), media = all_grids.size(0);
+    std::vector<int64_t> row_at(static_cast<size_t>(media + 1), 0), feature_rows(static_cast<size_t>(media), 0);
+    for (int64_t k = 0; k < media; ++k) {
+      const int64_t patches = all_grids[k][0].item<int64_t>() * all_grids[k][1].item<int64_t>() *
+                              all_grids[k][2].item<int64_t>();
+      row_at[size_t(k + 1)] = row_at[size_t(k)] + patches;
+      feature_rows[size_t(k)] = patches / (merge * merge);
+    }
+    std::vector<at::Tensor> my_pixels, my_grids;
+    for (int64_t k = me; k < media; k += shares) {
+      my_pixels.push_back(all_pixels.narrow(0, row_at[size_t(k)], row_at[size_t(k + 1)] - row_at[size_t(k)]));
+      my_grids.push_back(all_grids.narrow(0, k, 1));
+    }
+    at::Tensor mine;
+    if (!my_pixels.empty()) {
+      mine = encoder_->forward(at::cat(my_pixels).to(backend_.device(), dtype), at::cat(my_grids));
+    } else {
+      // No medium for this rank: an empty block still tied to the tower (zero gradients, not none).
+      at::Tensor tie = at::zeros({}, at::TensorOptions().dtype(dtype).device(backend_.device()));
+      for (const auto& p : encoder_params_) tie = tie + p.tensor.sum() * 0.0;
+      mine = at::zeros({0, encoder_->config().out_hidden_size}, tie.options()) + tie;
+    }
+    const at::Tensor gathered = lf::parallel::gather_rows_from_shares(mine, vision_context_->cp());
+    std::vector<int64_t> block_at(static_cast<size_t>(shares + 1), 0);  // where each rank's block starts
+    for (int64_t r = 0; r < shares; ++r) {
+      int64_t n = 0;
+      for (int64_t k = r; k < media; k += shares) n += feature_rows[size_t(k)];
+      block_at[size_t(r + 1)] = block_at[size_t(r)] + n;
+    }
+    std::vector<int64_t> within(static_cast<size_t>(shares), 0);
+    std::vector<at::Tensor> ordered;
+    for (int64_t k = 0; k < media; ++k) {
+      const int64_t r = k % shares;
+      ordered.push_back(gathered.narrow(0, block_at[size_t(r)] + within[size_t(r)], feature_rows[size_t(k)]));
+      within[size_t(r)] += feature_rows[size_t(k)];
+    }
+    encoded = at::cat(ordered);
+  } else {
+    encoded = encoder_->forward(all_pixels.to(backend_.device(), dtype), all_grids);
+    // Every rank of a foundation TP group encodes the same media and receives the whole gradient;
+    // the trainer sums the tower's gradients over its share axis (those ranks) and DP, so each
+    // replica contributes 1 / shares.
+    if (shares > 1 && encoded.requires_grad())
+      encoded.register_hook([shares](const at::Tensor& g) { return g / static_cast<double>(shares); });
+  }
   at::Tensor xb = x.transpose(0, 1);  // [b, s, h]
   int64_t offset = 0;
   for (size_t k = 0; k < 2; ++k) {
@@ -318,8 +363,11 @@ class Qwen25VlPlan : public VlmPlan<Qwen25VisionConfig, Qwen25VlConfig> {
     const auto stage = lf::parallel::pipeline::pipeline_stage(foundation_.num_layers, ctx.pp_size(), ctx.pp_rank(), stage_split());
     std::unique_ptr<lf::dist::ParallelContext> enc;
     if (stage.first) enc = args.make_context("vision_encoder", vision_layout(), vision_ranks_);
-    return std::make_unique<Qwen25Vl>(foundation_, vision_, own_, *args.backend, args.seed, args.dtype, &ctx,
-                                      job_.parallel.sequence_parallel, stage, !frozen_, std::move(enc), !vision_frozen_);
+    auto model = std::make_unique<Qwen25Vl>(foundation_, vision_, own_, *args.backend, args.seed, args.dtype, &ctx,
+                                            job_.parallel.sequence_parallel, stage, !frozen_, std::move(enc),
+                                            !vision_frozen_);
+    model->set_encoder_data_parallel(job_.parallel.enable_encoder_hetero_dp);
+    return model;
   }
 
  protected:

@@ -293,6 +293,11 @@ class Qwen3VlPlan : public VlmPlan<Qwen3VisionConfig, Qwen3VlConfig> {
  public:
   Qwen3VlPlan(std::shared_ptr<const ModelConfig> config, const PlanArgs& args, lf::config::ErrorList& errors)
       : VlmPlan(config, args, errors, "qwen3_vl") {
+    if (job_.parallel.enable_encoder_hetero_dp)
+      errors.add("parallel.enable_encoder_hetero_dp", origin(args, "parallel.enable_encoder_hetero_dp"),
+                 "--enable-encoder-hetero-dp is built for qwen2_5_vl; qwen3_vl's DeepStack features are not gathered "
+                 "yet",
+                 "drop --enable-encoder-hetero-dp");
     if (foundation_.mrope_section.size() != 3 || !foundation_.mrope_interleaved)
       errors.add("model.foundation.mrope_interleaved", origin(args, "model.foundation.mrope_interleaved"),
                  "qwen3_vl needs interleaved M-RoPE in its foundation",

@@ -62,6 +62,11 @@ class VlmPlan : public CausalLmPlan {
       errors.add("parallel.chunkpipe_chunk_size", origin(args, "parallel.chunkpipe_chunk_size"),
                  type_ + " does not run under ChunkPipe (its vision tower splices whole sequences)",
                  "drop --chunkpipe-chunk-size");
+    if (job_.parallel.enable_encoder_hetero_dp && layout_.size(lf::dist::Axis::tp) == 1)
+      errors.add("parallel.enable_encoder_hetero_dp", origin(args, "parallel.enable_encoder_hetero_dp"),
+                 "--enable-encoder-hetero-dp spreads the vision tower's media over the foundation's TP group, but "
+                 "tensor_model_parallel_size is 1: it would do nothing",
+                 "drop --enable-encoder-hetero-dp, or use --tensor-model-parallel-size > 1");
     // The first stage's ranks ordered (foundation DP index, TP index): the tower's share groups
     // (cp) are the foundation's TP groups, its DP the foundation's.
     std::vector<std::pair<std::pair<int, int>, int>> first;
@@ -126,9 +131,13 @@ class VlmPlan : public CausalLmPlan {
   std::string describe_components() const override {
     std::ostringstream os;
     os << "  vision_encoder  " << config_->component("vision_encoder").type << ", " << vision_.num_parameters()
-       << " parameters | tp 1, " << shares_ << " replica(s) per foundation TP group (same media, 1 / " << shares_
-       << " of the gradient each), over the " << vision_ranks_.size() << " ranks of pipeline stage 0"
-       << (vision_frozen_ ? " | frozen" : "") << "\n";
+       << " parameters | tp 1, " << shares_ << " replica(s) per foundation TP group ";
+    if (job_.parallel.enable_encoder_hetero_dp)
+      os << "(data-parallel: each encodes its share of the media, features all-gathered)";
+    else
+      os << "(same media, 1 / " << shares_ << " of the gradient each)";
+    os << ", over the " << vision_ranks_.size() << " ranks of pipeline stage 0" << (vision_frozen_ ? " | frozen" : "")
+       << "\n";
     return os.str();
   }
 

@@ -166,6 +166,19 @@ at::Tensor gather_from_shares(const at::Tensor& x, Communicator& group) {
   return group.size() == 1 ? x : GatherFromShares::apply(x, &group);
 }
 
+at::Tensor gather_rows_from_shares(const at::Tensor& x, Communicator& group) {
+  if (group.size() == 1) return x;
+  const at::Tensor rows = comm::all_gather(at::full({1}, x.size(0), x.options().dtype(at::kLong)), group, 0).to(at::kCPU);
+  int64_t most = 0;
+  for (int64_t r = 0; r < rows.size(0); ++r) most = std::max(most, rows[r].item<int64_t>());
+  std::vector<int64_t> pad(static_cast<size_t>(2 * x.dim()), 0);
+  pad.back() = most - x.size(0);  // rows appended at the end of dim 0
+  const at::Tensor all = gather_from_shares(at::constant_pad_nd(x, pad, 0), group);  // [g * most, ...]
+  std::vector<at::Tensor> parts;
+  for (int64_t r = 0; r < rows.size(0); ++r) parts.push_back(all.narrow(0, r * most, rows[r].item<int64_t>()));
+  return at::cat(parts);
+}
+
 at::Tensor copy_to_tp(const at::Tensor& x, Communicator& tp) {
   return tp.size() == 1 ? x : CopyToTp::apply(x, &tp);
 }

@@ -35,6 +35,7 @@ struct ParallelConfig {
   bool overlap_moe_expert_parallel_comm = false;
   std::optional<int64_t> moe_overlap_num_chunks;  // null: 2
   bool overlap_param_gather = false;
+  bool enable_encoder_hetero_dp = false;
   std::optional<int64_t> ddp_bucket_size;  // null: 40M elements
   std::optional<std::string> pipeline_trace;
   std::optional<int64_t> chunkpipe_chunk_size;  // null: whole sequences
@@ -74,6 +75,9 @@ struct ParallelConfig {
       "Communication backend (auto: nccl on CUDA, gloo on CPU, the plugin's on XPU; another is refused)",
       OneOf{{"auto", "nccl", "gloo", "plugin"}});
     v("overlap_grad_reduce", overlap_grad_reduce, "Overlap the gradient reduction with the backward pass");
+    v("enable_encoder_hetero_dp", enable_encoder_hetero_dp,
+      "VLMs: the vision tower (TP 1) is data-parallel over the foundation's TP group: each TP rank encodes its "
+      "share of the micro-batch's media, the features all-gathered (variable sizes)");
     v("overlap_moe_expert_parallel_comm", overlap_moe_expert_parallel_comm,
       "CCT: overlap the MoE all-to-all with the experts' computation (the tokens in chunks: one chunk's dispatch "
       "and combine, forward and backward, in flight while another's experts compute); all-to-all dispatcher, ep > 1");

@@ -107,6 +107,12 @@ class Qwen25Vl : public CausalLm {
   // rank's shards. Every tensor must be used.
   void load_hf_state(const std::map<std::string, at::Tensor>& tensors);
 
+  // --enable-encoder-hetero-dp: the ranks of the tower's share group (a foundation TP group) encode
+  // media k with k mod shares == their share rank, and all-gather the features (variable sizes);
+  // each medium is encoded once, so its gradient is not scaled. Off: every rank encodes every
+  // medium, each contributing 1 / shares of the gradient.
+  void set_encoder_data_parallel(bool on) { encoder_data_parallel_ = on; }
+
   const Qwen25VisionEncoder& vision_encoder() const { return *encoder_; }  // first pipeline stage only
   const Qwen25VlConfig& own_config() const { return config_; }  // image / video ids, tokens_per_second
   const std::vector<Parameter>& vision_parameters() const { return encoder_params_; }
@@ -123,6 +129,7 @@ class Qwen25Vl : public CausalLm {
   bool vision_trainable_;
   std::unique_ptr<Qwen25VisionEncoder> encoder_;
   std::vector<Parameter> encoder_params_;
+  bool encoder_data_parallel_ = false;
 };
 
 void register_qwen2_5_vl(Registry& r);

@@ -35,6 +35,9 @@ at::Tensor reduce_scatter_to_sequence_parallel(const at::Tensor& x, Communicator
 // loss from them. x: [n / g, ...] -> [n, ...]: fwd all-gather dim 0, bwd this rank's slice of
 // the gradient (replicated consumers: no sum).
 at::Tensor gather_from_shares(const at::Tensor& x, Communicator& group);
+// The same with shares of different row counts (a rank's media differ in size): x: [n_r, ...] ->
+// [sum n_r, ...] in rank order; padded to the largest share for the all-gather, the padding cut.
+at::Tensor gather_rows_from_shares(const at::Tensor& x, Communicator& group);
 
 // Plain (non-autograd) helpers the mappings are made of; tensors need not be contiguous.
 namespace comm {

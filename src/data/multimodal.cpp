@@ -289,15 +289,19 @@ int64_t MultimodalDataset::length(int64_t i) const {
   return tokens_->sequence_length(i);
 }
 
-MultimodalSample MultimodalDataset::read(int64_t i) const {
-  MultimodalSample s;
+void MultimodalDataset::read_text(int64_t i, std::vector<int32_t>& tokens, std::vector<uint8_t>& mask) const {
   const int64_t n = length(i);
   std::vector<int64_t> buf(static_cast<size_t>(n));
   tokens_->read(i, 0, n, buf.data());
-  s.tokens.assign(buf.begin(), buf.end());
+  tokens.assign(buf.begin(), buf.end());
   LF_CHECK(masks_->sequence_length(i) == n, idx_path(masks_->prefix()), ": sample ", i, " mask length differs");
   masks_->read(i, 0, n, buf.data());
-  s.mask.assign(buf.begin(), buf.end());
+  mask.assign(buf.begin(), buf.end());
+}
+
+MultimodalSample MultimodalDataset::read(int64_t i) const {
+  MultimodalSample s;
+  read_text(i, s.tokens, s.mask);
   const int64_t metas = meta_->sequence_length(i);
   LF_CHECK(metas % 5 == 0, idx_path(meta_->prefix()), ": sample ", i, " has ", metas, " values, not 5 per medium");
   std::vector<int64_t> meta(static_cast<size_t>(metas));

@@ -6,6 +6,8 @@
 #include <algorithm>
 #include <cfenv>
 #include <cmath>
+#include <fstream>
+#include <nlohmann/json.hpp>
 
 #include "loongforge/core/error.h"
 
@@ -100,6 +102,40 @@ VisionPatches qwen_patches_of_resized(const std::vector<const Image*>& frames, c
 std::pair<int64_t, int64_t> qwen_resized_size(int64_t height, int64_t width, const QwenVisionPreprocess& p) {
   check(p);
   return smart_resize(height, width, p.patch_size * p.merge_size, p.min_pixels, p.max_pixels);
+}
+
+QwenVisionPreprocess read_preprocessor_config(const std::string& file, QwenVisionPreprocess p) {
+  nlohmann::json j;
+  try {
+    std::ifstream in(file);
+    LF_CHECK(in.good(), file, ": cannot open");
+    j = nlohmann::json::parse(in);
+  } catch (const nlohmann::json::exception& e) {
+    LF_FAIL(file, ": not JSON: ", e.what());
+  }
+  const auto integer = [&](const nlohmann::json& o, const char* key, int64_t& into) {
+    if (!o.contains(key) || o[key].is_null()) return;
+    LF_CHECK(o[key].is_number_integer(), file, ": ", key, " must be an integer, got ", o[key].dump());
+    into = o[key].get<int64_t>();
+  };
+  integer(j, "min_pixels", p.min_pixels);
+  integer(j, "max_pixels", p.max_pixels);
+  if (j.contains("size") && j["size"].is_object()) {
+    integer(j["size"], "shortest_edge", p.min_pixels);
+    integer(j["size"], "longest_edge", p.max_pixels);
+  }
+  integer(j, "patch_size", p.patch_size);
+  integer(j, "merge_size", p.merge_size);
+  integer(j, "temporal_patch_size", p.temporal_patch_size);
+  for (const auto& [key, into] : {std::pair<const char*, std::array<double, 3>*>{"image_mean", &p.image_mean},
+                                  {"image_std", &p.image_std}})
+    if (j.contains(key) && !j[key].is_null()) {
+      LF_CHECK(j[key].is_array() && j[key].size() == 3 && j[key][0].is_number() && j[key][1].is_number() &&
+                   j[key][2].is_number(),
+               file, ": ", key, " must be 3 numbers, got ", j[key].dump());
+      for (size_t c = 0; c < 3; ++c) (*into)[c] = j[key][c].get<double>();
+    }
+  return p;
 }
 
 std::pair<int64_t, int64_t> smart_resize(int64_t height, int64_t width, int64_t factor, int64_t min_pixels,

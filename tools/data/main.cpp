@@ -47,28 +47,16 @@ void apply_preprocessor_config(const std::string& model, ConversationFlags& c) {
   const fs::path dir = fs::is_directory(model) ? fs::path(model) : fs::path(model).parent_path();
   const fs::path file = dir / "preprocessor_config.json";
   if (!fs::exists(file)) return;
-  nlohmann::json j;
-  try {
-    std::ifstream(file) >> j;
-  } catch (const nlohmann::json::exception& e) {
-    LF_FAIL(file.string(), ": malformed JSON (", e.what(), ")");
-  }
+  // The file over the defaults, then the flags given explicitly over the file.
+  const auto from_file = lf::media::read_preprocessor_config(file.string(), lf::media::QwenVisionPreprocess{});
   auto& p = c.media.image;
-  const auto take = [&](const char* key, const char* flag, auto& field) {
-    if (j.contains(key) && !j[key].is_null() && !c.given.count(flag)) field = j[key].get<std::decay_t<decltype(field)>>();
-  };
-  take("patch_size", "--patch-size", p.patch_size);
-  take("merge_size", "--merge-size", p.merge_size);
-  take("temporal_patch_size", "--temporal-patch-size", p.temporal_patch_size);
-  take("min_pixels", "--min-pixels", p.min_pixels);
-  take("max_pixels", "--max-pixels", p.max_pixels);
-  if (j.contains("size") && j["size"].is_object()) {
-    const auto& size = j["size"];
-    if (size.contains("shortest_edge") && !c.given.count("--min-pixels")) p.min_pixels = size["shortest_edge"];
-    if (size.contains("longest_edge") && !c.given.count("--max-pixels")) p.max_pixels = size["longest_edge"];
-  }
-  take("image_mean", "--image-mean", p.image_mean);
-  take("image_std", "--image-std", p.image_std);
+  if (!c.given.count("--patch-size")) p.patch_size = from_file.patch_size;
+  if (!c.given.count("--merge-size")) p.merge_size = from_file.merge_size;
+  if (!c.given.count("--temporal-patch-size")) p.temporal_patch_size = from_file.temporal_patch_size;
+  if (!c.given.count("--min-pixels")) p.min_pixels = from_file.min_pixels;
+  if (!c.given.count("--max-pixels")) p.max_pixels = from_file.max_pixels;
+  if (!c.given.count("--image-mean")) p.image_mean = from_file.image_mean;
+  if (!c.given.count("--image-std")) p.image_std = from_file.image_std;
   LF_INFO("vision preprocessing from ", file.string(), ": patch ", p.patch_size, ", merge ", p.merge_size,
           ", temporal ", p.temporal_patch_size, ", pixels [", p.min_pixels, ", ", p.max_pixels, "]");
 }

@@ -161,33 +161,7 @@ lf::media::QwenVisionPreprocess preprocess_of(const std::string& dir, const lf::
   const fs::path file = fs::path(dir) / "preprocessor_config.json";
   std::error_code ec;
   if (!fs::is_regular_file(file, ec)) return p;
-  json j;
-  try {
-    std::ifstream in(file);
-    j = json::parse(in);
-  } catch (const json::exception& e) {
-    LF_FAIL(file.string(), ": not JSON: ", e.what());
-  }
-  const auto integer = [&](const json& o, const char* key, int64_t& into) {
-    if (!o.contains(key) || o[key].is_null()) return;
-    LF_CHECK(o[key].is_number_integer(), file.string(), ": ", key, " must be an integer, got ", o[key].dump());
-    into = o[key].get<int64_t>();
-  };
-  integer(j, "min_pixels", p.min_pixels);
-  integer(j, "max_pixels", p.max_pixels);
-  if (j.contains("size") && j["size"].is_object()) {
-    integer(j["size"], "shortest_edge", p.min_pixels);
-    integer(j["size"], "longest_edge", p.max_pixels);
-  }
-  integer(j, "patch_size", p.patch_size);
-  integer(j, "merge_size", p.merge_size);
-  integer(j, "temporal_patch_size", p.temporal_patch_size);
-  for (const auto& [key, into] : {std::pair<const char*, std::array<double, 3>*>{"image_mean", &p.image_mean},
-                                  {"image_std", &p.image_std}})
-    if (j.contains(key)) {
-      LF_CHECK(j[key].is_array() && j[key].size() == 3, file.string(), ": ", key, " must be 3 numbers");
-      for (size_t c = 0; c < 3; ++c) (*into)[c] = j[key][c].get<double>();
-    }
+  p = lf::media::read_preprocessor_config(file.string(), p);
   LF_CHECK(p.patch_size == v.patch_size && p.merge_size == v.spatial_merge_size &&
                p.temporal_patch_size == v.temporal_patch_size,
            file.string(), ": patch_size ", p.patch_size, ", merge_size ", p.merge_size, ", temporal_patch_size ",
@@ -306,29 +280,6 @@ void check_placeholders(const std::vector<int64_t>& ids, const Qwen25VlMedia& m,
 
 // A vision-language model: logits of the ids with the media, or generation that recomputes the
 // whole sequence (and its M-RoPE positions) each step.
-// A rendered evaluation line's media -> the composite's inputs (rows normalised, in order).
-Qwen25VlMedia media_of_records(const std::vector<lf::data::MediaRecord>& records, const lf::media::QwenVisionPreprocess& p) {
-  Qwen25VlMedia m;
-  std::vector<at::Tensor> image_rows, image_grids, video_rows, video_grids;
-  for (const auto& r : records) {
-    std::vector<const lf::media::Image*> frames;
-    for (const auto& f : r.images) frames.push_back(&f);
-    auto v = lf::media::qwen_patches_of_resized(frames, p);
-    const at::Tensor grid = at::tensor({v.grid[0], v.grid[1], v.grid[2]}, at::kLong).view({1, 3});
-    if (r.kind == lf::data::MediaRecord::kImage) {
-      image_rows.push_back(v.pixel_values);
-      image_grids.push_back(grid);
-    } else {
-      video_rows.push_back(v.pixel_values);
-      video_grids.push_back(grid);
-      m.second_per_grid_ts.push_back(r.seconds_per_grid);
-    }
-  }
-  if (!image_rows.empty()) m.pixel_values = at::cat(image_rows), m.image_grid_thw = at::cat(image_grids);
-  if (!video_rows.empty()) m.pixel_values_videos = at::cat(video_rows), m.video_grid_thw = at::cat(video_grids);
-  return m;
-}
-
 int run_vlm(Options& o, Loaded& loaded, lf::data::Tokenizer* tok) {
   const auto& v = *loaded.vlm;
   LF_CHECK(o.lora_adapter.empty(), "--lora-adapter: LoRA adapters are built for causal_lm models, not ", v.type);
@@ -392,7 +343,7 @@ int run_vlm(Options& o, Loaded& loaded, lf::data::Tokenizer* tok) {
         LF_FAIL(o.eval_file, ":", line_no, ": ", e.message(), e.hint().empty() ? lf::hint("") : lf::hint(e.hint()));
       }
       auto gen = at::make_generator<at::CPUGeneratorImpl>(o.gen.seed);
-      const auto out = continue_ids(to64(s.tokens), media_of_records(s.media, mo.image), gen);
+      const auto out = continue_ids(to64(s.tokens), lf::models::Qwen25Vl::media_of_records(s.media, mo.image), gen);
       std::string got = tok->decode(to32(out));
       while (!got.empty() && std::isspace(static_cast<unsigned char>(got.back()))) got.pop_back();
       const std::string answer = j["answer"];

@@ -18,7 +18,7 @@
 #include "loongforge/data/sampler.h"
 #include "loongforge/data/multimodal.h"
 #include "loongforge/data/sft_dataset.h"
-#include "loongforge/media/qwen_vision_input.h"
+#include "loongforge/models/composites/qwen2_5_vl.h"
 #include "loongforge/backend/registry.h"
 
 namespace lf::tools {
@@ -216,42 +216,20 @@ class MultimodalConversations final : public ConversationStore {
   int64_t dropped() const { return dropped_; }
   const lf::data::MultimodalStoreInfo& info() const { return data_.info(); }
   void read(int64_t i, int64_t count, int64_t* tokens, int64_t* mask) const override {
-    const auto s = data_.read(kept_.at(static_cast<size_t>(i)));
+    std::vector<int32_t> t;
+    std::vector<uint8_t> m;
+    data_.read_text(kept_.at(static_cast<size_t>(i)), t, m);  // the media are read by add_media only
     for (int64_t k = 0; k < count; ++k) {
-      check_vocab(s.tokens[static_cast<size_t>(k)], vocab_, prefix_, kept_[static_cast<size_t>(i)], k);
-      tokens[k] = s.tokens[static_cast<size_t>(k)];
-      mask[k] = s.mask[static_cast<size_t>(k)];
+      check_vocab(t[static_cast<size_t>(k)], vocab_, prefix_, kept_[static_cast<size_t>(i)], k);
+      tokens[k] = t[static_cast<size_t>(k)];
+      mask[k] = m[static_cast<size_t>(k)];
     }
   }
   void add_media(const std::vector<int64_t>& conversations, lf::data::Batch& batch) const override {
-    std::vector<at::Tensor> image_rows, image_grids, video_rows, video_grids;
-    std::vector<double> seconds;
-    for (int64_t c : conversations) {
-      const auto s = data_.read(kept_.at(static_cast<size_t>(c)));
-      for (const auto& m : s.media) {
-        std::vector<const lf::media::Image*> frames;
-        for (const auto& f : m.images) frames.push_back(&f);
-        auto v = lf::media::qwen_patches_of_resized(frames, data_.info().vision);
-        const at::Tensor grid = at::tensor({v.grid[0], v.grid[1], v.grid[2]}, at::kLong).view({1, 3});
-        if (m.kind == lf::data::MediaRecord::kImage) {
-          image_rows.push_back(v.pixel_values);
-          image_grids.push_back(grid);
-        } else {
-          video_rows.push_back(v.pixel_values);
-          video_grids.push_back(grid);
-          seconds.push_back(m.seconds_per_grid);
-        }
-      }
-    }
-    if (!image_rows.empty()) {
-      batch.set("pixel_values", at::cat(image_rows), -1);
-      batch.set("image_grid_thw", at::cat(image_grids), -1);
-    }
-    if (!video_rows.empty()) {
-      batch.set("pixel_values_videos", at::cat(video_rows), -1);
-      batch.set("video_grid_thw", at::cat(video_grids), -1);
-      batch.set("second_per_grid_ts", at::tensor(seconds, at::kDouble), -1);
-    }
+    std::vector<lf::data::MediaRecord> media;
+    for (int64_t c : conversations)
+      for (auto& m : data_.read(kept_.at(static_cast<size_t>(c))).media) media.push_back(std::move(m));
+    lf::models::Qwen25Vl::set_media_fields(lf::models::Qwen25Vl::media_of_records(media, data_.info().vision), batch);
   }
 
  private:

@@ -84,6 +84,8 @@ class MultimodalDataset {
   int64_t size() const;
   int64_t length(int64_t i) const;  // tokens of sample i
   MultimodalSample read(int64_t i) const;
+  // Only sample i's tokens and mask (no media read): what a batch's token rows need.
+  void read_text(int64_t i, std::vector<int32_t>& tokens, std::vector<uint8_t>& mask) const;
   const MultimodalStoreInfo& info() const { return info_; }
 
  private:

@@ -9,6 +9,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <array>
+#include <string>
 #include <cstdint>
 #include <utility>
 #include <vector>
@@ -28,6 +29,12 @@ struct QwenVisionPreprocess {
   std::array<double, 3> image_mean = {0.48145466, 0.4578275, 0.40821073};  // OpenAI CLIP
   std::array<double, 3> image_std = {0.26862954, 0.26130258, 0.27577711};
 };
+
+// transformers' preprocessor_config.json (Qwen2VLImageProcessor's fields) over `base`: min_pixels /
+// max_pixels or size.shortest_edge / longest_edge, patch_size, merge_size, temporal_patch_size,
+// image_mean, image_std; fields it lacks keep base's. A malformed file or value is an lf::Error naming
+// the file and key.
+QwenVisionPreprocess read_preprocessor_config(const std::string& file, QwenVisionPreprocess base);
 
 // Qwen's smart_resize: (height, width) -> the nearest (h, w), multiples of `factor` (Python's
 // round-half-even), scaled down (floor) to at most max_pixels or up (ceil) to at least

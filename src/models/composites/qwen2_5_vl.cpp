@@ -15,6 +15,7 @@
 #include "loongforge/core/error.h"
 #include "loongforge/dist/parallel_context.h"
 #include "loongforge/models/hf_adapter.h"
+#include "loongforge/media/qwen_vision_input.h"
 #include "loongforge/parallel/tensor/mappings.h"
 
 namespace lf::models {
@@ -162,6 +163,41 @@ Qwen25VlMedia Qwen25Vl::media_of(const Batch& batch) {
     m.second_per_grid_ts.assign(c.data_ptr<double>(), c.data_ptr<double>() + c.numel());
   }
   return m;
+}
+
+Qwen25VlMedia Qwen25Vl::media_of_records(const std::vector<lf::data::MediaRecord>& records,
+                                          const lf::media::QwenVisionPreprocess& p) {
+  Qwen25VlMedia m;
+  std::vector<at::Tensor> image_rows, image_grids, video_rows, video_grids;
+  for (const auto& r : records) {
+    std::vector<const lf::media::Image*> frames;
+    for (const auto& f : r.images) frames.push_back(&f);
+    auto v = lf::media::qwen_patches_of_resized(frames, p);
+    const at::Tensor grid = at::tensor({v.grid[0], v.grid[1], v.grid[2]}, at::kLong).view({1, 3});
+    if (r.kind == lf::data::MediaRecord::kImage) {
+      image_rows.push_back(v.pixel_values);
+      image_grids.push_back(grid);
+    } else {
+      video_rows.push_back(v.pixel_values);
+      video_grids.push_back(grid);
+      m.second_per_grid_ts.push_back(r.seconds_per_grid);
+    }
+  }
+  if (!image_rows.empty()) m.pixel_values = at::cat(image_rows), m.image_grid_thw = at::cat(image_grids);
+  if (!video_rows.empty()) m.pixel_values_videos = at::cat(video_rows), m.video_grid_thw = at::cat(video_grids);
+  return m;
+}
+
+void Qwen25Vl::set_media_fields(const Qwen25VlMedia& m, Batch& batch) {
+  if (m.pixel_values.defined()) {
+    batch.set("pixel_values", m.pixel_values, -1);
+    batch.set("image_grid_thw", m.image_grid_thw, -1);
+  }
+  if (m.pixel_values_videos.defined()) {
+    batch.set("pixel_values_videos", m.pixel_values_videos, -1);
+    batch.set("video_grid_thw", m.video_grid_thw, -1);
+    batch.set("second_per_grid_ts", at::tensor(m.second_per_grid_ts, at::kDouble), -1);
+  }
 }
 
 at::Tensor Qwen25Vl::position_ids(const at::Tensor& tokens, const at::Tensor& image_grid_thw) const {

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "loongforge/core/config/schema.h"
+#include "loongforge/data/multimodal.h"
 #include "loongforge/models/composites/causal_lm.h"
 #include "loongforge/models/encoders/qwen2_5_vl_vision.h"
 
@@ -101,6 +102,12 @@ class Qwen25Vl : public CausalLm {
   // The media fields of a batch (pixel_values, image_grid_thw, pixel_values_videos, video_grid_thw,
   // second_per_grid_ts), checked for shape.
   static Qwen25VlMedia media_of(const Batch& batch);
+  // Stored media (a multimodal store's records, resized) -> the processors' fields: each medium
+  // normalised and cut into rows, images and videos apart, in order.
+  static Qwen25VlMedia media_of_records(const std::vector<lf::data::MediaRecord>& records,
+                                        const lf::media::QwenVisionPreprocess& preprocess);
+  // The inverse of media_of: the defined fields into `batch` (not sequence-aligned).
+  static void set_media_fields(const Qwen25VlMedia& media, Batch& batch);
 
   // A Qwen2_5_VLForConditionalGeneration state dict (transformers 5 names: model.visual.*,
   // model.language_model.*, lm_head.weight; transformers 4's visual.* and model.* too) -> this

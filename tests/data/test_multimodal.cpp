@@ -239,3 +239,31 @@ TEST(MultimodalStore, DemoDataDescribesItsPictures) {
 }
 
 }  // namespace
+
+namespace {
+
+// Flags over the directory's preprocessor_config.json, and --media-root for relative paths.
+TEST(MultimodalStore, FlagsOverrideTheProcessorConfigAndMediaRootResolvesPaths) {
+  NEED_ORACLE();
+  const std::string d = lf::testing::make_temp_dir("mm_flags");
+  fs::copy_file(o + "/conversations.jsonl", d + "/conversations.jsonl");  // its paths are relative to o
+  auto lost = preprocess(d + "/conversations.jsonl", d + "/lost");
+  EXPECT_FALSE(lost.ok()) << lost.output;
+  EXPECT_NE(lost.output.find("img/a.png"), std::string::npos) << lost.output;
+  auto r = preprocess(d + "/conversations.jsonl", d + "/store",
+                      {"--media-root", o, "--max-pixels", "3136", "--image-mean", "0.5", "0.5", "0.5"});
+  ASSERT_TRUE(r.ok()) << r.output;
+  lf::data::MultimodalDataset ds(d + "/store");
+  EXPECT_EQ(ds.info().vision.min_pixels, 3136);  // the file's
+  EXPECT_EQ(ds.info().vision.max_pixels, 3136);  // the flag's, over the file's 12544
+  EXPECT_EQ(ds.info().vision.image_mean[0], 0.5);
+  EXPECT_EQ(ds.info().vision.image_std[0], 0.26862954);  // the file's
+  const auto [h, w] = lf::media::smart_resize(120, 90, 28, 3136, 3136);  // b.jpg under the flag's bound
+  for (const auto& m : ds.read(1).media) {
+    EXPECT_EQ(m.height, h);
+    EXPECT_EQ(m.width, w);
+    EXPECT_LE(m.height * m.width, 3136);
+  }
+}
+
+}  // namespace

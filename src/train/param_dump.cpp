@@ -82,7 +82,7 @@ std::vector<std::pair<std::string, at::Tensor>> gather_full_groups(const std::ve
 void dump_parameters(const std::string& path, const std::vector<lf::models::ParameterGroup>& groups,
                      const lf::dist::ParallelContext& ctx) {
   auto full = gather_full_groups(groups);
-  if (ctx.tp_rank() != 0 || ctx.dp_rank() != 0) return;
+  if (ctx.tp_rank() != 0 || ctx.dp_rank() != 0 || ctx.cp_rank() != 0) return;
   const std::string file = ctx.pp_size() > 1 ? path + ".pp" + std::to_string(ctx.pp_rank()) : path;
   // safetensors: u64 little-endian header length, JSON header, raw little-endian data.
   std::ostringstream header;

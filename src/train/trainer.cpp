@@ -167,12 +167,13 @@ EvalResult Trainer::evaluate() {
   for (const auto& name : I.model.eval_metrics()) local[name] = {};
   for (int64_t i = 0; i < iters; ++i) I.evaluate_batch(I.valid_data->next().to(I.backend.device()), i, iters, local);
   if (I.exchange) I.exchange->flush();
-  // [sum, count] per metric: known on the last stage, broadcast over the pipeline, summed over DP.
+  // [sum, count] per metric: known on the last stage, broadcast over the pipeline, summed over DP
+  // (and CP: each context-parallel rank counts its own tokens).
   std::vector<double> v;
   for (const auto& [name, m] : local) v.insert(v.end(), {m.sum, m.count});
   auto t = at::tensor(v, at::TensorOptions().dtype(at::kDouble)).to(I.backend.device());
   if (I.exchange) I.ctx.pp().broadcast(t, I.ctx.pp_size() - 1);
-  if (I.dp()) I.dp()->all_reduce(t, lf::backend::ReduceOp::sum);
+  if (I.dp_cp()) I.dp_cp()->all_reduce(t, lf::backend::ReduceOp::sum);
   t = t.cpu();
   size_t k = 0;
   for (const auto& [name, m] : local) {

@@ -77,6 +77,12 @@ struct Trainer::Impl {
   std::chrono::steady_clock::time_point compute_start;
 
   lf::backend::Communicator* dp() const { return ctx.dp_size() > 1 ? &ctx.dp() : nullptr; }
+  // Ranks whose loss and metric sums add up to the global batch's: dp, and dp x cp under context
+  // parallelism (each CP rank sums its own tokens; the loss counts are whole micro-batches' over dp).
+  lf::backend::Communicator* dp_cp() const {
+    if (ctx.dp_size() * ctx.cp_size() == 1) return nullptr;
+    return ctx.cp_size() > 1 ? &ctx.dp_cp() : &ctx.dp();
+  }
   std::vector<GradBuffer*> grad_list() const;
   void begin_micro_batch(bool last);
   // The step's micro-batches (every stage reads all of them, keeping the data streams in step).

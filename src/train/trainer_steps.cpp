@@ -204,7 +204,7 @@ double Trainer::Impl::finish_step(std::map<std::string, double>& sums, const std
     model.end_step({});
   }
   // The terms' sums: each stage's share summed over the pipeline (the last stage's terms are zero
-  // elsewhere), then over DP; the load statistics ride along (summed over the pipeline only).
+  // elsewhere), then over DP (and CP); the load statistics ride along (summed over the pipeline only).
   std::vector<double> v;
   for (const auto& [name, s] : sums) v.push_back(s);
   v.push_back(load_ratio_sum);
@@ -217,7 +217,7 @@ double Trainer::Impl::finish_step(std::map<std::string, double>& sums, const std
     last_expert_load = stats[1].item<double>() > 0 ? stats[0].item<double>() / stats[1].item<double>() : -1;
   }
   t = t.narrow(0, 0, n).contiguous();
-  if (dp()) dp()->all_reduce(t, lf::backend::ReduceOp::sum);
+  if (dp_cp()) dp_cp()->all_reduce(t, lf::backend::ReduceOp::sum);
   t = t.cpu();
   last_terms.clear();
   double total = 0;

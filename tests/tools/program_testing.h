@@ -118,4 +118,21 @@ inline MetricsRun run_training(int procs, const std::string& dir, const std::vec
   return out;
 }
 
+// The demo corpus (two-digit sums, one per document, the byte tokenizer's end-of-document after
+// each): a sequence of 64 tokens holds ~6 documents. Made once per test process.
+inline std::string demo_corpus() {
+  static const std::string dir = [] {
+    const std::string d = lf::testing::make_temp_dir("corpus");
+    auto g = lf::testing::run_command({bin("loongforge-data"), "make-demo-corpus", "--out", d, "--seed", "3",
+                                       "--train-docs", "4000", "--valid-docs", "200"});
+    EXPECT_EQ(g.exit_code, 0) << g.output;
+    auto p = lf::testing::run_command({bin("loongforge-data"), "preprocess", "--input", d + "/train.jsonl",
+                                       "--json-keys", "text", "--tokenizer-type", "ByteTokenizer", "--append-eod",
+                                       "--workers", "1", "--output-prefix", d + "/train"});
+    EXPECT_EQ(p.exit_code, 0) << p.output;
+    return d + "/train_text_document";
+  }();
+  return dir;
+}
+
 }  // namespace lf::testing

@@ -19,6 +19,7 @@
 namespace {
 namespace fs = std::filesystem;
 using lf::testing::bin;
+using lf::testing::demo_corpus;
 using nlohmann::json;
 
 std::string config(const std::string& name) { return lf::testing::source_dir() + "/configs/" + name; }
@@ -118,23 +119,6 @@ TEST(TruthPass, LogThroughputAddsTflopsPerRank) {
   ASSERT_TRUE(with.metrics.back().contains("tflops_per_rank"));
   EXPECT_GT(with.metrics.back()["tflops_per_rank"].get<double>(), 0);
   EXPECT_FALSE(without.metrics.back().contains("tflops_per_rank"));
-}
-
-// The demo corpus (two-digit sums, one per document, the byte tokenizer's end-of-document after
-// each): a sequence of 64 tokens holds ~6 documents.
-std::string demo_corpus() {
-  static const std::string dir = [] {
-    const std::string d = lf::testing::make_temp_dir("corpus");
-    auto g = lf::testing::run_command({bin("loongforge-data"), "make-demo-corpus", "--out", d, "--seed", "3",
-                                       "--train-docs", "4000", "--valid-docs", "200"});
-    EXPECT_EQ(g.exit_code, 0) << g.output;
-    auto p = lf::testing::run_command({bin("loongforge-data"), "preprocess", "--input", d + "/train.jsonl",
-                                       "--json-keys", "text", "--tokenizer-type", "ByteTokenizer", "--append-eod",
-                                       "--workers", "1", "--output-prefix", d + "/train"});
-    EXPECT_EQ(p.exit_code, 0) << p.output;
-    return d + "/train_text_document";
-  }();
-  return dir;
 }
 
 std::vector<std::string> on_corpus(std::vector<std::string> extra) {
@@ -332,7 +316,8 @@ TEST(TruthPass, ProfileReportsWhereTheStepTimeGoes) {
 TEST(TruthPass, EveryFlagActsOrIsRefused) {
   const std::map<std::string, std::string> covered = {
       {"--tensor-model-parallel-size", "TpProgram.*"}, {"--pipeline-model-parallel-size", "PpProgram.*"},
-      {"--sequence-parallel", "TpProgram.*"}, {"--context-parallel-size", "refused at training (issue 16)"},
+      {"--sequence-parallel", "TpProgram.*"}, {"--context-parallel-size", "CpProgram.*"},
+      {"--cp-comm-type", "CpProgram.*"},
       {"--expert-model-parallel-size", "MoeTraining.ExpertParallel*"},
       {"--expert-tensor-parallel-size", "MoeTraining.ExpertParallelEqualsSingleProcess"}, {"--num-layers-per-virtual-pipeline-stage", "PpProgram.*"},
       {"--pipeline-trace", "PipelineParallelTrace.*"}, {"--chunkpipe-chunk-size", "ChunkPipeProgram.*"},
@@ -446,16 +431,12 @@ TEST(TruthPass, EveryFlagActsOrIsRefused) {
       {{"--hysteresis", "4"}, "training.hysteresis"},
       {{"--position-embedding-type", "learned_absolute"}, "position_embedding_type"},
       {{"--attention-dropout", "0.1"}, "attention_dropout"},
+      {{"--cp-comm-type", "a2a"}, "parallel.cp_comm_type"},  // context parallelism off
   };
   for (const auto& [args, key] : refused) {
     auto a = args;
     a.push_back("--dry-run");
     EXPECT_REFUSED(train(a, 1), key);
-  }
-  {
-    auto r = train({"--context-parallel-size", "2"}, 1, 2);
-    EXPECT_NE(r.exit_code, 0);
-    EXPECT_NE(r.output.find("issue 16"), std::string::npos) << r.output;
   }
   {  // a dense model has no experts to parallelise
     auto r = train({"--expert-model-parallel-size", "2"}, 1, 2);

@@ -188,11 +188,6 @@ int train_main(const lf::config::TrainCommandLine& cl, const lf::train::TrainerH
     return 0;
   }
 
-  LF_CHECK(layout.size(lf::dist::Axis::cp) == 1,
-           "training runs tensor-, pipeline-, data- and expert-parallel only in this build (cp ",
-           layout.size(lf::dist::Axis::cp), ")",
-           lf::hint("--dry-run shows any layout; context parallel training lands with its issue (long context: "
-                    "issue 16)"));
   const auto& backend = lf::backend::select_backend();
   check_distributed_backend(job, loaded.resolved, backend);
   backend.set_device_index(env.local_rank % std::max(1, backend.device_count()));
@@ -222,6 +217,7 @@ int train_main(const lf::config::TrainCommandLine& cl, const lf::train::TrainerH
   if (env.rank == 0)
     LF_INFO("model: ", plan->summary(), " | world ", env.world_size, " (tp ", ctx.tp_size(), ", pp ", ctx.pp_size(),
             ", dp ", ctx.dp_size(), job.parallel.sequence_parallel && ctx.tp_size() > 1 ? ", sequence parallel" : "",
+            ctx.cp_size() > 1 ? ", cp " + std::to_string(ctx.cp_size()) + " (" + job.parallel.cp_comm_type + ")" : "",
             ") | backend ", backend.name());
   auto* causal = dynamic_cast<lf::models::CausalLm*>(model.get());
   if (env.rank == 0 && job.parallel.overlap_grad_reduce && ctx.pp_size() > 1 && causal &&

@@ -21,6 +21,7 @@ const std::vector<FlagSpec> kTable = {
   {"--sequence-parallel", "parallel.sequence_parallel", K::store_true, "", ""},
   {"--enable-encoder-hetero-dp", "parallel.enable_encoder_hetero_dp", K::store_true, "", ""},
   {"--context-parallel-size", "parallel.context_parallel_size", K::value, "N", ""},
+  {"--cp-comm-type", "parallel.cp_comm_type", K::value, "p2p|a2a", ""},
   {"--expert-model-parallel-size", "parallel.expert_model_parallel_size", K::value, "N", ""},
   {"--expert-tensor-parallel-size", "parallel.expert_tensor_parallel_size", K::value, "N", ""},
   {"--moe-token-dispatcher-type", "parallel.moe_token_dispatcher_type", K::value, "alltoall|allgather", ""},

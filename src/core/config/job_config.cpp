@@ -170,6 +170,27 @@ void validate(const JobConfig& job, const Node& resolved, ErrorList& errors) {
                c.show("parallel.num_layers_per_virtual_pipeline_stage") + ", " +
                c.show("parallel.pipeline_model_parallel_size"));
   if (c.ok({"parallel.order"})) check_order(p, c);
+  if (c.ok({"parallel.context_parallel_size", "parallel.cp_comm_type"}) && p.context_parallel_size == 1 &&
+      c.given("parallel.cp_comm_type"))
+    c.fail("parallel.cp_comm_type",
+           "--cp-comm-type chooses how context-parallel ranks attend, and context parallelism is off: " +
+               c.show("parallel.context_parallel_size"),
+           "add --context-parallel-size N (N > 1), or drop --cp-comm-type");
+  if (c.ok({"parallel.context_parallel_size", "training.seq_length"}) && p.context_parallel_size > 1) {
+    const int64_t cp = p.context_parallel_size;
+    if (t.seq_length % (2 * cp) != 0)
+      c.fail("training.seq_length",
+             "context parallelism cuts each sequence into 2 x cp equal chunks (load-balanced causal attention): " +
+                 c.show("training.seq_length") + ", " + c.show("parallel.context_parallel_size"),
+             "pick --seq-length as a multiple of " + std::to_string(2 * cp));
+    else if (c.ok({"parallel.sequence_parallel", "parallel.tensor_model_parallel_size"}) && p.sequence_parallel &&
+             (t.seq_length / cp) % p.tensor_model_parallel_size != 0)
+      c.fail("training.seq_length",
+             "with sequence parallelism each context-parallel rank's " + std::to_string(t.seq_length / cp) +
+                 " tokens are split over the tensor-parallel ranks: " + c.show("training.seq_length") + ", " +
+                 c.show("parallel.context_parallel_size") + ", " + c.show("parallel.tensor_model_parallel_size"),
+             "pick --seq-length as a multiple of " + std::to_string(cp * p.tensor_model_parallel_size * 2));
+  }
   if (p.chunkpipe_chunk_size) {
     const int64_t n = *p.chunkpipe_chunk_size;
     if (c.ok({"training.seq_length"}) && t.seq_length > 0 && t.seq_length % n != 0)

@@ -3,6 +3,8 @@
 #include <ATen/Functions.h>
 #include <ATen/TensorOperators.h>
 
+#include <cmath>
+
 #include "loongforge/backend/functional.h"
 #include "loongforge/core/error.h"
 #include "loongforge/models/recompute.h"
@@ -49,7 +51,17 @@ at::Tensor attend_documents(const lf::backend::DeviceBackend& be, const at::Tens
 
 at::Tensor attend(const lf::backend::DeviceBackend& be, at::Tensor qr, at::Tensor kr, at::Tensor vr,
                   const lf::backend::AttentionMask& mask, KvCache* cache, ChunkAttention* chunk, size_t i,
-                  std::optional<double> scale, const at::Tensor& documents) {
+                  std::optional<double> scale, const at::Tensor& documents, const lf::parallel::ContextParallel* cp) {
+  if (cp && cp->on()) {
+    LF_CHECK(!cache && !chunk && mask.kind == lf::backend::MaskKind::causal,
+             "context parallelism runs causal attention over whole sequences (no KV cache, no ChunkPipe, no other mask)");
+    auto whole = [&be, scale](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& docs) {
+      return docs.defined() ? attend_documents(be, q, k, v, docs, scale)
+                            : lf::ops::sdpa(be, q, k, v, lf::backend::AttentionMask::causal(), scale);
+    };
+    const double sc = scale.value_or(1.0 / std::sqrt(static_cast<double>(qr.size(-1))));
+    return lf::parallel::context_parallel_attention(be, *cp, qr, kr, vr, documents, sc, whole);
+  }
   if (documents.defined()) {
     LF_CHECK(!cache && !chunk, "document masks work on whole sequences (no KV cache, no ChunkPipe)");
     return attend_documents(be, qr, kr, vr, documents, scale);
@@ -136,7 +148,7 @@ at::Tensor SelfAttention::forward(const lf::backend::DeviceBackend& be, const lf
   // caller's frame (and `in`) are gone.
   const lf::backend::DeviceBackend* bep = &be;
   auto core = [this, bep, cos = in.cos, sin = in.sin, mask = in.mask, docs = in.documents, s, b, nq, d, cache, chunk,
-               i](const at::Tensor& q0, const at::Tensor& k0, const at::Tensor& v0) {
+               i, cp = in.cp](const at::Tensor& q0, const at::Tensor& k0, const at::Tensor& v0) {
     const auto& be = *bep;
     at::Tensor qn = q0, kn = k0;
     if (q_norm_.defined()) {
@@ -149,7 +161,7 @@ at::Tensor SelfAttention::forward(const lf::backend::DeviceBackend& be, const lf
     }
     // [s, b, n, d] -> [b, n, s, d]
     auto o = attend(be, qn.permute({1, 2, 0, 3}), kn.permute({1, 2, 0, 3}), v0.permute({1, 2, 0, 3}), mask, cache,
-                    chunk, i, std::nullopt, docs);  // [b, nq, s, d]
+                    chunk, i, std::nullopt, docs, cp);  // [b, nq, s, d]
     return o.permute({2, 0, 1, 3}).reshape({s, b, nq * d});
   };
   at::Tensor o;

@@ -65,7 +65,7 @@ at::Tensor MlaAttention::forward(const lf::backend::DeviceBackend& be, const lf:
   // Core attention: RoPE on the rotary parts, then softmax(QK^T * scale) V over [no-RoPE; RoPE]
   // dims. Captured by value (selective recomputation reruns it in backward).
   auto core = [bep, cos = in.cos, sin = in.sin, mask = in.mask, docs = in.documents, s, b, nq, dq, dr, dv, scale,
-               inter, cache, chunk, i](const at::Tensor& qn, const at::Tensor& qp, const at::Tensor& kn, const at::Tensor& kp,
+               inter, cache, chunk, i, cp = in.cp](const at::Tensor& qn, const at::Tensor& qp, const at::Tensor& kn, const at::Tensor& kp,
                   const at::Tensor& v0) {
     const auto& be = *bep;
     at::Tensor qr = qp, kr = kp;
@@ -76,7 +76,7 @@ at::Tensor MlaAttention::forward(const lf::backend::DeviceBackend& be, const lf:
     auto qf = at::cat({qn, qr}, -1);                               // [s, b, nq, dq + dr]
     auto kf = at::cat({kn, kr.expand({s, b, nq, dr})}, -1);        // the rotary key shared by the heads
     auto o = attend(be, qf.permute({1, 2, 0, 3}), kf.permute({1, 2, 0, 3}), v0.permute({1, 2, 0, 3}), mask, cache,
-                    chunk, i, scale, docs);  // [b, nq, s, dv]
+                    chunk, i, scale, docs, cp);  // [b, nq, s, dv]
     return o.permute({2, 0, 1, 3}).reshape({s, b, nq * dv});
   };
   at::Tensor o;

@@ -14,6 +14,7 @@
 #include "loongforge/core/config/config_error.h"
 #include "loongforge/dist/parallel_context.h"
 #include "loongforge/models/registry.h"
+#include "loongforge/parallel/context/context_parallel.h"
 
 namespace lf::models {
 
@@ -205,7 +206,38 @@ DecoderInputs CausalLm::inputs_of(const Batch& batch, int64_t seq) const {
   in.seq = seq;
   if (const at::Tensor* p = batch.find("position_ids")) in.position_ids = *p;
   if (const at::Tensor* d = batch.find("document_ids")) in.document_ids = *d;
+  if (cp_.on()) {
+    in.cp = &cp_;
+    // This rank's tokens sit at the CP layout's positions of the whole sequence.
+    if (!in.position_ids.defined())
+      in.position_ids = lf::parallel::cp_positions(seq * cp_.size(), cp_.size(), cp_.rank()).to(backend_.device());
+  }
   return in;
+}
+
+void CausalLm::set_context_parallel(lf::parallel::CpCommType comm) {
+  LF_CHECK(parallel_ && parallel_->cp_size() > 1, "set_context_parallel: the model's context has no context-parallel "
+           "group (cp 1)");
+  LF_CHECK(foundation_.num_mtp_layers() == 0 && foundation_.num_moe_layers() == 0,
+           "context parallelism is built for dense decoders without multi-token prediction",
+           lf::hint("set --context-parallel-size 1 for MoE or MTP models"));
+  cp_.group = &parallel_->cp();
+  cp_.comm = comm;
+}
+
+Batch CausalLm::context_slice(const Batch& batch) const {
+  const int n = cp_.size(), r = cp_.rank();
+  Batch out;
+  out.sample_indices = batch.sample_indices;
+  for (const char* name : {"tokens", "labels", "loss_mask"})
+    if (const at::Tensor* t = batch.find(name)) out.set(name, lf::parallel::cp_slice(*t, 1, n, r), 1);
+  if (const at::Tensor* p = batch.find("position_ids"))
+    out.set("position_ids", lf::parallel::cp_slice(*p, -1, n, r), p->dim() - 1);
+  if (const at::Tensor* d = batch.find("document_ids")) out.set("document_ids", *d);
+  for (const auto& [name, t] : batch.fields().items())
+    LF_CHECK(out.contains(name), "context parallelism: batch field '", name, "' has no context-parallel layout",
+             lf::hint("this model's batches hold tokens, labels, loss_mask, position_ids and document_ids"));
+  return out;
 }
 
 at::Tensor CausalLm::embed_inputs(const Batch& batch) const { return foundation_.embed(batch.at("tokens"), 0); }
@@ -279,7 +311,9 @@ StageOutput CausalLm::head_output(const at::Tensor& x, const Batch& batch, Pass 
   return out;
 }
 
-StageOutput CausalLm::stage_forward(const Batch& batch, const TensorMap& input, int64_t chunk, Pass pass) {
+StageOutput CausalLm::stage_forward(const Batch& whole, const TensorMap& input, int64_t chunk, Pass pass) {
+  const Batch local = cp_.on() ? context_slice(whole) : Batch();
+  const Batch& batch = cp_.on() ? local : whole;
   const auto& st = foundation_.stage();
   const auto [lo, hi] = foundation_.chunk_layers(chunk);
   const bool embeds = st.first && chunk == 0, heads = st.last && chunk == st.num_chunks() - 1;

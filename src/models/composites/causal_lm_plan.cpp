@@ -1,12 +1,14 @@
 #include "causal_lm_plan.h"
 
 #include <algorithm>
+#include <cmath>
 #include <iomanip>
 #include <sstream>
 
 #include "loongforge/core/error.h"
 #include "loongforge/dist/parallel_context.h"
 #include "loongforge/models/composites/causal_lm.h"
+#include "loongforge/parallel/context/context_parallel.h"
 #include "loongforge/parallel/pipeline/schedules.h"
 #include "plan_text.h"
 
@@ -97,6 +99,21 @@ CausalLmPlan::CausalLmPlan(std::shared_ptr<const ModelConfig> config, const Plan
                      "target the attention modules only, e.g. --lora-target-modules q_proj k_proj v_proj o_proj");
       }
     }
+    if (const int cp = layout_.size(lf::dist::Axis::cp); cp > 1) {
+      const std::string key = "parallel.context_parallel_size";
+      if (foundation_.is_moe() || foundation_.mtp_num_layers > 0)
+        errors.add(key, origin(key),
+                   std::string("context parallelism is built for dense decoders; this model has ") +
+                       (foundation_.is_moe() ? "experts (model.foundation.num_experts)" : "MTP layers (model.foundation.mtp_num_layers)") +
+                       ", whose auxiliary losses and shifted tokens span the whole sequence",
+                   "set --context-parallel-size 1");
+      const int64_t heads = foundation_.num_attention_heads / tp;
+      if (job_.parallel.cp_comm_type == "a2a" && heads % cp != 0)
+        errors.add("parallel.cp_comm_type", origin("parallel.cp_comm_type"),
+                   "a2a (Ulysses) gives each context-parallel rank 1/cp of the attention heads: " +
+                       std::to_string(heads) + " heads per tensor-parallel rank do not divide by cp " + std::to_string(cp),
+                   "use --cp-comm-type p2p, or a CP size dividing " + std::to_string(heads));
+    }
     if (foundation_.is_moe() && job_.parallel.chunkpipe_chunk_size)
       errors.add("parallel.chunkpipe_chunk_size", origin("parallel.chunkpipe_chunk_size"),
                  "ChunkPipe would route each chunk of a sequence on its own, which changes the per-sequence and "
@@ -182,6 +199,7 @@ std::unique_ptr<Model> CausalLmPlan::build(const BuildArgs& args) const {
                                                               ? static_cast<int>(job_.parallel.moe_overlap_num_chunks.value_or(2))
                                                               : 0});
   model->keep_context(std::move(experts));
+  if (ctx.cp_size() > 1) model->set_context_parallel(lf::parallel::parse_cp_comm_type(job_.parallel.cp_comm_type));
   model->add_lora(lora_spec(), args.seed);
   return model;
 }
@@ -250,19 +268,36 @@ std::string CausalLmPlan::stage_assignment() const {
   return os.str();
 }
 
-// Per-rank estimates from the stage's parameter count and Megatron's activation formula
-// (s*b*h*(34 + 5*a*s/h) bytes per layer in 16-bit, /tp; doubled in fp32). Under 1F1B stage k
-// holds the activations of up to pp - k micro-batches at once; interleaved, up to its warm-up
-// forwards + 1 model chunks' worth.
+// Per-rank estimates from the stage's parameter count and Megatron's activation formula for a
+// layer, 34*s*b*h bytes in 16-bit (/tp; doubled in fp32) for the s tokens a rank holds (s / cp
+// under context parallelism). Megatron's 5*a*s^2*b term (scores, softmax, dropout mask) is not
+// held here: attention saves q, k, v, its output and the logsumexp, and recomputes the scores
+// in backward. Full recomputation keeps only the input of a recomputed layer group ([s, b, h])
+// plus one group's activations while it is recomputed. Under 1F1B stage k holds the
+// activations of up to pp - k micro-batches at once; interleaved, up to its warm-up forwards + 1
+// model chunks' worth.
 std::string CausalLmPlan::estimates() const {
   const auto& m = foundation_;
   const auto& job = job_;
   const int tp = layout_.size(lf::dist::Axis::tp), pp = layout_.size(lf::dist::Axis::pp),
             dp = layout_.size(lf::dist::Axis::dp);
   const bool half = job.training.bf16 || job.training.fp16;
-  const double s = job.training.seq_length, b = job.training.micro_batch_size, h = m.hidden_size,
-               a = m.num_attention_heads;
-  const double act_per_layer = s * b * h * (34 + 5 * a * s / h) / tp * (half ? 1 : 2);
+  const double s = job.training.seq_length, b = job.training.micro_batch_size, h = m.hidden_size;
+  const int cp = layout_.size(lf::dist::Axis::cp);
+  const double tokens = s / cp;  // this rank's tokens of a sample
+  const double act_per_layer = tokens * b * h * 34 / tp * (half ? 1 : 2);
+  const double layer_input = tokens * b * h / (job.parallel.sequence_parallel ? tp : 1) * (half ? 2 : 4);
+  // Full recomputation: the bytes a stage holds for `layers` layers of one micro-batch.
+  const auto& t = job.training;
+  auto held = [&](int64_t layers) {
+    const double l = static_cast<double>(layers);
+    if (t.recompute_granularity.value_or("") != "full" || !t.recompute_num_layers || layers == 0)
+      return act_per_layer * l;
+    const double n = std::min<double>(static_cast<double>(*t.recompute_num_layers), l);
+    if (t.recompute_method.value_or("uniform") == "uniform")
+      return std::ceil(l / n) * layer_input + n * act_per_layer;  // group inputs + one group recomputing
+    return n * layer_input + (l - n) * act_per_layer + act_per_layer;  // block: the first n layers
+  };
   const int64_t per_step = job.training.micro_batch_size * dp;
   const int64_t micro_batches = job.training.global_batch_size.value_or(per_step) / per_step;
   std::ostringstream os;
@@ -291,17 +326,19 @@ std::string CausalLmPlan::estimates() const {
     int64_t chunk_layers = 0;  // the largest model chunk (a layout may make them uneven)
     for (const auto& r : c.chunks) chunk_layers = std::max(chunk_layers, r.size());
     int64_t in_flight = pp > 1 ? std::min<int64_t>(pp - static_cast<int64_t>(k), micro_batches) : 1;
-    double act = act_per_layer * static_cast<double>(c.layers) * static_cast<double>(in_flight);
+    double act = held(c.layers) * static_cast<double>(in_flight);
     if (v > 1 && micro_batches % pp == 0) {  // interleaved: chunk-micro-batches in flight
       const auto order =
           lf::parallel::pipeline::interleaved_1f1b_order(static_cast<int>(k), pp, static_cast<int>(v), micro_batches);
       int64_t live = 0, most = 0;
       for (const auto& op : order) most = std::max(most, live += op.kind == 'F' ? 1 : -1);
       in_flight = most;
-      act = act_per_layer * static_cast<double>(chunk_layers) * static_cast<double>(most);
+      act = held(chunk_layers) * static_cast<double>(most);
     }
     std::string act_note = std::to_string(in_flight) + (v > 1 ? " model-chunk micro-batch" : " micro-batch") +
-                           (in_flight > 1 ? "es" : "") + " in flight";
+                           (in_flight > 1 ? "es" : "") + " in flight" +
+                           (cp > 1 ? ", " + std::to_string(static_cast<int64_t>(tokens)) + " tokens per CP rank" : "") +
+                           (t.recompute_granularity.value_or("") == "full" ? ", full recomputation" : "");
     if (const auto chunk = job.parallel.chunkpipe_chunk_size) {
       // ChunkPipe: one chunk's activations (attention over the whole prefix is flash: O(chunk)),
       // plus the kept keys/values of the sequence with their gradients (x 3 with the transient

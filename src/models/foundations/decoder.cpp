@@ -299,7 +299,14 @@ AttentionInputs Decoder::attention_inputs(const DecoderInputs& in) const {
            lf::hint("raise model max_position_embeddings or lower --seq-length"));
   const auto options = at::TensorOptions().dtype(at::kFloat).device(backend_.device());
   AttentionInputs a;
-  if (in.position_ids.defined()) {
+  if (in.position_ids.defined() && in.position_ids.dim() == 1) {
+    // Positions shared by every sample (this rank's tokens under context parallelism).
+    LF_CHECK(!in.cache && !in.chunk && in.position_ids.size(0) == s, "shared position ids must be [", s,
+             "] over whole sequences (no KV cache, no ChunkPipe), got ", in.position_ids.sizes());
+    LF_CHECK(in.position_ids.max().item<int64_t>() < config_.max_position_embeddings, "a position id reaches ",
+             in.position_ids.max().item<int64_t>(), ", past max_position_embeddings ", config_.max_position_embeddings);
+    std::tie(a.cos, a.sin) = rope_tables_at(rope_spec(config_), in.position_ids, options);
+  } else if (in.position_ids.defined()) {
     LF_CHECK(!in.cache && !in.chunk, "per-sample position ids work on whole sequences (no KV cache, no ChunkPipe)");
     const bool mrope = in.position_ids.dim() == 3;
     LF_CHECK(!mrope || !config_.mrope_section.empty(), "position_ids [3, batch, seq] (M-RoPE) need model "
@@ -329,6 +336,14 @@ AttentionInputs Decoder::attention_inputs(const DecoderInputs& in) const {
              "no ChunkPipe)");
     // Attention within each document, run by run: no [s, s] mask.
     a.documents = in.document_ids.to(at::kCPU);
+    const int64_t whole = s * (in.cp ? in.cp->size() : 1);
+    LF_CHECK(a.documents.dim() == 2 && a.documents.size(1) == whole, "document ids must be [batch, ", whole, "]",
+             in.cp && in.cp->on() ? " (the whole sequence under context parallelism)" : "", ", got ",
+             a.documents.sizes());
+  }
+  if (in.cp && in.cp->on()) {
+    LF_CHECK(!in.cache && !in.chunk, "context parallelism runs whole sequences (no KV cache, no ChunkPipe)");
+    a.cp = in.cp;
   }
   return a;
 }

@@ -21,6 +21,7 @@ struct ParallelConfig {
   int64_t pipeline_model_parallel_size = 1;
   bool sequence_parallel = false;
   int64_t context_parallel_size = 1;
+  std::string cp_comm_type = "p2p";  // context parallelism: p2p (ring attention) or a2a (Ulysses)
   int64_t expert_model_parallel_size = 1;
   std::optional<int64_t> expert_tensor_parallel_size;  // null: same as tensor_model_parallel_size
   std::string moe_token_dispatcher_type = "allgather";  // how tokens reach the expert-parallel ranks
@@ -45,7 +46,14 @@ struct ParallelConfig {
     v("tensor_model_parallel_size", tensor_model_parallel_size, "Tensor model parallel size", Min{1});
     v("pipeline_model_parallel_size", pipeline_model_parallel_size, "Pipeline model parallel size", Min{1});
     v("sequence_parallel", sequence_parallel, "Sequence parallelism in the tensor-parallel regions");
-    v("context_parallel_size", context_parallel_size, "Context parallel size", Min{1});
+    v("context_parallel_size", context_parallel_size,
+      "Context parallel size: each sample's sequence split over this many ranks (2 x cp load-balanced chunks)",
+      Min{1});
+    v("cp_comm_type", cp_comm_type,
+      "How context-parallel attention sees the whole sequence: p2p passes keys/values around a ring (ring "
+      "attention, the transfer overlapped with the block computation), a2a exchanges heads for sequence "
+      "(Ulysses all-to-all; the heads per tensor-parallel rank must divide by cp)",
+      OneOf{{"p2p", "a2a"}});
     v("expert_model_parallel_size", expert_model_parallel_size, "Expert model parallel size", Min{1});
     v("expert_tensor_parallel_size", expert_tensor_parallel_size,
       "Tensor parallel size of the experts: null splits them over the tensor-parallel group like the dense MLP; "

@@ -15,6 +15,7 @@
 #include "loongforge/backend/device_backend.h"
 #include "loongforge/models/blocks/lora.h"
 #include "loongforge/models/blocks/param_builder.h"
+#include "loongforge/parallel/context/context_parallel.h"
 #include "loongforge/parallel/pipeline/chunk_attention.h"
 
 namespace lf::models {
@@ -52,7 +53,11 @@ struct AttentionInputs {
   lf::backend::AttentionMask mask = lf::backend::AttentionMask::causal();
   // Packed documents: [b, s] int64 on the CPU, contiguous runs of one id; each run attends
   // causally within itself only, computed run by run (no [s, s] mask). Undefined: one sequence.
+  // Under context parallelism: the ids of the whole sequence (every CP rank's tokens, natural order).
   at::Tensor documents;
+  // Context parallelism (causal attention only): the layer holds this rank's tokens in the
+  // load-balanced layout (parallel/context/context_parallel.h); null: the whole sequence.
+  const lf::parallel::ContextParallel* cp = nullptr;
   KvCache* cache = nullptr;         // incremental decoding
   ChunkAttention* chunk = nullptr;  // ChunkPipe
   bool selective_recompute = false; // recompute RoPE + core attention in backward
@@ -64,10 +69,12 @@ at::Tensor apply_rope(const lf::backend::DeviceBackend& be, const at::Tensor& x,
 // Core attention of layer i on q [b, nq, s, d], k [b, nq|nkv, s, d], v [b, ., s, dv] with the
 // KV cache (keys/values appended, the causal mask bottom-right over them) or ChunkPipe's prefix
 // keys/values when given: [b, nq, s, dv]. scale: 1/sqrt(d) by default. documents (AttentionInputs::
-// documents, defined): causal attention within each document run instead of `mask`.
+// documents, defined): causal attention within each document run instead of `mask`. cp (on):
+// causal attention over the CP group's whole sequence, q/k/v holding this rank's tokens.
 at::Tensor attend(const lf::backend::DeviceBackend& be, at::Tensor q, at::Tensor k, at::Tensor v,
                   const lf::backend::AttentionMask& mask, KvCache* cache, ChunkAttention* chunk, size_t layer,
-                  std::optional<double> scale = std::nullopt, const at::Tensor& documents = {});
+                  std::optional<double> scale = std::nullopt, const at::Tensor& documents = {},
+                  const lf::parallel::ContextParallel* cp = nullptr);
 
 // Causal attention within documents: document_ids [b, s] (int64) -> bool [b, 1, s, s], true
 // where query i may see key j (j <= i and the same document).

@@ -123,6 +123,12 @@ class CausalLm : public Model {
   const ExpertPlacement& experts() const { return experts_; }
   // Keeps a context the model's parameters use (the experts') alive as long as the model.
   void keep_context(std::unique_ptr<lf::dist::ParallelContext> c);
+  // Context parallelism over the context's CP group (size > 1; before training): stage_forward
+  // takes whole micro-batches and runs this rank's tokens (parallel/context/context_parallel.h);
+  // the loss and metric sums are this rank's share (the trainer sums them over dp x cp), the
+  // loss counts those of the whole batch.
+  void set_context_parallel(lf::parallel::CpCommType comm);
+  const lf::parallel::ContextParallel& context_parallel() const { return cp_; }
 
   // LoRA: adds the adapters of `spec` (Decoder::add_lora, drawn from component_seed(seed, "lora"))
   // as the trainable parameter group "lora" and freezes every other parameter (no gradients, no
@@ -138,6 +144,10 @@ class CausalLm : public Model {
   // The last stage: final norm, head, loss or metrics.
   StageOutput head_output(const at::Tensor& x, const Batch& batch, Pass pass) const;
   DecoderInputs inputs_of(const Batch& batch, int64_t seq) const;
+  // Under context parallelism: this rank's tokens of the batch (tokens, labels, loss_mask,
+  // position_ids in the CP layout; document_ids whole). inputs_of adds the layout's positions
+  // when the batch has none.
+  Batch context_slice(const Batch& batch) const;
   void check_whole_model(const char* what) const;
   const LmHead& lm_head() const { return head_; }
 
@@ -154,6 +164,7 @@ class CausalLm : public Model {
   at::Tensor mtp_loss_sum(const at::Tensor& x, const Batch& batch) const;
 
   ExpertPlacement experts_;
+  lf::parallel::ContextParallel cp_;
   LoraSpec lora_;
   std::vector<Parameter> lora_params_;
   std::vector<std::unique_ptr<lf::dist::ParallelContext>> owned_contexts_;

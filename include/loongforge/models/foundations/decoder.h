@@ -69,10 +69,14 @@ struct HiddenInjection {
 // Per-forward inputs of the layers beyond the hidden states.
 struct DecoderInputs {
   int64_t start = 0;          // position of the first token (KV cache, ChunkPipe)
-  int64_t seq = 0;            // the full sequence length of the hidden states (SP: before the split)
+  int64_t seq = 0;            // the full sequence length of the hidden states (SP: before the split;
+                              // CP: this rank's tokens)
   at::Tensor position_ids;    // [b, s] int64 per-sample positions (packed documents), [3, b, s] with
-                              // mrope_section (t/h/w M-RoPE positions), or undefined
-  at::Tensor document_ids;    // [b, s] int64: attention stays within a document, or undefined
+                              // mrope_section (t/h/w M-RoPE positions), [s] shared by every sample
+                              // (context parallelism), or undefined (0 ..)
+  at::Tensor document_ids;    // [b, s] int64: attention stays within a document, or undefined. CP:
+                              // the ids of the whole sequence [b, s x cp] (attention.h)
+  const lf::parallel::ContextParallel* cp = nullptr;  // context parallelism (whole sequences only)
   KvCache* cache = nullptr;
   ChunkAttention* chunk = nullptr;
   // Additions after given layers (whole sequences only: no KV cache, no ChunkPipe). Every layer

@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <regex>
 
 #include "pp_training.h"
 
@@ -146,6 +147,24 @@ TEST(CpProgram, LayoutsCpCannotRunAreConfigurationErrors) {
   EXPECT_EQ(ok.exit_code, 0) << ok.output;
   EXPECT_NE(ok.output.find("cp_comm_type: a2a"), std::string::npos) << ok.output;
   EXPECT_NE(ok.output.find("cp 2"), std::string::npos) << ok.output;
+  // Activations per rank: a CP rank holds half the tokens (64 of 128), so half the activations;
+  // full recomputation keeps the layer inputs and one recomputed layer.
+  auto bytes = [](const std::string& out) {
+    std::smatch m;
+    if (!std::regex_search(out, m, std::regex("activations +([0-9.]+) (B|KiB|MiB|GiB)"))) return -1.0;
+    const double unit = m[2] == "B" ? 1 : m[2] == "KiB" ? 1024 : m[2] == "MiB" ? 1048576 : 1073741824.0;
+    return std::stod(m[1]) * unit;
+  };
+  auto one = dry({});
+  ASSERT_EQ(one.exit_code, 0) << one.output;
+  EXPECT_NEAR(bytes(ok.output) / bytes(one.output), 0.5, 0.01) << one.output << ok.output;
+  EXPECT_NE(ok.output.find("64 tokens per CP rank"), std::string::npos) << ok.output;
+  auto recompute = dry({"--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1"});
+  ASSERT_EQ(recompute.exit_code, 0) << recompute.output;
+  EXPECT_NE(recompute.output.find("full recomputation"), std::string::npos) << recompute.output;
+  // 2 layer inputs (128 x 2 x 64 fp32) + one layer's activations, against two layers' activations.
+  EXPECT_NEAR(bytes(recompute.output) / bytes(one.output), (2 * 65536.0 + 1114112) / (2 * 1114112), 0.01)
+      << recompute.output;
 }
 
 }  // namespace

@@ -7,6 +7,7 @@
 #include <torch/csrc/autograd/custom_function.h>
 
 #include <array>
+#include <chrono>
 #include <cmath>
 #include <memory>
 #include <optional>
@@ -62,6 +63,7 @@ void save_ptrs(AutogradContext* ctx, const DeviceBackend* be, Communicator* c) {
   ctx->saved_data["be"] = static_cast<int64_t>(reinterpret_cast<intptr_t>(be));
   ctx->saved_data["comm"] = static_cast<int64_t>(reinterpret_cast<intptr_t>(c));
 }
+
 const DeviceBackend& saved_be(AutogradContext* ctx) {
   return *reinterpret_cast<const DeviceBackend*>(static_cast<intptr_t>(ctx->saved_data["be"].toInt()));
 }
@@ -88,6 +90,23 @@ RingTransfer ring_pass(Communicator& g, at::Tensor out, int tag) {
   t.recv = g.recv(t.in, (r - 1 + n) % n, tag, true);
   t.send = g.send(t.out, (r + 1) % n, tag, true);
   return t;
+}
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+// Waits for a transfer, adding the time waited to *acc (when given).
+void timed_wait(RingTransfer& t, double* acc) {
+  const auto t0 = std::chrono::steady_clock::now();
+  t.wait();
+  if (acc) *acc += seconds_since(t0);
+}
+void save_ring(AutogradContext* ctx, bool overlap, RingStats* stats) {
+  ctx->saved_data["overlap"] = overlap;
+  ctx->saved_data["stats"] = static_cast<int64_t>(reinterpret_cast<intptr_t>(stats));
+}
+RingStats* saved_stats(AutogradContext* ctx) {
+  return reinterpret_cast<RingStats*>(static_cast<intptr_t>(ctx->saved_data["stats"].toInt()));
 }
 
 // The mask of query chunk gq over key chunk gk (global chunk indices, c tokens each), or nullopt
@@ -123,7 +142,8 @@ void merge(at::Tensor& o, at::Tensor& lse, const at::Tensor& o_part, const at::T
 struct RingAttentionFn : torch::autograd::Function<RingAttentionFn> {
   static at::Tensor forward(AutogradContext* ctx, const DeviceBackend* be, Communicator* g, const at::Tensor& q,
                             const at::Tensor& k, const at::Tensor& v, const std::optional<at::Tensor>& docs,
-                            double scale) {
+                            double scale, bool overlap, RingStats* stats) {
+    const auto t0 = std::chrono::steady_clock::now();
     const at::Tensor documents = docs.value_or(at::Tensor());
     const int n = g->size(), r = g->rank();
     const int64_t sl = q.size(2), c = sl / 2, d = k.size(3);
@@ -133,6 +153,7 @@ struct RingAttentionFn : torch::autograd::Function<RingAttentionFn> {
     for (int t = 0; t < n; ++t) {
       std::optional<RingTransfer> next;
       if (t + 1 < n) next = ring_pass(*g, kv, 0);  // the next block travels while this one is computed
+      if (next && !overlap) timed_wait(*next, stats ? &stats->kv_wait_seconds : nullptr);
       const auto theirs = cp_chunks(n, (r - t + n) % n);
       for (int i = 0; i < 2; ++i) {
         const int64_t gq = i == 0 ? mine.first : mine.second;
@@ -147,20 +168,25 @@ struct RingAttentionFn : torch::autograd::Function<RingAttentionFn> {
         }
       }
       if (next) {
-        next->wait();
+        timed_wait(*next, stats ? &stats->kv_wait_seconds : nullptr);
         kv = next->in;
       }
     }
     at::Tensor out = at::cat({o[0], o[1]}, 2).to(q.scalar_type());
     save_ptrs(ctx, be, g);
+    save_ring(ctx, overlap, stats);
+    if (stats) stats->ring_seconds += seconds_since(t0), ++stats->calls;
     ctx->saved_data["scale"] = scale;
     ctx->save_for_backward({q, k, v, out, at::cat({lse[0], lse[1]}, 2), documents});
     return out;
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto t0 = std::chrono::steady_clock::now();
     auto s = ctx->get_saved_variables();
     const at::Tensor &q = s[0], &k = s[1], &v = s[2], &o = s[3], &lse = s[4], &documents = s[5];
+    const bool overlap = ctx->saved_data["overlap"].toBool();
+    RingStats* stats = saved_stats(ctx);
     const DeviceBackend& be = saved_be(ctx);
     Communicator& g = saved_comm(ctx);
     const double scale = ctx->saved_data["scale"].toDouble();
@@ -170,12 +196,16 @@ struct RingAttentionFn : torch::autograd::Function<RingAttentionFn> {
     at::Tensor dout = grads[0].contiguous();
     at::Tensor dq = at::zeros(q.sizes(), q.options().dtype(at::kFloat));
     at::Tensor kv = at::cat({k, v}, -1).contiguous();
-    // The gradient of the block here, travelling with it: every rank adds its share, and after n
-    // passes each block's gradient is back with its owner.
-    at::Tensor dkv = at::zeros(kv.sizes(), kv.options().dtype(at::kFloat));
+    // The gradient of each block travels around the ring behind it: at step t this rank adds its
+    // share for the block here into a fresh buffer, then the share of the ranks before it (sent at
+    // their step t - 1, in flight while this step computed) and passes the sum on; after n steps
+    // each block's gradient is back with its owner.
+    std::optional<RingTransfer> behind;  // the accumulated gradient of the block here, arriving
     for (int t = 0; t < n; ++t) {
       std::optional<RingTransfer> next;
       if (t + 1 < n) next = ring_pass(g, kv, 1);
+      if (next && !overlap) timed_wait(*next, stats ? &stats->kv_wait_seconds : nullptr);
+      at::Tensor dkv = at::zeros(kv.sizes(), kv.options().dtype(at::kFloat));
       const auto theirs = cp_chunks(n, (r - t + n) % n);
       for (int i = 0; i < 2; ++i) {
         const int64_t gq = i == 0 ? mine.first : mine.second;
@@ -193,19 +223,27 @@ struct RingAttentionFn : torch::autograd::Function<RingAttentionFn> {
           dblk.narrow(3, d, dblk.size(3) - d).add_(gr.dv.to(at::kFloat));
         }
       }
-      auto back = ring_pass(g, dkv, 2);
-      back.wait();
-      dkv = back.in;
+      if (behind) {
+        timed_wait(*behind, stats ? &stats->dkv_wait_seconds : nullptr);
+        dkv.add_(behind->in);
+      }
+      behind = ring_pass(g, dkv, 2);
+      if (!overlap) timed_wait(*behind, stats ? &stats->dkv_wait_seconds : nullptr);
       if (next) {
-        next->wait();
+        timed_wait(*next, stats ? &stats->kv_wait_seconds : nullptr);
         kv = next->in;
       }
     }
+    timed_wait(*behind, stats ? &stats->dkv_wait_seconds : nullptr);
+    at::Tensor dkv = behind->in;  // this rank's own block, every rank's share summed
+    if (stats) stats->ring_seconds += seconds_since(t0), ++stats->calls;
     return {at::Tensor(),
             at::Tensor(),
             dq.to(q.scalar_type()),
             dkv.narrow(3, 0, d).to(k.scalar_type()),
             dkv.narrow(3, d, dkv.size(3) - d).to(v.scalar_type()),
+            at::Tensor(),
+            at::Tensor(),
             at::Tensor(),
             at::Tensor()};
   }
@@ -281,7 +319,8 @@ at::Tensor context_parallel_attention(const DeviceBackend& be, const ContextPara
   }
   if (cp.comm == CpCommType::p2p)
     return RingAttentionFn::apply(&be, cp.group, q, k, v,
-                                  docs.defined() ? std::optional<at::Tensor>(docs) : std::optional<at::Tensor>(), scale);
+                                  docs.defined() ? std::optional<at::Tensor>(docs) : std::optional<at::Tensor>(), scale,
+                                  cp.overlap, cp.stats);
 
   const int64_t nq = q.size(1), nkv = k.size(1);
   LF_CHECK(nq % n == 0, "--cp-comm-type a2a splits the attention heads over the context-parallel ranks: ", nq,

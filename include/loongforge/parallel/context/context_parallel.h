@@ -37,9 +37,22 @@ enum class CpCommType { p2p, a2a };
 CpCommType parse_cp_comm_type(const std::string& name);
 const char* to_string(CpCommType type);
 
+// Where ring attention's time goes (tools/bench --cp-ring-overlap): seconds spent waiting for
+// transfers, and in the whole forward/backward ring calls.
+struct RingStats {
+  double kv_wait_seconds = 0;   // waiting for the next key/value block (forward and backward)
+  double dkv_wait_seconds = 0;  // waiting for the travelling key/value gradients (backward)
+  double ring_seconds = 0;      // forward + backward ring calls in total
+  int64_t calls = 0;            // forward + backward calls
+};
+
 struct ContextParallel {
   lf::backend::Communicator* group = nullptr;  // the CP group; null or size 1: off
   CpCommType comm = CpCommType::p2p;
+  // p2p: the next block's transfer runs while this block is computed; false: each transfer is
+  // waited for before the computation (the same numbers; for measuring what the overlap hides).
+  bool overlap = true;
+  RingStats* stats = nullptr;  // p2p: accumulates the ring's times when set
   bool on() const { return group && group->size() > 1; }
   int size() const { return on() ? group->size() : 1; }
   int rank() const { return on() ? group->rank() : 0; }

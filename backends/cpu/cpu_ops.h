@@ -3,7 +3,7 @@
 // never copied per query head) when the call has a (batch, kv head) task per thread, else to
 // ATen's fused CPU flash-attention kernels where they apply (no mask, or a causal mask over a
 // square score matrix; fp32/bf16; equal q/v head sizes), and one-pass kernels for RMSNorm, SwiGLU
-// and RoPE (cpu_fused.cpp). Everything else, and every other case, is the reference. The op
+// and RoPE (cpu_fused.cpp), and DSA fused by query blocks (cpu_dsa.cpp). Everything else, and every other case, is the reference. The op
 // harness checks this table against ReferenceOps on every case.
 #pragma once
 
@@ -39,6 +39,19 @@ class CpuOps final : public ReferenceOps {
   SdpaBwd sdpa_bwd(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k,
                    const at::Tensor& v, const at::Tensor& o, const at::Tensor& lse,
                    const AttentionMask& mask, double scale) const override;
+
+  // cpu_dsa.cpp: DSA fused by blocks of queries over the gathered selected keys (never [b, nq, sq, sk]).
+  at::Tensor dsa_indexer_topk(const at::Tensor& qi, const at::Tensor& ki, const at::Tensor& w, double scale,
+                              int64_t topk) const override;
+  at::Tensor dsa_indexer_scores_fwd(const at::Tensor& qi, const at::Tensor& ki, const at::Tensor& w,
+                                    const at::Tensor& indices, double scale) const override;
+  DsaIndexerBwd dsa_indexer_scores_bwd(const at::Tensor& dscores, const at::Tensor& qi, const at::Tensor& ki,
+                                       const at::Tensor& w, const at::Tensor& indices, double scale) const override;
+  DsaAttentionFwd dsa_sparse_attention_fwd(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                           const at::Tensor& indices, double scale) const override;
+  DsaAttentionBwd dsa_sparse_attention_bwd(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k,
+                                           const at::Tensor& v, const at::Tensor& indices, const at::Tensor& o,
+                                           const at::Tensor& lse, double scale) const override;
 };
 
 }  // namespace lf::backend

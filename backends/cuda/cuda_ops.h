@@ -1,6 +1,7 @@
 // The CUDA backend's op table: the reference math run by ATen on CUDA tensors, with the ops that
 // have a hand-written kernel (kernels/) or a library kernel (the experts' grouped GEMM: torch's
-// CUTLASS grouped GEMM) overridden. Private to the CUDA module.
+// CUTLASS grouped GEMM) overridden. Private to the CUDA module. DSA's ops (dsa_*) have no CUDA
+// kernel yet: they run the reference (dense [b, nq, sq, sk] under the selection mask) on the GPU.
 #pragma once
 
 #include "loongforge/backend/reference_ops.h"

@@ -255,6 +255,27 @@ class PluginOps final : public OpTable {
                                   const at::Tensor& c) const override {
     return ref_.grouped_gemm_bwd(dy, x, w, c);
   }
+  at::Tensor dsa_indexer_topk(const at::Tensor& qi, const at::Tensor& ki, const at::Tensor& w, double scale,
+                              int64_t topk) const override {
+    return ref_.dsa_indexer_topk(qi, ki, w, scale, topk);
+  }
+  at::Tensor dsa_indexer_scores_fwd(const at::Tensor& qi, const at::Tensor& ki, const at::Tensor& w,
+                                    const at::Tensor& idx, double scale) const override {
+    return ref_.dsa_indexer_scores_fwd(qi, ki, w, idx, scale);
+  }
+  DsaIndexerBwd dsa_indexer_scores_bwd(const at::Tensor& d, const at::Tensor& qi, const at::Tensor& ki,
+                                       const at::Tensor& w, const at::Tensor& idx, double scale) const override {
+    return ref_.dsa_indexer_scores_bwd(d, qi, ki, w, idx, scale);
+  }
+  DsaAttentionFwd dsa_sparse_attention_fwd(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                           const at::Tensor& idx, double scale) const override {
+    return ref_.dsa_sparse_attention_fwd(q, k, v, idx, scale);
+  }
+  DsaAttentionBwd dsa_sparse_attention_bwd(const at::Tensor& d, const at::Tensor& q, const at::Tensor& k,
+                                           const at::Tensor& v, const at::Tensor& idx, const at::Tensor& o,
+                                           const at::Tensor& lse, double scale) const override {
+    return ref_.dsa_sparse_attention_bwd(d, q, k, v, idx, o, lse, scale);
+  }
 
  private:
   ReferenceOps ref_;

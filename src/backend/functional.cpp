@@ -261,7 +261,61 @@ struct GroupedGemmFn : torch::autograd::Function<GroupedGemmFn> {
   }
 };
 
+struct DsaIndexerScoresFn : torch::autograd::Function<DsaIndexerScoresFn> {
+  static at::Tensor forward(AutogradContext* ctx, const DeviceBackend* be, const at::Tensor& qi, const at::Tensor& ki,
+                            const at::Tensor& w, const at::Tensor& indices, double scale) {
+    save_backend(ctx, be);
+    ctx->saved_data["scale"] = scale;
+    ctx->save_for_backward({qi, ki, w, indices});
+    return be->ops().dsa_indexer_scores_fwd(qi, ki, w, indices, scale);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list d) {
+    auto s = ctx->get_saved_variables();
+    auto g = saved_backend(ctx).ops().dsa_indexer_scores_bwd(d[0], s[0], s[1], s[2], s[3],
+                                                              ctx->saved_data["scale"].toDouble());
+    return {at::Tensor(), g.dq, g.dk, g.dw, at::Tensor(), at::Tensor()};
+  }
+};
+
+struct DsaSparseAttentionFn : torch::autograd::Function<DsaSparseAttentionFn> {
+  static variable_list forward(AutogradContext* ctx, const DeviceBackend* be, const at::Tensor& q, const at::Tensor& k,
+                               const at::Tensor& v, const at::Tensor& indices, double scale) {
+    auto r = be->ops().dsa_sparse_attention_fwd(q, k, v, indices, scale);
+    save_backend(ctx, be);
+    ctx->saved_data["scale"] = scale;
+    ctx->save_for_backward({q, k, v, indices, r.o, r.lse});
+    ctx->mark_non_differentiable({r.head_prob});
+    return {r.o, r.head_prob};
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list d) {
+    auto s = ctx->get_saved_variables();
+    auto g = saved_backend(ctx).ops().dsa_sparse_attention_bwd(d[0], s[0], s[1], s[2], s[3], s[4], s[5],
+                                                                ctx->saved_data["scale"].toDouble());
+    return {at::Tensor(), g.dq, g.dk, g.dv, at::Tensor(), at::Tensor()};
+  }
+};
+
 }  // namespace
+
+at::Tensor dsa_indexer_topk(const DeviceBackend& be, const at::Tensor& qi, const at::Tensor& ki, const at::Tensor& w,
+                            double scale, int64_t topk) {
+  RECORD_USER_SCOPE("lf::dsa_indexer_topk");
+  at::NoGradGuard no_grad;
+  return be.ops().dsa_indexer_topk(qi.detach(), ki.detach(), w.detach(), scale, topk);
+}
+
+at::Tensor dsa_indexer_scores(const DeviceBackend& be, const at::Tensor& qi, const at::Tensor& ki, const at::Tensor& w,
+                              const at::Tensor& indices, double scale) {
+  RECORD_USER_SCOPE("lf::dsa_indexer_scores");
+  return DsaIndexerScoresFn::apply(&be, qi, ki, w, indices.detach(), scale);
+}
+
+DsaAttention dsa_sparse_attention(const DeviceBackend& be, const at::Tensor& q, const at::Tensor& k,
+                                  const at::Tensor& v, const at::Tensor& indices, double scale) {
+  RECORD_USER_SCOPE("lf::dsa_sparse_attention");
+  auto r = DsaSparseAttentionFn::apply(&be, q, k, v, indices.detach(), scale);
+  return {r[0], r[1]};
+}
 
 MoePermuted moe_permute(const DeviceBackend& be, const at::Tensor& x, const at::Tensor& indices,
                         int64_t num_experts) {

@@ -428,6 +428,49 @@ void add_moe_cases(std::vector<OpCase>& cases) {
                    }});
 }
 
+// DSA (DeepSeek sparse attention): the indexer's top-k, its scores at the selection (forward and
+// backward) and the sparse attention (forward, head-summed probabilities, backward) on one
+// selection. 4 indexer heads of 16 dims, GQA 4 query / 2 kv heads (d 24, dv 16), top-8 of 24
+// keys: the early queries see fewer than 8 keys (-1 slots); with sq 16 < sk 24 the causal mask is
+// bottom-right aligned. Each backend selects its own keys, compared exactly (indices). fp32: 1e-5
+// absolute and relative, the bound the DSA work is held to (sums of <= 24 terms).
+void add_dsa_cases(std::vector<OpCase>& cases) {
+  struct Shape {
+    const char* name;
+    int64_t sq, sk;
+    at::ScalarType dt;
+  };
+  for (const Shape& sh : {Shape{"dsa_f32", 24, 24, at::kFloat}, Shape{"dsa_bottom_right_f32", 16, 24, at::kFloat},
+                          Shape{"dsa_bf16", 24, 24, at::kBFloat16}}) {
+    const bool f32 = sh.dt == at::kFloat;
+    cases.push_back({sh.name, f32 ? 1e-5 : atol_for(sh.dt), f32 ? 1e-5 : rtol_for(sh.dt),
+                     [sh] {
+                       Rng g(31);
+                       const int64_t b = 2, sq = sh.sq, sk = sh.sk;
+                       return std::vector<at::Tensor>{g.randn({b, sq, 4, 16}, sh.dt),     // qi
+                                                      g.randn({b, sk, 16}, sh.dt),        // ki
+                                                      g.randn({b, sq, 4}, sh.dt),         // w
+                                                      g.randn({b, sq, 8}, at::kFloat),    // dscores
+                                                      g.randn({b, 4, sq, 24}, sh.dt),     // q
+                                                      g.randn({b, 2, sk, 24}, sh.dt),     // k
+                                                      g.randn({b, 2, sk, 16}, sh.dt),     // v
+                                                      g.randn({b, 4, sq, 16}, sh.dt)};    // dout
+                     },
+                     [](const OpTable& ops, const std::vector<at::Tensor>& in) {
+                       const double si = 0.25, sa = 1.0 / std::sqrt(24.0);
+                       auto idx = ops.dsa_indexer_topk(in[0], in[1], in[2], si, 8);
+                       auto scores = ops.dsa_indexer_scores_fwd(in[0], in[1], in[2], idx, si);
+                       auto ib = ops.dsa_indexer_scores_bwd(in[3], in[0], in[1], in[2], idx, si);
+                       auto a = ops.dsa_sparse_attention_fwd(in[4], in[5], in[6], idx, sa);
+                       auto ab = ops.dsa_sparse_attention_bwd(in[7], in[4], in[5], in[6], idx, a.o, a.lse, sa);
+                       return NamedTensors{{"indices", idx}, {"index_scores", scores}, {"dqi", ib.dq},
+                                           {"dki", ib.dk}, {"dw", ib.dw}, {"o", a.o}, {"lse", a.lse},
+                                           {"head_prob", a.head_prob}, {"dq", ab.dq}, {"dk", ab.dk},
+                                           {"dv", ab.dv}};
+                     }});
+  }
+}
+
 }  // namespace
 
 const std::vector<OpCase>& op_cases() {
@@ -440,6 +483,7 @@ const std::vector<OpCase>& op_cases() {
     add_squared_norm_cases(c);
     add_adamw_cases(c);
     add_moe_cases(c);
+    add_dsa_cases(c);
     return c;
   }();
   return cases;

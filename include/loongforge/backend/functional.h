@@ -78,4 +78,21 @@ at::Tensor moe_unpermute(const DeviceBackend& be, const at::Tensor& y, const at:
 // group g times w_g^T (gradients to x and w).
 at::Tensor grouped_gemm(const DeviceBackend& be, const at::Tensor& x, const at::Tensor& w, const at::Tensor& counts);
 
+// DSA (DeepSeek Sparse Attention; op_table.h). The indexer's top-k keys per query: qi [b, sq, nh,
+// di], ki [b, sk, di], w [b, sq, nh] -> [b, sq, topk] int64 (-1: none). No gradient.
+at::Tensor dsa_indexer_topk(const DeviceBackend& be, const at::Tensor& qi, const at::Tensor& ki, const at::Tensor& w,
+                            double scale, int64_t topk);
+// The indexer's scores at the selected keys: [b, sq, topk] fp32 (-inf at -1 slots); gradients to
+// qi, ki and w.
+at::Tensor dsa_indexer_scores(const DeviceBackend& be, const at::Tensor& qi, const at::Tensor& ki, const at::Tensor& w,
+                              const at::Tensor& indices, double scale);
+// Attention of q [b, nq, sq, d] over the selected keys of k [b, nkv, sk, d] / v [b, nkv, sk, dv]:
+// o [b, nq, sq, dv] (gradients to q, k, v) and head_prob [b, sq, topk] fp32 (no gradient): the
+// probabilities of the selected keys summed over the heads.
+struct DsaAttention {
+  at::Tensor o, head_prob;
+};
+DsaAttention dsa_sparse_attention(const DeviceBackend& be, const at::Tensor& q, const at::Tensor& k,
+                                  const at::Tensor& v, const at::Tensor& indices, double scale);
+
 }  // namespace lf::ops

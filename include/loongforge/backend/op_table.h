@@ -133,6 +133,31 @@ struct GroupedGemmBwd {
   at::Tensor dw;  // [G, n_out, k_in] w's dtype (0 for empty groups)
 };
 
+// DeepSeek Sparse Attention (DSA, DeepSeek-V3.2). The lightning indexer scores key t for query s
+//   I[b, s, t] = sum_j w[b, s, j] relu(scale <qi[b, s, j], ki[b, t]>)
+// with its own heads (qi [b, sq, nh, di], one key head ki [b, sk, di], per-head weights w [b, sq,
+// nh]) under the bottom-right causal mask (key t visible from query s iff t <= s + sk - sq); each
+// query keeps its topk best keys (indices [b, sq, topk] int64, by score descending, ties to the
+// lower key index; -1 fills the slots of a query that sees fewer than topk keys). Attention then
+// runs over the selected keys only. ReferenceOps materialises [b, sq, sk] and [b, nq, sq, sk]
+// (dense math under masks); a fused implementation works on blocks of queries and the gathered
+// selected keys, so its memory grows linearly with the sequence.
+struct DsaAttentionFwd {
+  at::Tensor o;          // [b, nq, sq, dv] q's dtype
+  at::Tensor lse;        // [b, nq, sq] fp32 over the selected keys (-inf: none selected)
+  at::Tensor head_prob;  // [b, sq, topk] fp32: the attention probability of each selected key
+                         // summed over the heads (0 at -1 slots); the indexer loss's target before
+                         // its L1 normalisation. No gradient.
+};
+struct DsaAttentionBwd {
+  at::Tensor dq, dk, dv;  // shapes and dtypes of q, k, v (GQA: summed over each kv group)
+};
+struct DsaIndexerBwd {
+  at::Tensor dq;  // [b, sq, nh, di] qi's dtype
+  at::Tensor dk;  // [b, sk, di] ki's dtype
+  at::Tensor dw;  // [b, sq, nh] w's dtype
+};
+
 class OpTable {
  public:
   virtual ~OpTable() = default;
@@ -221,6 +246,29 @@ class OpTable {
   // dy: [m, n_out] -> dx_g = dy_g w_g, dw_g = dy_g^T x_g.
   virtual GroupedGemmBwd grouped_gemm_bwd(const at::Tensor& dy, const at::Tensor& x,
                                           const at::Tensor& w, const at::Tensor& counts) const = 0;
+
+  // DSA (see DsaAttentionFwd). The indexer's top-k: qi [b, sq, nh, di], ki [b, sk, di], w [b, sq,
+  // nh] -> indices [b, sq, topk] int64 (1 <= topk <= sk). Not differentiable.
+  virtual at::Tensor dsa_indexer_topk(const at::Tensor& qi, const at::Tensor& ki, const at::Tensor& w,
+                                      double scale, int64_t topk) const = 0;
+  // The indexer's scores at the selected keys: [b, sq, topk] fp32, I[b, s, indices[b, s, j]]
+  // (-inf at -1 slots). The indexer loss backpropagates through them.
+  virtual at::Tensor dsa_indexer_scores_fwd(const at::Tensor& qi, const at::Tensor& ki, const at::Tensor& w,
+                                            const at::Tensor& indices, double scale) const = 0;
+  // dscores: [b, sq, topk] (ignored at -1 slots).
+  virtual DsaIndexerBwd dsa_indexer_scores_bwd(const at::Tensor& dscores, const at::Tensor& qi,
+                                               const at::Tensor& ki, const at::Tensor& w,
+                                               const at::Tensor& indices, double scale) const = 0;
+  // Sparse attention: q [b, nq, sq, d], k [b, nkv, sk, d], v [b, nkv, sk, dv] (GQA as sdpa), each
+  // query over its selected keys indices [b, sq, topk] (shared by the heads; -1: none), scores
+  // scaled by scale.
+  virtual DsaAttentionFwd dsa_sparse_attention_fwd(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                                   const at::Tensor& indices, double scale) const = 0;
+  // dout: [b, nq, sq, dv]; o, lse from the forward.
+  virtual DsaAttentionBwd dsa_sparse_attention_bwd(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k,
+                                                   const at::Tensor& v, const at::Tensor& indices,
+                                                   const at::Tensor& o, const at::Tensor& lse,
+                                                   double scale) const = 0;
 
   // In place on fp32 master params and their states (equal-length lists, matching shapes);
   // grads may be any floating dtype. No backward.

@@ -57,6 +57,19 @@ class ReferenceOps : public OpTable {
   at::Tensor grouped_gemm_fwd(const at::Tensor& x, const at::Tensor& w, const at::Tensor& counts) const override;
   GroupedGemmBwd grouped_gemm_bwd(const at::Tensor& dy, const at::Tensor& x, const at::Tensor& w,
                                   const at::Tensor& counts) const override;
+  // reference_dsa_ops.cpp: dense [b, sq, sk] index scores and [b, nq, sq, sk] attention under the
+  // selection's mask (the sdpa reference with an explicit mask); the top-k by a stable sort.
+  at::Tensor dsa_indexer_topk(const at::Tensor& qi, const at::Tensor& ki, const at::Tensor& w, double scale,
+                              int64_t topk) const override;
+  at::Tensor dsa_indexer_scores_fwd(const at::Tensor& qi, const at::Tensor& ki, const at::Tensor& w,
+                                    const at::Tensor& indices, double scale) const override;
+  DsaIndexerBwd dsa_indexer_scores_bwd(const at::Tensor& dscores, const at::Tensor& qi, const at::Tensor& ki,
+                                       const at::Tensor& w, const at::Tensor& indices, double scale) const override;
+  DsaAttentionFwd dsa_sparse_attention_fwd(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                           const at::Tensor& indices, double scale) const override;
+  DsaAttentionBwd dsa_sparse_attention_bwd(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k,
+                                           const at::Tensor& v, const at::Tensor& indices, const at::Tensor& o,
+                                           const at::Tensor& lse, double scale) const override;
 };
 
 // Shape checks shared by every backend, so all of them reject bad input with the same message.
@@ -78,6 +91,9 @@ ShardTargets shard_targets(const at::Tensor& target, const VocabShard& shard, in
 void check_moe_permute_args(const at::Tensor& x, const at::Tensor& indices, int64_t num_experts);
 void check_moe_unpermute_args(const at::Tensor& y, const at::Tensor& position, const at::Tensor& probs);
 void check_grouped_gemm_args(const at::Tensor& x, const at::Tensor& w, const at::Tensor& counts);
+void check_dsa_indexer_args(const at::Tensor& qi, const at::Tensor& ki, const at::Tensor& w);
+void check_dsa_indices(const at::Tensor& indices, int64_t b, int64_t sq, int64_t sk);
+void check_dsa_attention_args(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& indices);
 void check_sdpa_args(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                      const AttentionMask& mask);
 

@@ -166,6 +166,13 @@ const std::vector<FlagSpec> kTable = {
   {"--qk-head-dim", "model.foundation.qk_head_dim", K::value, "N", "MLA query/key dims per head without RoPE"},
   {"--qk-pos-emb-head-dim", "model.foundation.qk_pos_emb_head_dim", K::value, "N", "MLA query/key RoPE dims per head"},
   {"--v-head-dim", "model.foundation.v_head_dim", K::value, "N", "MLA value dims per head"},
+  // DeepSeek Sparse Attention (DeepSeek-V3.2)
+  {"--experimental-attention-variant", "model.foundation.experimental_attention_variant", K::value, "none|dsa", "dsa: DeepSeek Sparse Attention on MLA"},
+  {"--dsa-indexer-n-heads", "model.foundation.dsa_indexer_n_heads", K::value, "N", "DSA indexer heads"},
+  {"--dsa-indexer-head-dim", "model.foundation.dsa_indexer_head_dim", K::value, "N", "DSA indexer head size"},
+  {"--dsa-indexer-topk", "model.foundation.dsa_indexer_topk", K::value, "K", "DSA keys per query"},
+  {"--dsa-indexer-loss-coeff", "model.foundation.dsa_indexer_loss_coeff", K::value, "C", "Weight of the DSA indexer KL loss"},
+  {"--dsa-indexer-warmup", "model.foundation.dsa_indexer_warmup", K::store_true, "", "DSA warm-up: dense attention, indexer KL over all keys"},
   // mixture of experts
   {"--num-experts", "model.foundation.num_experts", K::value, "N", "Routed experts per MoE layer (0: dense)"},
   {"--moe-ffn-hidden-size", "model.foundation.moe_ffn_hidden_size", K::value, "N", "Hidden size of one routed expert"},

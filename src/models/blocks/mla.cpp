@@ -2,11 +2,13 @@
 
 #include <ATen/Functions.h>
 #include <ATen/TensorOperators.h>
+#include <ATen/core/grad_mode.h>
 
 #include <cmath>
 
 #include "loongforge/backend/functional.h"
 #include "loongforge/core/error.h"
+#include "loongforge/models/blocks/moe.h"
 #include "loongforge/models/recompute.h"
 #include "loongforge/parallel/tensor/mappings.h"
 
@@ -35,10 +37,74 @@ MlaAttention::MlaAttention(ParamBuilder& b, const std::string& prefix, const Mla
   kv_up_ = b.add(prefix + ".linear_kv_up_proj.weight", b.normal({nq * (dq + dv), c.kv_lora_rank}, c.init_std),
                  Sharding::along(0), false);
   proj_ = b.add(prefix + ".linear_proj.weight", b.normal({h, nq * dv}, c.out_std), Sharding::along(1), false);
+  if (c.dsa.on) {
+    const int64_t nh = c.dsa.n_heads, di = c.dsa.head_dim;
+    LF_CHECK(c.q_lora_rank > 0 && nh > 0 && di >= dr && c.dsa.topk > 0, "DSA ", prefix,
+             ": the indexer reads the query latent (q_lora_rank > 0) and needs heads, a head size >= ",
+             "qk_pos_emb_head_dim and a positive top-k; got q_lora_rank ", c.q_lora_rank, ", heads ", nh,
+             ", head size ", di, ", top-k ", c.dsa.topk);
+    // Replicated (TP is refused with DSA by the decoder's checks); the norm without weight decay.
+    const std::string ix = prefix + ".indexer";
+    idx_wq_ = b.add(ix + ".linear_wq_b.weight", b.normal({nh * di, c.q_lora_rank}, c.init_std), Sharding::replicated(),
+                    false);
+    idx_wk_ = b.add(ix + ".linear_wk.weight", b.normal({di, h}, c.init_std), Sharding::replicated(), false);
+    idx_norm_w_ = b.add(ix + ".k_norm.weight", at::ones({di}), Sharding::replicated(), true);
+    idx_norm_b_ = b.add(ix + ".k_norm.bias", at::zeros({di}), Sharding::replicated(), true);
+    idx_wproj_ = b.add(ix + ".linear_weights_proj.weight", b.normal({nh, h}, c.init_std), Sharding::replicated(), false);
+  }
+}
+
+MlaAttention::IndexerOut MlaAttention::indexer(const lf::backend::DeviceBackend& be, const at::Tensor& xf,
+                                               const at::Tensor& qr, const AttentionInputs& in) const {
+  const int64_t s = xf.size(0), b = xf.size(1), nh = c_.dsa.n_heads, di = c_.dsa.head_dim,
+                dr = c_.qk_pos_emb_head_dim;
+  auto qi = at::matmul(qr, idx_wq_.t()).view({s, b, nh, di});
+  // DeepSeek's indexer key: LayerNorm with eps 1e-6 (HF and the reference code fix it).
+  auto ki = lf::ops::layer_norm(be, at::matmul(xf, idx_wk_.t()), idx_norm_w_, idx_norm_b_, 1e-6).unsqueeze(2);
+  if (in.cos.defined()) {
+    // The indexer rotates halves of its first dr dims; the interleaved tables repeat each
+    // frequency twice in a row, the halves tables [f; f].
+    auto halves = [&](const at::Tensor& t) {
+      if (!c_.rotary_interleaved) return t;
+      auto f = t.slice(-1, 0, dr, 2);
+      return at::cat({f, f}, -1);
+    };
+    const auto cos = halves(in.cos), sin = halves(in.sin);
+    auto rot = [&](const at::Tensor& x) {
+      return at::cat({apply_rope(be, x.narrow(-1, 0, dr), cos, sin, false), x.narrow(-1, dr, di - dr)}, -1);
+    };
+    qi = rot(qi);
+    ki = rot(ki);
+  }
+  auto w = at::matmul(xf, idx_wproj_.t()) * (1.0 / std::sqrt(static_cast<double>(nh)));  // [s, b, nh]
+  return {qi.transpose(0, 1).contiguous(), ki.squeeze(2).transpose(0, 1).contiguous(), w.transpose(0, 1).contiguous(),
+          1.0 / std::sqrt(static_cast<double>(di))};
+}
+
+namespace {
+// Warm-up: every causal key selected, [b, s, s] (j <= i, else -1): the sparse attention is dense.
+at::Tensor all_causal_keys(int64_t b, int64_t s, const at::TensorOptions& o) {
+  auto j = at::arange(s, o.dtype(at::kLong)).unsqueeze(0), i = at::arange(s, o.dtype(at::kLong)).unsqueeze(1);
+  return at::where(j.le(i), j.expand({s, s}), at::full({s, s}, -1, o.dtype(at::kLong))).unsqueeze(0).expand({b, s, s}).contiguous();
+}
+}  // namespace
+
+at::Tensor MlaAttention::indexer_loss(const lf::backend::DeviceBackend& be, const IndexerOut& ix,
+                                      const at::Tensor& indices, const at::Tensor& head_prob) const {
+  // KL(p || q) per query over the selected keys, p: the attention's probabilities summed over the
+  // heads and L1-normalised (no gradient), q: the softmax of the indexer's scores; the mean over
+  // queries times the coefficient (Megatron's compute_dsa_indexer_loss).
+  auto valid = indices.ge(0);
+  auto logq = at::log_softmax(lf::ops::dsa_indexer_scores(be, ix.qi, ix.ki, ix.w, indices, ix.scale), -1)
+                  .masked_fill(valid.logical_not(), 0.0);
+  auto p = head_prob / head_prob.sum(-1, true).clamp_min(1e-30);
+  auto kl = (p * (at::log(p.clamp_min(1e-10)) - logq)).masked_fill(valid.logical_not(), 0.0).sum(-1);
+  return kl.mean() * c_.dsa.loss_coeff;
 }
 
 at::Tensor MlaAttention::forward(const lf::backend::DeviceBackend& be, const lf::parallel::TensorParallel& tp,
-                                 const at::Tensor& x, const AttentionInputs& in, size_t i) const {
+                                 const at::Tensor& x, const AttentionInputs& in, size_t i, MoeStep* step,
+                                 bool training) const {
   const int64_t nq = c_.num_heads / tp.size(), dq = c_.qk_head_dim, dr = c_.qk_pos_emb_head_dim,
                 dv = c_.v_head_dim;
   // Enter the TP region once: the full sequence (SP: gathered) on every rank.
@@ -47,9 +113,8 @@ at::Tensor MlaAttention::forward(const lf::backend::DeviceBackend& be, const lf:
     xf = tp.sequence_parallel ? lf::parallel::gather_from_sequence_parallel(x, *tp.tp)
                               : lf::parallel::copy_to_tp(x, *tp.tp);
   const int64_t s = xf.size(0), b = xf.size(1);
-  at::Tensor q = q_.defined()
-                     ? at::matmul(xf, q_.t())
-                     : at::matmul(lf::ops::rms_norm(be, at::matmul(xf, q_down_.t()), q_norm_, c_.norm_eps), q_up_.t());
+  at::Tensor q_latent = q_.defined() ? at::Tensor() : lf::ops::rms_norm(be, at::matmul(xf, q_down_.t()), q_norm_, c_.norm_eps);
+  at::Tensor q = q_.defined() ? at::matmul(xf, q_.t()) : at::matmul(q_latent, q_up_.t());
   q = q.view({s, b, nq, dq + dr});
   auto kv_latent = at::matmul(xf, kv_down_.t());  // [s, b, kv_lora + dr]
   auto c_kv = lf::ops::rms_norm(be, kv_latent.narrow(-1, 0, c_.kv_lora_rank), kv_norm_, c_.norm_eps);
@@ -60,6 +125,32 @@ at::Tensor MlaAttention::forward(const lf::backend::DeviceBackend& be, const lf:
   const double scale = c_.softmax_scale > 0 ? c_.softmax_scale : 1.0 / std::sqrt(static_cast<double>(dq + dr));
   const lf::backend::DeviceBackend* bep = &be;
   const bool inter = c_.rotary_interleaved;
+  if (c_.dsa.on) {
+    LF_CHECK(!in.cache && !in.chunk && !in.documents.defined() && !(in.cp && in.cp->on()) &&
+                 in.mask.kind == lf::backend::MaskKind::causal && tp.size() == 1,
+             "DSA attention runs causal attention over whole sequences at tensor-parallel size 1 (no KV cache, "
+             "ChunkPipe, packed documents, context parallelism or other masks)");
+    // The indexer learns only from its own loss: its inputs are cut from the main model's graph.
+    const IndexerOut ix = indexer(be, xf.detach(), q_latent.detach(), in);
+    const at::Tensor indices = c_.dsa.warmup ? all_causal_keys(b, s, xf.options())
+                                             : lf::ops::dsa_indexer_topk(be, ix.qi, ix.ki, ix.w, ix.scale,
+                                                                         std::min(c_.dsa.topk, s));
+    at::Tensor qr = q_pe, kr = k_pe;
+    if (in.cos.defined()) {
+      qr = apply_rope(be, q_pe, in.cos, in.sin, inter);
+      kr = apply_rope(be, k_pe, in.cos, in.sin, inter);
+    }
+    auto qf = at::cat({q_nope, qr}, -1).permute({1, 2, 0, 3});                 // [b, nq, s, dq + dr]
+    auto kf = at::cat({k_nope, kr.expand({s, b, nq, dr})}, -1).permute({1, 2, 0, 3});
+    auto r = lf::ops::dsa_sparse_attention(be, qf, kf, v.permute({1, 2, 0, 3}), indices, scale);
+    auto out = lf::parallel::row_parallel_linear(r.o.permute({2, 0, 1, 3}).reshape({s, b, nq * dv}), proj_, {}, tp);
+    if (training && at::GradMode::is_enabled() && c_.dsa.loss_coeff > 0) {
+      auto loss = indexer_loss(be, ix, indices, r.head_prob);
+      out = attach_aux_loss(out, loss, step ? step->weight(MoeStep::kIndexerLoss) : 1.0);
+      if (step) step->add_losses({{MoeStep::kIndexerLoss, loss.item<double>()}});
+    }
+    return out;
+  }
   KvCache* cache = in.cache;
   ChunkAttention* chunk = in.chunk;
   // Core attention: RoPE on the rotary parts, then softmax(QK^T * scale) V over [no-RoPE; RoPE]

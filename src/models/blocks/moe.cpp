@@ -247,6 +247,14 @@ void MoeStep::record(size_t layer, size_t layers, const at::Tensor& counts, cons
   for (const auto& [name, v] : losses) sums_[name] += v;
 }
 
+void MoeStep::add_losses(const std::map<std::string, double>& losses) {
+  for (const auto& [name, v] : losses) sums_[name] += v;
+}
+
+at::Tensor attach_aux_loss(const at::Tensor& out, const at::Tensor& aux, double weight) {
+  return AttachAuxLoss::apply(out, aux, weight);
+}
+
 void MoeStep::clear() {
   if (load_.defined()) load_.zero_();
   for (auto& [name, v] : sums_) v = 0;

@@ -39,7 +39,7 @@ at::Tensor TransformerLayer::forward(const at::Tensor& x, const AttentionInputs&
   LoraInputs lora{&lora_, lc.rng, lc.training};
   const LoraInputs* lp = lora_.any() ? &lora : nullptr;
   auto normed_in = input_norm_(be, x);
-  auto attn = c_.mla ? mla_.forward(be, *lc.tp, normed_in, a, layer)
+  auto attn = c_.mla ? mla_.forward(be, *lc.tp, normed_in, a, layer, lc.moe, lc.training)
                      : attention_.forward(be, *lc.tp, normed_in, a, layer, lp);
   auto y = x + hidden_dropout(attn, c_.hidden_dropout, lc);
   auto normed = pre_mlp_norm_(be, y);

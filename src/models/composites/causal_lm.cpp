@@ -196,6 +196,7 @@ std::map<std::string, double> CausalLm::loss_counts(const Batch& batch) const {
   if (c.is_moe() && c.moe_router_load_balancing_type != "none" && c.moe_aux_loss_coeff > 0)
     counts[MoeStep::kLoadBalancingLoss] = 1;
   if (c.is_moe() && c.moe_z_loss_coeff > 0) counts[MoeStep::kZLoss] = 1;
+  if (c.dsa() && c.dsa_indexer_loss_coeff > 0) counts[MoeStep::kIndexerLoss] = 1;  // DSA: a mean over queries
   // MTP: normalised by the main loss's tokens (Megatron with per-token loss).
   if (c.mtp_num_layers > 0) counts[kMtpLoss] = counts["lm loss"];
   return counts;

@@ -127,6 +127,9 @@ Decoder::Decoder(const DecoderConfig& c, const lf::backend::DeviceBackend& backe
     lc.mla = true;
     lc.mla_config = {h, nq, c.q_lora_rank, c.kv_lora_rank, c.qk_head_dim, c.qk_pos_emb_head_dim, c.v_head_dim,
                      c.norm_epsilon, c.softmax_scale(), c.rotary_interleaved, std, out_std};
+    if (c.dsa())
+      lc.mla_config.dsa = {true, c.dsa_indexer_n_heads, c.dsa_indexer_head_dim, c.dsa_indexer_topk,
+                           c.dsa_indexer_loss_coeff, c.dsa_indexer_warmup};
   }
   lc.mlp = {h, f, c.swiglu, c.add_bias_linear, std, out_std};
   lc.hidden_dropout = c.hidden_dropout;

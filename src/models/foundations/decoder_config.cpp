@@ -106,12 +106,19 @@ int64_t DecoderConfig::mtp_parameters() const {
   return mtp_num_layers * (3 * norm + 2 * h * h + layer_parameters_of(is_moe()));
 }
 
+int64_t DecoderConfig::dsa_indexer_parameters() const {
+  if (!dsa()) return 0;
+  const int64_t nh = dsa_indexer_n_heads, di = dsa_indexer_head_dim;
+  // wq_b [nh di, q_lora], wk [di, h], k_norm weight and bias [di], weights_proj [nh, h].
+  return nh * di * q_lora_rank + di * hidden_size + 2 * di + nh * hidden_size;
+}
+
 int64_t DecoderConfig::layer_parameters_of(bool moe) const {
   const int64_t h = hidden_size, d = head_dim(), nq = num_attention_heads, nkv = query_groups(), f = ffn_hidden_size;
   const int64_t norm = normalization == "LayerNorm" ? 2 * h : h;  // weight (+ bias)
   int64_t n = 2 * norm;
   if (multi_latent_attention) {
-    n += mla_weights(*this) + kv_lora_rank + q_lora_rank;  // + the latent norms
+    n += mla_weights(*this) + kv_lora_rank + q_lora_rank + dsa_indexer_parameters();  // + the latent norms
   } else {
     n += (nq + 2 * nkv) * d * h + h * nq * d;
     if (add_qkv_bias || add_bias_linear) n += (nq + 2 * nkv) * d;
@@ -167,6 +174,8 @@ double DecoderConfig::flops_per_token(int64_t seq) const {
   const auto pattern = moe_layer_pattern();
   for (int64_t i = 0; i < num_layers; ++i) {
     matmul_params += multi_latent_attention ? static_cast<double>(mla_weights(*this)) : (nq + 2 * nkv) * d * h + h * nq * d;
+    if (dsa())  // the indexer's projections (its k_norm aside)
+      matmul_params += static_cast<double>(dsa_indexer_parameters() - 2 * dsa_indexer_head_dim);
     if (pattern[static_cast<size_t>(i)]) {
       matmul_params += static_cast<double>(num_experts) * h +
                        static_cast<double>(moe_router_topk) * mlp_weights(hidden_size, expert_ffn_hidden_size(), swiglu);
@@ -179,8 +188,17 @@ double DecoderConfig::flops_per_token(int64_t seq) const {
   // QK^T and PV: 2 * seq * nq * (d_qk + d_v) FLOPs per token per layer, halved by causality.
   const double d_qk = multi_latent_attention ? static_cast<double>(qk_head_dim + qk_pos_emb_head_dim) : d;
   const double d_v = multi_latent_attention ? static_cast<double>(v_head_dim) : d;
-  const double attention = num_layers * seq * nq * (d_qk + d_v);
-  return 6.0 * matmul_params + 3.0 * 2.0 * attention;
+  // Keys per query on average: seq / 2 causally; with DSA at most top-k each (query i: min(i + 1, k)),
+  // plus the indexer's scores over every causal key (2 nh di FLOPs per pair).
+  double keys = seq / 2.0;
+  double indexer = 0;
+  if (dsa() && !dsa_indexer_warmup) {
+    const double k = static_cast<double>(dsa_indexer_topk), sd = static_cast<double>(seq);
+    keys = sd <= k ? sd / 2.0 : k - k * k / (2.0 * sd);
+  }
+  if (dsa()) indexer = num_layers * (seq / 2.0) * 2.0 * dsa_indexer_n_heads * dsa_indexer_head_dim;
+  const double attention = num_layers * 2.0 * keys * nq * (d_qk + d_v);
+  return 6.0 * matmul_params + 3.0 * 2.0 * attention + 3.0 * indexer;
 }
 
 template <class Origin, class Key>
@@ -306,6 +324,38 @@ void DecoderConfig::validate(const lf::config::Node& tree, const std::string& pr
         errors.add(key(f), origin(f), std::string(f) + " does not apply to multi-latent attention (its latents have "
                    "their own norms and no biases)", std::string("set ") + f + ": false");
   }
+  if (dsa()) {
+    if (!multi_latent_attention)
+      errors.add(key("experimental_attention_variant"), origin("experimental_attention_variant"),
+                 "experimental_attention_variant dsa selects keys for multi-latent attention, but "
+                 "multi_latent_attention is off",
+                 "set --multi-latent-attention (DeepSeek-V3.2 is MLA), or drop the variant");
+    if (q_lora_rank <= 0)
+      errors.add(key("q_lora_rank"), origin("q_lora_rank"),
+                 "DSA's indexer reads the query latent, but q_lora_rank is 0", "DeepSeek-V3.2: q_lora_rank 1536");
+    for (const char* f : {"dsa_indexer_n_heads", "dsa_indexer_head_dim", "dsa_indexer_topk"}) {
+      const int64_t v = std::string(f) == "dsa_indexer_n_heads"    ? dsa_indexer_n_heads
+                        : std::string(f) == "dsa_indexer_head_dim" ? dsa_indexer_head_dim
+                                                                   : dsa_indexer_topk;
+      if (v <= 0)
+        errors.add(key(f), origin(f), std::string("experimental_attention_variant dsa needs ") + f + " > 0",
+                   "DeepSeek-V3.2: dsa_indexer_n_heads 64, dsa_indexer_head_dim 128, dsa_indexer_topk 2048");
+    }
+    if (dsa_indexer_head_dim > 0 && dsa_indexer_head_dim < qk_pos_emb_head_dim)
+      errors.add(key("dsa_indexer_head_dim"), origin("dsa_indexer_head_dim"),
+                 "dsa_indexer_head_dim " + std::to_string(dsa_indexer_head_dim) + " is smaller than its rotary part " +
+                     "qk_pos_emb_head_dim " + std::to_string(qk_pos_emb_head_dim),
+                 "the indexer rotates its first qk_pos_emb_head_dim dims: pick a head size at least that");
+    if (dsa_indexer_topk > max_position_embeddings)
+      errors.add(key("dsa_indexer_topk"), origin("dsa_indexer_topk"),
+                 "dsa_indexer_topk " + std::to_string(dsa_indexer_topk) + " exceeds max_position_embeddings " +
+                     std::to_string(max_position_embeddings) + ": no query ever sees that many keys",
+                 "pick a top-k below the longest sequence (DeepSeek-V3.2: 2048 of 163840)");
+    if (dsa_indexer_warmup && dsa_indexer_loss_coeff == 0)
+      errors.add(key("dsa_indexer_warmup"), origin("dsa_indexer_warmup"),
+                 "dsa_indexer_warmup trains only the indexer, through its KL loss, but dsa_indexer_loss_coeff is 0",
+                 "set dsa_indexer_loss_coeff (e.g. 1.0), or drop the warm-up");
+  }
   // Settings of a feature that is off would be accepted and ignored: refused unless at their
   // defaults (saved configurations carry every field, so only the value can tell).
   {
@@ -347,6 +397,15 @@ void DecoderConfig::validate(const lf::config::Node& tree, const std::string& pr
       unused("qk_head_dim", qk_head_dim != d.qk_head_dim, why, fix);
       unused("qk_pos_emb_head_dim", qk_pos_emb_head_dim != d.qk_pos_emb_head_dim, why, fix);
       unused("v_head_dim", v_head_dim != d.v_head_dim, why, fix);
+    }
+    if (!dsa()) {
+      const std::string why = "experimental_attention_variant is " + experimental_attention_variant + ", not dsa",
+                        fix = "set --experimental-attention-variant dsa, or drop it";
+      unused("dsa_indexer_n_heads", dsa_indexer_n_heads != d.dsa_indexer_n_heads, why, fix);
+      unused("dsa_indexer_head_dim", dsa_indexer_head_dim != d.dsa_indexer_head_dim, why, fix);
+      unused("dsa_indexer_topk", dsa_indexer_topk != d.dsa_indexer_topk, why, fix);
+      unused("dsa_indexer_loss_coeff", dsa_indexer_loss_coeff != d.dsa_indexer_loss_coeff, why, fix);
+      unused("dsa_indexer_warmup", dsa_indexer_warmup != d.dsa_indexer_warmup, why, fix);
     }
     if (rope_type != "yarn") {
       const std::string why = "rope_type is " + rope_type + ", not yarn", fix = "set --rope-type yarn, or drop it";
@@ -393,6 +452,27 @@ void DecoderConfig::validate_layout(const lf::config::Node& job, int64_t tp, boo
   if (is_moe()) {
     divisible("moe_ffn_hidden_size", expert_ffn_hidden_size());
     divisible("moe_shared_expert_intermediate_size", moe_shared_expert_intermediate_size);
+  }
+  if (dsa()) {
+    // The indexer is replicated and its loss needs the attention summed over every head; neither is
+    // split over TP or CP yet.
+    if (tp > 1)
+      errors.add("parallel.tensor_model_parallel_size", origin("parallel.tensor_model_parallel_size"),
+                 "model.foundation.experimental_attention_variant dsa runs at " + tp_text + " but supports only 1",
+                 "train DSA models with data, pipeline or expert parallelism, or --tensor-model-parallel-size 1");
+    const lf::config::Node* par = job.find("parallel");
+    const lf::config::Node* cp = par ? par->find("context_parallel_size") : nullptr;
+    int64_t cps = 1;
+    try {
+      if (cp && cp->is_scalar() && !cp->text().empty()) cps = std::stoll(cp->text());
+    } catch (const std::exception&) {
+      // A malformed size is the parallel section's own error.
+    }
+    if (cps > 1)
+      errors.add("parallel.context_parallel_size", origin("parallel.context_parallel_size"),
+                 "model.foundation.experimental_attention_variant dsa does not run under context parallelism "
+                 "(parallel.context_parallel_size " + std::to_string(cps) + ")",
+                 "drop --context-parallel-size, or train dense MLA");
   }
   if (sequence_parallel && tp > 1 && seq_length % tp != 0)
     errors.add("training.seq_length", origin("training.seq_length"),

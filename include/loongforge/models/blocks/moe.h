@@ -61,6 +61,8 @@ class MoeStep {
  public:
   static constexpr const char* kLoadBalancingLoss = "load balancing loss";
   static constexpr const char* kZLoss = "z loss";
+  // DSA's indexer KL loss (DeepSeek-V3.2; blocks/mla.h): recorded here too, as a layer's loss term.
+  static constexpr const char* kIndexerLoss = "indexer loss";
 
   // The gradient weight of an auxiliary loss term this step (1 when none was set: a plain
   // backward of one micro-batch's loss).
@@ -70,6 +72,8 @@ class MoeStep {
   // Adds one forward's values: counts [E] fp32 tokens per expert of MoE layer `layer` (the
   // model's local MoE layer index, of `layers`), and the auxiliary losses' values.
   void record(size_t layer, size_t layers, const at::Tensor& counts, const std::map<std::string, double>& losses);
+  // Adds loss values only (layers other than MoE's: DSA's indexer loss).
+  void add_losses(const std::map<std::string, double>& losses);
   // [layers, E] fp32 on the CPU: the step's tokens per expert (undefined before any record).
   const at::Tensor& load() const { return load_; }
   const std::map<std::string, double>& loss_sums() const { return sums_; }
@@ -80,6 +84,10 @@ class MoeStep {
   at::Tensor load_;
   std::map<std::string, double> sums_;
 };
+
+// Identity on a layer output `out` whose backward also hands `aux` (a scalar loss) the gradient
+// `weight` (Megatron's MoEAuxLossAutoScaler): the loss joins the objective where it is computed.
+at::Tensor attach_aux_loss(const at::Tensor& out, const at::Tensor& aux, double weight);
 
 class MoeLayer {
  public:

@@ -68,6 +68,14 @@ struct DecoderConfig {
   int64_t qk_head_dim = 0;
   int64_t qk_pos_emb_head_dim = 0;
   int64_t v_head_dim = 0;
+  // DeepSeek Sparse Attention (DeepSeek-V3.2; Megatron's --experimental-attention-variant dsa and
+  // --dsa-indexer-*): a lightning indexer picks each query's top-k keys for MLA (blocks/mla.h).
+  std::string experimental_attention_variant = "none";
+  int64_t dsa_indexer_n_heads = 0;
+  int64_t dsa_indexer_head_dim = 0;
+  int64_t dsa_indexer_topk = 0;
+  double dsa_indexer_loss_coeff = 0;
+  bool dsa_indexer_warmup = false;
   // Mixture of experts (Megatron's --num-experts / --moe-*): num_experts 0 is a dense model.
   int64_t num_experts = 0;
   int64_t moe_ffn_hidden_size = 0;  // 0: ffn_hidden_size
@@ -149,6 +157,21 @@ struct DecoderConfig {
     v("qk_head_dim", qk_head_dim, "MLA: query/key dims per head without RoPE", Min{0});
     v("qk_pos_emb_head_dim", qk_pos_emb_head_dim, "MLA: query/key dims per head with RoPE", Min{0});
     v("v_head_dim", v_head_dim, "MLA: value dims per head", Min{0});
+    v("experimental_attention_variant", experimental_attention_variant,
+      "none, or dsa: DeepSeek Sparse Attention (DeepSeek-V3.2) on multi-latent attention: a lightning indexer "
+      "selects dsa_indexer_topk keys per query and attention runs over those only",
+      OneOf{{"none", "dsa"}});
+    v("dsa_indexer_n_heads", dsa_indexer_n_heads, "DSA: the indexer's query heads (DeepSeek-V3.2: 64)", Min{0});
+    v("dsa_indexer_head_dim", dsa_indexer_head_dim,
+      "DSA: the indexer's head size; its first qk_pos_emb_head_dim dims rotate (DeepSeek-V3.2: 128)", Min{0});
+    v("dsa_indexer_topk", dsa_indexer_topk, "DSA: keys each query attends to (DeepSeek-V3.2: 2048)", Min{0});
+    v("dsa_indexer_loss_coeff", dsa_indexer_loss_coeff,
+      "DSA: weight of the indexer's KL loss against the attention's head-summed, L1-normalised distribution over "
+      "the selected keys (the trainer reports it as 'indexer loss'); 0: no loss",
+      Min{0});
+    v("dsa_indexer_warmup", dsa_indexer_warmup,
+      "DSA warm-up stage: dense attention (every causal key selected) and the indexer's KL loss over all keys "
+      "(the paper's dense warm-up; freezing the other parameters is not done by this switch)");
     v("num_experts", num_experts, "Routed experts per MoE layer (0: a dense model)", Min{0});
     v("moe_ffn_hidden_size", moe_ffn_hidden_size, "Hidden size of one routed expert (0: ffn_hidden_size)", Min{0});
     v("moe_router_topk", moe_router_topk, "Experts each token is routed to", Min{1});
@@ -192,6 +215,9 @@ struct DecoderConfig {
   }
 
   bool is_moe() const { return num_experts > 0; }
+  bool dsa() const { return experimental_attention_variant == "dsa"; }
+  // Parameters of one layer's DSA indexer (0 without DSA).
+  int64_t dsa_indexer_parameters() const;
   // Per layer whether its MLP is MoE (moe_layer_freq); throws naming the field when malformed.
   std::vector<bool> moe_layer_pattern() const;
   int64_t expert_ffn_hidden_size() const { return moe_ffn_hidden_size > 0 ? moe_ffn_hidden_size : ffn_hidden_size; }

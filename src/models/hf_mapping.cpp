@@ -125,7 +125,8 @@ std::map<std::string, int64_t> shape_symbols(const DecoderConfig& c) {
           {"nkv", c.query_groups()},    {"d", c.head_dim()},      {"vocab", c.vocab_size},
           {"layers", c.num_layers},     {"experts", c.num_experts}, {"fe", c.expert_ffn_hidden_size()},
           {"fs", c.moe_shared_expert_intermediate_size}, {"ql", c.q_lora_rank}, {"kvl", c.kv_lora_rank},
-          {"dqk", c.qk_head_dim}, {"dr", c.qk_pos_emb_head_dim}, {"dv", c.v_head_dim}};
+          {"dqk", c.qk_head_dim}, {"dr", c.qk_pos_emb_head_dim}, {"dv", c.v_head_dim},
+          {"nh", c.dsa_indexer_n_heads}, {"di", c.dsa_indexer_head_dim}};  // DSA's indexer
 }
 
 std::vector<int64_t> eval_shape(const std::vector<std::string>& shape,
@@ -147,7 +148,7 @@ std::vector<int64_t> eval_shape(const std::vector<std::string>& shape,
           LF_CHECK(!factor.empty() && std::all_of(factor.begin(), factor.end(), ::isdigit),
                    "shape expression '", expr, "': unknown symbol '", factor, "'",
                    lf::hint("symbols: h, f, nq, nkv, d, vocab, layers, experts, fe, fs, ql, kvl, dqk, dr, "
-                            "dv and integers, joined by * and +"));
+                            "dv, nh, di and integers, joined by * and +"));
           v *= std::stoll(factor);
         }
       }
@@ -439,13 +440,15 @@ std::vector<ConfigDifference> model_differences(const DecoderConfig& a, const De
   // Fields that do not shape the weights or the function (padding multiple, dropout, Megatron's
   // GQA switch) are exempt; rope_scaling_* only matter with rope_scaling on.
   // So are the MoE training settings (auxiliary-loss coefficients, the bias update rate, the
-  // capacity limit), and moe_layer_freq compares by the layers it selects.
+  // capacity limit), DSA's training settings (the indexer loss's coefficient, the dense warm-up
+  // stage, after which the weights are those of the sparse model), and moe_layer_freq compares by
+  // the layers it selects.
   static const std::set<std::string> exempt{"make_vocab_size_divisible_by", "hidden_dropout",
                                             "attention_dropout", "group_query_attention",
                                             "moe_router_load_balancing_type", "moe_aux_loss_coeff",
                                             "moe_z_loss_coeff", "moe_router_bias_update_rate",
                                             "moe_expert_capacity_factor", "moe_token_drop_policy",
-                                            "moe_layer_freq"};
+                                            "moe_layer_freq", "dsa_indexer_loss_coeff", "dsa_indexer_warmup"};
   const json fa = config_fields(a), fb = config_fields(b);
   const bool scaled = fa.value("rope_scaling", false) || fb.value("rope_scaling", false);
   std::vector<ConfigDifference> out;

@@ -2,7 +2,7 @@
 Python is a test oracle only; LoongForge never runs it.
 
   hf_oracle.py make OUT
-      For each family (llama, qwen2, qwen3, qwen3_moe, deepseek_v3, deepseek_v2): a tiny random model (fixed seed, GQA, vocabulary 200
+      For each family (llama, qwen2, qwen3, qwen3_moe, deepseek_v3, deepseek_v2, deepseek_v32): a tiny random model (fixed seed, GQA, vocabulary 200
       so LoongForge pads it, every norm weight and bias random too), saved with save_pretrained to
       OUT/<family>/hf (fp32, sharded with an index for llama) and OUT/<family>/hf_bf16 (bf16,
       sharded), and OUT/<family>/logits.safetensors: input_ids [2, 9] int64, logits [2, 9, 200]
@@ -29,7 +29,8 @@ from safetensors.torch import load_file, save_file
 from transformers import (AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, Qwen2Config,
                           Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM, Qwen3MoeConfig,
                           Qwen3MoeForCausalLM, DeepseekV3Config, DeepseekV3ForCausalLM,
-                          DeepseekV2Config, DeepseekV2ForCausalLM)
+                          DeepseekV2Config, DeepseekV2ForCausalLM, DeepseekV32Config,
+                          DeepseekV32ForCausalLM)
 
 VOCAB = 200
 COMMON = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
@@ -81,7 +82,51 @@ def families():
             rope_parameters={"rope_type": "yarn", "factor": 4.0, "mscale": 0.707, "mscale_all_dim": 0.707,
                              "original_max_position_embeddings": 16, "beta_fast": 32,
                              "beta_slow": 1, "rope_theta": 10000.0})),
+        # DeepSeek-V3.2: DeepSeek-V3's MLA and MoE with DSA: a lightning indexer of 8 heads of 16
+        # dims (its first 8 rotary) picks 4 of the keys per query (9 tokens: the later queries
+        # attend to 4 of up to 9); make() checks that no query's 4th and 5th index scores tie.
+        "deepseek_v32": (DeepseekV32ForCausalLM, DeepseekV32Config(
+            **{**COMMON, "num_hidden_layers": 3, "num_key_value_heads": 4}, rms_norm_eps=1e-6,
+            tie_word_embeddings=False, q_lora_rank=24, kv_lora_rank=16, qk_nope_head_dim=16,
+            qk_rope_head_dim=8, v_head_dim=12, n_routed_experts=8, n_group=4, topk_group=2,
+            num_experts_per_tok=4, moe_intermediate_size=24, n_shared_experts=1,
+            first_k_dense_replace=1, routed_scaling_factor=2.5, norm_topk_prob=True,
+            index_n_heads=8, index_head_dim=16, index_topk=4,
+            rope_parameters={"rope_type": "yarn", "factor": 4.0, "mscale": 1.0, "mscale_all_dim": 0.5,
+                             "original_max_position_embeddings": 16, "beta_fast": 32,
+                             "beta_slow": 1, "rope_theta": 10000.0})),
     }
+
+
+def check_no_index_ties(model, ids):
+    # The selection must not depend on how a top-k kernel orders equal scores: every query's k-th
+    # and (k+1)-th index scores differ.
+    gaps = []
+
+    def hook(module, args, kwargs, out):
+        hs, q_resid, (cos, sin), mask = args[0], args[1], args[2], args[3]
+        b, s, _ = hs.shape
+        q = module.wq_b(q_resid).view(b, s, module.n_heads, module.head_dim)
+        from transformers.models.deepseek_v32.modeling_deepseek_v32 import apply_rotary_pos_emb
+        k = module.k_norm(module.wk(hs)).unsqueeze(2)
+        r = module.qk_rope_head_dim
+        qr, kr = apply_rotary_pos_emb(q[..., :r], k[..., :r], cos, sin, unsqueeze_dim=2)
+        q = torch.cat([qr, q[..., r:]], -1)
+        k = torch.cat([kr, k[..., r:]], -1).squeeze(2)
+        sc = torch.relu(torch.einsum("bshd,btd->bsht", q.float(), k.float()) * module.softmax_scale)
+        w = module.weights_proj(hs).float() * module.n_heads ** -0.5
+        idx = (sc * w.unsqueeze(-1)).sum(2)
+        for bi in range(b):
+            for i in range(s):
+                row = idx[bi, i, :i + 1].sort(descending=True).values
+                if row.numel() > module.index_topk:
+                    gaps.append((row[module.index_topk - 1] - row[module.index_topk]).item())
+
+    handles = [layer.self_attn.indexer.register_forward_hook(hook, with_kwargs=True) for layer in model.model.layers]
+    logits_of(model, ids)
+    for h in handles:
+        h.remove()
+    assert gaps and min(gaps) > 1e-4, f"index score ties at the top-k boundary: {min(gaps)}"
 
 
 def randomize(model, seed):
@@ -125,6 +170,8 @@ def make(out):
         shard = "20KB" if family == "llama" else "50GB"
         model.save_pretrained(os.path.join(d, "hf"), max_shard_size=shard)
         outputs = {"input_ids": ids, "logits": logits_of(model, ids)}
+        if family == "deepseek_v32":
+            check_no_index_ties(model, ids)
         mtp = None
         if getattr(config, "num_nextn_predict_layers", 0):
             mtp, outputs["mtp_logits"] = add_mtp(model, ids, 300 + seed)

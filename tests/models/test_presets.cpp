@@ -69,6 +69,11 @@ const Preset kPresets[] = {
     // counts the MTP layer's own copies of the embedding and output layer (2 x 0.93B, shared here as
     // in Megatron) and the FP8 scales.
     {"deepseek_v3", "deepseek_v3", 682'636'487'424, "DeepseekV3ForCausalLM"},
+    // deepseek-ai/DeepSeek-V3.2-Exp config.json without the MTP layer (transformers' class has
+    // none): DeepSeek-V3's 671'026'419'200 + 61 lightning indexers of 13'959'424 (wq_b 64x128x1536,
+    // wk 128x7168, k_norm 2x128, weights_proj 64x7168): the paper's "671B" (DeepSeek-V3.2-Exp keeps
+    // V3.1's architecture and adds the indexer).
+    {"deepseek_v32", "deepseek_v32", 671'877'944'064, "DeepseekV32ForCausalLM"},
     // deepseek-ai/DeepSeek-V2-Lite config.json; model card: 15.7B total.
     {"deepseek_v2", "deepseek_v2_lite", 15'706'484'224, "DeepseekV2ForCausalLM"},
 };
@@ -85,6 +90,9 @@ TEST(ModelPresets, PublishedParameterCounts) {
   DecoderConfig v3 = load_preset("deepseek_v3", "deepseek_v3");
   EXPECT_EQ(v3.mtp_num_layers, 1);
   EXPECT_EQ(v3.num_parameters() - v3.mtp_parameters(), 671'026'419'200);  // the paper's 671B
+  DecoderConfig v32 = load_preset("deepseek_v32", "deepseek_v32");
+  EXPECT_EQ(v32.num_parameters(), v3.num_parameters() - v3.mtp_parameters() + 61 * v32.dsa_indexer_parameters());
+  EXPECT_EQ(v32.dsa_indexer_parameters(), 13'959'424);
 }
 
 // The MoE presets' parameters per token: the model cards' activated counts (3.3B, 22B).

@@ -175,6 +175,26 @@ TEST(DsaLayer, IndexerLossIsTheKlOfTheHeadSummedAttentionToTheIndexer) {
   EXPECT_NEAR(step.loss_sums().at(MoeStep::kIndexerLoss), kl.item<double>(), 1e-5);
 }
 
+TEST(DsaLayer, SelectiveRecomputeGivesTheSameOutputLossAndGradients) {
+  auto go = [](bool selective) {
+    const auto l = make_layer(mla_config(true, 3, 1.0));
+    MoeStep step;
+    lf::parallel::TensorParallel tp;
+    auto in = inputs();
+    in.selective_recompute = selective;
+    auto y = l.block.forward(cpu(), tp, input(), in, 0, &step, true);
+    (y * at::randn(y.sizes(), at::make_generator<at::CPUGeneratorImpl>(3))).sum().backward();
+    std::vector<at::Tensor> g{y.detach()};
+    for (const auto& p : l.params) g.push_back(p.tensor.grad());
+    return std::make_pair(g, step.loss_sums().at(MoeStep::kIndexerLoss));
+  };
+  const auto [plain, plain_loss] = go(false);
+  const auto [re, re_loss] = go(true);
+  EXPECT_EQ(plain_loss, re_loss);
+  ASSERT_EQ(plain.size(), re.size());
+  for (size_t k = 0; k < plain.size(); ++k) EXPECT_LE(max_diff(plain[k], re[k]), 1e-6) << k;
+}
+
 DecoderConfig tiny_v32() {
   auto node = lf::config::parse_yaml_file(lf::testing::source_dir() + "/configs/models/deepseek_v32/tiny.yaml");
   return lf::config::load<DecoderConfig>(node, "model.foundation");
@@ -208,6 +228,21 @@ TEST(DsaDecoder, TrainerSeesTheIndexerLossAndTheIndexerLearns) {
   int64_t n = 0;
   for (const auto& p : m.parameters()) n += p.tensor.numel();
   EXPECT_EQ(n, c.num_parameters());
+}
+
+// Decoding with a KV cache (the indexer's keys cached too, the selection bottom-right causal over
+// the cached keys) gives the logits of the full forward, at lengths where the top-16 is sparse.
+TEST(DsaDecoder, KvCacheDecodingEqualsTheFullForward) {
+  const auto c = tiny_v32();
+  CausalLm m(c, cpu(), 3, at::kFloat);
+  m.set_training(false);
+  at::NoGradGuard no_grad;
+  auto tokens = at::randint(0, c.vocab_size, {2, 28}, at::make_generator<at::CPUGeneratorImpl>(8));
+  const auto full = m.forward(tokens);  // [s, b, v]
+  KvCache cache;
+  std::vector<at::Tensor> steps{m.forward(tokens.narrow(1, 0, 20), cache)};
+  for (int64_t t = 20; t < 28; ++t) steps.push_back(m.forward(tokens.narrow(1, t, 1), cache));
+  EXPECT_LE(max_diff(at::cat(steps, 0), full), 1e-5);
 }
 
 TEST(DsaDecoder, ConfigMistakesNameTheKey) {

@@ -5,6 +5,7 @@
 #include <ATen/core/grad_mode.h>
 
 #include <cmath>
+#include <memory>
 
 #include "loongforge/backend/functional.h"
 #include "loongforge/core/error.h"
@@ -82,10 +83,14 @@ MlaAttention::IndexerOut MlaAttention::indexer(const lf::backend::DeviceBackend&
 }
 
 namespace {
-// Warm-up: every causal key selected, [b, s, s] (j <= i, else -1): the sparse attention is dense.
-at::Tensor all_causal_keys(int64_t b, int64_t s, const at::TensorOptions& o) {
-  auto j = at::arange(s, o.dtype(at::kLong)).unsqueeze(0), i = at::arange(s, o.dtype(at::kLong)).unsqueeze(1);
-  return at::where(j.le(i), j.expand({s, s}), at::full({s, s}, -1, o.dtype(at::kLong))).unsqueeze(0).expand({b, s, s}).contiguous();
+// Warm-up: every causal key selected, [b, s, t] (key j <= i + t - s, else -1): the sparse
+// attention is dense.
+at::Tensor all_causal_keys(int64_t b, int64_t s, int64_t t, const at::TensorOptions& o) {
+  auto j = at::arange(t, o.dtype(at::kLong)).unsqueeze(0), i = at::arange(s, o.dtype(at::kLong)).unsqueeze(1);
+  return at::where(j.le(i + (t - s)), j.expand({s, t}), at::full({s, t}, -1, o.dtype(at::kLong)))
+      .unsqueeze(0)
+      .expand({b, s, t})
+      .contiguous();
 }
 }  // namespace
 
@@ -126,26 +131,60 @@ at::Tensor MlaAttention::forward(const lf::backend::DeviceBackend& be, const lf:
   const lf::backend::DeviceBackend* bep = &be;
   const bool inter = c_.rotary_interleaved;
   if (c_.dsa.on) {
-    LF_CHECK(!in.cache && !in.chunk && !in.documents.defined() && !(in.cp && in.cp->on()) &&
+    KvCache* kv_cache = in.cache;
+    LF_CHECK(!in.chunk && !in.documents.defined() && !(in.cp && in.cp->on()) &&
                  in.mask.kind == lf::backend::MaskKind::causal && tp.size() == 1,
-             "DSA attention runs causal attention over whole sequences at tensor-parallel size 1 (no KV cache, "
-             "ChunkPipe, packed documents, context parallelism or other masks)");
+             "DSA attention runs causal attention over whole sequences (or with a KV cache) at tensor-parallel "
+             "size 1 (no ChunkPipe, packed documents, context parallelism or other masks)");
     // The indexer learns only from its own loss: its inputs are cut from the main model's graph.
-    const IndexerOut ix = indexer(be, xf.detach(), q_latent.detach(), in);
-    const at::Tensor indices = c_.dsa.warmup ? all_causal_keys(b, s, xf.options())
-                                             : lf::ops::dsa_indexer_topk(be, ix.qi, ix.ki, ix.w, ix.scale,
-                                                                         std::min(c_.dsa.topk, s));
-    at::Tensor qr = q_pe, kr = k_pe;
-    if (in.cos.defined()) {
-      qr = apply_rope(be, q_pe, in.cos, in.sin, inter);
-      kr = apply_rope(be, k_pe, in.cos, in.sin, inter);
+    IndexerOut ix = indexer(be, xf.detach(), q_latent.detach(), in);
+    if (kv_cache) {
+      // Decoding: the indexer's keys of the cached tokens too (the causal mask is bottom-right).
+      if (kv_cache->length > 0) ix.ki = at::cat({kv_cache->index_k[i], ix.ki}, 1);
+      kv_cache->index_k[i] = ix.ki;
     }
-    auto qf = at::cat({q_nope, qr}, -1).permute({1, 2, 0, 3});                 // [b, nq, s, dq + dr]
-    auto kf = at::cat({k_nope, kr.expand({s, b, nq, dr})}, -1).permute({1, 2, 0, 3});
-    auto r = lf::ops::dsa_sparse_attention(be, qf, kf, v.permute({1, 2, 0, 3}), indices, scale);
-    auto out = lf::parallel::row_parallel_linear(r.o.permute({2, 0, 1, 3}).reshape({s, b, nq * dv}), proj_, {}, tp);
+    const int64_t t = ix.ki.size(1);  // keys: the cached ones and these
+    const at::Tensor indices = c_.dsa.warmup ? all_causal_keys(b, s, t, xf.options())
+                                             : lf::ops::dsa_indexer_topk(be, ix.qi, ix.ki, ix.w, ix.scale,
+                                                                         std::min(c_.dsa.topk, t));
+    // Core attention over the selected keys; head_prob (the indexer loss's target) leaves through
+    // `prob` (selective recomputation reruns the core in backward and overwrites it alike).
+    auto prob = std::make_shared<at::Tensor>();
+    auto core = [bep, cos = in.cos, sin = in.sin, s, b, nq, dr, dv, scale, inter, indices, prob, kv_cache, i](
+                    const at::Tensor& qn, const at::Tensor& qp, const at::Tensor& kn, const at::Tensor& kp,
+                    const at::Tensor& v0) {
+      const auto& be = *bep;
+      at::Tensor qr = qp, kr = kp;
+      if (cos.defined()) {
+        qr = apply_rope(be, qp, cos, sin, inter);
+        kr = apply_rope(be, kp, cos, sin, inter);
+      }
+      auto qf = at::cat({qn, qr}, -1).permute({1, 2, 0, 3});  // [b, nq, s, dq + dr]
+      auto kf = at::cat({kn, kr.expand({s, b, nq, dr})}, -1).permute({1, 2, 0, 3});
+      auto vf = v0.permute({1, 2, 0, 3});
+      if (kv_cache) {
+        if (kv_cache->length > 0) {
+          kf = at::cat({kv_cache->k[i], kf}, 2);
+          vf = at::cat({kv_cache->v[i], vf}, 2);
+        }
+        kv_cache->k[i] = kf.contiguous();
+        kv_cache->v[i] = vf.contiguous();
+      }
+      auto r = lf::ops::dsa_sparse_attention(be, qf, kf, vf, indices, scale);
+      *prob = r.head_prob;
+      return r.o.permute({2, 0, 1, 3}).reshape({s, b, nq * dv});
+    };
+    at::Tensor o;
+    if (in.selective_recompute && !kv_cache) {
+      std::vector<at::Tensor> inputs{q_nope, q_pe, k_nope, k_pe, v};
+      o = lf::models::recompute([core](const std::vector<at::Tensor>& t) { return core(t[0], t[1], t[2], t[3], t[4]); },
+                                inputs);
+    } else {
+      o = core(q_nope, q_pe, k_nope, k_pe, v);
+    }
+    auto out = lf::parallel::row_parallel_linear(o, proj_, {}, tp);
     if (training && at::GradMode::is_enabled() && c_.dsa.loss_coeff > 0) {
-      auto loss = indexer_loss(be, ix, indices, r.head_prob);
+      auto loss = indexer_loss(be, ix, indices, *prob);
       out = attach_aux_loss(out, loss, step ? step->weight(MoeStep::kIndexerLoss) : 1.0);
       if (step) step->add_losses({{MoeStep::kIndexerLoss, loss.item<double>()}});
     }

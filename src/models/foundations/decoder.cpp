@@ -419,6 +419,7 @@ at::Tensor Decoder::run_layers(at::Tensor x, const DecoderInputs& in, size_t lo,
   if (in.cache && in.cache->k.empty()) {
     in.cache->k.resize(layers_.size());
     in.cache->v.resize(layers_.size());
+    in.cache->index_k.resize(layers_.size());
   }
   if (in.chunk) {
     in.chunk->k.assign(layers_.size(), at::Tensor());

@@ -24,6 +24,7 @@ namespace lf::models {
 // [b, nkv / tp, t, d].
 struct KvCache {
   std::vector<at::Tensor> k, v;
+  std::vector<at::Tensor> index_k;  // DSA: the lightning indexer's keys [b, t, di] per layer (blocks/mla.h)
   int64_t length = 0;  // tokens cached (the position of the next token)
 };
 

@@ -391,6 +391,12 @@ TEST(TruthPass, EveryFlagActsOrIsRefused) {
       {"--mscale-all-dim", "HfParity.DeepseekV3MlaBlock*"}, {"--beta-fast", "HfParity.DeepseekV3MlaBlock* (default 32)"},
       {"--beta-slow", "HfParity.DeepseekV3MlaBlock* (default 1)"},
       {"--rotary-interleaved", "HfParity.DeepseekV3MlaBlock*, TpDecoder.*"},
+      {"--experimental-attention-variant", "DsaLayer.*, DsaDecoder.*, HfParity.* (deepseek_v32)"},
+      {"--dsa-indexer-n-heads", "DsaDecoder.ConfigMistakesNameTheKey, HfParity.* (deepseek_v32)"},
+      {"--dsa-indexer-head-dim", "DsaDecoder.ConfigMistakesNameTheKey, HfParity.* (deepseek_v32)"},
+      {"--dsa-indexer-topk", "DsaLayer.TopkOverEveryKeyEqualsDenseMlaAndFewerKeysDoNot, HfParity.* (deepseek_v32)"},
+      {"--dsa-indexer-loss-coeff", "DsaLayer.IndexerLoss*, DsaDecoder.TrainerSeesTheIndexerLossAndTheIndexerLearns"},
+      {"--dsa-indexer-warmup", "DsaLayer.WarmupAttendsToEveryKey, DsaDecoder.ConfigMistakesNameTheKey"},
       {"--profile", "TruthPass.ProfileReportsWhereTheStepTimeGoes"},
       {"--profile-step-start", "TruthPass.ProfileReportsWhereTheStepTimeGoes"},
       {"--profile-step-end", "TruthPass.ProfileReportsWhereTheStepTimeGoes"},
@@ -427,6 +433,7 @@ TEST(TruthPass, EveryFlagActsOrIsRefused) {
       {{"--overlap-moe-expert-parallel-comm"}, "overlap_moe_expert_parallel_comm"},  // dense: nothing to overlap
       {{"--delay-wgrad-compute"}, "--delay-wgrad-compute"},
       {{"--multi-latent-attention"}, "kv_lora_rank"},
+      {{"--experimental-attention-variant", "dsa"}, "experimental_attention_variant"},  // DSA without MLA
       {{"--num-experts", "3", "--moe-router-topk", "4"}, "moe_router_topk"},
       {{"--hysteresis", "4"}, "training.hysteresis"},
       {{"--position-embedding-type", "learned_absolute"}, "position_embedding_type"},

@@ -128,7 +128,7 @@ DsaIndexerBwd CpuOps::dsa_indexer_scores_bwd(const at::Tensor& dscores, const at
   const int64_t kk = indices.size(2);
   const auto ct = compute_type(qi);
   auto dq = at::empty(qi.sizes(), qi.options().dtype(ct));
-  auto dk = at::zeros(ki.sizes(), ki.options().dtype(ct));
+  auto dk = at::zeros(ki.sizes(), ki.options().dtype(at::kDouble));  // fp64 accumulation (op_table.h)
   auto dw = at::empty(w.sizes(), w.options().dtype(ct));
   const int64_t c = block_rows(kk * (2 * di + 2 * nh), sq);
   for (int64_t bi = 0; bi < b; ++bi) {
@@ -143,7 +143,7 @@ DsaIndexerBwd CpuOps::dsa_indexer_scores_bwd(const at::Tensor& dscores, const at
       dw.select(0, bi).narrow(0, s0, n).copy_((d * at::relu(a)).sum(-1));
       auto da = d * wb.unsqueeze(-1) * a.gt(0).to(ct) * scale;                  // [n, nh, K]
       dq.select(0, bi).narrow(0, s0, n).copy_(at::matmul(da, kg));
-      dk.select(0, bi).index_add_(0, sel.flat, at::matmul(da.transpose(1, 2), q).reshape({n * kk, di}));
+      dk.select(0, bi).index_add_(0, sel.flat, at::matmul(da.transpose(1, 2), q).reshape({n * kk, di}).to(at::kDouble));
     }
   }
   return {dq.to(qi.scalar_type()), dk.to(ki.scalar_type()), dw.to(w.scalar_type())};

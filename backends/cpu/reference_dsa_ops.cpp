@@ -122,8 +122,10 @@ DsaIndexerBwd ReferenceOps::dsa_indexer_scores_bwd(const at::Tensor& dscores, co
   auto dw = (di * at::relu(a)).sum(-1);          // [b, sq, nh]
   auto da = di * w.to(ct).unsqueeze(-1) * a.gt(0).to(ct) * scale;
   auto dq = at::matmul(da, ki.to(ct).unsqueeze(1));                        // [b, sq, nh, di]
-  auto dk = at::matmul(da.permute({0, 3, 1, 2}).reshape({b, sk, -1}),      // [b, sk, sq nh]
-                       qi.to(ct).reshape({b, -1, qi.size(3)}));            // [b, sq nh, di]
+  // A key's gradient sums over every (query, head) that selected it (up to sq nh terms): fp64
+  // accumulation (op_table.h), so that implementations summing in other orders agree.
+  auto dk = at::matmul(da.permute({0, 3, 1, 2}).reshape({b, sk, -1}).to(at::kDouble),  // [b, sk, sq nh]
+                       qi.to(at::kDouble).reshape({b, -1, qi.size(3)}));               // [b, sq nh, di]
   return {dq.to(qi.scalar_type()).contiguous(), dk.to(ki.scalar_type()).contiguous(),
           dw.to(w.scalar_type()).contiguous()};
 }

@@ -131,6 +131,48 @@ TEST(DsaChecks, ArgumentsAreClearErrors) {
   }
 }
 
+// The harness's shapes fit in one block of the fused path; these cross many block boundaries
+// (the top-k in 16 blocks of 64 queries, the attention in 17 of 63, the indexer scores in 2). The
+// selection in fp64 (no near-ties from rounding among 1024 keys), then every output in fp32 at the
+// harness's 1e-5 on that selection, and in fp64 at 1e-10 (a block mix-up shows at O(1)).
+TEST(FusedDsa, EqualsReferenceAcrossManyBlocks) {
+  const auto& fused = backend::cpu_backend().ops();
+  at::manual_seed(12);
+  const int64_t sq = 1024, sk = 1024, nh = 64, di = 32, topk = 64;
+  auto qi = at::randn({1, sq, nh, di}, kF64), ki = at::randn({1, sk, di}, kF64), w = at::randn({1, sq, nh}, kF64);
+  const double si = 1.0 / std::sqrt(32.0);
+  auto idx = kRef.dsa_indexer_topk(qi, ki, w, si, topk);
+  EXPECT_TRUE(fused.dsa_indexer_topk(qi, ki, w, si, topk).equal(idx));
+  auto q0 = at::randn({1, 8, sq, 64}, kF64), k0 = at::randn({1, 8, sk, 64}, kF64), v0 = at::randn({1, 8, sk, 64}, kF64);
+  auto dsc0 = at::randn({1, sq, topk}, kF64), dout0 = at::randn({1, 8, sq, 64}, kF64);
+  auto qi0 = qi, ki0 = ki, w0 = w;
+  for (const auto dt : {at::kFloat, at::kDouble}) {
+    const double tol = dt == at::kFloat ? 1e-5 : 1e-10;
+    const char* name = dt == at::kFloat ? "fp32" : "fp64";
+    qi = qi0.to(dt), ki = ki0.to(dt), w = w0.to(dt);
+    auto q = q0.to(dt), k = k0.to(dt), v = v0.to(dt), dsc = dsc0.to(dt), dout = dout0.to(dt);
+    auto report = [tol, name](const char* what, const at::Tensor& a, const at::Tensor& e) {
+      auto r = compare(a, e, tol, tol);
+      std::cout << "fused vs reference, " << name << ", " << what << ": max |diff| " << r.max_abs << "\n";
+      EXPECT_TRUE(r.ok) << name << " " << what << ": " << r.detail;
+    };
+    report("index scores", fused.dsa_indexer_scores_fwd(qi, ki, w, idx, si), kRef.dsa_indexer_scores_fwd(qi, ki, w, idx, si));
+    auto gf = fused.dsa_indexer_scores_bwd(dsc, qi, ki, w, idx, si), gr = kRef.dsa_indexer_scores_bwd(dsc, qi, ki, w, idx, si);
+    report("indexer dq", gf.dq, gr.dq);
+    report("indexer dk", gf.dk, gr.dk);
+    report("indexer dw", gf.dw, gr.dw);
+    auto af = fused.dsa_sparse_attention_fwd(q, k, v, idx, 0.125), ar = kRef.dsa_sparse_attention_fwd(q, k, v, idx, 0.125);
+    report("o", af.o, ar.o);
+    report("lse", af.lse, ar.lse);
+    report("head_prob", af.head_prob, ar.head_prob);
+    auto bf = fused.dsa_sparse_attention_bwd(dout, q, k, v, idx, af.o, af.lse, 0.125);
+    auto br = kRef.dsa_sparse_attention_bwd(dout, q, k, v, idx, ar.o, ar.lse, 0.125);
+    report("dq", bf.dq, br.dq);
+    report("dk", bf.dk, br.dk);
+    report("dv", bf.dv, br.dv);
+  }
+}
+
 // ---- memory ---------------------------------------------------------------------------------
 
 // One DSA layer's ops, forward and backward, at sequence length s (batch 1, 4 indexer heads of 32,

@@ -255,7 +255,8 @@ class OpTable {
   // (-inf at -1 slots). The indexer loss backpropagates through them.
   virtual at::Tensor dsa_indexer_scores_fwd(const at::Tensor& qi, const at::Tensor& ki, const at::Tensor& w,
                                             const at::Tensor& indices, double scale) const = 0;
-  // dscores: [b, sq, topk] (ignored at -1 slots).
+  // dscores: [b, sq, topk] (ignored at -1 slots). dk sums over every (query, head) that selected
+  // the key: accumulated in fp64 (rounded to ki's dtype at the end).
   virtual DsaIndexerBwd dsa_indexer_scores_bwd(const at::Tensor& dscores, const at::Tensor& qi,
                                                const at::Tensor& ki, const at::Tensor& w,
                                                const at::Tensor& indices, double scale) const = 0;

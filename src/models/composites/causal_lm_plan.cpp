@@ -199,9 +199,13 @@ std::unique_ptr<Model> CausalLmPlan::build(const BuildArgs& args) const {
                                                               ? static_cast<int>(job_.parallel.moe_overlap_num_chunks.value_or(2))
                                                               : 0});
   model->keep_context(std::move(experts));
-  if (ctx.cp_size() > 1) model->set_context_parallel(lf::parallel::parse_cp_comm_type(job_.parallel.cp_comm_type));
+  apply_context_parallel(*model, ctx);
   model->add_lora(lora_spec(), args.seed);
   return model;
+}
+
+void CausalLmPlan::apply_context_parallel(CausalLm& model, const lf::dist::ParallelContext& ctx) const {
+  if (ctx.cp_size() > 1) model.set_context_parallel(lf::parallel::parse_cp_comm_type(job_.parallel.cp_comm_type));
 }
 
 std::unique_ptr<lf::dist::ParallelContext> CausalLmPlan::make_expert_context(const BuildArgs& args) const {

@@ -308,11 +308,12 @@ at::Tensor Qwen25Vl::embed_with_media(const at::Tensor& tokens, const Qwen25VlMe
     encoded = at::cat(ordered);
   } else {
     encoded = encoder_->forward(all_pixels.to(backend_.device(), dtype), all_grids);
-    // Every rank of a foundation TP group encodes the same media and receives the whole gradient;
-    // the trainer sums the tower's gradients over its share axis (those ranks) and DP, so each
-    // replica contributes 1 / shares.
-    if (shares > 1 && encoded.requires_grad())
-      encoded.register_hook([shares](const at::Tensor& g) { return g / static_cast<double>(shares); });
+    // Every rank of a foundation TP x CP group encodes the same media. The TP ranks receive the
+    // same whole gradient, the CP ranks each their tokens' part; the trainer sums the tower's
+    // gradients over its share axis (those ranks) and DP, so each TP replica contributes 1 / tp.
+    const int64_t replicas = shares / context_parallel().size();
+    if (replicas > 1 && encoded.requires_grad())
+      encoded.register_hook([replicas](const at::Tensor& g) { return g / static_cast<double>(replicas); });
   }
   at::Tensor xb = x.transpose(0, 1);  // [b, s, h]
   int64_t offset = 0;
@@ -326,7 +327,8 @@ at::Tensor Qwen25Vl::embed_with_media(const at::Tensor& tokens, const Qwen25VlMe
 }
 
 at::Tensor Qwen25Vl::embed_inputs(const Batch& batch) const {
-  return foundation().scatter_sequence(embed_with_media(batch.at("tokens"), media_of(batch)));
+  // The media are spliced into the whole sequence; a context-parallel rank keeps its tokens.
+  return foundation().scatter_sequence(context_share(embed_with_media(batch.at("tokens"), media_of(batch))));
 }
 
 StageOutput Qwen25Vl::stage_forward(const Batch& batch, const TensorMap& input, int64_t chunk, Pass pass) {
@@ -403,6 +405,7 @@ class Qwen25VlPlan : public VlmPlan<Qwen25VisionConfig, Qwen25VlConfig> {
                                             job_.parallel.sequence_parallel, stage, !frozen_, std::move(enc),
                                             !vision_frozen_);
     model->set_encoder_data_parallel(job_.parallel.enable_encoder_hetero_dp);
+    apply_context_parallel(*model, ctx);
     return model;
   }
 

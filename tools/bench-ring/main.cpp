@@ -57,7 +57,7 @@ int main(int argc, char** argv) {
     lf::parallel::RingStats stats[2];
     double wall[2] = {0, 0};
     auto call = [&](bool overlap, lf::parallel::RingStats* s) {
-      lf::parallel::ContextParallel cp{&ctx.cp(), lf::parallel::CpCommType::p2p, overlap, s};
+      lf::parallel::ContextParallel cp{.group = &ctx.cp(), .comm = lf::parallel::CpCommType::p2p, .overlap = overlap, .stats = s};
       auto o = lf::parallel::context_parallel_attention(be, cp, q, k, v, {}, scale, {});
       o.backward(dout);
     };

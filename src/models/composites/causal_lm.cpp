@@ -218,10 +218,10 @@ DecoderInputs CausalLm::inputs_of(const Batch& batch, int64_t seq) const {
 void CausalLm::set_context_parallel(lf::parallel::CpCommType comm) {
   LF_CHECK(parallel_ && parallel_->cp_size() > 1, "set_context_parallel: the model's context has no context-parallel "
            "group (cp 1)");
-  LF_CHECK(foundation_.num_mtp_layers() == 0 && foundation_.num_moe_layers() == 0,
-           "context parallelism is built for dense decoders without multi-token prediction",
-           lf::hint("set --context-parallel-size 1 for MoE or MTP models"));
+  LF_CHECK(foundation_.num_mtp_layers() == 0, "context parallelism is built for models without multi-token prediction",
+           lf::hint("set --context-parallel-size 1 for MTP models"));
   cp_.group = &parallel_->cp();
+  if (parallel_->tp_size() > 1) cp_.with_tp = &parallel_->tp_cp();
   cp_.comm = comm;
 }
 

@@ -101,12 +101,16 @@ CausalLmPlan::CausalLmPlan(std::shared_ptr<const ModelConfig> config, const Plan
     }
     if (const int cp = layout_.size(lf::dist::Axis::cp); cp > 1) {
       const std::string key = "parallel.context_parallel_size";
-      if (foundation_.is_moe() || foundation_.mtp_num_layers > 0)
+      if (foundation_.mtp_num_layers > 0)
         errors.add(key, origin(key),
-                   std::string("context parallelism is built for dense decoders; this model has ") +
-                       (foundation_.is_moe() ? "experts (model.foundation.num_experts)" : "MTP layers (model.foundation.mtp_num_layers)") +
-                       ", whose auxiliary losses and shifted tokens span the whole sequence",
-                   "set --context-parallel-size 1");
+                   "context parallelism with multi-token prediction (model.foundation.mtp_num_layers) is not built: "
+                   "its shifted tokens cross the context-parallel chunks",
+                   "set --context-parallel-size 1, or model.foundation.mtp_num_layers 0");
+      if (foundation_.is_moe() && foundation_.moe_expert_capacity_factor > 0)
+        errors.add("model.foundation.moe_expert_capacity_factor", origin("model.foundation.moe_expert_capacity_factor"),
+                   "the capacity limit counts a rank's tokens; under context parallelism a rank holds 1/cp of each "
+                   "sequence, so which tokens drop would depend on the CP size",
+                   "drop the capacity factor (dropless) with --context-parallel-size > 1");
       const int64_t heads = foundation_.num_attention_heads / tp;
       if (job_.parallel.cp_comm_type == "a2a" && heads % cp != 0)
         errors.add("parallel.cp_comm_type", origin("parallel.cp_comm_type"),

@@ -49,6 +49,9 @@ struct RingStats {
 struct ContextParallel {
   lf::backend::Communicator* group = nullptr;  // the CP group; null or size 1: off
   CpCommType comm = CpCommType::p2p;
+  // The TP x CP group: the ranks a sequence's tokens are spread over under sequence parallelism
+  // (MoE's routing statistics); null when not needed.
+  lf::backend::Communicator* with_tp = nullptr;
   // p2p: the next block's transfer runs while this block is computed; false: each transfer is
   // waited for before the computation (the same numbers; for measuring what the overlap hides).
   bool overlap = true;

@@ -3,7 +3,8 @@
 // parallelism, CP 2 x PP 2, CP 2 x DP 2 with ZeRO-1 and overlapped reduction, and packed documents
 // (--reset-position-ids --reset-attention-mask on a corpus of short documents) each train the same
 // model as one process; a CP 2 checkpoint resumes at CP 1; layouts CP cannot run are configuration
-// errors naming the key. Tolerances: pp_training.h's (1e-5 loss and parameters, fp32: the same
+// errors naming the key; --dry-run's activations per CP rank. (MoE under CP: test_moe_program.cpp;
+// the VLMs: test_model_layer_program.cpp.) Tolerances: pp_training.h's (1e-5 loss and parameters, fp32: the same
 // products summed in another order).
 #include <gtest/gtest.h>
 
@@ -139,9 +140,9 @@ TEST(CpProgram, LayoutsCpCannotRunAreConfigurationErrors) {
                    "demo.yaml", 2);
   EXPECT_NE(heads.exit_code, 0) << heads.output;
   EXPECT_NE(heads.output.find("parallel.cp_comm_type"), std::string::npos) << heads.output;
-  auto moe = dry({"--context-parallel-size", "2"}, "demo_moe.yaml", 2);
-  EXPECT_NE(moe.exit_code, 0) << moe.output;
-  EXPECT_NE(moe.output.find("parallel.context_parallel_size"), std::string::npos) << moe.output;
+  auto mtp = dry({"--context-parallel-size", "2", "--mtp-num-layers", "1"}, "demo.yaml", 2);
+  EXPECT_NE(mtp.exit_code, 0) << mtp.output;
+  EXPECT_NE(mtp.output.find("parallel.context_parallel_size"), std::string::npos) << mtp.output;
   // A valid layout is shown, with the communication type.
   auto ok = dry({"--context-parallel-size", "2", "--cp-comm-type", "a2a"}, "demo.yaml", 2);
   EXPECT_EQ(ok.exit_code, 0) << ok.output;

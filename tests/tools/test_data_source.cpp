@@ -198,6 +198,34 @@ TEST(SftSource, OnlyAnswerLabelsReachTheLoss) {
   EXPECT_EQ(model.loss_counts(batch).at("lm loss"), mask.sum().item<double>());
 }
 
+// The loss and every gradient of a tiny decoder on `packed` rows equal those on the same documents
+// each in its own row (tokens / labels / masks: one padded row per document), <= 1e-6 relative;
+// the loss counts are the mask's.
+void expect_packed_equals_separate(const lf::data::Batch& packed, const std::vector<at::Tensor>& tokens,
+                                   const std::vector<at::Tensor>& labels, const std::vector<at::Tensor>& masks) {
+  lf::data::Batch separate;
+  separate.set("tokens", at::stack(tokens), 1);
+  separate.set("labels", at::stack(labels), 1);
+  separate.set("loss_mask", at::stack(masks), 1);
+  auto c = lf::testing::tiny_decoder_config();  // vocabulary 50
+  c.max_position_embeddings = 64;
+  auto run = [&](const lf::data::Batch& b) {
+    lf::models::CausalLm m(c, lf::backend::cpu_backend(), 21, at::kFloat);
+    auto out = m.forward_step(b, lf::models::Pass::train);
+    out.losses.at(0).sum.backward();
+    std::vector<at::Tensor> r{out.losses.at(0).sum.detach()};
+    for (const auto& p : m.parameters()) r.push_back(p.tensor.grad());
+    EXPECT_EQ(m.loss_counts(b).at("lm loss"), b.at("loss_mask").sum().item<double>());
+    return r;
+  };
+  const auto want = run(separate), got = run(packed);
+  ASSERT_EQ(want.size(), got.size());
+  for (size_t i = 0; i < want.size(); ++i) {
+    const double scale = want[i].abs().max().item<double>();
+    EXPECT_LE((got[i] - want[i]).abs().max().item<double>(), 1e-6 * scale + 1e-9) << "tensor " << i;
+  }
+}
+
 // --packing-sft-data: a row holds whole conversations (positions restarting, one document id
 // each, the padding a document of its own); its loss and every gradient equal those of the same
 // conversations each in its own row (attention per document, no [s, s] mask), <= 1e-6 relative.
@@ -242,27 +270,7 @@ TEST(SftSource, PackedRowsEqualEachConversationInItsOwnRow) {
     }
   }
   EXPECT_GT(documents, 2) << "nothing was packed";
-  lf::data::Batch separate;
-  separate.set("tokens", at::stack(tokens), 1);
-  separate.set("labels", at::stack(labels), 1);
-  separate.set("loss_mask", at::stack(masks), 1);
-  auto c = lf::testing::tiny_decoder_config();  // vocabulary 50
-  c.max_position_embeddings = 64;
-  auto run = [&](const lf::data::Batch& b) {
-    lf::models::CausalLm m(c, lf::backend::cpu_backend(), 21, at::kFloat);
-    auto out = m.forward_step(b, lf::models::Pass::train);
-    out.losses.at(0).sum.backward();
-    std::vector<at::Tensor> r{out.losses.at(0).sum.detach()};
-    for (const auto& p : m.parameters()) r.push_back(p.tensor.grad());
-    EXPECT_EQ(m.loss_counts(b).at("lm loss"), b.at("loss_mask").sum().item<double>());
-    return r;
-  };
-  const auto want = run(separate), got = run(packed);
-  ASSERT_EQ(want.size(), got.size());
-  for (size_t i = 0; i < want.size(); ++i) {
-    const double scale = want[i].abs().max().item<double>();
-    EXPECT_LE((got[i] - want[i]).abs().max().item<double>(), 1e-6 * scale + 1e-9) << "tensor " << i;
-  }
+  expect_packed_equals_separate(packed, tokens, labels, masks);
 }
 
 // Pretraining rows with --reset-position-ids --reset-attention-mask --eod-mask-loss (Megatron's
@@ -299,27 +307,8 @@ TEST(PretrainingRows, PackedDocumentsEqualEachDocumentInItsOwnRow) {
     }
   }
   ASSERT_EQ(tokens.size(), 8u);  // 5 documents in row 0, 3 in row 1
-  lf::data::Batch separate;
-  separate.set("tokens", at::stack(tokens), 1);
-  separate.set("labels", at::stack(labels), 1);
-  separate.set("loss_mask", at::stack(masks), 1);
-  auto c = lf::testing::tiny_decoder_config();  // vocabulary 50
-  c.max_position_embeddings = 64;
-  auto run = [&](const lf::data::Batch& b) {
-    lf::models::CausalLm m(c, lf::backend::cpu_backend(), 21, at::kFloat);
-    auto out = m.forward_step(b, lf::models::Pass::train);
-    out.losses.at(0).sum.backward();
-    std::vector<at::Tensor> r{out.losses.at(0).sum.detach()};
-    for (const auto& p : m.parameters()) r.push_back(p.tensor.grad());
-    return r;
-  };
   EXPECT_EQ(packed.at("loss_mask").sum().item<double>(), 2 * s - 6);  // the 6 end-of-document tokens
-  const auto want = run(separate), got = run(packed);
-  ASSERT_EQ(want.size(), got.size());
-  for (size_t i = 0; i < want.size(); ++i) {
-    const double scale = want[i].abs().max().item<double>();
-    EXPECT_LE((got[i] - want[i]).abs().max().item<double>(), 1e-6 * scale + 1e-9) << "tensor " << i;
-  }
+  expect_packed_equals_separate(packed, tokens, labels, masks);
 }
 
 }  // namespace

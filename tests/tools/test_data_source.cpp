@@ -198,6 +198,28 @@ TEST(SftSource, OnlyAnswerLabelsReachTheLoss) {
   EXPECT_EQ(model.loss_counts(batch).at("lm loss"), mask.sum().item<double>());
 }
 
+// fn(row, a, b, cut) for each document run [a, b) of the packed rows (its positions must restart
+// at 0); cut(field, fill) is that run of a field as a row of its own, padded with `fill`.
+template <class Fn>
+void for_each_document(const lf::data::Batch& packed, Fn&& fn) {
+  const int64_t rows = packed.at("tokens").size(0), s = packed.at("tokens").size(1);
+  for (int64_t r = 0; r < rows; ++r) {
+    const at::Tensor doc = packed.at("document_ids")[r];
+    for (int64_t a = 0; a < s;) {
+      int64_t b = a;
+      while (b < s && doc[b].item<int64_t>() == doc[a].item<int64_t>()) ++b;
+      EXPECT_EQ(packed.at("position_ids")[r][a].item<int64_t>(), 0) << "row " << r << " at " << a;
+      auto cut = [&](const char* f, double fill) {
+        at::Tensor row = at::full({s}, fill, packed.at(f).options());
+        row.narrow(0, 0, b - a).copy_(packed.at(f)[r].narrow(0, a, b - a));
+        return row;
+      };
+      fn(r, a, b, cut);
+      a = b;
+    }
+  }
+}
+
 // The loss and every gradient of a tiny decoder on `packed` rows equal those on the same documents
 // each in its own row (tokens / labels / masks: one padded row per document), <= 1e-6 relative;
 // the loss counts are the mask's.
@@ -236,39 +258,26 @@ TEST(SftSource, PackedRowsEqualEachConversationInItsOwnRow) {
   o.pack = true;
   auto packed = lf::tools::make_sft_sources(o).train->next();
   ASSERT_TRUE(packed.contains("document_ids") && packed.contains("position_ids"));
-  const int64_t s = 48;
   // Each document of the packed rows as a row of its own.
   std::vector<at::Tensor> tokens, labels, masks;
   int64_t documents = 0;
-  for (int64_t r = 0; r < 2; ++r) {
-    const at::Tensor doc = packed.at("document_ids")[r];
-    for (int64_t a = 0; a < s;) {
-      int64_t b = a;
-      while (b < s && doc[b].item<int64_t>() == doc[a].item<int64_t>()) ++b;
-      EXPECT_EQ(packed.at("position_ids")[r][a].item<int64_t>(), 0) << "row " << r << " at " << a;
-      auto cut = [&](const char* f, double fill) {
-        at::Tensor row = at::full({s}, fill, packed.at(f).options());
-        row.narrow(0, 0, b - a).copy_(packed.at(f)[r].narrow(0, a, b - a));
-        return row;
-      };
-      if (packed.at("labels")[r].narrow(0, a, b - a).ge(0).any().item<bool>()) {
-        // A whole conversation of the store: its tokens, then its last token as the final label.
-        bool whole = false;
-        for (const auto& conv : st.tokens)
-          if (static_cast<int64_t>(conv.size()) == b - a + 1) {
-            bool same = true;
-            for (int64_t k = 0; k < b - a; ++k) same = same && packed.at("tokens")[r][a + k].item<int64_t>() == conv[k];
-            whole = whole || same;
-          }
-        EXPECT_TRUE(whole) << "row " << r << " [" << a << ", " << b << ") is not a whole conversation";
-        tokens.push_back(cut("tokens", 0));
-        labels.push_back(cut("labels", -100));
-        masks.push_back(cut("loss_mask", 0));
-        ++documents;
-      }
-      a = b;
+  for_each_document(packed, [&](int64_t r, int64_t a, int64_t b, const auto& cut) {
+    if (packed.at("labels")[r].narrow(0, a, b - a).ge(0).any().item<bool>()) {
+      // A whole conversation of the store: its tokens, then its last token as the final label.
+      bool whole = false;
+      for (const auto& conv : st.tokens)
+        if (static_cast<int64_t>(conv.size()) == b - a + 1) {
+          bool same = true;
+          for (int64_t k = 0; k < b - a; ++k) same = same && packed.at("tokens")[r][a + k].item<int64_t>() == conv[k];
+          whole = whole || same;
+        }
+      EXPECT_TRUE(whole) << "row " << r << " [" << a << ", " << b << ") is not a whole conversation";
+      tokens.push_back(cut("tokens", 0));
+      labels.push_back(cut("labels", -100));
+      masks.push_back(cut("loss_mask", 0));
+      ++documents;
     }
-  }
+  });
   EXPECT_GT(documents, 2) << "nothing was packed";
   expect_packed_equals_separate(packed, tokens, labels, masks);
 }
@@ -289,23 +298,11 @@ TEST(PretrainingRows, PackedDocumentsEqualEachDocumentInItsOwnRow) {
   packed.set("loss_mask", at::ones({2, s}, at::kFloat), 1);
   lf::tools::add_document_fields(packed, eod, true, true, true);
   std::vector<at::Tensor> tokens, labels, masks;
-  for (int64_t r = 0; r < 2; ++r) {
-    const at::Tensor doc = packed.at("document_ids")[r];
-    for (int64_t a = 0; a < s;) {
-      int64_t b = a;
-      while (b < s && doc[b].item<int64_t>() == doc[a].item<int64_t>()) ++b;
-      EXPECT_EQ(packed.at("position_ids")[r][a].item<int64_t>(), 0) << "row " << r << " at " << a;
-      auto cut = [&](const char* f, double fill) {
-        at::Tensor row = at::full({s}, fill, packed.at(f).options());
-        row.narrow(0, 0, b - a).copy_(packed.at(f)[r].narrow(0, a, b - a));
-        return row;
-      };
-      tokens.push_back(cut("tokens", 1));
-      labels.push_back(cut("labels", -100));
-      masks.push_back(cut("loss_mask", 0));
-      a = b;
-    }
-  }
+  for_each_document(packed, [&](int64_t, int64_t, int64_t, const auto& cut) {
+    tokens.push_back(cut("tokens", 1));
+    labels.push_back(cut("labels", -100));
+    masks.push_back(cut("loss_mask", 0));
+  });
   ASSERT_EQ(tokens.size(), 8u);  // 5 documents in row 0, 3 in row 1
   EXPECT_EQ(packed.at("loss_mask").sum().item<double>(), 2 * s - 6);  // the 6 end-of-document tokens
   expect_packed_equals_separate(packed, tokens, labels, masks);

@@ -221,6 +221,18 @@ TEST(Qwen25Vl, MultimodalStoreTrainsAndLayoutsEqualOneProcess) {
   for (int k = 0; k < 2; ++k)
     for (auto& [name, v] : lf::testing::read_params(dir + "/p.safetensors.pp" + std::to_string(k))) pp2.params[name] = v;
   lf::testing::expect_same_training(one, pp2, "qwen2_5_vl store: foundation pp 2");
+  // --packing-sft-data: several conversations with their images per row (M-RoPE positions restart
+  // per conversation; tests/models/test_qwen2_5_vl.cpp checks packed == each in its own row); the
+  // packed rows under CP 2 (documents and images crossing the chunks) equal one process.
+  std::vector<std::string> packed = data;
+  packed.push_back("--packing-sft-data");
+  auto packed1 = run(1, cfg, packed, "vlm_store_packed");
+  ASSERT_EQ(packed1.exit_code, 0) << packed1.output;
+  EXPECT_NE(packed1.losses, one.losses) << "packing changed nothing";
+  std::vector<std::string> packed_cp = packed;
+  packed_cp.insert(packed_cp.end(), {"--context-parallel-size", "2"});
+  lf::testing::expect_same_training(packed1, run(2, cfg, packed_cp, "vlm_store_packed_cp2"),
+                                    "qwen2_5_vl store, packed conversations: foundation cp 2");
   // The store's placeholder ids must be the model's; a text model refuses a multimodal store.
   std::vector<std::string> wrong = data;
   wrong.push_back("model.image_token_id=1207");

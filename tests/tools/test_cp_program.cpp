@@ -93,6 +93,15 @@ TEST(CpProgram, PackedDocumentsUnderCpEqualOneProcess) {
                        "packed documents, CP 4, Ulysses");
 }
 
+// ChunkPipe under CP: each 16-token chunk split over the CP ranks (4-token pieces), its keys and
+// values all-gathered, the prefix kept on every rank; with PP 2 the chunks flow through the stages.
+TEST(CpProgram, ChunkPipeWithCpEqualsOneProcess) {
+  const std::vector<std::string> chunks = {"--chunkpipe-chunk-size", "16"};
+  expect_same_training(one_process(), cp_run(2, 1, with(kCp2, chunks), "cp2-chunkpipe"), "ChunkPipe (8 chunks) x CP 2");
+  expect_same_training(one_process(), cp_run(4, 2, with(kCp2, chunks), "cp2-pp2-chunkpipe"),
+                       "ChunkPipe (8 chunks) x CP 2 x PP 2");
+}
+
 // A CP 2 run with ZeRO-1 saved after 5 steps continues at CP 1 as the uninterrupted run.
 TEST(CpProgram, Cp2CheckpointResumesAtCp1) {
   const std::string ckpt = lf::testing::make_temp_dir("cp-ckpt");
@@ -128,6 +137,11 @@ TEST(CpProgram, LayoutsCpCannotRunAreConfigurationErrors) {
         "12"},
        "training.seq_length"},
       {{"--context-parallel-size", "2", "--cp-comm-type", "ring"}, "parallel.cp_comm_type"},
+      // ChunkPipe under CP: chunks of 2 x cp pieces; the chunks' keys/values are gathered, no comm type to choose.
+      {{"--context-parallel-size", "2", "--chunkpipe-chunk-size", "6", "--seq-length", "96"},
+       "parallel.chunkpipe_chunk_size"},
+      {{"--context-parallel-size", "2", "--chunkpipe-chunk-size", "16", "--cp-comm-type", "a2a"},
+       "parallel.cp_comm_type"},
   };
   for (const auto& [extra, key] : cases) {
     auto r = dry(extra);

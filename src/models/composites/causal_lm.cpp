@@ -351,8 +351,12 @@ StageOutput CausalLm::stage_forward(const Batch& whole, const TensorMap& input, 
   return head_output(x, batch, pass);
 }
 
-StageOutput CausalLm::chunk_forward(const Batch& chunk, const TensorMap& input, int64_t start, ChunkAttention& kv,
+StageOutput CausalLm::chunk_forward(const Batch& whole, const TensorMap& input, int64_t start, ChunkAttention& kv,
                                     bool with_head, Pass pass) {
+  // Under context parallelism each chunk is split over the CP ranks like a sequence (its keys and
+  // values gathered in attention).
+  const Batch local = cp_.on() ? context_slice(whole) : Batch();
+  const Batch& chunk = cp_.on() ? local : whole;
   const auto& st = foundation_.stage();
   LF_CHECK(st.num_chunks() == 1, "ChunkPipe runs one model chunk per pipeline rank; this stage has ", describe_stage(),
            lf::hint("drop --num-layers-per-virtual-pipeline-stage with --chunkpipe-chunk-size"));
@@ -366,6 +370,11 @@ StageOutput CausalLm::chunk_forward(const Batch& chunk, const TensorMap& input, 
   in.start = start;
   in.seq = c;
   in.chunk = &kv;
+  if (cp_.on()) {
+    in.cp = &cp_;
+    const int64_t chunk_len = whole.at("tokens").size(1);
+    in.position_ids = (lf::parallel::cp_positions(chunk_len, cp_.size(), cp_.rank()) + start).to(backend_.device());
+  }
   x = foundation_.run_layers(x, in);
   if (!st.last || !with_head) {
     StageOutput out;

@@ -351,11 +351,12 @@ std::string CausalLmPlan::estimates() const {
       // ChunkPipe: one chunk's activations (attention over the whole prefix is flash: O(chunk)),
       // plus the kept keys/values of the sequence with their gradients (x 3 with the transient
       // prefix gradient) and, past the first stage, the stage's inputs.
-      const double cs = static_cast<double>(*chunk);
+      const double cs = static_cast<double>(*chunk) / cp;  // a CP rank's part of each chunk; the keys/values whole
       const double kv = s * b * 2.0 * static_cast<double>(m.query_groups() * m.head_dim()) / tp * (half ? 2 : 4);
       act = cs * b * h * 34 / tp * (half ? 1 : 2) * static_cast<double>(c.layers) + 3 * kv * static_cast<double>(c.layers) +
             (k > 0 ? s * b * h / tp * (half ? 2 : 4) : 0.0);
-      act_note = "one chunk of " + std::to_string(*chunk) + " tokens + the sequence's keys/values";
+      act_note = "one chunk of " + std::to_string(*chunk) + " tokens" +
+                 (cp > 1 ? " (" + std::to_string(*chunk / cp) + " per CP rank)" : "") + " + the sequence's keys/values";
     }
     const std::string pad = pp > 1 ? "    " : "  ";
     if (pp > 1) os << "  stage " << k << ":\n";

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "loongforge/core/error.h"
+#include "loongforge/parallel/tensor/mappings.h"
 
 namespace lf::parallel {
 
@@ -295,6 +296,17 @@ std::pair<at::Tensor, at::Tensor> chunk_orders(int cp, int64_t s, const at::Devi
 }
 
 }  // namespace
+
+at::Tensor cp_gather_sequence(const at::Tensor& x, const ContextParallel& cp) {
+  if (!cp.on()) return x;
+  const int n = cp.size();
+  const int64_t s = x.size(2) * n;
+  auto [to_natural, to_rank_order] = chunk_orders(n, s, x.device());
+  // All-gather along the sequence (dim 0 of the moved view; backward: reduce-scatter), rank order
+  // -> natural order.
+  at::Tensor gathered = gather_from_sequence_parallel(x.movedim(2, 0).contiguous(), *cp.group);
+  return gathered.index_select(0, to_natural).movedim(0, 2);
+}
 
 at::Tensor context_parallel_attention(const DeviceBackend& be, const ContextParallel& cp, const at::Tensor& q,
                                       const at::Tensor& k, const at::Tensor& v, const at::Tensor& documents,

@@ -69,6 +69,11 @@ at::Tensor cp_positions(int64_t s, int cp, int rank);
 // A view-free copy; differentiable (the gradient of the other chunks is zero).
 at::Tensor cp_slice(const at::Tensor& x, int64_t dim, int cp, int rank);
 
+// x: [b, n, s / cp, d] (this rank's tokens, CP layout) -> [b, n, s, d], every rank's tokens in
+// natural order. Differentiable: the backward sums the gradient over the CP ranks and keeps this
+// rank's tokens (ChunkPipe under CP gathers each chunk's keys/values so).
+at::Tensor cp_gather_sequence(const at::Tensor& x, const ContextParallel& cp);
+
 // Attention over the CP group's whole sequence. q: [b, nq, s / cp, d], k: [b, nkv, s / cp, d],
 // v: [b, nkv, s / cp, dv] for this rank's tokens (cp_slice layout), causal; documents: undefined
 // or [b, s] int64 (CPU) ids of the WHOLE sequence in natural order (attention within each

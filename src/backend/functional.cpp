@@ -193,25 +193,28 @@ struct SdpaFn : torch::autograd::Function<SdpaFn> {
 struct SdpaAfterPrefixFn : torch::autograd::Function<SdpaAfterPrefixFn> {
   static at::Tensor forward(AutogradContext* ctx, const DeviceBackend* be, const at::Tensor& q,
                             const at::Tensor& kp, const at::Tensor& vp, const at::Tensor& k,
-                            const at::Tensor& v, double scale) {
+                            const at::Tensor& v, double scale, int64_t own_kind, const std::optional<at::Tensor>& own_mask) {
+    const AttentionMask own{static_cast<backend::MaskKind>(own_kind), own_mask.value_or(at::Tensor())};
     auto a = be->ops().sdpa_fwd(q, kp, vp, AttentionMask::none(), scale);
-    auto b = be->ops().sdpa_fwd(q, k, v, AttentionMask::causal(), scale);
+    auto b = be->ops().sdpa_fwd(q, k, v, own, scale);
     auto lse = at::logaddexp(a.lse, b.lse);  // [b, nq, s] fp32
     auto o = (a.o.to(at::kFloat) * (a.lse - lse).exp().unsqueeze(-1) +
               b.o.to(at::kFloat) * (b.lse - lse).exp().unsqueeze(-1))
                  .to(q.scalar_type());
     save_backend(ctx, be);
     ctx->saved_data["scale"] = scale;
-    ctx->save_for_backward({q, kp, vp, k, v, o, lse});
+    ctx->saved_data["own_kind"] = own_kind;
+    ctx->save_for_backward({q, kp, vp, k, v, o, lse, own.mask});
     return o;
   }
   static variable_list backward(AutogradContext* ctx, variable_list dout) {
     auto s = ctx->get_saved_variables();
     const double scale = ctx->saved_data["scale"].toDouble();
+    const AttentionMask own{static_cast<backend::MaskKind>(ctx->saved_data["own_kind"].toInt()), s[7]};
     const auto& ops = saved_backend(ctx).ops();
     auto a = ops.sdpa_bwd(dout[0], s[0], s[1], s[2], s[5], s[6], AttentionMask::none(), scale);
-    auto b = ops.sdpa_bwd(dout[0], s[0], s[3], s[4], s[5], s[6], AttentionMask::causal(), scale);
-    return {at::Tensor(), a.dq + b.dq, a.dk, a.dv, b.dk, b.dv, at::Tensor()};
+    auto b = ops.sdpa_bwd(dout[0], s[0], s[3], s[4], s[5], s[6], own, scale);
+    return {at::Tensor(), a.dq + b.dq, a.dk, a.dv, b.dk, b.dv, at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
@@ -399,7 +402,18 @@ at::Tensor sdpa_after_prefix(const DeviceBackend& be, const at::Tensor& q, const
   LF_CHECK(k.size(2) == q.size(2), "sdpa_after_prefix: the chunk's own keys (", k.size(2),
            ") must match its queries (", q.size(2), ")");
   const double sc = scale.value_or(1.0 / std::sqrt(static_cast<double>(q.size(3))));
-  return SdpaAfterPrefixFn::apply(&be, q, k_prefix, v_prefix, k, v, sc);
+  return SdpaAfterPrefixFn::apply(&be, q, k_prefix, v_prefix, k, v, sc, static_cast<int64_t>(backend::MaskKind::causal),
+                                  std::nullopt);
+}
+
+at::Tensor sdpa_after_prefix(const DeviceBackend& be, const at::Tensor& q, const at::Tensor& k_prefix,
+                             const at::Tensor& v_prefix, const at::Tensor& k, const at::Tensor& v, double scale,
+                             const AttentionMask& own) {
+  RECORD_USER_SCOPE("lf::sdpa");
+  LF_CHECK(q.dim() == 4 && k.dim() == 4 && k_prefix.dim() == 4, "sdpa_after_prefix: q, k and k_prefix must be 4-d, got ",
+           q.sizes(), ", ", k.sizes(), ", ", k_prefix.sizes());
+  return SdpaAfterPrefixFn::apply(&be, q, k_prefix, v_prefix, k, v, scale, static_cast<int64_t>(own.kind),
+                                  own.mask.defined() ? std::optional<at::Tensor>(own.mask) : std::nullopt);
 }
 
 }  // namespace lf::ops

@@ -402,6 +402,100 @@ TEST(Qwen25Vl, PlaceholderAndGridMismatchesAreErrors) {
   EXPECT_NE(m.find("the tokens hold 4 image placeholders"), std::string::npos) << m;
 }
 
+// --packing-sft-data: conversations with images packed into rows (document ids, restarting
+// positions, the media in order) train as each conversation in its own row: the M-RoPE positions
+// restart per document, attention stays within it; the loss and every gradient (the vision tower's
+// too) agree, <= 1e-5 relative (fp32: the same products, per-document attention slices).
+TEST(Qwen25Vl, PackedConversationsEqualEachInItsOwnRow) {
+  lf::models::DecoderConfig text;
+  text.num_layers = 2;
+  text.hidden_size = 32;
+  text.ffn_hidden_size = 48;
+  text.num_attention_heads = 4;
+  text.num_query_groups = 2;
+  text.vocab_size = 20;
+  text.make_vocab_size_divisible_by = 4;
+  text.max_position_embeddings = 32;
+  Qwen25VisionConfig v;
+  v.depth = 1;
+  v.hidden_size = 32;
+  v.intermediate_size = 40;
+  v.num_heads = 2;
+  v.window_size = 56;
+  v.fullatt_block_indexes = {0};
+  Qwen25VlConfig ids;
+  ids.image_token_id = 7;
+  ids.video_token_id = 8;
+  // Three conversations; images of 4 and 8 placeholders (grids 1x4x4 and 1x4x8).
+  const std::vector<std::vector<int64_t>> conv = {
+      {1, 7, 7, 7, 7, 2, 3}, {4, 5, 7, 7, 7, 7, 7, 7, 7, 7, 6}, {3, 7, 7, 7, 7, 1, 2, 9, 3}};
+  const std::vector<at::Tensor> grids = {at::tensor({1, 4, 4}, at::kLong), at::tensor({1, 4, 8}, at::kLong),
+                                         at::tensor({1, 4, 4}, at::kLong)};
+  at::manual_seed(3);
+  std::vector<at::Tensor> pixels;
+  for (const auto& g : grids) pixels.push_back(at::randn({(g[1] * g[2]).item<int64_t>(), v.patch_dim()}));
+  const int64_t s = 24;
+  // rows: lists of conversations; each conversation of n tokens predicts n - 1 labels.
+  auto make = [&](const std::vector<std::vector<int>>& rows) {
+    const int64_t b = static_cast<int64_t>(rows.size());
+    at::Tensor tokens = at::zeros({b, s}, at::kLong), labels = at::full({b, s}, -100, at::kLong),
+               mask = at::zeros({b, s}, at::kFloat), pos = at::zeros({b, s}, at::kLong), doc = at::zeros({b, s}, at::kLong);
+    std::vector<at::Tensor> px, gr;
+    for (int64_t r = 0; r < b; ++r) {
+      int64_t at_pos = 0, d = 0;
+      for (int c : rows[static_cast<size_t>(r)]) {
+        const auto& t = conv[static_cast<size_t>(c)];
+        for (size_t k = 0; k < t.size(); ++k) {
+          tokens[r][at_pos] = t[k];
+          if (k + 1 < t.size()) labels[r][at_pos] = t[k + 1], mask[r][at_pos] = 1;
+          pos[r][at_pos] = static_cast<int64_t>(k);
+          doc[r][at_pos] = d;
+          ++at_pos;
+        }
+        ++d;
+        px.push_back(pixels[static_cast<size_t>(c)]);
+        gr.push_back(grids[static_cast<size_t>(c)]);
+      }
+      for (int64_t k = at_pos; k < s; ++k) pos[r][k] = k - at_pos, doc[r][k] = d;  // padding: a document of its own
+    }
+    lf::data::Batch batch;
+    batch.set("tokens", tokens, 1);
+    batch.set("labels", labels, 1);
+    batch.set("loss_mask", mask, 1);
+    batch.set("pixel_values", at::cat(px), -1);
+    batch.set("image_grid_thw", at::stack(gr), -1);
+    if (rows[0].size() > 1) {
+      batch.set("position_ids", pos, 1);
+      batch.set("document_ids", doc, 1);
+    }
+    return batch;
+  };
+  auto run = [&](const lf::data::Batch& batch) {
+    Qwen25Vl model(text, v, ids, lf::backend::cpu_backend(), 5, at::kFloat, nullptr, false, {});
+    auto out = model.forward_step(batch, lf::models::Pass::train);
+    out.losses.at(0).sum.backward();
+    std::vector<at::Tensor> r{out.losses.at(0).sum.detach()};
+    for (const auto& p : model.parameters()) r.push_back(p.tensor.grad());
+    for (const auto& p : model.vision_parameters()) r.push_back(p.tensor.grad());
+    return r;
+  };
+  const auto want = run(make({{0}, {1}, {2}})), got = run(make({{0, 1}, {2}}));
+  ASSERT_EQ(want.size(), got.size());
+  for (size_t i = 0; i < want.size(); ++i) {
+    ASSERT_TRUE(want[i].defined() && got[i].defined()) << "tensor " << i;
+    EXPECT_LE(lf::testing::max_abs_diff(got[i], want[i]), 1e-5 * lf::testing::scale_of(want[i])) << "tensor " << i;
+  }
+  // The packed positions restart with the second conversation (its text at 0, 1, then its image).
+  Qwen25Vl model(text, v, ids, lf::backend::cpu_backend(), 5, at::kFloat, nullptr, false, {});
+  const auto packed = make({{0, 1}, {2}});
+  lf::models::Qwen25VlMedia media;
+  media.image_grid_thw = packed.at("image_grid_thw");
+  const auto p = model.position_ids(packed.at("tokens"), media, packed.at("document_ids"));
+  EXPECT_EQ(p[0][0][7].item<int64_t>(), 0);
+  EXPECT_EQ(p[0][0][8].item<int64_t>(), 1);
+  EXPECT_EQ(p[2][0][9].item<int64_t>(), 2);  // the image's first column
+}
+
 TEST(Qwen25Vl, Registered) {
   const auto* t = lf::models::Registry::builtin().composite("qwen2_5_vl");
   ASSERT_NE(t, nullptr);

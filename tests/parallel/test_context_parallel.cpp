@@ -72,7 +72,7 @@ void check_attention(lf::dist::ParallelContext* ctx, CpCommType comm, bool docum
   // This rank's tokens.
   auto local = [&](const at::Tensor& t) { return cp_slice(t, 2, n, r); };
   auto ql = local(q).requires_grad_(true), kl = local(k).requires_grad_(true), vl = local(v).requires_grad_(true);
-  ContextParallel cp{&ctx->cp(), comm};
+  ContextParallel cp{.group = &ctx->cp(), .comm = comm};
   auto whole = [&](const at::Tensor& wq, const at::Tensor& wk, const at::Tensor& wv, const at::Tensor& wd) {
     auto m = wd.defined() ? lf::backend::AttentionMask::boolean(lf::models::block_causal_mask(wd))
                           : lf::backend::AttentionMask::causal();
@@ -88,7 +88,7 @@ void check_attention(lf::dist::ParallelContext* ctx, CpCommType comm, bool docum
     // Transfers waited for before each block (no overlap): the same numbers, bit for bit, and the
     // ring's timers count one forward and one backward call.
     RingStats stats;
-    ContextParallel serial{&ctx->cp(), comm, false, &stats};
+    ContextParallel serial{.group = &ctx->cp(), .comm = comm, .overlap = false, .stats = &stats};
     auto qs = local(q).requires_grad_(true), ks = local(k).requires_grad_(true), vs = local(v).requires_grad_(true);
     auto os = context_parallel_attention(be, serial, qs, ks, vs, docs, scale, whole);
     os.backward(local(dout));

@@ -3,7 +3,8 @@
 // parallelism, CP 2 x PP 2, CP 2 x DP 2 with ZeRO-1 and overlapped reduction, and packed documents
 // (--reset-position-ids --reset-attention-mask on a corpus of short documents) each train the same
 // model as one process; a CP 2 checkpoint resumes at CP 1; layouts CP cannot run are configuration
-// errors naming the key. Tolerances: pp_training.h's (1e-5 loss and parameters, fp32: the same
+// errors naming the key; --dry-run's activations per CP rank. (MoE under CP: test_moe_program.cpp;
+// the VLMs: test_model_layer_program.cpp.) Tolerances: pp_training.h's (1e-5 loss and parameters, fp32: the same
 // products summed in another order).
 #include <gtest/gtest.h>
 
@@ -92,6 +93,15 @@ TEST(CpProgram, PackedDocumentsUnderCpEqualOneProcess) {
                        "packed documents, CP 4, Ulysses");
 }
 
+// ChunkPipe under CP: each 16-token chunk split over the CP ranks (4-token pieces), its keys and
+// values all-gathered, the prefix kept on every rank; with PP 2 the chunks flow through the stages.
+TEST(CpProgram, ChunkPipeWithCpEqualsOneProcess) {
+  const std::vector<std::string> chunks = {"--chunkpipe-chunk-size", "16"};
+  expect_same_training(one_process(), cp_run(2, 1, with(kCp2, chunks), "cp2-chunkpipe"), "ChunkPipe (8 chunks) x CP 2");
+  expect_same_training(one_process(), cp_run(4, 2, with(kCp2, chunks), "cp2-pp2-chunkpipe"),
+                       "ChunkPipe (8 chunks) x CP 2 x PP 2");
+}
+
 // A CP 2 run with ZeRO-1 saved after 5 steps continues at CP 1 as the uninterrupted run.
 TEST(CpProgram, Cp2CheckpointResumesAtCp1) {
   const std::string ckpt = lf::testing::make_temp_dir("cp-ckpt");
@@ -127,6 +137,11 @@ TEST(CpProgram, LayoutsCpCannotRunAreConfigurationErrors) {
         "12"},
        "training.seq_length"},
       {{"--context-parallel-size", "2", "--cp-comm-type", "ring"}, "parallel.cp_comm_type"},
+      // ChunkPipe under CP: chunks of 2 x cp pieces; the chunks' keys/values are gathered, no comm type to choose.
+      {{"--context-parallel-size", "2", "--chunkpipe-chunk-size", "6", "--seq-length", "96"},
+       "parallel.chunkpipe_chunk_size"},
+      {{"--context-parallel-size", "2", "--chunkpipe-chunk-size", "16", "--cp-comm-type", "a2a"},
+       "parallel.cp_comm_type"},
   };
   for (const auto& [extra, key] : cases) {
     auto r = dry(extra);
@@ -139,9 +154,9 @@ TEST(CpProgram, LayoutsCpCannotRunAreConfigurationErrors) {
                    "demo.yaml", 2);
   EXPECT_NE(heads.exit_code, 0) << heads.output;
   EXPECT_NE(heads.output.find("parallel.cp_comm_type"), std::string::npos) << heads.output;
-  auto moe = dry({"--context-parallel-size", "2"}, "demo_moe.yaml", 2);
-  EXPECT_NE(moe.exit_code, 0) << moe.output;
-  EXPECT_NE(moe.output.find("parallel.context_parallel_size"), std::string::npos) << moe.output;
+  auto mtp = dry({"--context-parallel-size", "2", "--mtp-num-layers", "1"}, "demo.yaml", 2);
+  EXPECT_NE(mtp.exit_code, 0) << mtp.output;
+  EXPECT_NE(mtp.output.find("parallel.context_parallel_size"), std::string::npos) << mtp.output;
   // A valid layout is shown, with the communication type.
   auto ok = dry({"--context-parallel-size", "2", "--cp-comm-type", "a2a"}, "demo.yaml", 2);
   EXPECT_EQ(ok.exit_code, 0) << ok.output;

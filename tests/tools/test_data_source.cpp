@@ -198,21 +198,12 @@ TEST(SftSource, OnlyAnswerLabelsReachTheLoss) {
   EXPECT_EQ(model.loss_counts(batch).at("lm loss"), mask.sum().item<double>());
 }
 
-// --packing-sft-data: a row holds whole conversations (positions restarting, one document id
-// each, the padding a document of its own); its loss and every gradient equal those of the same
-// conversations each in its own row (attention per document, no [s, s] mask), <= 1e-6 relative.
-TEST(SftSource, PackedRowsEqualEachConversationInItsOwnRow) {
-  const std::string d = lf::testing::make_temp_dir("sft_pack");
-  const SftStore st = write_sft_store(d, 12, 50);
-  lf::tools::SftOptions o = sft_options(st.prefix, 48, 2, 4);
-  o.pack = true;
-  auto packed = lf::tools::make_sft_sources(o).train->next();
-  ASSERT_TRUE(packed.contains("document_ids") && packed.contains("position_ids"));
-  const int64_t s = 48;
-  // Each document of the packed rows as a row of its own.
-  std::vector<at::Tensor> tokens, labels, masks;
-  int64_t documents = 0;
-  for (int64_t r = 0; r < 2; ++r) {
+// fn(row, a, b, cut) for each document run [a, b) of the packed rows (its positions must restart
+// at 0); cut(field, fill) is that run of a field as a row of its own, padded with `fill`.
+template <class Fn>
+void for_each_document(const lf::data::Batch& packed, Fn&& fn) {
+  const int64_t rows = packed.at("tokens").size(0), s = packed.at("tokens").size(1);
+  for (int64_t r = 0; r < rows; ++r) {
     const at::Tensor doc = packed.at("document_ids")[r];
     for (int64_t a = 0; a < s;) {
       int64_t b = a;
@@ -223,25 +214,17 @@ TEST(SftSource, PackedRowsEqualEachConversationInItsOwnRow) {
         row.narrow(0, 0, b - a).copy_(packed.at(f)[r].narrow(0, a, b - a));
         return row;
       };
-      if (packed.at("labels")[r].narrow(0, a, b - a).ge(0).any().item<bool>()) {
-        // A whole conversation of the store: its tokens, then its last token as the final label.
-        bool whole = false;
-        for (const auto& conv : st.tokens)
-          if (static_cast<int64_t>(conv.size()) == b - a + 1) {
-            bool same = true;
-            for (int64_t k = 0; k < b - a; ++k) same = same && packed.at("tokens")[r][a + k].item<int64_t>() == conv[k];
-            whole = whole || same;
-          }
-        EXPECT_TRUE(whole) << "row " << r << " [" << a << ", " << b << ") is not a whole conversation";
-        tokens.push_back(cut("tokens", 0));
-        labels.push_back(cut("labels", -100));
-        masks.push_back(cut("loss_mask", 0));
-        ++documents;
-      }
+      fn(r, a, b, cut);
       a = b;
     }
   }
-  EXPECT_GT(documents, 2) << "nothing was packed";
+}
+
+// The loss and every gradient of a tiny decoder on `packed` rows equal those on the same documents
+// each in its own row (tokens / labels / masks: one padded row per document), <= 1e-6 relative;
+// the loss counts are the mask's.
+void expect_packed_equals_separate(const lf::data::Batch& packed, const std::vector<at::Tensor>& tokens,
+                                   const std::vector<at::Tensor>& labels, const std::vector<at::Tensor>& masks) {
   lf::data::Batch separate;
   separate.set("tokens", at::stack(tokens), 1);
   separate.set("labels", at::stack(labels), 1);
@@ -263,6 +246,66 @@ TEST(SftSource, PackedRowsEqualEachConversationInItsOwnRow) {
     const double scale = want[i].abs().max().item<double>();
     EXPECT_LE((got[i] - want[i]).abs().max().item<double>(), 1e-6 * scale + 1e-9) << "tensor " << i;
   }
+}
+
+// --packing-sft-data: a row holds whole conversations (positions restarting, one document id
+// each, the padding a document of its own); its loss and every gradient equal those of the same
+// conversations each in its own row (attention per document, no [s, s] mask), <= 1e-6 relative.
+TEST(SftSource, PackedRowsEqualEachConversationInItsOwnRow) {
+  const std::string d = lf::testing::make_temp_dir("sft_pack");
+  const SftStore st = write_sft_store(d, 12, 50);
+  lf::tools::SftOptions o = sft_options(st.prefix, 48, 2, 4);
+  o.pack = true;
+  auto packed = lf::tools::make_sft_sources(o).train->next();
+  ASSERT_TRUE(packed.contains("document_ids") && packed.contains("position_ids"));
+  // Each document of the packed rows as a row of its own.
+  std::vector<at::Tensor> tokens, labels, masks;
+  int64_t documents = 0;
+  for_each_document(packed, [&](int64_t r, int64_t a, int64_t b, const auto& cut) {
+    if (packed.at("labels")[r].narrow(0, a, b - a).ge(0).any().item<bool>()) {
+      // A whole conversation of the store: its tokens, then its last token as the final label.
+      bool whole = false;
+      for (const auto& conv : st.tokens)
+        if (static_cast<int64_t>(conv.size()) == b - a + 1) {
+          bool same = true;
+          for (int64_t k = 0; k < b - a; ++k) same = same && packed.at("tokens")[r][a + k].item<int64_t>() == conv[k];
+          whole = whole || same;
+        }
+      EXPECT_TRUE(whole) << "row " << r << " [" << a << ", " << b << ") is not a whole conversation";
+      tokens.push_back(cut("tokens", 0));
+      labels.push_back(cut("labels", -100));
+      masks.push_back(cut("loss_mask", 0));
+      ++documents;
+    }
+  });
+  EXPECT_GT(documents, 2) << "nothing was packed";
+  expect_packed_equals_separate(packed, tokens, labels, masks);
+}
+
+// Pretraining rows with --reset-position-ids --reset-attention-mask --eod-mask-loss (Megatron's
+// semantics: an end-of-document token closes its document, positions restart after it, the
+// prediction from it -- the next document's first token -- is masked): the loss and every
+// gradient of packed rows equal those of each document in its own row, <= 1e-6 relative.
+TEST(PretrainingRows, PackedDocumentsEqualEachDocumentInItsOwnRow) {
+  const int64_t s = 40, eod = 0;
+  at::manual_seed(5);
+  at::Tensor stream = at::randint(1, 50, {2, s + 1}, at::kLong);
+  for (int64_t k : {6, 7, 19, 33}) stream[0][k] = eod;  // uneven documents, one of a single token
+  for (int64_t k : {12, 25}) stream[1][k] = eod;
+  lf::data::Batch packed;
+  packed.set("tokens", stream.narrow(1, 0, s).contiguous(), 1);
+  packed.set("labels", stream.narrow(1, 1, s).contiguous(), 1);
+  packed.set("loss_mask", at::ones({2, s}, at::kFloat), 1);
+  lf::tools::add_document_fields(packed, eod, true, true, true);
+  std::vector<at::Tensor> tokens, labels, masks;
+  for_each_document(packed, [&](int64_t, int64_t, int64_t, const auto& cut) {
+    tokens.push_back(cut("tokens", 1));
+    labels.push_back(cut("labels", -100));
+    masks.push_back(cut("loss_mask", 0));
+  });
+  ASSERT_EQ(tokens.size(), 8u);  // 5 documents in row 0, 3 in row 1
+  EXPECT_EQ(packed.at("loss_mask").sum().item<double>(), 2 * s - 6);  // the 6 end-of-document tokens
+  expect_packed_equals_separate(packed, tokens, labels, masks);
 }
 
 }  // namespace

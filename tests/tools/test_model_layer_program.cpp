@@ -82,6 +82,39 @@ TEST(Qwen25Vl, FoundationTp2AndPp2EqualOneProcess) {
   lf::testing::expect_same_training(one, pp2, "qwen2_5_vl: foundation pp 2");
 }
 
+// Context parallelism with the vision tower: every rank of a TP x CP group encodes the same media,
+// the media are spliced into the whole sequence and each CP rank keeps its tokens (a 16-token image
+// spanning two of the four 8-token chunks at CP 2); the tower's gradient is each CP rank's part,
+// summed. CP 2 (ring) and CP 2 x TP 2 + SP (Ulysses) equal one process.
+TEST(Qwen25Vl, ContextParallelEqualsOneProcess) {
+  const std::string cfg = config("examples/qwen2_5_vl_tiny.yaml");
+  const std::vector<std::string> image = {"++model.mock_image_patches=8"};
+  auto one = run(1, cfg, image, "qwen25vl_cp1");
+  auto with = [&](std::vector<std::string> extra) {
+    extra.insert(extra.end(), image.begin(), image.end());
+    return extra;
+  };
+  auto cp2 = run(2, cfg, with({"--context-parallel-size", "2"}), "qwen25vl_cp2");
+  EXPECT_NE(cp2.output.find(", cp 2 (p2p)"), std::string::npos) << cp2.output;
+  lf::testing::expect_same_training(one, cp2, "qwen2_5_vl: foundation cp 2 (ring)");
+  auto cp2tp2 = run(4, cfg,
+                    with({"--context-parallel-size", "2", "--cp-comm-type", "a2a", "--tensor-model-parallel-size", "2",
+                          "--sequence-parallel"}),
+                    "qwen25vl_cp2tp2");
+  EXPECT_NE(cp2tp2.output.find(", cp 2 (a2a)"), std::string::npos) << cp2tp2.output;
+  lf::testing::expect_same_training(one, cp2tp2, "qwen2_5_vl: foundation cp 2 x tp 2 + SP (Ulysses)");
+}
+
+// Qwen3-VL's DeepStack features are injected after the first layers at the visual positions: under
+// CP each rank injects the rows of its own positions.
+TEST(Qwen3Vl, ContextParallelEqualsOneProcess) {
+  const std::string cfg = config("examples/qwen3_vl_tiny.yaml");
+  auto one = run(1, cfg, {}, "qwen3vl_cp1");
+  auto cp2 = run(2, cfg, {"--context-parallel-size", "2"}, "qwen3vl_cp2");
+  EXPECT_NE(cp2.output.find(", cp 2 (p2p)"), std::string::npos) << cp2.output;
+  lf::testing::expect_same_training(one, cp2, "qwen3_vl: foundation cp 2 (ring)");
+}
+
 // One-line backbone swap: configs/examples/qwen2_5_vl_tiny.yaml with only its defaults line changed
 // to another backbone preset (head_dims 16 and 32, dense and MoE) trains unchanged (the M-RoPE
 // sections follow head_dim); DeepSeek-V3's multi-latent attention is refused naming the key.
@@ -188,6 +221,18 @@ TEST(Qwen25Vl, MultimodalStoreTrainsAndLayoutsEqualOneProcess) {
   for (int k = 0; k < 2; ++k)
     for (auto& [name, v] : lf::testing::read_params(dir + "/p.safetensors.pp" + std::to_string(k))) pp2.params[name] = v;
   lf::testing::expect_same_training(one, pp2, "qwen2_5_vl store: foundation pp 2");
+  // --packing-sft-data: several conversations with their images per row (M-RoPE positions restart
+  // per conversation; tests/models/test_qwen2_5_vl.cpp checks packed == each in its own row); the
+  // packed rows under CP 2 (documents and images crossing the chunks) equal one process.
+  std::vector<std::string> packed = data;
+  packed.push_back("--packing-sft-data");
+  auto packed1 = run(1, cfg, packed, "vlm_store_packed");
+  ASSERT_EQ(packed1.exit_code, 0) << packed1.output;
+  EXPECT_NE(packed1.losses, one.losses) << "packing changed nothing";
+  std::vector<std::string> packed_cp = packed;
+  packed_cp.insert(packed_cp.end(), {"--context-parallel-size", "2"});
+  lf::testing::expect_same_training(packed1, run(2, cfg, packed_cp, "vlm_store_packed_cp2"),
+                                    "qwen2_5_vl store, packed conversations: foundation cp 2");
   // The store's placeholder ids must be the model's; a text model refuses a multimodal store.
   std::vector<std::string> wrong = data;
   wrong.push_back("model.image_token_id=1207");

@@ -177,6 +177,45 @@ TEST(MoeTraining, ExpertParallelEqualsSingleProcess) {
                     "EP=2 x PP=2");
 }
 
+// Context parallelism: each rank routes its tokens of the sequences; the load-balancing losses'
+// token counts (per micro-batch and per sequence) and the expert load are summed over the CP
+// ranks (with TP + SP: over TP x CP) so every rank's term is its tokens' part of the whole
+// sequences' loss; expert parallelism spans dp x cp as in Megatron.
+TEST(MoeTraining, ContextParallelEqualsSingleProcess) {
+  const std::string d = lf::testing::make_temp_dir("moe_cp");
+  auto mb = [](std::vector<std::string> a) {
+    a.insert(a.begin(), {"--micro-batch-size", "2"});
+    return a;
+  };
+  const std::vector<std::string> cp2{"--context-parallel-size", "2"};
+  auto with = [&](std::vector<std::string> a, const std::vector<std::string>& b) {
+    a.insert(a.end(), b.begin(), b.end());
+    return mb(a);
+  };
+  const MoeRun one = train(1, d + "/one", mb({}));
+  ASSERT_EQ(one.exit_code, 0) << one.output;
+  const MoeRun ring = train(2, d + "/cp2", with(cp2, {}));
+  EXPECT_NE(ring.output.find(", cp 2 (p2p)"), std::string::npos) << ring.output;
+  expect_equivalent(one, ring, "CP=2 (ring attention)");
+  expect_equivalent(one, train(2, d + "/cp2_ep2", with(cp2, {"--expert-model-parallel-size", "2",
+                                                             "--moe-token-dispatcher-type", "alltoall"})),
+                    "CP=2 x EP=2 (EP over the CP ranks), all-to-all");
+  expect_equivalent(one,
+                    train(4, d + "/cp2_tp2_ep2",
+                          with(cp2, {"--tensor-model-parallel-size", "2", "--sequence-parallel",
+                                     "--expert-tensor-parallel-size", "1", "--expert-model-parallel-size", "2",
+                                     "--moe-token-dispatcher-type", "alltoall", "--cp-comm-type", "a2a"})),
+                    "CP=2 (Ulysses) x TP=2 + SP x EP=2 (expert TP 1)");
+  const std::vector<std::string> seq{"model.foundation.moe_router_load_balancing_type=seq_aux_loss"};
+  const MoeRun one_seq = train(1, d + "/one_seq", mb(seq));
+  ASSERT_EQ(one_seq.exit_code, 0) << one_seq.output;
+  expect_equivalent(one_seq, train(2, d + "/cp2_seq", with(cp2, seq)), "CP=2, per-sequence load-balancing loss");
+  // A capacity limit would count a rank's part of each sequence: refused.
+  auto capped = train(2, d + "/capped", with(cp2, {"--moe-expert-capacity-factor", "1.5", "--dry-run"}), 4);
+  EXPECT_NE(capped.exit_code, 0);
+  EXPECT_NE(capped.output.find("model.foundation.moe_expert_capacity_factor"), std::string::npos) << capped.output;
+}
+
 // --save-hf under expert parallelism gathers every rank's experts: the HF directory written at
 // EP = 2 holds the same tensors as the one written by one process (the expert bias off: Qwen3-MoE's
 // HF form has none).

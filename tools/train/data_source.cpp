@@ -567,8 +567,6 @@ DataSources make_sft_sources(const SftOptions& o) {
                                : "preprocess the conversations with `loongforge-data preprocess --multimodal`"));
   std::shared_ptr<const ConversationStore> data;
   if (multimodal) {
-    LF_CHECK(!o.pack, "--packing-sft-data is not supported with multimodal data yet (M-RoPE positions come from "
-             "whole conversations)", lf::hint("drop --packing-sft-data"));
     auto mm = std::make_shared<const MultimodalConversations>(o.prefix, o.vocab_size, o.seq_length);
     LF_CHECK(o.image_token_id < 0 || mm->info().image_token_id == o.image_token_id, "multimodal store ", o.prefix,
              " uses image token id ", mm->info().image_token_id, " but model.image_token_id is ", o.image_token_id,

@@ -61,6 +61,12 @@ at::Tensor sdpa(const DeviceBackend& be, const at::Tensor& q, const at::Tensor& 
 at::Tensor sdpa_after_prefix(const DeviceBackend& be, const at::Tensor& q, const at::Tensor& k_prefix,
                              const at::Tensor& v_prefix, const at::Tensor& k, const at::Tensor& v,
                              std::optional<double> scale = std::nullopt);
+// The same with the own chunk's keys under `own` (causal: bottom-right aligned, so t own keys
+// may outnumber the s queries, as for a context-parallel rank's piece of a chunk; or an explicit
+// mask [b|1, 1, s, t]).
+at::Tensor sdpa_after_prefix(const DeviceBackend& be, const at::Tensor& q, const at::Tensor& k_prefix,
+                             const at::Tensor& v_prefix, const at::Tensor& k, const at::Tensor& v, double scale,
+                             const AttentionMask& own);
 
 // MoE dispatch: x [n, h] routed by indices [n, k] (-1: a dropped slot) -> rows [m, h] grouped by
 // expert (gradient to x), with each slot's row (position [n, k], -1 if dropped) and the rows per

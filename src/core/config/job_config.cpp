@@ -205,11 +205,27 @@ void validate(const JobConfig& job, const Node& resolved, ErrorList& errors) {
              "size must be a multiple of the TP size: " +
                  c.show("parallel.chunkpipe_chunk_size") + ", " + c.show("parallel.tensor_model_parallel_size"),
              "pick a chunk size that is a multiple of " + std::to_string(p.tensor_model_parallel_size));
-    if (c.ok({"parallel.context_parallel_size"}) && p.context_parallel_size > 1)
-      c.fail("parallel.chunkpipe_chunk_size",
-             "ChunkPipe and context parallelism both split the sequence: " + c.show("parallel.chunkpipe_chunk_size") +
-                 ", " + c.show("parallel.context_parallel_size"),
-             "use one of them: drop --chunkpipe-chunk-size or set --context-parallel-size 1");
+    if (c.ok({"parallel.context_parallel_size", "parallel.cp_comm_type"}) && p.context_parallel_size > 1) {
+      // Each chunk is split over the CP ranks like a sequence; its keys/values are all-gathered.
+      const int64_t cp = p.context_parallel_size;
+      if (n % (2 * cp) != 0)
+        c.fail("parallel.chunkpipe_chunk_size",
+               "under context parallelism each chunk is cut into 2 x cp pieces: " +
+                   c.show("parallel.chunkpipe_chunk_size") + ", " + c.show("parallel.context_parallel_size"),
+               "pick a chunk size that is a multiple of " + std::to_string(2 * cp));
+      else if (c.ok({"parallel.sequence_parallel", "parallel.tensor_model_parallel_size"}) && p.sequence_parallel &&
+               (n / cp) % p.tensor_model_parallel_size != 0)
+        c.fail("parallel.chunkpipe_chunk_size",
+               "with sequence parallelism a CP rank's " + std::to_string(n / cp) +
+                   " tokens of each chunk are split over the tensor-parallel ranks: " +
+                   c.show("parallel.chunkpipe_chunk_size") + ", " + c.show("parallel.context_parallel_size"),
+               "pick a chunk size that is a multiple of " + std::to_string(2 * cp * p.tensor_model_parallel_size));
+      if (c.given("parallel.cp_comm_type"))
+        c.fail("parallel.cp_comm_type",
+               "under ChunkPipe context-parallel ranks all-gather each chunk's keys and values (the prefix is kept "
+               "on every rank); neither the ring nor Ulysses runs: " + c.show("parallel.cp_comm_type"),
+               "drop --cp-comm-type with --chunkpipe-chunk-size");
+    }
     if (c.ok({"parallel.num_layers_per_virtual_pipeline_stage"}) && p.num_layers_per_virtual_pipeline_stage)
       c.fail("parallel.chunkpipe_chunk_size",
              "ChunkPipe runs its own schedule, not the interleaved one: " + c.show("parallel.chunkpipe_chunk_size") +

@@ -52,9 +52,33 @@ at::Tensor attend_documents(const lf::backend::DeviceBackend& be, const at::Tens
 at::Tensor attend(const lf::backend::DeviceBackend& be, at::Tensor qr, at::Tensor kr, at::Tensor vr,
                   const lf::backend::AttentionMask& mask, KvCache* cache, ChunkAttention* chunk, size_t i,
                   std::optional<double> scale, const at::Tensor& documents, const lf::parallel::ContextParallel* cp) {
+  if (cp && cp->on() && chunk) {
+    // ChunkPipe under CP: the chunk's keys/values gathered from the CP ranks (the prefix store keeps
+    // them whole on every rank; their gradients sum over the ranks in the gather's backward), this
+    // rank's queries over the prefix and, causally by position, over the whole chunk.
+    LF_CHECK(!cache && mask.kind == lf::backend::MaskKind::causal && !documents.defined(),
+             "ChunkPipe under context parallelism runs causal attention without document masks");
+    const at::Tensor k = lf::parallel::cp_gather_sequence(kr, *cp), v = lf::parallel::cp_gather_sequence(vr, *cp);
+    chunk->k[i] = k;
+    chunk->v[i] = v;
+    const double sc = scale.value_or(1.0 / std::sqrt(static_cast<double>(qr.size(-1))));
+    const bool prefix = i < chunk->prefix_k.size() && chunk->prefix_k[i].defined() && chunk->prefix_k[i].size(2) > 0;
+    // Piece g of the chunk's 2 cp pieces (p tokens) sees the keys of pieces 0..g: the causal mask,
+    // bottom-right aligned over those (g + 1) p keys, is exactly the positions' order; no explicit mask.
+    const int64_t p = qr.size(2) / 2;
+    const auto [a, b] = lf::parallel::cp_chunks(cp->size(), cp->rank());
+    std::vector<at::Tensor> out;
+    for (const auto& [piece, g] : {std::pair<int64_t, int64_t>{0, a}, {1, b}}) {
+      const at::Tensor q = qr.narrow(2, piece * p, p), kk = k.narrow(2, 0, (g + 1) * p), vv = v.narrow(2, 0, (g + 1) * p);
+      out.push_back(prefix ? lf::ops::sdpa_after_prefix(be, q, chunk->prefix_k[i], chunk->prefix_v[i], kk, vv, sc,
+                                                        lf::backend::AttentionMask::causal())
+                           : lf::ops::sdpa(be, q, kk, vv, lf::backend::AttentionMask::causal(), sc));
+    }
+    return at::cat(out, 2);
+  }
   if (cp && cp->on()) {
-    LF_CHECK(!cache && !chunk && mask.kind == lf::backend::MaskKind::causal,
-             "context parallelism runs causal attention over whole sequences (no KV cache, no ChunkPipe, no other mask)");
+    LF_CHECK(!cache && mask.kind == lf::backend::MaskKind::causal,
+             "context parallelism runs causal attention over whole sequences (no KV cache, no other mask)");
     auto whole = [&be, scale](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& docs) {
       return docs.defined() ? attend_documents(be, q, k, v, docs, scale)
                             : lf::ops::sdpa(be, q, k, v, lf::backend::AttentionMask::causal(), scale);

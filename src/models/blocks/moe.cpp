@@ -338,7 +338,7 @@ MoeLayer::Routing MoeLayer::route(const at::Tensor& x2d) const {
 
 at::Tensor MoeLayer::forward(const lf::backend::DeviceBackend& be, const lf::parallel::TensorParallel& tp,
                              const at::Tensor& x, bool training, bool selective_recompute, MoeStep* step,
-                             size_t moe_index, size_t moe_layers) const {
+                             size_t moe_index, size_t moe_layers, const lf::parallel::ContextParallel* cp) const {
   LF_CHECK(x.dim() == 3, "MoE layer: x must be [s(/tp), b, h], got ", x.sizes());
   // Expert TP = TP: enter the TP region (the whole sequence on every rank; SP: gathered). Expert
   // parallelism (expert TP 1): each rank routes its own tokens (under TP its sequence-parallel
@@ -347,7 +347,13 @@ at::Tensor MoeLayer::forward(const lf::backend::DeviceBackend& be, const lf::par
   const int tps = tp.size();
   // Training needs SP then (each TP rank its own chunk); without it (generation) the TP ranks route
   // the same tokens and each gets every token's result.
-  lf::backend::Communicator* split = ep_mode && tps > 1 && tp.sequence_parallel ? tp.tp : nullptr;
+  lf::backend::Communicator* tp_split = ep_mode && tps > 1 && tp.sequence_parallel ? tp.tp : nullptr;
+  // The ranks a sequence's tokens are spread over: TP (expert parallelism under SP), CP, or both.
+  // Token counts are summed over all of them; a loss term's reported value over TP only (each CP
+  // rank's term is its tokens' part, and the trainer sums the parts over CP).
+  const bool cp_on = cp && cp->on();
+  LF_CHECK(!cp_on || !tp_split || cp->with_tp, "MoE under context and sequence parallelism needs the TP x CP group");
+  lf::backend::Communicator* split = cp_on ? (tp_split ? cp->with_tp : cp->group) : tp_split;
   at::Tensor xf = x;
   if (!ep_mode && tps > 1)
     xf = tp.sequence_parallel ? lf::parallel::gather_from_sequence_parallel(x, *tp.tp) : lf::parallel::copy_to_tp(x, *tp.tp);
@@ -401,10 +407,10 @@ at::Tensor MoeLayer::forward(const lf::backend::DeviceBackend& be, const lf::par
                           ? [&] { auto sg = at::sigmoid(r.logits); return sg / (sg.sum(-1, true) + 1e-20); }()
                           : at::softmax(r.logits, -1);
     auto routed = at::zeros({t, e}, full.options()).scatter_(1, topk_indices(full.detach(), k), 1.0);
-    // Tokens split over TP (expert parallelism under SP): the token counts are summed over the
-    // split first, so that each rank's term covers its tokens' probabilities and the terms add up
-    // to the loss of the whole sequence.
-    const double parts = split ? tps : 1;
+    // Tokens split over TP (expert parallelism under SP) or CP: the token counts are summed over
+    // the split first, so that each rank's term covers its tokens' probabilities and the terms add
+    // up to the loss of the whole sequence.
+    const double parts = split ? split->size() : 1;
     if (c_.load_balancing == "aux_loss") {
       // coeff * E / (k T^2) * sum_e tokens_e * sum_t p_te
       at::Tensor counts = routed.sum(0);
@@ -418,7 +424,7 @@ at::Tensor MoeLayer::forward(const lf::backend::DeviceBackend& be, const lf::par
       counts = counts * (static_cast<double>(e) / (ss * k));
       aux = c_.aux_loss_coeff * (counts * (full.view({s, bsz, e}).sum(0) / ss)).sum(1).mean();
     }
-    values[MoeStep::kLoadBalancingLoss] = total_over(aux, split);
+    values[MoeStep::kLoadBalancingLoss] = total_over(aux, tp_split);
     // Expert TP = TP: every TP rank computes the same loss from the whole sequence; each takes
     // 1/tp of its gradient so that the TP sums of the router's and the input's gradients count it
     // once. Split tokens: each rank's term is its own part.
@@ -426,9 +432,9 @@ at::Tensor MoeLayer::forward(const lf::backend::DeviceBackend& be, const lf::par
     out = AttachAuxLoss::apply(out, aux, w);
   }
   if (c_.z_loss_coeff > 0) {
-    const double tt = static_cast<double>(t) * (split ? tps : 1);
+    const double tt = static_cast<double>(t) * (split ? split->size() : 1);
     auto z = c_.z_loss_coeff * at::logsumexp(r.logits, -1).square().sum() / tt;
-    values[MoeStep::kZLoss] = total_over(z, split);
+    values[MoeStep::kZLoss] = total_over(z, tp_split);
     const double w = (step ? step->weight(MoeStep::kZLoss) : 1.0) / (ep_mode ? 1 : tps);
     out = AttachAuxLoss::apply(out, z, w);
   }

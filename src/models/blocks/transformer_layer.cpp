@@ -44,7 +44,7 @@ at::Tensor TransformerLayer::forward(const at::Tensor& x, const AttentionInputs&
   auto y = x + hidden_dropout(attn, c_.hidden_dropout, lc);
   auto normed = pre_mlp_norm_(be, y);
   auto mlp = c_.moe ? moe_.forward(be, *lc.tp, normed, lc.training, a.selective_recompute, lc.moe, moe_index_,
-                                   lc.moe_layers)
+                                   lc.moe_layers, a.cp)
                     : mlp_.forward(be, *lc.tp, normed, a.selective_recompute, lp);
   return y + hidden_dropout(mlp, c_.hidden_dropout, lc);
 }

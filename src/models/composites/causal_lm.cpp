@@ -219,10 +219,10 @@ DecoderInputs CausalLm::inputs_of(const Batch& batch, int64_t seq) const {
 void CausalLm::set_context_parallel(lf::parallel::CpCommType comm) {
   LF_CHECK(parallel_ && parallel_->cp_size() > 1, "set_context_parallel: the model's context has no context-parallel "
            "group (cp 1)");
-  LF_CHECK(foundation_.num_mtp_layers() == 0 && foundation_.num_moe_layers() == 0,
-           "context parallelism is built for dense decoders without multi-token prediction",
-           lf::hint("set --context-parallel-size 1 for MoE or MTP models"));
+  LF_CHECK(foundation_.num_mtp_layers() == 0, "context parallelism is built for models without multi-token prediction",
+           lf::hint("set --context-parallel-size 1 for MTP models"));
   cp_.group = &parallel_->cp();
+  if (parallel_->tp_size() > 1) cp_.with_tp = &parallel_->tp_cp();
   cp_.comm = comm;
 }
 
@@ -230,18 +230,41 @@ Batch CausalLm::context_slice(const Batch& batch) const {
   const int n = cp_.size(), r = cp_.rank();
   Batch out;
   out.sample_indices = batch.sample_indices;
-  for (const char* name : {"tokens", "labels", "loss_mask"})
-    if (const at::Tensor* t = batch.find(name)) out.set(name, lf::parallel::cp_slice(*t, 1, n, r), 1);
-  if (const at::Tensor* p = batch.find("position_ids"))
-    out.set("position_ids", lf::parallel::cp_slice(*p, -1, n, r), p->dim() - 1);
-  if (const at::Tensor* d = batch.find("document_ids")) out.set("document_ids", *d);
-  for (const auto& [name, t] : batch.fields().items())
-    LF_CHECK(out.contains(name), "context parallelism: batch field '", name, "' has no context-parallel layout",
-             lf::hint("this model's batches hold tokens, labels, loss_mask, position_ids and document_ids"));
+  for (const auto& [name, t] : batch.fields().items()) {
+    const int64_t dim = batch.sequence_dim(name);
+    // Per-token fields in the CP layout; document ids (attention needs the whole sequence's) and
+    // per-sample fields (media) whole.
+    if (dim >= 0 && name != "document_ids")
+      out.set(name, lf::parallel::cp_slice(t, dim, n, r), dim);
+    else
+      out.set(name, t, dim);
+  }
+  LF_CHECK(out.at("tokens").size(1) * n == batch.at("tokens").size(1),
+           "context parallelism: the batch's tokens are not marked as a sequence field",
+           lf::hint("internal: the data source must set tokens with sequence dim 1"));
   return out;
 }
 
-at::Tensor CausalLm::embed_inputs(const Batch& batch) const { return foundation_.embed(batch.at("tokens"), 0); }
+at::Tensor CausalLm::context_share(const at::Tensor& x) const {
+  return cp_.on() ? lf::parallel::cp_slice(x, 0, cp_.size(), cp_.rank()) : x;
+}
+
+HiddenInjection CausalLm::context_share(const HiddenInjection& injection) const {
+  if (!cp_.on()) return injection;
+  // The rows of `values` follow the mask's true entries in (sample, position) order; keep those at
+  // this rank's positions, in the same order over the sliced mask.
+  const at::Tensor mask = injection.mask.to(at::kCPU, at::kBool);
+  const at::Tensor row = (mask.reshape({-1}).to(at::kLong).cumsum(0) - 1).view(mask.sizes());
+  const at::Tensor local = lf::parallel::cp_slice(mask, 1, cp_.size(), cp_.rank());
+  const at::Tensor rows = lf::parallel::cp_slice(row, 1, cp_.size(), cp_.rank()).masked_select(local);
+  return {injection.layer, local.to(injection.mask.device()),
+          injection.values.index_select(0, rows.to(injection.values.device()))};
+}
+
+at::Tensor CausalLm::embed_inputs(const Batch& batch) const {
+  const at::Tensor& tokens = batch.at("tokens");
+  return foundation_.embed(cp_.on() ? lf::parallel::cp_slice(tokens, 1, cp_.size(), cp_.rank()) : tokens, 0);
+}
 
 namespace {
 // [b, s] -> [b, s]: every row moved one position left, `fill` at the end (Megatron's roll_tensor).
@@ -319,7 +342,7 @@ StageOutput CausalLm::stage_forward(const Batch& whole, const TensorMap& input, 
   const auto [lo, hi] = foundation_.chunk_layers(chunk);
   const bool embeds = st.first && chunk == 0, heads = st.last && chunk == st.num_chunks() - 1;
   const int64_t s = batch.at("tokens").size(1);
-  at::Tensor x = embeds ? embed_inputs(batch) : input.at("hidden_states");
+  at::Tensor x = embeds ? embed_inputs(whole) : input.at("hidden_states");
   x = foundation_.run_layers(x, inputs_of(batch, s), lo, hi);
   if (!heads) {
     StageOutput out;
@@ -329,8 +352,12 @@ StageOutput CausalLm::stage_forward(const Batch& whole, const TensorMap& input, 
   return head_output(x, batch, pass);
 }
 
-StageOutput CausalLm::chunk_forward(const Batch& chunk, const TensorMap& input, int64_t start, ChunkAttention& kv,
+StageOutput CausalLm::chunk_forward(const Batch& whole, const TensorMap& input, int64_t start, ChunkAttention& kv,
                                     bool with_head, Pass pass) {
+  // Under context parallelism each chunk is split over the CP ranks like a sequence (its keys and
+  // values gathered in attention).
+  const Batch local = cp_.on() ? context_slice(whole) : Batch();
+  const Batch& chunk = cp_.on() ? local : whole;
   const auto& st = foundation_.stage();
   LF_CHECK(st.num_chunks() == 1, "ChunkPipe runs one model chunk per pipeline rank; this stage has ", describe_stage(),
            lf::hint("drop --num-layers-per-virtual-pipeline-stage with --chunkpipe-chunk-size"));
@@ -344,6 +371,11 @@ StageOutput CausalLm::chunk_forward(const Batch& chunk, const TensorMap& input, 
   in.start = start;
   in.seq = c;
   in.chunk = &kv;
+  if (cp_.on()) {
+    in.cp = &cp_;
+    const int64_t chunk_len = whole.at("tokens").size(1);
+    in.position_ids = (lf::parallel::cp_positions(chunk_len, cp_.size(), cp_.rank()) + start).to(backend_.device());
+  }
   x = foundation_.run_layers(x, in);
   if (!st.last || !with_head) {
     StageOutput out;

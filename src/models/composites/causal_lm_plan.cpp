@@ -101,12 +101,16 @@ CausalLmPlan::CausalLmPlan(std::shared_ptr<const ModelConfig> config, const Plan
     }
     if (const int cp = layout_.size(lf::dist::Axis::cp); cp > 1) {
       const std::string key = "parallel.context_parallel_size";
-      if (foundation_.is_moe() || foundation_.mtp_num_layers > 0)
+      if (foundation_.mtp_num_layers > 0)
         errors.add(key, origin(key),
-                   std::string("context parallelism is built for dense decoders; this model has ") +
-                       (foundation_.is_moe() ? "experts (model.foundation.num_experts)" : "MTP layers (model.foundation.mtp_num_layers)") +
-                       ", whose auxiliary losses and shifted tokens span the whole sequence",
-                   "set --context-parallel-size 1");
+                   "context parallelism with multi-token prediction (model.foundation.mtp_num_layers) is not built: "
+                   "its shifted tokens cross the context-parallel chunks",
+                   "set --context-parallel-size 1, or model.foundation.mtp_num_layers 0");
+      if (foundation_.is_moe() && foundation_.moe_expert_capacity_factor > 0)
+        errors.add("model.foundation.moe_expert_capacity_factor", origin("model.foundation.moe_expert_capacity_factor"),
+                   "the capacity limit counts a rank's tokens; under context parallelism a rank holds 1/cp of each "
+                   "sequence, so which tokens drop would depend on the CP size",
+                   "drop the capacity factor (dropless) with --context-parallel-size > 1");
       const int64_t heads = foundation_.num_attention_heads / tp;
       if (job_.parallel.cp_comm_type == "a2a" && heads % cp != 0)
         errors.add("parallel.cp_comm_type", origin("parallel.cp_comm_type"),
@@ -199,9 +203,13 @@ std::unique_ptr<Model> CausalLmPlan::build(const BuildArgs& args) const {
                                                               ? static_cast<int>(job_.parallel.moe_overlap_num_chunks.value_or(2))
                                                               : 0});
   model->keep_context(std::move(experts));
-  if (ctx.cp_size() > 1) model->set_context_parallel(lf::parallel::parse_cp_comm_type(job_.parallel.cp_comm_type));
+  apply_context_parallel(*model, ctx);
   model->add_lora(lora_spec(), args.seed);
   return model;
+}
+
+void CausalLmPlan::apply_context_parallel(CausalLm& model, const lf::dist::ParallelContext& ctx) const {
+  if (ctx.cp_size() > 1) model.set_context_parallel(lf::parallel::parse_cp_comm_type(job_.parallel.cp_comm_type));
 }
 
 std::unique_ptr<lf::dist::ParallelContext> CausalLmPlan::make_expert_context(const BuildArgs& args) const {
@@ -343,11 +351,12 @@ std::string CausalLmPlan::estimates() const {
       // ChunkPipe: one chunk's activations (attention over the whole prefix is flash: O(chunk)),
       // plus the kept keys/values of the sequence with their gradients (x 3 with the transient
       // prefix gradient) and, past the first stage, the stage's inputs.
-      const double cs = static_cast<double>(*chunk);
+      const double cs = static_cast<double>(*chunk) / cp;  // a CP rank's part of each chunk; the keys/values whole
       const double kv = s * b * 2.0 * static_cast<double>(m.query_groups() * m.head_dim()) / tp * (half ? 2 : 4);
       act = cs * b * h * 34 / tp * (half ? 1 : 2) * static_cast<double>(c.layers) + 3 * kv * static_cast<double>(c.layers) +
             (k > 0 ? s * b * h / tp * (half ? 2 : 4) : 0.0);
-      act_note = "one chunk of " + std::to_string(*chunk) + " tokens + the sequence's keys/values";
+      act_note = "one chunk of " + std::to_string(*chunk) + " tokens" +
+                 (cp > 1 ? " (" + std::to_string(*chunk / cp) + " per CP rank)" : "") + " + the sequence's keys/values";
     }
     const std::string pad = pp > 1 ? "    " : "  ";
     if (pp > 1) os << "  stage " << k << ":\n";

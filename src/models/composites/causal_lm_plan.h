@@ -12,6 +12,8 @@
 
 namespace lf::models {
 
+class CausalLm;
+
 class CausalLmPlan : public ModelPlan {
  public:
   CausalLmPlan(std::shared_ptr<const ModelConfig> config, const PlanArgs& args, lf::config::ErrorList& errors);
@@ -48,6 +50,8 @@ class CausalLmPlan : public ModelPlan {
   // under TP. The context and the placement for the model's constructor.
   bool expert_parallel() const { return expert_parallel_; }
   std::unique_ptr<lf::dist::ParallelContext> make_expert_context(const BuildArgs& args) const;
+  // Context parallelism (--context-parallel-size > 1, --cp-comm-type) on a built model.
+  void apply_context_parallel(CausalLm& model, const lf::dist::ParallelContext& ctx) const;
 
   std::shared_ptr<const ModelConfig> config_;
   lf::config::JobConfig job_;

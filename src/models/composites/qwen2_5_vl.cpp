@@ -44,8 +44,11 @@ DecoderConfig qwen2_5_vl_foundation(DecoderConfig foundation) {
 
 at::Tensor qwen2_5_vl_position_ids(const at::Tensor& input_ids, const at::Tensor& image_grid_thw,
                                    const at::Tensor& video_grid_thw, const std::vector<double>& second_per_grid_ts,
-                                   const Qwen25VlConfig& ids, int64_t merge) {
+                                   const Qwen25VlConfig& ids, int64_t merge, const at::Tensor& documents) {
   LF_CHECK(input_ids.dim() == 2, "input_ids must be [batch, seq], got ", input_ids.sizes());
+  LF_CHECK(!documents.defined() || documents.sizes() == input_ids.sizes(), "document ids must be ",
+           input_ids.sizes(), " like the tokens, got ", documents.sizes());
+  const at::Tensor docs = documents.defined() ? documents.to(at::kCPU, at::kLong).contiguous() : at::Tensor();
   LF_CHECK(merge >= 1, "spatial_merge_size must be >= 1, got ", merge);
   const auto tok = input_ids.to(at::kCPU, at::kLong).contiguous();
   const int64_t b = tok.size(0), s = tok.size(1);
@@ -59,7 +62,9 @@ at::Tensor qwen2_5_vl_position_ids(const at::Tensor& input_ids, const at::Tensor
   for (int64_t i = 0; i < b; ++i) {
     int64_t pos = 0, j = 0;
     const int64_t* row = t + i * s;
+    const int64_t* doc = docs.defined() ? docs.data_ptr<int64_t>() + i * s : nullptr;
     while (j < s) {
+      if (doc && j > 0 && doc[j] != doc[j - 1]) pos = 0;  // a packed document starts
       const int64_t id = row[j];
       if (id != ids.image_token_id && id != ids.video_token_id) {
         for (int k = 0; k < 3; ++k) a[k][i][j] = pos;
@@ -76,7 +81,7 @@ at::Tensor qwen2_5_vl_position_ids(const at::Tensor& input_ids, const at::Tensor
       const auto [gt, h, w] = list[m];
       const int64_t gh = h / merge, gw = w / merge, n = gt * gh * gw;
       int64_t run = 0;
-      while (j + run < s && row[j + run] == id && run < n) ++run;
+      while (j + run < s && row[j + run] == id && run < n && (!doc || doc[j + run] == doc[j])) ++run;
       LF_CHECK(run == n, "sample ", i, " position ", j, ": ", what, " ", m, " (grid ", gt, "x", h, "x", w, ", merge ",
                merge, ") needs ", n, " consecutive placeholder tokens, the sequence holds ", run,
                lf::hint("the tokenizer's placeholder count must be t h w / merge^2 per " + std::string(what)));
@@ -206,11 +211,12 @@ at::Tensor Qwen25Vl::position_ids(const at::Tensor& tokens, const at::Tensor& im
   return position_ids(tokens, m);
 }
 
-at::Tensor Qwen25Vl::position_ids(const at::Tensor& tokens, const Qwen25VlMedia& media) const {
+at::Tensor Qwen25Vl::position_ids(const at::Tensor& tokens, const Qwen25VlMedia& media,
+                                  const at::Tensor& documents) const {
   const int64_t merge = encoder_ ? encoder_->config().spatial_merge_size : 2;
   std::vector<double> seconds = media.second_per_grid_ts;
   if (seconds.empty() && media.video_grid_thw.defined()) seconds.assign(size_t(media.video_grid_thw.size(0)), 1.0);
-  return qwen2_5_vl_position_ids(tokens, media.image_grid_thw, media.video_grid_thw, seconds, config_, merge);
+  return qwen2_5_vl_position_ids(tokens, media.image_grid_thw, media.video_grid_thw, seconds, config_, merge, documents);
 }
 
 at::Tensor Qwen25Vl::embed_with_media(const at::Tensor& tokens, const Qwen25VlMedia& media) const {
@@ -308,11 +314,12 @@ at::Tensor Qwen25Vl::embed_with_media(const at::Tensor& tokens, const Qwen25VlMe
     encoded = at::cat(ordered);
   } else {
     encoded = encoder_->forward(all_pixels.to(backend_.device(), dtype), all_grids);
-    // Every rank of a foundation TP group encodes the same media and receives the whole gradient;
-    // the trainer sums the tower's gradients over its share axis (those ranks) and DP, so each
-    // replica contributes 1 / shares.
-    if (shares > 1 && encoded.requires_grad())
-      encoded.register_hook([shares](const at::Tensor& g) { return g / static_cast<double>(shares); });
+    // Every rank of a foundation TP x CP group encodes the same media. The TP ranks receive the
+    // same whole gradient, the CP ranks each their tokens' part; the trainer sums the tower's
+    // gradients over its share axis (those ranks) and DP, so each TP replica contributes 1 / tp.
+    const int64_t replicas = shares / context_parallel().size();
+    if (replicas > 1 && encoded.requires_grad())
+      encoded.register_hook([replicas](const at::Tensor& g) { return g / static_cast<double>(replicas); });
   }
   at::Tensor xb = x.transpose(0, 1);  // [b, s, h]
   int64_t offset = 0;
@@ -326,15 +333,20 @@ at::Tensor Qwen25Vl::embed_with_media(const at::Tensor& tokens, const Qwen25VlMe
 }
 
 at::Tensor Qwen25Vl::embed_inputs(const Batch& batch) const {
-  return foundation().scatter_sequence(embed_with_media(batch.at("tokens"), media_of(batch)));
+  // The media are spliced into the whole sequence; a context-parallel rank keeps its tokens.
+  return foundation().scatter_sequence(context_share(embed_with_media(batch.at("tokens"), media_of(batch))));
 }
 
 StageOutput Qwen25Vl::stage_forward(const Batch& batch, const TensorMap& input, int64_t chunk, Pass pass) {
-  LF_CHECK(!batch.contains("position_ids"), "qwen2_5_vl computes its M-RoPE position ids from the tokens and "
-           "the media grids; a batch with position_ids (--reset-position-ids) is not supported",
-           lf::hint("drop --reset-position-ids"));
+  // Packed conversations (--packing-sft-data: document_ids with their restarting 1D positions): the
+  // M-RoPE positions restart with each document, and attention stays within it.
+  const at::Tensor* documents = batch.find("document_ids");
+  LF_CHECK(!batch.contains("position_ids") || documents,
+           "qwen2_5_vl computes its M-RoPE position ids from the tokens and the media grids; a batch with "
+           "position_ids but no document_ids (--reset-position-ids) is not supported",
+           lf::hint("drop --reset-position-ids (packed conversations: --packing-sft-data)"));
   Batch with = batch;
-  with.set("position_ids", position_ids(batch.at("tokens"), media_of(batch)), 2);
+  with.set("position_ids", position_ids(batch.at("tokens"), media_of(batch), documents ? *documents : at::Tensor()), 2);
   return CausalLm::stage_forward(with, input, chunk, pass);
 }
 
@@ -403,6 +415,7 @@ class Qwen25VlPlan : public VlmPlan<Qwen25VisionConfig, Qwen25VlConfig> {
                                             job_.parallel.sequence_parallel, stage, !frozen_, std::move(enc),
                                             !vision_frozen_);
     model->set_encoder_data_parallel(job_.parallel.enable_encoder_hetero_dp);
+    apply_context_parallel(*model, ctx);
     return model;
   }
 

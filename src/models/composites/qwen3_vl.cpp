@@ -188,11 +188,13 @@ Qwen3Vl::Embedded Qwen3Vl::embed_with_media(const at::Tensor& tokens, const at::
              "_token_id ", id, ") but the vision tower made ", m.encoded.merged.size(0), " embeddings from the ",
              grid.size(0), " grid(s) of ", grid_field,
              lf::hint(std::string("each ") + kind + " needs t h w / spatial_merge_size^2 placeholder tokens"));
-    // Every rank of a foundation TP group encodes the same media and receives the whole gradient;
-    // the trainer sums the tower's gradients over its share axis, so each replica contributes 1 / shares.
-    auto share = [shares](at::Tensor& t) {
-      if (shares > 1 && t.requires_grad())
-        t.register_hook([shares](const at::Tensor& g) { return g / static_cast<double>(shares); });
+    // Every rank of a foundation TP x CP group encodes the same media. The TP ranks receive the
+    // same whole gradient, the CP ranks each their tokens' part; the trainer sums the tower's
+    // gradients over its share axis, so each TP replica contributes 1 / tp.
+    const int64_t replicas = shares / context_parallel().size();
+    auto share = [replicas](at::Tensor& t) {
+      if (replicas > 1 && t.requires_grad())
+        t.register_hook([replicas](const at::Tensor& g) { return g / static_cast<double>(replicas); });
     };
     share(m.encoded.merged);
     for (auto& d : m.encoded.deepstack) share(d);
@@ -242,16 +244,20 @@ StageOutput Qwen3Vl::stage_forward(const Batch& batch, const TensorMap& input, i
   const at::Tensor& tokens = batch.at("tokens");
   Batch with = batch;
   with.set("position_ids", position_ids(tokens, field("image_grid_thw"), field("video_grid_thw")), 2);
+  // Context parallelism: the media are spliced into the whole sequence, the layers and the head
+  // see this rank's tokens.
+  const Batch local = context_parallel().on() ? context_slice(with) : Batch();
+  const Batch& mine = context_parallel().on() ? local : with;
   const auto& st = foundation().stage();
   const auto [lo, hi] = foundation().chunk_layers(chunk);
   const bool embeds = st.first && chunk == 0, heads = st.last && chunk == st.num_chunks() - 1;
-  DecoderInputs in = inputs_of(with, tokens.size(1));
+  DecoderInputs in = inputs_of(mine, mine.at("tokens").size(1));
   at::Tensor x;
   if (embeds) {
     auto e = embed_with_media(tokens.to(backend_.device()), field("pixel_values"), field("image_grid_thw"),
                               field("pixel_values_videos"), field("video_grid_thw"));
-    x = foundation().scatter_sequence(e.hidden);
-    in.injections = std::move(e.injections);
+    x = foundation().scatter_sequence(context_share(e.hidden));
+    for (auto& injection : e.injections) in.injections.push_back(context_share(injection));
   } else {
     x = input.at("hidden_states");
   }
@@ -261,7 +267,7 @@ StageOutput Qwen3Vl::stage_forward(const Batch& batch, const TensorMap& input, i
     out.activations.set("hidden_states", x);
     return out;
   }
-  return head_output(x, with, pass);
+  return head_output(x, mine, pass);
 }
 
 at::Tensor Qwen3Vl::logits(const at::Tensor& tokens, const at::Tensor& pixel_values, const at::Tensor& image_grid_thw,
@@ -332,8 +338,11 @@ class Qwen3VlPlan : public VlmPlan<Qwen3VisionConfig, Qwen3VlConfig> {
         lf::parallel::pipeline::pipeline_stage(foundation_.num_layers, ctx.pp_size(), ctx.pp_rank(), stage_split());
     std::unique_ptr<lf::dist::ParallelContext> enc;
     if (stage.first) enc = args.make_context("vision_encoder", vision_layout(), vision_ranks_);
-    return std::make_unique<Qwen3Vl>(foundation_, vision_, own_, *args.backend, args.seed, args.dtype, &ctx,
-                                     job_.parallel.sequence_parallel, stage, !frozen_, std::move(enc), !vision_frozen_);
+    auto model = std::make_unique<Qwen3Vl>(foundation_, vision_, own_, *args.backend, args.seed, args.dtype, &ctx,
+                                           job_.parallel.sequence_parallel, stage, !frozen_, std::move(enc),
+                                           !vision_frozen_);
+    apply_context_parallel(*model, ctx);
+    return model;
   }
 
 };

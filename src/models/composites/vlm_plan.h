@@ -50,11 +50,17 @@ class VlmPlan : public CausalLmPlan {
         errors.add("model." + field, origin(args, "model." + field),
                    "model." + field + " " + std::to_string(id) + " is outside the vocabulary of " +
                        std::to_string(foundation_.vocab_size) + " tokens");
-    if (expert_parallel() || layout_.size(lf::dist::Axis::cp) > 1 || layout_.size(lf::dist::Axis::ep) > 1)
-      errors.add("parallel.context_parallel_size", origin(args, "parallel.context_parallel_size"),
-                 type_ + " is built for TP, PP and DP of its foundation; context and expert parallelism are not "
-                         "combined with it yet",
-                 "set --context-parallel-size 1 and --expert-model-parallel-size 1");
+    if (expert_parallel() || layout_.size(lf::dist::Axis::ep) > 1)
+      errors.add("parallel.expert_model_parallel_size", origin(args, "parallel.expert_model_parallel_size"),
+                 type_ + " is built for TP, PP, CP and DP of its foundation; expert parallelism is not combined "
+                         "with it yet",
+                 "set --expert-model-parallel-size 1 (and leave --expert-tensor-parallel-size unset)");
+    if (layout_.size(lf::dist::Axis::cp) > 1 && job_.parallel.enable_encoder_hetero_dp)
+      errors.add("parallel.enable_encoder_hetero_dp", origin(args, "parallel.enable_encoder_hetero_dp"),
+                 "--enable-encoder-hetero-dp spreads the media over the foundation's TP group, whose ranks compute "
+                 "the same loss; with context parallelism the ranks' losses differ and the gathered features' "
+                 "gradients would have to be summed: not built",
+                 "drop --enable-encoder-hetero-dp, or set --context-parallel-size 1");
     if (args.job->lora.rank > 0)
       errors.add("lora.rank", origin(args, "lora.rank"), "LoRA adapters are built for the causal_lm composite",
                  "drop --lora-rank, or freeze components with `freeze: true`");
@@ -67,16 +73,17 @@ class VlmPlan : public CausalLmPlan {
                  "--enable-encoder-hetero-dp spreads the vision tower's media over the foundation's TP group, but "
                  "tensor_model_parallel_size is 1: it would do nothing",
                  "drop --enable-encoder-hetero-dp, or use --tensor-model-parallel-size > 1");
-    // The first stage's ranks ordered (foundation DP index, TP index): the tower's share groups
-    // (cp) are the foundation's TP groups, its DP the foundation's.
+    // The first stage's ranks ordered (foundation DP index, CP index, TP index): the tower's share
+    // groups (cp) are the foundation's TP x CP groups, its DP the foundation's.
+    const int tp = layout_.size(lf::dist::Axis::tp);
     std::vector<std::pair<std::pair<int, int>, int>> first;
     for (int r = 0; r < layout_.world_size(); ++r) {
       const auto c = layout_.coords(r);
-      if (c.pp == 0) first.push_back({{c.dp, c.tp}, r});
+      if (c.pp == 0) first.push_back({{c.dp, c.cp * tp + c.tp}, r});
     }
     std::sort(first.begin(), first.end());
     for (const auto& f : first) vision_ranks_.push_back(f.second);
-    shares_ = layout_.size(lf::dist::Axis::tp);
+    shares_ = tp * layout_.size(lf::dist::Axis::cp);
   }
 
   std::string summary() const override {
@@ -131,9 +138,12 @@ class VlmPlan : public CausalLmPlan {
   std::string describe_components() const override {
     std::ostringstream os;
     os << "  vision_encoder  " << config_->component("vision_encoder").type << ", " << vision_.num_parameters()
-       << " parameters | tp 1, " << shares_ << " replica(s) per foundation TP group ";
+       << " parameters | tp 1, " << shares_ << " replica(s) per foundation TP"
+       << (layout_.size(lf::dist::Axis::cp) > 1 ? " x CP" : "") << " group ";
     if (job_.parallel.enable_encoder_hetero_dp)
       os << "(data-parallel: each encodes its share of the media, features all-gathered)";
+    else if (layout_.size(lf::dist::Axis::cp) > 1)
+      os << "(same media; each CP rank's tokens' gradient, 1 / " << layout_.size(lf::dist::Axis::tp) << " per TP replica)";
     else
       os << "(same media, 1 / " << shares_ << " of the gradient each)";
     os << ", over the " << vision_ranks_.size() << " ranks of pipeline stage 0" << (vision_frozen_ ? " | frozen" : "")

@@ -304,8 +304,8 @@ AttentionInputs Decoder::attention_inputs(const DecoderInputs& in) const {
   AttentionInputs a;
   if (in.position_ids.defined() && in.position_ids.dim() == 1) {
     // Positions shared by every sample (this rank's tokens under context parallelism).
-    LF_CHECK(!in.cache && !in.chunk && in.position_ids.size(0) == s, "shared position ids must be [", s,
-             "] over whole sequences (no KV cache, no ChunkPipe), got ", in.position_ids.sizes());
+    LF_CHECK(!in.cache && in.position_ids.size(0) == s, "shared position ids must be [", s,
+             "] (no KV cache), got ", in.position_ids.sizes());
     LF_CHECK(in.position_ids.max().item<int64_t>() < config_.max_position_embeddings, "a position id reaches ",
              in.position_ids.max().item<int64_t>(), ", past max_position_embeddings ", config_.max_position_embeddings);
     std::tie(a.cos, a.sin) = rope_tables_at(rope_spec(config_), in.position_ids, options);
@@ -345,7 +345,7 @@ AttentionInputs Decoder::attention_inputs(const DecoderInputs& in) const {
              a.documents.sizes());
   }
   if (in.cp && in.cp->on()) {
-    LF_CHECK(!in.cache && !in.chunk, "context parallelism runs whole sequences (no KV cache, no ChunkPipe)");
+    LF_CHECK(!in.cache, "context parallelism runs whole sequences or ChunkPipe chunks (no KV cache)");
     a.cp = in.cp;
   }
   return a;

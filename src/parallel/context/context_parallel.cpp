@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "loongforge/core/error.h"
+#include "loongforge/parallel/tensor/mappings.h"
 
 namespace lf::parallel {
 
@@ -122,6 +123,19 @@ std::optional<AttentionMask> block_mask(int64_t gq, int64_t gk, int64_t c, const
   return AttentionMask::boolean(m.unsqueeze(1).to(device));
 }
 
+// Every (query chunk i, key chunk j) pair of ring step t that has something to attend: this rank's
+// chunks against those of the rank whose block is here, fn(i, j, mask).
+template <class Fn>
+void for_each_block(int n, int r, int t, int64_t c, const at::Tensor& documents, const at::Device& device, Fn&& fn) {
+  const auto mine = cp_chunks(n, r), theirs = cp_chunks(n, (r - t + n) % n);
+  for (int i = 0; i < 2; ++i)
+    for (int j = 0; j < 2; ++j) {
+      auto mask = block_mask(i == 0 ? mine.first : mine.second, j == 0 ? theirs.first : theirs.second, c, documents,
+                             device);
+      if (mask) fn(i, j, *mask);
+    }
+}
+
 // o, lse (fp32) += a partial result over more keys, merged by logsumexp. Rows that have seen no
 // key yet (lse -inf) take the part as it is.
 void merge(at::Tensor& o, at::Tensor& lse, const at::Tensor& o_part, const at::Tensor& lse_part) {
@@ -137,8 +151,8 @@ void merge(at::Tensor& o, at::Tensor& lse, const at::Tensor& o_part, const at::T
   lse = m;
 }
 
-// Ring attention. Chunk pairs: this rank's query chunks (mine) against the key chunks of the
-// rank whose block is here at step t (theirs = the chunks of rank (r - t) mod n).
+// Ring attention: at step t this rank holds the key/value block of rank (r - t) mod n
+// (for_each_block's chunk pairs).
 struct RingAttentionFn : torch::autograd::Function<RingAttentionFn> {
   static at::Tensor forward(AutogradContext* ctx, const DeviceBackend* be, Communicator* g, const at::Tensor& q,
                             const at::Tensor& k, const at::Tensor& v, const std::optional<at::Tensor>& docs,
@@ -147,26 +161,18 @@ struct RingAttentionFn : torch::autograd::Function<RingAttentionFn> {
     const at::Tensor documents = docs.value_or(at::Tensor());
     const int n = g->size(), r = g->rank();
     const int64_t sl = q.size(2), c = sl / 2, d = k.size(3);
-    const auto mine = cp_chunks(n, r);
     std::array<at::Tensor, 2> o, lse;
     at::Tensor kv = at::cat({k, v}, -1).contiguous();
     for (int t = 0; t < n; ++t) {
       std::optional<RingTransfer> next;
       if (t + 1 < n) next = ring_pass(*g, kv, 0);  // the next block travels while this one is computed
       if (next && !overlap) timed_wait(*next, stats ? &stats->kv_wait_seconds : nullptr);
-      const auto theirs = cp_chunks(n, (r - t + n) % n);
-      for (int i = 0; i < 2; ++i) {
-        const int64_t gq = i == 0 ? mine.first : mine.second;
-        for (int j = 0; j < 2; ++j) {
-          const int64_t gk = j == 0 ? theirs.first : theirs.second;
-          auto mask = block_mask(gq, gk, c, documents, q.device());
-          if (!mask) continue;
-          auto blk = kv.narrow(2, j * c, c);
-          auto part = be->ops().sdpa_fwd(q.narrow(2, i * c, c), blk.narrow(3, 0, d), blk.narrow(3, d, blk.size(3) - d),
-                                         *mask, scale);
-          merge(o[static_cast<size_t>(i)], lse[static_cast<size_t>(i)], part.o, part.lse);
-        }
-      }
+      for_each_block(n, r, t, c, documents, q.device(), [&](int i, int j, const AttentionMask& mask) {
+        auto blk = kv.narrow(2, j * c, c);
+        auto part = be->ops().sdpa_fwd(q.narrow(2, i * c, c), blk.narrow(3, 0, d), blk.narrow(3, d, blk.size(3) - d),
+                                       mask, scale);
+        merge(o[static_cast<size_t>(i)], lse[static_cast<size_t>(i)], part.o, part.lse);
+      });
       if (next) {
         timed_wait(*next, stats ? &stats->kv_wait_seconds : nullptr);
         kv = next->in;
@@ -192,7 +198,6 @@ struct RingAttentionFn : torch::autograd::Function<RingAttentionFn> {
     const double scale = ctx->saved_data["scale"].toDouble();
     const int n = g.size(), r = g.rank();
     const int64_t sl = q.size(2), c = sl / 2, d = k.size(3);
-    const auto mine = cp_chunks(n, r);
     at::Tensor dout = grads[0].contiguous();
     at::Tensor dq = at::zeros(q.sizes(), q.options().dtype(at::kFloat));
     at::Tensor kv = at::cat({k, v}, -1).contiguous();
@@ -206,23 +211,16 @@ struct RingAttentionFn : torch::autograd::Function<RingAttentionFn> {
       if (t + 1 < n) next = ring_pass(g, kv, 1);
       if (next && !overlap) timed_wait(*next, stats ? &stats->kv_wait_seconds : nullptr);
       at::Tensor dkv = at::zeros(kv.sizes(), kv.options().dtype(at::kFloat));
-      const auto theirs = cp_chunks(n, (r - t + n) % n);
-      for (int i = 0; i < 2; ++i) {
-        const int64_t gq = i == 0 ? mine.first : mine.second;
-        for (int j = 0; j < 2; ++j) {
-          const int64_t gk = j == 0 ? theirs.first : theirs.second;
-          auto mask = block_mask(gq, gk, c, documents, q.device());
-          if (!mask) continue;
-          auto blk = kv.narrow(2, j * c, c);
-          auto gr = be.ops().sdpa_bwd(dout.narrow(2, i * c, c), q.narrow(2, i * c, c), blk.narrow(3, 0, d),
-                                      blk.narrow(3, d, blk.size(3) - d), o.narrow(2, i * c, c),
-                                      lse.narrow(2, i * c, c), *mask, scale);
-          dq.narrow(2, i * c, c).add_(gr.dq.to(at::kFloat));
-          auto dblk = dkv.narrow(2, j * c, c);
-          dblk.narrow(3, 0, d).add_(gr.dk.to(at::kFloat));
-          dblk.narrow(3, d, dblk.size(3) - d).add_(gr.dv.to(at::kFloat));
-        }
-      }
+      for_each_block(n, r, t, c, documents, q.device(), [&](int i, int j, const AttentionMask& mask) {
+        auto blk = kv.narrow(2, j * c, c);
+        auto gr = be.ops().sdpa_bwd(dout.narrow(2, i * c, c), q.narrow(2, i * c, c), blk.narrow(3, 0, d),
+                                    blk.narrow(3, d, blk.size(3) - d), o.narrow(2, i * c, c), lse.narrow(2, i * c, c),
+                                    mask, scale);
+        dq.narrow(2, i * c, c).add_(gr.dq.to(at::kFloat));
+        auto dblk = dkv.narrow(2, j * c, c);
+        dblk.narrow(3, 0, d).add_(gr.dk.to(at::kFloat));
+        dblk.narrow(3, d, dblk.size(3) - d).add_(gr.dv.to(at::kFloat));
+      });
       if (behind) {
         timed_wait(*behind, stats ? &stats->dkv_wait_seconds : nullptr);
         dkv.add_(behind->in);
@@ -298,6 +296,17 @@ std::pair<at::Tensor, at::Tensor> chunk_orders(int cp, int64_t s, const at::Devi
 }
 
 }  // namespace
+
+at::Tensor cp_gather_sequence(const at::Tensor& x, const ContextParallel& cp) {
+  if (!cp.on()) return x;
+  const int n = cp.size();
+  const int64_t s = x.size(2) * n;
+  auto [to_natural, to_rank_order] = chunk_orders(n, s, x.device());
+  // All-gather along the sequence (dim 0 of the moved view; backward: reduce-scatter), rank order
+  // -> natural order.
+  at::Tensor gathered = gather_from_sequence_parallel(x.movedim(2, 0).contiguous(), *cp.group);
+  return gathered.index_select(0, to_natural).movedim(0, 2);
+}
 
 at::Tensor context_parallel_attention(const DeviceBackend& be, const ContextParallel& cp, const at::Tensor& q,
                                       const at::Tensor& k, const at::Tensor& v, const at::Tensor& documents,

@@ -24,6 +24,7 @@
 #include "loongforge/backend/device_backend.h"
 #include "loongforge/models/blocks/mlp.h"
 #include "loongforge/models/blocks/param_builder.h"
+#include "loongforge/parallel/context/context_parallel.h"
 
 namespace lf::models {
 
@@ -99,9 +100,12 @@ class MoeLayer {
   // prefix.shared_experts (+ prefix.shared_experts.gate_weight [1, h]).
   MoeLayer(ParamBuilder& b, const std::string& prefix, const MoeConfig& c);
   // x: [s(/tp), b, h] -> [s(/tp), b, h]. moe_index: this layer's index among the rank's MoE layers (of
-  // moe_layers) in `step`; step may be null (no statistics, auxiliary-loss weight 1).
+  // moe_layers) in `step`; step may be null (no statistics, auxiliary-loss weight 1). cp (on): x
+  // holds this rank's tokens of sequences split over the context-parallel group; the load-balancing
+  // statistics are the whole sequences' and each rank's loss term is its tokens' part.
   at::Tensor forward(const lf::backend::DeviceBackend& be, const lf::parallel::TensorParallel& tp, const at::Tensor& x,
-                     bool training, bool selective_recompute, MoeStep* step, size_t moe_index, size_t moe_layers) const;
+                     bool training, bool selective_recompute, MoeStep* step, size_t moe_index, size_t moe_layers,
+                     const lf::parallel::ContextParallel* cp = nullptr) const;
 
   // The router alone on [T, h] rows (tests, tools): the chosen experts [T, k] int64 (-1: dropped
   // by the capacity limit) and their weights [T, k] fp32.

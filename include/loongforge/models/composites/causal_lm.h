@@ -139,15 +139,21 @@ class CausalLm : public Model {
 
  protected:
   // The first stage's input to the layers: [s(/tp), b, h] from the batch (tokens embedded; a
-  // multimodal composite splices its encoders' outputs in).
+  // multimodal composite splices its encoders' outputs in). Under context parallelism it gets the
+  // whole micro-batch and returns this rank's tokens (context_share of the whole sequence).
   virtual at::Tensor embed_inputs(const Batch& batch) const;
   // The last stage: final norm, head, loss or metrics.
   StageOutput head_output(const at::Tensor& x, const Batch& batch, Pass pass) const;
   DecoderInputs inputs_of(const Batch& batch, int64_t seq) const;
-  // Under context parallelism: this rank's tokens of the batch (tokens, labels, loss_mask,
-  // position_ids in the CP layout; document_ids whole). inputs_of adds the layout's positions
-  // when the batch has none.
+  // Under context parallelism: this rank's tokens of the batch (its sequence fields -- tokens,
+  // labels, loss_mask, position_ids -- in the CP layout; document_ids and per-sample fields such as
+  // media whole). inputs_of adds the layout's positions when the batch has none.
   Batch context_slice(const Batch& batch) const;
+  // This rank's share of whole-sequence hidden states [s, b, h] (dim 0 in the CP layout), and of an
+  // injection over the whole sequence (its mask sliced, its rows those of this rank's positions);
+  // unchanged without context parallelism. Differentiable.
+  at::Tensor context_share(const at::Tensor& x) const;
+  HiddenInjection context_share(const HiddenInjection& injection) const;
   void check_whole_model(const char* what) const;
   const LmHead& lm_head() const { return head_; }
 

@@ -60,10 +60,13 @@ DecoderConfig qwen2_5_vl_foundation(DecoderConfig foundation);
 // positions start + (t', h', w') over its merged grid (t' = 0 for images, floor(frame x
 // tokens_per_second x second_per_grid_ts[v]) for videos); the text after it continues at start +
 // max(h, w) / merge. Grids are consumed in sample order. Throws naming the counts when the
-// placeholders do not match the grids.
+// placeholders do not match the grids. documents (optional, [b, s] int64: packed conversations,
+// --packing-sft-data): the positions restart at 0 where a document starts, each document's as if
+// it were alone.
 at::Tensor qwen2_5_vl_position_ids(const at::Tensor& input_ids, const at::Tensor& image_grid_thw,
                                    const at::Tensor& video_grid_thw, const std::vector<double>& second_per_grid_ts,
-                                   const Qwen25VlConfig& ids, int64_t spatial_merge_size);
+                                   const Qwen25VlConfig& ids, int64_t spatial_merge_size,
+                                   const at::Tensor& documents = {});
 
 // A batch's media: images and videos as transformers' processors emit them (undefined: none).
 struct Qwen25VlMedia {
@@ -98,7 +101,7 @@ class Qwen25Vl : public CausalLm {
   at::Tensor logits(const at::Tensor& tokens, const Qwen25VlMedia& media) const;
   // The M-RoPE position ids [3, b, s] of tokens with these images (and videos).
   at::Tensor position_ids(const at::Tensor& tokens, const at::Tensor& image_grid_thw) const;
-  at::Tensor position_ids(const at::Tensor& tokens, const Qwen25VlMedia& media) const;
+  at::Tensor position_ids(const at::Tensor& tokens, const Qwen25VlMedia& media, const at::Tensor& documents = {}) const;
   // The media fields of a batch (pixel_values, image_grid_thw, pixel_values_videos, video_grid_thw,
   // second_per_grid_ts), checked for shape.
   static Qwen25VlMedia media_of(const Batch& batch);

@@ -49,6 +49,9 @@ struct RingStats {
 struct ContextParallel {
   lf::backend::Communicator* group = nullptr;  // the CP group; null or size 1: off
   CpCommType comm = CpCommType::p2p;
+  // The TP x CP group: the ranks a sequence's tokens are spread over under sequence parallelism
+  // (MoE's routing statistics); null when not needed.
+  lf::backend::Communicator* with_tp = nullptr;
   // p2p: the next block's transfer runs while this block is computed; false: each transfer is
   // waited for before the computation (the same numbers; for measuring what the overlap hides).
   bool overlap = true;
@@ -65,6 +68,11 @@ at::Tensor cp_positions(int64_t s, int cp, int rank);
 // This rank's part of x along `dim` (length s, divisible by 2 cp): chunks r and 2 cp - 1 - r.
 // A view-free copy; differentiable (the gradient of the other chunks is zero).
 at::Tensor cp_slice(const at::Tensor& x, int64_t dim, int cp, int rank);
+
+// x: [b, n, s / cp, d] (this rank's tokens, CP layout) -> [b, n, s, d], every rank's tokens in
+// natural order. Differentiable: the backward sums the gradient over the CP ranks and keeps this
+// rank's tokens (ChunkPipe under CP gathers each chunk's keys/values so).
+at::Tensor cp_gather_sequence(const at::Tensor& x, const ContextParallel& cp);
 
 // Attention over the CP group's whole sequence. q: [b, nq, s / cp, d], k: [b, nkv, s / cp, d],
 // v: [b, nkv, s / cp, dv] for this rank's tokens (cp_slice layout), causal; documents: undefined

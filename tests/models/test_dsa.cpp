@@ -230,6 +230,52 @@ TEST(DsaDecoder, TrainerSeesTheIndexerLossAndTheIndexerLearns) {
   EXPECT_EQ(n, c.num_parameters());
 }
 
+// The warm-up stage trains the indexers only: they form the one trainable group, every other
+// weight gets no gradient (frozen), while the LM loss still flows to the layer where the indexer
+// loss joins the objective.
+TEST(DsaDecoder, WarmupFreezesEverythingButTheIndexers) {
+  auto c = tiny_v32();
+  c.dsa_indexer_warmup = true;
+  CausalLm m(c, cpu(), 3, at::kFloat);
+  m.set_training(true);
+  auto tokens = at::randint(0, c.vocab_size, {2, 24}, at::make_generator<at::CPUGeneratorImpl>(4));
+  lf::data::Batch batch;
+  batch.set("tokens", tokens, 1);
+  batch.set("labels", at::roll(tokens, -1, 1), 1);
+  const auto out = m.forward_step(batch, Pass::train);
+  out.losses[0].sum.backward();
+  int trained = 0, frozen = 0;
+  for (const auto& p : m.parameters()) {
+    if (p.name.find(".indexer.") != std::string::npos) {
+      ++trained;
+      ASSERT_TRUE(p.tensor.grad().defined()) << p.name;
+      EXPECT_GT(p.tensor.grad().abs().max().item<double>(), 0) << p.name;
+    } else {
+      ++frozen;
+      EXPECT_FALSE(p.tensor.requires_grad()) << p.name;
+      EXPECT_FALSE(p.tensor.grad().defined()) << p.name;
+    }
+  }
+  EXPECT_EQ(trained, 5 * c.num_layers);
+  EXPECT_GT(frozen, 0);
+  std::map<std::string, bool> groups;
+  for (const auto& g : m.parameter_groups()) groups[g.name] = g.trainable;
+  EXPECT_EQ(groups.at("dsa_indexer"), true);
+  EXPECT_EQ(groups.at("model"), false);
+  // The expert biases (model state, moved by the load) stay too.
+  if (c.num_experts > 0 && c.moe_router_enable_expert_bias) {
+    std::map<std::string, at::Tensor> before;
+    for (const auto& p : m.parameters())
+      if (p.state) before[p.name] = p.tensor.clone();
+    m.end_step(at::rand({static_cast<int64_t>(m.foundation().num_moe_layers()), c.num_experts}));
+    for (const auto& p : m.parameters())
+      if (p.state) EXPECT_TRUE(p.tensor.equal(before.at(p.name))) << p.name;
+  }
+  // Without the warm-up every weight trains, in the usual groups.
+  CausalLm sparse(tiny_v32(), cpu(), 3, at::kFloat);
+  for (const auto& g : sparse.parameter_groups()) EXPECT_NE(g.name, "dsa_indexer");
+}
+
 // Decoding with a KV cache (the indexer's keys cached too, the selection bottom-right causal over
 // the cached keys) gives the logits of the full forward, at lengths where the top-16 is sparse.
 TEST(DsaDecoder, KvCacheDecodingEqualsTheFullForward) {

@@ -396,7 +396,7 @@ TEST(TruthPass, EveryFlagActsOrIsRefused) {
       {"--dsa-indexer-head-dim", "DsaDecoder.ConfigMistakesNameTheKey, HfParity.* (deepseek_v32)"},
       {"--dsa-indexer-topk", "DsaLayer.TopkOverEveryKeyEqualsDenseMlaAndFewerKeysDoNot, HfParity.* (deepseek_v32)"},
       {"--dsa-indexer-loss-coeff", "DsaLayer.IndexerLoss*, DsaDecoder.TrainerSeesTheIndexerLossAndTheIndexerLearns"},
-      {"--dsa-indexer-warmup", "DsaLayer.WarmupAttendsToEveryKey, DsaDecoder.ConfigMistakesNameTheKey"},
+      {"--dsa-indexer-warmup", "DsaLayer.WarmupAttendsToEveryKey, DsaDecoder.WarmupFreezesEverythingButTheIndexers"},
       {"--profile", "TruthPass.ProfileReportsWhereTheStepTimeGoes"},
       {"--profile-step-start", "TruthPass.ProfileReportsWhereTheStepTimeGoes"},
       {"--profile-step-end", "TruthPass.ProfileReportsWhereTheStepTimeGoes"},

@@ -61,6 +61,9 @@ LmHeadConfig head_config(const DecoderConfig& c, int tp) {
 
 const std::string kType = "causal_lm";
 
+// A DSA lightning indexer's weight (blocks/mla.h: <layer>.self_attention.indexer.*).
+bool is_dsa_indexer(const std::string& name) { return name.find(".indexer.") != std::string::npos; }
+
 }  // namespace
 
 CausalLm::CausalLm(const DecoderConfig& config, const lf::backend::DeviceBackend& backend, uint64_t seed,
@@ -89,6 +92,11 @@ CausalLm::CausalLm(const DecoderConfig& config, const lf::backend::DeviceBackend
   foundation_.add_mtp(b, config.untie_embeddings_and_output_weights ? at::Tensor() : head_.weight());
   params_ = b.take();
   foundation_.release_initial_embedding();
+  // DSA's warm-up stage trains the indexers only: every other weight frozen (no gradients, no
+  // optimizer state), the indexers a trainable group of their own (parameter_groups).
+  if (config.dsa_indexer_warmup)
+    for (auto& p : params_)
+      if (!is_dsa_indexer(p.name)) p.tensor.set_requires_grad(false);
   // Tied embeddings split over pipeline stages: the first stage's owner is summed with the last
   // stage's copy.
   const auto& st = foundation_.stage();
@@ -124,6 +132,8 @@ std::map<std::string, lf::parallel::Sharding> causal_lm_shardings(const DecoderC
 void CausalLm::add_lora(const LoraSpec& spec, uint64_t seed) {
   LF_CHECK(!lora_.enabled(), "CausalLm::add_lora: the model has LoRA adapters already");
   if (!spec.enabled()) return;
+  LF_CHECK(!config().dsa_indexer_warmup, "LoRA adapters with DSA's warm-up stage (model.foundation.dsa_indexer_warmup), "
+           "which trains the indexers only", lf::hint("drop --lora-rank or --dsa-indexer-warmup"));
   LF_CHECK(!params_.empty(), "CausalLm::add_lora: no parameters on this rank");
   ParamBuilder b(at::make_generator<at::CPUGeneratorImpl>(component_seed(seed, "lora")),
                  params_.front().tensor.scalar_type(), backend_.device(), foundation_.tp(), true);
@@ -139,12 +149,17 @@ std::vector<ParameterGroup> CausalLm::parameter_groups() const {
   // Model state (MoE expert biases) travels as a frozen group: saved and loaded, never trained.
   // Expert-parallel expert weights on the experts' own layout (reduced over expert-DP, files named
   // by the expert-parallel rank).
-  ParameterGroup weights{"model", {}, parallel_, trainable_}, experts{"experts", {}, experts_.context, trainable_},
-      state{"model_state", {}, parallel_, false};
-  for (const auto& p : params_) (p.state ? state : p.expert ? experts : weights).params.push_back(p);
+  // DSA warm-up: the indexers are the only trainable group.
+  const bool warmup = config().dsa_indexer_warmup;
+  ParameterGroup weights{"model", {}, parallel_, trainable_ && !warmup},
+      experts{"experts", {}, experts_.context, trainable_ && !warmup}, state{"model_state", {}, parallel_, false},
+      indexers{"dsa_indexer", {}, parallel_, trainable_};
+  for (const auto& p : params_)
+    (p.state ? state : p.expert ? experts : warmup && is_dsa_indexer(p.name) ? indexers : weights).params.push_back(p);
   std::vector<ParameterGroup> out{weights};
   if (!experts.params.empty()) out.push_back(experts);
   if (!state.params.empty()) out.push_back(state);
+  if (!indexers.params.empty()) out.push_back(indexers);
   // LoRA adapters: the only trainable group; they follow the dense layers' layout.
   if (lora_.enabled()) {
     for (auto& g : out) g.base = true;
@@ -162,7 +177,9 @@ at::Tensor CausalLm::expert_load() const {
 }
 
 void CausalLm::end_step(const at::Tensor& global_expert_load) {
-  if (global_expert_load.defined() && trainable_) foundation_.update_expert_bias(global_expert_load);
+  // A frozen model (and DSA's warm-up, which freezes all but the indexers) keeps its expert biases.
+  if (global_expert_load.defined() && trainable_ && !config().dsa_indexer_warmup)
+    foundation_.update_expert_bias(global_expert_load);
   foundation_.moe_step().clear();
 }
 

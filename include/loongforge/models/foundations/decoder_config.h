@@ -170,8 +170,8 @@ struct DecoderConfig {
       "the selected keys (the trainer reports it as 'indexer loss'); 0: no loss",
       Min{0});
     v("dsa_indexer_warmup", dsa_indexer_warmup,
-      "DSA warm-up stage: dense attention (every causal key selected) and the indexer's KL loss over all keys "
-      "(the paper's dense warm-up; freezing the other parameters is not done by this switch)");
+      "DSA warm-up stage (the paper's dense warm-up): dense attention (every causal key selected), the indexer's "
+      "KL loss over all keys, and every weight but the indexers' frozen");
     v("num_experts", num_experts, "Routed experts per MoE layer (0: a dense model)", Min{0});
     v("moe_ffn_hidden_size", moe_ffn_hidden_size, "Hidden size of one routed expert (0: ffn_hidden_size)", Min{0});
     v("moe_router_topk", moe_router_topk, "Experts each token is routed to", Min{1});

@@ -172,7 +172,7 @@ const std::vector<FlagSpec> kTable = {
   {"--dsa-indexer-head-dim", "model.foundation.dsa_indexer_head_dim", K::value, "N", "DSA indexer head size"},
   {"--dsa-indexer-topk", "model.foundation.dsa_indexer_topk", K::value, "K", "DSA keys per query"},
   {"--dsa-indexer-loss-coeff", "model.foundation.dsa_indexer_loss_coeff", K::value, "C", "Weight of the DSA indexer KL loss"},
-  {"--dsa-indexer-warmup", "model.foundation.dsa_indexer_warmup", K::store_true, "", "DSA warm-up: dense attention, indexer KL over all keys"},
+  {"--dsa-indexer-warmup", "model.foundation.dsa_indexer_warmup", K::store_true, "", "DSA warm-up: dense attention, indexer KL over all keys, only the indexers trained"},
   // mixture of experts
   {"--num-experts", "model.foundation.num_experts", K::value, "N", "Routed experts per MoE layer (0: dense)"},
   {"--moe-ffn-hidden-size", "model.foundation.moe_ffn_hidden_size", K::value, "N", "Hidden size of one routed expert"},

@@ -348,6 +348,30 @@ TEST(Qwen25Vl, PositionIdsOfImagesAndVideos) {
   EXPECT_TRUE(at::equal(text, at::arange(3, at::kLong).view({1, 1, 3}).expand({3, 1, 3})));
 }
 
+// A 1-layer text foundation (vocabulary 20) and a 1-block vision tower, randomly initialised.
+lf::models::DecoderConfig tiny_text() {
+  lf::models::DecoderConfig text;
+  text.num_layers = 1;
+  text.hidden_size = 32;
+  text.ffn_hidden_size = 48;
+  text.num_attention_heads = 4;
+  text.num_query_groups = 2;
+  text.vocab_size = 20;
+  text.make_vocab_size_divisible_by = 4;
+  text.max_position_embeddings = 32;
+  return text;
+}
+Qwen25VisionConfig tiny_vision() {
+  Qwen25VisionConfig v;
+  v.depth = 1;
+  v.hidden_size = 32;
+  v.intermediate_size = 40;
+  v.num_heads = 2;
+  v.window_size = 56;
+  v.fullatt_block_indexes = {0};
+  return v;
+}
+
 TEST(Qwen25Vl, PlaceholderAndGridMismatchesAreErrors) {
   Qwen25VlConfig ids;
   ids.image_token_id = 7;
@@ -363,22 +387,8 @@ TEST(Qwen25Vl, PlaceholderAndGridMismatchesAreErrors) {
   EXPECT_NE(m.find("beyond the 0 grid(s) of image_grid_thw"), std::string::npos) << m;
 
   // The model: tower outputs and placeholders disagree; a foundation without M-RoPE sections.
-  lf::models::DecoderConfig text;
-  text.num_layers = 1;
-  text.hidden_size = 32;
-  text.ffn_hidden_size = 48;
-  text.num_attention_heads = 4;
-  text.num_query_groups = 2;
-  text.vocab_size = 20;
-  text.make_vocab_size_divisible_by = 4;
-  text.max_position_embeddings = 32;
-  Qwen25VisionConfig v;
-  v.depth = 1;
-  v.hidden_size = 32;
-  v.intermediate_size = 40;
-  v.num_heads = 2;
-  v.window_size = 56;
-  v.fullatt_block_indexes = {0};
+  lf::models::DecoderConfig text = tiny_text();
+  Qwen25VisionConfig v = tiny_vision();
   ids.image_token_id = 151655;
   m = error_of([&] { Qwen25Vl(text, v, ids, lf::backend::cpu_backend(), 1, at::kFloat, nullptr, false, {}); });
   EXPECT_NE(m.find("model.image_token_id 151655 is outside the vocabulary of 20 tokens"), std::string::npos) << m;
@@ -407,22 +417,9 @@ TEST(Qwen25Vl, PlaceholderAndGridMismatchesAreErrors) {
 // restart per document, attention stays within it; the loss and every gradient (the vision tower's
 // too) agree, <= 1e-5 relative (fp32: the same products, per-document attention slices).
 TEST(Qwen25Vl, PackedConversationsEqualEachInItsOwnRow) {
-  lf::models::DecoderConfig text;
+  lf::models::DecoderConfig text = tiny_text();
   text.num_layers = 2;
-  text.hidden_size = 32;
-  text.ffn_hidden_size = 48;
-  text.num_attention_heads = 4;
-  text.num_query_groups = 2;
-  text.vocab_size = 20;
-  text.make_vocab_size_divisible_by = 4;
-  text.max_position_embeddings = 32;
-  Qwen25VisionConfig v;
-  v.depth = 1;
-  v.hidden_size = 32;
-  v.intermediate_size = 40;
-  v.num_heads = 2;
-  v.window_size = 56;
-  v.fullatt_block_indexes = {0};
+  const Qwen25VisionConfig v = tiny_vision();
   Qwen25VlConfig ids;
   ids.image_token_id = 7;
   ids.video_token_id = 8;

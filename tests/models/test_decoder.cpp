@@ -124,6 +124,38 @@ void perturb(lf::models::CausalLm& m, uint64_t seed) {
     p.tensor.add_(at::randn(p.tensor.sizes(), gen, at::TensorOptions().dtype(at::kFloat)) * 0.05);
 }
 
+// The fused output layer + cross entropy runs only the tokens whose loss counts (nonzero loss
+// mask, a label): its loss and every gradient equal the unfused head's, which forms the logits of
+// every token and weights the masked ones by 0 (1e-5 relative, fp32 sums in other orders).
+TEST(Decoder, FusedLossOverTheCountedTokensEqualsTheUnfusedHead) {
+  auto run = [](bool fused) {
+    auto c = tiny();
+    c.cross_entropy_loss_fusion = fused;
+    lf::models::CausalLm m(c, lf::backend::cpu_backend(), 11, at::kFloat);
+    auto gen = at::make_generator<at::CPUGeneratorImpl>(2);
+    auto tokens = at::randint(0, c.vocab_size, {3, 16}, gen);
+    auto labels = at::roll(tokens, -1, 1);
+    labels.narrow(1, 12, 4).fill_(-100);                          // ignored labels
+    auto mask = at::ones({3, 16}, at::kFloat);
+    mask.narrow(1, 0, 5).fill_(0);                                // a prompt
+    lf::data::Batch batch;
+    batch.set("tokens", tokens, 1);
+    batch.set("labels", labels, 1);
+    batch.set("loss_mask", mask, 1);
+    auto out = m.forward_step(batch, lf::models::Pass::train);
+    out.losses.at(0).sum.backward();
+    std::vector<at::Tensor> r{out.losses.at(0).sum.detach()};
+    for (const auto& p : m.parameters()) r.push_back(p.tensor.grad());
+    return r;
+  };
+  const auto fused = run(true), plain = run(false);
+  ASSERT_EQ(fused.size(), plain.size());
+  for (size_t i = 0; i < fused.size(); ++i) {
+    const double scale = std::max(1e-12, plain[i].abs().max().item<double>());
+    EXPECT_LE((fused[i] - plain[i]).abs().max().item<double>(), 1e-5 * scale) << "tensor " << i;
+  }
+}
+
 TEST(Decoder, ParameterCountMatchesFormula) {
   const auto& be = lf::backend::cpu_backend();
   for (bool untie : {false, true}) {

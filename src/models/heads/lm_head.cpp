@@ -70,10 +70,23 @@ at::Tensor LmHead::loss_sum(const at::Tensor& x, const at::Tensor& labels, const
     shard.valid = c_.vocab_size;
   }
   at::Tensor flat = full.reshape({-1, full.size(-1)});
+  at::Tensor w = weight;
+  {
+    // Only the tokens whose loss counts go through the output layer (SFT prompts, image
+    // placeholders, end-of-document tokens cost nothing); every TP rank picks the same rows.
+    const at::Tensor keep = weight.ne(0).logical_and(target.ge(0));
+    const int64_t kept = keep.sum().item<int64_t>();
+    if (kept > 0 && kept < flat.size(0)) {
+      const at::Tensor rows = keep.nonzero().reshape({-1});
+      flat = flat.index_select(0, rows);
+      target = target.index_select(0, rows);
+      w = weight.index_select(0, rows);
+    }
+  }
   std::optional<lf::backend::GradInto> into;
   if (sink_ && at::GradMode::is_enabled() && weight_.requires_grad()) into = sink_->take(weight_, term.empty() ? term_ : term);
   if (!weight_.requires_grad()) into = lf::backend::GradInto{.skip = true};  // frozen (LoRA): no dL/dw GEMMs
-  return lf::ops::linear_cross_entropy_sum(*backend_, flat, weight_, target, weight, shard, -100, 0,
+  return lf::ops::linear_cross_entropy_sum(*backend_, flat, weight_, target, w, shard, -100, 0,
                                            into ? &*into : nullptr);
 }
 

@@ -43,7 +43,8 @@ class LmHead {
   at::Tensor loss(const at::Tensor& local_logits, const at::Tensor& labels) const;
   // Training: x [s(/tp), b, h] final hidden states, labels [b, s], weight [s * b] fp32 (the
   // tokens' loss weights) -> the scalar sum over tokens of weight * loss. Fused (fused_loss): one
-  // op over chunks of tokens, never [s b, v] logits; else local_logits then loss.
+  // op over chunks of the tokens that count (nonzero weight, a label), never [s b, v] logits;
+  // else local_logits then loss.
   // term: the loss term the gradient sink writes as (default: set_gradient_sink's).
   at::Tensor loss_sum(const at::Tensor& x, const at::Tensor& labels, const at::Tensor& weight,
                       const std::string& term = "") const;

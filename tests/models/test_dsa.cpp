@@ -200,14 +200,20 @@ DecoderConfig tiny_v32() {
   return lf::config::load<DecoderConfig>(node, "model.foundation");
 }
 
-TEST(DsaDecoder, TrainerSeesTheIndexerLossAndTheIndexerLearns) {
-  const auto c = tiny_v32();
-  CausalLm m(c, cpu(), 3, at::kFloat);
-  m.set_training(true);
+// Two random rows of 24 tokens, each predicting the next.
+lf::data::Batch next_token_batch(const DecoderConfig& c) {
   auto tokens = at::randint(0, c.vocab_size, {2, 24}, at::make_generator<at::CPUGeneratorImpl>(4));
   lf::data::Batch batch;
   batch.set("tokens", tokens, 1);
   batch.set("labels", at::roll(tokens, -1, 1), 1);
+  return batch;
+}
+
+TEST(DsaDecoder, TrainerSeesTheIndexerLossAndTheIndexerLearns) {
+  const auto c = tiny_v32();
+  CausalLm m(c, cpu(), 3, at::kFloat);
+  m.set_training(true);
+  const lf::data::Batch batch = next_token_batch(c);
   const auto counts = m.loss_counts(batch);
   ASSERT_EQ(counts.count(MoeStep::kIndexerLoss), 1u);
   EXPECT_EQ(counts.at(MoeStep::kIndexerLoss), 1);
@@ -238,10 +244,7 @@ TEST(DsaDecoder, WarmupFreezesEverythingButTheIndexers) {
   c.dsa_indexer_warmup = true;
   CausalLm m(c, cpu(), 3, at::kFloat);
   m.set_training(true);
-  auto tokens = at::randint(0, c.vocab_size, {2, 24}, at::make_generator<at::CPUGeneratorImpl>(4));
-  lf::data::Batch batch;
-  batch.set("tokens", tokens, 1);
-  batch.set("labels", at::roll(tokens, -1, 1), 1);
+  const lf::data::Batch batch = next_token_batch(c);
   const auto out = m.forward_step(batch, Pass::train);
   out.losses[0].sum.backward();
   int trained = 0, frozen = 0;

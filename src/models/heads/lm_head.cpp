@@ -74,10 +74,9 @@ at::Tensor LmHead::loss_sum(const at::Tensor& x, const at::Tensor& labels, const
   {
     // Only the tokens whose loss counts go through the output layer (SFT prompts, image
     // placeholders, end-of-document tokens cost nothing); every TP rank picks the same rows.
-    const at::Tensor keep = weight.ne(0).logical_and(target.ge(0));
-    const int64_t kept = keep.sum().item<int64_t>();
+    const at::Tensor rows = weight.ne(0).logical_and(target.ge(0)).nonzero().reshape({-1});
+    const int64_t kept = rows.size(0);
     if (kept > 0 && kept < flat.size(0)) {
-      const at::Tensor rows = keep.nonzero().reshape({-1});
       flat = flat.index_select(0, rows);
       target = target.index_select(0, rows);
       w = weight.index_select(0, rows);

@@ -331,6 +331,7 @@ at::Tensor context_parallel_attention(const DeviceBackend& be, const ContextPara
                                   docs.defined() ? std::optional<at::Tensor>(docs) : std::optional<at::Tensor>(), scale,
                                   cp.overlap, cp.stats);
 
+  LF_CHECK(static_cast<bool>(whole), "context-parallel attention with a2a needs the whole-sequence attention");
   const int64_t nq = q.size(1), nkv = k.size(1);
   LF_CHECK(nq % n == 0, "--cp-comm-type a2a splits the attention heads over the context-parallel ranks: ", nq,
            " query heads on this rank do not divide by cp ", n,

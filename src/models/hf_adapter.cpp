@@ -141,10 +141,10 @@ struct Weights {
   }
 };
 
-Weights open_weights(const std::string& dir) {
+Weights open_weights(const std::string& dir, const std::string& stem = "model") {
   Weights w;
-  const fs::path index = fs::path(dir) / "model.safetensors.index.json";
-  const fs::path single = fs::path(dir) / "model.safetensors";
+  const fs::path index = fs::path(dir) / (stem + ".safetensors.index.json");
+  const fs::path single = fs::path(dir) / (stem + ".safetensors");
   if (fs::exists(index)) {
     const std::string ipath = lf::config::display_path(index.string());
     const json j = read_json_file(index.string());
@@ -158,7 +158,7 @@ Weights open_weights(const std::string& dir) {
         const fs::path p = fs::path(dir) / f;
         LF_CHECK(fs::exists(p), ipath, " names shard '", f, "' (for tensor '", name,
                  "'), but ", lf::config::display_path(p.string()), " does not exist",
-                 lf::hint("the download is incomplete: fetch every model-*.safetensors file"));
+                 lf::hint("the download is incomplete: fetch every " + stem + "-*.safetensors file"));
         file_reader[f] = w.readers.size();
         w.readers.push_back(st::Reader::open(p.string()));
         w.files += (w.files.empty() ? "" : ", ") + f;
@@ -172,11 +172,11 @@ Weights open_weights(const std::string& dir) {
       w.tensors[name] = {&r, info};
     }
   } else {
-    LF_CHECK(fs::exists(single), "no model.safetensors or model.safetensors.index.json in ", dir,
+    LF_CHECK(fs::exists(single), "no ", stem, ".safetensors or ", stem, ".safetensors.index.json in ", dir,
              lf::hint("only safetensors weights are read; re-save the model with "
                       "save_pretrained(..., safe_serialization=True)"));
     w.readers.push_back(st::Reader::open(single.string()));
-    w.files = "model.safetensors";
+    w.files = stem + ".safetensors";
     for (const auto& t : w.readers.back().tensors()) w.tensors[t.name] = {&w.readers.back(), &t};
   }
   return w;
@@ -267,14 +267,14 @@ std::vector<int64_t> lf_shape(const Planned& p, const DecoderConfig& c, int64_t 
   return s;
 }
 
-std::string shard_name(size_t i, size_t n) {
+std::string shard_name(size_t i, size_t n, const std::string& stem = "model") {
   char buf[64];
-  std::snprintf(buf, sizeof buf, "model-%05zu-of-%05zu.safetensors", i + 1, n);
-  return buf;
+  std::snprintf(buf, sizeof buf, "-%05zu-of-%05zu.safetensors", i + 1, n);
+  return stem + buf;
 }
 
-bool is_weight_file(const std::string& name) {
-  static const std::regex re(R"(model(-\d{5}-of-\d{5})?\.safetensors(\.index\.json)?)");
+bool is_weight_file(const std::string& name, const std::string& stem = "model") {
+  const std::regex re(stem + R"((-\d{5}-of-\d{5})?\.safetensors(\.index\.json)?)");
   return std::regex_match(name, re);
 }
 
@@ -501,8 +501,9 @@ void write_hf(const std::string& out_dir, const DecoderConfig& c, const NamedTen
   }
 }
 
-std::map<std::string, at::Tensor> read_hf_weights(const std::string& dir, std::optional<at::ScalarType> dtype) {
-  const Weights w = open_weights(dir);
+std::map<std::string, at::Tensor> read_hf_weights(const std::string& dir, std::optional<at::ScalarType> dtype,
+                                                  const std::string& stem) {
+  const Weights w = open_weights(dir, stem);
   std::map<std::string, at::Tensor> out;
   for (const auto& [name, where] : w.tensors) {
     at::Tensor t = w.load(name);
@@ -539,7 +540,7 @@ NamedTensors decoder_to_hf_tensors(const DecoderConfig& c, const Mapping& mappin
 }
 
 void write_hf_files(const std::string& out_dir, const std::string& config_text, const NamedTensors& tensors,
-                    at::ScalarType dtype, int64_t max_shard_bytes) {
+                    at::ScalarType dtype, int64_t max_shard_bytes, const std::string& stem) {
   LF_CHECK(dtype == at::kBFloat16 || dtype == at::kHalf || dtype == at::kFloat,
            "HF export dtype must be bf16, fp16 or fp32, got ", c10::toString(dtype));
   std::vector<std::vector<size_t>> shards(1);
@@ -556,7 +557,7 @@ void write_hf_files(const std::string& out_dir, const std::string& config_text, 
   std::set<std::string> written{"config.json"};
   json weight_map = json::object();
   for (size_t s = 0; s < shards.size(); ++s) {
-    const std::string file = shards.size() == 1 ? "model.safetensors" : shard_name(s, shards.size());
+    const std::string file = shards.size() == 1 ? stem + ".safetensors" : shard_name(s, shards.size(), stem);
     std::vector<at::Tensor> keep;
     st::Writer writer;
     writer.set_metadata("format", "pt");
@@ -571,13 +572,13 @@ void write_hf_files(const std::string& out_dir, const std::string& config_text, 
   }
   if (shards.size() > 1) {
     json index = {{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}};
-    write_text(fs::path(out_dir) / "model.safetensors.index.json", index.dump(2) + "\n");
-    written.insert("model.safetensors.index.json");
+    write_text(fs::path(out_dir) / (stem + ".safetensors.index.json"), index.dump(2) + "\n");
+    written.insert(stem + ".safetensors.index.json");
   }
   write_text(fs::path(out_dir) / "config.json", config_text);
   for (const auto& e : fs::directory_iterator(out_dir)) {
     const std::string name = e.path().filename().string();
-    if (is_weight_file(name) && !written.count(name)) fs::remove(e.path());
+    if (is_weight_file(name, stem) && !written.count(name)) fs::remove(e.path());
   }
 }
 

@@ -99,8 +99,10 @@ std::string shape_text(const std::vector<int64_t>& shape);  // "[64, 32]"
 
 // For the multimodal adapter (hf_vlm.cpp), defined in hf_adapter.cpp:
 // every tensor of an HF directory's weights (model.safetensors, or the index and its shards) by
-// HF name, in the file's dtype or converted to `dtype`.
-std::map<std::string, at::Tensor> read_hf_weights(const std::string& dir, std::optional<at::ScalarType> dtype);
+// HF name, in the file's dtype or converted to `dtype`. stem: the files' name ("model"; diffusers:
+// "diffusion_pytorch_model").
+std::map<std::string, at::Tensor> read_hf_weights(const std::string& dir, std::optional<at::ScalarType> dtype,
+                                                  const std::string& stem = "model");
 // Our full decoder tensors (by name) -> the mapping's HF tensors in mapping order, names beginning
 // with "model." written with `model_prefix` in its place; `used` receives our names read. Throws
 // naming the tensor when one is missing or has a shape the config contradicts.
@@ -110,6 +112,6 @@ NamedTensors decoder_to_hf_tensors(const DecoderConfig& config, const Mapping& m
 // config.json text + HF tensors -> out_dir (model.safetensors, or model-0000i-of-0000n.safetensors
 // + index past max_shard_bytes, as HF forms shards), stale weight files of an earlier export removed.
 void write_hf_files(const std::string& out_dir, const std::string& config_text, const NamedTensors& tensors,
-                    at::ScalarType dtype, int64_t max_shard_bytes);
+                    at::ScalarType dtype, int64_t max_shard_bytes, const std::string& stem = "model");
 
 }  // namespace lf::models::hf

@@ -1,0 +1,341 @@
+#include "loongforge/models/foundations/wan.h"
+
+#include <ATen/Functions.h>
+#include <ATen/TensorOperators.h>
+
+#include <cmath>
+
+#include "loongforge/backend/functional.h"
+#include "loongforge/core/config/config_error.h"
+#include "loongforge/core/error.h"
+#include "loongforge/models/recompute.h"
+#include "loongforge/parallel/tensor/layers.h"
+#include "loongforge/parallel/tensor/mappings.h"
+
+namespace lf::models {
+
+int64_t WanConfig::num_parameters() const {
+  const int64_t h = inner_dim(), f = ffn_dim;
+  int64_t n = in_channels * patch_volume() * h + h;                  // patch embedding
+  n += freq_dim * h + h + h * h + h + h * 6 * h + 6 * h;             // time embedder, time_proj
+  n += text_dim * h + h + h * h + h;                                  // text embedder
+  if (image_dim > 0) n += 2 * image_dim + image_dim * image_dim + image_dim + image_dim * h + h + 2 * h +
+                          pos_embed_seq_len * image_dim;
+  int64_t block = 6 * h;                                              // scale_shift_table
+  block += 2 * (4 * (h * h + h) + 2 * h);                             // attn1, attn2 (+ norm_q, norm_k)
+  if (added_kv_proj_dim > 0) block += 2 * (added_kv_proj_dim * h + h) + h;
+  if (cross_attn_norm) block += 2 * h;
+  block += h * f + f + f * h + h;                                     // ffn
+  return n + num_layers * block + h * out_dim() * patch_volume() + out_dim() * patch_volume() + 2 * h;
+}
+
+void WanConfig::validate(const lf::config::Node& tree, const std::string& prefix, lf::config::ErrorList& errors) const {
+  auto origin = [&](const char* k) {
+    const auto* n = tree.find(k);
+    return n ? n->origin() : lf::config::Origin::from_default();
+  };
+  if (patch_size.size() != 3 || patch_size[0] < 1 || patch_size[1] < 1 || patch_size[2] < 1)
+    errors.add(prefix + ".patch_size", origin("patch_size"), "patch_size must be three positive sizes (frames, height, width)",
+               "Wan uses [1, 2, 2]");
+  if (attention_head_dim % 2 != 0 || rope_t_dim() % 2 != 0 || rope_hw_dim() < 2)
+    errors.add(prefix + ".attention_head_dim", origin("attention_head_dim"),
+               "the 3D RoPE needs an even attention_head_dim of at least 6 whose frame part (d - 4 (d / 6)) is even, got " +
+                   std::to_string(attention_head_dim),
+               "Wan uses 128");
+  if (freq_dim % 2 != 0)
+    errors.add(prefix + ".freq_dim", origin("freq_dim"), "freq_dim must be even (cos and sin halves)");
+  if ((image_dim > 0) != (added_kv_proj_dim > 0))
+    errors.add(prefix + ".added_kv_proj_dim", origin("added_kv_proj_dim"),
+               "image_dim and added_kv_proj_dim go together (I2V): both 0 or both set",
+               "Wan 2.1 I2V: image_dim 1280, added_kv_proj_dim = num_attention_heads x attention_head_dim");
+  if (added_kv_proj_dim > 0 && added_kv_proj_dim != inner_dim())
+    errors.add(prefix + ".added_kv_proj_dim", origin("added_kv_proj_dim"),
+               "added_kv_proj_dim " + std::to_string(added_kv_proj_dim) +
+                   " must equal num_attention_heads x attention_head_dim " + std::to_string(inner_dim()) +
+                   " (the image embedder's output width)");
+  if (pos_embed_seq_len > 0 && image_dim == 0)
+    errors.add(prefix + ".pos_embed_seq_len", origin("pos_embed_seq_len"), "pos_embed_seq_len needs image_dim (I2V)");
+}
+
+at::Tensor wan_timestep_embedding(const at::Tensor& t, int64_t dim) {
+  const int64_t half = dim / 2;
+  auto opts = at::TensorOptions().dtype(at::kFloat).device(t.device());
+  auto exponent = at::arange(half, opts) * (-std::log(10000.0) / static_cast<double>(half));
+  auto args = t.to(at::kFloat).reshape({-1, 1}) * at::exp(exponent).unsqueeze(0);
+  return at::cat({at::cos(args), at::sin(args)}, 1);
+}
+
+namespace {
+
+at::Tensor linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b) { return at::linear(x, w, b); }
+
+at::Tensor layer_norm(const at::Tensor& x, double eps, const at::Tensor& w = {}, const at::Tensor& b = {}) {
+  return at::layer_norm(x.to(at::kFloat), {x.size(-1)}, w.defined() ? w.to(at::kFloat) : w,
+                        b.defined() ? b.to(at::kFloat) : b, eps);
+}
+
+// The 3D RoPE tables of a (f, h, w) token grid: cos, sin [f h w, d / 2] fp32, one angle per
+// channel pair: the first t_dim / 2 pairs rotate by the frame index, then h_dim / 2 by the row, then
+// w_dim / 2 by the column (frequencies theta^(-2j / part) within each part, as diffusers).
+std::pair<at::Tensor, at::Tensor> rope_3d(const WanConfig& c, int64_t f, int64_t h, int64_t w, c10::Device device) {
+  auto d64 = at::TensorOptions().dtype(at::kDouble);
+  auto part = [&](int64_t dim, int64_t n) {  // [n, dim / 2]
+    auto inv = at::pow(c.rope_theta, -at::arange(0, dim, 2, d64) / static_cast<double>(dim));
+    return at::outer(at::arange(n, d64), inv);
+  };
+  const int64_t td = c.rope_t_dim(), hd = c.rope_hw_dim();
+  auto ft = part(td, f).view({f, 1, 1, td / 2}).expand({f, h, w, td / 2});
+  auto fh = part(hd, h).view({1, h, 1, hd / 2}).expand({f, h, w, hd / 2});
+  auto fw = part(hd, w).view({1, 1, w, hd / 2}).expand({f, h, w, hd / 2});
+  auto angles = at::cat({ft, fh, fw}, 3).reshape({f * h * w, c.attention_head_dim / 2});
+  return {at::cos(angles).to(at::kFloat).to(device), at::sin(angles).to(at::kFloat).to(device)};
+}
+
+// Interleaved-pair rotation of x [s, b, n, d] by cos/sin [s, d / 2].
+at::Tensor apply_rope_pairs(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+  const auto sizes = x.sizes();
+  auto pairs = x.unflatten(-1, {-1, 2});
+  auto x1 = pairs.select(-1, 0), x2 = pairs.select(-1, 1);
+  auto c = cos.unsqueeze(1).unsqueeze(1), s = sin.unsqueeze(1).unsqueeze(1);
+  return at::stack({x1 * c - x2 * s, x1 * s + x2 * c}, -1).reshape(sizes).to(x.scalar_type());
+}
+
+}  // namespace
+
+WanDit::Attention WanDit::make_attention(ParamBuilder& b, const std::string& p, bool cross) const {
+  const int64_t h = c_.inner_dim();
+  const double std = c_.init_method_std;
+  Attention a;
+  auto col = [&](const std::string& name, int64_t in, at::Tensor& w, at::Tensor& bias) {
+    w = b.add(p + "." + name + ".weight", b.normal({h, in}, std), Sharding::along(0), false);
+    bias = b.add(p + "." + name + ".bias", at::zeros({h}), Sharding::along(0), true);
+  };
+  col("to_q", h, a.q, a.q_bias);
+  col("to_k", h, a.k, a.k_bias);
+  col("to_v", h, a.v, a.v_bias);
+  a.out = b.add(p + ".to_out.0.weight", b.normal({h, h}, std), Sharding::along(1), false);
+  a.out_bias = b.add(p + ".to_out.0.bias", at::zeros({h}), Sharding::replicated(), true);
+  a.norm_q = b.add(p + ".norm_q.weight", at::ones({h}), Sharding::along(0), true);
+  a.norm_k = b.add(p + ".norm_k.weight", at::ones({h}), Sharding::along(0), true);
+  if (cross && c_.added_kv_proj_dim > 0) {
+    col("add_k_proj", c_.added_kv_proj_dim, a.add_k, a.add_k_bias);
+    col("add_v_proj", c_.added_kv_proj_dim, a.add_v, a.add_v_bias);
+    a.norm_added_k = b.add(p + ".norm_added_k.weight", at::ones({h}), Sharding::along(0), true);
+  }
+  return a;
+}
+
+WanDit::WanDit(const WanConfig& c, const lf::backend::DeviceBackend& backend, ParamBuilder& b, uint64_t seed,
+               int tp_rank)
+    : c_(c), backend_(backend), tp_(b.tp()), rng_(seed, tp_rank, 0) {
+  const int64_t tp = tp_.size(), h = c.inner_dim();
+  LF_CHECK(c.num_attention_heads % tp == 0 && c.ffn_dim % tp == 0, "wan: num_attention_heads ", c.num_attention_heads,
+           " and ffn_dim ", c.ffn_dim, " must be divisible by the tensor-parallel size ", tp);
+  LF_CHECK(!tp_.sequence_parallel, "wan: sequence parallelism is not supported yet");
+  const double std = c.init_method_std;
+  auto rep = [&](const std::string& name, std::vector<int64_t> shape, at::Tensor& w, at::Tensor& bias) {
+    w = b.add(name + ".weight", b.normal(shape, std), Sharding::replicated(), false);
+    bias = b.add(name + ".bias", at::zeros({shape[0]}), Sharding::replicated(), true);
+  };
+  const auto& ps = c.patch_size;
+  patch_w_ = b.add("patch_embedding.weight", b.normal({h, c.in_channels, ps[0], ps[1], ps[2]}, std),
+                   Sharding::replicated(), false);
+  patch_b_ = b.add("patch_embedding.bias", at::zeros({h}), Sharding::replicated(), true);
+  rep("condition_embedder.time_embedder.linear_1", {h, c.freq_dim}, time1_, time1_b_);
+  rep("condition_embedder.time_embedder.linear_2", {h, h}, time2_, time2_b_);
+  rep("condition_embedder.time_proj", {6 * h, h}, time_proj_, time_proj_b_);
+  rep("condition_embedder.text_embedder.linear_1", {h, c.text_dim}, text1_, text1_b_);
+  rep("condition_embedder.text_embedder.linear_2", {h, h}, text2_, text2_b_);
+  if (c.image_dim > 0) {
+    const int64_t di = c.image_dim;
+    const std::string p = "condition_embedder.image_embedder";
+    img_norm1_w_ = b.add(p + ".norm1.weight", at::ones({di}), Sharding::replicated(), true);
+    img_norm1_b_ = b.add(p + ".norm1.bias", at::zeros({di}), Sharding::replicated(), true);
+    rep(p + ".ff.net.0.proj", {di, di}, img_ff1_, img_ff1_b_);
+    rep(p + ".ff.net.2", {h, di}, img_ff2_, img_ff2_b_);
+    img_norm2_w_ = b.add(p + ".norm2.weight", at::ones({h}), Sharding::replicated(), true);
+    img_norm2_b_ = b.add(p + ".norm2.bias", at::zeros({h}), Sharding::replicated(), true);
+    if (c.pos_embed_seq_len > 0)
+      img_pos_ = b.add(p + ".pos_embed", at::zeros({1, c.pos_embed_seq_len, di}), Sharding::replicated(), true);
+  }
+  for (int64_t i = 0; i < c.num_layers; ++i) {
+    const std::string p = "blocks." + std::to_string(i);
+    Block blk;
+    blk.self = make_attention(b, p + ".attn1", false);
+    blk.cross = make_attention(b, p + ".attn2", true);
+    if (c.cross_attn_norm) {
+      blk.norm2_w = b.add(p + ".norm2.weight", at::ones({h}), Sharding::replicated(), true);
+      blk.norm2_b = b.add(p + ".norm2.bias", at::zeros({h}), Sharding::replicated(), true);
+    }
+    blk.ffn_in = b.add(p + ".ffn.net.0.proj.weight", b.normal({c.ffn_dim, h}, std), Sharding::along(0), false);
+    blk.ffn_in_bias = b.add(p + ".ffn.net.0.proj.bias", at::zeros({c.ffn_dim}), Sharding::along(0), true);
+    blk.ffn_out = b.add(p + ".ffn.net.2.weight", b.normal({h, c.ffn_dim}, std), Sharding::along(1), false);
+    blk.ffn_out_bias = b.add(p + ".ffn.net.2.bias", at::zeros({h}), Sharding::replicated(), true);
+    blk.table = b.add(p + ".scale_shift_table", b.normal({1, 6, h}, 1.0 / std::sqrt(static_cast<double>(h))),
+                      Sharding::replicated(), true);
+    blocks_.push_back(std::move(blk));
+  }
+  // The zero-initialised head (Wan's init): the first steps train it alone.
+  proj_out_ = b.add("proj_out.weight", at::zeros({c.out_dim() * c.patch_volume(), h}), Sharding::replicated(), false);
+  proj_out_b_ = b.add("proj_out.bias", at::zeros({c.out_dim() * c.patch_volume()}), Sharding::replicated(), true);
+  table_out_ = b.add("scale_shift_table", b.normal({1, 2, h}, 1.0 / std::sqrt(static_cast<double>(h))),
+                     Sharding::replicated(), true);
+}
+
+at::Tensor WanDit::head_rms_norm(const at::Tensor& x, const at::Tensor& w) const {
+  // torch.nn.RMSNorm over the full width in x's dtype; the width's squares summed over the TP ranks'
+  // heads (forward all-reduce; backward all-reduce too, each rank's heads using the same sum).
+  at::Tensor ss = (x * x).sum(-1, /*keepdim=*/true);
+  if (tp_.size() > 1) ss = lf::parallel::reduce_from_tp(lf::parallel::copy_to_tp(ss, *tp_.tp), *tp_.tp);
+  return x * at::rsqrt(ss / static_cast<double>(c_.inner_dim()) + c_.eps) * w;
+}
+
+at::Tensor WanDit::self_attention(const Attention& a, const at::Tensor& x, const at::Tensor& cos,
+                                  const at::Tensor& sin) const {
+  using lf::parallel::column_parallel_linear;
+  const int64_t s = x.size(0), b = x.size(1), n = c_.num_attention_heads / tp_.size(), d = c_.attention_head_dim;
+  auto q = head_rms_norm(column_parallel_linear(x, a.q, a.q_bias, tp_), a.norm_q).view({s, b, n, d});
+  auto k = head_rms_norm(column_parallel_linear(x, a.k, a.k_bias, tp_), a.norm_k).view({s, b, n, d});
+  auto v = column_parallel_linear(x, a.v, a.v_bias, tp_).view({s, b, n, d});
+  q = apply_rope_pairs(q, cos, sin);
+  k = apply_rope_pairs(k, cos, sin);
+  auto perm = [](const at::Tensor& t) { return t.permute({1, 2, 0, 3}); };  // [b, n, s, d]
+  auto o = lf::ops::sdpa(backend_, perm(q), perm(k), perm(v), lf::backend::AttentionMask::none());
+  o = o.permute({2, 0, 1, 3}).reshape({s, b, n * d});
+  return lf::parallel::row_parallel_linear(o, a.out, a.out_bias, tp_);
+}
+
+at::Tensor WanDit::cross_attention(const Attention& a, const at::Tensor& x, const at::Tensor& text,
+                                   const at::Tensor& image) const {
+  using lf::parallel::column_parallel_linear;
+  const int64_t s = x.size(0), b = x.size(1), n = c_.num_attention_heads / tp_.size(), d = c_.attention_head_dim;
+  auto heads = [&](const at::Tensor& t) { return t.view({t.size(0), b, n, d}).permute({1, 2, 0, 3}); };
+  auto q = heads(head_rms_norm(column_parallel_linear(x, a.q, a.q_bias, tp_), a.norm_q));
+  auto k = heads(head_rms_norm(column_parallel_linear(text, a.k, a.k_bias, tp_), a.norm_k));
+  auto v = heads(column_parallel_linear(text, a.v, a.v_bias, tp_));
+  auto o = lf::ops::sdpa(backend_, q, k, v, lf::backend::AttentionMask::none());
+  if (image.defined()) {
+    auto ki = heads(head_rms_norm(column_parallel_linear(image, a.add_k, a.add_k_bias, tp_), a.norm_added_k));
+    auto vi = heads(column_parallel_linear(image, a.add_v, a.add_v_bias, tp_));
+    o = o + lf::ops::sdpa(backend_, q, ki, vi, lf::backend::AttentionMask::none());
+  }
+  o = o.permute({2, 0, 1, 3}).reshape({s, b, n * d});
+  return lf::parallel::row_parallel_linear(o, a.out, a.out_bias, tp_);
+}
+
+at::Tensor WanDit::block_forward(const Block& blk, const at::Tensor& x, const at::Tensor& mod, const at::Tensor& text,
+                                 const at::Tensor& image, const at::Tensor& cos, const at::Tensor& sin) const {
+  // mod: [6, 1|s, b, h] fp32 (the shared modulation); the block adds its own table.
+  auto m = mod + blk.table.to(at::kFloat).view({6, 1, 1, -1});
+  auto shift = m[0], scale = m[1], gate = m[2], c_shift = m[3], c_scale = m[4], c_gate = m[5];
+  const auto dt = x.scalar_type();
+  auto n1 = (layer_norm(x, c_.eps) * (1 + scale) + shift).to(dt);
+  auto h = (x.to(at::kFloat) + self_attention(blk.self, n1, cos, sin) * gate).to(dt);
+  auto n2 = c_.cross_attn_norm ? layer_norm(h, c_.eps, blk.norm2_w, blk.norm2_b).to(dt) : h;
+  h = h + cross_attention(blk.cross, n2, text, image);
+  auto n3 = (layer_norm(h, c_.eps) * (1 + c_scale) + c_shift).to(dt);
+  auto f = lf::parallel::column_parallel_linear(n3, blk.ffn_in, blk.ffn_in_bias, tp_);
+  f = lf::parallel::row_parallel_linear(at::gelu(f, "tanh"), blk.ffn_out, blk.ffn_out_bias, tp_);
+  return (h.to(at::kFloat) + f.to(at::kFloat) * c_gate).to(dt);
+}
+
+at::Tensor WanDit::forward(const WanInputs& in) const {
+  const auto& x0 = in.latents;
+  LF_CHECK(x0.dim() == 5 && x0.size(1) == c_.in_channels, "wan: latents must be [b, ", c_.in_channels,
+           ", frames, height, width], got ", x0.sizes());
+  const auto& ps = c_.patch_size;
+  const int64_t b = x0.size(0), f = x0.size(2) / ps[0], hh = x0.size(3) / ps[1], ww = x0.size(4) / ps[2];
+  LF_CHECK(x0.size(2) % ps[0] == 0 && x0.size(3) % ps[1] == 0 && x0.size(4) % ps[2] == 0, "wan: latents ", x0.sizes(),
+           " do not divide into patches of ", ps[0], "x", ps[1], "x", ps[2]);
+  LF_CHECK(std::max({f, hh, ww}) <= c_.rope_max_seq_len, "wan: a latent grid of ", f, "x", hh, "x", ww,
+           " patches exceeds rope_max_seq_len ", c_.rope_max_seq_len);
+  const int64_t s = f * hh * ww, h = c_.inner_dim();
+  LF_CHECK(in.text.dim() == 3 && in.text.size(0) == b && in.text.size(2) == c_.text_dim,
+           "wan: text embeddings must be [", b, ", length, ", c_.text_dim, "], got ", in.text.sizes());
+  LF_CHECK(in.image.defined() == (c_.image_dim > 0),
+           c_.image_dim > 0 ? "wan: this I2V model needs image embeddings" : "wan: image embeddings given to a text-only model");
+  const auto dt = patch_w_.scalar_type();
+  // Patch embedding (the Conv3d with stride = kernel as one matmul): tokens in (f, h, w) order.
+  auto patches = x0.to(dt)
+                     .view({b, c_.in_channels, f, ps[0], hh, ps[1], ww, ps[2]})
+                     .permute({2, 4, 6, 0, 1, 3, 5, 7})
+                     .reshape({s, b, c_.in_channels * c_.patch_volume()});
+  at::Tensor x = linear(patches, patch_w_.reshape({h, -1}), patch_b_);  // [s, b, h]
+
+  // Timestep embedding: per sample [b] or per token [b, s].
+  const bool per_token = in.timestep.dim() == 2;
+  LF_CHECK((in.timestep.dim() == 1 && in.timestep.size(0) == b) || (per_token && in.timestep.size(0) == b &&
+                                                                     in.timestep.size(1) == s),
+           "wan: timestep must be [", b, "] or [", b, ", ", s, "] (one per patch token), got ", in.timestep.sizes());
+  auto t_freq = wan_timestep_embedding(in.timestep.reshape({-1}).to(x.device()), c_.freq_dim).to(time1_.scalar_type());
+  auto temb = linear(at::silu(linear(t_freq, time1_, time1_b_)), time2_, time2_b_);  // [n, h]
+  auto tproj = linear(at::silu(temb), time_proj_, time_proj_b_).to(at::kFloat);      // [n, 6h]
+  at::Tensor mod, final_temb;  // mod [6, 1|s, b, h]; final_temb [1|s, b, h]
+  if (per_token) {
+    mod = tproj.view({b, s, 6, h}).permute({2, 1, 0, 3});
+    final_temb = temb.to(at::kFloat).view({b, s, h}).transpose(0, 1);
+  } else {
+    mod = tproj.view({b, 6, h}).permute({1, 0, 2}).unsqueeze(1);
+    final_temb = temb.to(at::kFloat).unsqueeze(0);
+  }
+  auto text = linear(at::gelu(linear(in.text.to(dt), text1_, text1_b_), "tanh"), text2_, text2_b_).transpose(0, 1);
+  at::Tensor image;
+  if (in.image.defined()) {
+    LF_CHECK(in.image.dim() == 3 && in.image.size(0) == (img_pos_.defined() ? 2 * b : b) && in.image.size(2) == c_.image_dim,
+             "wan: image embeddings must be [", b, ", tokens, ", c_.image_dim, "], got ", in.image.sizes());
+    at::Tensor e = in.image.to(dt);
+    if (img_pos_.defined()) {
+      // FLF2V: the first and the last frame's features, stacked along the batch, side by side.
+      LF_CHECK(e.size(0) == 2 * b && 2 * e.size(1) == c_.pos_embed_seq_len, "wan: an FLF2V model takes [2 x ", b,
+               ", ", c_.pos_embed_seq_len / 2, ", ", c_.image_dim, "] image embeddings, got ", e.sizes());
+      e = e.reshape({b, 2 * e.size(1), c_.image_dim}) + img_pos_;
+    }
+    e = layer_norm(e, 1e-5, img_norm1_w_, img_norm1_b_).to(dt);
+    e = linear(at::gelu(linear(e, img_ff1_, img_ff1_b_)), img_ff2_, img_ff2_b_);
+    image = layer_norm(e, 1e-5, img_norm2_w_, img_norm2_b_).to(dt).transpose(0, 1);
+  }
+  auto [cos, sin] = rope_3d(c_, f, hh, ww, x.device());
+
+  // Recomputation: full, per block (uniform: groups of num_layers blocks; block: the first
+  // num_layers blocks).
+  const auto& r = recompute_;
+  const bool full = r.granularity == RecomputeOptions::Granularity::full && training_;
+  const int64_t nl = static_cast<int64_t>(blocks_.size());
+  for (int64_t i = 0; i < nl;) {
+    int64_t group = 1;
+    bool again = false;
+    if (full && r.method == RecomputeOptions::Method::uniform) {
+      group = std::min(std::max<int64_t>(r.num_layers, 1), nl - i);
+      again = true;
+    } else if (full && i < r.num_layers) {
+      again = true;
+    }
+    if (!again) {
+      x = block_forward(blocks_[i], x, mod, text, image, cos, sin);
+    } else {
+      const int64_t first = i;
+      RecomputeFn fn = [this, first, group, cos, sin](const std::vector<at::Tensor>& v) {
+        at::Tensor y = v[0];
+        for (int64_t j = first; j < first + group; ++j)
+          y = block_forward(blocks_[j], y, v[1], v[2], v.size() > 3 ? v[3] : at::Tensor(), cos, sin);
+        return y;
+      };
+      std::vector<at::Tensor> inputs = {x, mod, text};
+      if (image.defined()) inputs.push_back(image);
+      x = recompute(fn, inputs, &rng_);
+    }
+    i += group;
+  }
+
+  // Output norm with its modulation, projection, unpatchify.
+  auto so = table_out_.to(at::kFloat).view({2, 1, 1, h}) + final_temb.unsqueeze(0);
+  auto y = (layer_norm(x, c_.eps) * (1 + so[1]) + so[0]).to(dt);
+  y = linear(y, proj_out_, proj_out_b_);  // [s, b, pv c]
+  const int64_t oc = c_.out_dim();
+  return y.transpose(0, 1)
+      .reshape({b, f, hh, ww, ps[0], ps[1], ps[2], oc})
+      .permute({0, 7, 1, 4, 2, 5, 3, 6})
+      .reshape({b, oc, f * ps[0], hh * ps[1], ww * ps[2]});
+}
+
+}  // namespace lf::models

@@ -5,6 +5,7 @@
 #include <ATen/TensorOperators.h>
 
 #include <cmath>
+#include <cstring>
 #include <sstream>
 
 #include "loongforge/core/config/config_error.h"
@@ -63,16 +64,17 @@ FlowMatchingSchedule::FlowMatchingSchedule(const FlowMatchingConfig& c) {
 
 FlowMatching::FlowMatching(const WanConfig& foundation, const FlowMatchingConfig& config,
                            const lf::backend::DeviceBackend& backend, uint64_t seed, at::ScalarType dtype,
-                           const lf::dist::ParallelContext* parallel, bool trainable)
+                           const lf::dist::ParallelContext* parallel, bool trainable, bool sequence_parallel)
     : FlowMatching(foundation, config, backend, seed, parallel, trainable,
                    ParamBuilder(at::make_generator<at::CPUGeneratorImpl>(seed), dtype, backend.device(),
-                                tensor_parallel_of(parallel, false), trainable)) {}
+                                tensor_parallel_of(parallel, sequence_parallel), trainable)) {}
 
 FlowMatching::FlowMatching(const WanConfig& foundation, const FlowMatchingConfig& config,
                            const lf::backend::DeviceBackend& backend, uint64_t seed,
                            const lf::dist::ParallelContext* parallel, bool trainable, ParamBuilder b)
     : backend_(backend), parallel_(parallel), trainable_(trainable), config_(config), schedule_(config), seed_(seed),
       dit_(foundation, backend, b, seed, parallel ? parallel->tp_rank() : 0) {
+  if (parallel && parallel->cp_size() > 1) dit_.set_context_parallel(&parallel->cp());
   LF_CHECK(config.first_frame_conditioning == false || foundation.patch_size[0] == 1,
            "flow_matching: first_frame_conditioning needs a patch of one frame (patch_size [1, ., .])");
   params_ = b.take();
@@ -140,10 +142,21 @@ at::Tensor FlowMatching::sample_losses(const WanInputs& clean, const at::Tensor&
   }
   in.latents = xt;
   in.timestep = timestep;
-  at::Tensor pred = dit_.forward(in).to(at::kFloat);
-  at::Tensor err = (pred - target).pow(2);
-  if (first) err = err.narrow(2, 1, err.size(2) - 1);
-  return err.reshape({b, -1}).mean(1) * at::tensor(w).to(x0.device());
+  // In token space: this rank's tokens (all of them without context parallelism); the per-sample
+  // mean is over the sample's whole latent (the CP ranks' partial sums add up to it).
+  WanTokens out = dit_.forward_tokens(in);
+  const auto idx = out.positions.to(x0.device());
+  at::Tensor tgt = dit_.patchify_like_output(target).index_select(0, idx);  // [s_r, b, pv c]
+  at::Tensor err = (out.tokens.to(at::kFloat) - tgt).pow(2);
+  int64_t counted = x0[0].numel();
+  if (first) {
+    // Tokens of the first latent frame (patch_size[0] = 1: the first per_frame tokens) are not in the loss.
+    const auto& ps = dit_.config().patch_size;
+    const int64_t per_frame = (x0.size(3) / ps[1]) * (x0.size(4) / ps[2]);
+    err = err * out.positions.ge(per_frame).to(err.device(), at::kFloat).view({-1, 1, 1});
+    counted -= x0.size(1) * x0.size(3) * x0.size(4);
+  }
+  return err.sum(at::IntArrayRef{0, 2}) / static_cast<double>(counted) * at::tensor(w).to(x0.device());
 }
 
 StageOutput FlowMatching::stage_forward(const Batch& batch, const TensorMap&, int64_t chunk, Pass pass) {
@@ -168,21 +181,27 @@ StageOutput FlowMatching::stage_forward(const Batch& batch, const TensorMap&, in
   StageOutput out;
   if (pass == Pass::train)
     out.losses.push_back({kLoss, losses.sum()});
-  else
-    out.metrics[kLoss] = {losses.sum().item<double>(), static_cast<double>(b)};
+  else  // each CP rank counts its share of the samples (the trainer sums over dp x cp)
+    out.metrics[kLoss] = {losses.sum().item<double>(), static_cast<double>(b) / dit_.context_parallel().size()};
   return out;
 }
 
 std::map<std::string, at::Tensor> FlowMatching::rng_state() const {
+  // Checkpoints keep random states as bytes: the step counter of the noise stream as 8 of them.
   auto s = dit_.rng().state();
-  s["flow_matching.step"] = at::tensor({step_}, at::kLong);
+  at::Tensor bytes = at::empty({static_cast<int64_t>(sizeof step_)}, at::kByte);
+  std::memcpy(bytes.data_ptr(), &step_, sizeof step_);
+  s["flow_matching.step"] = bytes;
   return s;
 }
 
 void FlowMatching::set_rng_state(const std::map<std::string, at::Tensor>& s) {
   std::map<std::string, at::Tensor> rest = s;
   if (auto it = rest.find("flow_matching.step"); it != rest.end()) {
-    step_ = it->second.item<int64_t>();
+    const at::Tensor bytes = it->second.to(at::kCPU).contiguous();
+    LF_CHECK(bytes.scalar_type() == at::kByte && bytes.numel() == static_cast<int64_t>(sizeof step_),
+             "flow_matching: the checkpoint's flow_matching.step is not the 8-byte step counter");
+    std::memcpy(&step_, bytes.data_ptr(), sizeof step_);
     rest.erase(it);
   }
   dit_.rng().set_state(rest);
@@ -218,12 +237,19 @@ class FlowMatchingPlan : public ModelPlan {
     if (layout_.size(lf::dist::Axis::pp) > 1)
       refuse("parallel.pipeline_model_parallel_size", "flow_matching runs as one pipeline stage",
              "set --pipeline-model-parallel-size 1");
-    if (layout_.size(lf::dist::Axis::cp) > 1)
-      refuse("parallel.context_parallel_size", "flow_matching does not split the video tokens over CP ranks yet",
-             "set --context-parallel-size 1");
-    if (job.parallel.sequence_parallel && tp > 1)
-      refuse("parallel.sequence_parallel", "flow_matching does not use sequence parallelism yet",
-             "drop --sequence-parallel");
+    sequence_parallel_ = job.parallel.sequence_parallel && tp > 1;
+    const int cp = layout_.size(lf::dist::Axis::cp);
+    if (cp > 1 && job.parallel.cp_comm_type != "a2a" &&
+        origin("parallel.cp_comm_type").kind != lf::config::Origin::Kind::default_)
+      refuse("parallel.cp_comm_type",
+             "flow_matching attends bidirectionally over the video tokens: its context parallelism is Ulysses "
+             "(all-to-all); ring attention (p2p) is the causal models'",
+             "drop --cp-comm-type or give a2a");
+    if (cp > 1 && foundation_.num_attention_heads % (tp * cp) != 0)
+      refuse("parallel.context_parallel_size",
+             "Ulysses splits each TP rank's " + std::to_string(foundation_.num_attention_heads / std::max(tp, 1)) +
+                 " attention heads over " + std::to_string(cp) + " context-parallel ranks: they do not divide",
+             "choose a CP size dividing num_attention_heads / TP");
     if (job.parallel.chunkpipe_chunk_size)
       refuse("parallel.chunkpipe_chunk_size", "flow_matching does not run under ChunkPipe",
              "drop --chunkpipe-chunk-size");
@@ -243,8 +269,22 @@ class FlowMatchingPlan : public ModelPlan {
                "");
     const auto& m = own_.mock_latent_shape;
     const auto& ps = foundation_.patch_size;
-    if (m.size() == 3 && ps.size() == 3 && (m[0] % ps[0] || m[1] % ps[1] || m[2] % ps[2]))
+    if (m.size() == 3 && ps.size() == 3 && (m[0] % ps[0] || m[1] % ps[1] || m[2] % ps[2])) {
       refuse("model.mock_latent_shape", "model.mock_latent_shape does not divide into the foundation's patch_size", "");
+    } else if (m.size() == 3 && ps.size() == 3 && job.data.mock_data) {
+      const int64_t tokens = (m[0] / ps[0]) * (m[1] / ps[1]) * (m[2] / ps[2]);
+      const int64_t per_cp = tokens / std::max(cp, 1);
+      if (tokens % (2 * cp) != 0 && cp > 1)
+        refuse("model.mock_latent_shape",
+               "the mock latents' " + std::to_string(tokens) + " patch tokens do not split into 2 x " +
+                   std::to_string(cp) + " context-parallel chunks",
+               "");
+      else if (sequence_parallel_ && per_cp % tp != 0)
+        refuse("parallel.sequence_parallel",
+               "the mock latents' " + std::to_string(per_cp) + " patch tokens per CP rank do not split over " +
+                   std::to_string(tp) + " tensor-parallel ranks",
+               "");
+    }
     if (own_.first_frame_conditioning && ps.size() == 3 && ps[0] != 1)
       refuse("model.first_frame_conditioning", "first_frame_conditioning needs patch_size [1, ., .]", "");
     if (foundation_.pos_embed_seq_len > 0)
@@ -297,7 +337,7 @@ class FlowMatchingPlan : public ModelPlan {
   }
   std::unique_ptr<Model> build(const BuildArgs& args) const override {
     return std::make_unique<FlowMatching>(foundation_, own_, *args.backend, args.seed, args.dtype, args.context,
-                                          !frozen_);
+                                          !frozen_, sequence_parallel_);
   }
 
  private:
@@ -306,6 +346,7 @@ class FlowMatchingPlan : public ModelPlan {
   WanConfig foundation_;
   FlowMatchingConfig own_;
   bool frozen_;
+  bool sequence_parallel_ = false;
 };
 
 std::unique_ptr<ModelPlan> plan_flow_matching(std::shared_ptr<const ModelConfig> c, const PlanArgs& a,

@@ -9,6 +9,7 @@
 #include "loongforge/core/config/config_error.h"
 #include "loongforge/core/error.h"
 #include "loongforge/models/recompute.h"
+#include "loongforge/parallel/context/context_parallel.h"
 #include "loongforge/parallel/tensor/layers.h"
 #include "loongforge/parallel/tensor/mappings.h"
 
@@ -131,7 +132,6 @@ WanDit::WanDit(const WanConfig& c, const lf::backend::DeviceBackend& backend, Pa
   const int64_t tp = tp_.size(), h = c.inner_dim();
   LF_CHECK(c.num_attention_heads % tp == 0 && c.ffn_dim % tp == 0, "wan: num_attention_heads ", c.num_attention_heads,
            " and ffn_dim ", c.ffn_dim, " must be divisible by the tensor-parallel size ", tp);
-  LF_CHECK(!tp_.sequence_parallel, "wan: sequence parallelism is not supported yet");
   const double std = c.init_method_std;
   auto rep = [&](const std::string& name, std::vector<int64_t> shape, at::Tensor& w, at::Tensor& bias) {
     w = b.add(name + ".weight", b.normal(shape, std), Sharding::replicated(), false);
@@ -193,14 +193,26 @@ at::Tensor WanDit::head_rms_norm(const at::Tensor& x, const at::Tensor& w) const
 at::Tensor WanDit::self_attention(const Attention& a, const at::Tensor& x, const at::Tensor& cos,
                                   const at::Tensor& sin) const {
   using lf::parallel::column_parallel_linear;
-  const int64_t s = x.size(0), b = x.size(1), n = c_.num_attention_heads / tp_.size(), d = c_.attention_head_dim;
-  auto q = head_rms_norm(column_parallel_linear(x, a.q, a.q_bias, tp_), a.norm_q).view({s, b, n, d});
+  const int64_t b = x.size(1), n = c_.num_attention_heads / tp_.size(), d = c_.attention_head_dim;
+  auto q = head_rms_norm(column_parallel_linear(x, a.q, a.q_bias, tp_), a.norm_q);
+  const int64_t s = q.size(0);  // the whole (CP-local) sequence, gathered under SP
+  q = q.view({s, b, n, d});
   auto k = head_rms_norm(column_parallel_linear(x, a.k, a.k_bias, tp_), a.norm_k).view({s, b, n, d});
   auto v = column_parallel_linear(x, a.v, a.v_bias, tp_).view({s, b, n, d});
   q = apply_rope_pairs(q, cos, sin);
   k = apply_rope_pairs(k, cos, sin);
   auto perm = [](const at::Tensor& t) { return t.permute({1, 2, 0, 3}); };  // [b, n, s, d]
-  auto o = lf::ops::sdpa(backend_, perm(q), perm(k), perm(v), lf::backend::AttentionMask::none());
+  at::Tensor o;
+  if (cp_.on()) {
+    // Ulysses: all-to-all to [heads / CP, every token], bidirectional attention, and back.
+    auto whole = [this](const at::Tensor& wq, const at::Tensor& wk, const at::Tensor& wv, const at::Tensor&) {
+      return lf::ops::sdpa(backend_, wq, wk, wv, lf::backend::AttentionMask::none());
+    };
+    o = lf::parallel::context_parallel_attention(backend_, cp_, perm(q), perm(k), perm(v), {},
+                                                 1.0 / std::sqrt(static_cast<double>(d)), whole);
+  } else {
+    o = lf::ops::sdpa(backend_, perm(q), perm(k), perm(v), lf::backend::AttentionMask::none());
+  }
   o = o.permute({2, 0, 1, 3}).reshape({s, b, n * d});
   return lf::parallel::row_parallel_linear(o, a.out, a.out_bias, tp_);
 }
@@ -208,15 +220,27 @@ at::Tensor WanDit::self_attention(const Attention& a, const at::Tensor& x, const
 at::Tensor WanDit::cross_attention(const Attention& a, const at::Tensor& x, const at::Tensor& text,
                                    const at::Tensor& image) const {
   using lf::parallel::column_parallel_linear;
-  const int64_t s = x.size(0), b = x.size(1), n = c_.num_attention_heads / tp_.size(), d = c_.attention_head_dim;
+  const int64_t b = x.size(1), n = c_.num_attention_heads / tp_.size(), d = c_.attention_head_dim;
   auto heads = [&](const at::Tensor& t) { return t.view({t.size(0), b, n, d}).permute({1, 2, 0, 3}); };
-  auto q = heads(head_rms_norm(column_parallel_linear(x, a.q, a.q_bias, tp_), a.norm_q));
-  auto k = heads(head_rms_norm(column_parallel_linear(text, a.k, a.k_bias, tp_), a.norm_k));
-  auto v = heads(column_parallel_linear(text, a.v, a.v_bias, tp_));
+  // The context (text, image) is replicated over TP. Without SP its projection enters the TP region
+  // (the backward sums its gradient over TP: every rank's embedders get the whole gradient); under
+  // SP every replicated tensor's gradient is summed over TP by the trainer, so each rank keeps its
+  // heads' part.
+  auto context = [&](const at::Tensor& t, const at::Tensor& w, const at::Tensor& bias) {
+    if (tp_.sequence_parallel && tp_.size() > 1) return at::linear(t, w, bias);
+    lf::parallel::TensorParallel plain = tp_;
+    plain.sequence_parallel = false;
+    return column_parallel_linear(t, w, bias, plain);
+  };
+  auto q = head_rms_norm(column_parallel_linear(x, a.q, a.q_bias, tp_), a.norm_q);
+  const int64_t s = q.size(0);
+  q = heads(q);
+  auto k = heads(head_rms_norm(context(text, a.k, a.k_bias), a.norm_k));
+  auto v = heads(context(text, a.v, a.v_bias));
   auto o = lf::ops::sdpa(backend_, q, k, v, lf::backend::AttentionMask::none());
   if (image.defined()) {
-    auto ki = heads(head_rms_norm(column_parallel_linear(image, a.add_k, a.add_k_bias, tp_), a.norm_added_k));
-    auto vi = heads(column_parallel_linear(image, a.add_v, a.add_v_bias, tp_));
+    auto ki = heads(head_rms_norm(context(image, a.add_k, a.add_k_bias), a.norm_added_k));
+    auto vi = heads(context(image, a.add_v, a.add_v_bias));
     o = o + lf::ops::sdpa(backend_, q, ki, vi, lf::backend::AttentionMask::none());
   }
   o = o.permute({2, 0, 1, 3}).reshape({s, b, n * d});
@@ -239,7 +263,7 @@ at::Tensor WanDit::block_forward(const Block& blk, const at::Tensor& x, const at
   return (h.to(at::kFloat) + f.to(at::kFloat) * c_gate).to(dt);
 }
 
-at::Tensor WanDit::forward(const WanInputs& in) const {
+WanTokens WanDit::forward_tokens(const WanInputs& in) const {
   const auto& x0 = in.latents;
   LF_CHECK(x0.dim() == 5 && x0.size(1) == c_.in_channels, "wan: latents must be [b, ", c_.in_channels,
            ", frames, height, width], got ", x0.sizes());
@@ -295,6 +319,35 @@ at::Tensor WanDit::forward(const WanInputs& in) const {
     image = layer_norm(e, 1e-5, img_norm2_w_, img_norm2_b_).to(dt).transpose(0, 1);
   }
   auto [cos, sin] = rope_3d(c_, f, hh, ww, x.device());
+  at::Tensor positions = at::arange(s, at::kLong);
+  if (cp_.on()) {
+    // This CP rank's tokens; the gradients of the others' are zero here (the trainer sums over CP).
+    const int n = cp_.size(), r = cp_.rank();
+    LF_CHECK(s % (2 * n) == 0, "wan: ", s, " video tokens do not split into 2 x ", n,
+             " context-parallel chunks", lf::hint("choose a latent grid whose patch count divides by 2 x CP"));
+    positions = lf::parallel::cp_positions(s, n, r);
+    x = lf::parallel::cp_slice(x, 0, n, r);
+    if (per_token) {
+      mod = lf::parallel::cp_slice(mod, 1, n, r);
+      final_temb = lf::parallel::cp_slice(final_temb, 0, n, r);
+    }
+    const auto idx = positions.to(cos.device());
+    cos = cos.index_select(0, idx);
+    sin = sin.index_select(0, idx);
+  }
+  const bool sp = tp_.sequence_parallel && tp_.size() > 1;
+  if (sp) {
+    // Sequence parallelism: this TP rank's contiguous chunk (narrow: the replicated producers'
+    // gradients stay partial per rank and the trainer sums them over TP).
+    const int64_t sl = x.size(0), t = tp_.size();
+    LF_CHECK(sl % t == 0, "wan: ", sl, " video tokens per rank do not split over ", t,
+             " tensor-parallel ranks (sequence parallelism)");
+    x = x.narrow(0, tp_.rank() * (sl / t), sl / t);
+    if (per_token) {
+      mod = mod.narrow(1, tp_.rank() * (sl / t), sl / t);
+      final_temb = final_temb.narrow(0, tp_.rank() * (sl / t), sl / t);
+    }
+  }
 
   // Recomputation: full, per block (uniform: groups of num_layers blocks; block: the first
   // num_layers blocks).
@@ -330,12 +383,38 @@ at::Tensor WanDit::forward(const WanInputs& in) const {
   // Output norm with its modulation, projection, unpatchify.
   auto so = table_out_.to(at::kFloat).view({2, 1, 1, h}) + final_temb.unsqueeze(0);
   auto y = (layer_norm(x, c_.eps) * (1 + so[1]) + so[0]).to(dt);
-  y = linear(y, proj_out_, proj_out_b_);  // [s, b, pv c]
-  const int64_t oc = c_.out_dim();
+  y = linear(y, proj_out_, proj_out_b_);  // [s_r, b, pv c]
+  // Under SP every TP rank needs all of its CP rank's tokens (the loss is the same on every TP
+  // rank): gathered, the backward keeps each rank's own chunk.
+  if (sp) y = lf::parallel::gather_from_shares(y, *tp_.tp);
+  return {y, positions};
+}
+
+at::Tensor WanDit::forward(const WanInputs& in) const {
+  LF_CHECK(!cp_.on(), "wan: the whole prediction is computed without context parallelism",
+           lf::hint("forward_tokens() gives this rank's tokens"));
+  const auto& ps = c_.patch_size;
+  const int64_t b = in.latents.size(0), f = in.latents.size(2) / ps[0], hh = in.latents.size(3) / ps[1],
+                ww = in.latents.size(4) / ps[2], oc = c_.out_dim();
+  at::Tensor y = forward_tokens(in).tokens;
   return y.transpose(0, 1)
       .reshape({b, f, hh, ww, ps[0], ps[1], ps[2], oc})
       .permute({0, 7, 1, 4, 2, 5, 3, 6})
       .reshape({b, oc, f * ps[0], hh * ps[1], ww * ps[2]});
+}
+
+at::Tensor WanDit::patchify_like_output(const at::Tensor& x) const {
+  const auto& ps = c_.patch_size;
+  const int64_t b = x.size(0), c = x.size(1), f = x.size(2) / ps[0], hh = x.size(3) / ps[1], ww = x.size(4) / ps[2];
+  return x.view({b, c, f, ps[0], hh, ps[1], ww, ps[2]})
+      .permute({2, 4, 6, 0, 3, 5, 7, 1})
+      .reshape({f * hh * ww, b, ps[0] * ps[1] * ps[2] * c});
+}
+
+void WanDit::set_context_parallel(lf::backend::Communicator* group) {
+  cp_ = lf::parallel::ContextParallel{};
+  cp_.group = group;
+  cp_.comm = lf::parallel::CpCommType::a2a;
 }
 
 }  // namespace lf::models

@@ -61,7 +61,8 @@ struct FlowMatchingSchedule {
 class FlowMatching : public Model {
  public:
   FlowMatching(const WanConfig& foundation, const FlowMatchingConfig& config, const lf::backend::DeviceBackend& backend,
-               uint64_t seed, at::ScalarType dtype, const lf::dist::ParallelContext* parallel, bool trainable = true);
+               uint64_t seed, at::ScalarType dtype, const lf::dist::ParallelContext* parallel, bool trainable = true,
+               bool sequence_parallel = false);
 
   const std::string& type() const override;
   std::vector<ParameterGroup> parameter_groups() const override;

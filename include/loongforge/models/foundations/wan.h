@@ -19,11 +19,8 @@
 #include "loongforge/core/config/schema.h"
 #include "loongforge/models/blocks/param_builder.h"
 #include "loongforge/models/blocks/transformer_layer.h"
+#include "loongforge/parallel/context/context_parallel.h"
 #include "loongforge/parallel/tensor/random.h"
-
-namespace lf::parallel {
-struct ContextParallel;
-}
 
 namespace lf::models {
 
@@ -78,6 +75,14 @@ struct WanConfig {
   void validate(const lf::config::Node& tree, const std::string& prefix, lf::config::ErrorList& errors) const;
 };
 
+// The prediction in token space: [s_r, b, patch volume x out_channels] for the tokens at
+// `positions` [s_r] (int64, CPU; raster (frame, row, column) order of the patch grid), each token's
+// channels in (t, h, w, channel) patch order. Every token without context parallelism; this CP
+// rank's tokens (parallel/context: chunks r and 2 CP - 1 - r) with it.
+struct WanTokens {
+  at::Tensor tokens, positions;
+};
+
 // One forward's inputs, as diffusers' WanTransformer3DModel takes them.
 struct WanInputs {
   at::Tensor latents;    // hidden_states [b, c, f, h, w]
@@ -90,11 +95,22 @@ class WanDit {
  public:
   // Registers diffusers' parameter names (patch_embedding.weight, condition_embedder.*,
   // blocks.<i>.*, proj_out.*, scale_shift_table) in `b`, q/k/v, norm_q/norm_k and the MLP's first
-  // layer split over TP by heads / columns, to_out and the MLP's second layer by rows. seed /
+  // layer split over TP by heads / columns, to_out and the MLP's second layer by rows (the TP group's
+// sequence_parallel: the blocks run on sequence chunks). seed /
   // tp_rank: the random streams (recompute replays them).
   WanDit(const WanConfig& c, const lf::backend::DeviceBackend& backend, ParamBuilder& b, uint64_t seed, int tp_rank);
   // The prediction [b, out_channels, f, h, w] (the parameters' dtype; fp32 norms and modulation).
+  // Without context parallelism.
   at::Tensor forward(const WanInputs& in) const;
+  // The prediction of this rank's tokens (the loss needs no more). Sequence parallelism: each TP
+  // rank runs the blocks on 1 / TP of them, gathered at the end; context parallelism: attention by
+  // Ulysses all-to-all over the CP group (set_context_parallel).
+  WanTokens forward_tokens(const WanInputs& in) const;
+  // Patchify `x` [b, c, f, h, w] into the layout of WanTokens::tokens (every token).
+  at::Tensor patchify_like_output(const at::Tensor& x) const;
+  // Spreads the video tokens over `group` (null or size 1: off).
+  void set_context_parallel(lf::backend::Communicator* group);
+  const lf::parallel::ContextParallel& context_parallel() const { return cp_; }
 
   void set_training(bool t) { training_ = t; }
   void set_recompute(const RecomputeOptions& r) { recompute_ = r; }
@@ -134,6 +150,7 @@ class WanDit {
   at::Tensor img_norm1_w_, img_norm1_b_, img_ff1_, img_ff1_b_, img_ff2_, img_ff2_b_, img_norm2_w_, img_norm2_b_, img_pos_;
   std::vector<Block> blocks_;
   at::Tensor proj_out_, proj_out_b_, table_out_;
+  lf::parallel::ContextParallel cp_;
   bool training_ = true;
   RecomputeOptions recompute_;
   mutable lf::parallel::RngTracker rng_;

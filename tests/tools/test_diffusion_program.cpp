@@ -1,0 +1,122 @@
+// The flow_matching composite (the wan foundation) through loongforge-train as users run it, on mock
+// latents and text embeddings: TP 2, TP 2 + SP, DP 2 with ZeRO-1, Ulysses CP 2, CP 2 x TP 2 + SP and
+// full recomputation each equal the single process (fp32, 10 steps; per-step loss relative 1e-5,
+// final parameters max-abs 1e-5, gradient norms relative 1e-4, as every equivalence test in
+// pp_training.h: the same ops in another summation order); the I2V layout and first-frame
+// conditioning train; a checkpoint resumes exactly; bf16 trains; layouts and keys it cannot take are
+// configuration errors naming the key.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+
+#include "pp_training.h"
+
+namespace {
+namespace fs = std::filesystem;
+using lf::testing::bin;
+using lf::testing::TrainRun;
+
+const std::string kConfig = lf::testing::source_dir() + "/configs/examples/wan_tiny.yaml";
+
+TrainRun run(int procs, std::vector<std::string> extra, const std::string& tag, std::string dir = "") {
+  if (dir.empty()) dir = lf::testing::make_temp_dir("wan-" + tag);
+  std::vector<std::string> argv;
+  if (procs > 1) argv = {bin("loongforge-run"), "--standalone", "--nproc-per-node", std::to_string(procs)};
+  std::vector<std::string> t = {bin("loongforge-train"), "--config-file", kConfig, "--train-iters", "10",
+                                "--metrics-file", dir + "/m.jsonl", "--data-cache-path", dir, "--deterministic-mode",
+                                "--log-interval", "1", "--eval-iters", "0"};
+  argv.insert(argv.end(), t.begin(), t.end());
+  argv.insert(argv.end(), extra.begin(), extra.end());
+  TrainRun out = lf::testing::run_training(argv, dir);
+  if (out.exit_code == 0 && fs::exists(dir + "/p.safetensors")) out.params = lf::testing::read_params(dir + "/p.safetensors");
+  return out;
+}
+
+const TrainRun& single() {
+  static const TrainRun r = run(1, {}, "one");
+  return r;
+}
+
+TEST(WanTraining, TensorParallelEqualsOneProcess) {
+  lf::testing::expect_same_training(single(), run(2, {"--tensor-model-parallel-size", "2"}, "tp2"), "wan: tp 2");
+  lf::testing::expect_same_training(single(), run(2, {"--tensor-model-parallel-size", "2", "--sequence-parallel"}, "sp2"),
+                                    "wan: tp 2 + sp");
+}
+
+TEST(WanTraining, DataParallelEqualsOneProcess) {
+  lf::testing::expect_same_training(single(), run(2, {"--use-distributed-optimizer"}, "dp2"), "wan: dp 2, ZeRO-1");
+}
+
+TEST(WanTraining, UlyssesContextParallelEqualsOneProcess) {
+  lf::testing::expect_same_training(single(), run(2, {"--context-parallel-size", "2"}, "cp2"), "wan: cp 2 (Ulysses)");
+  lf::testing::expect_same_training(
+      single(), run(4, {"--context-parallel-size", "2", "--tensor-model-parallel-size", "2", "--sequence-parallel"}, "cp2tp2"),
+      "wan: cp 2 x tp 2 + sp");
+}
+
+TEST(WanTraining, FullRecomputationEqualsNone) {
+  lf::testing::expect_same_training(single(), run(1, {"--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1"}, "recompute"), "wan: recompute");
+  lf::testing::expect_same_training(
+      single(), run(1, {"--recompute-granularity", "full", "--recompute-method", "block", "--recompute-num-layers", "1"},
+                    "recompute_block"),
+      "wan: recompute block 1");
+}
+
+// Image-to-video (image embeddings through the image embedder and the added key/value projections),
+// per-token timesteps with the first frame clean (Wan 2.2 TI2V), bf16: each trains, TP 2 equal.
+TEST(WanTraining, ImageConditioningAndFirstFrameTrain) {
+  const std::vector<std::string> i2v = {"model.foundation.image_dim=8", "model.foundation.added_kv_proj_dim=48"};
+  auto one = run(1, i2v, "i2v1");
+  auto extra = i2v;
+  extra.insert(extra.end(), {"--tensor-model-parallel-size", "2"});
+  lf::testing::expect_same_training(one, run(2, extra, "i2v2"), "wan i2v: tp 2");
+  auto ff = run(1, {"model.first_frame_conditioning=true"}, "ff");
+  ASSERT_EQ(ff.exit_code, 0) << ff.output;
+  ASSERT_EQ(ff.losses.size(), 10u);
+  EXPECT_NE(ff.losses[0], single().losses[0]);  // another objective: the first frame is not in it
+  lf::testing::expect_same_training(ff, run(2, {"model.first_frame_conditioning=true", "--context-parallel-size", "2"}, "ffcp"),
+                                    "wan first frame: cp 2");
+  auto bf16 = run(1, {"--bf16"}, "bf16");
+  ASSERT_EQ(bf16.exit_code, 0) << bf16.output;
+  ASSERT_EQ(bf16.losses.size(), 10u);
+  for (size_t i = 0; i < 10; ++i) EXPECT_NEAR(bf16.losses[i], single().losses[i], 0.05 * single().losses[i]) << i;
+}
+
+// Stop at step 5 with a checkpoint, resume: steps 6..10 equal the straight run (the step counter of
+// the noise stream is in the checkpoint).
+TEST(WanTraining, ResumeIsExact) {
+  const std::string dir = lf::testing::make_temp_dir("wan-resume");
+  auto first = run(1, {"--save", dir + "/ck", "--exit-interval", "5"}, "resume_a");
+  ASSERT_EQ(first.exit_code, 0) << first.output;
+  auto second = run(1, {"--load", dir + "/ck"}, "resume_b");
+  ASSERT_EQ(second.exit_code, 0) << second.output;
+  ASSERT_EQ(second.losses.size(), 5u) << second.output;
+  for (size_t i = 0; i < 5; ++i) EXPECT_NEAR(second.losses[i], single().losses[5 + i], 1e-6 * single().losses[5 + i]) << i;
+  EXPECT_LE(lf::testing::max_abs_diff(single().params, second.params), 1e-6);
+}
+
+TEST(WanTraining, LayoutsAndKeysItCannotTakeAreConfigErrors) {
+  auto expect = [](std::vector<std::string> args, int procs, const std::string& key) {
+    std::vector<std::string> argv;
+    if (procs > 1) argv = {bin("loongforge-run"), "--standalone", "--nproc-per-node", std::to_string(procs)};
+    argv.insert(argv.end(), {bin("loongforge-train"), "--config-file", kConfig, "--dry-run"});
+    argv.insert(argv.end(), args.begin(), args.end());
+    auto r = lf::testing::run_command(argv);
+    EXPECT_EQ(r.exit_code, 2) << r.output;
+    EXPECT_NE(r.output.find(key), std::string::npos) << key << "\n" << r.output;
+  };
+  expect({"--context-parallel-size", "2", "--cp-comm-type", "p2p"}, 2, "parallel.cp_comm_type");
+  expect({"--pipeline-model-parallel-size", "2"}, 2, "parallel.pipeline_model_parallel_size");
+  expect({"--recompute-granularity", "selective"}, 1, "training.recompute_granularity");
+  expect({"model.max_timestep_boundary=0.2", "model.min_timestep_boundary=0.3"}, 1, "model.max_timestep_boundary");
+  expect({"model.foundation.image_dim=8"}, 1, "model.foundation.added_kv_proj_dim");
+  expect({"model.mock_latent_shape=[2,6,6]", "--context-parallel-size", "2"}, 2, "model.mock_latent_shape");
+  expect({"--tensor-model-parallel-size", "3"}, 3, "model.foundation.num_attention_heads");
+  // The boundaries show in --dry-run: the high-noise expert of Wan 2.2 A14B.
+  auto r = lf::testing::run_command({bin("loongforge-train"), "--config-file", kConfig, "--dry-run",
+                                     "model.max_timestep_boundary=0.358"});
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("timestep indices [0, 358) of 1000"), std::string::npos) << r.output;
+}
+
+}  // namespace

@@ -199,12 +199,15 @@ void CheckpointSaver::save(const TrainingProgress& progress, const std::vector<C
     // One writer per (tp, pp) of the group's layout: its data-parallel rank 0.
     if (gctx.dp_rank() == 0 && gctx.cp_rank() == 0) {
       std::vector<Entry> model;
-      for (const auto& p : *g.params) {
+      for (size_t i = 0; i < g.params->size(); ++i) {
+        const auto& p = (*g.params)[i];
         // The last pipeline stage's tied copy of the embedding equals the first stage's (their
         // gradients are summed): stored once, by the first stage; loading fills both by name.
         if (p.tied_copy) continue;
         if (!p.is_split() && p.tp_rank != 0) continue;  // replicated: TP rank 0 stores it
         model.push_back({Piece{p.name, "param", ShardSpec::of(p), 0, p.tensor.numel()}, host_copy(p.tensor, own)});
+        if (g.ema)
+          model.push_back({Piece{p.name, "ema", ShardSpec::of(p), 0, p.tensor.numel()}, host_copy((*g.ema)[i], own)});
       }
       if (!model.empty()) files.emplace_back(model_file(tpr, ppr, g.name), std::move(model));
     }
@@ -431,6 +434,18 @@ std::optional<LoadResult> load_checkpoint(const std::string& load_dir, const Loa
   for (const auto& g : groups)
     for (const auto& p : *g.params)
       p.tensor.detach().copy_(reader.shard(p.name, "param", ShardSpec::of(p), p.tensor.scalar_type()));
+  // EMA weights: the checkpoint's (not under --finetune), else the weights just loaded.
+  for (const auto& g : groups) {
+    if (!g.ema) continue;
+    for (size_t i = 0; i < g.params->size(); ++i) {
+      const auto& p = (*g.params)[i];
+      at::Tensor& e = (*g.ema)[i];
+      if (!options.finetune && reader.has(p.name, "ema"))
+        e.copy_(reader.shard(p.name, "ema", ShardSpec::of(p), at::kFloat));
+      else
+        e.copy_(p.tensor.detach().to(at::kFloat));
+    }
+  }
   if (want_optim) {
     std::vector<std::string> kinds = optimizer.moment_kinds();
     kinds.insert(kinds.begin(), "master");

@@ -90,7 +90,7 @@ void write_split(const std::string& tmp, const std::vector<std::string>& names,
           s.validate(name);
           at::Tensor local = cut_shard(full, s).reshape({-1});
           const int64_t n = local.numel();
-          if (kind == "param") {
+          if (kind == "param" || kind == "ema") {
             model.push_back({Piece{name, kind, s, 0, n}, local});
             continue;
           }
@@ -149,7 +149,7 @@ void write_model_checkpoint(const std::string& save_dir, int64_t iteration,
   commit_checkpoint(save_dir, iteration, records, std::nullopt, hooks);
 }
 
-FullModel read_model_checkpoint(const std::string& load_dir, int64_t iteration) {
+FullModel read_model_checkpoint(const std::string& load_dir, int64_t iteration, bool ema) {
   auto dir = resolve_checkpoint_dir(load_dir, iteration);
   LF_CHECK(dir.has_value(), load_dir, " holds no checkpoint (no ", kTrackerFile, " and no ", kManifestFile, ")",
            lf::hint("pass the directory given to --save, or one of its iter_NNNNNNN directories"));
@@ -157,7 +157,11 @@ FullModel read_model_checkpoint(const std::string& load_dir, int64_t iteration) 
   FullModel out;
   out.iteration = reader.iteration();
   out.config_yaml = reader.config_yaml();
-  for (const auto& n : reader.params("param")) out.tensors.emplace_back(n, reader.full(n, "param"));
+  if (ema)
+    LF_CHECK(!reader.params("ema").empty(), "checkpoint ", *dir, " keeps no EMA weights",
+             lf::hint("train with --ema-decay D to keep them, or export the weights (drop --ema)"));
+  for (const auto& n : reader.params("param"))
+    out.tensors.emplace_back(n, reader.full(n, ema && reader.has(n, "ema") ? "ema" : "param"));
   LF_CHECK(!out.tensors.empty(), "checkpoint ", *dir, " holds no model tensors");
   return out;
 }
@@ -181,6 +185,7 @@ void reshard_checkpoint(const std::string& load_dir, const std::string& save_dir
   std::vector<std::string> kinds = {"param"};
   const bool optim = state.value("has_optimizer", false);
   if (optim) kinds.insert(kinds.end(), {"master", "exp_avg", "exp_avg_sq"});
+  if (!reader.params("ema").empty()) kinds.push_back("ema");  // EMA weights go with the weights
   const int64_t it = reader.iteration();
   prepare_save_dir(save_dir, it);
   const std::string tmp = temp_dir(save_dir, it);

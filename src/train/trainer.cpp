@@ -75,9 +75,22 @@ Trainer::Impl::Impl(const lf::config::JobConfig& j, lf::models::Model& m, const 
       schedule(j.optimizer, j.training.train_iters), scaler(j.training),
       micro_batches(num_micro_batches(j.training, c.dp_size())) {
   std::vector<CheckpointGroup> ckpt_groups;
+  // EMA weights start as the initial weights (a loaded checkpoint's, or its weights, replace them).
+  if (j.training.ema_decay) {
+    at::NoGradGuard no_grad;
+    for (size_t i = 0; i < groups.size(); ++i) {
+      if (!groups[i].trainable || groups[i].params.empty()) continue;
+      std::vector<at::Tensor> e;
+      for (const auto& p : groups[i].params) e.push_back(p.tensor.detach().to(at::kFloat).clone());
+      ema.push_back(std::move(e));
+      ema_groups.push_back(i);
+    }
+  }
   for (const auto& g : groups) {
     LF_CHECK(g.context != nullptr, "parameter group ", g.name, " of model type ", m.type(), " has no parallel context");
     CheckpointGroup cg{g.name, &g.params, g.context, -1, g.base};
+    for (size_t k = 0; k < ema_groups.size(); ++k)
+      if (&groups[ema_groups[k]] == &g) cg.ema = &ema[k];
     if (g.trainable && !g.params.empty()) {
       lf::parallel::GradBufferOptions o;
       if (j.parallel.ddp_bucket_size) o.bucket_size = *j.parallel.ddp_bucket_size;
@@ -120,6 +133,17 @@ Trainer::Impl::Impl(const lf::config::JobConfig& j, lf::models::Model& m, const 
   if (j.training.gradient_accumulation_fusion && !buffers.empty()) {
     sink = std::make_unique<BufferGradientSink>(buffers);
     m.set_gradient_sink(sink.get());
+  }
+}
+
+void Trainer::Impl::update_ema() {
+  if (ema.empty()) return;
+  RECORD_USER_SCOPE("lf::ema");
+  at::NoGradGuard no_grad;
+  const double d = *job.training.ema_decay;
+  for (size_t k = 0; k < ema.size(); ++k) {
+    const auto& params = groups[ema_groups[k]].params;
+    for (size_t i = 0; i < params.size(); ++i) ema[k][i].lerp_(params[i].tensor.detach().to(at::kFloat), 1.0 - d);
   }
 }
 
@@ -292,6 +316,7 @@ TrainSummary Trainer::run() {
       }
     }
     if (skipped) ++summary.skipped_iterations;
+    else I.update_ema();
     {
       RECORD_USER_SCOPE("lf::grad_zero");
       for (auto& b : I.buffers) b.grads->zero_grad();

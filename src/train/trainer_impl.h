@@ -56,6 +56,11 @@ struct Trainer::Impl {
   bool deterministic;
   std::vector<lf::models::ParameterGroup> groups;  // the model's, kept alive for the buffers
   std::vector<GroupBuffer> buffers;
+  // --ema-decay: per trainable group, the EMA of each parameter (fp32, its shard), and the groups'
+  // indices into `groups`.
+  std::vector<std::vector<at::Tensor>> ema;
+  std::vector<size_t> ema_groups;
+  void update_ema();
   std::unique_ptr<BufferGradientSink> sink;  // --gradient-accumulation-fusion (the default)
   std::unique_ptr<Optimizer> optimizer;
   LrSchedule schedule;

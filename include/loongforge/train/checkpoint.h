@@ -34,6 +34,9 @@ struct CheckpointGroup {
   const lf::dist::ParallelContext* context = nullptr;
   int buffer = -1;  // index into Optimizer::buffers(); -1: frozen (weights only)
   bool from_base = false;  // an adapter run's frozen base: not saved (the checkpoint names its base)
+  // EMA weights (--ema-decay), one fp32 tensor per parameter in params' order (null: none): saved
+  // with the weights as pieces of kind "ema"; a checkpoint without them starts them from the weights.
+  std::vector<at::Tensor>* ema = nullptr;
 };
 
 // The base checkpoint an adapter (LoRA) run trains on, recorded in its checkpoints' state.json:
@@ -164,7 +167,9 @@ struct FullModel {
   std::string config_yaml;
   int64_t iteration;
 };
-FullModel read_model_checkpoint(const std::string& load_dir, int64_t iteration = -1);
+// ema: the EMA weights (pieces of kind "ema") where the checkpoint has them, the weights of the
+// parameters it keeps no EMA of (frozen ones); an error when it has none at all.
+FullModel read_model_checkpoint(const std::string& load_dir, int64_t iteration = -1, bool ema = false);
 
 // Rewrites the checkpoint of load_dir (latest, or `iteration`) into save_dir split for tp x pp
 // with optimizer state in dp shards: the same content (model, optimizer, progress, config);

@@ -60,6 +60,7 @@ const std::vector<FlagSpec> kTable = {
   {"--eval-interval", "training.eval_interval", K::value, "N", ""},
   {"--eval-iters", "training.eval_iters", K::value, "N", ""},
   {"--exit-interval", "training.exit_interval", K::value, "N", ""},
+  {"--ema-decay", "training.ema_decay", K::value, "D", "Keep EMA weights (decay D, e.g. 0.9999) in the checkpoints"},
   {"--exit-duration-in-mins", "training.exit_duration_in_mins", K::value, "MIN", ""},
   {"--training-phase", "training.training_phase", K::value, "pretrain|sft", ""},
   // optimizer

@@ -89,6 +89,9 @@ void validate(const JobConfig& job, const Node& resolved, ErrorList& errors) {
   const ParallelConfig& p = job.parallel;
   const DataConfig& d = job.data;
 
+  if (c.ok({"training.ema_decay"}) && t.ema_decay && (*t.ema_decay <= 0 || *t.ema_decay >= 1))
+    c.fail("training.ema_decay", "ema_decay must lie strictly between 0 and 1, got " + c.show("training.ema_decay"),
+           "EMA weights of diffusion models use 0.999 to 0.9999");
   if (c.ok({"optimizer.min_lr", "optimizer.lr"}) && o.min_lr > o.lr)
     c.fail("optimizer.min_lr", "min_lr exceeds lr: " + c.show("optimizer.min_lr") + " > " + c.show("optimizer.lr"),
            "min_lr is the floor the learning rate decays to; lower it or raise lr");

@@ -128,6 +128,7 @@ struct TrainingConfig {
   std::optional<int64_t> exit_interval;
   std::optional<double> exit_duration_in_mins;
   std::string training_phase = "pretrain";
+  std::optional<double> ema_decay;  // null: no EMA weights
 
   template <class V>
   void visit(V& v) {
@@ -161,6 +162,10 @@ struct TrainingConfig {
     v("eval_iters", eval_iters, "Iterations per evaluation", Min{0});
     v("exit_interval", exit_interval, "Exit after the iteration that is a multiple of this", Min{1});
     v("exit_duration_in_mins", exit_duration_in_mins, "Exit after this many minutes", Min{0});
+    v("ema_decay", ema_decay,
+      "Keep an exponential moving average of the trained weights, ema = d ema + (1 - d) w after every optimizer "
+      "step, in the checkpoints (kind \"ema\"; loongforge-convert lf2hf --ema exports it); null: none",
+      Min{0}, Max{1});
     v("training_phase", training_phase,
       "pretrain: token rows from data_path; sft: one conversation per sample from a preprocess --conversations "
       "store (data_path), loss on the answer tokens only",

@@ -155,8 +155,12 @@ lf::models::WanInputs check_inputs(std::map<std::string, at::Tensor> t, const Wa
 
 bool is_wan_model(const std::string& dir, int64_t iteration) {
   if (dm::is_wan_dir(dir)) return true;
-  const auto resolved = lf::train::ckpt::resolve_checkpoint_dir(dir, iteration);
-  return resolved && checkpoint_model_type(*resolved) == dm::kWanComposite;
+  try {
+    const auto resolved = lf::train::ckpt::resolve_checkpoint_dir(dir, iteration);
+    return resolved && checkpoint_model_type(*resolved) == dm::kWanComposite;
+  } catch (const lf::Error&) {
+    return false;  // not a readable checkpoint: the usual loading reports what is wrong
+  }
 }
 
 int run_denoise(const DenoiseOptions& o) {

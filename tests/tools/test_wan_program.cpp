@@ -271,6 +271,15 @@ TEST(WanProgram, MistakesAreClearErrors) {
   expect_error(run_command({bin("loongforge-convert"), "hf2lf", "--hf-dir", partial, "--out", work + "/o3"}),
                {"blocks.1.ffn.net.2.bias", "partial"});
   for (const char* o : {"/o1", "/o2", "/o3"}) EXPECT_FALSE(fs::exists(work + o + "/latest_checkpointed_iteration.txt"));
+  // lf2hf of a model diffusers' config.json cannot express (another RoPE base).
+  auto r = run_command({bin("loongforge-train"), "--config-file",
+                        lf::testing::source_dir() + "/configs/examples/wan_tiny.yaml", "--train-iters", "3",
+                        "--eval-iters", "0", "--save", work + "/theta", "++model.foundation.rope_theta=500"},
+                       {{"OMP_NUM_THREADS", "1"}}, std::chrono::seconds(300));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  expect_error(run_command({bin("loongforge-convert"), "lf2hf", "--load", work + "/theta", "--out", work + "/o5"}),
+               {"rope_theta 500", "diffusers"});
+  EXPECT_FALSE(fs::exists(work + "/o5/config.json"));
   // tiny Wan: 4 heads, TP 3 cannot split them.
   expect_error(run_command({bin("loongforge-convert"), "hf2lf", "--hf-dir", t2v, "--out", work + "/o4", "--tp", "3"}),
                {"--tp 3", "num_attention_heads"});

@@ -178,6 +178,10 @@ void run_lf2hf(const Lf2HfArgs& a) {
     LF_CHECK(!a.merge_lora && a.architecture.empty(), a.load, " is a Wan model (flow_matching); ",
              a.merge_lora ? "--merge-lora" : "--architecture", " is for HF transformers exports",
              lf::hint("drop it: the export is a diffusers WanTransformer3DModel directory"));
+    // diffusers' config.json has no key for the RoPE base (WanRotaryPosEmbed's theta is 10000).
+    LF_CHECK(wan->rope_theta == 10000, a.load, ": model.foundation.rope_theta ", wan->rope_theta,
+             " cannot be expressed in diffusers' WanTransformer3DModel, whose RoPE base is 10000",
+             lf::hint("only a model trained with rope_theta 10000 exports to diffusers"));
     std::map<std::string, at::Tensor> tensors(m.tensors.begin(), m.tensors.end());
     const auto full = lf::models::diffusers::checked_wan_tensors(*wan, std::move(tensors), source);
     lf::models::diffusers::write_wan(a.out, *wan, full, options.dtype, options.max_shard_bytes);

@@ -1,11 +1,15 @@
 // hf2lf and lf2hf: HF transformers directories <-> native LoongForge checkpoints, through the
-// family mappings of models/hf_adapter.h and the offline entry points of train/checkpoint.h.
+// family mappings of models/hf_adapter.h and the offline entry points of train/checkpoint.h;
+// diffusers' WanTransformer3DModel directories <-> flow_matching checkpoints (wan_diffusers.h,
+// wan_checkpoint.h).
 #include <ATen/core/Tensor.h>
 
 #include <cctype>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <map>
+#include <nlohmann/json.hpp>
 
 #include "commands.h"
 #include "loongforge/core/error.h"
@@ -13,6 +17,8 @@
 #include "loongforge/models/hf_adapter.h"
 #include "loongforge/models/hf_vlm.h"
 #include "loongforge/models/lora_io.h"
+#include "loongforge/models/wan_checkpoint.h"
+#include "loongforge/models/wan_diffusers.h"
 #include "loongforge/train/checkpoint.h"
 #include "loongforge/train/checkpoint_format.h"
 
@@ -90,7 +96,54 @@ void run_hf2lf_vlm(const Hf2LfArgs& a, const hf::ReadOptions& options) {
               a.hf_dir.c_str(), a.out.c_str(), a.tp, a.pp);
 }
 
+// A diffusers directory: config.json names its class (_class_name), which HF transformers'
+// config.json files do not have. Only WanTransformer3DModel converts; read_wan_config says so.
+bool is_diffusers_dir(const std::string& dir) {
+  const auto path = std::filesystem::path(dir) / "config.json";
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(path, ec)) return false;
+  try {
+    std::ifstream in(path);
+    const auto j = nlohmann::json::parse(in);
+    return j.is_object() && j.contains("_class_name");
+  } catch (const std::exception&) {
+    return false;  // not JSON: read_hf reports it
+  }
+}
+
+// A diffusers WanTransformer3DModel directory -> a checkpoint of a flow_matching model on the wan
+// foundation (the same tensor names), TP-split by the foundation's own shardings.
+void run_hf2lf_wan(const Hf2LfArgs& a) {
+  namespace dm = lf::models::diffusers;
+  const auto c = dm::read_wan_config(a.hf_dir);
+  LF_CHECK(a.pp == 1, "--pp ", a.pp, ": a Wan model (flow_matching) runs as one pipeline stage",
+           lf::hint("drop --pp"));
+  LF_CHECK(c.num_attention_heads % a.tp == 0 && c.ffn_dim % a.tp == 0, "--tp ", a.tp,
+           " must divide num_attention_heads ", c.num_attention_heads, " and ffn_dim ", c.ffn_dim, " of ", a.hf_dir,
+           "/config.json", lf::hint("each TP rank owns whole heads"));
+  std::optional<at::ScalarType> dtype;
+  if (a.dtype != "keep") dtype = parse_dtype(a.dtype);
+  const auto full = dm::checked_wan_tensors(c, dm::read_wan_weights(a.hf_dir, dtype),
+                                            a.hf_dir + "/diffusion_pytorch_model*.safetensors");
+  std::map<std::string, lf::parallel::Sharding> shardings;
+  for (const auto& r : dm::wan_parameter_records(c)) shardings[r.name] = r.sharding;
+  lf::train::write_model_checkpoint(a.out, /*iteration=*/0, full, shardings, dm::flow_matching_model_section_yaml(c),
+                                    a.tp, 1);
+  int64_t values = 0;
+  for (const auto& [name, t] : full) values += t.numel();
+  std::printf("converted WanTransformer3DModel (flow_matching on wan: %lld parameters, %lld blocks) from %s to %s "
+              "(tp %d)\n",
+              static_cast<long long>(values), static_cast<long long>(c.num_layers), a.hf_dir.c_str(), a.out.c_str(),
+              a.tp);
+}
+
 void run_hf2lf(const Hf2LfArgs& a) {
+  if (is_diffusers_dir(a.hf_dir)) return run_hf2lf_wan(a);
+  std::error_code ec;
+  LF_CHECK(!std::filesystem::exists(std::filesystem::path(a.hf_dir) / "model_index.json", ec) ||
+               std::filesystem::exists(std::filesystem::path(a.hf_dir) / "config.json", ec),
+           a.hf_dir, " is a diffusers pipeline (model_index.json), not one model",
+           lf::hint("give its transformer/ directory (WanTransformer3DModel; Wan 2.2 A14B: also transformer_2/)"));
   hf::ReadOptions options;
   options.vocab_tp = a.tp;
   if (a.dtype != "keep") options.dtype = parse_dtype(a.dtype);
@@ -120,6 +173,23 @@ void run_lf2hf(const Lf2HfArgs& a) {
   const std::string source = a.load + " (iteration " + std::to_string(m.iteration) + ", config.yaml)";
   const auto resolved = lf::train::ckpt::resolve_checkpoint_dir(a.load, a.iteration);
   const auto base = resolved ? lf::train::verified_checkpoint_base(*resolved) : std::nullopt;
+  if (const auto wan = lf::models::diffusers::wan_config_from_model_section(m.config_yaml, source)) {
+    // A flow_matching model: diffusers' WanTransformer3DModel directory (the same tensor names).
+    LF_CHECK(!a.merge_lora && a.architecture.empty(), a.load, " is a Wan model (flow_matching); ",
+             a.merge_lora ? "--merge-lora" : "--architecture", " is for HF transformers exports",
+             lf::hint("drop it: the export is a diffusers WanTransformer3DModel directory"));
+    // diffusers' config.json has no key for the RoPE base (WanRotaryPosEmbed's theta is 10000).
+    LF_CHECK(wan->rope_theta == 10000, a.load, ": model.foundation.rope_theta ", wan->rope_theta,
+             " cannot be expressed in diffusers' WanTransformer3DModel, whose RoPE base is 10000",
+             lf::hint("only a model trained with rope_theta 10000 exports to diffusers"));
+    std::map<std::string, at::Tensor> tensors(m.tensors.begin(), m.tensors.end());
+    const auto full = lf::models::diffusers::checked_wan_tensors(*wan, std::move(tensors), source);
+    lf::models::diffusers::write_wan(a.out, *wan, full, options.dtype, options.max_shard_bytes);
+    std::printf("exported iteration %lld of %s (WanTransformer3DModel, %lld values) to %s as %s\n",
+                static_cast<long long>(m.iteration), a.load.c_str(), static_cast<long long>(count(m.tensors)),
+                a.out.c_str(), a.dtype.c_str());
+    return;
+  }
   if (const auto vlm = hf::vlm_config_from_model_section(m.config_yaml, source)) {
     LF_CHECK(!base, a.load, " is a LoRA checkpoint of a ", vlm->type, " model; LoRA export is built for causal_lm",
              lf::hint("export a full checkpoint"));
@@ -163,8 +233,9 @@ void run_lf2hf(const Lf2HfArgs& a) {
 
 void add_hf2lf_command(CLI::App& app) {
   auto args = std::make_shared<Hf2LfArgs>();
-  auto* c = app.add_subcommand("hf2lf", "HF transformers directory -> native LoongForge checkpoint");
-  c->add_option("--hf-dir", args->hf_dir, "HF model directory (config.json + safetensors)")
+  auto* c = app.add_subcommand("hf2lf", "HF transformers (or diffusers Wan) directory -> native LoongForge checkpoint");
+  c->add_option("--hf-dir", args->hf_dir,
+                "HF model directory (config.json + safetensors), or a diffusers WanTransformer3DModel directory")
       ->required()->check(CLI::ExistingDirectory);
   c->add_option("--out", args->out, "checkpoint directory to write (iter_0000000 inside)")->required();
   c->add_option("--tp", args->tp, "tensor-parallel size of the written shards")->check(CLI::PositiveNumber);
@@ -175,7 +246,8 @@ void add_hf2lf_command(CLI::App& app) {
 
 void add_lf2hf_command(CLI::App& app) {
   auto args = std::make_shared<Lf2HfArgs>();
-  auto* c = app.add_subcommand("lf2hf", "native LoongForge checkpoint -> HF transformers directory");
+  auto* c = app.add_subcommand("lf2hf",
+                               "native LoongForge checkpoint -> HF transformers (a Wan model: diffusers) directory");
   c->add_option("--load", args->load, "checkpoint directory (its latest iteration by default)")
       ->required()->check(CLI::ExistingDirectory);
   c->add_option("--out", args->out, "HF directory to write (config.json + safetensors)")->required();

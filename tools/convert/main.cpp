@@ -2,6 +2,7 @@
 //   loongforge-convert hf2lf --hf-dir D --out O [--tp N --pp N] [--dtype keep|bf16|fp16|fp32]
 //   loongforge-convert lf2hf --load O --out D [--dtype bf16|fp16|fp32] [--iteration N]
 //                            [--architecture A] [--max-shard-size 5GB]
+// D may also be a diffusers WanTransformer3DModel directory (<-> a flow_matching checkpoint).
 // docs/conversion.md has the details. Errors become one message on stderr and exit code 1 (2 for
 // usage errors).
 #include <CLI/CLI.hpp>

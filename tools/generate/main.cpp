@@ -1,10 +1,13 @@
 // loongforge-generate: load a model (a LoongForge checkpoint or an HF directory) and sample from
-// it, score exact-match answers on a prompt/answer jsonl, or dump the logits of given token ids.
+// it, score exact-match answers on a prompt/answer jsonl, or dump the logits of given token ids;
+// or run one forward of a Wan diffusion transformer on given tensors (denoise.h).
 //   loongforge-generate --load DIR [--iteration N] --tokenizer-type T [--tokenizer-model M]
 //       (--prompt TEXT | --eval-file eval.jsonl [--eval-limit N] | --input-ids 1,2,3)
 //       [--max-new-tokens N] [--temperature T] [--top-k K] [--top-p P] [--seed S]
 //       [--stop TEXT] [--no-kv-cache] [--bf16] [--dump-logits out.safetensors]
 //       [--image FILE ... | --vision-inputs FILE.safetensors]   (a vision-language model: qwen2_5_vl)
+//   loongforge-generate --load DIR --denoise-inputs FILE.safetensors --dump-prediction OUT.safetensors
+//       (a Wan diffusion transformer: diffusers directory or flow_matching checkpoint; one forward)
 // Single process. Errors become one message on stderr and exit code 1 (2 for usage errors).
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/Functions.h>
@@ -42,6 +45,7 @@
 #include "loongforge/models/lora_io.h"
 #include "loongforge/train/checkpoint.h"
 #include "loongforge/train/checkpoint_format.h"
+#include "denoise.h"
 
 namespace {
 
@@ -49,6 +53,7 @@ struct Options {
   std::string load, tokenizer_type, tokenizer_model, prompt, eval_file, input_ids, dump_logits, lora_adapter;
   std::vector<std::string> stop, images;
   std::string vision_inputs;
+  std::string denoise_inputs, dump_prediction;  // a Wan model (denoise.h)
   int64_t iteration = -1, eval_limit = 0;
   bool bf16 = false, no_kv_cache = false, verbose = false;
   lf::models::GenerateOptions gen;
@@ -394,7 +399,31 @@ int run_vlm(Options& o, Loaded& loaded, lf::data::Tokenizer* tok) {
   return 0;
 }
 
+// A Wan model: one forward on given tensors (denoise.h); no other mode applies.
+int run_wan(const Options& o) {
+  for (const auto& [flag, given] : {std::pair<const char*, bool>{"--prompt", !o.prompt.empty()},
+                                    {"--eval-file", !o.eval_file.empty()},
+                                    {"--input-ids", !o.input_ids.empty()},
+                                    {"--dump-logits", !o.dump_logits.empty()},
+                                    {"--image", !o.images.empty()},
+                                    {"--vision-inputs", !o.vision_inputs.empty()},
+                                    {"--lora-adapter", !o.lora_adapter.empty()}})
+    LF_CHECK(!given, flag, " does not apply to --denoise-inputs (one forward of a Wan diffusion transformer)",
+             lf::hint(std::string("drop ") + flag));
+  lf::tools::generate::DenoiseOptions d;
+  d.load = o.load;
+  d.iteration = o.iteration;
+  d.inputs = o.denoise_inputs;
+  d.prediction = o.dump_prediction;
+  d.bf16 = o.bf16;
+  return lf::tools::generate::run_denoise(d);
+}
+
 int run(Options& o) {
+  if (!o.denoise_inputs.empty() || !o.dump_prediction.empty()) return run_wan(o);
+  LF_CHECK(!lf::tools::generate::is_wan_model(o.load, o.iteration), o.load,
+           " is a Wan diffusion transformer; sampling videos from it is not built yet",
+           lf::hint(lf::tools::generate::kDenoiseHint));
   const int modes = !o.prompt.empty() + !o.eval_file.empty() + !o.input_ids.empty();
   LF_CHECK(modes == 1, "give exactly one of --prompt, --eval-file, --input-ids (got ", modes, ")");
   LF_CHECK(o.dump_logits.empty() || !o.input_ids.empty(), "--dump-logits needs --input-ids");
@@ -534,6 +563,12 @@ int main(int argc, char** argv) {
   app.add_option("--vision-inputs", o.vision_inputs,
                  "A vision-language model: safetensors with the processor's pixel_values + image_grid_thw and/or "
                  "pixel_values_videos + video_grid_thw (+ second_per_grid_ts)");
+  app.add_option("--denoise-inputs", o.denoise_inputs,
+                 "A Wan diffusion transformer (diffusers WanTransformer3DModel directory or flow_matching checkpoint): "
+                 "safetensors with hidden_states [b, c, f, h, w], timestep [b] or [b, tokens], encoder_hidden_states "
+                 "[b, l, d] (+ encoder_hidden_states_image for I2V), as diffusers' model takes them; one forward");
+  app.add_option("--dump-prediction", o.dump_prediction,
+                 "With --denoise-inputs: write the model's output as tensor prediction (float32, safetensors)");
   app.add_option("--max-new-tokens", o.gen.max_new_tokens, "Tokens to generate at most")->capture_default_str();
   app.add_option("--temperature", o.gen.sampling.temperature, "0: greedy")->capture_default_str();
   app.add_option("--top-k", o.gen.sampling.top_k, "Keep the k most likely tokens (0: off)")->capture_default_str();

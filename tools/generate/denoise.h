@@ -1,0 +1,33 @@
+// loongforge-generate --denoise-inputs: one forward of a Wan diffusion transformer (a diffusers
+// WanTransformer3DModel directory or a native flow_matching checkpoint) on given tensors, as
+// diffusers' WanTransformer3DModel takes them, its prediction written to a safetensors file. A
+// model-only entry for parity and debugging; not a sampler.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace lf::tools::generate {
+
+struct DenoiseOptions {
+  std::string load;         // diffusers directory or checkpoint directory
+  int64_t iteration = -1;   // of a checkpoint; -1: the latest
+  std::string inputs;       // --denoise-inputs
+  std::string prediction;   // --dump-prediction
+  bool bf16 = false;
+};
+
+// What to do with a Wan model in loongforge-generate (the hint of the errors that meet one).
+inline constexpr const char* kDenoiseHint =
+    "a Wan diffusion transformer runs one forward: --denoise-inputs FILE.safetensors (hidden_states, timestep, "
+    "encoder_hidden_states[, encoder_hidden_states_image]) --dump-prediction OUT.safetensors";
+
+// True when `dir` is a diffusers WanTransformer3DModel directory or a checkpoint (its `iteration`)
+// of a flow_matching model. Reads config.json / config.yaml only.
+bool is_wan_model(const std::string& dir, int64_t iteration);
+
+// Loads the model, reads and checks the inputs (errors name the tensor and the file), runs the
+// forward without gradients and writes tensor `prediction` (float32, [b, out_channels, f, h, w]).
+int run_denoise(const DenoiseOptions& o);
+
+}  // namespace lf::tools::generate

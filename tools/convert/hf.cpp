@@ -162,6 +162,7 @@ struct Lf2HfArgs {
   std::string load, out, dtype = "bf16", architecture, max_shard_size = "5GB";
   int64_t iteration = -1;
   bool merge_lora = false;
+  bool ema = false;
 };
 
 void run_lf2hf(const Lf2HfArgs& a) {
@@ -169,7 +170,7 @@ void run_lf2hf(const Lf2HfArgs& a) {
   options.dtype = parse_dtype(a.dtype);
   options.architecture = a.architecture;
   options.max_shard_bytes = parse_size(a.max_shard_size);
-  lf::train::FullModel m = lf::train::read_model_checkpoint(a.load, a.iteration);
+  lf::train::FullModel m = lf::train::read_model_checkpoint(a.load, a.iteration, a.ema);
   const std::string source = a.load + " (iteration " + std::to_string(m.iteration) + ", config.yaml)";
   const auto resolved = lf::train::ckpt::resolve_checkpoint_dir(a.load, a.iteration);
   const auto base = resolved ? lf::train::verified_checkpoint_base(*resolved) : std::nullopt;
@@ -185,9 +186,9 @@ void run_lf2hf(const Lf2HfArgs& a) {
     std::map<std::string, at::Tensor> tensors(m.tensors.begin(), m.tensors.end());
     const auto full = lf::models::diffusers::checked_wan_tensors(*wan, std::move(tensors), source);
     lf::models::diffusers::write_wan(a.out, *wan, full, options.dtype, options.max_shard_bytes);
-    std::printf("exported iteration %lld of %s (WanTransformer3DModel, %lld values) to %s as %s\n",
+    std::printf("exported iteration %lld of %s (WanTransformer3DModel, %lld values%s) to %s as %s\n",
                 static_cast<long long>(m.iteration), a.load.c_str(), static_cast<long long>(count(m.tensors)),
-                a.out.c_str(), a.dtype.c_str());
+                a.ema ? ", EMA weights" : "", a.out.c_str(), a.dtype.c_str());
     return;
   }
   if (const auto vlm = hf::vlm_config_from_model_section(m.config_yaml, source)) {
@@ -224,9 +225,9 @@ void run_lf2hf(const Lf2HfArgs& a) {
     return;
   }
   hf::write_hf(a.out, config, m.tensors, options);
-  std::printf("exported iteration %lld of %s (%lld values) to %s as %s\n",
+  std::printf("exported iteration %lld of %s (%lld values%s) to %s as %s\n",
               static_cast<long long>(m.iteration), a.load.c_str(),
-              static_cast<long long>(count(m.tensors)), a.out.c_str(), a.dtype.c_str());
+              static_cast<long long>(count(m.tensors)), a.ema ? ", EMA weights" : "", a.out.c_str(), a.dtype.c_str());
 }
 
 }  // namespace
@@ -259,6 +260,8 @@ void add_lf2hf_command(CLI::App& app) {
   c->add_flag("--merge-lora", args->merge_lora,
               "a LoRA run: write the base with the adapters merged (default: the base, plus OUT/adapter/ in PEFT's "
               "format)");
+  c->add_flag("--ema", args->ema,
+              "export the EMA weights the run kept (--ema-decay) instead of the weights (LoRA: the adapters' EMA)");
   c->callback([args] { run_lf2hf(*args); });
 }
 

@@ -42,4 +42,31 @@ struct DemoVlmOptions {
 // twin, and a tokenizer directory for them (tools/data/demo_vlm.cpp).
 int run_make_demo_vlm(const DemoVlmOptions& options);
 
+// diffusion: a latent store (data/latent_store.h) from a JSONL manifest, one sample per line:
+// {"caption", "video" | "frames": [...] | "image"} (pixels as the latents: the identity VAE of
+// pixel-space models) or {"latents": FILE} (precomputed, tensor "latents" [C, F, H, W]); the text
+// from {"text_embeddings": FILE} (tensor "text" [L, D]) or the caption through --text-table;
+// optional {"image_embeddings": FILE} (tensor "image").
+struct DiffusionStoreOptions {
+  std::string manifest, out, text_table, media_root;
+  int64_t num_frames = 0;  // > 0: the first N frames of every clip
+};
+int run_diffusion_store(const DiffusionStoreOptions& options);
+
+// make-demo-squares: the diffusion demo's store (OUT/store), text table (OUT/text_table.safetensors)
+// and a few example frames.
+struct SquaresDemoOptions {
+  std::string out;
+  int64_t clips = 2048, text_dim = 16, frames = 4, size = 16;
+  uint64_t seed = 1234;
+};
+int run_make_demo_squares(const SquaresDemoOptions& options);
+
+// score-squares: colour and direction of every generated clip of a caption (one JSON line).
+struct ScoreSquaresOptions {
+  std::string latents, caption;
+  bool verbose = false;
+};
+int run_score_squares(const ScoreSquaresOptions& options);
+
 }  // namespace lf::data::tools

@@ -9,6 +9,9 @@
 //                               [--add-generation-prompt] [--chat-template-kwargs JSON]
 //   loongforge-data inspect P [--tokenizer-type T --tokenizer-model M] [--vocab-size V]
 //   loongforge-data make-demo-corpus --out DIR [--seed S]
+//   loongforge-data diffusion --manifest x.jsonl --out DIR [--text-table T] [--num-frames N]
+//   loongforge-data make-demo-squares --out DIR [--clips N --seed S --text-dim D]
+//   loongforge-data score-squares --latents FILE --caption TEXT
 //   loongforge-data bench-tokenizer --input x.jsonl --tokenizer-type T [--tokenizer-model M]
 // Errors from the library become one message on stderr and exit code 1 (2 for usage errors).
 #include <CLI/CLI.hpp>
@@ -226,6 +229,30 @@ int main(int argc, char** argv) {
   demo->add_option("--problems-per-doc", dopt.problems_per_doc, "problems per document");
   demo->add_option("--max-operand", dopt.max_operand, "largest operand");
 
+  lf::data::tools::DiffusionStoreOptions dso;
+  auto* diff = app.add_subcommand("diffusion", "a latent store for diffusion models from a manifest of clips and captions");
+  diff->add_option("--manifest", dso.manifest,
+                   "jsonl: {\"caption\", \"video\" | \"frames\" | \"image\" | \"latents\", "
+                   "\"text_embeddings\", \"image_embeddings\"} per line")
+      ->required();
+  diff->add_option("--out", dso.out, "store directory to create")->required();
+  diff->add_option("--text-table", dso.text_table, "encode captions with this word table (text_table.safetensors)");
+  diff->add_option("--media-root", dso.media_root, "relative paths resolve here (default: the manifest's directory)");
+  diff->add_option("--num-frames", dso.num_frames, "keep the first N frames of every clip");
+  lf::data::tools::SquaresDemoOptions sq;
+  auto* squares = app.add_subcommand("make-demo-squares", "the diffusion demo's clips of moving squares (tools/demo-diffusion)");
+  squares->add_option("--out", sq.out, "output directory")->required();
+  squares->add_option("--clips", sq.clips, "clips (all 16 colour x direction pairs in turn)")->capture_default_str();
+  squares->add_option("--seed", sq.seed, "random seed")->capture_default_str();
+  squares->add_option("--text-dim", sq.text_dim, "width of the text table's embeddings")->capture_default_str();
+  squares->add_option("--frames", sq.frames, "frames per clip")->capture_default_str();
+  squares->add_option("--size", sq.size, "frame height and width in pixels")->capture_default_str();
+  lf::data::tools::ScoreSquaresOptions ss;
+  auto* score = app.add_subcommand("score-squares", "colour and direction of generated demo clips");
+  score->add_option("--latents", ss.latents, "loongforge-generate's latents.safetensors")->required();
+  score->add_option("--caption", ss.caption, "the prompt the clips were generated from")->required();
+  score->add_flag("--verbose", ss.verbose, "one line per clip");
+
   std::string bench_input, bench_key = "text";
   int repeat = 2;
   auto* bench = app.add_subcommand("bench-tokenizer", "single-thread encoding throughput");
@@ -251,6 +278,9 @@ int main(int argc, char** argv) {
       return run_preprocess(po, type, model, conv);
     }
     if (*chat) return lf::data::tools::run_render_chat(rc);
+    if (*diff) return lf::data::tools::run_diffusion_store(dso);
+    if (*squares) return lf::data::tools::run_make_demo_squares(sq);
+    if (*score) return lf::data::tools::run_score_squares(ss);
     if (*demo_vlm) return lf::data::tools::run_make_demo_vlm(dv);
     if (*ins) return lf::data::tools::run_inspect(io);
     if (*bench) return run_bench(bench_input, bench_key, type, model, repeat);

@@ -174,6 +174,10 @@ struct BuildArgs {
 // What a model needs from the data pipeline.
 struct DataNeeds {
   bool token_data = true;      // reads token datasets (--data-path, or the mock token dataset)
+  // Reads a latent store (lf::data::LatentStore, `loongforge-data diffusion`: --data-path DIR) or
+  // --mock-data; its latent channels, text and image widths must be these.
+  bool latents = false;
+  int64_t latent_channels = 0, text_dim = 0, image_dim = 0;
   int64_t vocab_size = 0;      // token ids must stay below this
   std::string mock_only_why;   // non-empty: only --mock-data works, for this reason
   // Reads media (pixel_values ...): trains on a multimodal store (--training-phase sft) or

@@ -169,6 +169,7 @@ StageOutput FlowMatching::stage_forward(const Batch& batch, const TensorMap&, in
   // fixed stream per sample so that its metric compares across steps.
   std::vector<at::Tensor> noise;
   std::vector<int64_t> ids;
+  std::vector<float> keep;  // text dropout: 0 zeroes the sample's conditioning
   const uint64_t step = pass == Pass::train ? static_cast<uint64_t>(step_) + 1 : 0;
   for (int64_t i = 0; i < b; ++i) {
     const uint64_t index = static_cast<uint64_t>(batch.sample_indices[static_cast<size_t>(i)]);
@@ -176,6 +177,13 @@ StageOutput FlowMatching::stage_forward(const Batch& batch, const TensorMap&, in
                                                         0xD1B54A32D192ED03ull);
     ids.push_back(at::randint(schedule_.first_id, schedule_.end_id, {1}, gen).item<int64_t>());
     noise.push_back(at::normal(0.0, 1.0, in.latents.select(0, i).sizes(), gen, at::kFloat));
+    const double u = at::rand({1}, gen, at::kDouble).item<double>();
+    keep.push_back(pass == Pass::train && u < config_.text_dropout ? 0.f : 1.f);
+  }
+  if (config_.text_dropout > 0 && pass == Pass::train) {
+    const auto k = at::tensor(keep).to(in.text.device());
+    in.text = in.text * k.view({b, 1, 1}).to(in.text.scalar_type());
+    if (in.image.defined()) in.image = in.image * k.view({b, 1, 1}).to(in.image.scalar_type());
   }
   auto losses = sample_losses(in, at::stack(noise).to(in.latents.device()), at::tensor(ids));
   StageOutput out;
@@ -312,8 +320,10 @@ class FlowMatchingPlan : public ModelPlan {
   DataNeeds data_needs() const override {
     DataNeeds d;
     d.token_data = false;
-    d.mock_only_why = "flow_matching trains on --mock-data only for now (the latent store of loongforge-data is "
-                      "not built yet)";
+    d.latents = true;
+    d.latent_channels = foundation_.in_channels;
+    d.text_dim = foundation_.text_dim;
+    d.image_dim = foundation_.image_dim;
     return d;
   }
   void add_mock_fields(Batch& batch, uint64_t seed) const override {

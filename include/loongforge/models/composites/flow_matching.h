@@ -25,6 +25,7 @@ struct FlowMatchingConfig {
   double max_timestep_boundary = 1.0;
   std::string loss_weighting = "wan";
   bool first_frame_conditioning = false;
+  double text_dropout = 0.0;
   // --mock-data: the latent grid (frames, height, width) and the text / image embeddings' lengths.
   std::vector<int64_t> mock_latent_shape = {2, 8, 8};
   int64_t mock_text_length = 8;
@@ -43,6 +44,10 @@ struct FlowMatchingConfig {
       OneOf{{"wan", "none"}});
     v("first_frame_conditioning", first_frame_conditioning,
       "Wan 2.2 TI2V: the first latent frame stays clean (timestep 0 on its tokens) and is not in the loss");
+    v("text_dropout", text_dropout,
+      "Probability that a training sample's text (and image) embeddings are zeroed: the unconditional model "
+      "classifier-free guidance samples with (a zero negative prompt)",
+      Min{0}, Max{1});
     v("mock_latent_shape", mock_latent_shape, "--mock-data: latent frames, height, width");
     v("mock_text_length", mock_text_length, "--mock-data: text embedding tokens", Min{1});
     v("mock_image_length", mock_image_length, "--mock-data: image embedding tokens (I2V)", Min{1});

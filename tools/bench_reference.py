@@ -389,6 +389,72 @@ def peak(args):
                       "threads": torch.get_num_threads()}))
 
 
+def train_diffusers_wan(args):
+    """diffusers' WanTransformer3DModel of the flow_matching composite's foundation, trained the way
+    the composite trains (Wan / DiffSynth's flow matching: a timestep index per sample, shifted sigma,
+    x_t = (1 - sigma) x0 + sigma eps, target eps - x0, the weighted per-sample MSE) on the batch
+    shape LoongForge's --mock-data gives (latents [b, C, F, H, W], text [b, L, text_dim]); fp32,
+    clipping, AdamW (fused), one micro-batch per step."""
+    from diffusers import WanTransformer3DModel
+    cfg = json.loads(args.config_json)
+    m, t = cfg["model"], cfg["training"]
+    c = m["foundation"]
+    o = {k: float(cfg["optimizer"][k]) for k in
+         ("lr", "weight_decay", "adam_beta1", "adam_beta2", "adam_eps", "clip_grad")}
+    torch.manual_seed(t.get("seed", 1234))
+    baseline_kib = vm_kib("VmRSS")
+    device = torch.device(args.device)
+    model = WanTransformer3DModel(
+        patch_size=tuple(c["patch_size"]), num_attention_heads=c["num_attention_heads"],
+        attention_head_dim=c["attention_head_dim"], in_channels=c["in_channels"],
+        out_channels=c["out_channels"] or c["in_channels"], text_dim=c["text_dim"], freq_dim=c["freq_dim"],
+        ffn_dim=c["ffn_dim"], num_layers=c["num_layers"], cross_attn_norm=c["cross_attn_norm"], eps=float(c["eps"]),
+        image_dim=c["image_dim"] or None, added_kv_proj_dim=c["added_kv_proj_dim"] or None,
+        rope_max_seq_len=c["rope_max_seq_len"]).to(device).train()
+    params = list(model.parameters())
+    decay = [p for p in params if p.dim() > 1]
+    no_decay = [p for p in params if p.dim() <= 1]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": o["weight_decay"]},
+                             {"params": no_decay, "weight_decay": 0.0}],
+                            lr=o["lr"], betas=(o["adam_beta1"], o["adam_beta2"]), eps=o["adam_eps"], fused=True)
+    n = int(m["num_train_timesteps"])
+    shift = float(m["shift"])
+    sig = torch.linspace(1.0, 0.0, n + 1)[:-1]
+    sig = shift * sig / (1 + (shift - 1) * sig)
+    ts = sig * n
+    y = torch.exp(-2 * ((ts - n / 2) / n) ** 2)
+    y = y - y.min()
+    wt = y * (n / y.sum())
+    b = t["micro_batch_size"]
+    assert t["global_batch_size"] == b, "the bench runs one micro-batch per step"
+    f, h, w = m["mock_latent_shape"]
+    times, losses = [], []
+    for _ in range(args.steps):
+        start = time.perf_counter()
+        x0 = torch.randn(b, c["in_channels"], f, h, w, device=device)
+        text = torch.randn(b, m["mock_text_length"], c["text_dim"], device=device)
+        noise = torch.randn_like(x0)
+        ids = torch.randint(0, n, (b,))
+        s = sig[ids].view(b, 1, 1, 1, 1).to(device)
+        xt = (1 - s) * x0 + s * noise
+        pred = model(hidden_states=xt, timestep=ts[ids].to(device), encoder_hidden_states=text, return_dict=False)[0]
+        per = ((pred.float() - (noise - x0)) ** 2).reshape(b, -1).mean(1) * wt[ids].to(device)
+        loss = per.sum() / b
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, o["clip_grad"], foreach=True)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        losses.append(loss.item())
+        times.append(time.perf_counter() - start)
+    timed = times[args.warmup:]
+    tokens = b * (f // c["patch_size"][0]) * (h // c["patch_size"][1]) * (w // c["patch_size"][2])
+    print(json.dumps({"tokens_per_sec": tokens * len(timed) / sum(timed), "step_seconds": timed, "losses": losses,
+                      "parameters": sum(p.numel() for p in params), "baseline_rss_kib": baseline_kib,
+                      "threads": torch.get_num_threads(),
+                      "device_peak_mib": (torch.cuda.max_memory_allocated() / 2**20
+                                          if device.type == "cuda" else None)}))
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -420,12 +486,17 @@ def main():
     hv.add_argument("--warmup", type=int, required=True)
     hv.add_argument("--attn", choices=["sdpa", "eager"], default="sdpa")
     hv.add_argument("--device", default="cpu")
+    hw = sub.add_parser("train-diffusers-wan")
+    hw.add_argument("--config-json", required=True)
+    hw.add_argument("--steps", type=int, required=True)
+    hw.add_argument("--warmup", type=int, required=True)
+    hw.add_argument("--device", default="cpu")
     pk = sub.add_parser("peak")
     pk.add_argument("--dtype", choices=["fp32", "bf16"], required=True)
     pk.add_argument("--device", default="cpu", help="cpu or cuda")
     args = ap.parse_args()
     {"train": train, "train-hf-moe": train_hf_moe, "train-hf-lora": train_hf_lora,
-     "train-hf-vlm": train_hf_vlm, "peak": peak}[args.cmd](args)
+     "train-hf-vlm": train_hf_vlm, "train-diffusers-wan": train_diffusers_wan, "peak": peak}[args.cmd](args)
 
 
 if __name__ == "__main__":

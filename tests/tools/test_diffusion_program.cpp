@@ -227,15 +227,19 @@ TEST(WanTraining, LayoutsAndKeysItCannotTakeAreConfigErrors) {
   expect({"--context-parallel-size", "2", "--cp-comm-type", "p2p"}, 2, "parallel.cp_comm_type");
   expect({"--pipeline-model-parallel-size", "2"}, 2, "parallel.pipeline_model_parallel_size");
   expect({"--recompute-granularity", "selective"}, 1, "training.recompute_granularity");
-  expect({"model.max_timestep_boundary=0.2", "model.min_timestep_boundary=0.3"}, 1, "model.max_timestep_boundary");
+  expect({"--max-timestep-boundary", "0.2", "--min-timestep-boundary", "0.3"}, 1, "model.max_timestep_boundary");
   expect({"model.foundation.image_dim=8"}, 1, "model.foundation.added_kv_proj_dim");
   expect({"model.mock_latent_shape=[2,6,6]", "--context-parallel-size", "2"}, 2, "model.mock_latent_shape");
   expect({"--tensor-model-parallel-size", "3"}, 3, "model.foundation.num_attention_heads");
-  // The boundaries show in --dry-run: the high-noise expert of Wan 2.2 A14B.
+  // The boundaries show in --dry-run: the high-noise expert of Wan 2.2 A14B, and the low-noise one.
   auto r = lf::testing::run_command({bin("loongforge-train"), "--config-file", kConfig, "--dry-run",
-                                     "model.max_timestep_boundary=0.358"});
+                                     "--max-timestep-boundary", "0.358"});
   EXPECT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("timestep indices [0, 358) of 1000"), std::string::npos) << r.output;
+  r = lf::testing::run_command({bin("loongforge-train"), "--config-file", kConfig, "--dry-run",
+                                "--min-timestep-boundary", "0.358"});
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("timestep indices [358, 1000) of 1000"), std::string::npos) << r.output;
 }
 
 }  // namespace

@@ -334,7 +334,7 @@ TEST(TruthPass, EveryFlagActsOrIsRefused) {
       {"--recompute-granularity", "Decoder.Recompute*, TpProgram.*"}, {"--recompute-method", "Decoder.Recompute*"},
       {"--recompute-num-layers", "Decoder.Recompute*"}, {"--deterministic-mode", "OptimizerProgram.Deterministic*"},
       {"--eval-interval", "TensorBoardEventsAreWhatTensorBoardReads"}, {"--eval-iters", "NoValidationPrintsNoHeldOutNumbers"},
-      {"--exit-interval", "CheckpointProgram.*"}, {"--ema-decay", "WanTraining.EmaWeightsAreKeptInTheCheckpoint"}, {"--exit-duration-in-mins", "SeedExitDurationAndCheckpointContentFlags"},
+      {"--exit-interval", "CheckpointProgram.*"}, {"--ema-decay", "WanTraining.EmaWeightsAreKeptInTheCheckpoint"}, {"--min-timestep-boundary", "WanTraining.LayoutsAndKeysItCannotTakeAreConfigErrors"}, {"--max-timestep-boundary", "WanTraining.LayoutsAndKeysItCannotTakeAreConfigErrors"}, {"--exit-duration-in-mins", "SeedExitDurationAndCheckpointContentFlags"},
       {"--optimizer", "SgdTrainsDifferentlyFromAdam"}, {"--lr", "WarmupStartsAtItsInitialValueAsMegatron"},
       {"--min-lr", "LrSchedule.*"}, {"--lr-decay-style", "LrSchedule.*"}, {"--lr-decay-iters", "LrSchedule.*"},
       {"--lr-warmup-iters", "WarmupStartsAtItsInitialValueAsMegatron"}, {"--lr-warmup-fraction", "LrSchedule.*"},

@@ -173,6 +173,9 @@ const std::vector<FlagSpec> kTable = {
   {"--dsa-indexer-head-dim", "model.foundation.dsa_indexer_head_dim", K::value, "N", "DSA indexer head size"},
   {"--dsa-indexer-topk", "model.foundation.dsa_indexer_topk", K::value, "K", "DSA keys per query"},
   {"--dsa-indexer-loss-coeff", "model.foundation.dsa_indexer_loss_coeff", K::value, "C", "Weight of the DSA indexer KL loss"},
+  // diffusion (flow_matching)
+  {"--min-timestep-boundary", "model.min_timestep_boundary", K::value, "F", "Lowest fraction of the training timestep indices (Wan 2.2 A14B low-noise expert: 0.358)"},
+  {"--max-timestep-boundary", "model.max_timestep_boundary", K::value, "F", "Highest fraction of the training timestep indices (Wan 2.2 A14B high-noise expert: 0.358)"},
   {"--dsa-indexer-warmup", "model.foundation.dsa_indexer_warmup", K::store_true, "", "DSA warm-up: dense attention, indexer KL over all keys, only the indexers trained"},
   // mixture of experts
   {"--num-experts", "model.foundation.num_experts", K::value, "N", "Routed experts per MoE layer (0: dense)"},

@@ -147,7 +147,7 @@ at::Tensor FlowMatching::sample_losses(const WanInputs& clean, const at::Tensor&
   WanTokens out = dit_.forward_tokens(in);
   const auto idx = out.positions.to(x0.device());
   at::Tensor tgt = dit_.patchify_like_output(target).index_select(0, idx);  // [s_r, b, pv c]
-  at::Tensor err = (out.tokens.to(at::kFloat) - tgt).pow(2);
+  at::Tensor err = at::mse_loss(out.tokens.to(at::kFloat), tgt, at::Reduction::None);
   int64_t counted = x0[0].numel();
   if (first) {
     // Tokens of the first latent frame (patch_size[0] = 1: the first per_frame tokens) are not in the loss.

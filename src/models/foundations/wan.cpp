@@ -92,8 +92,14 @@ std::pair<at::Tensor, at::Tensor> rope_3d(const WanConfig& c, int64_t f, int64_t
   return {at::cos(angles).to(at::kFloat).to(device), at::sin(angles).to(at::kFloat).to(device)};
 }
 
-// Interleaved-pair rotation of x [s, b, n, d] by cos/sin [s, d / 2].
+// Interleaved-pair rotation of x [s, b, n, d] by cos/sin [s, d / 2]. fp32: one complex product
+// (each pair a complex number times e^{i angle}: one kernel forward and backward).
 at::Tensor apply_rope_pairs(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+  if (x.scalar_type() == at::kFloat) {
+    auto xc = at::view_as_complex(x.contiguous().unflatten(-1, {-1, 2}));
+    auto rot = at::complex(cos, sin).unsqueeze(1).unsqueeze(1);  // [s, 1, 1, d / 2]
+    return at::view_as_real(xc * rot).flatten(-2);
+  }
   const auto sizes = x.sizes();
   auto pairs = x.unflatten(-1, {-1, 2});
   auto x1 = pairs.select(-1, 0), x2 = pairs.select(-1, 1);
@@ -185,6 +191,7 @@ WanDit::WanDit(const WanConfig& c, const lf::backend::DeviceBackend& backend, Pa
 at::Tensor WanDit::head_rms_norm(const at::Tensor& x, const at::Tensor& w) const {
   // torch.nn.RMSNorm over the full width in x's dtype; the width's squares summed over the TP ranks'
   // heads (forward all-reduce; backward all-reduce too, each rank's heads using the same sum).
+  if (tp_.size() == 1) return lf::ops::rms_norm(backend_, x, w, c_.eps);  // the backend's fused kernels
   at::Tensor ss = (x * x).sum(-1, /*keepdim=*/true);
   if (tp_.size() > 1) ss = lf::parallel::reduce_from_tp(lf::parallel::copy_to_tp(ss, *tp_.tp), *tp_.tp);
   return x * at::rsqrt(ss / static_cast<double>(c_.inner_dim()) + c_.eps) * w;
@@ -253,14 +260,15 @@ at::Tensor WanDit::block_forward(const Block& blk, const at::Tensor& x, const at
   auto m = mod + blk.table.to(at::kFloat).view({6, 1, 1, -1});
   auto shift = m[0], scale = m[1], gate = m[2], c_shift = m[3], c_scale = m[4], c_gate = m[5];
   const auto dt = x.scalar_type();
-  auto n1 = (layer_norm(x, c_.eps) * (1 + scale) + shift).to(dt);
-  auto h = (x.to(at::kFloat) + self_attention(blk.self, n1, cos, sin) * gate).to(dt);
+  // adaLN: shift + norm(x) (1 + scale), and the gated residuals x + branch gate, one kernel each.
+  auto n1 = at::addcmul(shift, layer_norm(x, c_.eps), scale + 1).to(dt);
+  auto h = at::addcmul(x.to(at::kFloat), self_attention(blk.self, n1, cos, sin), gate).to(dt);
   auto n2 = c_.cross_attn_norm ? layer_norm(h, c_.eps, blk.norm2_w, blk.norm2_b).to(dt) : h;
   h = h + cross_attention(blk.cross, n2, text, image);
-  auto n3 = (layer_norm(h, c_.eps) * (1 + c_scale) + c_shift).to(dt);
+  auto n3 = at::addcmul(c_shift, layer_norm(h, c_.eps), c_scale + 1).to(dt);
   auto f = lf::parallel::column_parallel_linear(n3, blk.ffn_in, blk.ffn_in_bias, tp_);
   f = lf::parallel::row_parallel_linear(at::gelu(f, "tanh"), blk.ffn_out, blk.ffn_out_bias, tp_);
-  return (h.to(at::kFloat) + f.to(at::kFloat) * c_gate).to(dt);
+  return at::addcmul(h.to(at::kFloat), f.to(at::kFloat), c_gate).to(dt);
 }
 
 WanTokens WanDit::forward_tokens(const WanInputs& in) const {

@@ -3,7 +3,8 @@
 // torch.randn from torch.Generator().manual_seed(1234), text embeddings and the final latents of
 // FlowMatchEulerDiscreteScheduler(shift 5) Euler sampling, 8 steps, guidance 4 and 1; a tiny model
 // with 3 latent channels): --text-embeddings with --seed 1234 gives diffusers' latents (the
-// program's documented noise is Python's); on the 3-channel model --prompt with --text-table gives
+// program's documented noise is Python's), also with --first-frame (Wan 2.2 TI2V's conditioning,
+// against diffusers' expand_timesteps loop); on the 3-channel model --prompt with --text-table gives
 // the in-process sampler's latents, every frame as a PNG that decodes to the latents' pixels and
 // an animated GIF whose frames decode to the same pixels; --use-ema samples the EMA weights a
 // training run kept (equal to sampling their lf2hf --ema export); mistakes are clear errors.
@@ -86,6 +87,42 @@ TEST(WanSampleProgram, TextEmbeddingsGiveDiffusersLatents) {
     EXPECT_NE(r.output.find("AutoencoderKLWan"), std::string::npos) << r.output;
     EXPECT_FALSE(fs::exists(work + "/" + std::string(name) + "/sample_0.gif"));
   }
+}
+
+// --first-frame (Wan 2.2 TI2V): diffusers' WanImageToVideoPipeline loop with expand_timesteps.
+TEST(WanSampleProgram, FirstFrameGivesDiffusersTi2vLatents) {
+  NEED_ORACLE();
+  const std::string work = lf::testing::make_temp_dir("wan_sample_first");
+  const std::string t2v = oracle() + "/t2v";
+  const auto want = lf::testing::read_safetensors(t2v + "/sample.safetensors");
+  for (const bool per_sample : {true, false}) {
+    SCOPED_TRACE(per_sample ? "[K, C, 1, H, W]" : "[C, 1, H, W]");
+    // [C, 1, H, W]: the first sample's frame for both.
+    const at::Tensor first =
+        per_sample ? want.at("first_frame").contiguous() : want.at("first_frame")[0].contiguous();
+    lf::safetensors::Writer w;
+    w.add("first_frame", lf::safetensors::DType::F32, first.sizes().vec(), first.data_ptr());
+    const std::string file = work + (per_sample ? "/ff2.safetensors" : "/ff1.safetensors");
+    w.write(file);
+    const std::string out = work + (per_sample ? "/out2" : "/out1");
+    auto r = run_command(sample_args(t2v, out, {"--text-embeddings", t2v + "/text.safetensors", "--latent-shape",
+                                                "3,8,6", "--first-frame", file}));
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    const at::Tensor got = latents_of(out);
+    if (per_sample) {
+      const double diff = (got - want.at("latents_first_frame")).abs().max().item<double>();
+      std::printf("[wan sample] first frame: max |program - diffusers| = %.3g\n", diff);
+      EXPECT_LE(diff, 1e-4);
+    } else {
+      EXPECT_TRUE(at::equal(got[1].narrow(1, 0, 1), first));
+      EXPECT_LE((got[0] - want.at("latents_first_frame")[0]).abs().max().item<double>(), 1e-4);
+    }
+  }
+  // Another height than --latent-shape's: an error naming the flag and the file.
+  expect_error(run_command(sample_args(t2v, work + "/bad", {"--text-embeddings", t2v + "/text.safetensors",
+                                                            "--latent-shape", "3,10,6", "--first-frame",
+                                                            work + "/ff2.safetensors"})),
+               {"--first-frame", "ff2.safetensors", "first_frame"});
 }
 
 // The pixel latent space: PNG frames and GIFs, the prompt through a text table.

@@ -10,7 +10,7 @@
 //   loongforge-generate --load DIR --denoise-inputs FILE.safetensors --dump-prediction OUT.safetensors
 //       (a Wan diffusion transformer: diffusers directory or flow_matching checkpoint; one forward)
 //   loongforge-generate --load DIR [--use-ema] (--prompt TEXT --text-table FILE [--negative-prompt TEXT]
-//       | --text-embeddings FILE.safetensors) --latent-shape F,H,W --output-dir DIR
+//       | --text-embeddings FILE.safetensors) --latent-shape F,H,W --output-dir DIR [--first-frame FILE]
 //       [--num-inference-steps 50] [--guidance-scale 5] [--sample-shift 5] [--seed S] [--num-samples K]
 //       [--fps 8] [--bf16]   (a Wan diffusion transformer: Euler flow-matching sampling, sample.h)
 // Single process. Errors become one message on stderr and exit code 1 (2 for usage errors).
@@ -420,6 +420,7 @@ std::vector<const char*> sampling_flags_given(const Options& o) {
                                     {"--negative-prompt", !s.negative_prompt.empty()},
                                     {"--text-embeddings", !s.text_embeddings.empty()},
                                     {"--latent-shape", !s.latent_shape.empty()},
+                                    {"--first-frame", !s.first_frame.empty()},
                                     {"--output-dir", !s.output_dir.empty()},
                                     {"--use-ema", s.use_ema}})
     if (given) out.push_back(flag);
@@ -631,6 +632,9 @@ int main(int argc, char** argv) {
   app.add_option("--latent-shape", o.sample.latent_shape,
                  "Wan sampling: latent frames,height,width (F,H,W; multiples of the patch size; channels from the "
                  "model)");
+  app.add_option("--first-frame", o.sample.first_frame,
+                 "Wan sampling, Wan 2.2 TI2V: safetensors with first_frame [C, 1, H, W] or [K, C, 1, H, W], the clean "
+                 "first latent frame kept fixed (its tokens at timestep 0)");
   app.add_option("--num-inference-steps", o.sample.num_inference_steps, "Wan sampling: Euler steps")
       ->capture_default_str();
   app.add_option("--guidance-scale", o.sample.guidance_scale,

@@ -137,6 +137,34 @@ Texts read_texts(const SampleOptions& o, const WanConfig& c) {
   return out;
 }
 
+// --first-frame FILE: tensor first_frame [C, 1, H, W] (every sample) or [K, C, 1, H, W] -> [K, C, 1, H, W].
+at::Tensor read_first_frame(const std::string& file, const WanConfig& c, const std::vector<int64_t>& shape,
+                            int64_t k) {
+  std::error_code ec;
+  LF_CHECK(fs::is_regular_file(file, ec), "--first-frame ", file, ": no such file");
+  LF_CHECK(c.patch_size[0] == 1, "--first-frame: the model's temporal patch size is ", c.patch_size[0],
+           "; first-frame conditioning needs 1 (the first frame's tokens alone at timestep 0)");
+  const auto r = lf::safetensors::Reader::open(file);
+  const lf::safetensors::TensorInfo* info = nullptr;
+  for (const auto& t : r.tensors()) {
+    LF_CHECK(t.name == "first_frame", "--first-frame ", file, ": unknown tensor '", t.name, "'",
+             lf::hint("the file holds first_frame [C, 1, H, W] or [K, C, 1, H, W], the clean first latent frame"));
+    info = &t;
+  }
+  LF_CHECK(info != nullptr, "--first-frame ", file, ": no tensor 'first_frame'");
+  LF_CHECK(info->dtype == lf::safetensors::DType::F32, "--first-frame ", file, ": tensor first_frame has dtype ",
+           lf::safetensors::dtype_name(info->dtype), lf::hint("float32"));
+  const std::vector<int64_t> one = {c.in_channels, 1, shape[1], shape[2]};
+  std::vector<int64_t> many = one;
+  many.insert(many.begin(), k);
+  LF_CHECK(info->shape == one || info->shape == many, "--first-frame ", file, ": tensor first_frame must be ",
+           shape_text(one), " or ", shape_text(many), " (channels, 1 frame, the --latent-shape height and width), got ",
+           shape_text(info->shape));
+  at::Tensor t = at::empty(info->shape, at::kFloat);
+  std::memcpy(t.data_ptr(), r.data(*info), info->end - info->begin);
+  return t.dim() == 4 ? t.unsqueeze(0).expand(many).contiguous() : t;
+}
+
 }  // namespace
 
 at::Tensor sample_noise(const std::vector<int64_t>& shape, uint64_t seed) {
@@ -197,6 +225,7 @@ int run_sample(const SampleOptions& o) {
   so.num_inference_steps = o.num_inference_steps;
   so.guidance_scale = o.guidance_scale;
   so.shift = o.sample_shift;
+  if (!o.first_frame.empty()) so.first_frame = read_first_frame(o.first_frame, c, shape, k).to(dev);
   const auto start = std::chrono::steady_clock::now();
   so.on_step = [&](int64_t i, int64_t n) {
     LF_INFO("step ", i + 1, "/", n, " (", std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(),

@@ -3,7 +3,8 @@
 // weights): Euler flow-matching sampling with classifier-free guidance (models/flow_sampler.h,
 // diffusers' FlowMatchEulerDiscreteScheduler) from seeded noise, conditioned on a prompt encoded
 // by a word table (data/text_table.h, the small demos) or on text embeddings computed offline (a
-// UMT5 encoder's, safetensors). Writes the latents; with 3 latent channels (the demo's pixel latent
+// UMT5 encoder's, safetensors), optionally with a clean first latent frame kept fixed (Wan 2.2
+// TI2V). Writes the latents; with 3 latent channels (the demo's pixel latent
 // space, values in [-1, 1]) also every frame as PNG and each sample as an animated GIF.
 #pragma once
 
@@ -22,6 +23,7 @@ struct SampleOptions {
   std::string prompt, negative_prompt, text_table;  // --prompt with --text-table
   std::string text_embeddings;                      // or --text-embeddings (prompt [, negative_prompt])
   std::string latent_shape;                         // "F,H,W"
+  std::string first_frame;                          // --first-frame: Wan 2.2 TI2V's clean first latent frame
   int64_t num_inference_steps = 50;
   double guidance_scale = 5.0;
   double sample_shift = 5.0;

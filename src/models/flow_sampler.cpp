@@ -44,7 +44,6 @@ at::Tensor flow_euler_sample(const FlowVelocity& model, const at::Tensor& noise,
   const int64_t b = noise.size(0);
   LF_CHECK(text.defined() && text.dim() == 3 && text.size(0) == b, "flow_euler_sample: text must be [", b,
            ", l, d], got ", text.defined() ? text.sizes() : at::IntArrayRef{});
-  const bool guided = negative_text.defined() && o.guidance_scale != 1.0;
   if (negative_text.defined())
     LF_CHECK(negative_text.dim() == 3 && negative_text.size(0) == b && negative_text.size(2) == text.size(2),
              "flow_euler_sample: negative text must be [", b, ", l, ", text.size(2), "], got ", negative_text.sizes());
@@ -78,12 +77,16 @@ at::Tensor flow_euler_sample(const FlowVelocity& model, const at::Tensor& noise,
       in.latents = x;
       in.timestep = at::full({b}, t, fopts);
     }
+    // diffusers: `t >= boundary_timestep` (a float32 tensor against a Python float, compared in fp32).
+    const bool low = o.low_noise && !(t >= static_cast<float>(o.boundary_timestep));
+    const FlowVelocity& current = low ? o.low_noise : model;
+    const double g = low && o.guidance_scale_low >= 0 ? o.guidance_scale_low : o.guidance_scale;
     in.text = text;
-    at::Tensor v = model(in).to(at::kFloat);
-    if (guided) {
+    at::Tensor v = current(in).to(at::kFloat);
+    if (negative_text.defined() && g != 1.0) {
       in.text = negative_text;
-      const at::Tensor vu = model(in).to(at::kFloat);
-      v = vu + o.guidance_scale * (v - vu);
+      const at::Tensor vu = current(in).to(at::kFloat);
+      v = vu + g * (v - vu);
     }
     const float dt = sched.sigmas[static_cast<size_t>(i) + 1] - sched.sigmas[static_cast<size_t>(i)];
     x = x + dt * v;

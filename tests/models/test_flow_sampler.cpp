@@ -2,7 +2,8 @@
 // (tests/models/wan_sample_oracle.py, Python as an oracle only): FlowMatchEulerDiscreteScheduler's
 // schedule (shift 5, 8 steps) value for value, and the final latents of the oracle's tiny random
 // WanTransformer3DModel sampled from the same noise and text embeddings with classifier-free
-// guidance 4, guidance 1 (one pass) and first-frame conditioning (Wan 2.2 TI2V), fp32 within 1e-4.
+// guidance 4, guidance 1 (one pass), first-frame conditioning (Wan 2.2 TI2V) and two noise experts
+// joined at a boundary timestep (Wan 2.2 A14B), fp32 within 1e-4.
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
@@ -126,6 +127,40 @@ TEST(FlowSampler, FirstFrameConditioningEqualsDiffusersTi2v) {
   o.first_frame = r.at("first_frame").narrow(3, 0, 4);
   EXPECT_THROW(lf::models::flow_euler_sample(*m.dit, noise, r.at("prompt").unsqueeze(0).expand({b, -1, -1}), {}, {}, o),
                lf::Error);
+}
+
+// Wan 2.2 A14B: the high-noise expert at timesteps >= 800 (guidance 4), the low-noise one below
+// (guidance 2), as diffusers' WanPipeline with boundary_ratio 0.8 joins them.
+TEST(FlowSampler, TwoNoiseExpertsSwitchAtTheBoundaryAsDiffusers) {
+  REQUIRE_ORACLE();
+  auto high = load(oracle_dir() + "/t2v");
+  auto low = load(oracle_dir() + "/t2v_low");
+  const auto r = lf::testing::read_safetensors(oracle_dir() + "/t2v/sample.safetensors");
+  const auto& noise = r.at("noise");
+  const int64_t b = noise.size(0);
+  int64_t high_calls = 0, low_calls = 0;
+  FlowSamplerOptions o;
+  o.num_inference_steps = 8;
+  o.guidance_scale = 4.0;
+  o.guidance_scale_low = 2.0;
+  o.boundary_timestep = 0.8 * 1000;
+  o.low_noise = [&](const lf::models::WanInputs& in) {
+    ++low_calls;
+    return low.dit->forward(in);
+  };
+  const at::Tensor got = lf::models::flow_euler_sample(
+      [&](const lf::models::WanInputs& in) {
+        ++high_calls;
+        return high.dit->forward(in);
+      },
+      noise, r.at("prompt").unsqueeze(0).expand({b, -1, -1}), r.at("negative_prompt").unsqueeze(0).expand({b, -1, -1}),
+      {}, high.dit->config().patch_size, o);
+  // Timesteps 1000, 968, 926, 871 on the high-noise expert, 791 ... 24 on the low-noise one.
+  EXPECT_EQ(high_calls, 4 * 2);
+  EXPECT_EQ(low_calls, 4 * 2);
+  const double diff = (got - r.at("latents_two_experts")).abs().max().item<double>();
+  std::printf("[flow sampler] two experts: max |latents - diffusers| = %.3g\n", diff);
+  EXPECT_LE(diff, 1e-4);
 }
 
 }  // namespace

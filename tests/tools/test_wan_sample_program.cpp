@@ -4,7 +4,8 @@
 // FlowMatchEulerDiscreteScheduler(shift 5) Euler sampling, 8 steps, guidance 4 and 1; a tiny model
 // with 3 latent channels): --text-embeddings with --seed 1234 gives diffusers' latents (the
 // program's documented noise is Python's), also with --first-frame (Wan 2.2 TI2V's conditioning,
-// against diffusers' expand_timesteps loop); on the 3-channel model --prompt with --text-table gives
+// against diffusers' expand_timesteps loop) and with two noise experts (--load-low-noise, Wan 2.2
+// A14B); on the 3-channel model --prompt with --text-table gives
 // the in-process sampler's latents, every frame as a PNG that decodes to the latents' pixels and
 // an animated GIF whose frames decode to the same pixels; --use-ema samples the EMA weights a
 // training run kept (equal to sampling their lf2hf --ema export); mistakes are clear errors.
@@ -123,6 +124,33 @@ TEST(WanSampleProgram, FirstFrameGivesDiffusersTi2vLatents) {
                                                             "--latent-shape", "3,10,6", "--first-frame",
                                                             work + "/ff2.safetensors"})),
                {"--first-frame", "ff2.safetensors", "first_frame"});
+}
+
+// --load-low-noise (Wan 2.2 A14B): diffusers' WanPipeline with boundary_ratio 0.8, guidance 4 and
+// guidance_scale_2 2; the experts' mistakes name the flags.
+TEST(WanSampleProgram, TwoNoiseExpertsGiveDiffusersLatents) {
+  NEED_ORACLE();
+  const std::string work = lf::testing::make_temp_dir("wan_sample_two");
+  const std::string t2v = oracle() + "/t2v", text = t2v + "/text.safetensors";
+  const auto want = lf::testing::read_safetensors(t2v + "/sample.safetensors");
+  auto r = run_command(sample_args(t2v, work + "/out",
+                                   {"--text-embeddings", text, "--latent-shape", "3,8,6", "--load-low-noise",
+                                    oracle() + "/t2v_low", "--boundary-ratio", "0.8", "--guidance-scale-low", "2"}));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const double diff = (latents_of(work + "/out") - want.at("latents_two_experts")).abs().max().item<double>();
+  std::printf("[wan sample] two experts: max |program - diffusers| = %.3g\n", diff);
+  EXPECT_LE(diff, 1e-4);
+  expect_error(run_command(sample_args(t2v, work + "/e1", {"--text-embeddings", text, "--latent-shape", "3,8,6",
+                                                           "--load-low-noise", oracle() + "/t2v_low"})),
+               {"--load-low-noise", "--boundary-ratio"});
+  expect_error(run_command(sample_args(t2v, work + "/e2", {"--text-embeddings", text, "--latent-shape", "3,8,6",
+                                                           "--boundary-ratio", "0.8"})),
+               {"--boundary-ratio", "--load-low-noise"});
+  // An expert of another latent space (the 3-channel model).
+  expect_error(run_command(sample_args(t2v, work + "/e3", {"--text-embeddings", text, "--latent-shape", "3,8,6",
+                                                           "--load-low-noise", oracle() + "/rgb", "--boundary-ratio",
+                                                           "0.8"})),
+               {"--load-low-noise", "rgb", "in_channels is 3"});
 }
 
 // The pixel latent space: PNG frames and GIFs, the prompt through a text table.

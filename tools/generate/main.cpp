@@ -11,6 +11,7 @@
 //       (a Wan diffusion transformer: diffusers directory or flow_matching checkpoint; one forward)
 //   loongforge-generate --load DIR [--use-ema] (--prompt TEXT --text-table FILE [--negative-prompt TEXT]
 //       | --text-embeddings FILE.safetensors) --latent-shape F,H,W --output-dir DIR [--first-frame FILE]
+//       [--load-low-noise DIR --boundary-ratio R [--guidance-scale-low G]]
 //       [--num-inference-steps 50] [--guidance-scale 5] [--sample-shift 5] [--seed S] [--num-samples K]
 //       [--fps 8] [--bf16]   (a Wan diffusion transformer: Euler flow-matching sampling, sample.h)
 // Single process. Errors become one message on stderr and exit code 1 (2 for usage errors).
@@ -421,6 +422,9 @@ std::vector<const char*> sampling_flags_given(const Options& o) {
                                     {"--text-embeddings", !s.text_embeddings.empty()},
                                     {"--latent-shape", !s.latent_shape.empty()},
                                     {"--first-frame", !s.first_frame.empty()},
+                                    {"--load-low-noise", !s.load_low_noise.empty()},
+                                    {"--boundary-ratio", s.boundary_ratio >= 0},
+                                    {"--guidance-scale-low", s.guidance_scale_low >= 0},
                                     {"--output-dir", !s.output_dir.empty()},
                                     {"--use-ema", s.use_ema}})
     if (given) out.push_back(flag);
@@ -635,6 +639,13 @@ int main(int argc, char** argv) {
   app.add_option("--first-frame", o.sample.first_frame,
                  "Wan sampling, Wan 2.2 TI2V: safetensors with first_frame [C, 1, H, W] or [K, C, 1, H, W], the clean "
                  "first latent frame kept fixed (its tokens at timestep 0)");
+  app.add_option("--load-low-noise", o.sample.load_low_noise,
+                 "Wan sampling, Wan 2.2 A14B: the low-noise expert (diffusers directory or checkpoint, the same "
+                 "configuration as --load, the high-noise expert); it predicts at timesteps below --boundary-ratio x 1000");
+  app.add_option("--boundary-ratio", o.sample.boundary_ratio,
+                 "Wan sampling with --load-low-noise: the boundary of the two experts (A14B text-to-video: 0.875)");
+  app.add_option("--guidance-scale-low", o.sample.guidance_scale_low,
+                 "Wan sampling with --load-low-noise: its guidance scale (default: --guidance-scale)");
   app.add_option("--num-inference-steps", o.sample.num_inference_steps, "Wan sampling: Euler steps")
       ->capture_default_str();
   app.add_option("--guidance-scale", o.sample.guidance_scale,

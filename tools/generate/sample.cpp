@@ -12,7 +12,9 @@
 #include <cstring>
 #include <filesystem>
 #include <map>
+#include <memory>
 #include <sstream>
+#include <tuple>
 
 #include "denoise.h"
 #include "loongforge/backend/registry.h"
@@ -194,6 +196,14 @@ int run_sample(const SampleOptions& o) {
   LF_CHECK(o.num_samples >= 1, "--num-samples must be >= 1, got ", o.num_samples);
   LF_CHECK(o.sample_shift > 0, "--sample-shift must be > 0, got ", o.sample_shift);
   LF_CHECK(o.fps > 0, "--fps must be > 0, got ", o.fps);
+  LF_CHECK(o.load_low_noise.empty() == (o.boundary_ratio < 0),
+           o.load_low_noise.empty() ? "--boundary-ratio needs --load-low-noise DIR (the low-noise expert)"
+                                    : "--load-low-noise needs --boundary-ratio R (Wan 2.2 A14B text-to-video: 0.875)",
+           lf::hint("Wan 2.2 A14B: --load the high-noise expert (transformer/), --load-low-noise the low-noise one "
+                    "(transformer_2/), --boundary-ratio as the pipeline's model_index.json says"));
+  LF_CHECK(o.boundary_ratio < 0 || (o.boundary_ratio > 0 && o.boundary_ratio < 1), "--boundary-ratio must be in (0, 1), got ",
+           o.boundary_ratio);
+  LF_CHECK(o.guidance_scale_low < 0 || !o.load_low_noise.empty(), "--guidance-scale-low needs --load-low-noise DIR");
   const auto t0 = std::chrono::steady_clock::now();
   WanModel m = load_wan(o.load, o.iteration, "sampling", o.use_ema);
   const WanConfig& c = m.config;
@@ -212,19 +222,47 @@ int run_sample(const SampleOptions& o) {
   dm::load_into(b.params(), m.tensors, m.what);
   m.tensors.clear();
   dit.set_training(false);
+  // Wan 2.2 A14B's low-noise expert: the same configuration, its own weights.
+  std::unique_ptr<lf::models::ParamBuilder> low_builder;
+  std::unique_ptr<lf::models::WanDit> low;
+  if (!o.load_low_noise.empty()) {
+    WanModel l = load_wan(o.load_low_noise, -1, "--load-low-noise", o.use_ema);
+    const WanConfig& lc = l.config;
+    for (const auto& [key, mine, theirs] :
+         {std::tuple<const char*, int64_t, int64_t>{"in_channels", lc.in_channels, c.in_channels},
+          {"out_channels", lc.out_dim(), c.out_dim()},
+          {"text_dim", lc.text_dim, c.text_dim},
+          {"image_dim", lc.image_dim, c.image_dim},
+          {"patch_size (t)", lc.patch_size[0], c.patch_size[0]},
+          {"patch_size (h)", lc.patch_size[1], c.patch_size[1]},
+          {"patch_size (w)", lc.patch_size[2], c.patch_size[2]}})
+      LF_CHECK(mine == theirs, "--load-low-noise ", o.load_low_noise, ": its ", key, " is ", mine, ", --load's ",
+               theirs, lf::hint("the two experts of a Wan 2.2 A14B pipeline take the same latents and text"));
+    low_builder = std::make_unique<lf::models::ParamBuilder>(at::make_generator<at::CPUGeneratorImpl>(0),
+                                                             o.bf16 ? at::kBFloat16 : at::kFloat, be.device(),
+                                                             lf::parallel::TensorParallel{}, /*trainable=*/false);
+    low = std::make_unique<lf::models::WanDit>(lc, be, *low_builder, /*seed=*/0, /*tp_rank=*/0);
+    dm::load_into(low_builder->params(), l.tensors, l.what);
+    low->set_training(false);
+    m.what += " + low-noise expert " + l.what + " below timestep " + std::to_string(o.boundary_ratio * 1000);
+  }
   LF_INFO("loaded ", m.what, " (wan, ", c.num_parameters(), " parameters, ", be.name(), ", ", o.bf16 ? "bf16" : "fp32",
           ") in ", std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), " s");
 
   const int64_t k = o.num_samples;
   const auto dev = be.device();
   const at::Tensor noise = sample_noise({k, c.in_channels, shape[0], shape[1], shape[2]}, o.seed).to(dev);
-  const auto pdt = o.bf16 ? at::kBFloat16 : at::kFloat;
-  const at::Tensor text = texts.prompt.to(dev, pdt).unsqueeze(0).expand({k, -1, -1}).contiguous();
-  const at::Tensor negative = texts.negative.to(dev, pdt).unsqueeze(0).expand({k, -1, -1}).contiguous();
+  const at::Tensor text = texts.prompt.to(dev).unsqueeze(0).expand({k, -1, -1}).contiguous();
+  const at::Tensor negative = texts.negative.to(dev).unsqueeze(0).expand({k, -1, -1}).contiguous();
   lf::models::FlowSamplerOptions so;
   so.num_inference_steps = o.num_inference_steps;
   so.guidance_scale = o.guidance_scale;
   so.shift = o.sample_shift;
+  if (low) {
+    so.low_noise = [&](const lf::models::WanInputs& in) { return low->forward(in); };
+    so.boundary_timestep = o.boundary_ratio * static_cast<double>(so.num_train_timesteps);
+    so.guidance_scale_low = o.guidance_scale_low;
+  }
   if (!o.first_frame.empty()) so.first_frame = read_first_frame(o.first_frame, c, shape, k).to(dev);
   const auto start = std::chrono::steady_clock::now();
   so.on_step = [&](int64_t i, int64_t n) {

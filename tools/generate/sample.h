@@ -4,7 +4,7 @@
 // diffusers' FlowMatchEulerDiscreteScheduler) from seeded noise, conditioned on a prompt encoded
 // by a word table (data/text_table.h, the small demos) or on text embeddings computed offline (a
 // UMT5 encoder's, safetensors), optionally with a clean first latent frame kept fixed (Wan 2.2
-// TI2V). Writes the latents; with 3 latent channels (the demo's pixel latent
+// TI2V), or with Wan 2.2 A14B's two noise experts joined at a boundary timestep. Writes the latents; with 3 latent channels (the demo's pixel latent
 // space, values in [-1, 1]) also every frame as PNG and each sample as an animated GIF.
 #pragma once
 
@@ -24,6 +24,9 @@ struct SampleOptions {
   std::string text_embeddings;                      // or --text-embeddings (prompt [, negative_prompt])
   std::string latent_shape;                         // "F,H,W"
   std::string first_frame;                          // --first-frame: Wan 2.2 TI2V's clean first latent frame
+  std::string load_low_noise;                       // Wan 2.2 A14B: the low-noise expert
+  double boundary_ratio = -1;                       // its boundary (x num_train_timesteps); < 0: none
+  double guidance_scale_low = -1;                   // its guidance; < 0: guidance_scale
   int64_t num_inference_steps = 50;
   double guidance_scale = 5.0;
   double sample_shift = 5.0;

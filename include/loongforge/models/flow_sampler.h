@@ -6,7 +6,8 @@
 // sigmas t / N are shifted again (S s / (1 + (S - 1) s), fp64, then fp32), timesteps N sigma (fp32),
 // and a final sigma 0. Step i: the model's velocity v at timestep timesteps[i] (v = v_uncond + g
 // (v_cond - v_uncond); one conditional pass when g == 1 or no negative text is given), then
-// x <- x + (sigma_{i+1} - sigma_i) v. Optional first-frame conditioning (Wan 2.2 TI2V, diffusers'
+// x <- x + (sigma_{i+1} - sigma_i) v; with two noise experts (Wan 2.2 A14B) the low-noise one below
+// the boundary timestep. Optional first-frame conditioning (Wan 2.2 TI2V, diffusers'
 // expand_timesteps): a clean first latent frame replaces the first frame of the model's input at
 // every step, its tokens at timestep 0, and of the result.
 #pragma once
@@ -30,6 +31,10 @@ struct FlowEulerSchedule {
 // timesteps (no dynamic shifting, no Karras / exponential / beta sigmas).
 FlowEulerSchedule flow_euler_schedule(int64_t steps, double shift, int64_t num_train_timesteps = 1000);
 
+// The model's velocity prediction for one input (WanInputs: latents [b, c, f, h, w], timestep [b] or
+// [b, tokens], text [b, l, d], image).
+using FlowVelocity = std::function<at::Tensor(const WanInputs&)>;
+
 struct FlowSamplerOptions {
   int64_t num_inference_steps = 50;
   double guidance_scale = 5.0;
@@ -38,13 +43,15 @@ struct FlowSamplerOptions {
   // Wan 2.2 TI2V: the clean first latent frame [b, c, 1, h, w] (undefined: off). Needs a temporal
   // patch size of 1 (the first frame's tokens are the first patch frame's).
   at::Tensor first_frame;
+  // Wan 2.2 A14B's two noise experts (diffusers' WanPipeline with boundary_ratio): at the steps whose
+  // timestep is below boundary_timestep (boundary ratio x num_train_timesteps, compared in fp32) the
+  // low-noise expert predicts, with guidance_scale_low (< 0: guidance_scale). Unset: one model.
+  FlowVelocity low_noise;
+  double boundary_timestep = 0;
+  double guidance_scale_low = -1;
   // Called after every step (i from 0, of steps); for progress.
   std::function<void(int64_t i, int64_t steps)> on_step;
 };
-
-// The model's velocity prediction for one input (WanInputs: latents [b, c, f, h, w], timestep [b] or
-// [b, tokens], text [b, l, d], image).
-using FlowVelocity = std::function<at::Tensor(const WanInputs&)>;
 
 // Euler sampling from `noise` [b, c, f, h, w] (the latents at sigma 1): the latents at sigma 0,
 // float32, on noise's device. text / negative_text [b, l, d] (negative undefined: no guidance,

@@ -9,6 +9,8 @@ extern "C" {
 }
 
 #include <algorithm>
+#include <functional>
+#include <unordered_map>
 #include <cmath>
 #include <cstring>
 #include <memory>
@@ -154,38 +156,44 @@ std::vector<int64_t> qwen_sample_frames(int64_t total_frames, double video_fps, 
   return idx;
 }
 
-void write_video(const std::vector<Image>& frames, double fps, const std::string& path) {
-  LF_CHECK(!frames.empty() && fps > 0, "write_video: ", frames.size(), " frames at ", fps, " fps");
+namespace {
+
+// Encodes `frames` with `codec` in the container `format` at `fps` frames per second; `fill` writes
+// an image into the encoder's frame (of `pix_fmt`). `what` names the writer in messages.
+void write_frames(const std::vector<Image>& frames, double fps, const std::string& path, const char* what,
+                  const char* format, AVCodecID codec, AVPixelFormat pix_fmt,
+                  const std::function<void(const Image&, AVFrame*)>& fill) {
+  LF_CHECK(!frames.empty() && fps > 0, what, ": ", frames.size(), " frames at ", fps, " fps");
   AVFormatContext* out = nullptr;
-  int rc = avformat_alloc_output_context2(&out, nullptr, "matroska", path.c_str());
-  LF_CHECK(rc >= 0 && out, "write_video ", path, ": ", av_message(rc));
+  int rc = avformat_alloc_output_context2(&out, nullptr, format, path.c_str());
+  LF_CHECK(rc >= 0 && out, what, " ", path, ": ", av_message(rc));
   std::unique_ptr<AVFormatContext, void (*)(AVFormatContext*)> guard(out, [](AVFormatContext* c) {
     if (!(c->oformat->flags & AVFMT_NOFILE)) avio_closep(&c->pb);
     avformat_free_context(c);
   });
-  const AVCodec* enc = avcodec_find_encoder(AV_CODEC_ID_PNG);
-  LF_CHECK(enc != nullptr, "write_video: this FFmpeg has no PNG encoder");
+  const AVCodec* enc = avcodec_find_encoder(codec);
+  LF_CHECK(enc != nullptr, what, ": this FFmpeg has no ", avcodec_get_name(codec), " encoder");
   AVStream* st = avformat_new_stream(out, nullptr);
   Codec c;
   c.ctx = avcodec_alloc_context3(enc);
   c.ctx->width = int(frames[0].width);
   c.ctx->height = int(frames[0].height);
-  c.ctx->pix_fmt = AV_PIX_FMT_RGB24;
+  c.ctx->pix_fmt = pix_fmt;
   const AVRational rate = av_d2q(fps, 1000);
   c.ctx->time_base = av_inv_q(rate);
   c.ctx->framerate = rate;
   if (out->oformat->flags & AVFMT_GLOBALHEADER) c.ctx->flags |= AV_CODEC_FLAG_GLOBAL_HEADER;
   rc = avcodec_open2(c.ctx, enc, nullptr);
-  LF_CHECK(rc >= 0, "write_video: cannot open the PNG encoder (", av_message(rc), ")");
+  LF_CHECK(rc >= 0, what, ": cannot open the ", avcodec_get_name(codec), " encoder (", av_message(rc), ")");
   avcodec_parameters_from_context(st->codecpar, c.ctx);
   st->time_base = c.ctx->time_base;
   st->avg_frame_rate = rate;
   rc = avio_open(&out->pb, path.c_str(), AVIO_FLAG_WRITE);
-  LF_CHECK(rc >= 0, "write_video ", path, ": cannot open for writing (", av_message(rc), ")");
+  LF_CHECK(rc >= 0, what, " ", path, ": cannot open for writing (", av_message(rc), ")");
   rc = avformat_write_header(out, nullptr);
-  LF_CHECK(rc >= 0, "write_video ", path, ": ", av_message(rc));
+  LF_CHECK(rc >= 0, what, " ", path, ": ", av_message(rc));
   Frame frame;
-  frame.f->format = AV_PIX_FMT_RGB24;
+  frame.f->format = pix_fmt;
   frame.f->width = c.ctx->width;
   frame.f->height = c.ctx->height;
   av_frame_get_buffer(frame.f, 0);
@@ -199,19 +207,69 @@ void write_video(const std::vector<Image>& frames, double fps, const std::string
   };
   for (size_t i = 0; i < frames.size(); ++i) {
     const Image& im = frames[i];
-    LF_CHECK(im.height == frames[0].height && im.width == frames[0].width, "write_video: frame ", i, " size differs");
+    LF_CHECK(im.height == frames[0].height && im.width == frames[0].width, what, ": frame ", i, " size differs");
     av_frame_make_writable(frame.f);
-    for (int64_t y = 0; y < im.height; ++y) {
-      std::memcpy(frame.f->data[0] + y * frame.f->linesize[0], &im.rgb[size_t(y * im.width * 3)], size_t(im.width * 3));
-    }
+    fill(im, frame.f);
     frame.f->pts = int64_t(i);
-    LF_CHECK(avcodec_send_frame(c.ctx, frame.f) >= 0, "write_video: encoding frame ", i);
+    LF_CHECK(avcodec_send_frame(c.ctx, frame.f) >= 0, what, ": encoding frame ", i);
     flush();
   }
   avcodec_send_frame(c.ctx, nullptr);
   flush();
-  av_write_trailer(out);
-  return;
+  rc = av_write_trailer(out);
+  LF_CHECK(rc >= 0, what, " ", path, ": ", av_message(rc));
+}
+
+uint32_t rgb_key(const uint8_t* p) { return (uint32_t(p[0]) << 16) | (uint32_t(p[1]) << 8) | uint32_t(p[2]); }
+
+}  // namespace
+
+void write_video(const std::vector<Image>& frames, double fps, const std::string& path) {
+  write_frames(frames, fps, path, "write_video", "matroska", AV_CODEC_ID_PNG, AV_PIX_FMT_RGB24,
+               [](const Image& im, AVFrame* f) {
+                 for (int64_t y = 0; y < im.height; ++y)
+                   std::memcpy(f->data[0] + y * f->linesize[0], &im.rgb[size_t(y * im.width * 3)],
+                               size_t(im.width * 3));
+               });
+}
+
+void write_gif(const std::vector<Image>& frames, double fps, const std::string& path) {
+  // One palette for the whole animation: its colours when there are at most 256, otherwise the
+  // 6 x 7 x 6 cube (252 colours) each pixel goes to the nearest level of per channel.
+  std::vector<uint32_t> palette;
+  std::unordered_map<uint32_t, uint8_t> index;
+  for (const auto& im : frames) {
+    for (size_t p = 0; p + 2 < im.rgb.size() && palette.size() <= 256; p += 3) {
+      const uint32_t k = rgb_key(&im.rgb[p]);
+      if (index.count(k)) continue;
+      index[k] = uint8_t(palette.size() & 0xff);
+      palette.push_back(k);
+    }
+  }
+  const bool exact = palette.size() <= 256;
+  constexpr int kLevels[3] = {6, 7, 6};
+  if (!exact) {
+    palette.clear();
+    for (int r = 0; r < kLevels[0]; ++r)
+      for (int g = 0; g < kLevels[1]; ++g)
+        for (int b = 0; b < kLevels[2]; ++b)
+          palette.push_back((uint32_t(r * 255 / (kLevels[0] - 1)) << 16) | (uint32_t(g * 255 / (kLevels[1] - 1)) << 8) |
+                            uint32_t(b * 255 / (kLevels[2] - 1)));
+  }
+  auto nearest = [&](uint8_t v, int c) { return int(std::lround(double(v) * (kLevels[c] - 1) / 255.0)); };
+  write_frames(frames, fps, path, "write_gif", "gif", AV_CODEC_ID_GIF, AV_PIX_FMT_PAL8,
+               [&](const Image& im, AVFrame* f) {
+                 auto* pal = reinterpret_cast<uint32_t*>(f->data[1]);
+                 for (size_t i = 0; i < 256; ++i) pal[i] = 0xff000000u | (i < palette.size() ? palette[i] : 0u);
+                 for (int64_t y = 0; y < im.height; ++y)
+                   for (int64_t x = 0; x < im.width; ++x) {
+                     const uint8_t* p = &im.rgb[size_t((y * im.width + x) * 3)];
+                     f->data[0][y * f->linesize[0] + x] =
+                         exact ? index.at(rgb_key(p))
+                               : uint8_t((nearest(p[0], 0) * kLevels[1] + nearest(p[1], 1)) * kLevels[2] +
+                                         nearest(p[2], 2));
+                   }
+               });
 }
 
 }  // namespace lf::media

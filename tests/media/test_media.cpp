@@ -167,6 +167,42 @@ TEST(MediaVideo, LosslessRoundTripAndFrameRate) {
   fs::remove_all(d);
 }
 
+// Animated GIFs: frames with at most 256 colours come back exactly (one palette of their colours);
+// with more, each channel comes back at the nearest level of the 6 x 7 x 6 colour cube (within half
+// a step: 25.5 for red and blue, 21.25 for green). Decoded by libavformat: frame count and size.
+TEST(MediaVideo, GifWriterKeepsFewColoursExactlyAndQuantisesMany) {
+  const std::string d = temp_dir("gif");
+  std::vector<Image> few, many;
+  for (int t = 0; t < 5; ++t) {
+    Image a{12, 10, std::vector<uint8_t>(12 * 10 * 3)}, b = a;
+    for (size_t p = 0; p < 120; ++p) {
+      const uint8_t colour = uint8_t((p / 7 + size_t(t) * 3) % 9 * 30);  // 9 colours, moving
+      a.rgb[p * 3] = colour;
+      a.rgb[p * 3 + 1] = uint8_t(255 - colour);
+      a.rgb[p * 3 + 2] = uint8_t(colour / 2);
+      for (size_t c = 0; c < 3; ++c) b.rgb[p * 3 + c] = uint8_t((p * 37 + c * 101 + size_t(t) * 53) % 256);
+    }
+    few.push_back(std::move(a));
+    many.push_back(std::move(b));
+  }
+  lf::media::write_gif(few, 10.0, d + "/few.gif");
+  lf::media::write_gif(many, 10.0, d + "/many.gif");
+  const auto back_few = lf::media::decode_video(d + "/few.gif");
+  const auto back_many = lf::media::decode_video(d + "/many.gif");
+  ASSERT_EQ(back_few.size(), 5u);
+  ASSERT_EQ(back_many.size(), 5u);
+  const double half_step[3] = {25.5, 21.25, 25.5};
+  for (size_t i = 0; i < 5; ++i) {
+    ASSERT_EQ(back_few[i].height, 12);
+    ASSERT_EQ(back_few[i].width, 10);
+    EXPECT_EQ(back_few[i].rgb, few[i].rgb) << "frame " << i;
+    ASSERT_EQ(back_many[i].rgb.size(), many[i].rgb.size());
+    for (size_t k = 0; k < many[i].rgb.size(); ++k)
+      ASSERT_LE(std::abs(int(back_many[i].rgb[k]) - int(many[i].rgb[k])), half_step[k % 3] + 1) << i << " " << k;
+  }
+  fs::remove_all(d);
+}
+
 TEST(MediaVideo, QwenFrameSamplingAsTransformers) {
   using lf::media::qwen_sample_frames;
   // 30 frames at 30 fps sampled at 2 fps: 2 frames, raised to min_frames 4: arange(0, 30, 7.5).

@@ -43,39 +43,6 @@ std::string checkpoint_model_type(const std::string& resolved) {
   return type && type->is_scalar() ? type->text() : "";
 }
 
-struct WanModel {
-  WanConfig config;
-  std::map<std::string, at::Tensor> tensors;
-  std::string what;
-};
-
-WanModel load_wan(const std::string& dir, int64_t iteration) {
-  WanModel m;
-  if (dm::is_wan_dir(dir)) {
-    m.config = dm::read_wan_config(dir);
-    m.tensors = dm::read_wan_weights(dir, at::kFloat);
-    m.what = "diffusers WanTransformer3DModel " + dir;
-    return m;
-  }
-  const auto resolved = lf::train::ckpt::resolve_checkpoint_dir(dir, iteration);
-  LF_CHECK(resolved.has_value(), "--denoise-inputs needs a Wan model; ", dir,
-           " is neither a diffusers WanTransformer3DModel directory (config.json with _class_name "
-           "WanTransformer3DModel) nor a LoongForge checkpoint",
-           lf::hint("--load the transformer/ directory of a diffusers Wan pipeline, or a checkpoint of a "
-                    "flow_matching model (loongforge-train, loongforge-convert hf2lf)"));
-  const std::string type = checkpoint_model_type(*resolved);
-  LF_CHECK(type == dm::kWanComposite, "--denoise-inputs needs a Wan model; ", dir, " is a checkpoint of a ",
-           type.empty() ? std::string("model without a model type") : type + " model",
-           lf::hint("--denoise-inputs is for flow_matching (Wan) models; a language model takes --prompt, "
-                    "--input-ids or --eval-file"));
-  auto full = lf::train::read_model_checkpoint(dir, iteration);
-  const std::string source = dir + " (iteration " + std::to_string(full.iteration) + ")";
-  m.config = *dm::wan_config_from_model_section(full.config_yaml, source + " config.yaml");
-  for (auto& [name, t] : full.tensors) m.tensors[name] = t.to(at::kFloat);
-  m.what = "LoongForge checkpoint " + source;
-  return m;
-}
-
 // Every tensor of the inputs file, as at::Tensor (a copy: the mapping may be unaligned).
 std::map<std::string, at::Tensor> read_inputs(const std::string& file) {
   using lf::safetensors::DType;
@@ -153,6 +120,44 @@ lf::models::WanInputs check_inputs(std::map<std::string, at::Tensor> t, const Wa
 
 }  // namespace
 
+WanModel load_wan(const std::string& dir, int64_t iteration, const std::string& mode, bool ema) {
+  WanModel m;
+  if (dm::is_wan_dir(dir)) {
+    LF_CHECK(!ema, "--use-ema: ", dir, " is a diffusers WanTransformer3DModel directory, which keeps one set of weights",
+             lf::hint("drop --use-ema; a LoongForge checkpoint trained with --ema-decay keeps EMA weights (or export "
+                      "them: loongforge-convert lf2hf --ema)"));
+    m.config = dm::read_wan_config(dir);
+    m.tensors = dm::read_wan_weights(dir, at::kFloat);
+    m.what = "diffusers WanTransformer3DModel " + dir;
+    return m;
+  }
+  const auto resolved = lf::train::ckpt::resolve_checkpoint_dir(dir, iteration);
+  LF_CHECK(resolved.has_value(), mode, " needs a Wan model; ", dir,
+           " is neither a diffusers WanTransformer3DModel directory (config.json with _class_name "
+           "WanTransformer3DModel) nor a LoongForge checkpoint",
+           lf::hint("--load the transformer/ directory of a diffusers Wan pipeline, or a checkpoint of a "
+                    "flow_matching model (loongforge-train, loongforge-convert hf2lf)"));
+  const std::string type = checkpoint_model_type(*resolved);
+  LF_CHECK(type == dm::kWanComposite, mode, " needs a Wan model; ", dir, " is a checkpoint of a ",
+           type.empty() ? std::string("model without a model type") : type + " model",
+           lf::hint(mode + " is for flow_matching (Wan) models; a language model takes --prompt, "
+                    "--input-ids or --eval-file"));
+  lf::train::FullModel full;
+  try {
+    full = lf::train::read_model_checkpoint(dir, iteration, ema);
+  } catch (const lf::Error& e) {
+    if (ema && std::string(e.what()).find("keeps no EMA weights") != std::string::npos)
+      LF_FAIL("--use-ema: checkpoint ", dir, " keeps no EMA weights",
+              lf::hint("train with --ema-decay D to keep them, or drop --use-ema"));
+    throw;
+  }
+  const std::string source = dir + " (iteration " + std::to_string(full.iteration) + ")";
+  m.config = *dm::wan_config_from_model_section(full.config_yaml, source + " config.yaml");
+  for (auto& [name, t] : full.tensors) m.tensors[name] = t.to(at::kFloat);
+  m.what = "LoongForge checkpoint " + source + (ema ? ", EMA weights" : "");
+  return m;
+}
+
 bool is_wan_model(const std::string& dir, int64_t iteration) {
   if (dm::is_wan_dir(dir)) return true;
   try {
@@ -171,7 +176,7 @@ int run_denoise(const DenoiseOptions& o) {
   std::error_code ec;
   LF_CHECK(fs::is_regular_file(o.inputs, ec), "--denoise-inputs ", o.inputs, ": no such file");
   const auto t0 = std::chrono::steady_clock::now();
-  WanModel m = load_wan(o.load, o.iteration);
+  WanModel m = load_wan(o.load, o.iteration, "--denoise-inputs", /*ema=*/false);
   const auto& c = m.config;
   lf::models::WanInputs in = check_inputs(read_inputs(o.inputs), c, o.inputs);
 

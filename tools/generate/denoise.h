@@ -4,8 +4,13 @@
 // model-only entry for parity and debugging; not a sampler.
 #pragma once
 
+#include <ATen/core/Tensor.h>
+
 #include <cstdint>
+#include <map>
 #include <string>
+
+#include "loongforge/models/foundations/wan.h"
 
 namespace lf::tools::generate {
 
@@ -25,6 +30,17 @@ inline constexpr const char* kDenoiseHint =
 // True when `dir` is a diffusers WanTransformer3DModel directory or a checkpoint (its `iteration`)
 // of a flow_matching model. Reads config.json / config.yaml only.
 bool is_wan_model(const std::string& dir, int64_t iteration);
+
+// A Wan model's configuration and full weights (float32), and what it is (for messages).
+struct WanModel {
+  lf::models::WanConfig config;
+  std::map<std::string, at::Tensor> tensors;
+  std::string what;
+};
+// Reads a diffusers WanTransformer3DModel directory or a flow_matching checkpoint (`iteration`; ema:
+// the EMA weights it keeps). Errors name `mode` (the flag that wants a Wan model), the directory,
+// and --use-ema where ema is asked of a diffusers directory or of a checkpoint that keeps none.
+WanModel load_wan(const std::string& dir, int64_t iteration, const std::string& mode, bool ema);
 
 // Loads the model, reads and checks the inputs (errors name the tensor and the file), runs the
 // forward without gradients and writes tensor `prediction` (float32, [b, out_channels, f, h, w]).

@@ -1,6 +1,7 @@
 // loongforge-generate: load a model (a LoongForge checkpoint or an HF directory) and sample from
 // it, score exact-match answers on a prompt/answer jsonl, or dump the logits of given token ids;
-// or run one forward of a Wan diffusion transformer on given tensors (denoise.h).
+// sample latents (frames, an animated GIF) from a Wan diffusion transformer (sample.h), or run one
+// forward of it on given tensors (denoise.h).
 //   loongforge-generate --load DIR [--iteration N] --tokenizer-type T [--tokenizer-model M]
 //       (--prompt TEXT | --eval-file eval.jsonl [--eval-limit N] | --input-ids 1,2,3)
 //       [--max-new-tokens N] [--temperature T] [--top-k K] [--top-p P] [--seed S]
@@ -8,6 +9,11 @@
 //       [--image FILE ... | --vision-inputs FILE.safetensors]   (a vision-language model: qwen2_5_vl)
 //   loongforge-generate --load DIR --denoise-inputs FILE.safetensors --dump-prediction OUT.safetensors
 //       (a Wan diffusion transformer: diffusers directory or flow_matching checkpoint; one forward)
+//   loongforge-generate --load DIR [--use-ema] (--prompt TEXT --text-table FILE [--negative-prompt TEXT]
+//       | --text-embeddings FILE.safetensors) --latent-shape F,H,W --output-dir DIR [--first-frame FILE]
+//       [--load-low-noise DIR --boundary-ratio R [--guidance-scale-low G]]
+//       [--num-inference-steps 50] [--guidance-scale 5] [--sample-shift 5] [--seed S] [--num-samples K]
+//       [--fps 8] [--bf16]   (a Wan diffusion transformer: Euler flow-matching sampling, sample.h)
 // Single process. Errors become one message on stderr and exit code 1 (2 for usage errors).
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/Functions.h>
@@ -46,6 +52,7 @@
 #include "loongforge/train/checkpoint.h"
 #include "loongforge/train/checkpoint_format.h"
 #include "denoise.h"
+#include "sample.h"
 
 namespace {
 
@@ -54,6 +61,7 @@ struct Options {
   std::vector<std::string> stop, images;
   std::string vision_inputs;
   std::string denoise_inputs, dump_prediction;  // a Wan model (denoise.h)
+  lf::tools::generate::SampleOptions sample;    // a Wan model's sampling (sample.h)
   int64_t iteration = -1, eval_limit = 0;
   bool bf16 = false, no_kv_cache = false, verbose = false;
   lf::models::GenerateOptions gen;
@@ -399,31 +407,77 @@ int run_vlm(Options& o, Loaded& loaded, lf::data::Tokenizer* tok) {
   return 0;
 }
 
-// A Wan model: one forward on given tensors (denoise.h); no other mode applies.
+// What a Wan diffusion transformer takes in loongforge-generate (the hint of the errors that meet one).
+constexpr const char* kWanHint =
+    "a Wan diffusion transformer samples: --latent-shape F,H,W --output-dir DIR with --prompt TEXT --text-table FILE "
+    "or --text-embeddings FILE.safetensors; or runs one forward: --denoise-inputs FILE.safetensors --dump-prediction "
+    "OUT.safetensors";
+
+// The sampling flags given (for the modes that take none).
+std::vector<const char*> sampling_flags_given(const Options& o) {
+  const auto& s = o.sample;
+  std::vector<const char*> out;
+  for (const auto& [flag, given] : {std::pair<const char*, bool>{"--text-table", !s.text_table.empty()},
+                                    {"--negative-prompt", !s.negative_prompt.empty()},
+                                    {"--text-embeddings", !s.text_embeddings.empty()},
+                                    {"--latent-shape", !s.latent_shape.empty()},
+                                    {"--first-frame", !s.first_frame.empty()},
+                                    {"--load-low-noise", !s.load_low_noise.empty()},
+                                    {"--boundary-ratio", s.boundary_ratio >= 0},
+                                    {"--guidance-scale-low", s.guidance_scale_low >= 0},
+                                    {"--output-dir", !s.output_dir.empty()},
+                                    {"--use-ema", s.use_ema}})
+    if (given) out.push_back(flag);
+  return out;
+}
+
+// A Wan model: one forward on given tensors (denoise.h) or sampling (sample.h).
 int run_wan(const Options& o) {
-  for (const auto& [flag, given] : {std::pair<const char*, bool>{"--prompt", !o.prompt.empty()},
+  const bool denoise = !o.denoise_inputs.empty() || !o.dump_prediction.empty();
+  for (const auto& [flag, given] : {std::pair<const char*, bool>{"--prompt", denoise && !o.prompt.empty()},
+                                    {"--tokenizer-type", !o.tokenizer_type.empty()},
+                                    {"--tokenizer-model", !o.tokenizer_model.empty()},
                                     {"--eval-file", !o.eval_file.empty()},
                                     {"--input-ids", !o.input_ids.empty()},
                                     {"--dump-logits", !o.dump_logits.empty()},
                                     {"--image", !o.images.empty()},
                                     {"--vision-inputs", !o.vision_inputs.empty()},
-                                    {"--lora-adapter", !o.lora_adapter.empty()}})
-    LF_CHECK(!given, flag, " does not apply to --denoise-inputs (one forward of a Wan diffusion transformer)",
-             lf::hint(std::string("drop ") + flag));
-  lf::tools::generate::DenoiseOptions d;
-  d.load = o.load;
-  d.iteration = o.iteration;
-  d.inputs = o.denoise_inputs;
-  d.prediction = o.dump_prediction;
-  d.bf16 = o.bf16;
-  return lf::tools::generate::run_denoise(d);
+                                    {"--lora-adapter", !o.lora_adapter.empty()},
+                                    {"--stop", !o.stop.empty()}})
+    LF_CHECK(!given, flag, " does not apply to ",
+             denoise ? "--denoise-inputs (one forward of a Wan diffusion transformer)"
+                     : "a Wan diffusion transformer (" + o.load + ")",
+             lf::hint(std::string("drop ") + flag + "; " + kWanHint));
+  if (denoise) {
+    const auto extra = sampling_flags_given(o);
+    LF_CHECK(extra.empty(), extra.empty() ? "" : extra[0],
+             " is a sampling flag; it does not apply to --denoise-inputs (one forward)",
+             lf::hint(std::string("drop ") + (extra.empty() ? "" : extra[0])));
+    lf::tools::generate::DenoiseOptions d;
+    d.load = o.load;
+    d.iteration = o.iteration;
+    d.inputs = o.denoise_inputs;
+    d.prediction = o.dump_prediction;
+    d.bf16 = o.bf16;
+    return lf::tools::generate::run_denoise(d);
+  }
+  auto s = o.sample;
+  s.load = o.load;
+  s.iteration = o.iteration;
+  s.prompt = o.prompt;
+  s.seed = o.gen.seed;
+  s.bf16 = o.bf16;
+  LF_CHECK(!s.latent_shape.empty() || !s.output_dir.empty() || !s.prompt.empty() || !s.text_embeddings.empty(),
+           o.load, " is a Wan diffusion transformer; give what to sample or the forward's inputs", lf::hint(kWanHint));
+  return lf::tools::generate::run_sample(s);
 }
 
 int run(Options& o) {
-  if (!o.denoise_inputs.empty() || !o.dump_prediction.empty()) return run_wan(o);
-  LF_CHECK(!lf::tools::generate::is_wan_model(o.load, o.iteration), o.load,
-           " is a Wan diffusion transformer; sampling videos from it is not built yet",
-           lf::hint(lf::tools::generate::kDenoiseHint));
+  if (!o.denoise_inputs.empty() || !o.dump_prediction.empty() || lf::tools::generate::is_wan_model(o.load, o.iteration))
+    return run_wan(o);
+  const auto sampling = sampling_flags_given(o);
+  LF_CHECK(sampling.empty(), sampling.empty() ? "" : sampling[0], " applies to Wan diffusion transformers only; ",
+           o.load, " is not one", lf::hint(std::string("drop ") + (sampling.empty() ? "" : sampling[0])));
   const int modes = !o.prompt.empty() + !o.eval_file.empty() + !o.input_ids.empty();
   LF_CHECK(modes == 1, "give exactly one of --prompt, --eval-file, --input-ids (got ", modes, ")");
   LF_CHECK(o.dump_logits.empty() || !o.input_ids.empty(), "--dump-logits needs --input-ids");
@@ -550,7 +604,8 @@ int main(int argc, char** argv) {
                  "A PEFT LoRA adapter directory (adapter_config.json + adapter_model.safetensors) applied to --load");
   app.add_option("--tokenizer-type", o.tokenizer_type, "ByteTokenizer or HuggingFaceTokenizer");
   app.add_option("--tokenizer-model", o.tokenizer_model, "tokenizer.json or its directory");
-  app.add_option("--prompt", o.prompt, "Text to continue");
+  app.add_option("--prompt", o.prompt,
+                 "Text to continue (a Wan diffusion transformer: the caption to sample, encoded with --text-table)");
   app.add_option("--eval-file", o.eval_file,
                  "jsonl with prompt/answer: exact-match accuracy (VLMs: messages + images + answer [+ attribute], "
                  "rendered with the chat template of --tokenizer-model)");
@@ -569,11 +624,51 @@ int main(int argc, char** argv) {
                  "[b, l, d] (+ encoder_hidden_states_image for I2V), as diffusers' model takes them; one forward");
   app.add_option("--dump-prediction", o.dump_prediction,
                  "With --denoise-inputs: write the model's output as tensor prediction (float32, safetensors)");
+  // Sampling from a Wan diffusion transformer (sample.h).
+  app.add_option("--text-table", o.sample.text_table,
+                 "Wan sampling: the word-table text encoder (safetensors, the small demos) that encodes --prompt and "
+                 "--negative-prompt");
+  app.add_option("--negative-prompt", o.sample.negative_prompt,
+                 "Wan sampling with --text-table: the caption of the unconditional pass (default \"\": all-zero rows)");
+  app.add_option("--text-embeddings", o.sample.text_embeddings,
+                 "Wan sampling: safetensors with the text encoder's embeddings computed offline (e.g. UMT5's): prompt "
+                 "[l, text_dim] and optional negative_prompt [l, text_dim] (default: all-zero rows)");
+  app.add_option("--latent-shape", o.sample.latent_shape,
+                 "Wan sampling: latent frames,height,width (F,H,W; multiples of the patch size; channels from the "
+                 "model)");
+  app.add_option("--first-frame", o.sample.first_frame,
+                 "Wan sampling, Wan 2.2 TI2V: safetensors with first_frame [C, 1, H, W] or [K, C, 1, H, W], the clean "
+                 "first latent frame kept fixed (its tokens at timestep 0)");
+  app.add_option("--load-low-noise", o.sample.load_low_noise,
+                 "Wan sampling, Wan 2.2 A14B: the low-noise expert (diffusers directory or checkpoint, the same "
+                 "configuration as --load, the high-noise expert); it predicts at timesteps below --boundary-ratio x 1000");
+  app.add_option("--boundary-ratio", o.sample.boundary_ratio,
+                 "Wan sampling with --load-low-noise: the boundary of the two experts (A14B text-to-video: 0.875)");
+  app.add_option("--guidance-scale-low", o.sample.guidance_scale_low,
+                 "Wan sampling with --load-low-noise: its guidance scale (default: --guidance-scale)");
+  app.add_option("--num-inference-steps", o.sample.num_inference_steps, "Wan sampling: Euler steps")
+      ->capture_default_str();
+  app.add_option("--guidance-scale", o.sample.guidance_scale,
+                 "Wan sampling: classifier-free guidance g, v = v_uncond + g (v_cond - v_uncond) (1: one pass)")
+      ->capture_default_str();
+  app.add_option("--sample-shift", o.sample.sample_shift,
+                 "Wan sampling: the schedule's shift (diffusers' FlowMatchEulerDiscreteScheduler shift)")
+      ->capture_default_str();
+  app.add_option("--num-samples", o.sample.num_samples, "Wan sampling: samples drawn (a batch)")->capture_default_str();
+  app.add_option("--output-dir", o.sample.output_dir,
+                 "Wan sampling: writes latents.safetensors (latents [K, C, F, H, W], float32) and, for a 3-channel "
+                 "(pixel) latent space, sample_<k>/frame_<ff>.png and sample_<k>.gif");
+  app.add_option("--fps", o.sample.fps, "Wan sampling: frames per second of the GIFs")->capture_default_str();
+  app.add_flag("--use-ema", o.sample.use_ema,
+               "Wan sampling from a LoongForge checkpoint: its EMA weights (--ema-decay in training)");
   app.add_option("--max-new-tokens", o.gen.max_new_tokens, "Tokens to generate at most")->capture_default_str();
   app.add_option("--temperature", o.gen.sampling.temperature, "0: greedy")->capture_default_str();
   app.add_option("--top-k", o.gen.sampling.top_k, "Keep the k most likely tokens (0: off)")->capture_default_str();
   app.add_option("--top-p", o.gen.sampling.top_p, "Nucleus mass (1: off)")->capture_default_str();
-  app.add_option("--seed", o.gen.seed, "Sampling seed")->capture_default_str();
+  app.add_option("--seed", o.gen.seed,
+                 "Sampling seed (Wan: the initial noise is torch.randn([K, C, F, H, W], "
+                 "generator=torch.Generator().manual_seed(seed)), float32 on the CPU)")
+      ->capture_default_str();
   app.add_option("--stop", o.stop, "Stop after this one-token string (repeatable; EOD always stops)");
   app.add_flag("--no-kv-cache", o.no_kv_cache, "Recompute the whole prefix every step (a check)");
   app.add_flag("--bf16", o.bf16, "bf16 weights and compute");

@@ -1,6 +1,6 @@
 // Videos for VLM data: decoding a file's frames with libavformat/libavcodec (any container and
-// codec the system FFmpeg reads) to RGB, Qwen's frame sampling, and a lossless writer (PNG frames in
-// Matroska) for tests and demos.
+// codec the system FFmpeg reads) to RGB, Qwen's frame sampling, a lossless writer (PNG frames in
+// Matroska) for tests and demos, and an animated-GIF writer for previews.
 #pragma once
 
 #include <cstdint>
@@ -30,5 +30,11 @@ std::vector<int64_t> qwen_sample_frames(int64_t total_frames, double video_fps, 
 
 // Writes frames (one size) losslessly (PNG-coded frames in Matroska) at `fps` frames per second.
 void write_video(const std::vector<Image>& frames, double fps, const std::string& path);
+
+// Writes frames (one size) as an animated GIF looping forever (libavformat's gif muxer and
+// libavcodec's GIF encoder), each frame 1 / fps seconds (GIF counts hundredths). One palette for
+// the animation: exact when the frames have at most 256 colours, otherwise the 6 x 7 x 6 colour
+// cube, each channel rounded to its nearest level (no dithering), a preview rather than data.
+void write_gif(const std::vector<Image>& frames, double fps, const std::string& path);
 
 }  // namespace lf::media

@@ -4,6 +4,7 @@
 #include <ATen/Functions.h>
 #include <ATen/TensorOperators.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "loongforge/core/error.h"
@@ -45,9 +46,13 @@ LatentSample squares_clip(int64_t index, uint64_t seed, const SquaresOptions& o,
            " pixels per frame for ", o.frames, " frames leaves a ", o.size, "-pixel frame");
   const int64_t c = index % 4, d = (index / 4) % 4;
   auto gen = at::make_generator<at::CPUGeneratorImpl>(seed * 1000003ull + static_cast<uint64_t>(index) + 17);
-  auto draw = [&](int64_t hi) { return hi <= 0 ? int64_t{0} : at::randint(0, hi + 1, {1}, gen).item<int64_t>(); };
-  // Start so that the whole motion stays inside: along the motion, [0, size - square - travel].
-  int64_t x = draw(o.size - o.square), y = draw(o.size - o.square), dx = 0, dy = 0;
+  // An even offset in [0, hi].
+  auto draw = [&](int64_t hi) { return hi <= 1 ? int64_t{0} : 2 * at::randint(0, hi / 2 + 1, {1}, gen).item<int64_t>(); };
+  // Start so that the whole motion stays inside: along the motion, [0, size - square - travel];
+  // across it, within 2 pixels of the middle.
+  const int64_t mid = (o.size - o.square) / 2 / 2 * 2, lo = std::max<int64_t>(0, mid - 2);
+  int64_t x = lo + draw(std::min<int64_t>(4, o.size - o.square - lo)), y = lo + draw(std::min<int64_t>(4, o.size - o.square - lo));
+  int64_t dx = 0, dy = 0;
   const std::string& dir = squares_directions()[static_cast<size_t>(d)];
   if (dir == "left" || dir == "right") x = draw(o.size - o.square - travel);
   else y = draw(o.size - o.square - travel);

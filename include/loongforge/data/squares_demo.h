@@ -18,7 +18,8 @@
 namespace lf::data {
 
 struct SquaresOptions {
-  int64_t frames = 4, size = 16, square = 4, speed = 3;  // speed: pixels per frame
+  // speed: pixels per frame. Positions and speed even: the square covers whole 2 x 2 patches.
+  int64_t frames = 4, size = 16, square = 4, speed = 4;
 };
 
 const std::vector<std::string>& squares_colours();     // red, green, blue, yellow
@@ -28,7 +29,8 @@ TextTable squares_text_table(int64_t dim, uint64_t seed);
 std::string squares_caption(const std::string& colour, const std::string& direction);
 
 // Clip `index` of the demo (colour and direction cycle through all 16 pairs; the start position
-// is drawn from seed and index so the square stays in the frame): pixels [3, F, H, W] in [-1, 1].
+// is drawn from seed and index, even: along the motion so the square stays in the frame, across it
+// within 2 pixels of the middle): pixels [3, F, H, W] in [-1, 1].
 LatentSample squares_clip(int64_t index, uint64_t seed, const SquaresOptions& options, const TextTable& table);
 
 struct SquaresScore {

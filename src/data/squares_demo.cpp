@@ -60,7 +60,10 @@ LatentSample squares_clip(int64_t index, uint64_t seed, const SquaresOptions& o,
   if (dir == "right") dx = o.speed;
   if (dir == "up") y += travel, dy = -o.speed;
   if (dir == "down") dy = o.speed;
-  at::Tensor clip = at::full({3, o.frames, o.size, o.size}, -1.0f, at::kFloat);
+  // Black, with a dim one-pixel border: attention in a DiT sees only relative positions (RoPE),
+  // and the border is what tells a token where in the frame it is.
+  at::Tensor clip = at::full({3, o.frames, o.size, o.size}, -0.6f, at::kFloat);
+  clip.narrow(2, 1, o.size - 2).narrow(3, 1, o.size - 2).fill_(-1.0f);
   const Rgb col = palette()[static_cast<size_t>(c)];
   for (int64_t f = 0; f < o.frames; ++f) {
     const int64_t fx = x + dx * f, fy = y + dy * f;

@@ -93,6 +93,7 @@ TEST(SquaresDemo, GroundTruthClipsScoreRightAndOthersDoNot) {
     auto s = lf::data::squares_clip(i, 5, o, table);
     EXPECT_EQ(s.latents.sizes(), (std::vector<int64_t>{3, 4, 16, 16}));
     EXPECT_EQ(s.latents.min().item<float>(), -1.0f);
+    EXPECT_EQ(s.latents[0][0][0][0].item<float>(), -0.6f);  // the border (a corner: no square reaches it)
     const auto& colour = lf::data::squares_colours()[i % 4];
     const auto& direction = lf::data::squares_directions()[(i / 4) % 4];
     EXPECT_EQ(s.caption, lf::data::squares_caption(colour, direction));

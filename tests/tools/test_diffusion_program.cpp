@@ -175,7 +175,8 @@ TEST(WanTraining, TrainsOnALatentStore) {
   lf::data::LatentStore a(dir + "/demo/store"), b(dir + "/manifest_store");
   ASSERT_EQ(b.size(), 4);
   for (int i = 0; i < 4; ++i) {
-    EXPECT_TRUE(at::equal(a.get(i).latents, b.get(i).latents)) << i;  // -1 / 1 survive 8-bit PNG exactly
+    // The demo's values (-1, 1, the border's -0.6 = pixel 51) survive 8-bit PNG up to fp32 rounding.
+    EXPECT_LE((a.get(i).latents - b.get(i).latents).abs().max().item<double>(), 1e-6) << i;
     EXPECT_TRUE(at::equal(a.get(i).text, b.get(i).text)) << i;
     EXPECT_EQ(a.get(i).caption, b.get(i).caption);
   }

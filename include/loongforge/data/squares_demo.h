@@ -1,4 +1,5 @@
-// The diffusion demo's data: clips of one coloured square moving across a black background,
+// The diffusion demo's data: clips of one coloured square moving across a black background with a
+// dim one-pixel border (the DiT's attention sees relative positions only; the border places them),
 // captioned "a <colour> square moving <direction>", in a tiny "latent space" that is the pixels
 // themselves (RGB in [-1, 1], no VAE), with a word-table text encoder (data/text_table.h). And the
 // scorer of generated clips: the square's colour (the mean colour of the lit pixels, nearest of

@@ -133,6 +133,8 @@ at::Tensor FlowMatching::sample_losses(const WanInputs& clean, const at::Tensor&
   const bool first = config_.first_frame_conditioning;
   if (first) {
     // Wan 2.2 TI2V: the first latent frame is the clean condition, timestep 0 on its tokens.
+    LF_CHECK(x0.size(2) > 1, "flow_matching: first_frame_conditioning needs latents of more than one frame, got ",
+             x0.sizes(), lf::hint("an image (one latent frame) trains without it: model.first_frame_conditioning=false"));
     xt = at::cat({x0f.narrow(2, 0, 1), xt.narrow(2, 1, xt.size(2) - 1)}, 2);
     const auto& ps = dit_.config().patch_size;
     const int64_t per_frame = (x0.size(3) / ps[1]) * (x0.size(4) / ps[2]), frames = x0.size(2);

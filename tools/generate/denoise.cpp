@@ -168,6 +168,16 @@ bool is_wan_model(const std::string& dir, int64_t iteration) {
   }
 }
 
+std::unique_ptr<lf::models::WanDit> build_wan_dit(WanModel& m, const lf::backend::DeviceBackend& backend, bool bf16) {
+  lf::models::ParamBuilder b(at::make_generator<at::CPUGeneratorImpl>(0), bf16 ? at::kBFloat16 : at::kFloat,
+                             backend.device(), lf::parallel::TensorParallel{}, /*trainable=*/false);
+  auto dit = std::make_unique<lf::models::WanDit>(m.config, backend, b, /*seed=*/0, /*tp_rank=*/0);
+  dm::load_into(b.params(), m.tensors, m.what);
+  m.tensors.clear();
+  dit->set_training(false);
+  return dit;
+}
+
 int run_denoise(const DenoiseOptions& o) {
   LF_CHECK(!o.inputs.empty() && !o.prediction.empty(),
            o.inputs.empty() ? "--dump-prediction needs --denoise-inputs FILE.safetensors (the forward's inputs)"
@@ -181,12 +191,8 @@ int run_denoise(const DenoiseOptions& o) {
   lf::models::WanInputs in = check_inputs(read_inputs(o.inputs), c, o.inputs);
 
   const auto& be = lf::backend::select_backend();
-  lf::models::ParamBuilder b(at::make_generator<at::CPUGeneratorImpl>(0), o.bf16 ? at::kBFloat16 : at::kFloat,
-                             be.device(), lf::parallel::TensorParallel{}, /*trainable=*/false);
-  lf::models::WanDit dit(c, be, b, /*seed=*/0, /*tp_rank=*/0);
-  dm::load_into(b.params(), m.tensors, m.what);
-  m.tensors.clear();
-  dit.set_training(false);
+  const auto dit_ptr = build_wan_dit(m, be, o.bf16);
+  const lf::models::WanDit& dit = *dit_ptr;
   LF_INFO("loaded ", m.what, " (wan, ", c.num_parameters(), " parameters, ", be.name(), ", ",
           o.bf16 ? "bf16" : "fp32", ") in ", std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(),
           " s");

@@ -42,6 +42,10 @@ struct WanModel {
 // and --use-ema where ema is asked of a diffusers directory or of a checkpoint that keeps none.
 WanModel load_wan(const std::string& dir, int64_t iteration, const std::string& mode, bool ema);
 
+// The DiT of `m` with its weights (m.tensors moved in and cleared), in eval mode, on `backend`
+// (bf16: its parameters in bf16).
+std::unique_ptr<lf::models::WanDit> build_wan_dit(WanModel& m, const lf::backend::DeviceBackend& backend, bool bf16);
+
 // Loads the model, reads and checks the inputs (errors name the tensor and the file), runs the
 // forward without gradients and writes tensor `prediction` (float32, [b, out_channels, f, h, w]).
 int run_denoise(const DenoiseOptions& o);

@@ -216,14 +216,9 @@ int run_sample(const SampleOptions& o) {
   Texts texts = read_texts(o, c);
 
   const auto& be = lf::backend::select_backend();
-  lf::models::ParamBuilder b(at::make_generator<at::CPUGeneratorImpl>(0), o.bf16 ? at::kBFloat16 : at::kFloat,
-                             be.device(), lf::parallel::TensorParallel{}, /*trainable=*/false);
-  lf::models::WanDit dit(c, be, b, /*seed=*/0, /*tp_rank=*/0);
-  dm::load_into(b.params(), m.tensors, m.what);
-  m.tensors.clear();
-  dit.set_training(false);
+  const auto dit_ptr = build_wan_dit(m, be, o.bf16);
+  const lf::models::WanDit& dit = *dit_ptr;
   // Wan 2.2 A14B's low-noise expert: the same configuration, its own weights.
-  std::unique_ptr<lf::models::ParamBuilder> low_builder;
   std::unique_ptr<lf::models::WanDit> low;
   if (!o.load_low_noise.empty()) {
     WanModel l = load_wan(o.load_low_noise, -1, "--load-low-noise", o.use_ema);
@@ -238,13 +233,9 @@ int run_sample(const SampleOptions& o) {
           {"patch_size (w)", lc.patch_size[2], c.patch_size[2]}})
       LF_CHECK(mine == theirs, "--load-low-noise ", o.load_low_noise, ": its ", key, " is ", mine, ", --load's ",
                theirs, lf::hint("the two experts of a Wan 2.2 A14B pipeline take the same latents and text"));
-    low_builder = std::make_unique<lf::models::ParamBuilder>(at::make_generator<at::CPUGeneratorImpl>(0),
-                                                             o.bf16 ? at::kBFloat16 : at::kFloat, be.device(),
-                                                             lf::parallel::TensorParallel{}, /*trainable=*/false);
-    low = std::make_unique<lf::models::WanDit>(lc, be, *low_builder, /*seed=*/0, /*tp_rank=*/0);
-    dm::load_into(low_builder->params(), l.tensors, l.what);
-    low->set_training(false);
-    m.what += " + low-noise expert " + l.what + " below timestep " + std::to_string(o.boundary_ratio * 1000);
+    const std::string low_what = l.what;
+    low = build_wan_dit(l, be, o.bf16);
+    m.what += " + low-noise expert " + low_what + " below timestep " + std::to_string(o.boundary_ratio * 1000);
   }
   LF_INFO("loaded ", m.what, " (wan, ", c.num_parameters(), " parameters, ", be.name(), ", ", o.bf16 ? "bf16" : "fp32",
           ") in ", std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), " s");

@@ -150,6 +150,21 @@ class SyntheticSource final : public lf::train::BatchSource {
   std::unique_ptr<lf::data::PretrainingSampler> sampler_;
 };
 
+// Items [begin, end) in epoch `epoch`'s order: a permutation seeded by (seed, epoch), or in order
+// when not shuffled. Fisher-Yates by hand (std::shuffle's order is not specified).
+std::vector<int64_t> epoch_permutation(int64_t begin, int64_t end, bool shuffle, uint64_t seed, int64_t epoch) {
+  const int64_t n = end - begin;
+  std::vector<int64_t> perm(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) perm[static_cast<size_t>(i)] = begin + i;
+  if (!shuffle) return perm;
+  std::mt19937_64 rng(seed * 1000003ull + static_cast<uint64_t>(epoch));
+  for (int64_t i = n - 1; i > 0; --i) {
+    const int64_t j = static_cast<int64_t>(rng() % static_cast<uint64_t>(i + 1));
+    std::swap(perm[static_cast<size_t>(i)], perm[static_cast<size_t>(j)]);
+  }
+  return perm;
+}
+
 // Diffusion: one sample of a latent store (`loongforge-data diffusion`) per row. The samples
 // [begin, end) of the split, in a new seeded permutation every epoch (in order for validation);
 // the global sample counter k (Megatron's sampler, DP-sliced) reads epoch k / n, position k % n,
@@ -208,16 +223,7 @@ class LatentSource final : public lf::train::BatchSource {
 
  private:
   std::vector<int64_t> epoch_order(int64_t epoch) const {
-    const int64_t n = end_ - begin_;
-    std::vector<int64_t> perm(static_cast<size_t>(n));
-    for (int64_t i = 0; i < n; ++i) perm[static_cast<size_t>(i)] = begin_ + i;
-    if (!shuffle_) return perm;
-    std::mt19937_64 rng(seed_ * 1000003ull + static_cast<uint64_t>(epoch));
-    for (int64_t i = n - 1; i > 0; --i) {  // Fisher-Yates (std::shuffle's order is not specified)
-      const int64_t j = static_cast<int64_t>(rng() % static_cast<uint64_t>(i + 1));
-      std::swap(perm[static_cast<size_t>(i)], perm[static_cast<size_t>(j)]);
-    }
-    return perm;
+    return epoch_permutation(begin_, end_, shuffle_, seed_, epoch);
   }
   std::shared_ptr<const lf::data::LatentStore> store_;
   int64_t begin_, end_, samples_, micro_batch_;
@@ -613,16 +619,7 @@ class SftSource final : public lf::train::BatchSource {
 
   // The split's conversations in epoch e's order: a seeded permutation (in order for validation).
   std::vector<int64_t> epoch_order(int64_t epoch) const {
-    const int64_t n = end_ - begin_;
-    std::vector<int64_t> perm(static_cast<size_t>(n));
-    for (int64_t i = 0; i < n; ++i) perm[static_cast<size_t>(i)] = begin_ + i;
-    if (!shuffle_) return perm;
-    std::mt19937_64 rng(seed_ * 1000003ull + static_cast<uint64_t>(epoch));
-    for (int64_t i = n - 1; i > 0; --i) {  // Fisher-Yates (std::shuffle's order is not specified)
-      const int64_t j = static_cast<int64_t>(rng() % static_cast<uint64_t>(i + 1));
-      std::swap(perm[static_cast<size_t>(i)], perm[static_cast<size_t>(j)]);
-    }
-    return perm;
+    return epoch_permutation(begin_, end_, shuffle_, seed_, epoch);
   }
   // Sample k's conversations. Unpacked: epoch k / n, position k % n. Packed: each epoch's order cut
   // greedily into rows of at most seq_length positions (a conversation never splits; one longer

@@ -27,19 +27,8 @@ from diffusers import FlowMatchEulerDiscreteScheduler, WanTransformer3DModel
 from safetensors.torch import save_file
 
 
-def tiny(**extra):
-    cfg = dict(patch_size=(1, 2, 2), num_attention_heads=4, attention_head_dim=12, in_channels=4, out_channels=4,
-               text_dim=16, freq_dim=32, ffn_dim=96, num_layers=2, cross_attn_norm=True, eps=1e-6,
-               rope_max_seq_len=64)
-    cfg.update(extra)
-    return cfg
-
-
-def randomise(model, gen):
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            r = torch.randn(p.shape, generator=gen) * 0.2
-            p.copy_(1 + r * 0.5 if "norm" in name and name.endswith("weight") else r)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from wan_oracle import randomise, tiny  # noqa: E402  (the same tiny configuration and weights draw)
 
 
 def sample(model, noise, cond, uncond, g, steps=8, shift=5.0, first_frame=None, low=None, boundary_ratio=None, g2=None):

@@ -12,6 +12,7 @@
 
 #include <ATen/ATen.h>
 
+#include "loongforge/core/safetensors.h"
 #include "loongforge/data/latent_store.h"
 #include "loongforge/data/squares_demo.h"
 #include "loongforge/models/wan_diffusers.h"
@@ -83,6 +84,12 @@ TEST(WanTraining, ImageConditioningAndFirstFrameTrain) {
   EXPECT_NE(ff.losses[0], single().losses[0]);  // another objective: the first frame is not in it
   lf::testing::expect_same_training(ff, run(2, {"model.first_frame_conditioning=true", "--context-parallel-size", "2"}, "ffcp"),
                                     "wan first frame: cp 2");
+  // Text dropout (the unconditional model of CFG) is drawn per sample from the same stream on every
+  // layout: another objective, DP 2 equal.
+  auto drop = run(1, {"model.text_dropout=0.5"}, "drop");
+  ASSERT_EQ(drop.exit_code, 0) << drop.output;
+  EXPECT_NE(drop.losses.back(), single().losses.back());  // (step 1 is the zero head's: the text cannot matter yet)
+  lf::testing::expect_same_training(drop, run(2, {"model.text_dropout=0.5"}, "drop2"), "wan text dropout: dp 2");
   auto bf16 = run(1, {"--bf16"}, "bf16");
   ASSERT_EQ(bf16.exit_code, 0) << bf16.output;
   ASSERT_EQ(bf16.losses.size(), 10u);
@@ -209,6 +216,29 @@ TEST(WanTraining, TrainsOnALatentStore) {
   auto second = run(1, with({"--load", ck}), "store_b");
   ASSERT_EQ(second.losses.size(), 5u) << second.output;
   for (size_t i = 0; i < 5; ++i) EXPECT_NEAR(second.losses[i], one.losses[5 + i], 1e-6 * one.losses[5 + i]) << i;
+  // score-squares on ground-truth clips (and the same clips reversed) as loongforge-generate writes
+  // latents: every clip right, then every direction wrong.
+  {
+    const auto table = lf::data::squares_text_table(16, 1);
+    std::vector<at::Tensor> clips;
+    for (int i = 0; i < 3; ++i) clips.push_back(lf::data::squares_clip(16 * i, 9, {}, table).latents);  // red, left
+    for (bool reverse : {false, true}) {
+      at::Tensor all = at::stack(clips);
+      if (reverse) all = all.flip(2).contiguous();
+      lf::safetensors::Writer w;
+      w.add("latents", lf::safetensors::DType::F32, all.sizes().vec(), all.data_ptr());
+      w.write(dir + "/scored.safetensors");
+      auto s = lf::testing::run_command({bin("loongforge-data"), "score-squares", "--latents", dir + "/scored.safetensors",
+                                         "--caption", "a red square moving left"});
+      ASSERT_EQ(s.exit_code, 0) << s.output;
+      EXPECT_NE(s.output.find(reverse ? "\"direction_correct\": 0" : "\"both_correct\": 3"), std::string::npos)
+          << s.output;
+    }
+    auto bad = lf::testing::run_command({bin("loongforge-data"), "score-squares", "--latents", dir + "/scored.safetensors",
+                                         "--caption", "a square"});
+    EXPECT_NE(bad.exit_code, 0);
+    EXPECT_NE(bad.output.find("names no colour and direction"), std::string::npos) << bad.output;
+  }
   // The tiny model's 4 latent channels are not the store's 3.
   auto wrong = run(1, {"--data-path", dir + "/demo/store", "++data.mock_data=false"}, "store_wrong");
   EXPECT_NE(wrong.exit_code, 0);

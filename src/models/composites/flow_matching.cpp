@@ -217,10 +217,10 @@ void FlowMatching::set_rng_state(const std::map<std::string, at::Tensor>& s) {
   dit_.rng().set_state(rest);
 }
 
-double FlowMatching::flops_per_sample(int64_t) const {
+double FlowMatching::flops_per_sample(int64_t seq_length) const {
+  // training.seq_length counts a sample's patch tokens (the trainer's tokens/s counts the same).
   const auto& c = dit_.config();
-  const auto& m = config_.mock_latent_shape;
-  const double tokens = static_cast<double>((m[0] / c.patch_size[0]) * (m[1] / c.patch_size[1]) * (m[2] / c.patch_size[2]));
+  const double tokens = static_cast<double>(seq_length);
   const double h = static_cast<double>(c.inner_dim()), ctx = static_cast<double>(config_.mock_text_length);
   const double attention = c.num_layers * 2.0 * 2.0 * h * (tokens + ctx);
   return (6.0 * static_cast<double>(c.num_parameters()) + 3.0 * 2.0 * attention) * tokens;

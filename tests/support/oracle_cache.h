@@ -20,6 +20,10 @@
 namespace lf::testing {
 
 inline std::string venv_python() { return source_dir() + "/.venv/bin/python"; }
+// The VLA oracles' own venvs (tools/install-deps): LeRobot 0.6 needs Python >= 3.12, and
+// openpi-client pins numpy < 2.
+inline std::string lerobot_python() { return source_dir() + "/.venv-lerobot/bin/python"; }
+inline std::string openpi_client_python() { return source_dir() + "/.venv-openpi-client/bin/python"; }
 
 inline std::string read_text(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
@@ -32,12 +36,13 @@ inline bool missing_python(const std::string& output) {
          output.find("No module named 'torch'") != std::string::npos;
 }
 
-// `script make DIR`, cached as <build>/test-cache/<name>-<hash of the script>; `done_file` (relative)
+// `python script make DIR` (python: the project's .venv unless given), cached as <build>/test-cache/<name>-<hash of the script>; `done_file` (relative)
 // marks a complete cache. "" when Python or transformers is unavailable; a failed run is a test
 // failure (and returns the partial directory).
-inline std::string cached_oracle(const std::string& script, const std::string& name, const std::string& done_file) {
+inline std::string cached_oracle(const std::string& script, const std::string& name, const std::string& done_file,
+                                 const std::string& python = venv_python()) {
   namespace fs = std::filesystem;
-  if (!fs::exists(venv_python())) return "";
+  if (!fs::exists(python)) return "";
   const std::string key = std::to_string(std::hash<std::string>{}(read_text(script)));
   const std::string cache = binary_dir() + "/test-cache/" + name + "-" + key;
   if (fs::exists(cache + "/" + done_file)) return cache;
@@ -45,7 +50,7 @@ inline std::string cached_oracle(const std::string& script, const std::string& n
   std::error_code ec;
   fs::remove_all(tmp, ec);
   fs::create_directories(tmp);
-  auto r = run_command({venv_python(), script, "make", tmp}, {}, std::chrono::seconds(240));
+  auto r = run_command({python, script, "make", tmp}, {}, std::chrono::seconds(240));
   if (!r.ok() && missing_python(r.output)) return "";
   EXPECT_TRUE(r.ok()) << r.output;
   if (!r.ok()) return tmp;

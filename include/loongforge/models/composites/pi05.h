@@ -1,0 +1,256 @@
+// The `pi05` composite: a Pi0.5-style vision-language-action policy (Physical Intelligence's
+// pi0.5 as LeRobot's PI05Policy implements it, the same function and parameter names).
+//
+//   prefix  = [SigLIP(image_c) -> projector for every camera c; the prompt's token embeddings]
+//             (the prompt carries the task and the discretised state)
+//   suffix  = action_in_proj(x_t), one token per step of the action chunk
+//   layers  : the PaliGemma LM (`foundation`) runs on the prefix and the action expert
+//             (`action_expert`, a smaller Gemma with adaRMSNorm on the flow-matching time) on the
+//             suffix; each layer's attention is ONE attention over the concatenated queries, keys
+//             and values of both (prefix bidirectional among its valid tokens, suffix attends the
+//             prefix and itself, the prefix never attends the suffix)
+//   output  : v_t = action_out_proj(expert's final adaRMSNorm(suffix))
+//
+// Training: x_t = t noise + (1 - t) actions with t ~ Beta(1.5, 1) x 0.999 + 0.001, target
+// u_t = noise - actions, element-wise MSE over the real action dims (normaliser: elements).
+// Sampling: Euler from t = 1 to 0 in num_inference_steps over the prefix's keys/values computed
+// once (the prefix KV cache). docs/vla.md "The Pi0.5 policy".
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "loongforge/core/config/node.h"
+#include "loongforge/core/config/schema.h"
+#include "loongforge/models/blocks/param_builder.h"
+#include "loongforge/models/model.h"
+
+namespace lf::models {
+
+class Registry;
+
+// The SigLIP vision tower of PaliGemma (transformers' SiglipVisionModel without its head).
+struct SiglipConfig {
+  int64_t hidden_size = 1152;
+  int64_t intermediate_size = 4304;
+  int64_t num_hidden_layers = 27;
+  int64_t num_attention_heads = 16;
+  int64_t patch_size = 14;
+  int64_t image_size = 224;
+  double layer_norm_eps = 1e-6;
+
+  template <class V>
+  void visit(V& v) {
+    using namespace lf::config;
+    v("hidden_size", hidden_size, "Width of the vision transformer", Min{1});
+    v("intermediate_size", intermediate_size, "MLP hidden size", Min{1});
+    v("num_hidden_layers", num_hidden_layers, "Encoder layers", Min{1});
+    v("num_attention_heads", num_attention_heads, "Attention heads (SigLIP so400m: 16)", Min{1});
+    v("patch_size", patch_size, "Square patch of the patch embedding", Min{1});
+    v("image_size", image_size, "Square input resolution (image_size / patch_size)^2 tokens per image", Min{1});
+    v("layer_norm_eps", layer_norm_eps, "Epsilon of the LayerNorms", Min{0});
+  }
+  int64_t tokens_per_image() const { return (image_size / patch_size) * (image_size / patch_size); }
+  int64_t num_parameters() const;
+  void validate(const lf::config::Node& tree, const std::string& prefix, lf::config::ErrorList& errors) const;
+};
+
+// A Gemma decoder as pi0 uses it (openpi's gemma.Config: width, depth, mlp_dim, heads, kv heads,
+// head dim): RMSNorm with (1 + w), GELU-tanh gated MLP, RoPE; the action expert's norms are
+// adaptive (adaRMSNorm on the time embedding, with a gate on each residual branch).
+struct PiGemmaConfig {
+  int64_t width = 2048;
+  int64_t depth = 18;
+  int64_t mlp_dim = 16384;
+  int64_t num_heads = 8;
+  int64_t num_kv_heads = 1;
+  int64_t head_dim = 256;
+  int64_t vocab_size = 257152;  // the prefix LM's token embedding; 0: none (the action expert)
+  double rms_norm_eps = 1e-6;
+  double rope_theta = 10000;
+
+  template <class V>
+  void visit(V& v) {
+    using namespace lf::config;
+    v("width", width, "Hidden size (gemma_2b: 2048, gemma_300m: 1024)", Min{1});
+    v("depth", depth, "Layers (18 in both pi0.5 variants)", Min{1});
+    v("mlp_dim", mlp_dim, "MLP hidden size (gemma_2b: 16384, gemma_300m: 4096)", Min{1});
+    v("num_heads", num_heads, "Query heads (8)", Min{1});
+    v("num_kv_heads", num_kv_heads, "Key/value heads (1)", Min{1});
+    v("head_dim", head_dim, "Channels per head (256)", Min{2});
+    v("vocab_size", vocab_size, "Token embedding rows (PaliGemma: 257152); 0: no embedding (the action expert)",
+      Min{0});
+    v("rms_norm_eps", rms_norm_eps, "Epsilon of the RMSNorms", Min{0});
+    v("rope_theta", rope_theta, "RoPE base", Min{1});
+  }
+  int64_t num_parameters(bool adaptive) const;
+  void validate(const lf::config::Node& tree, const std::string& prefix, lf::config::ErrorList& errors) const;
+};
+
+struct Pi05Config {
+  int64_t chunk_size = 50;      // actions per chunk (openpi's action_horizon)
+  int64_t max_action_dim = 32;  // actions are zero-padded to this width
+  int64_t action_dim = 32;      // the robot's real action dims: the loss covers these
+  int64_t num_inference_steps = 10;
+  double time_sampling_beta_alpha = 1.5;
+  double time_sampling_beta_beta = 1.0;
+  double time_sampling_scale = 0.999;
+  double time_sampling_offset = 0.001;
+  double min_period = 4e-3;
+  double max_period = 4.0;
+  // --mock-data: cameras per sample and prompt tokens.
+  int64_t mock_cameras = 2;
+  int64_t mock_tokens = 16;
+
+  template <class V>
+  void visit(V& v) {
+    using namespace lf::config;
+    v("chunk_size", chunk_size, "Actions predicted per chunk (openpi's action_horizon)", Min{1});
+    v("max_action_dim", max_action_dim, "Width actions are zero-padded to", Min{1});
+    v("action_dim", action_dim, "The robot's action dims (<= max_action_dim): the loss averages over these", Min{1});
+    v("num_inference_steps", num_inference_steps, "Euler steps of sampling", Min{1});
+    v("time_sampling_beta_alpha", time_sampling_beta_alpha, "Training time t ~ Beta(alpha, beta) x scale + offset",
+      Min{0});
+    v("time_sampling_beta_beta", time_sampling_beta_beta, "See time_sampling_beta_alpha", Min{0});
+    v("time_sampling_scale", time_sampling_scale, "See time_sampling_beta_alpha", Min{0});
+    v("time_sampling_offset", time_sampling_offset, "See time_sampling_beta_alpha", Min{0});
+    v("min_period", min_period, "Shortest period of the time's sine-cosine embedding", Min{0});
+    v("max_period", max_period, "Longest period of the time's sine-cosine embedding", Min{0});
+    v("mock_cameras", mock_cameras, "--mock-data: cameras per sample", Min{1});
+    v("mock_tokens", mock_tokens, "--mock-data: prompt tokens per sample", Min{1});
+  }
+  void validate(const lf::config::Node& tree, const std::string& prefix, lf::config::ErrorList& errors) const;
+};
+
+// One batch as LeRobot's PI05Pytorch takes it after its processor.
+struct Pi05Inputs {
+  at::Tensor images;     // [n_cam, b, 3, H, W] float in [-1, 1]
+  at::Tensor img_masks;  // [n_cam, b] bool: the camera is present
+  at::Tensor tokens;     // [b, L] int64
+  at::Tensor masks;      // [b, L] bool: a real (not padding) token
+};
+
+// Which components are frozen (LeRobot's freeze_vision_encoder: the vision tower and projector;
+// train_expert_only: the vision tower, projector and PaliGemma LM).
+struct Pi05Freeze {
+  bool vision_encoder = false, foundation = false, action_expert = false;
+};
+
+class Pi05 : public Model {
+ public:
+  // Parameter groups: vision_encoder (SigLIP + projector), model (the PaliGemma LM),
+  // action_expert (the expert, the action and time projections), model_state (never trained).
+  Pi05(const SiglipConfig& vision, const PiGemmaConfig& vlm, const PiGemmaConfig& expert, const Pi05Config& config,
+       const lf::backend::DeviceBackend& backend, uint64_t seed, at::ScalarType dtype,
+       const lf::dist::ParallelContext* parallel, Pi05Freeze freeze = {});
+
+  const std::string& type() const override;
+  std::vector<ParameterGroup> parameter_groups() const override;
+  std::map<std::string, double> loss_counts(const Batch& batch) const override;
+  StageOutput stage_forward(const Batch& batch, const TensorMap& input, int64_t chunk, Pass pass) override;
+  std::vector<std::string> eval_metrics() const override { return {kLoss}; }
+  std::vector<std::string> batch_fields() const override;
+  double flops_per_sample(int64_t seq_length) const override;
+  void set_training(bool) override {}
+  void end_step(const at::Tensor&) override { ++step_; }
+  std::map<std::string, at::Tensor> rng_state() const override;
+  void set_rng_state(const std::map<std::string, at::Tensor>& s) override;
+
+  // PI05Pytorch.forward: the element-wise flow-matching MSE [b, chunk, max_action_dim] fp32 for
+  // actions [b, chunk, max_action_dim], noise (same shape) and time [b].
+  at::Tensor losses(const Pi05Inputs& in, const at::Tensor& actions, const at::Tensor& noise,
+                    const at::Tensor& time) const;
+  // PI05Pytorch.sample_actions: Euler-integrated actions [b, chunk, max_action_dim] fp32 from noise,
+  // over the prefix's cached keys/values. steps <= 0: num_inference_steps.
+  at::Tensor sample_actions(const Pi05Inputs& in, const at::Tensor& noise, int64_t steps = 0) const;
+
+  // The batch (trainer fields) as the model's inputs.
+  Pi05Inputs inputs_of(const Batch& batch) const;
+  const Pi05Config& config() const { return config_; }
+  const SiglipConfig& vision_config() const { return vision_; }
+  const PiGemmaConfig& vlm_config() const { return vlm_; }
+  const PiGemmaConfig& expert_config() const { return expert_; }
+  const std::vector<Parameter>& parameters() const { return params_; }
+  const std::vector<Parameter>& state() const { return state_; }
+  static constexpr const char* kLoss = "flow matching loss";
+
+ private:
+  struct Norm {
+    at::Tensor weight;            // (1 + w) RMSNorm
+    at::Tensor dense, dense_bias; // adaRMSNorm: [3 width, cond] -> scale, shift, gate
+  };
+  struct GemmaLayer {
+    Norm input_norm, post_norm;
+    at::Tensor q, k, v, o, gate, up, down;
+  };
+  struct VisionLayer {
+    at::Tensor ln1_w, ln1_b, q, q_b, k, k_b, v, v_b, out, out_b, ln2_w, ln2_b, fc1, fc1_b, fc2, fc2_b;
+  };
+  struct Prefix {
+    at::Tensor embs;  // [b, P, width]
+    at::Tensor pad;   // [b, P] bool
+  };
+  struct KV {
+    at::Tensor k, v;  // [b, kv_heads, P, d] after RoPE
+  };
+
+  at::Tensor embed_images(const at::Tensor& images) const;  // [n, 3, H, W] -> [n, tokens, width]
+  Prefix embed_prefix(const Pi05Inputs& in) const;
+  // The suffix tokens [b, chunk, expert width] and the adaRMS condition [b, expert width].
+  std::pair<at::Tensor, at::Tensor> embed_suffix(const at::Tensor& x_t, const at::Tensor& time) const;
+  // Norm of a stream: (normed, gate or undefined).
+  std::pair<at::Tensor, at::Tensor> norm(const Norm& n, const at::Tensor& x, const at::Tensor& cond, double eps) const;
+  at::Tensor mlp(const GemmaLayer& l, const at::Tensor& x) const;
+  // q [b, s, heads_local, d], k/v [b, s, kv, d] of a stream after its input norm, RoPE applied.
+  std::tuple<at::Tensor, at::Tensor, at::Tensor> qkv(const GemmaLayer& l, const PiGemmaConfig& c, const at::Tensor& x,
+                                                     const at::Tensor& cos, const at::Tensor& sin) const;
+  // The joint forward of prefix and suffix through every layer; the expert's final-normed suffix.
+  at::Tensor joint_forward(const Prefix& p, const at::Tensor& suffix, const at::Tensor& cond) const;
+  // The prefix alone (sampling): every layer's keys/values.
+  std::vector<KV> prefix_cache(const Prefix& p) const;
+  // One denoising step over the cache: v_t [b, chunk, max_action_dim] fp32.
+  at::Tensor denoise_step(const Prefix& p, const std::vector<KV>& cache, const at::Tensor& x_t,
+                          const at::Tensor& time) const;
+  at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& allowed) const;
+  at::Tensor sample_time(const at::Tensor& sample_ids) const;
+
+  const lf::backend::DeviceBackend& backend_;
+  const lf::dist::ParallelContext* parallel_;
+  lf::parallel::TensorParallel tp_;
+  Pi05Freeze freeze_;
+  SiglipConfig vision_;
+  PiGemmaConfig vlm_, expert_;
+  Pi05Config config_;
+  uint64_t seed_;
+  int64_t step_ = 0;
+
+  at::Tensor patch_w_, patch_b_, pos_emb_, post_ln_w_, post_ln_b_, proj_w_, proj_b_;
+  std::vector<VisionLayer> vision_layers_;
+  at::Tensor embed_;
+  std::vector<GemmaLayer> vlm_layers_, expert_layers_;
+  Norm expert_final_;
+  at::Tensor action_in_w_, action_in_b_, action_out_w_, action_out_b_, time_in_w_, time_in_b_, time_out_w_,
+      time_out_b_;
+  std::vector<Parameter> params_, state_;
+  std::vector<Parameter> vision_params_, vlm_params_, expert_params_;
+};
+
+// The parameter records of a pi05 model (LeRobot's names without the policy's "model." prefix;
+// full shapes and TP shardings at `tp` ranks: keys/values with fewer heads than ranks are
+// replicated), in the model's order, nothing allocated; `state` the records of
+// the tensors kept as model state (the prefix LM's final norm, which pi0.5 never reads).
+struct Pi05Record {
+  std::string name;
+  std::vector<int64_t> shape;
+  lf::parallel::Sharding sharding;
+  bool state = false;
+};
+std::vector<Pi05Record> pi05_parameter_records(const SiglipConfig& vision, const PiGemmaConfig& vlm,
+                                               const PiGemmaConfig& expert, const Pi05Config& config, int tp = 1);
+
+void register_pi05(Registry& r);
+
+}  // namespace lf::models

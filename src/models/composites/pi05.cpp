@@ -1,0 +1,551 @@
+#include "loongforge/models/composites/pi05.h"
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/Functions.h>
+#include <ATen/TensorOperators.h>
+
+#include <cmath>
+#include <cstring>
+
+#include "loongforge/backend/functional.h"
+#include "loongforge/core/error.h"
+#include "loongforge/dist/parallel_context.h"
+#include "loongforge/models/composites/causal_lm.h"
+#include "loongforge/parallel/tensor/layers.h"
+#include "loongforge/parallel/tensor/mappings.h"
+
+namespace lf::models {
+namespace {
+
+const std::string kType = "pi05";
+const std::string kVision = "paligemma_with_expert.paligemma.model.vision_tower.vision_model.";
+const std::string kProjector = "paligemma_with_expert.paligemma.model.multi_modal_projector.linear.";
+const std::string kLm = "paligemma_with_expert.paligemma.model.language_model.";
+const std::string kExpert = "paligemma_with_expert.gemma_expert.model.";
+// openpi's additive mask value: finite, so a query with no visible key (a padding token's) gets a
+// uniform distribution rather than NaN, and masked keys weigh exactly 0.
+constexpr double kMaskValue = -2.3819763e38;
+
+// The parameters, declared in one order for the model and for the records.
+struct Declared {
+  at::Tensor patch_w, patch_b, pos_emb, post_ln_w, post_ln_b, proj_w, proj_b, embed;
+  struct Vision {
+    at::Tensor ln1_w, ln1_b, q, q_b, k, k_b, v, v_b, out, out_b, ln2_w, ln2_b, fc1, fc1_b, fc2, fc2_b;
+  };
+  struct Layer {
+    at::Tensor in_w, in_dense, in_dense_b, post_w, post_dense, post_dense_b, q, k, v, o, gate, up, down;
+  };
+  std::vector<Vision> vision;
+  std::vector<Layer> vlm, expert;
+  at::Tensor expert_norm_dense, expert_norm_dense_b;
+  at::Tensor action_in_w, action_in_b, action_out_w, action_out_b, time_in_w, time_in_b, time_out_w, time_out_b;
+};
+
+// tp: the TP size the shardings are for (b's group, or a records-only builder's target layout).
+Declared declare(ParamBuilder& b, int tp, const SiglipConfig& sv, const PiGemmaConfig& vlm, const PiGemmaConfig& ex,
+                 const Pi05Config& c) {
+  using lf::parallel::Sharding;
+  constexpr double kStd = 0.02;
+  auto zeros = [&](std::vector<int64_t> s) {
+    return b.meta() ? at::empty(s, at::TensorOptions().dtype(at::kFloat).device(c10::kMeta)) : at::zeros(s);
+  };
+  auto ones = [&](std::vector<int64_t> s) {
+    return b.meta() ? at::empty(s, at::TensorOptions().dtype(at::kFloat).device(c10::kMeta)) : at::ones(s);
+  };
+  auto rep = Sharding::replicated();
+  auto col = Sharding::along(0);
+  auto row = Sharding::along(1);
+  Declared d;
+  const int64_t hv = sv.hidden_size;
+  d.patch_w = b.add(kVision + "embeddings.patch_embedding.weight", b.normal({hv, 3, sv.patch_size, sv.patch_size}, kStd),
+                    rep, false);
+  d.patch_b = b.add(kVision + "embeddings.patch_embedding.bias", zeros({hv}), rep, true);
+  d.pos_emb = b.add(kVision + "embeddings.position_embedding.weight", b.normal({sv.tokens_per_image(), hv}, kStd), rep,
+                    true);
+  for (int64_t i = 0; i < sv.num_hidden_layers; ++i) {
+    const std::string p = kVision + "encoder.layers." + std::to_string(i) + ".";
+    Declared::Vision l;
+    l.ln1_w = b.add(p + "layer_norm1.weight", ones({hv}), rep, true);
+    l.ln1_b = b.add(p + "layer_norm1.bias", zeros({hv}), rep, true);
+    l.k = b.add(p + "self_attn.k_proj.weight", b.normal({hv, hv}, kStd), col, false);
+    l.k_b = b.add(p + "self_attn.k_proj.bias", zeros({hv}), col, true);
+    l.v = b.add(p + "self_attn.v_proj.weight", b.normal({hv, hv}, kStd), col, false);
+    l.v_b = b.add(p + "self_attn.v_proj.bias", zeros({hv}), col, true);
+    l.q = b.add(p + "self_attn.q_proj.weight", b.normal({hv, hv}, kStd), col, false);
+    l.q_b = b.add(p + "self_attn.q_proj.bias", zeros({hv}), col, true);
+    l.out = b.add(p + "self_attn.out_proj.weight", b.normal({hv, hv}, kStd), row, false);
+    l.out_b = b.add(p + "self_attn.out_proj.bias", zeros({hv}), rep, true);
+    l.ln2_w = b.add(p + "layer_norm2.weight", ones({hv}), rep, true);
+    l.ln2_b = b.add(p + "layer_norm2.bias", zeros({hv}), rep, true);
+    l.fc1 = b.add(p + "mlp.fc1.weight", b.normal({sv.intermediate_size, hv}, kStd), col, false);
+    l.fc1_b = b.add(p + "mlp.fc1.bias", zeros({sv.intermediate_size}), col, true);
+    l.fc2 = b.add(p + "mlp.fc2.weight", b.normal({hv, sv.intermediate_size}, kStd), row, false);
+    l.fc2_b = b.add(p + "mlp.fc2.bias", zeros({hv}), rep, true);
+    d.vision.push_back(l);
+  }
+  d.post_ln_w = b.add(kVision + "post_layernorm.weight", ones({hv}), rep, true);
+  d.post_ln_b = b.add(kVision + "post_layernorm.bias", zeros({hv}), rep, true);
+  d.proj_w = b.add(kProjector + "weight", b.normal({vlm.width, hv}, kStd), rep, false);
+  d.proj_b = b.add(kProjector + "bias", zeros({vlm.width}), rep, true);
+  d.embed = b.add(kLm + "embed_tokens.weight", b.normal({vlm.vocab_size, vlm.width}, kStd), col, false);
+
+  // A Gemma stack. Keys/values with fewer heads than TP ranks are replicated: each rank's queries
+  // use them, so their gradient is partial per rank (summed over TP by the trainer). The prefix
+  // LM's last query and output projections, MLP and post-attention norm feed only its final norm,
+  // which pi0.5 never reads (only that layer's keys and values are):
+  // no gradient reaches them, so they are model state (kept, saved, never trained), as LeRobot's
+  // AdamW skips them for want of a gradient.
+  auto stack = [&](const std::string& prefix, const PiGemmaConfig& g, bool adaptive, bool prefix_lm) {
+    std::vector<Declared::Layer> out;
+    const bool kv_split = g.num_kv_heads % tp == 0;
+    const int64_t w = g.width, qd = g.num_heads * g.head_dim, kvd = g.num_kv_heads * g.head_dim;
+    for (int64_t i = 0; i < g.depth; ++i) {
+      const std::string p = prefix + "layers." + std::to_string(i) + ".";
+      const bool dead = prefix_lm && i == g.depth - 1;
+      auto add = [&](const std::string& name, const at::Tensor& full, Sharding s, bool nwd, bool partial = false) {
+        return dead && name.find("self_attn.k_proj") == std::string::npos &&
+                       name.find("self_attn.v_proj") == std::string::npos &&
+                       name.find("input_layernorm") == std::string::npos
+                   ? b.add_state(p + name, full)
+                   : b.add(p + name, full, s, nwd, partial);
+      };
+      Declared::Layer l;
+      l.q = add("self_attn.q_proj.weight", b.normal({qd, w}, kStd), col, false);
+      l.k = add("self_attn.k_proj.weight", b.normal({kvd, w}, kStd), kv_split ? col : rep, false, !kv_split);
+      l.v = add("self_attn.v_proj.weight", b.normal({kvd, w}, kStd), kv_split ? col : rep, false, !kv_split);
+      l.o = add("self_attn.o_proj.weight", b.normal({w, qd}, kStd), row, false);
+      l.gate = add("mlp.gate_proj.weight", b.normal({g.mlp_dim, w}, kStd), col, false);
+      l.up = add("mlp.up_proj.weight", b.normal({g.mlp_dim, w}, kStd), col, false);
+      l.down = add("mlp.down_proj.weight", b.normal({w, g.mlp_dim}, kStd), row, false);
+      if (adaptive) {
+        l.in_dense = add("input_layernorm.dense.weight", zeros({3 * w, w}), rep, false);
+        l.in_dense_b = add("input_layernorm.dense.bias", zeros({3 * w}), rep, true);
+        l.post_dense = add("post_attention_layernorm.dense.weight", zeros({3 * w, w}), rep, false);
+        l.post_dense_b = add("post_attention_layernorm.dense.bias", zeros({3 * w}), rep, true);
+      } else {
+        l.in_w = add("input_layernorm.weight", zeros({w}), rep, true);
+        l.post_w = add("post_attention_layernorm.weight", zeros({w}), rep, true);
+      }
+      out.push_back(l);
+    }
+    return out;
+  };
+  d.vlm = stack(kLm, vlm, false, true);
+  b.add_state(kLm + "norm.weight", zeros({vlm.width}));
+  d.expert = stack(kExpert, ex, true, false);
+  d.expert_norm_dense = b.add(kExpert + "norm.dense.weight", zeros({3 * ex.width, ex.width}), rep, false);
+  d.expert_norm_dense_b = b.add(kExpert + "norm.dense.bias", zeros({3 * ex.width}), rep, true);
+  const int64_t we = ex.width, a = c.max_action_dim;
+  d.action_in_w = b.add("action_in_proj.weight", b.normal({we, a}, kStd), rep, false);
+  d.action_in_b = b.add("action_in_proj.bias", zeros({we}), rep, true);
+  d.action_out_w = b.add("action_out_proj.weight", b.normal({a, we}, kStd), rep, false);
+  d.action_out_b = b.add("action_out_proj.bias", zeros({a}), rep, true);
+  d.time_in_w = b.add("time_mlp_in.weight", b.normal({we, we}, kStd), rep, false);
+  d.time_in_b = b.add("time_mlp_in.bias", zeros({we}), rep, true);
+  d.time_out_w = b.add("time_mlp_out.weight", b.normal({we, we}, kStd), rep, false);
+  d.time_out_b = b.add("time_mlp_out.bias", zeros({we}), rep, true);
+  return d;
+}
+
+// HF's rotate_half RoPE with per-sample positions: x [b, s, n, d], positions [b, s] int64.
+std::pair<at::Tensor, at::Tensor> rope_tables(const at::Tensor& positions, int64_t d, double theta,
+                                              at::ScalarType dtype) {
+  auto inv = 1.0 / at::pow(theta, at::arange(0, d, 2, at::TensorOptions().dtype(at::kLong)).to(at::kFloat) /
+                                      static_cast<double>(d));
+  auto freqs = positions.to(at::kFloat).unsqueeze(-1) * inv.to(positions.device()).view({1, 1, -1});  // [b, s, d/2]
+  auto emb = at::cat({freqs, freqs}, -1).unsqueeze(2);                                                // [b, s, 1, d]
+  return {emb.cos().to(dtype), emb.sin().to(dtype)};
+}
+at::Tensor apply_rope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+  const int64_t h = x.size(-1) / 2;
+  auto rotated = at::cat({-x.narrow(-1, h, h), x.narrow(-1, 0, h)}, -1);
+  return x * cos + rotated * sin;
+}
+
+}  // namespace
+
+Pi05::Pi05(const SiglipConfig& vision, const PiGemmaConfig& vlm, const PiGemmaConfig& expert, const Pi05Config& config,
+           const lf::backend::DeviceBackend& backend, uint64_t seed, at::ScalarType dtype,
+           const lf::dist::ParallelContext* parallel, Pi05Freeze freeze)
+    : backend_(backend), parallel_(parallel), tp_(tensor_parallel_of(parallel, false)), freeze_(freeze),
+      vision_(vision), vlm_(vlm), expert_(expert), config_(config), seed_(seed) {
+  LF_CHECK(vlm.num_heads == expert.num_heads && vlm.num_kv_heads == expert.num_kv_heads &&
+               vlm.head_dim == expert.head_dim,
+           "pi05: the PaliGemma LM and the action expert share each layer's attention: their num_heads, num_kv_heads "
+           "and head_dim must be equal");
+  LF_CHECK(vlm.depth == expert.depth, "pi05: the PaliGemma LM has ", vlm.depth, " layers and the action expert ",
+           expert.depth, "; they run layer by layer together");
+  ParamBuilder b(at::make_generator<at::CPUGeneratorImpl>(seed), dtype, backend.device(), tp_, true);
+  auto d = declare(b, tp_.size(), vision, vlm, expert, config);
+  patch_w_ = d.patch_w, patch_b_ = d.patch_b, pos_emb_ = d.pos_emb, post_ln_w_ = d.post_ln_w, post_ln_b_ = d.post_ln_b;
+  proj_w_ = d.proj_w, proj_b_ = d.proj_b, embed_ = d.embed;
+  for (const auto& l : d.vision)
+    vision_layers_.push_back({l.ln1_w, l.ln1_b, l.q, l.q_b, l.k, l.k_b, l.v, l.v_b, l.out, l.out_b, l.ln2_w, l.ln2_b,
+                              l.fc1, l.fc1_b, l.fc2, l.fc2_b});
+  auto layers = [](const std::vector<Declared::Layer>& in) {
+    std::vector<GemmaLayer> out;
+    for (const auto& l : in)
+      out.push_back({{l.in_w, l.in_dense, l.in_dense_b}, {l.post_w, l.post_dense, l.post_dense_b}, l.q, l.k, l.v, l.o,
+                     l.gate, l.up, l.down});
+    return out;
+  };
+  vlm_layers_ = layers(d.vlm);
+  expert_layers_ = layers(d.expert);
+  expert_final_ = {{}, d.expert_norm_dense, d.expert_norm_dense_b};
+  action_in_w_ = d.action_in_w, action_in_b_ = d.action_in_b, action_out_w_ = d.action_out_w;
+  action_out_b_ = d.action_out_b, time_in_w_ = d.time_in_w, time_in_b_ = d.time_in_b, time_out_w_ = d.time_out_w;
+  time_out_b_ = d.time_out_b;
+  for (auto& p : b.take()) {
+    if (p.state) {
+      state_.push_back(std::move(p));
+      continue;
+    }
+    const bool vision = p.name.starts_with(kVision) || p.name.starts_with(kProjector);
+    const bool lm = p.name.starts_with(kLm);
+    const bool frozen = vision ? freeze.vision_encoder : lm ? freeze.foundation : freeze.action_expert;
+    if (frozen) p.tensor.requires_grad_(false);
+    params_.push_back(p);
+    (vision ? vision_params_ : lm ? vlm_params_ : expert_params_).push_back(std::move(p));
+  }
+}
+
+const std::string& Pi05::type() const { return kType; }
+
+std::vector<ParameterGroup> Pi05::parameter_groups() const {
+  std::vector<ParameterGroup> g{ParameterGroup{"vision_encoder", vision_params_, parallel_, !freeze_.vision_encoder},
+                                ParameterGroup{"model", vlm_params_, parallel_, !freeze_.foundation},
+                                ParameterGroup{"action_expert", expert_params_, parallel_, !freeze_.action_expert}};
+  if (!state_.empty()) g.push_back(ParameterGroup{"model_state", state_, parallel_, false});
+  return g;
+}
+
+std::vector<std::string> Pi05::batch_fields() const {
+  return {"images", "image_masks", "prompt_tokens", "prompt_masks", "actions"};
+}
+
+std::map<std::string, double> Pi05::loss_counts(const Batch& batch) const {
+  const auto& a = batch.at("actions");
+  return {{kLoss, static_cast<double>(a.size(0) * config_.chunk_size * config_.action_dim)}};
+}
+
+Pi05Inputs Pi05::inputs_of(const Batch& batch) const {
+  for (const auto& f : batch_fields())
+    LF_CHECK(batch.contains(f), "pi05: the batch has no field '", f, "' (it reads ", "images, image_masks, ",
+             "prompt_tokens, prompt_masks, actions)");
+  const auto dev = backend_.device();
+  Pi05Inputs in;
+  in.images = batch.at("images").to(dev, at::kFloat).transpose(0, 1);         // [n_cam, b, 3, H, W]
+  in.img_masks = batch.at("image_masks").to(dev).to(at::kBool).transpose(0, 1);  // [n_cam, b]
+  in.tokens = batch.at("prompt_tokens").to(dev, at::kLong);
+  in.masks = batch.at("prompt_masks").to(dev).to(at::kBool);
+  return in;
+}
+
+// --- the vision tower ---------------------------------------------------------------------------
+
+at::Tensor Pi05::embed_images(const at::Tensor& images) const {
+  using lf::parallel::column_parallel_linear;
+  using lf::parallel::row_parallel_linear;
+  const auto& c = vision_;
+  LF_CHECK(images.dim() == 4 && images.size(1) == 3 && images.size(2) == c.image_size && images.size(3) == c.image_size,
+           "pi05: images must be [n, 3, ", c.image_size, ", ", c.image_size, "] (the vision tower's image_size), got ",
+           images.sizes());
+  const int64_t n = images.size(0), t = c.tokens_per_image();
+  const int64_t heads = c.num_attention_heads / tp_.size(), hd = c.hidden_size / c.num_attention_heads;
+  auto x = at::conv2d(images.to(patch_w_.scalar_type()), patch_w_, patch_b_, {c.patch_size, c.patch_size});
+  x = x.flatten(2).transpose(1, 2) + pos_emb_;  // [n, t, hidden]
+  for (const auto& l : vision_layers_) {
+    auto h = lf::ops::layer_norm(backend_, x, l.ln1_w, l.ln1_b, c.layer_norm_eps);
+    auto split = [&](const at::Tensor& y) { return y.view({n, t, heads, hd}).transpose(1, 2); };
+    auto q = split(column_parallel_linear(h, l.q, l.q_b, tp_));
+    auto k = split(column_parallel_linear(h, l.k, l.k_b, tp_));
+    auto v = split(column_parallel_linear(h, l.v, l.v_b, tp_));
+    auto o = lf::ops::sdpa(backend_, q, k, v, lf::backend::AttentionMask::none());
+    x = x + row_parallel_linear(o.transpose(1, 2).reshape({n, t, heads * hd}), l.out, l.out_b, tp_);
+    h = lf::ops::layer_norm(backend_, x, l.ln2_w, l.ln2_b, c.layer_norm_eps);
+    h = at::gelu(column_parallel_linear(h, l.fc1, l.fc1_b, tp_), "tanh");
+    x = x + row_parallel_linear(h, l.fc2, l.fc2_b, tp_);
+  }
+  x = lf::ops::layer_norm(backend_, x, post_ln_w_, post_ln_b_, c.layer_norm_eps);
+  return at::linear(x, proj_w_, proj_b_);
+}
+
+Pi05::Prefix Pi05::embed_prefix(const Pi05Inputs& in) const {
+  const int64_t cams = in.images.size(0), b = in.images.size(1);
+  LF_CHECK(in.img_masks.dim() == 2 && in.img_masks.size(0) == cams && in.img_masks.size(1) == b,
+           "pi05: img_masks must be [n_cam, b] = [", cams, ", ", b, "], got ", in.img_masks.sizes());
+  LF_CHECK(in.tokens.dim() == 2 && in.tokens.size(0) == b && in.masks.sizes() == in.tokens.sizes(),
+           "pi05: tokens and masks must both be [b, L] with b = ", b, ", got ", in.tokens.sizes(), " and ",
+           in.masks.sizes());
+  auto img = embed_images(in.images.flatten(0, 1));  // [cams b, t, width]
+  const int64_t t = img.size(1);
+  img = img.view({cams, b, t, -1}).transpose(0, 1).reshape({b, cams * t, -1});
+  auto img_pad = in.img_masks.transpose(0, 1).unsqueeze(-1).expand({b, cams, t}).reshape({b, cams * t});
+  // Gemma scales its token embeddings by sqrt(width), in the embedding's dtype.
+  const double scale = static_cast<double>(static_cast<float>(std::sqrt(static_cast<double>(vlm_.width))));
+  auto lang = lf::parallel::vocab_parallel_embedding(in.tokens, embed_, tp_) * scale;
+  return {at::cat({img.to(lang.scalar_type()), lang}, 1), at::cat({img_pad, in.masks}, 1)};
+}
+
+std::pair<at::Tensor, at::Tensor> Pi05::embed_suffix(const at::Tensor& x_t, const at::Tensor& time) const {
+  const int64_t dim = expert_.width;
+  // openpi's sine-cosine embedding of the time, in float64, then the time's dtype.
+  auto fraction = at::linspace(0.0, 1.0, dim / 2, at::TensorOptions().dtype(at::kDouble));
+  auto period = config_.min_period * at::pow(config_.max_period / config_.min_period, fraction);
+  auto factor = (1.0 / period) * (2.0 * M_PI);
+  auto arg = factor.unsqueeze(0) * time.to(at::kCPU, at::kDouble).unsqueeze(1);
+  auto emb = at::cat({arg.sin(), arg.cos()}, 1).to(at::kFloat).to(x_t.device());
+  auto dtype = action_in_w_.scalar_type();
+  auto actions = at::linear(x_t.to(dtype), action_in_w_, action_in_b_);
+  auto cond = at::silu(at::linear(at::silu(at::linear(emb.to(dtype), time_in_w_, time_in_b_)), time_out_w_, time_out_b_));
+  return {actions, cond};
+}
+
+// --- the Gemma layers ---------------------------------------------------------------------------
+
+std::pair<at::Tensor, at::Tensor> Pi05::norm(const Norm& n, const at::Tensor& x, const at::Tensor& cond,
+                                             double eps) const {
+  if (!n.dense.defined()) return {lf::ops::rms_norm(backend_, x, 1.0 + n.weight, eps), {}};
+  auto var = x.to(at::kFloat).square().mean(-1, true);
+  auto normed = x * at::rsqrt(var + eps);
+  auto mod = at::linear(cond, n.dense, n.dense_bias).unsqueeze(1);  // [b, 1, 3 w]
+  auto parts = mod.chunk(3, -1);
+  auto out = normed * (1.0 + parts[0].to(at::kFloat)) + parts[1].to(at::kFloat);
+  return {out.to(x.scalar_type()), parts[2].to(x.scalar_type())};
+}
+
+at::Tensor Pi05::mlp(const GemmaLayer& l, const at::Tensor& x) const {
+  using lf::parallel::column_parallel_linear;
+  auto h = at::gelu(column_parallel_linear(x, l.gate, {}, tp_), "tanh") * column_parallel_linear(x, l.up, {}, tp_);
+  return lf::parallel::row_parallel_linear(h, l.down, {}, tp_);
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> Pi05::qkv(const GemmaLayer& l, const PiGemmaConfig& c,
+                                                         const at::Tensor& x, const at::Tensor& cos,
+                                                         const at::Tensor& sin) const {
+  // Entering the TP region once: the gradient of x sums every rank's heads (replicated keys/values
+  // included, whose gradient on a rank comes from its own queries only).
+  auto xt = tp_.tp ? lf::parallel::copy_to_tp(x, *tp_.tp) : x;
+  const int64_t b = x.size(0), s = x.size(1), d = c.head_dim;
+  auto q = at::linear(xt, l.q).view({b, s, -1, d});
+  auto k = at::linear(xt, l.k).view({b, s, -1, d});
+  auto v = at::linear(xt, l.v).view({b, s, -1, d});
+  return {apply_rope(q, cos, sin), apply_rope(k, cos, sin), v};
+}
+
+at::Tensor Pi05::attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                           const at::Tensor& allowed) const {
+  // q [b, s, n, d], k/v [b, t, nkv, d], allowed [b, s, t] -> [b, s, n d]
+  auto mask = at::where(allowed.unsqueeze(1), 0.0, kMaskValue).to(at::kFloat);
+  auto o = lf::ops::sdpa(backend_, q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                         lf::backend::AttentionMask::additive(mask));
+  return o.transpose(1, 2).flatten(2);
+}
+
+at::Tensor Pi05::joint_forward(const Prefix& p, const at::Tensor& suffix, const at::Tensor& cond) const {
+  const int64_t b = p.embs.size(0), np = p.embs.size(1), ns = suffix.size(1);
+  auto pad = at::cat({p.pad, at::ones({b, ns}, p.pad.options())}, 1);  // [b, np + ns]
+  auto positions = pad.to(at::kLong).cumsum(1) - 1;
+  // Prefix tokens see the valid prefix; suffix tokens see the valid prefix and the whole suffix.
+  auto block = at::cat({at::zeros({np}, at::kLong), at::ones({ns}, at::kLong)}).to(pad.device());
+  auto allowed = (block.view({1, 1, -1}) <= block.view({1, -1, 1})) & pad.unsqueeze(1) & pad.unsqueeze(2);
+  auto [cos, sin] = rope_tables(positions, vlm_.head_dim, vlm_.rope_theta, p.embs.scalar_type());
+  auto cos_p = cos.narrow(1, 0, np), sin_p = sin.narrow(1, 0, np);
+  auto cos_s = cos.narrow(1, np, ns), sin_s = sin.narrow(1, np, ns);
+  at::Tensor xp = p.embs, xs = suffix;
+  for (int64_t i = 0; i < vlm_.depth; ++i) {
+    const auto& lp = vlm_layers_[i];
+    const auto& ls = expert_layers_[i];
+    const bool last = i == vlm_.depth - 1;
+    auto [hp, gp] = norm(lp.input_norm, xp, {}, vlm_.rms_norm_eps);
+    auto [hs, gs] = norm(ls.input_norm, xs, cond, expert_.rms_norm_eps);
+    auto [qp, kp, vp] = qkv(lp, vlm_, hp, cos_p, sin_p);
+    auto [qs, ks, vs] = qkv(ls, expert_, hs, cos_s, sin_s);
+    if (last) {
+      // The prefix's last outputs feed nothing pi0.5 reads: only the suffix's queries attend.
+      auto o = attention(qs, at::cat({kp, ks}, 1), at::cat({vp, vs}, 1), allowed.narrow(1, np, ns));
+      xs = xs + lf::parallel::row_parallel_linear(o, ls.o, {}, tp_) * gs;
+    } else {
+      auto o = attention(at::cat({qp, qs}, 1), at::cat({kp, ks}, 1), at::cat({vp, vs}, 1), allowed);
+      xp = xp + lf::parallel::row_parallel_linear(o.narrow(1, 0, np), lp.o, {}, tp_);
+      xs = xs + lf::parallel::row_parallel_linear(o.narrow(1, np, ns), ls.o, {}, tp_) * gs;
+      auto [mp, unused] = norm(lp.post_norm, xp, {}, vlm_.rms_norm_eps);
+      xp = xp + mlp(lp, mp);
+    }
+    auto [ms, gms] = norm(ls.post_norm, xs, cond, expert_.rms_norm_eps);
+    xs = xs + mlp(ls, ms) * gms;
+  }
+  return norm(expert_final_, xs, cond, expert_.rms_norm_eps).first;
+}
+
+at::Tensor Pi05::losses(const Pi05Inputs& in, const at::Tensor& actions, const at::Tensor& noise,
+                        const at::Tensor& time) const {
+  const int64_t b = in.tokens.size(0);
+  LF_CHECK(actions.dim() == 3 && actions.size(0) == b && actions.size(1) == config_.chunk_size &&
+               actions.size(2) == config_.max_action_dim,
+           "pi05: actions must be [b, chunk_size, max_action_dim] = [", b, ", ", config_.chunk_size, ", ",
+           config_.max_action_dim, "], got ", actions.sizes());
+  LF_CHECK(noise.sizes() == actions.sizes(), "pi05: noise ", noise.sizes(), " must have the actions' shape ",
+           actions.sizes());
+  LF_CHECK(time.dim() == 1 && time.size(0) == b, "pi05: time must be [b] = [", b, "], got ", time.sizes());
+  const auto dev = backend_.device();
+  auto a = actions.to(dev, at::kFloat), eps = noise.to(dev, at::kFloat);
+  auto t = time.to(dev, at::kFloat).view({b, 1, 1});
+  auto x_t = t * eps + (1 - t) * a;
+  auto u_t = eps - a;
+  auto prefix = embed_prefix(in);
+  auto [suffix, cond] = embed_suffix(x_t, time.to(at::kFloat));
+  auto out = joint_forward(prefix, suffix.to(prefix.embs.scalar_type()), cond);
+  auto v_t = at::linear(out.narrow(1, out.size(1) - config_.chunk_size, config_.chunk_size).to(at::kFloat),
+                        action_out_w_.to(at::kFloat), action_out_b_.to(at::kFloat));
+  return (u_t - v_t).square();
+}
+
+// --- sampling -----------------------------------------------------------------------------------
+
+std::vector<Pi05::KV> Pi05::prefix_cache(const Prefix& p) const {
+  const int64_t np = p.embs.size(1);
+  auto positions = p.pad.to(at::kLong).cumsum(1) - 1;
+  auto allowed = p.pad.unsqueeze(1) & p.pad.unsqueeze(2);
+  auto [cos, sin] = rope_tables(positions, vlm_.head_dim, vlm_.rope_theta, p.embs.scalar_type());
+  std::vector<KV> cache;
+  at::Tensor x = p.embs;
+  for (int64_t i = 0; i < vlm_.depth; ++i) {
+    const auto& l = vlm_layers_[i];
+    auto [h, unused] = norm(l.input_norm, x, {}, vlm_.rms_norm_eps);
+    auto [q, k, v] = qkv(l, vlm_, h, cos, sin);
+    cache.push_back({k, v});
+    if (i == vlm_.depth - 1) break;  // the last layer's output is never read
+    x = x + lf::parallel::row_parallel_linear(attention(q, k, v, allowed), l.o, {}, tp_);
+    auto [m, unused2] = norm(l.post_norm, x, {}, vlm_.rms_norm_eps);
+    x = x + mlp(l, m);
+  }
+  (void)np;
+  return cache;
+}
+
+at::Tensor Pi05::denoise_step(const Prefix& p, const std::vector<KV>& cache, const at::Tensor& x_t,
+                              const at::Tensor& time) const {
+  auto [xs, cond] = embed_suffix(x_t, time);
+  xs = xs.to(p.embs.scalar_type());
+  const int64_t b = xs.size(0), ns = xs.size(1);
+  auto offsets = p.pad.to(at::kLong).sum(1, true);  // [b, 1]
+  auto positions = offsets + at::arange(ns, offsets.options()).unsqueeze(0);
+  auto allowed = at::cat({p.pad.unsqueeze(1).expand({b, ns, p.pad.size(1)}),
+                          at::ones({b, ns, ns}, p.pad.options())}, 2);
+  auto [cos, sin] = rope_tables(positions, expert_.head_dim, vlm_.rope_theta, xs.scalar_type());
+  for (int64_t i = 0; i < expert_.depth; ++i) {
+    const auto& l = expert_layers_[i];
+    auto [h, g] = norm(l.input_norm, xs, cond, expert_.rms_norm_eps);
+    auto [q, k, v] = qkv(l, expert_, h, cos, sin);
+    auto o = attention(q, at::cat({cache[i].k, k}, 1), at::cat({cache[i].v, v}, 1), allowed);
+    xs = xs + lf::parallel::row_parallel_linear(o, l.o, {}, tp_) * g;
+    auto [m, gm] = norm(l.post_norm, xs, cond, expert_.rms_norm_eps);
+    xs = xs + mlp(l, m) * gm;
+  }
+  auto out = norm(expert_final_, xs, cond, expert_.rms_norm_eps).first;
+  return at::linear(out.narrow(1, ns - config_.chunk_size, config_.chunk_size).to(at::kFloat),
+                    action_out_w_.to(at::kFloat), action_out_b_.to(at::kFloat));
+}
+
+at::Tensor Pi05::sample_actions(const Pi05Inputs& in, const at::Tensor& noise, int64_t steps) const {
+  if (steps <= 0) steps = config_.num_inference_steps;
+  const int64_t b = in.tokens.size(0);
+  LF_CHECK(noise.dim() == 3 && noise.size(0) == b && noise.size(1) == config_.chunk_size &&
+               noise.size(2) == config_.max_action_dim,
+           "pi05: noise must be [b, chunk_size, max_action_dim] = [", b, ", ", config_.chunk_size, ", ",
+           config_.max_action_dim, "], got ", noise.sizes());
+  at::NoGradGuard no_grad;
+  auto prefix = embed_prefix(in);
+  auto cache = prefix_cache(prefix);
+  const double dt = -1.0 / static_cast<double>(steps);
+  auto x = noise.to(backend_.device(), at::kFloat);
+  for (int64_t step = 0; step < steps; ++step) {
+    const float time = static_cast<float>(1.0 + static_cast<double>(step) * dt);
+    auto v = denoise_step(prefix, cache, x, at::full({b}, time, at::kFloat));
+    x = x + dt * v;
+  }
+  return x;
+}
+
+// --- training -----------------------------------------------------------------------------------
+
+at::Tensor Pi05::sample_time(const at::Tensor& ids) const {
+  // t ~ Beta(alpha, beta) x scale + offset per sample, from a stream keyed by (seed, step, sample):
+  // the same draw on every layout. Beta from two Gammas.
+  const int64_t b = ids.size(0);
+  std::vector<float> out(b);
+  auto idc = ids.to(at::kCPU, at::kLong).contiguous();
+  for (int64_t i = 0; i < b; ++i) {
+    auto gen = at::make_generator<at::CPUGeneratorImpl>(seed_ * 2654435761ull + static_cast<uint64_t>(step_) * 1000003ull +
+                                                       static_cast<uint64_t>(idc.data_ptr<int64_t>()[i]) + 17);
+    auto ga = at::_standard_gamma(at::full({1}, config_.time_sampling_beta_alpha, at::kDouble), gen);
+    auto gb = at::_standard_gamma(at::full({1}, config_.time_sampling_beta_beta, at::kDouble), gen);
+    const double beta = ga.item<double>() / (ga.item<double>() + gb.item<double>());
+    out[i] = static_cast<float>(beta * config_.time_sampling_scale + config_.time_sampling_offset);
+  }
+  return at::tensor(out, at::kFloat);
+}
+
+StageOutput Pi05::stage_forward(const Batch& batch, const TensorMap&, int64_t, Pass pass) {
+  auto in = inputs_of(batch);
+  const auto& actions = batch.at("actions");
+  const int64_t b = actions.size(0);
+  LF_CHECK(static_cast<int64_t>(batch.sample_indices.size()) == b, "pi05: the batch has ", b, " samples but ",
+           batch.sample_indices.size(), " sample indices");
+  std::vector<at::Tensor> noise;
+  for (int64_t index : batch.sample_indices) {
+    auto gen = at::make_generator<at::CPUGeneratorImpl>(seed_ * 0x9E3779B97F4A7C15ull +
+                                                       static_cast<uint64_t>(step_) * 7919ull +
+                                                       static_cast<uint64_t>(index) + 3);
+    noise.push_back(at::normal(0.0, 1.0, {config_.chunk_size, config_.max_action_dim}, gen, at::kFloat));
+  }
+  auto ids = at::tensor(batch.sample_indices, at::kLong);
+  StageOutput out;
+  if (pass == Pass::eval) {
+    at::NoGradGuard g;
+    auto l = losses(in, actions, at::stack(noise), sample_time(ids)).narrow(2, 0, config_.action_dim);
+    out.metrics[kLoss] = Metric{l.sum().item<double>(), static_cast<double>(l.numel())};
+    return out;
+  }
+  auto l = losses(in, actions, at::stack(noise), sample_time(ids)).narrow(2, 0, config_.action_dim);
+  out.losses.push_back({kLoss, l.sum()});
+  return out;
+}
+
+std::map<std::string, at::Tensor> Pi05::rng_state() const {
+  at::Tensor bytes = at::empty({static_cast<int64_t>(sizeof step_)}, at::kByte);
+  std::memcpy(bytes.data_ptr(), &step_, sizeof step_);
+  return {{"pi05.step", bytes}};
+}
+
+void Pi05::set_rng_state(const std::map<std::string, at::Tensor>& s) {
+  auto it = s.find("pi05.step");
+  if (it == s.end()) return;
+  const at::Tensor bytes = it->second.to(at::kCPU).contiguous();
+  LF_CHECK(bytes.scalar_type() == at::kByte && bytes.numel() == static_cast<int64_t>(sizeof step_),
+           "pi05: the checkpoint's pi05.step is not the 8-byte step counter");
+  std::memcpy(&step_, bytes.data_ptr(), sizeof step_);
+}
+
+double Pi05::flops_per_sample(int64_t) const {
+  // 6 x parameters x tokens for the matmuls of each stream (prefix through the vision tower and
+  // the LM, the suffix through the expert), attention ignored (short sequences).
+  const double cams = static_cast<double>(config_.mock_cameras);
+  const double img_tokens = cams * static_cast<double>(vision_.tokens_per_image());
+  const double prefix = img_tokens + static_cast<double>(config_.mock_tokens);
+  return 6.0 * (static_cast<double>(vision_.num_parameters()) * img_tokens +
+                static_cast<double>(vlm_.num_parameters(false)) * prefix +
+                static_cast<double>(expert_.num_parameters(true)) * static_cast<double>(config_.chunk_size));
+}
+
+std::vector<Pi05Record> pi05_parameter_records(const SiglipConfig& vision, const PiGemmaConfig& vlm,
+                                               const PiGemmaConfig& expert, const Pi05Config& config, int tp) {
+  auto b = ParamBuilder::records_only();
+  declare(b, tp, vision, vlm, expert, config);
+  std::vector<Pi05Record> out;
+  for (const auto& p : b.params()) out.push_back({p.name, p.tensor.sizes().vec(), p.sharding, p.state});
+  return out;
+}
+
+}  // namespace lf::models

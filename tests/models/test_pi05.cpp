@@ -1,0 +1,163 @@
+// The `pi05` composite against LeRobot 0.6's PI05Policy (tests/models/pi05_oracle.py, run in the
+// LeRobot venv; Python as an oracle only): tiny random policies as LeRobot's save_pretrained writes
+// them convert by shape (models/pi05_lerobot.h) and give PI05Pytorch.forward's element-wise loss and
+// sample_actions' Euler-sampled actions on a fixed batch with fixed noise and time within 1e-4 fp32
+// (max abs), at TP 1 and TP 2 (one key/value head: replicated keys/values). The conversion round
+// trip writes what LeRobot loads (checked by the program tests); malformed directories are errors.
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "../parallel/tp_testing.h"
+#include "cached_oracle.h"
+#include "loongforge/backend/registry.h"
+#include "loongforge/core/error.h"
+#include "loongforge/dist/parallel_context.h"
+#include "loongforge/models/composites/pi05.h"
+#include "loongforge/models/pi05_lerobot.h"
+#include "loongforge/models/wan_diffusers.h"
+#include "multiprocess.h"
+
+namespace {
+namespace fs = std::filesystem;
+namespace lr = lf::models::lerobot;
+using lf::models::Pi05;
+using lf::models::Pi05Inputs;
+
+// fp32, the same ops in another order (LeRobot's eager attention vs our backend's SDPA, conv vs
+// conv, one more Euler accumulation per step).
+constexpr double kTolerance = 1e-4;
+
+std::string oracle_dir() {
+  static const std::string dir = lf::testing::cached_oracle(lf::testing::source_dir() + "/tests/models/pi05_oracle.py",
+                                                            "pi05_oracle", "done", lf::testing::lerobot_python());
+  return dir;
+}
+
+#define REQUIRE_ORACLE()                                                                  \
+  if (oracle_dir().empty()) GTEST_SKIP() << "no LeRobot environment (.venv-lerobot)"; \
+  ASSERT_TRUE(fs::exists(oracle_dir() + "/done"))
+
+std::unique_ptr<Pi05> load(const std::string& dir, const lf::dist::ParallelContext* ctx = nullptr) {
+  const auto s = lr::read_pi05_setup(dir);
+  auto m = std::make_unique<Pi05>(s.vision, s.vlm, s.expert, s.policy, lf::backend::cpu_backend(), 7, at::kFloat, ctx);
+  auto params = m->parameters();
+  params.insert(params.end(), m->state().begin(), m->state().end());
+  lf::models::diffusers::load_into(params, lr::read_pi05_weights(dir, at::kFloat), dir);
+  return m;
+}
+
+Pi05Inputs inputs(const std::map<std::string, at::Tensor>& t) {
+  return {t.at("images"), t.at("img_masks").to(at::kBool), t.at("tokens"), t.at("masks").to(at::kBool)};
+}
+
+// max |loss - LeRobot's|, max |actions - LeRobot's|
+std::pair<double, double> differences(const Pi05& m, const std::string& dir) {
+  auto in = lf::testing::read_safetensors(dir + "/inputs.safetensors");
+  auto want = lf::testing::read_safetensors(dir + "/expected.safetensors");
+  at::NoGradGuard no_grad;
+  auto loss = m.losses(inputs(in), in.at("actions"), in.at("noise"), in.at("time"));
+  auto actions = m.sample_actions(inputs(in), in.at("noise"));
+  EXPECT_EQ(loss.sizes(), want.at("loss").sizes());
+  EXPECT_EQ(actions.sizes(), want.at("actions").sizes());
+  return {(loss - want.at("loss")).abs().max().item<double>(), (actions - want.at("actions")).abs().max().item<double>()};
+}
+
+TEST(Pi05, LossAndSampledActionsMatchLeRobot) {
+  REQUIRE_ORACLE();
+  for (const char* name : {"two_cameras", "wide"}) {
+    const std::string dir = oracle_dir() + "/" + name;
+    auto m = load(dir + "/policy");
+    auto [loss, actions] = differences(*m, dir);
+    std::printf("[pi05 parity] %s TP=1: max |loss - LeRobot| = %.3g, max |actions - LeRobot| = %.3g\n", name, loss,
+                actions);
+    EXPECT_LE(loss, kTolerance) << name;
+    EXPECT_LE(actions, kTolerance) << name;
+  }
+}
+
+LF_WORKER_CASE(pi05_parity_tp2) {
+  const std::string dir = lf::testing::worker_args().at(0);
+  auto ctx = lf::testing::make_context(2);
+  for (const char* name : {"two_cameras", "wide"}) {
+    auto m = load(dir + "/" + name + "/policy", ctx.get());
+    auto [loss, actions] = differences(*m, dir + "/" + name);
+    std::printf("[pi05 parity] %s TP=2 rank %d: loss %.3g, actions %.3g\n", name, lf::testing::worker_rank(), loss,
+                actions);
+    EXPECT_LE(loss, kTolerance) << name;
+    EXPECT_LE(actions, kTolerance) << name;
+  }
+}
+
+TEST(Pi05, LossAndSampledActionsMatchLeRobotAtTp2) {
+  REQUIRE_ORACLE();
+  auto results = lf::testing::run_workers("pi05_parity_tp2", {.world_size = 2, .args = {oracle_dir()}});
+  lf::testing::expect_all_ok(results);
+}
+
+TEST(Pi05, SetupComesFromTheWeightsShapes) {
+  REQUIRE_ORACLE();
+  const auto s = lr::read_pi05_setup(oracle_dir() + "/wide/policy");
+  EXPECT_EQ(s.vision.hidden_size, 48);
+  EXPECT_EQ(s.vision.patch_size, 8);
+  EXPECT_EQ(s.vision.image_size, 24);
+  EXPECT_EQ(s.vision.num_hidden_layers, 1);
+  EXPECT_EQ(s.vision.num_attention_heads, 16);
+  EXPECT_EQ(s.vlm.width, 48);
+  EXPECT_EQ(s.vlm.depth, 3);
+  EXPECT_EQ(s.vlm.num_kv_heads, 2);
+  EXPECT_EQ(s.vlm.head_dim, 8);
+  EXPECT_EQ(s.vlm.vocab_size, 300);
+  EXPECT_EQ(s.expert.width, 40);
+  EXPECT_EQ(s.expert.mlp_dim, 56);
+  EXPECT_EQ(s.expert.vocab_size, 0);
+  EXPECT_EQ(s.policy.chunk_size, 4);
+  EXPECT_EQ(s.policy.max_action_dim, 5);
+  EXPECT_EQ(s.policy.num_inference_steps, 4);
+}
+
+TEST(Pi05, RoundTripKeepsEveryTensor) {
+  REQUIRE_ORACLE();
+  const std::string src = oracle_dir() + "/two_cameras/policy";
+  const auto s = lr::read_pi05_setup(src);
+  auto full = lr::checked_pi05_tensors(s, lr::read_pi05_weights(src, at::kFloat), src);
+  const fs::path out = fs::path(lf::testing::binary_dir()) / "test-tmp" / "pi05_round_trip";
+  fs::remove_all(out);
+  std::ifstream cfg(src + "/config.json");
+  const std::string text{std::istreambuf_iterator<char>(cfg), std::istreambuf_iterator<char>()};
+  lr::write_pi05(out.string(), s, full, at::kFloat, text);
+  auto a = lf::testing::read_safetensors(src + "/model.safetensors");
+  auto b = lf::testing::read_safetensors((out / "model.safetensors").string());
+  EXPECT_EQ(a.size(), b.size());
+  for (const auto& [name, t] : a) {
+    ASSERT_TRUE(b.count(name)) << name;
+    if (name.find("gemma_expert.lm_head") != std::string::npos) continue;  // nothing reads it: written as zeros
+    EXPECT_TRUE(at::equal(t, b.at(name))) << name;
+  }
+}
+
+TEST(Pi05, MalformedDirectoriesAreErrors) {
+  REQUIRE_ORACLE();
+  const std::string src = oracle_dir() + "/two_cameras/policy";
+  const auto s = lr::read_pi05_setup(src);
+  auto tensors = lr::read_pi05_weights(src, at::kFloat);
+  tensors.erase("action_in_proj.weight");
+  try {
+    lr::checked_pi05_tensors(s, tensors, "DIR");
+    FAIL() << "no error";
+  } catch (const lf::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("action_in_proj.weight"), std::string::npos) << e.what();
+  }
+  auto bad = s;
+  bad.policy.max_action_dim = 9;
+  try {
+    lr::checked_pi05_tensors(bad, lr::read_pi05_weights(src, at::kFloat), "DIR");
+    FAIL() << "no error";
+  } catch (const lf::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("action_in_proj"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace

@@ -194,12 +194,12 @@ void write_pi05(const std::string& out_dir, const Pi05Setup& setup,
                 const std::vector<std::pair<std::string, at::Tensor>>& full, at::ScalarType dtype,
                 const std::string& template_config) {
   const auto& p = setup.policy;
-  nlohmann::json j;
+  nlohmann::ordered_json j;
   if (!template_config.empty()) {
-    j = nlohmann::json::parse(template_config);
+    j = nlohmann::ordered_json::parse(template_config);
   } else {
-    j = {{"type", "pi05"}, {"n_obs_steps", 1}, {"input_features", nlohmann::json::object()},
-         {"output_features", nlohmann::json::object()}, {"device", "cpu"}, {"use_amp", false},
+    j = {{"type", "pi05"}, {"n_obs_steps", 1}, {"input_features", nlohmann::ordered_json::object()},
+         {"output_features", nlohmann::ordered_json::object()}, {"device", "cpu"}, {"use_amp", false},
          {"paligemma_variant", "gemma_2b"}, {"action_expert_variant", "gemma_300m"}, {"n_action_steps", p.chunk_size},
          {"max_state_dim", 32}, {"empty_cameras", 0}, {"tokenizer_max_length", 200},
          {"normalization_mapping", {{"VISUAL", "IDENTITY"}, {"STATE", "QUANTILES"}, {"ACTION", "QUANTILES"}}}};

@@ -17,6 +17,7 @@
 #include "loongforge/models/hf_adapter.h"
 #include "loongforge/models/hf_vlm.h"
 #include "loongforge/models/lora_io.h"
+#include "loongforge/models/pi05_lerobot.h"
 #include "loongforge/models/wan_checkpoint.h"
 #include "loongforge/models/wan_diffusers.h"
 #include "loongforge/train/checkpoint.h"
@@ -137,7 +138,38 @@ void run_hf2lf_wan(const Hf2LfArgs& a) {
               a.tp);
 }
 
+// A LeRobot pi05 policy directory -> a checkpoint of a pi05 model (the same tensor names without
+// the policy's "model." prefix), TP-split by the model's shardings; its config.json is kept beside
+// the checkpoint for the way back (lf2hf).
+void run_hf2lf_pi05(const Hf2LfArgs& a) {
+  namespace lr = lf::models::lerobot;
+  const auto s = lr::read_pi05_setup(a.hf_dir);
+  LF_CHECK(a.pp == 1, "--pp ", a.pp, ": a pi05 policy runs as one pipeline stage", lf::hint("drop --pp"));
+  LF_CHECK(s.vision.num_attention_heads % a.tp == 0 && s.vlm.num_heads % a.tp == 0 && s.vlm.mlp_dim % a.tp == 0 &&
+               s.expert.mlp_dim % a.tp == 0 && s.vlm.vocab_size % a.tp == 0 && s.vision.intermediate_size % a.tp == 0,
+           "--tp ", a.tp, " must divide the heads (", s.vlm.num_heads, ", SigLIP ", s.vision.num_attention_heads,
+           "), the MLP sizes (", s.vlm.mlp_dim, ", ", s.expert.mlp_dim, ", SigLIP ", s.vision.intermediate_size,
+           ") and the vocabulary (", s.vlm.vocab_size, ") of ", a.hf_dir, lf::hint("each TP rank owns whole heads"));
+  std::optional<at::ScalarType> dtype;
+  if (a.dtype != "keep") dtype = parse_dtype(a.dtype);
+  const auto full = lr::checked_pi05_tensors(s, lr::read_pi05_weights(a.hf_dir, dtype), a.hf_dir + "/model.safetensors");
+  lf::train::write_model_checkpoint(a.out, /*iteration=*/0, full, lr::pi05_shardings(s, a.tp),
+                                    lr::pi05_model_section_yaml(s), a.tp, 1);
+  std::error_code ec;
+  std::filesystem::copy_file(std::filesystem::path(a.hf_dir) / "config.json",
+                             std::filesystem::path(a.out) / lr::kLerobotConfigFile,
+                             std::filesystem::copy_options::overwrite_existing, ec);
+  LF_CHECK(!ec, "cannot copy ", a.hf_dir, "/config.json to ", a.out, ": ", ec.message());
+  std::printf("converted LeRobot pi05 policy (%lld values: SigLIP %lldx%lld, PaliGemma width %lld, expert width %lld, "
+              "%lld layers) from %s to %s (tp %d)\n",
+              static_cast<long long>(count(full)), static_cast<long long>(s.vision.image_size),
+              static_cast<long long>(s.vision.image_size), static_cast<long long>(s.vlm.width),
+              static_cast<long long>(s.expert.width), static_cast<long long>(s.vlm.depth), a.hf_dir.c_str(),
+              a.out.c_str(), a.tp);
+}
+
 void run_hf2lf(const Hf2LfArgs& a) {
+  if (lf::models::lerobot::is_pi05_dir(a.hf_dir)) return run_hf2lf_pi05(a);
   if (is_diffusers_dir(a.hf_dir)) return run_hf2lf_wan(a);
   std::error_code ec;
   LF_CHECK(!std::filesystem::exists(std::filesystem::path(a.hf_dir) / "model_index.json", ec) ||
@@ -174,6 +206,23 @@ void run_lf2hf(const Lf2HfArgs& a) {
   const std::string source = a.load + " (iteration " + std::to_string(m.iteration) + ", config.yaml)";
   const auto resolved = lf::train::ckpt::resolve_checkpoint_dir(a.load, a.iteration);
   const auto base = resolved ? lf::train::verified_checkpoint_base(*resolved) : std::nullopt;
+  if (const auto pi = lf::models::lerobot::pi05_setup_from_model_section(m.config_yaml, source)) {
+    // A pi05 policy: LeRobot's save_pretrained layout; the config.json hf2lf kept is the template.
+    namespace lr = lf::models::lerobot;
+    LF_CHECK(!a.merge_lora && a.architecture.empty(), a.load, " is a pi05 policy; ",
+             a.merge_lora ? "--merge-lora" : "--architecture", " is for HF transformers exports",
+             lf::hint("drop it: the export is a LeRobot pi05 directory"));
+    std::string template_config;
+    if (std::ifstream in(std::filesystem::path(a.load) / lr::kLerobotConfigFile); in.good())
+      template_config.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+    std::map<std::string, at::Tensor> tensors(m.tensors.begin(), m.tensors.end());
+    const auto full = lr::checked_pi05_tensors(*pi, std::move(tensors), source);
+    lr::write_pi05(a.out, *pi, full, options.dtype, template_config);
+    std::printf("exported iteration %lld of %s (LeRobot pi05, %lld values%s) to %s as %s\n",
+                static_cast<long long>(m.iteration), a.load.c_str(), static_cast<long long>(count(m.tensors)),
+                template_config.empty() ? ", LeRobot's default features" : "", a.out.c_str(), a.dtype.c_str());
+    return;
+  }
   if (const auto wan = lf::models::diffusers::wan_config_from_model_section(m.config_yaml, source)) {
     // A flow_matching model: diffusers' WanTransformer3DModel directory (the same tensor names).
     LF_CHECK(!a.merge_lora && a.architecture.empty(), a.load, " is a Wan model (flow_matching); ",
@@ -234,9 +283,10 @@ void run_lf2hf(const Lf2HfArgs& a) {
 
 void add_hf2lf_command(CLI::App& app) {
   auto args = std::make_shared<Hf2LfArgs>();
-  auto* c = app.add_subcommand("hf2lf", "HF transformers (or diffusers Wan) directory -> native LoongForge checkpoint");
+  auto* c = app.add_subcommand("hf2lf", "HF transformers (or diffusers Wan, or LeRobot pi05) directory -> native LoongForge checkpoint");
   c->add_option("--hf-dir", args->hf_dir,
-                "HF model directory (config.json + safetensors), or a diffusers WanTransformer3DModel directory")
+                "HF model directory (config.json + safetensors), a diffusers WanTransformer3DModel directory, or a "
+                "LeRobot pi05 policy (config.json with \"type\": \"pi05\" + model.safetensors)")
       ->required()->check(CLI::ExistingDirectory);
   c->add_option("--out", args->out, "checkpoint directory to write (iter_0000000 inside)")->required();
   c->add_option("--tp", args->tp, "tensor-parallel size of the written shards")->check(CLI::PositiveNumber);
@@ -248,7 +298,7 @@ void add_hf2lf_command(CLI::App& app) {
 void add_lf2hf_command(CLI::App& app) {
   auto args = std::make_shared<Lf2HfArgs>();
   auto* c = app.add_subcommand("lf2hf",
-                               "native LoongForge checkpoint -> HF transformers (a Wan model: diffusers) directory");
+                               "native LoongForge checkpoint -> HF transformers (a Wan model: diffusers; a pi05 policy: LeRobot) directory");
   c->add_option("--load", args->load, "checkpoint directory (its latest iteration by default)")
       ->required()->check(CLI::ExistingDirectory);
   c->add_option("--out", args->out, "HF directory to write (config.json + safetensors)")->required();

@@ -14,6 +14,8 @@
 //       [--load-low-noise DIR --boundary-ratio R [--guidance-scale-low G]]
 //       [--num-inference-steps 50] [--guidance-scale 5] [--sample-shift 5] [--seed S] [--num-samples K]
 //       [--fps 8] [--bf16]   (a Wan diffusion transformer: Euler flow-matching sampling, sample.h)
+//   loongforge-generate --load DIR --policy-inputs FILE.safetensors [--dump-loss OUT] [--dump-actions OUT]
+//       (a pi05 policy: LeRobot directory or pi05 checkpoint; PI05Pytorch's loss / sampled actions, policy.h)
 // Single process. Errors become one message on stderr and exit code 1 (2 for usage errors).
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/Functions.h>
@@ -52,6 +54,7 @@
 #include "loongforge/train/checkpoint.h"
 #include "loongforge/train/checkpoint_format.h"
 #include "denoise.h"
+#include "policy.h"
 #include "sample.h"
 
 namespace {
@@ -62,6 +65,7 @@ struct Options {
   std::string vision_inputs;
   std::string denoise_inputs, dump_prediction;  // a Wan model (denoise.h)
   lf::tools::generate::SampleOptions sample;    // a Wan model's sampling (sample.h)
+  lf::tools::generate::PolicyOptions policy;    // a pi05 policy (policy.h)
   int64_t iteration = -1, eval_limit = 0;
   bool bf16 = false, no_kv_cache = false, verbose = false;
   lf::models::GenerateOptions gen;
@@ -472,7 +476,26 @@ int run_wan(const Options& o) {
   return lf::tools::generate::run_sample(s);
 }
 
+// A pi05 policy: its loss and / or sampled actions on one batch (policy.h).
+int run_pi05(Options& o) {
+  const auto sampling = sampling_flags_given(o);
+  for (const auto& [flag, given] :
+       {std::pair<std::string, bool>{"--prompt", !o.prompt.empty()}, {"--eval-file", !o.eval_file.empty()},
+        {"--input-ids", !o.input_ids.empty()}, {"--denoise-inputs", !o.denoise_inputs.empty()},
+        {"--dump-prediction", !o.dump_prediction.empty()}, {"--image", !o.images.empty()},
+        {"--vision-inputs", !o.vision_inputs.empty()}, {"--lora-adapter", !o.lora_adapter.empty()},
+        {sampling.empty() ? std::string() : sampling[0], !sampling.empty()}})
+    LF_CHECK(!given, flag, " does not apply to a pi05 policy (", o.load, ")",
+             lf::hint(std::string("drop ") + flag + "; " + lf::tools::generate::kPolicyHint));
+  o.policy.load = o.load;
+  o.policy.iteration = o.iteration;
+  return lf::tools::generate::run_policy(o.policy);
+}
+
 int run(Options& o) {
+  if (!o.policy.inputs.empty() || !o.policy.loss.empty() || !o.policy.actions.empty() ||
+      lf::tools::generate::is_policy_model(o.load, o.iteration))
+    return run_pi05(o);
   if (!o.denoise_inputs.empty() || !o.dump_prediction.empty() || lf::tools::generate::is_wan_model(o.load, o.iteration))
     return run_wan(o);
   const auto sampling = sampling_flags_given(o);
@@ -624,6 +647,18 @@ int main(int argc, char** argv) {
                  "[b, l, d] (+ encoder_hidden_states_image for I2V), as diffusers' model takes them; one forward");
   app.add_option("--dump-prediction", o.dump_prediction,
                  "With --denoise-inputs: write the model's output as tensor prediction (float32, safetensors)");
+  // A pi05 policy (policy.h).
+  app.add_option("--policy-inputs", o.policy.inputs,
+                 "A pi05 policy (LeRobot pi05 directory or pi05 checkpoint): safetensors with the batch as LeRobot's "
+                 "PI05Pytorch takes it after its processor: images [n_cam, b, 3, H, W] float32 in [-1, 1], img_masks "
+                 "[n_cam, b] (uint8 or bool), tokens [b, L] int64, masks [b, L], actions [b, chunk, max_action_dim], "
+                 "noise (the actions' shape) and time [b]");
+  app.add_option("--dump-loss", o.policy.loss,
+                 "With --policy-inputs: write tensor loss, the element-wise flow-matching MSE [b, chunk, "
+                 "max_action_dim] of PI05Pytorch.forward (float32, safetensors)");
+  app.add_option("--dump-actions", o.policy.actions,
+                 "With --policy-inputs: write tensor actions [b, chunk, max_action_dim], Euler-sampled from noise with "
+                 "the policy's num_inference_steps as PI05Pytorch.sample_actions does (float32, safetensors)");
   // Sampling from a Wan diffusion transformer (sample.h).
   app.add_option("--text-table", o.sample.text_table,
                  "Wan sampling: the word-table text encoder (safetensors, the small demos) that encodes --prompt and "

@@ -1,0 +1,211 @@
+// loongforge-eval: closed-loop evaluation of a policy on the reach-and-place task (vla/reach_env.h):
+// N episodes, each from its own seed, the policy asked for an action chunk, the first K actions
+// executed, again until the instruction's task is done or the step limit; prints the success rate
+// and optionally writes a per-episode JSON report and GIFs of the first episodes.
+//   loongforge-eval [--policy expert|random | --server ws://HOST:PORT] [--episodes 100] [--seed 0]
+//       [--replan-steps K] [--chunk 10] [--instruction-swap] [--max-steps 100] [--image-size 64]
+//       [--report FILE.json] [--save-gif DIR [--gif-episodes 3]]
+// Single process. Errors become one message on stderr and exit code 1 (2 for usage errors).
+#include <ATen/core/Tensor.h>
+
+#include <CLI/CLI.hpp>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <nlohmann/json.hpp>
+
+#include "loongforge/core/error.h"
+#include "loongforge/core/logging.h"
+#include "loongforge/media/video.h"
+#include "loongforge/vla/policy.h"
+#include "loongforge/vla/reach_env.h"
+#include "loongforge/vla/remote_policy.h"
+
+namespace {
+
+struct Options {
+  std::string policy = "expert", server, report, save_gif;
+  int64_t episodes = 100, replan_steps = 0, chunk = 10, max_steps = 100, image_size = 64, gif_episodes = 3;
+  uint64_t seed = 0;
+  bool instruction_swap = false;
+};
+
+// A GIF frame: the camera image scaled up 4x (nearest), so that a 64-pixel scene is watchable.
+lf::media::Image upscale(const lf::media::Image& in, int64_t f) {
+  lf::media::Image out;
+  out.height = in.height * f, out.width = in.width * f;
+  out.rgb.resize(static_cast<size_t>(out.height * out.width * 3));
+  for (int64_t y = 0; y < out.height; ++y)
+    for (int64_t x = 0; x < out.width; ++x)
+      for (int64_t c = 0; c < 3; ++c)
+        out.rgb[static_cast<size_t>((y * out.width + x) * 3 + c)] =
+            in.rgb[static_cast<size_t>(((y / f) * in.width + x / f) * 3 + c)];
+  return out;
+}
+
+std::string percent(int64_t n, int64_t of) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.1f%%", of ? 100.0 * static_cast<double>(n) / static_cast<double>(of) : 0.0);
+  return buf;
+}
+
+int run(const Options& o) {
+  lf::vla::ReachOptions env_options;
+  env_options.max_steps = o.max_steps;
+  env_options.image_size = o.image_size;
+  lf::vla::ReachEnv env(env_options);
+  std::unique_ptr<lf::vla::Policy> policy;
+  std::string policy_name = o.policy;
+  if (!o.server.empty()) {
+    policy = lf::vla::connect_openpi_server(o.server);
+    policy_name = "server " + o.server;
+  } else {
+    lf::vla::PolicyOptions po;
+    po.seed = o.seed;
+    po.chunk = o.chunk;
+    po.max_speed = env_options.max_speed;
+    policy = lf::vla::make_policy(o.policy, po);
+  }
+  if (!o.save_gif.empty()) std::filesystem::create_directories(o.save_gif);
+
+  nlohmann::json episodes = nlohmann::json::array();
+  int64_t successes = 0, original_done = 0;
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int64_t e = 0; e < o.episodes; ++e) {
+    const uint64_t seed = o.seed + static_cast<uint64_t>(e);
+    lf::vla::Observation obs = env.reset(seed, o.instruction_swap);
+    policy->reset();
+    const bool gif = !o.save_gif.empty() && e < o.gif_episodes;
+    std::vector<lf::media::Image> frames;
+    if (gif) frames.push_back(upscale(env.render(), 4));
+    int64_t calls = 0;
+    while (!env.done()) {
+      const at::Tensor chunk = policy->infer(obs);
+      ++calls;
+      LF_CHECK(chunk.dim() == 2 && chunk.size(0) >= 1 && chunk.size(1) == 3, "the policy returned actions of shape ",
+               chunk.sizes(), "; the reach task takes chunks [H, 3] (dx, dy, grip)");
+      const int64_t k = o.replan_steps > 0 ? std::min(o.replan_steps, chunk.size(0)) : chunk.size(0);
+      for (int64_t i = 0; i < k && !env.done(); ++i) {
+        obs = env.step(chunk[i]).observation;
+        if (gif) frames.push_back(upscale(env.render(), 4));
+      }
+    }
+    const bool ok = env.success();
+    const auto [ob, ot] = env.original_task();
+    const bool original = env.task_done(ob, ot);
+    successes += ok;
+    original_done += original;
+    nlohmann::json ep = {{"episode", e},  {"seed", seed},   {"instruction", env.instruction()},
+                         {"success", ok}, {"steps", env.steps()}, {"policy_calls", calls}};
+    if (o.instruction_swap) {
+      ep["original_instruction"] = lf::vla::reach_instruction(ob, ot);
+      ep["original_task_done"] = original;
+    }
+    if (gif) {
+      const std::string path = o.save_gif + "/episode_" + std::to_string(e) + ".gif";
+      lf::media::write_gif(frames, 10, path);
+      ep["gif"] = path;
+    }
+    episodes.push_back(ep);
+  }
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+
+  std::cout << "loongforge-eval: " << policy_name << " on the reach task, " << o.episodes << " episodes (seeds "
+            << o.seed << ".." << o.seed + static_cast<uint64_t>(o.episodes) - 1 << ")"
+            << (o.instruction_swap ? ", instructions swapped" : "") << "\n";
+  std::cout << "success rate: " << successes << "/" << o.episodes << " (" << percent(successes, o.episodes) << ")\n";
+  if (o.instruction_swap)
+    std::cout << "original task done: " << original_done << "/" << o.episodes << " ("
+              << percent(original_done, o.episodes) << ") (a policy that follows the instruction does the swapped "
+              << "task, not the original)\n";
+  if (!o.report.empty()) {
+    nlohmann::json r = {{"policy", o.server.empty() ? o.policy : "server"},
+                        {"episodes", o.episodes},
+                        {"seed", o.seed},
+                        {"replan_steps", o.replan_steps},
+                        {"max_steps", o.max_steps},
+                        {"image_size", o.image_size},
+                        {"instruction_swap", o.instruction_swap},
+                        {"successes", successes},
+                        {"success_rate", o.episodes ? static_cast<double>(successes) / static_cast<double>(o.episodes) : 0.0},
+                        {"seconds", seconds},
+                        {"per_episode", episodes}};
+    if (!o.server.empty()) r["server"] = o.server;
+    if (o.instruction_swap) {
+      r["original_task_done"] = original_done;
+      r["original_task_rate"] = o.episodes ? static_cast<double>(original_done) / static_cast<double>(o.episodes) : 0.0;
+    }
+    std::ofstream out(o.report);
+    LF_CHECK(out.good(), "cannot write the report ", o.report);
+    out << r.dump(2) << "\n";
+    LF_CHECK(out.good(), "cannot write the report ", o.report);
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Options o;
+  std::string choices;
+  for (const auto& [name, what] : lf::vla::policy_names()) choices += (choices.empty() ? "" : ", ") + name + " (" + what + ")";
+  CLI::App app{"loongforge-eval: closed-loop evaluation of a policy on the reach-and-place task"};
+  app.add_option("--policy", o.policy, "The policy: " + choices)->capture_default_str();
+  app.add_option("--server", o.server,
+                 "Evaluate the policy a server speaking OpenPI's websocket protocol serves (ws://HOST:PORT, e.g. "
+                 "loongforge-serve-policy), instead of --policy");
+  app.add_option("--episodes", o.episodes, "Episodes to run")->capture_default_str()->check(CLI::Range(int64_t{1}, int64_t{1} << 30));
+  app.add_option("--seed", o.seed, "Episode e's scene is drawn from seed + e (and the random policy from seed)")
+      ->capture_default_str();
+  app.add_option("--replan-steps", o.replan_steps,
+                 "Execute the first K actions of each chunk before asking the policy again (0: the whole chunk)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--chunk", o.chunk, "The scripted policies' chunk length H (actions per call)")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{1}, int64_t{1000}));
+  app.add_flag("--instruction-swap", o.instruction_swap,
+               "Tell the policy the instruction with its colours swapped (\"put the blue block on the red target\" for "
+               "red / blue); success is then the swapped task, and the original task's rate is printed too: a policy "
+               "that reads the instruction does the swapped task");
+  app.add_option("--max-steps", o.max_steps, "Steps per episode at most")->capture_default_str()->check(CLI::Range(int64_t{1}, int64_t{100000}));
+  app.add_option("--image-size", o.image_size, "The camera image's side in pixels")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{16}, int64_t{1024}));
+  app.add_option("--report", o.report, "Write a JSON report with per-episode results");
+  app.add_option("--save-gif", o.save_gif, "Write the first --gif-episodes episodes as DIR/episode_<e>.gif (4x scaled)");
+  app.add_option("--gif-episodes", o.gif_episodes, "With --save-gif: how many episodes")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  lf::log::init(lf::log::options_from_env(-1, 1));
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e) == 0 ? 0 : 2;
+  }
+  bool known = false;
+  for (const auto& [name, what] : lf::vla::policy_names()) known = known || name == o.policy;
+  if (!known) {
+    std::string names;
+    for (const auto& [name, what] : lf::vla::policy_names()) names += (names.empty() ? "" : ", ") + name;
+    std::cerr << "loongforge-eval: error: unknown policy '" << o.policy << "'; the choices are: " << names << "\n";
+    return 2;
+  }
+  if (!o.server.empty() && app.count("--policy")) {
+    std::cerr << "loongforge-eval: error: --server evaluates the server's policy; drop --policy\n";
+    return 2;
+  }
+  if (app.count("--gif-episodes") && o.save_gif.empty()) {
+    std::cerr << "loongforge-eval: error: --gif-episodes needs --save-gif DIR\n";
+    return 2;
+  }
+  try {
+    return run(o);
+  } catch (const std::exception& e) {
+    lf::log::flush();
+    std::cerr << "loongforge-eval: error: " << e.what() << "\n";
+    return 1;
+  }
+}

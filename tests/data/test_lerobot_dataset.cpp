@@ -250,4 +250,38 @@ TEST(LeRobotErrors, NameTheFileAndEpisode) {
   }
 }
 
+// The program: `loongforge-data inspect DATASET --dump-episode N OUT` writes what
+// LeRobotDataset gives for the episode's frames, stacked; without it, a summary.
+TEST(LeRobotInspectProgram, DumpEpisodeEqualsLeRobotDataset) {
+  NEED_ORACLE();
+  const std::string bin = lf::testing::binary_dir() + "/bin/loongforge-data";
+  const std::string d = lf::testing::make_temp_dir("lerobot-inspect");
+  auto r = lf::testing::run_command({bin, "inspect", o + "/v30", "--dump-episode", "1", d + "/ep1.safetensors"});
+  ASSERT_TRUE(r.ok()) << r.output;
+  const auto got = read_tensors(d + "/ep1.safetensors");
+  const auto want = read_tensors(o + "/v30_episode1.safetensors");
+  ASSERT_EQ(got.size(), want.size()) << r.output;
+  for (const auto& [key, t] : want) {
+    ASSERT_TRUE(got.count(key)) << key;
+    expect_identical(got.at(key), t, "dumped " + key);
+  }
+  EXPECT_EQ(lf::safetensors::Reader::open(d + "/ep1.safetensors").metadata().at("tasks"),
+            "[\"put the cube in the bowl\"]");
+
+  r = lf::testing::run_command({bin, "inspect", o + "/v30"});
+  ASSERT_TRUE(r.ok()) << r.output;
+  for (const std::string part : {"version: v3.0", "fps: 10", "episodes: 3", "frames: 28", "observation.state",
+                                 "observation.images.wrist", "[32, 48, 3]"})
+    EXPECT_NE(r.output.find(part), std::string::npos) << part << " not in\n" << r.output;
+
+  r = lf::testing::run_command({bin, "inspect", "--help"});
+  EXPECT_NE(r.output.find("--dump-episode"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("uint8"), std::string::npos) << r.output;
+
+  r = lf::testing::run_command({bin, "inspect", o + "/v21", "--dump-episode", "3", d + "/ep3.safetensors"});
+  EXPECT_FALSE(r.ok());
+  EXPECT_NE(r.output.find("episode 3 is outside [0, 3)"), std::string::npos) << r.output;
+  EXPECT_FALSE(fs::exists(d + "/ep3.safetensors"));
+}
+
 }  // namespace

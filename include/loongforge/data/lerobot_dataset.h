@@ -97,8 +97,9 @@ class LeRobotDataset {
   LeRobotItem get(int64_t index) const;
 
   // Episode `episode_index` as the trainer sees it, one tensor per key over its T frames: each
-  // non-camera feature as float32 [T, ...] (`timestamp`, `frame_index`, `task_index`, `index`,
-  // `episode_index` included), each camera uint8 [T, C, H, W] decoded at the frames' timestamps.
+  // recorded numeric feature as float32 [T, ...], each camera uint8 [T, C, H, W] decoded at the
+  // frames' timestamps, `timestamp` float32 [T], and `frame_index`, `task_index`, `index`,
+  // `episode_index` int64 [T] (what LeRobotDataset gives frame by frame, stacked).
   std::map<std::string, at::Tensor> episode_tensors(int64_t episode_index) const;
 
  private:

@@ -17,6 +17,10 @@ venv (.venv-lerobot, lerobot 0.6): `python lerobot_dataset_oracle.py make DIR` w
                           timestamps: "<episode>/<key>" uint8 [T, C, H, W]
   DIR/v21_stats.safetensors   lerobot's aggregate_stats over the episodes' stats: "<key>/<stat>"
   DIR/short.mp4           a 3-frame video (episode 2's camera cut short, for the error test)
+  DIR/images/             a v3.0 dataset recorded with use_videos=False (one camera of dtype "image",
+                          PNG bytes in the data parquet), 2 episodes of 3 and 4 frames;
+                          DIR/images_items.safetensors: LeRobotDataset's items ("<i>/<key>", the
+                          camera float32 [C, H, W] in [0, 1] as ToTensor makes it)
   DIR/done
 Nothing reaches the network (HF_HUB_OFFLINE, HF_DATASETS_OFFLINE).
 """
@@ -187,6 +191,24 @@ def write_v21(v30, v21, out):
         encode_video_frames(d, out / "short.mp4", FPS)
 
 
+def record_images(root, out):
+    features = {
+        "observation.image": {"dtype": "image", "shape": (H, W, 3), "names": ["height", "width", "channels"]},
+        "observation.state": {"dtype": "float32", "shape": (2,), "names": ["a", "b"]},
+    }
+    ds = LeRobotDataset.create("lf/lerobot_images", fps=FPS, features=features, root=root, use_videos=False)
+    for ep, length in enumerate([3, 4]):
+        for t in range(length):
+            ds.add_frame({"observation.image": frame_image(0, ep, t),
+                          "observation.state": np.array([ep, t], dtype=np.float32), "task": TASKS[ep]})
+        ds.save_episode()
+    ds.finalize()
+    ds = LeRobotDataset("lf/lerobot_images", root=root)
+    tensors = {f"{i}/{k}": v.contiguous() for i in range(len(ds)) for k, v in ds[i].items()
+               if isinstance(v, torch.Tensor)}
+    save_file(tensors, str(out / "images_items.safetensors"))
+
+
 def main():
     if len(sys.argv) != 3 or sys.argv[1] != "make":
         sys.exit("usage: lerobot_dataset_oracle.py make DIR")
@@ -198,6 +220,7 @@ def main():
     record_v30(v30)
     items(v30, out)
     write_v21(v30, out / "v21", out)
+    record_images(out / "images", out)
     (out / "done").write_text("ok\n")
 
 

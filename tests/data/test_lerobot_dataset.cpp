@@ -195,6 +195,25 @@ TEST(LeRobotV21, SameRecordingReadsTheSame) {
   }
 }
 
+// use_videos=False: the camera's PNG bytes live in the data parquet ({bytes, path} structs).
+// LeRobotDataset gives them as ToTensor's float32 x / 255; we give uint8, which must match.
+TEST(LeRobotV30, ImageFeaturesInTheParquet) {
+  NEED_ORACLE();
+  LeRobotDataset ds(o + "/images");
+  EXPECT_EQ(ds.camera_keys(), (std::vector<std::string>{"observation.image"}));
+  ASSERT_EQ(ds.num_frames(), 7);
+  const auto want = read_tensors(o + "/images_items.safetensors");
+  for (int64_t i = 0; i < ds.num_frames(); ++i) {
+    const auto item = ds.get(i);
+    const std::string p = std::to_string(i) + "/";
+    expect_identical(item.tensors.at("observation.image").to(at::kFloat).div(255), want.at(p + "observation.image"),
+                     "image frame " + std::to_string(i));
+    expect_identical(item.tensors.at("observation.state"), want.at(p + "observation.state"),
+                     "image frame " + std::to_string(i) + " state");
+  }
+  EXPECT_EQ(ds.episode_tensors(1).at("observation.image").sizes(), (at::IntArrayRef{4, 3, 32, 48}));
+}
+
 TEST(LeRobotErrors, NameTheFileAndEpisode) {
   NEED_ORACLE();
   const auto contains = [](const std::string& msg, std::initializer_list<std::string> parts) {

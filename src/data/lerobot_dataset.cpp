@@ -201,6 +201,7 @@ struct LeRobotDataset::Impl {
   std::vector<LeRobotEpisode> episodes;  // by episode_index
   std::map<std::string, LeRobotFeatureStats> stats;
   std::map<std::string, std::vector<int64_t>> delta_indices;
+  json info;  // meta/info.json
 
   mutable std::mutex mu;
   mutable std::map<std::string, std::shared_ptr<const FrameTable>> tables;
@@ -218,7 +219,7 @@ struct LeRobotDataset::Impl {
     LF_CHECK(fs::exists(info_path()), where(), ": meta/info.json is missing",
              lf::hint("DATASET must be a LeRobot dataset's root directory (the one holding meta/, data/ and "
                       "videos/), e.g. a local copy of its hub repository"));
-    const json info = read_json(info_path(), "LeRobot metadata");
+    info = read_json(info_path(), "LeRobot metadata");
     version = info.value("codebase_version", "");
     LF_CHECK(version == "v3.0" || version == "v2.1", info_path(), ": codebase_version \"", version,
              "\" is not supported (v3.0 and v2.1 are)",
@@ -248,7 +249,6 @@ struct LeRobotDataset::Impl {
   }
 
   std::string path_template(const char* key, const char* fallback) const {
-    const json info = read_json(info_path(), "LeRobot metadata");
     return info.contains(key) && info[key].is_string() ? info[key].get<std::string>() : std::string(fallback);
   }
 
@@ -544,7 +544,8 @@ LeRobotItem LeRobotDataset::get(int64_t index) const {
   const auto t = m.table(ep);
   const int64_t row = m.row(*t, ep, index);
   LeRobotItem item;
-  for (const auto& [key, col] : t->columns) item.tensors[key] = col[row];
+  // Copies: the table is cached and shared, the item is the caller's to modify.
+  for (const auto& [key, col] : t->columns) item.tensors[key] = col[row].clone();
   // dataset_reader._get_query_indices: offsets clamped into the episode, pads where they left it.
   std::map<std::string, std::vector<int64_t>> query_rows;
   for (const auto& [key, deltas] : m.delta_indices) {
@@ -589,7 +590,7 @@ std::map<std::string, at::Tensor> LeRobotDataset::episode_tensors(int64_t episod
   for (const auto& [key, col] : t->columns) {
     at::Tensor v = col.slice(0, first, last + 1);
     // Indices keep their integer dtype (and timestamp its float32); recorded features go float32.
-    out[key] = kIndexColumns.count(key) ? v.contiguous() : v.to(at::kFloat).contiguous();
+    out[key] = kIndexColumns.count(key) ? v.clone() : v.to(at::kFloat, /*non_blocking=*/false, /*copy=*/true);
   }
   std::vector<double> times;
   std::vector<int64_t> rows;

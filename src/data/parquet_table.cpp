@@ -179,6 +179,11 @@ std::vector<std::vector<std::string>> Table::string_lists(const std::string& col
     std::shared_ptr<arrow::Array> v = a->type_id() == arrow::Type::LIST
                                           ? static_cast<arrow::ListArray*>(a.get())->value_slice(i)
                                           : static_cast<arrow::LargeListArray*>(a.get())->value_slice(i);
+    if (v->type_id() == arrow::Type::LARGE_STRING) {
+      auto* s = static_cast<arrow::LargeStringArray*>(v.get());
+      for (int64_t k = 0; k < s->length(); ++k) out[size_t(i)].push_back(s->GetString(k));
+      continue;
+    }
     LF_CHECK(v->type_id() == arrow::Type::STRING, path_, " column '", column, "': lists of ",
              v->type()->ToString(), ", not strings");
     auto* s = static_cast<arrow::StringArray*>(v.get());

@@ -17,6 +17,9 @@ venv (.venv-lerobot, lerobot 0.6): `python lerobot_dataset_oracle.py make DIR` w
                           timestamps: "<episode>/<key>" uint8 [T, C, H, W]
   DIR/v21_stats.safetensors   lerobot's aggregate_stats over the episodes' stats: "<key>/<stat>"
   DIR/short.mp4           a 3-frame video (episode 2's camera cut short, for the error test)
+  DIR/multi/, DIR/multi_items.{safetensors,json}  the v3.0 recording again with file size limits
+                          so small that each episode gets its own data, video and episode-table
+                          files (file-000 .. file-002), and its items as for v30
   DIR/images/             a v3.0 dataset recorded with use_videos=False (one camera of dtype "image",
                           PNG bytes in the data parquet), 2 episodes of 3 and 4 frames;
                           DIR/images_items.safetensors: LeRobotDataset's items ("<i>/<key>", the
@@ -71,13 +74,13 @@ def frame_image(cam, ep, t):
     return img if cam == 0 else np.ascontiguousarray(img[:, ::-1])
 
 
-def record_v30(root):
+def record_v30(root, repo_id="lf/lerobot_oracle", **create_args):
     features = {
         cam: {"dtype": "video", "shape": (H, W, 3), "names": ["height", "width", "channels"]} for cam in CAMERAS
     }
     features["observation.state"] = {"dtype": "float32", "shape": (3,), "names": ["x", "y", "z"]}
     features["action"] = {"dtype": "float32", "shape": (2,), "names": ["dx", "dy"]}
-    ds = LeRobotDataset.create("lf/lerobot_oracle", fps=FPS, features=features, root=root, use_videos=True)
+    ds = LeRobotDataset.create(repo_id, fps=FPS, features=features, root=root, use_videos=True, **create_args)
     rng = np.random.default_rng(7)
     for ep, length in enumerate(LENGTHS):
         for t in range(length):
@@ -90,9 +93,8 @@ def record_v30(root):
     ds.finalize()
 
 
-def items(root, out):
-    ds = LeRobotDataset("lf/lerobot_oracle", root=root, delta_timestamps=DELTAS, return_uint8=True,
-                        video_backend="pyav")
+def write_items(repo_id, root, out, name):
+    ds = LeRobotDataset(repo_id, root=root, delta_timestamps=DELTAS, return_uint8=True, video_backend="pyav")
     tensors, tasks = {}, []
     for i in range(len(ds)):
         item = ds[i]
@@ -100,8 +102,12 @@ def items(root, out):
             if isinstance(v, torch.Tensor):
                 tensors[f"{i}/{k}"] = v.contiguous()
         tasks.append(item["task"])
-    save_file(tensors, str(out / "v30_items.safetensors"))
-    (out / "v30_items.json").write_text(json.dumps({"tasks": tasks, "num_frames": len(ds)}))
+    save_file(tensors, str(out / f"{name}_items.safetensors"))
+    (out / f"{name}_items.json").write_text(json.dumps({"tasks": tasks, "num_frames": len(ds)}))
+
+
+def items(root, out):
+    write_items("lf/lerobot_oracle", root, out, "v30")
 
     # Episode 1 as a trainer sees it: no deltas, one tensor per key over its frames.
     plain = LeRobotDataset("lf/lerobot_oracle", root=root, return_uint8=True, video_backend="pyav")
@@ -221,6 +227,10 @@ def main():
     items(v30, out)
     write_v21(v30, out / "v21", out)
     record_images(out / "images", out)
+    # Tiny file size limits: every episode in its own data, video and episode-table file.
+    record_v30(out / "multi", "lf/lerobot_multi", video_files_size_in_mb=0.001, data_files_size_in_mb=0.001,
+               metadata_buffer_size=1)
+    write_items("lf/lerobot_multi", out / "multi", out, "multi")
     (out / "done").write_text("ok\n")
 
 

@@ -105,11 +105,10 @@ TEST(LeRobotV30, MetadataAsLeRobotWroteIt) {
   EXPECT_EQ(ds.stats("observation.images.front").at("mean").sizes(), (at::IntArrayRef{3, 1, 1}));
 }
 
-TEST(LeRobotV30, EveryItemEqualsLeRobotDataset) {
-  NEED_ORACLE();
-  LeRobotDataset ds(o + "/v30", {kDeltas, 1e-4});
-  const auto want = read_tensors(o + "/v30_items.safetensors");
-  const auto meta = nlohmann::json::parse(lf::testing::read_text(o + "/v30_items.json"));
+void expect_items_equal(const std::string& o, const std::string& name) {
+  LeRobotDataset ds(o + "/" + name, {kDeltas, 1e-4});
+  const auto want = read_tensors(o + "/" + name + "_items.safetensors");
+  const auto meta = nlohmann::json::parse(lf::testing::read_text(o + "/" + name + "_items.json"));
   ASSERT_EQ(ds.num_frames(), meta["num_frames"].get<int64_t>());
   for (int64_t i = 0; i < ds.num_frames(); ++i) {
     const auto item = ds.get(i);
@@ -126,6 +125,21 @@ TEST(LeRobotV30, EveryItemEqualsLeRobotDataset) {
     EXPECT_EQ(item.tensors.size(), keys) << "frame " << i;
     EXPECT_EQ(item.task, meta["tasks"][size_t(i)].get<std::string>()) << "frame " << i;
   }
+}
+
+TEST(LeRobotV30, EveryItemEqualsLeRobotDataset) {
+  NEED_ORACLE();
+  expect_items_equal(o, "v30");
+}
+
+// Episodes spread over several data, video and episode-table files (file-000 .. file-002).
+TEST(LeRobotV30, EpisodesInSeveralFilesEqualLeRobotDataset) {
+  NEED_ORACLE();
+  LeRobotDataset ds(o + "/multi");
+  EXPECT_EQ(ds.episode(2).data_path, "data/chunk-000/file-002.parquet");
+  EXPECT_EQ(ds.episode(1).videos.at("observation.images.wrist").path,
+            "videos/observation.images.wrist/chunk-000/file-001.mp4");
+  expect_items_equal(o, "multi");
 }
 
 TEST(LeRobotV30, EpisodeTensorsEqualStackedItems) {

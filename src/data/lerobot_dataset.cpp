@@ -229,7 +229,12 @@ struct LeRobotDataset::Impl {
       fps = int64_t(std::llround(info.at("fps").get<double>()));
       total_frames = info.value("total_frames", int64_t(0));
       chunks_size = info.value("chunks_size", int64_t(1000));
-      for (const auto& [key, f] : info.at("features").items()) {
+      // Features in info.json's order (LeRobot's camera order), which json's sorted map loses.
+      std::ifstream in(info_path());
+      const auto ordered = nlohmann::ordered_json::parse(in);
+      for (const auto& entry : ordered.at("features").items()) {
+        const std::string& key = entry.key();
+        const json& f = info.at("features").at(key);
         LeRobotFeature ft;
         ft.key = key;
         ft.dtype = f.at("dtype").get<std::string>();

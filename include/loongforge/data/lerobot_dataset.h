@@ -67,6 +67,8 @@ struct LeRobotItem {
   std::string task;
 };
 
+// get() and episode_tensors() may run on several threads at once (a data file is read once, under
+// a lock, and shared; each call opens its own video decoders).
 class LeRobotDataset {
  public:
   // Reads meta/ (info, tasks, episodes, stats); data and videos are read when asked for. An
@@ -84,7 +86,7 @@ class LeRobotDataset {
   int64_t num_episodes() const;
   const std::vector<LeRobotFeature>& features() const;
   const LeRobotFeature& feature(const std::string& key) const;  // an error naming the dataset and key
-  std::vector<std::string> camera_keys() const;                 // video (then image) features
+  std::vector<std::string> camera_keys() const;                 // video, then image features, in info.json order
   const std::vector<std::string>& tasks() const;                // by task_index
   const LeRobotEpisode& episode(int64_t episode_index) const;   // an error when out of range
   // Stats of `key`; an error naming meta/stats.json when the dataset has none for it.

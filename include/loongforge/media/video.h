@@ -22,7 +22,8 @@ struct VideoInfo {
 // codec or a corrupt stream.
 std::vector<Image> decode_video(const std::string& path, VideoInfo* info = nullptr);
 
-// How decoded YUV becomes RGB (libswscale, same size). The two differ by a unit or two per channel.
+// How decoded 4:2:0 YUV becomes RGB (libswscale, same size). The two upsample chroma differently:
+// at sharp colour edges they differ by tens of levels (docs/data.md, "LeRobot datasets").
 enum class RgbConversion {
   kAccurate,  // bicubic, accurate rounding, full chroma interpolation (decode_video's)
   kPyAV,      // swscale's defaults as PyAV's frame.to_ndarray(format="rgb24") asks for them:

@@ -53,3 +53,43 @@ endif()
 # cmake/gloo-shim declares exactly those names; the class layout is unaffected
 # (docs/distributed.md, "Gloo from the wheel").
 set(LOONGFORGE_GLOO_SHIM_DIR ${PROJECT_SOURCE_DIR}/cmake/gloo-shim)
+
+# Arrow/Parquet C++ (LeRobot datasets: data/meta parquet files). Debian 12 packages no libarrow,
+# so the libraries and headers come, like LibTorch, from a wheel in the project's virtual
+# environment: pyarrow ships its C++ libraries (manylinux_2_28, the C++11 ABI LibTorch also uses)
+# under versioned sonames only, so they are linked by full path and found at run time through
+# the RPATH CMake records for imported libraries (no symlinks to create).
+if(NOT LOONGFORGE_PYARROW_PYTHON)
+  if(Python3_EXECUTABLE)
+    set(LOONGFORGE_PYARROW_PYTHON ${Python3_EXECUTABLE})
+  else()
+    set(LOONGFORGE_PYARROW_PYTHON ${PROJECT_SOURCE_DIR}/.venv/bin/python)
+  endif()
+endif()
+execute_process(
+  COMMAND ${LOONGFORGE_PYARROW_PYTHON} -c
+    "import pyarrow; print(pyarrow.get_include()); print(pyarrow.get_library_dirs()[0]); print(pyarrow.__version__)"
+  OUTPUT_VARIABLE _lf_pyarrow OUTPUT_STRIP_TRAILING_WHITESPACE RESULT_VARIABLE _lf_pyarrow_rc ERROR_QUIET)
+if(NOT _lf_pyarrow_rc EQUAL 0)
+  message(FATAL_ERROR "pyarrow (Arrow/Parquet C++) not found with ${LOONGFORGE_PYARROW_PYTHON}; "
+    "run tools/install-deps, or pass -DLOONGFORGE_PYARROW_PYTHON=<a python with pyarrow>")
+endif()
+string(REPLACE "\n" ";" _lf_pyarrow "${_lf_pyarrow}")
+list(GET _lf_pyarrow 0 LOONGFORGE_ARROW_INCLUDE_DIR)
+list(GET _lf_pyarrow 1 LOONGFORGE_ARROW_LIB_DIR)
+list(GET _lf_pyarrow 2 LOONGFORGE_ARROW_VERSION)
+file(STRINGS ${LOONGFORGE_ARROW_INCLUDE_DIR}/arrow/util/config.h _lf_arrow_so REGEX "define ARROW_SO_VERSION ")
+string(REGEX REPLACE ".*\"([0-9]+)\".*" "\\1" LOONGFORGE_ARROW_SO_VERSION "${_lf_arrow_so}")
+foreach(_lib arrow parquet)
+  set(_path ${LOONGFORGE_ARROW_LIB_DIR}/lib${_lib}.so.${LOONGFORGE_ARROW_SO_VERSION})
+  if(NOT EXISTS ${_path})
+    message(FATAL_ERROR "pyarrow ${LOONGFORGE_ARROW_VERSION}: ${_path} is missing")
+  endif()
+  add_library(loongforge_${_lib} SHARED IMPORTED)
+  set_target_properties(loongforge_${_lib} PROPERTIES IMPORTED_LOCATION ${_path}
+    IMPORTED_SONAME lib${_lib}.so.${LOONGFORGE_ARROW_SO_VERSION})
+  target_include_directories(loongforge_${_lib} SYSTEM INTERFACE ${LOONGFORGE_ARROW_INCLUDE_DIR})
+endforeach()
+target_link_libraries(loongforge_parquet INTERFACE loongforge_arrow)
+add_library(loongforge::parquet ALIAS loongforge_parquet)
+message(STATUS "Arrow/Parquet ${LOONGFORGE_ARROW_VERSION} (pyarrow): ${LOONGFORGE_ARROW_LIB_DIR}")

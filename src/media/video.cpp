@@ -3,6 +3,7 @@
 
 extern "C" {
 #include <libavcodec/avcodec.h>
+#include <libavutil/log.h>
 #include <libavformat/avformat.h>
 #include <libavutil/imgutils.h>
 #include <libswscale/swscale.h>
@@ -14,6 +15,7 @@ extern "C" {
 #include <cmath>
 #include <cstring>
 #include <memory>
+#include <mutex>
 
 #include "loongforge/core/error.h"
 
@@ -51,14 +53,17 @@ struct Sws {
   ~Sws() { sws_freeContext(ctx); }
 };
 
-Image to_rgb(const AVFrame* frame, Sws& sws) {
+Image to_rgb(const AVFrame* frame, Sws& sws, RgbConversion conversion = RgbConversion::kAccurate) {
   Image img;
   img.height = frame->height;
   img.width = frame->width;
   img.rgb.resize(size_t(img.height * img.width * 3));
+  // kPyAV: at the same size swscale then takes its unscaled YUV -> RGB path, whose chroma
+  // upsampling and rounding differ from the accurate, fully interpolated one.
+  const int flags = conversion == RgbConversion::kPyAV ? SWS_BILINEAR
+                                                       : SWS_BICUBIC | SWS_ACCURATE_RND | SWS_FULL_CHR_H_INT;
   sws.ctx = sws_getCachedContext(sws.ctx, frame->width, frame->height, AVPixelFormat(frame->format), frame->width,
-                                 frame->height, AV_PIX_FMT_RGB24, SWS_BICUBIC | SWS_ACCURATE_RND | SWS_FULL_CHR_H_INT,
-                                 nullptr, nullptr, nullptr);
+                                 frame->height, AV_PIX_FMT_RGB24, flags, nullptr, nullptr, nullptr);
   LF_CHECK(sws.ctx != nullptr, "video: cannot convert pixel format ",
            av_get_pix_fmt_name(AVPixelFormat(frame->format)), " to RGB");
   uint8_t* dst[4] = {img.rgb.data(), nullptr, nullptr, nullptr};
@@ -67,66 +72,157 @@ Image to_rgb(const AVFrame* frame, Sws& sws) {
   return img;
 }
 
-}  // namespace
-
-std::vector<Image> decode_video(const std::string& path, VideoInfo* info) {
+// An opened file with its best video stream's decoder.
+struct Input {
   FormatIn in;
-  int rc = avformat_open_input(&in.ctx, path.c_str(), nullptr, nullptr);
+  Codec dec;
+  int stream = -1;
+  AVStream* st = nullptr;
+};
+
+void open_input(const std::string& path, Input& v) {
+  // Some decoders (libdav1d) print a banner at FFmpeg's default level, info, on every open; a data
+  // loader opens thousands of files. Quiet it unless the process chose a level itself.
+  static std::once_flag quiet;
+  std::call_once(quiet, [] {
+    if (av_log_get_level() == AV_LOG_INFO) av_log_set_level(AV_LOG_ERROR);
+  });
+  int rc = avformat_open_input(&v.in.ctx, path.c_str(), nullptr, nullptr);
   if (rc < 0) {
     LF_FAIL("video ", path, ": cannot open (", av_message(rc), ")",
             lf::hint("check the path; the file must be a video FFmpeg can read"));
   }
-  rc = avformat_find_stream_info(in.ctx, nullptr);
+  rc = avformat_find_stream_info(v.in.ctx, nullptr);
   if (rc < 0) LF_FAIL("video ", path, ": cannot read stream information (", av_message(rc), ")");
   const AVCodec* decoder = nullptr;
-  const int stream = av_find_best_stream(in.ctx, AVMEDIA_TYPE_VIDEO, -1, -1, &decoder, 0);
-  if (stream < 0 || !decoder) {
-    LF_FAIL("video ", path, ": no decodable video stream (", av_message(stream), ")",
-            lf::hint("re-encode the file with a common codec (H.264, VP9, FFV1, MJPEG)"));
+  v.stream = av_find_best_stream(v.in.ctx, AVMEDIA_TYPE_VIDEO, -1, -1, &decoder, 0);
+  if (v.stream < 0 || !decoder) {
+    LF_FAIL("video ", path, ": no decodable video stream (", av_message(v.stream), ")",
+            lf::hint("re-encode the file with a common codec (H.264, VP9, AV1, FFV1, MJPEG)"));
   }
-  AVStream* st = in.ctx->streams[stream];
-  Codec dec;
-  dec.ctx = avcodec_alloc_context3(decoder);
-  avcodec_parameters_to_context(dec.ctx, st->codecpar);
-  dec.ctx->thread_count = 1;
-  rc = avcodec_open2(dec.ctx, decoder, nullptr);
+  v.st = v.in.ctx->streams[v.stream];
+  v.dec.ctx = avcodec_alloc_context3(decoder);
+  avcodec_parameters_to_context(v.dec.ctx, v.st->codecpar);
+  v.dec.ctx->thread_count = 1;
+  rc = avcodec_open2(v.dec.ctx, decoder, nullptr);
   if (rc < 0) LF_FAIL("video ", path, ": cannot open the ", decoder->name, " decoder (", av_message(rc), ")");
+}
 
-  std::vector<Image> frames;
+// Reads packets and decodes them, handing each frame to `on_frame` until it returns false or the
+// stream ends (then the decoder is drained). `decoded` counts frames for messages.
+void decode_frames(const std::string& path, Input& v, const std::function<bool(AVFrame*)>& on_frame) {
   Frame frame;
   Packet pkt;
-  Sws sws;
+  int64_t decoded = 0;
+  bool more = true;
   auto drain = [&]() {
-    while (true) {
-      const int r = avcodec_receive_frame(dec.ctx, frame.f);
+    while (more) {
+      const int r = avcodec_receive_frame(v.dec.ctx, frame.f);
       if (r == AVERROR(EAGAIN) || r == AVERROR_EOF) return;
-      if (r < 0) LF_FAIL("video ", path, ": decoding frame ", frames.size(), " failed (", av_message(r), ")");
-      frames.push_back(to_rgb(frame.f, sws));
+      if (r < 0) LF_FAIL("video ", path, ": decoding frame ", decoded, " failed (", av_message(r), ")");
+      ++decoded;
+      more = on_frame(frame.f);
       av_frame_unref(frame.f);
     }
   };
-  while ((rc = av_read_frame(in.ctx, pkt.p)) >= 0) {
-    if (pkt.p->stream_index == stream) {
-      const int r = avcodec_send_packet(dec.ctx, pkt.p);
+  int rc = 0;
+  while (more && (rc = av_read_frame(v.in.ctx, pkt.p)) >= 0) {
+    if (pkt.p->stream_index == v.stream) {
+      const int r = avcodec_send_packet(v.dec.ctx, pkt.p);
       if (r < 0 && r != AVERROR(EAGAIN)) {
         av_packet_unref(pkt.p);
-        LF_FAIL("video ", path, ": corrupt packet after frame ", frames.size(), " (", av_message(r), ")",
+        LF_FAIL("video ", path, ": corrupt packet after frame ", decoded, " (", av_message(r), ")",
                 lf::hint("re-encode or remove the file"));
       }
       drain();
     }
     av_packet_unref(pkt.p);
   }
-  if (rc != AVERROR_EOF) LF_FAIL("video ", path, ": read error after frame ", frames.size(), " (", av_message(rc), ")");
-  avcodec_send_packet(dec.ctx, nullptr);
+  if (!more) return;
+  if (rc != AVERROR_EOF) LF_FAIL("video ", path, ": read error after frame ", decoded, " (", av_message(rc), ")");
+  avcodec_send_packet(v.dec.ctx, nullptr);
   drain();
+}
+
+}  // namespace
+
+std::vector<Image> decode_video(const std::string& path, VideoInfo* info) {
+  Input v;
+  open_input(path, v);
+  std::vector<Image> frames;
+  Sws sws;
+  decode_frames(path, v, [&](AVFrame* f) {
+    frames.push_back(to_rgb(f, sws));
+    return true;
+  });
   if (frames.empty()) LF_FAIL("video ", path, ": no frames decoded", lf::hint("the file holds an empty video stream"));
   if (info) {
-    const AVRational r = st->avg_frame_rate.num ? st->avg_frame_rate : st->r_frame_rate;
+    const AVRational r = v.st->avg_frame_rate.num ? v.st->avg_frame_rate : v.st->r_frame_rate;
     info->fps = r.den ? av_q2d(r) : 0.0;
     info->total_frames = int64_t(frames.size());
   }
   return frames;
+}
+
+std::vector<Image> decode_video_at(const std::string& path, const std::vector<double>& timestamps, double tolerance_s,
+                                   RgbConversion conversion, std::vector<double>* frame_pts) {
+  LF_CHECK(!timestamps.empty(), "video ", path, ": no timestamps to decode");
+  Input v;
+  open_input(path, v);
+  const double first = *std::min_element(timestamps.begin(), timestamps.end());
+  const double last = *std::max_element(timestamps.begin(), timestamps.end());
+  const AVRational tb = v.st->time_base;
+  // PyAV's container.seek(round(first / time_base) - 1, backward=True, stream=stream): the
+  // keyframe at or before one tick ahead of the first timestamp (round half to even, as Python).
+  const int64_t target = int64_t(std::nearbyint(first * double(tb.den) / double(tb.num))) - 1;
+  int rc = av_seek_frame(v.in.ctx, v.stream, target, AVSEEK_FLAG_BACKWARD);
+  if (rc < 0) LF_FAIL("video ", path, ": cannot seek to ", first, " s (", av_message(rc), ")");
+  avcodec_flush_buffers(v.dec.ctx);
+
+  // torch.cdist over float32 tensors, then the first minimum: each timestamp keeps the nearest
+  // frame so far (a strictly nearer later one replaces it), so only chosen frames stay in memory.
+  const size_t n = timestamps.size();
+  std::vector<float> query(n), best_d(n, INFINITY);
+  for (size_t i = 0; i < n; ++i) query[i] = float(timestamps[i]);
+  std::vector<double> best_pts(n, 0.0);
+  std::vector<std::shared_ptr<AVFrame>> best(n);
+  double first_pts = NAN, last_pts = NAN;
+  decode_frames(path, v, [&](AVFrame* f) {
+    if (f->pts == AV_NOPTS_VALUE) return true;  // PyAV skips frames without a pts
+    // float(frame.pts * stream.time_base): an exact rational, rounded once.
+    const double t = double(f->pts * tb.num) / double(tb.den);
+    if (std::isnan(first_pts)) first_pts = t;
+    last_pts = t;
+    std::shared_ptr<AVFrame> shared;
+    for (size_t i = 0; i < n; ++i) {
+      const float d = std::fabs(query[i] - float(t));
+      if (!(d < best_d[i])) continue;
+      if (!shared) {
+        shared.reset(av_frame_clone(f), [](AVFrame* p) { av_frame_free(&p); });
+        LF_CHECK(shared != nullptr, "video ", path, ": out of memory");
+      }
+      best_d[i] = d, best[i] = shared, best_pts[i] = t;
+    }
+    return t < last;
+  });
+  if (std::isnan(first_pts)) {
+    LF_FAIL("video ", path, ": no frame decoded in [", first, ", ", last, "] s",
+            lf::hint("the video is shorter than its episode, or its timestamps are wrong"));
+  }
+  for (size_t i = 0; i < n; ++i) {
+    if (!(best_d[i] < float(tolerance_s))) {
+      LF_FAIL("video ", path, ": no frame within ", tolerance_s, " s of timestamp ", timestamps[i], " s (nearest at ",
+              best_pts[i], " s; frames decoded from ", first_pts, " to ", last_pts, " s)",
+              lf::hint("the video is shorter than its episode or out of step with the data's timestamps; "
+                       "re-encode the episode's video or drop the episode"));
+    }
+  }
+  std::vector<Image> out;
+  out.reserve(n);
+  if (frame_pts) frame_pts->assign(best_pts.begin(), best_pts.end());
+  Sws sws;
+  for (size_t i = 0; i < n; ++i) out.push_back(to_rgb(best[i].get(), sws, conversion));
+  return out;
 }
 
 std::vector<int64_t> qwen_sample_frames(int64_t total_frames, double video_fps, double fps, int64_t min_frames,

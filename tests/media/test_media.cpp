@@ -1,6 +1,6 @@
 // Media: PNG/JPEG decoding, Pillow's bicubic resize and Qwen's vision preprocessing against
 // Pillow + transformers (tests/media/media_oracle.py, cached in the build tree), video decoding
-// round trips and Qwen's frame sampling, and the errors a bad file gets.
+// round trips, frames at timestamps, Qwen's frame sampling, and the errors a bad file gets.
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
@@ -249,6 +249,34 @@ TEST(MediaErrors, BadFilesAreNamed) {
   expect_error_naming([&] { lf::media::decode_image(d + "/cut.jpg"); }, "corrupt JPEG");
   expect_error_naming([&] { lf::media::decode_video(d + "/missing.mp4"); }, "missing.mp4");
   expect_error_naming([&] { lf::media::decode_video(d + "/text.png"); }, "text.png");
+  fs::remove_all(d);
+}
+
+// Frames at timestamps (LeRobot's lookup): any order and repeats, the nearest frame's pts within the
+// tolerance, an error naming the file past the end or between frames.
+TEST(MediaVideo, FramesAtTimestampsAreTheNearestWithinTolerance) {
+  std::vector<Image> frames;
+  for (int t = 0; t < 12; ++t) {
+    Image im{10, 14, std::vector<uint8_t>(10 * 14 * 3)};
+    for (size_t i = 0; i < im.rgb.size(); ++i) im.rgb[i] = uint8_t((i * 5 + t * 41) % 253);
+    frames.push_back(std::move(im));
+  }
+  const std::string d = temp_dir("video-at");
+  lf::media::write_video(frames, 4.0, d + "/clip.mkv");
+  std::vector<double> pts;
+  const auto got = lf::media::decode_video_at(d + "/clip.mkv", {2.0, 0.0, 0.5, 0.50004, 2.75}, 1e-4,
+                                              lf::media::RgbConversion::kPyAV, &pts);
+  ASSERT_EQ(got.size(), 5u);
+  const int want[] = {8, 0, 2, 2, 11};
+  for (size_t i = 0; i < got.size(); ++i) {
+    EXPECT_EQ(got[i].rgb, frames[size_t(want[i])].rgb) << "timestamp " << i;
+    EXPECT_DOUBLE_EQ(pts[i], want[i] * 0.25) << "timestamp " << i;
+  }
+  const auto late = lf::media::decode_video_at(d + "/clip.mkv", {1.25, 1.5}, 1e-4, lf::media::RgbConversion::kAccurate);
+  EXPECT_EQ(late[0].rgb, frames[5].rgb);  // RGB in, RGB out: both conversions copy
+  EXPECT_EQ(late[1].rgb, frames[6].rgb);
+  expect_error_naming([&] { lf::media::decode_video_at(d + "/clip.mkv", {0.3}, 1e-4); }, "no frame within");
+  expect_error_naming([&] { lf::media::decode_video_at(d + "/clip.mkv", {1.0, 3.25}, 1e-4); }, "clip.mkv");
   fs::remove_all(d);
 }
 

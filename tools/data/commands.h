@@ -4,21 +4,28 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "loongforge/data/chat_template.h"
 
 namespace lf::data::tools {
 
 struct InspectOptions {
-  std::string prefix;
+  std::string prefix;  // an indexed dataset's prefix, or a LeRobot dataset's directory
+  // LeRobot datasets: {N, OUT.safetensors} writes episode N as the trainer sees it.
+  std::vector<std::string> dump_episode;
   std::string tokenizer_type, tokenizer_model;  // empty type: show ids only
   int64_t vocab_size = -1;                      // -1: the tokenizer's, or no check
   int64_t sample = 0;
   int64_t max_tokens = 64;
 };
 
-// Prints counts, dtype, the sequence-length histogram and one sample; returns the exit code.
+// Prints counts, dtype, the sequence-length histogram and one sample; returns the exit code. A
+// directory holding meta/info.json is a LeRobot dataset: run_inspect_lerobot.
 int run_inspect(const InspectOptions& options);
+// A LeRobot dataset's summary (version, fps, episodes, frames, tasks, features, cameras, stats), or
+// with dump_episode the episode's tensors (tools/data/lerobot.cpp).
+int run_inspect_lerobot(const InspectOptions& options);
 
 struct RenderChatOptions {
   std::string tokenizer_model, input, output;

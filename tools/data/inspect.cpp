@@ -1,6 +1,7 @@
-// loongforge-data inspect: a readable summary of an indexed dataset.
+// loongforge-data inspect: a readable summary of an indexed dataset (LeRobot datasets: lerobot.cpp).
 #include <algorithm>
 #include <cstdio>
+#include <filesystem>
 #include <vector>
 
 #include "commands.h"
@@ -11,6 +12,9 @@
 namespace lf::data::tools {
 
 int run_inspect(const InspectOptions& o) {
+  if (std::filesystem::exists(std::filesystem::path(o.prefix) / "meta" / "info.json")) return run_inspect_lerobot(o);
+  LF_CHECK(o.dump_episode.empty(), "--dump-episode applies to LeRobot datasets; ", o.prefix,
+           " has no meta/info.json", lf::hint("give the LeRobot dataset's root directory"));
   IndexedDataset ds(o.prefix);
   std::unique_ptr<Tokenizer> tok;
   if (!o.tokenizer_type.empty()) tok = make_tokenizer(o.tokenizer_type, o.tokenizer_model);

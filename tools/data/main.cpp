@@ -8,6 +8,7 @@
 //   loongforge-data render-chat --tokenizer-model DIR --input x.jsonl --output y.jsonl
 //                               [--add-generation-prompt] [--chat-template-kwargs JSON]
 //   loongforge-data inspect P [--tokenizer-type T --tokenizer-model M] [--vocab-size V]
+//   loongforge-data inspect LEROBOT_DIR [--dump-episode N OUT.safetensors]
 //   loongforge-data make-demo-corpus --out DIR [--seed S]
 //   loongforge-data diffusion --manifest x.jsonl --out DIR [--text-table T] [--num-frames N]
 //   loongforge-data make-demo-squares --out DIR [--clips N --seed S --text-dim D]
@@ -210,8 +211,19 @@ int main(int argc, char** argv) {
                    "which of the tokenizer directory's named chat templates");
 
   lf::data::tools::InspectOptions io;
-  auto* ins = app.add_subcommand("inspect", "counts, dtype, length histogram and a decoded sample");
-  ins->add_option("prefix", io.prefix, "dataset path prefix (without .bin/.idx)")->required();
+  auto* ins = app.add_subcommand(
+      "inspect",
+      "an indexed dataset: counts, dtype, length histogram and a decoded sample; a LeRobot dataset (a directory "
+      "with meta/info.json, v3.0 or v2.1): version, fps, episodes, frames, features and cameras");
+  ins->add_option("prefix", io.prefix, "indexed dataset path prefix (without .bin/.idx), or a LeRobot dataset directory")
+      ->required();
+  ins->add_option("--dump-episode", io.dump_episode,
+                  "N OUT.safetensors: write LeRobot episode N as the trainer sees it: one float32 tensor per "
+                  "feature key (observation.state, action, ...) [T, ...], camera frames decoded as uint8 "
+                  "[T, C, H, W] under their keys, and timestamp (float32), frame_index, task_index, index, "
+                  "episode_index (int64); the tasks in the file's metadata")
+      ->expected(2)
+      ->type_name("N OUT");
   ins->add_option("--tokenizer-type", io.tokenizer_type, "decode the sample with this tokenizer");
   ins->add_option("--tokenizer-model", io.tokenizer_model, "tokenizer.json or its directory");
   ins->add_option("--vocab-size", io.vocab_size, "check every token id is below this");

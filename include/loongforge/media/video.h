@@ -1,6 +1,7 @@
-// Videos for VLM data: decoding a file's frames with libavformat/libavcodec (any container and
-// codec the system FFmpeg reads) to RGB, Qwen's frame sampling, a lossless writer (PNG frames in
-// Matroska) for tests and demos, and an animated-GIF writer for previews.
+// Videos for VLM and robot data: decoding a file's frames with libavformat/libavcodec (any
+// container and codec the system FFmpeg reads) to RGB, all of them or those at given timestamps
+// (LeRobot datasets), Qwen's frame sampling, a lossless writer (PNG frames in Matroska) for tests
+// and demos, and an animated-GIF writer for previews.
 #pragma once
 
 #include <cstdint>
@@ -20,6 +21,25 @@ struct VideoInfo {
 // same size). An lf::Error naming the file for a missing file, no video stream, an unsupported
 // codec or a corrupt stream.
 std::vector<Image> decode_video(const std::string& path, VideoInfo* info = nullptr);
+
+// How decoded 4:2:0 YUV becomes RGB (libswscale, same size). The two upsample chroma differently:
+// at sharp colour edges they differ by tens of levels (docs/data.md, "LeRobot datasets").
+enum class RgbConversion {
+  kAccurate,  // bicubic, accurate rounding, full chroma interpolation (decode_video's)
+  kPyAV,      // swscale's defaults as PyAV's frame.to_ndarray(format="rgb24") asks for them:
+              // bilinear, no colourspace set (BT.601, limited range); what LeRobot decodes with
+};
+
+// The frames of `path` at `timestamps` (seconds, any order, repeats allowed), as LeRobot's
+// decode_video_frames does it with PyAV: seek to the keyframe at or before the earliest timestamp,
+// decode forward until a frame's pts reaches the latest, and give each timestamp the decoded frame
+// whose pts (seconds) is nearest, compared in float32. An lf::Error naming the file and the
+// timestamps when that frame is `tolerance_s` or more away (a video shorter than asked, a gap, or
+// timestamps off the frame grid), plus decode_video's errors. `frame_pts`, when given, receives
+// the chosen frames' pts in seconds.
+std::vector<Image> decode_video_at(const std::string& path, const std::vector<double>& timestamps, double tolerance_s,
+                                   RgbConversion conversion = RgbConversion::kPyAV,
+                                   std::vector<double>* frame_pts = nullptr);
 
 // Which frames Qwen's video processor keeps (transformers' Qwen2VLVideoProcessor.sample_frames
 // with `fps`): n = total / video_fps x fps, clamped to [min_frames, min(max_frames, total)],

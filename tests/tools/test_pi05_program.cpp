@@ -51,6 +51,15 @@ TEST(Pi05Training, DataParallelEqualsOneProcess) {
   lf::testing::expect_same_training(single(), run(2, {"--use-distributed-optimizer"}, "dp2"), "pi05: dp 2, ZeRO-1");
 }
 
+// bf16 (the model's weights and activations; the adaRMS modulation, the flow-matching target and the
+// output projection in fp32): each step's loss within 5% of fp32's.
+TEST(Pi05Training, Bf16Trains) {
+  auto bf16 = run(1, {"--bf16"}, "bf16");
+  ASSERT_EQ(bf16.exit_code, 0) << bf16.output;
+  ASSERT_EQ(bf16.losses.size(), 10u);
+  for (size_t i = 0; i < 10; ++i) EXPECT_NEAR(bf16.losses[i], single().losses[i], 0.05 * single().losses[i]) << i;
+}
+
 // Stop at step 5 with a checkpoint, resume: steps 6..10 equal the straight run (the step counter of
 // the noise and time stream is in the checkpoint).
 TEST(Pi05Training, ResumeIsExact) {

@@ -322,14 +322,15 @@ at::Tensor Pi05::mlp(const GemmaLayer& l, const at::Tensor& x) const {
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> Pi05::qkv(const GemmaLayer& l, const PiGemmaConfig& c,
                                                          const at::Tensor& x, const at::Tensor& cos,
-                                                         const at::Tensor& sin) const {
+                                                         const at::Tensor& sin, bool kv_only) const {
   // Entering the TP region once: the gradient of x sums every rank's heads (replicated keys/values
   // included, whose gradient on a rank comes from its own queries only).
   auto xt = tp_.tp ? lf::parallel::copy_to_tp(x, *tp_.tp) : x;
   const int64_t b = x.size(0), s = x.size(1), d = c.head_dim;
-  auto q = at::linear(xt, l.q).view({b, s, -1, d});
   auto k = at::linear(xt, l.k).view({b, s, -1, d});
   auto v = at::linear(xt, l.v).view({b, s, -1, d});
+  if (kv_only) return {at::Tensor(), apply_rope(k, cos, sin), v};
+  auto q = at::linear(xt, l.q).view({b, s, -1, d});
   return {apply_rope(q, cos, sin), apply_rope(k, cos, sin), v};
 }
 
@@ -359,7 +360,8 @@ at::Tensor Pi05::joint_forward(const Prefix& p, const at::Tensor& suffix, const 
     const bool last = i == vlm_.depth - 1;
     auto [hp, gp] = norm(lp.input_norm, xp, {}, vlm_.rms_norm_eps);
     auto [hs, gs] = norm(ls.input_norm, xs, cond, expert_.rms_norm_eps);
-    auto [qp, kp, vp] = qkv(lp, vlm_, hp, cos_p, sin_p);
+    // The prefix's last queries feed nothing pi0.5 reads (their weights are model state).
+    auto [qp, kp, vp] = qkv(lp, vlm_, hp, cos_p, sin_p, last);
     auto [qs, ks, vs] = qkv(ls, expert_, hs, cos_s, sin_s);
     if (last) {
       // The prefix's last outputs feed nothing pi0.5 reads: only the suffix's queries attend.
@@ -413,9 +415,10 @@ std::vector<Pi05::KV> Pi05::prefix_cache(const Prefix& p) const {
   for (int64_t i = 0; i < vlm_.depth; ++i) {
     const auto& l = vlm_layers_[i];
     auto [h, unused] = norm(l.input_norm, x, {}, vlm_.rms_norm_eps);
-    auto [q, k, v] = qkv(l, vlm_, h, cos, sin);
+    const bool last = i == vlm_.depth - 1;  // only the last layer's keys and values are read
+    auto [q, k, v] = qkv(l, vlm_, h, cos, sin, last);
     cache.push_back({k, v});
-    if (i == vlm_.depth - 1) break;  // the last layer's output is never read
+    if (last) break;
     x = x + lf::parallel::row_parallel_linear(attention(q, k, v, allowed), l.o, {}, tp_);
     auto [m, unused2] = norm(l.post_norm, x, {}, vlm_.rms_norm_eps);
     x = x + mlp(l, m);

@@ -204,9 +204,11 @@ class Pi05 : public Model {
   // Norm of a stream: (normed, gate or undefined).
   std::pair<at::Tensor, at::Tensor> norm(const Norm& n, const at::Tensor& x, const at::Tensor& cond, double eps) const;
   at::Tensor mlp(const GemmaLayer& l, const at::Tensor& x) const;
-  // q [b, s, heads_local, d], k/v [b, s, kv, d] of a stream after its input norm, RoPE applied.
+  // q [b, s, heads_local, d], k/v [b, s, kv, d] of a stream after its input norm, RoPE applied
+  // (kv_only: q undefined).
   std::tuple<at::Tensor, at::Tensor, at::Tensor> qkv(const GemmaLayer& l, const PiGemmaConfig& c, const at::Tensor& x,
-                                                     const at::Tensor& cos, const at::Tensor& sin) const;
+                                                     const at::Tensor& cos, const at::Tensor& sin,
+                                                     bool kv_only = false) const;
   // The joint forward of prefix and suffix through every layer; the expert's final-normed suffix.
   at::Tensor joint_forward(const Prefix& p, const at::Tensor& suffix, const at::Tensor& cond) const;
   // The prefix alone (sampling): every layer's keys/values.

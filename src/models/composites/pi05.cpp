@@ -147,6 +147,11 @@ Declared declare(ParamBuilder& b, int tp, const SiglipConfig& sv, const PiGemmaC
   return d;
 }
 
+// allowed [b, s, t] bool -> the additive mask [b, 1, s, t] of every layer's attention.
+at::Tensor additive_mask(const at::Tensor& allowed) {
+  return at::where(allowed.unsqueeze(1), 0.0, kMaskValue).to(at::kFloat);
+}
+
 // HF's rotate_half RoPE with per-sample positions: x [b, s, n, d], positions [b, s] int64.
 std::pair<at::Tensor, at::Tensor> rope_tables(const at::Tensor& positions, int64_t d, double theta,
                                               at::ScalarType dtype) {
@@ -335,9 +340,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> Pi05::qkv(const GemmaLayer& l, co
 }
 
 at::Tensor Pi05::attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                           const at::Tensor& allowed) const {
-  // q [b, s, n, d], k/v [b, t, nkv, d], allowed [b, s, t] -> [b, s, n d]
-  auto mask = at::where(allowed.unsqueeze(1), 0.0, kMaskValue).to(at::kFloat);
+                           const at::Tensor& mask) const {
+  // q [b, s, n, d], k/v [b, t, nkv, d], mask [b, 1, s, t] (additive_mask) -> [b, s, n d]
   auto o = lf::ops::sdpa(backend_, q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
                          lf::backend::AttentionMask::additive(mask));
   return o.transpose(1, 2).flatten(2);
@@ -350,6 +354,7 @@ at::Tensor Pi05::joint_forward(const Prefix& p, const at::Tensor& suffix, const 
   // Prefix tokens see the valid prefix; suffix tokens see the valid prefix and the whole suffix.
   auto block = at::cat({at::zeros({np}, at::kLong), at::ones({ns}, at::kLong)}).to(pad.device());
   auto allowed = (block.view({1, 1, -1}) <= block.view({1, -1, 1})) & pad.unsqueeze(1) & pad.unsqueeze(2);
+  const auto mask = additive_mask(allowed);
   auto [cos, sin] = rope_tables(positions, vlm_.head_dim, vlm_.rope_theta, p.embs.scalar_type());
   auto cos_p = cos.narrow(1, 0, np), sin_p = sin.narrow(1, 0, np);
   auto cos_s = cos.narrow(1, np, ns), sin_s = sin.narrow(1, np, ns);
@@ -365,10 +370,10 @@ at::Tensor Pi05::joint_forward(const Prefix& p, const at::Tensor& suffix, const 
     auto [qs, ks, vs] = qkv(ls, expert_, hs, cos_s, sin_s);
     if (last) {
       // The prefix's last outputs feed nothing pi0.5 reads: only the suffix's queries attend.
-      auto o = attention(qs, at::cat({kp, ks}, 1), at::cat({vp, vs}, 1), allowed.narrow(1, np, ns));
+      auto o = attention(qs, at::cat({kp, ks}, 1), at::cat({vp, vs}, 1), mask.narrow(2, np, ns));
       xs = xs + lf::parallel::row_parallel_linear(o, ls.o, {}, tp_) * gs;
     } else {
-      auto o = attention(at::cat({qp, qs}, 1), at::cat({kp, ks}, 1), at::cat({vp, vs}, 1), allowed);
+      auto o = attention(at::cat({qp, qs}, 1), at::cat({kp, ks}, 1), at::cat({vp, vs}, 1), mask);
       xp = xp + lf::parallel::row_parallel_linear(o.narrow(1, 0, np), lp.o, {}, tp_);
       xs = xs + lf::parallel::row_parallel_linear(o.narrow(1, np, ns), ls.o, {}, tp_) * gs;
       auto [mp, unused] = norm(lp.post_norm, xp, {}, vlm_.rms_norm_eps);
@@ -408,7 +413,7 @@ at::Tensor Pi05::losses(const Pi05Inputs& in, const at::Tensor& actions, const a
 std::vector<Pi05::KV> Pi05::prefix_cache(const Prefix& p) const {
   const int64_t np = p.embs.size(1);
   auto positions = p.pad.to(at::kLong).cumsum(1) - 1;
-  auto allowed = p.pad.unsqueeze(1) & p.pad.unsqueeze(2);
+  const auto mask = additive_mask(p.pad.unsqueeze(1) & p.pad.unsqueeze(2));
   auto [cos, sin] = rope_tables(positions, vlm_.head_dim, vlm_.rope_theta, p.embs.scalar_type());
   std::vector<KV> cache;
   at::Tensor x = p.embs;
@@ -419,7 +424,7 @@ std::vector<Pi05::KV> Pi05::prefix_cache(const Prefix& p) const {
     auto [q, k, v] = qkv(l, vlm_, h, cos, sin, last);
     cache.push_back({k, v});
     if (last) break;
-    x = x + lf::parallel::row_parallel_linear(attention(q, k, v, allowed), l.o, {}, tp_);
+    x = x + lf::parallel::row_parallel_linear(attention(q, k, v, mask), l.o, {}, tp_);
     auto [m, unused2] = norm(l.post_norm, x, {}, vlm_.rms_norm_eps);
     x = x + mlp(l, m);
   }
@@ -434,14 +439,15 @@ at::Tensor Pi05::denoise_step(const Prefix& p, const std::vector<KV>& cache, con
   const int64_t b = xs.size(0), ns = xs.size(1);
   auto offsets = p.pad.to(at::kLong).sum(1, true);  // [b, 1]
   auto positions = offsets + at::arange(ns, offsets.options()).unsqueeze(0);
-  auto allowed = at::cat({p.pad.unsqueeze(1).expand({b, ns, p.pad.size(1)}),
-                          at::ones({b, ns, ns}, p.pad.options())}, 2);
+  const auto mask = additive_mask(at::cat({p.pad.unsqueeze(1).expand({b, ns, p.pad.size(1)}),
+                                           at::ones({b, ns, ns}, p.pad.options())},
+                                          2));
   auto [cos, sin] = rope_tables(positions, expert_.head_dim, vlm_.rope_theta, xs.scalar_type());
   for (int64_t i = 0; i < expert_.depth; ++i) {
     const auto& l = expert_layers_[i];
     auto [h, g] = norm(l.input_norm, xs, cond, expert_.rms_norm_eps);
     auto [q, k, v] = qkv(l, expert_, h, cos, sin);
-    auto o = attention(q, at::cat({cache[i].k, k}, 1), at::cat({cache[i].v, v}, 1), allowed);
+    auto o = attention(q, at::cat({cache[i].k, k}, 1), at::cat({cache[i].v, v}, 1), mask);
     xs = xs + lf::parallel::row_parallel_linear(o, l.o, {}, tp_) * g;
     auto [m, gm] = norm(l.post_norm, xs, cond, expert_.rms_norm_eps);
     xs = xs + mlp(l, m) * gm;

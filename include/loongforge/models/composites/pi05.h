@@ -216,7 +216,8 @@ class Pi05 : public Model {
   // One denoising step over the cache: v_t [b, chunk, max_action_dim] fp32.
   at::Tensor denoise_step(const Prefix& p, const std::vector<KV>& cache, const at::Tensor& x_t,
                           const at::Tensor& time) const;
-  at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& allowed) const;
+  // One attention under an additive mask [b, 1, s, t] (built once per forward).
+  at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& mask) const;
   at::Tensor sample_time(const at::Tensor& sample_ids) const;
 
   const lf::backend::DeviceBackend& backend_;

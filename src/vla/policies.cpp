@@ -5,6 +5,7 @@
 #include <sstream>
 
 #include "loongforge/core/error.h"
+#include "loongforge/vla/pi05_policy.h"
 #include "loongforge/vla/policy.h"
 #include "loongforge/vla/reach_env.h"
 
@@ -139,15 +140,23 @@ at::Tensor ReachRandomPolicy::infer(const Observation&) {
 const std::vector<std::pair<std::string, std::string>>& policy_names() {
   static const std::vector<std::pair<std::string, std::string>> n = {
       {"expert", "the reach task's scripted expert (reads the env/ ground truth)"},
-      {"random", "uniform random actions"}};
+      {"random", "uniform random actions"},
+      {"pi05", "a trained pi05 policy: --load CHECKPOINT with --data-path STORE, the reach demo store it was trained "
+               "on"}};
   return n;
 }
 
 std::unique_ptr<Policy> make_policy(const std::string& name, const PolicyOptions& o) {
   if (name == "expert" || name == "random") {
-    LF_CHECK(o.load.empty(), "the ", name, " policy is scripted and loads no checkpoint (", o.load, ")");
+    LF_CHECK(o.load.empty() && o.data_path.empty(), "the ", name, " policy is scripted and loads no checkpoint (",
+             o.load, ") or store (", o.data_path, ")");
     if (name == "expert") return std::make_unique<ReachExpertPolicy>(o.chunk, o.max_speed);
     return std::make_unique<ReachRandomPolicy>(o.seed, o.chunk, o.max_speed);
+  }
+  if (name == "pi05") {
+    LF_CHECK(!o.load.empty() && !o.data_path.empty(),
+             "the pi05 policy needs --load CHECKPOINT and --data-path STORE (the reach demo store it was trained on)");
+    return std::make_unique<Pi05ReachPolicy>(o.load, o.data_path, o.seed);
   }
   std::string choices;
   for (const auto& [n, what] : policy_names()) choices += (choices.empty() ? "" : ", ") + n;

@@ -76,4 +76,13 @@ struct ScoreSquaresOptions {
 };
 int run_score_squares(const ScoreSquaresOptions& options);
 
+// make-demo-reach: the VLA demo's store (vla/reach_demo.h) of the reach task's expert episodes.
+struct ReachDemoOptions {
+  std::string out;
+  int64_t episodes = 400, image_size = 32, chunk = 10;
+  uint64_t seed = 0;
+  double noise = 0.3;
+};
+int run_make_demo_reach(const ReachDemoOptions& options);
+
 }  // namespace lf::data::tools

@@ -13,6 +13,7 @@
 //   loongforge-data diffusion --manifest x.jsonl --out DIR [--text-table T] [--num-frames N]
 //   loongforge-data make-demo-squares --out DIR [--clips N --seed S --text-dim D]
 //   loongforge-data score-squares --latents FILE --caption TEXT
+//   loongforge-data make-demo-reach --out DIR [--episodes N --seed S --image-size S --chunk H]
 //   loongforge-data bench-tokenizer --input x.jsonl --tokenizer-type T [--tokenizer-model M]
 // Errors from the library become one message on stderr and exit code 1 (2 for usage errors).
 #include <CLI/CLI.hpp>
@@ -260,6 +261,26 @@ int main(int argc, char** argv) {
   squares->add_option("--frames", sq.frames, "frames per clip")->capture_default_str();
   squares->add_option("--size", sq.size, "frame height and width in pixels")->capture_default_str();
   lf::data::tools::ScoreSquaresOptions ss;
+  lf::data::tools::ReachDemoOptions rd;
+  auto* reach = app.add_subcommand("make-demo-reach",
+                                   "the VLA demo's store: the reach task's scripted episodes (images, prompts, action "
+                                   "chunks) for training a pi05 policy (tools/demo-vla)");
+  reach->add_option("--out", rd.out, "output directory")->required();
+  reach->add_option("--episodes", rd.episodes, "episodes, from seeds seed .. seed + N - 1")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  reach->add_option("--seed", rd.seed, "the first episode's seed")->capture_default_str();
+  reach->add_option("--image-size", rd.image_size, "camera image side in pixels")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{8}, int64_t{512}));
+  reach->add_option("--chunk", rd.chunk, "actions per chunk (the expert's plan from each step)")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{1}, int64_t{200}));
+  reach->add_option("--noise", rd.noise,
+                    "Gaussian noise on the executed motions of every other episode, in units of the max speed (the "
+                    "labels stay the expert's plan)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
   auto* score = app.add_subcommand("score-squares", "colour and direction of generated demo clips");
   score->add_option("--latents", ss.latents, "loongforge-generate's latents.safetensors")->required();
   score->add_option("--caption", ss.caption, "the prompt the clips were generated from")->required();
@@ -293,6 +314,7 @@ int main(int argc, char** argv) {
     if (*diff) return lf::data::tools::run_diffusion_store(dso);
     if (*squares) return lf::data::tools::run_make_demo_squares(sq);
     if (*score) return lf::data::tools::run_score_squares(ss);
+    if (*reach) return lf::data::tools::run_make_demo_reach(rd);
     if (*demo_vlm) return lf::data::tools::run_make_demo_vlm(dv);
     if (*ins) return lf::data::tools::run_inspect(io);
     if (*bench) return run_bench(bench_input, bench_key, type, model, repeat);

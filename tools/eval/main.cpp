@@ -2,7 +2,8 @@
 // N episodes, each from its own seed, the policy asked for an action chunk, the first K actions
 // executed, again until the instruction's task is done or the step limit; prints the success rate
 // and optionally writes a per-episode JSON report and GIFs of the first episodes.
-//   loongforge-eval [--policy expert|random | --server ws://HOST:PORT] [--episodes 100] [--seed 0]
+//   loongforge-eval [--policy expert|random | --policy pi05 --load CKPT --data-path STORE
+//       | --server ws://HOST:PORT] [--episodes 100] [--seed 0]
 //       [--replan-steps K] [--chunk 10] [--instruction-swap] [--max-steps 100] [--image-size 64]
 //       [--report FILE.json] [--save-gif DIR [--gif-episodes 3]]
 // Single process. Errors become one message on stderr and exit code 1 (2 for usage errors).
@@ -26,7 +27,7 @@
 namespace {
 
 struct Options {
-  std::string policy = "expert", server, report, save_gif;
+  std::string policy = "expert", server, report, save_gif, load, data_path;
   int64_t episodes = 100, replan_steps = 0, chunk = 10, max_steps = 100, image_size = 64, gif_episodes = 3;
   uint64_t seed = 0;
   bool instruction_swap = false;
@@ -66,6 +67,8 @@ int run(const Options& o) {
     po.seed = o.seed;
     po.chunk = o.chunk;
     po.max_speed = env_options.max_speed;
+    po.load = o.load;
+    po.data_path = o.data_path;
     policy = lf::vla::make_policy(o.policy, po);
   }
   if (!o.save_gif.empty()) std::filesystem::create_directories(o.save_gif);
@@ -156,6 +159,10 @@ int main(int argc, char** argv) {
   app.add_option("--server", o.server,
                  "Evaluate the policy a server speaking OpenPI's websocket protocol serves (ws://HOST:PORT, e.g. "
                  "loongforge-serve-policy), instead of --policy");
+  app.add_option("--load", o.load, "--policy pi05: the trained policy's checkpoint directory");
+  app.add_option("--data-path", o.data_path,
+                 "--policy pi05: the reach demo store it was trained on (its image size, prompt vocabulary, action "
+                 "scale)");
   app.add_option("--episodes", o.episodes, "Episodes to run")->capture_default_str()->check(CLI::Range(int64_t{1}, int64_t{1} << 30));
   app.add_option("--seed", o.seed, "Episode e's scene is drawn from seed + e (and the random policy from seed)")
       ->capture_default_str();

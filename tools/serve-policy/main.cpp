@@ -1,8 +1,8 @@
 // loongforge-serve-policy: serves a policy over OpenPI's websocket protocol
 // (vla/policy_server.h), so that OpenPI simulator clients (openpi_client.WebsocketClientPolicy)
 // and loongforge-eval --server drive it.
-//   loongforge-serve-policy [--host 127.0.0.1] [--port 8000] [--policy expert|random] [--chunk 10]
-//       [--seed 0]
+//   loongforge-serve-policy [--host 127.0.0.1] [--port 8000] [--policy expert|random | --policy pi05 --load CKPT
+//       --data-path STORE] [--chunk 10] [--seed 0]
 // Prints "serving ... on ws://HOST:PORT" once listening (--port 0: the port chosen), one line per
 // connection event on stderr, and runs until SIGINT / SIGTERM (exit 0). Errors become one message
 // on stderr and exit code 1 (2 for usage errors).
@@ -29,7 +29,11 @@ int main(int argc, char** argv) {
   app.add_option("--chunk", po.chunk, "The scripted policies' chunk length H (actions per reply)")
       ->capture_default_str()
       ->check(CLI::Range(int64_t{1}, int64_t{1000}));
-  app.add_option("--seed", po.seed, "The random policy's seed")->capture_default_str();
+  app.add_option("--seed", po.seed, "The random policy's seed (pi05: its noise's)")->capture_default_str();
+  app.add_option("--load", po.load, "--policy pi05: the trained policy's checkpoint directory");
+  app.add_option("--data-path", po.data_path,
+                 "--policy pi05: the reach demo store it was trained on (its image size, prompt vocabulary, action "
+                 "scale)");
   lf::log::init(lf::log::options_from_env(-1, 1));
   try {
     app.parse(argc, argv);

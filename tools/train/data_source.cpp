@@ -680,6 +680,11 @@ DataSources make_data_sources(const lf::config::JobConfig& job, const lf::models
              lf::hint("pass --data-path DIR (a latent store: loongforge-data diffusion) or --mock-data"));
     return make_latent_sources(job, needs, ctx, train_samples, valid_samples);
   }
+  if (needs.vla && !job.data.mock_data) {
+    LF_CHECK(!job.data.data_path.empty(), "no training data: data.data_path is empty",
+             lf::hint("pass --data-path DIR (a reach demo store: loongforge-data make-demo-reach) or --mock-data"));
+    return make_vla_sources(job, needs, ctx, train_samples, valid_samples);
+  }
   if (!needs.token_data) {
     out.train = std::make_unique<SyntheticSource>(plan, train_samples, t.micro_batch_size, ctx.dp_rank(), dp, seed);
     // Held-out samples: drawn from another seed.

@@ -1,4 +1,5 @@
-// loongforge-train's data source for diffusion models: a latent store (data/latent_store.h).
+// loongforge-train's sources over sample stores: the generic store source (a seeded permutation
+// per epoch), the split, and the diffusion models' latent store (data/latent_store.h).
 #include <ATen/Functions.h>
 
 #include <algorithm>
@@ -35,57 +36,35 @@ std::vector<int64_t> epoch_permutation(int64_t begin, int64_t end, bool shuffle,
   return perm;
 }
 
+std::unique_ptr<lf::train::BatchSource> make_store_source(AssembleRows assemble, int64_t begin, int64_t end,
+                                                         int64_t samples, int64_t micro_batch, int dp_rank,
+                                                         int dp_size, uint64_t seed, bool shuffle, std::string what);
+
 namespace {
 
-
-// Diffusion: one sample of a latent store (`loongforge-data diffusion`) per row. The samples
-// [begin, end) of the split, in a new seeded permutation every epoch (in order for validation);
-// the global sample counter k (Megatron's sampler, DP-sliced) reads epoch k / n, position k % n,
-// and is the batch's sample index (the model keys its noise on it). A micro-batch's latents must
-// share their shape; text (and image) embeddings are padded with zero rows to the longest (as
-// Wan pads its text embeddings).
-class LatentSource final : public lf::train::BatchSource {
+// One sample of a store per row: the samples [begin, end) of the split, in a new seeded
+// permutation every epoch (in order for validation); the global sample counter k (Megatron's
+// sampler, DP-sliced) reads epoch k / n, position k % n, and is the batch's sample index (models
+// key their noise on it). `assemble` makes the batch of the store items.
+class StoreSource final : public lf::train::BatchSource {
  public:
-  LatentSource(std::shared_ptr<const lf::data::LatentStore> store, int64_t begin, int64_t end, int64_t samples,
-               int64_t micro_batch, int dp_rank, int dp_size, uint64_t seed, bool shuffle)
-      : store_(std::move(store)), begin_(begin), end_(end), samples_(samples), micro_batch_(micro_batch),
-        dp_rank_(dp_rank), dp_size_(dp_size), seed_(seed), shuffle_(shuffle) {
+  StoreSource(AssembleRows assemble, int64_t begin, int64_t end, int64_t samples, int64_t micro_batch, int dp_rank,
+              int dp_size, uint64_t seed, bool shuffle, std::string what)
+      : assemble_(std::move(assemble)), begin_(begin), end_(end), samples_(samples), micro_batch_(micro_batch),
+        dp_rank_(dp_rank), dp_size_(dp_size), seed_(seed), shuffle_(shuffle), what_(std::move(what)) {
     rewind();
   }
   lf::data::Batch next() override {
     auto indices = sampler_->next_micro_batch();
-    LF_CHECK(indices.has_value(), "the latent store's split ran out of samples (", samples_, ")");
-    std::vector<lf::data::LatentSample> rows;
+    LF_CHECK(indices.has_value(), what_, "'s split ran out of samples (", samples_, ")");
     std::vector<int64_t> items;
     for (int64_t k : *indices) {
       const int64_t n = end_ - begin_;
-      if (k / n != order_epoch_) order_ = epoch_order(k / n), order_epoch_ = k / n;
+      if (k / n != order_epoch_) order_ = epoch_permutation(begin_, end_, shuffle_, seed_, k / n), order_epoch_ = k / n;
       items.push_back(order_[static_cast<size_t>(k % n)]);
-      rows.push_back(store_->get(items.back()));
     }
-    auto pad = [](std::vector<at::Tensor> xs) {
-      int64_t longest = 0;
-      for (const auto& x : xs) longest = std::max(longest, x.size(0));
-      for (auto& x : xs)
-        if (x.size(0) < longest) x = at::cat({x, at::zeros({longest - x.size(0), x.size(1)}, x.options())});
-      return at::stack(xs);
-    };
-    std::vector<at::Tensor> lat, text, image;
-    for (size_t r = 0; r < rows.size(); ++r) {
-      LF_CHECK(rows[r].latents.sizes() == rows[0].latents.sizes(), "latent store ", store_->dir(), ": samples ",
-               items[0], " and ", items[r], " of one micro-batch have latents of shapes ", rows[0].latents.sizes(),
-               " and ", rows[r].latents.sizes(),
-               lf::hint("a micro-batch stacks its latents: use --micro-batch-size 1, or one resolution and length "
-                        "per store"));
-      lat.push_back(rows[r].latents);
-      text.push_back(rows[r].text);
-      if (rows[r].image.defined()) image.push_back(rows[r].image);
-    }
-    lf::data::Batch batch;
+    lf::data::Batch batch = assemble_(items);
     batch.sample_indices = *indices;
-    batch.set("latents", at::stack(lat));
-    batch.set("text_embeddings", pad(text));
-    if (!image.empty()) batch.set("image_embeddings", pad(image));
     return batch;
   }
   void rewind() override { seek(0); }
@@ -95,20 +74,68 @@ class LatentSource final : public lf::train::BatchSource {
   }
 
  private:
-  std::vector<int64_t> epoch_order(int64_t epoch) const {
-    return epoch_permutation(begin_, end_, shuffle_, seed_, epoch);
-  }
-  std::shared_ptr<const lf::data::LatentStore> store_;
+  AssembleRows assemble_;
   int64_t begin_, end_, samples_, micro_batch_;
   int dp_rank_, dp_size_;
   uint64_t seed_;
   bool shuffle_;
+  std::string what_;
   std::unique_ptr<lf::data::PretrainingSampler> sampler_;
   int64_t order_epoch_ = -1;
   std::vector<int64_t> order_;
 };
 
+// Diffusion: a latent store's samples (`loongforge-data diffusion`). A micro-batch's latents must
+// share their shape; text (and image) embeddings are padded with zero rows to the longest (as Wan
+// pads its text embeddings).
+lf::data::Batch latent_rows(const lf::data::LatentStore& store, const std::vector<int64_t>& items) {
+  auto pad = [](std::vector<at::Tensor> xs) {
+    int64_t longest = 0;
+    for (const auto& x : xs) longest = std::max(longest, x.size(0));
+    for (auto& x : xs)
+      if (x.size(0) < longest) x = at::cat({x, at::zeros({longest - x.size(0), x.size(1)}, x.options())});
+    return at::stack(xs);
+  };
+  std::vector<at::Tensor> lat, text, image;
+  for (int64_t item : items) {
+    const auto row = store.get(item);
+    LF_CHECK(lat.empty() || row.latents.sizes() == lat[0].sizes(), "latent store ", store.dir(), ": samples ",
+             items[0], " and ", item, " of one micro-batch have latents of shapes ", lat.empty() ? row.latents.sizes() : lat[0].sizes(),
+             " and ", row.latents.sizes(),
+             lf::hint("a micro-batch stacks its latents: use --micro-batch-size 1, or one resolution and length "
+                      "per store"));
+    lat.push_back(row.latents);
+    text.push_back(row.text);
+    if (row.image.defined()) image.push_back(row.image);
+  }
+  lf::data::Batch batch;
+  batch.set("latents", at::stack(lat));
+  batch.set("text_embeddings", pad(text));
+  if (!image.empty()) batch.set("image_embeddings", pad(image));
+  return batch;
+}
+
 }  // namespace
+
+std::unique_ptr<lf::train::BatchSource> make_store_source(AssembleRows assemble, int64_t begin, int64_t end,
+                                                         int64_t samples, int64_t micro_batch, int dp_rank,
+                                                         int dp_size, uint64_t seed, bool shuffle, std::string what) {
+  return std::make_unique<StoreSource>(std::move(assemble), begin, end, samples, micro_batch, dp_rank, dp_size, seed,
+                                       shuffle, std::move(what));
+}
+
+std::pair<int64_t, int64_t> split_ends(const std::vector<double>& split, int64_t n, const std::string& store) {
+  double total = 0;
+  for (double w : split) total += w;
+  LF_CHECK(total > 0, "the split proportions sum to ", total);
+  const int64_t train_end = std::min<int64_t>(
+      n, static_cast<int64_t>(std::llround((split.empty() ? 1.0 : split[0]) / total * static_cast<double>(n))));
+  const int64_t valid_end = std::min<int64_t>(
+      n, train_end + static_cast<int64_t>(std::llround((split.size() > 1 ? split[1] : 0.0) / total *
+                                                       static_cast<double>(n))));
+  LF_CHECK(train_end > 0, "the train part of the split holds no sample of the ", n, " in ", store);
+  return {train_end, valid_end};
+}
 
 DataSources make_latent_sources(const lf::config::JobConfig& job, const lf::models::DataNeeds& needs,
                                 const lf::dist::ParallelContext& ctx, int64_t train_samples, int64_t valid_samples) {
@@ -124,16 +151,8 @@ DataSources make_latent_sources(const lf::config::JobConfig& job, const lf::mode
            "); the model takes ", needs.latent_channels, ", ", needs.text_dim, ", ", needs.image_dim,
            lf::hint("make the store with the model's VAE and text encoder, or set model.foundation.in_channels / "
                     "text_dim / image_dim to the store's"));
+  const auto [train_end, valid_end] = split_ends(d.split, store->size(), d.data_path[0]);
   const int64_t n = store->size();
-  double total = 0;
-  for (double w : d.split) total += w;
-  LF_CHECK(total > 0, "the split proportions sum to ", total);
-  const int64_t train_end = std::min<int64_t>(
-      n, static_cast<int64_t>(std::llround((d.split.empty() ? 1.0 : d.split[0]) / total * static_cast<double>(n))));
-  const int64_t valid_end = std::min<int64_t>(
-      n, train_end + static_cast<int64_t>(std::llround((d.split.size() > 1 ? d.split[1] : 0.0) / total *
-                                                       static_cast<double>(n))));
-  LF_CHECK(train_end > 0, "the train part of the split holds no sample of the ", n, " in ", d.data_path[0]);
   if (ctx.global_rank() == 0)
     LF_INFO("latent store ", d.data_path[0], ": ", n, " samples (train ", train_end, ", valid ", valid_end - train_end,
             "), ", info.latent_channels, " latent channels, text width ", info.text_dim, " | vae: ", info.vae,
@@ -141,11 +160,13 @@ DataSources make_latent_sources(const lf::config::JobConfig& job, const lf::mode
   const auto& t = job.training;
   const uint64_t seed = static_cast<uint64_t>(t.seed);
   DataSources out;
-  out.train = std::make_unique<LatentSource>(store, 0, train_end, train_samples, t.micro_batch_size, ctx.dp_rank(),
-                                             ctx.dp_size(), seed, true);
+  auto rows = [store](const std::vector<int64_t>& items) { return latent_rows(*store, items); };
+  const std::string what = "the latent store " + d.data_path[0];
+  out.train = make_store_source(rows, 0, train_end, train_samples, t.micro_batch_size, ctx.dp_rank(), ctx.dp_size(),
+                                seed, true, what);
   if (valid_samples > 0 && valid_end > train_end)
-    out.valid = std::make_unique<LatentSource>(store, train_end, valid_end, valid_samples, t.micro_batch_size,
-                                               ctx.dp_rank(), ctx.dp_size(), seed, false);
+    out.valid = make_store_source(rows, train_end, valid_end, valid_samples, t.micro_batch_size, ctx.dp_rank(),
+                                  ctx.dp_size(), seed, false, what);
   return out;
 }
 

@@ -184,6 +184,11 @@ struct DataNeeds {
   // --mock-data; the store's placeholder ids must be these.
   bool media = false;
   int64_t image_token_id = -1, video_token_id = -1;
+  // A VLA policy (pi05): reads VLA samples (--data-path: a reach demo store, loongforge-data
+  // make-demo-reach) or --mock-data; images of image_size, chunks of chunk x action_dim padded to
+  // max_action_dim, prompts below vocab_size.
+  bool vla = false;
+  int64_t image_size = 0, chunk = 0, action_dim = 0, max_action_dim = 0;
 };
 
 // A composite's plan for one layout: every component's parallel layout and size, known before any

@@ -54,6 +54,7 @@ struct PolicyOptions {
   int64_t chunk = 10;       // H, the actions per chunk of the scripted policies
   double max_speed = 0.05;  // the reach task's max speed per step (the random policy's range)
   std::string load;
+  std::string data_path;  // pi05: the reach demo store the policy was trained on (its processing)
 };
 
 // The policies make_policy knows, with one line each: {"expert", ...}, {"random", ...}.

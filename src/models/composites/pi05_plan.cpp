@@ -180,8 +180,11 @@ class Pi05Plan : public ModelPlan {
     DataNeeds d;
     d.token_data = false;
     d.vocab_size = vlm_.vocab_size;
-    d.mock_only_why = "pi05 trains on --mock-data here; VLA batches from LeRobot datasets are read by "
-                      "loongforge-data inspect (docs/vla.md)";
+    d.vla = true;
+    d.image_size = vision_.image_size;
+    d.chunk = own_.chunk_size;
+    d.action_dim = own_.action_dim;
+    d.max_action_dim = own_.max_action_dim;
     return d;
   }
   void add_mock_fields(Batch& batch, uint64_t seed) const override {

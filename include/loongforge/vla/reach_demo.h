@@ -1,0 +1,84 @@
+// Demonstrations of the reach task (reach_env.h) for training a policy, and the processor that
+// turns an observation into a pi05 model's inputs:
+//   - the prompt, pi0.5-style: the instruction's words then "state" and the gripper state
+//     discretised into bins (one token per dimension), padded to a fixed length, from a fixed
+//     word vocabulary (ReachPrompt);
+//   - actions normalised to [-1, 1]: dx, dy divided by the task's max speed, grip -1 (open) / +1
+//     (close);
+//   - a sample store: the scripted expert's episodes, one sample per step (the camera image, the
+//     prompt, and the expert's plan of the next `chunk` actions from that state as the label),
+//     in safetensors shards with a meta.json (write_reach_demos, ReachDemoStore). Episodes from
+//     seeds seed .. seed + episodes - 1; in every other episode the executed motions get Gaussian
+//     noise (the labels stay the expert's plan), so the data shows how to recover from a drift.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "loongforge/vla/reach_env.h"
+
+namespace lf::vla {
+
+struct ReachPrompt {
+  int64_t state_bins = 32;  // each state dim in [0, 1] -> one of this many tokens
+  int64_t length = 16;      // prompt tokens, padded
+
+  // "<pad>", the instruction words, "state", then "s0" .. "s<bins - 1>".
+  std::vector<std::string> vocab() const;
+  int64_t vocab_size() const { return static_cast<int64_t>(vocab().size()); }
+  // ids [length] int64 and mask [length] bool of `instruction` and `state` [3]; an lf::Error for a
+  // word outside the vocabulary or a prompt longer than `length`.
+  std::pair<at::Tensor, at::Tensor> encode(const std::string& instruction, const at::Tensor& state) const;
+};
+
+struct ReachDemoMeta {
+  int64_t image_size = 32;
+  int64_t chunk = 10;
+  int64_t action_dim = 3;
+  double max_speed = 0.05;
+  int64_t max_steps = 100;
+  ReachPrompt prompt;
+  uint64_t seed = 0;
+  int64_t episodes = 0, samples = 0;
+  double noise = 0.3;  // executed-motion noise in units of max_speed (every other episode)
+};
+
+// Normalised actions [n, 3] <-> the task's actions (dx, dy in max_speed units; grip sign).
+at::Tensor normalize_reach_actions(const at::Tensor& actions, double max_speed);
+at::Tensor unnormalize_reach_actions(const at::Tensor& actions, double max_speed);
+
+// Runs the expert for `meta.episodes` episodes and writes DIR/meta.json and DIR/samples-NNNNN.safetensors
+// (images uint8 [n, 3, S, S], prompt_tokens int64 [n, L], prompt_masks uint8 [n, L], actions
+// float32 [n, chunk, 3] normalised, episode int64 [n]). Returns the meta written (samples counted).
+ReachDemoMeta write_reach_demos(const std::string& dir, ReachDemoMeta meta);
+
+struct ReachDemoSample {
+  at::Tensor image;   // uint8 [3, S, S]
+  at::Tensor tokens;  // int64 [L]
+  at::Tensor mask;    // bool [L]
+  at::Tensor actions; // float32 [chunk, 3], normalised
+};
+
+// A store written by write_reach_demos, read whole (a demo's few MB); errors name the file.
+class ReachDemoStore {
+ public:
+  explicit ReachDemoStore(const std::string& dir);
+  const ReachDemoMeta& meta() const { return meta_; }
+  const std::string& dir() const { return dir_; }
+  int64_t size() const { return images_.size(0); }
+  ReachDemoSample get(int64_t i) const;
+
+ private:
+  std::string dir_;
+  ReachDemoMeta meta_;
+  at::Tensor images_, tokens_, masks_, actions_;
+};
+
+// The meta.json of a store (what a policy trained on it needs to process observations).
+ReachDemoMeta read_reach_demo_meta(const std::string& dir);
+
+}  // namespace lf::vla

@@ -1,0 +1,202 @@
+#include "loongforge/vla/reach_demo.h"
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/Functions.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "loongforge/core/error.h"
+#include "loongforge/core/safetensors.h"
+
+namespace lf::vla {
+namespace {
+namespace fs = std::filesystem;
+constexpr int64_t kShard = 4096;  // samples per file
+
+at::Tensor read_tensor(const lf::safetensors::Reader& r, const std::string& name, at::ScalarType type,
+                       const std::string& file) {
+  for (const auto& info : r.tensors()) {
+    if (info.name != name) continue;
+    at::Tensor t = at::empty(info.shape, type);
+    LF_CHECK(static_cast<size_t>(info.end - info.begin) == t.nbytes(), file, ": tensor ", name,
+             " has the wrong dtype or size", lf::hint("rewrite the store with loongforge-data make-demo-reach"));
+    std::memcpy(t.data_ptr(), r.data(info), t.nbytes());
+    return t;
+  }
+  LF_FAIL(file, ": no tensor '", name, "'", lf::hint("rewrite the store with loongforge-data make-demo-reach"));
+}
+
+}  // namespace
+
+std::vector<std::string> ReachPrompt::vocab() const {
+  std::vector<std::string> v{"<pad>", "put", "the", "block", "on", "target"};
+  for (const auto& c : reach_colours()) v.push_back(c);
+  v.push_back("state");
+  for (int64_t b = 0; b < state_bins; ++b) v.push_back("s" + std::to_string(b));
+  return v;
+}
+
+std::pair<at::Tensor, at::Tensor> ReachPrompt::encode(const std::string& instruction, const at::Tensor& state) const {
+  const auto words = vocab();
+  auto id_of = [&](const std::string& w) -> int64_t {
+    auto it = std::find(words.begin(), words.end(), w);
+    LF_CHECK(it != words.end(), "reach prompt: the word '", w, "' of \"", instruction, "\" is not in the vocabulary",
+             lf::hint("the reach task's instructions read \"put the <colour> block on the <colour> target\""));
+    return it - words.begin();
+  };
+  std::vector<int64_t> ids;
+  std::istringstream in(instruction);
+  for (std::string w; in >> w;) ids.push_back(id_of(w));
+  ids.push_back(id_of("state"));
+  const at::Tensor s = state.to(at::kFloat).contiguous().view({-1});
+  for (int64_t i = 0; i < s.numel(); ++i) {
+    const double v = std::clamp(static_cast<double>(s[i].item<float>()), 0.0, 1.0);
+    ids.push_back(id_of("s" + std::to_string(std::min(state_bins - 1, static_cast<int64_t>(v * state_bins)))));
+  }
+  LF_CHECK(static_cast<int64_t>(ids.size()) <= length, "reach prompt: \"", instruction, "\" and the state make ",
+           ids.size(), " tokens, more than the prompt length ", length);
+  at::Tensor t = at::zeros({length}, at::kLong), m = at::zeros({length}, at::kBool);
+  for (size_t i = 0; i < ids.size(); ++i) t[static_cast<int64_t>(i)] = ids[i], m[static_cast<int64_t>(i)] = true;
+  return {t, m};
+}
+
+at::Tensor normalize_reach_actions(const at::Tensor& a, double max_speed) {
+  auto out = a.to(at::kFloat).clone();
+  out.narrow(-1, 0, 2).div_(max_speed);
+  out.narrow(-1, 2, 1).copy_(at::where(out.narrow(-1, 2, 1) > 0, 1.0, -1.0));
+  return out;
+}
+
+at::Tensor unnormalize_reach_actions(const at::Tensor& a, double max_speed) {
+  auto out = a.to(at::kFloat).clone();
+  out.narrow(-1, 0, 2).clamp_(-1, 1).mul_(max_speed);
+  return out;
+}
+
+ReachDemoMeta write_reach_demos(const std::string& dir, ReachDemoMeta meta) {
+  LF_CHECK(meta.episodes > 0, "make-demo-reach: --episodes must be positive");
+  fs::create_directories(dir);
+  ReachOptions o;
+  o.image_size = meta.image_size;
+  o.max_speed = meta.max_speed;
+  o.max_steps = meta.max_steps;
+  ReachEnv env(o);
+  ReachExpertPolicy expert(meta.chunk, meta.max_speed);
+  std::vector<at::Tensor> images, tokens, masks, actions, episode;
+  int shard = 0;
+  auto flush = [&] {
+    if (images.empty()) return;
+    const at::Tensor im = at::stack(images).contiguous(), tk = at::stack(tokens).contiguous(),
+                     mk = at::stack(masks).to(at::kByte).contiguous(), ac = at::stack(actions).contiguous();
+    const at::Tensor eps = at::stack(episode).contiguous();
+    lf::safetensors::Writer w;
+    using lf::safetensors::DType;
+    w.add("images", DType::U8, im.sizes().vec(), im.data_ptr());
+    w.add("prompt_tokens", DType::I64, tk.sizes().vec(), tk.data_ptr());
+    w.add("prompt_masks", DType::U8, mk.sizes().vec(), mk.data_ptr());
+    w.add("actions", DType::F32, ac.sizes().vec(), ac.data_ptr());
+    w.add("episode", DType::I64, eps.sizes().vec(), eps.data_ptr());
+    char name[64];
+    std::snprintf(name, sizeof name, "samples-%05d.safetensors", shard++);
+    w.write((fs::path(dir) / name).string());
+    meta.samples += im.size(0);
+    images.clear(), tokens.clear(), masks.clear(), actions.clear(), episode.clear();
+  };
+  meta.samples = 0;
+  for (int64_t e = 0; e < meta.episodes; ++e) {
+    auto gen = at::make_generator<at::CPUGeneratorImpl>(meta.seed * 7919 + static_cast<uint64_t>(e) + 1);
+    const bool noisy = e % 2 == 1 && meta.noise > 0;
+    Observation obs = env.reset(meta.seed + static_cast<uint64_t>(e));
+    while (true) {
+      const at::Tensor plan = expert.infer(obs);  // [chunk, 3]
+      images.push_back(obs.at("observation/image").permute({2, 0, 1}).contiguous());
+      auto [ids, mask] = meta.prompt.encode(obs.prompt, obs.at("observation/state"));
+      tokens.push_back(ids);
+      masks.push_back(mask);
+      actions.push_back(normalize_reach_actions(plan, meta.max_speed));
+      episode.push_back(at::scalar_tensor(e, at::kLong));
+      if (static_cast<int64_t>(images.size()) == kShard) flush();
+      at::Tensor act = plan[0].clone();
+      if (noisy) act.narrow(0, 0, 2).add_(at::normal(0.0, meta.noise * meta.max_speed, {2}, gen, at::kFloat));
+      auto step = env.step(act);
+      if (step.done) break;
+      obs = step.observation;
+    }
+  }
+  flush();
+  nlohmann::json j = {{"format", "loongforge reach demos v1"},
+                      {"image_size", meta.image_size},
+                      {"chunk", meta.chunk},
+                      {"action_dim", meta.action_dim},
+                      {"max_speed", meta.max_speed},
+                      {"max_steps", meta.max_steps},
+                      {"state_bins", meta.prompt.state_bins},
+                      {"prompt_length", meta.prompt.length},
+                      {"vocab", meta.prompt.vocab()},
+                      {"seed", meta.seed},
+                      {"episodes", meta.episodes},
+                      {"samples", meta.samples},
+                      {"noise", meta.noise},
+                      {"shards", shard}};
+  std::ofstream(fs::path(dir) / "meta.json") << j.dump(2) << "\n";
+  return meta;
+}
+
+ReachDemoMeta read_reach_demo_meta(const std::string& dir) {
+  const fs::path file = fs::path(dir) / "meta.json";
+  std::ifstream in(file);
+  LF_CHECK(in.good(), "reach demo store ", dir, ": no meta.json",
+           lf::hint("make one with loongforge-data make-demo-reach --out DIR"));
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(in);
+  } catch (const std::exception& e) {
+    LF_FAIL(file.string(), ": not JSON (", e.what(), ")");
+  }
+  LF_CHECK(j.value("format", std::string()) == "loongforge reach demos v1", file.string(),
+           ": not a reach demo store (format ", j.value("format", std::string("missing")), ")");
+  ReachDemoMeta m;
+  try {
+    m.image_size = j.at("image_size"), m.chunk = j.at("chunk"), m.action_dim = j.at("action_dim");
+    m.max_speed = j.at("max_speed"), m.max_steps = j.at("max_steps");
+    m.prompt.state_bins = j.at("state_bins"), m.prompt.length = j.at("prompt_length");
+    m.seed = j.at("seed"), m.episodes = j.at("episodes"), m.samples = j.at("samples"), m.noise = j.at("noise");
+  } catch (const std::exception& e) {
+    LF_FAIL(file.string(), ": ", e.what());
+  }
+  LF_CHECK(j.at("vocab").get<std::vector<std::string>>() == m.prompt.vocab(), file.string(),
+           ": its vocabulary is not this program's reach prompt vocabulary");
+  return m;
+}
+
+ReachDemoStore::ReachDemoStore(const std::string& dir) : dir_(dir), meta_(read_reach_demo_meta(dir)) {
+  std::vector<at::Tensor> im, tk, mk, ac;
+  for (int s = 0;; ++s) {
+    char name[64];
+    std::snprintf(name, sizeof name, "samples-%05d.safetensors", s);
+    const fs::path file = fs::path(dir) / name;
+    if (!fs::exists(file)) break;
+    const auto r = lf::safetensors::Reader::open(file.string());
+    im.push_back(read_tensor(r, "images", at::kByte, file.string()));
+    tk.push_back(read_tensor(r, "prompt_tokens", at::kLong, file.string()));
+    mk.push_back(read_tensor(r, "prompt_masks", at::kByte, file.string()).to(at::kBool));
+    ac.push_back(read_tensor(r, "actions", at::kFloat, file.string()));
+  }
+  LF_CHECK(!im.empty(), "reach demo store ", dir, ": no samples-00000.safetensors");
+  images_ = at::cat(im), tokens_ = at::cat(tk), masks_ = at::cat(mk), actions_ = at::cat(ac);
+  LF_CHECK(images_.size(0) == meta_.samples, "reach demo store ", dir, ": meta.json counts ", meta_.samples,
+           " samples, the shards hold ", images_.size(0));
+}
+
+ReachDemoSample ReachDemoStore::get(int64_t i) const {
+  LF_CHECK(i >= 0 && i < size(), "reach demo store ", dir_, ": sample ", i, " out of range (", size(), ")");
+  return {images_[i], tokens_[i], masks_[i], actions_[i]};
+}
+
+}  // namespace lf::vla

@@ -1,0 +1,127 @@
+// A pi05 policy on the reach task through the programs: loongforge-data make-demo-reach writes the
+// expert's episodes, loongforge-train trains a pi05 on the store (DP 2 with ZeRO-1 equals one
+// process on it: fp32, 6 steps, loss relative 1e-5, parameters 1e-5, as every equivalence test),
+// loongforge-eval runs the checkpoint in closed loop (--policy pi05 --load --data-path) and
+// loongforge-serve-policy serves it (the same episodes through the server as in process); a store
+// that does not fit the model is an error naming the key to change.
+#include <gtest/gtest.h>
+
+#include <signal.h>
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "../tools/pp_training.h"
+
+namespace {
+namespace fs = std::filesystem;
+using lf::testing::bin;
+using lf::testing::run_command;
+
+const std::string kConfig = lf::testing::source_dir() + "/configs/examples/pi05_reach.yaml";
+// The demo's model shrunk: the test is about the path, not the policy's skill.
+const std::vector<std::string> kSmall = {
+    "model.vision_encoder.num_hidden_layers=1", "model.foundation.depth=1", "model.action_expert.depth=1",
+    "model.foundation.width=32", "model.action_expert.width=32", "model.num_inference_steps=3",
+    "--micro-batch-size", "16", "--global-batch-size", "32", "--lr", "3e-3", "--eval-iters", "0", "--log-interval",
+    "1", "--lr-warmup-iters", "1", "--deterministic-mode"};
+
+const std::string& store() {
+  static const std::string dir = [] {
+    const std::string d = lf::testing::make_temp_dir("pi05-reach-store") + "/store";
+    auto r = run_command({bin("loongforge-data"), "make-demo-reach", "--out", d, "--episodes", "6", "--seed", "3",
+                          "--image-size", "32", "--chunk", "10"},
+                         {}, std::chrono::seconds(120));
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    return d;
+  }();
+  return dir;
+}
+
+lf::testing::TrainRun train(int procs, std::vector<std::string> extra, const std::string& tag) {
+  const std::string dir = lf::testing::make_temp_dir("pi05-reach-" + tag);
+  std::vector<std::string> argv;
+  if (procs > 1) argv = {bin("loongforge-run"), "--standalone", "--nproc-per-node", std::to_string(procs)};
+  std::vector<std::string> t = {bin("loongforge-train"), "--config-file", kConfig, "--data-path", store(),
+                                "--train-iters", "10", "--metrics-file", dir + "/m.jsonl"};
+  argv.insert(argv.end(), t.begin(), t.end());
+  argv.insert(argv.end(), kSmall.begin(), kSmall.end());
+  argv.insert(argv.end(), extra.begin(), extra.end());
+  auto out = lf::testing::run_training(argv, dir);
+  if (out.exit_code == 0 && fs::exists(dir + "/p.safetensors")) out.params = lf::testing::read_params(dir + "/p.safetensors");
+  return out;
+}
+
+TEST(Pi05ReachProgram, DataParallelOnTheStoreEqualsOneProcess) {
+  lf::testing::expect_same_training(train(1, {}, "one"), train(2, {"--use-distributed-optimizer"}, "dp2"),
+                                    "pi05 on the reach store: dp 2, ZeRO-1");
+}
+
+TEST(Pi05ReachProgram, EvalAndServeTheTrainedPolicy) {
+  const std::string dir = lf::testing::make_temp_dir("pi05-reach-eval");
+  auto t = train(1, {"--save", dir + "/ck"}, "ck");
+  ASSERT_EQ(t.exit_code, 0) << t.output;
+  auto eval = [&](std::vector<std::string> args) {
+    args.insert(args.begin(), bin("loongforge-eval"));
+    return run_command(args, {}, std::chrono::seconds(240));
+  };
+  const std::vector<std::string> common = {"--episodes", "2", "--seed", "500", "--image-size", "32",
+                                           "--replan-steps", "5", "--max-steps", "20"};
+  auto with = [&](std::vector<std::string> a) {
+    a.insert(a.end(), common.begin(), common.end());
+    return a;
+  };
+  auto r = eval(with({"--policy", "pi05", "--load", dir + "/ck", "--data-path", store(), "--report", dir + "/local.json"}));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const auto local = nlohmann::json::parse(lf::testing::read_file(dir + "/local.json"));
+  EXPECT_EQ(local["per_episode"].size(), 2u);
+  EXPECT_EQ(local["per_episode"][0]["steps"], 20);  // ten steps of training do not solve the task
+
+  // The same policy behind loongforge-serve-policy (its noise from the same seed): the same episodes.
+  const std::string log = dir + "/serve.log";
+  const std::string cmd = bin("loongforge-serve-policy") + " --port 0 --policy pi05 --load " + dir + "/ck" +
+                          " --data-path " + store() + " --seed 500 > " + log + " 2>&1 & echo $!";
+  FILE* p = ::popen(cmd.c_str(), "r");
+  ASSERT_NE(p, nullptr);
+  long pid = 0;
+  ASSERT_EQ(std::fscanf(p, "%ld", &pid), 1);
+  ::pclose(p);
+  std::string uri;
+  for (int i = 0; i < 600 && uri.empty(); ++i) {
+    const std::string text = lf::testing::read_file(log);
+    const auto at = text.find("on ws://");
+    if (at != std::string::npos) uri = text.substr(at + 3, text.find(' ', at + 3) - at - 3);
+    if (uri.empty()) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  ASSERT_FALSE(uri.empty()) << lf::testing::read_file(log);
+  r = eval(with({"--server", uri, "--report", dir + "/served.json"}));
+  ::kill(static_cast<pid_t>(pid), SIGTERM);
+  ASSERT_EQ(r.exit_code, 0) << r.output << lf::testing::read_file(log);
+  EXPECT_EQ(nlohmann::json::parse(lf::testing::read_file(dir + "/served.json"))["per_episode"], local["per_episode"]);
+
+  // Mistakes: no checkpoint; a store the policy was not trained on.
+  r = eval(with({"--policy", "pi05"}));
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.output.find("needs --load CHECKPOINT and --data-path STORE"), std::string::npos) << r.output;
+  const std::string other = dir + "/store16";
+  auto m = run_command({bin("loongforge-data"), "make-demo-reach", "--out", other, "--episodes", "1", "--image-size",
+                        "16"});
+  ASSERT_EQ(m.exit_code, 0) << m.output;
+  r = eval(with({"--policy", "pi05", "--load", dir + "/ck", "--data-path", other}));
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.output.find("was not trained on the store"), std::string::npos) << r.output;
+}
+
+TEST(Pi05ReachProgram, AStoreThatDoesNotFitTheModelIsNamed) {
+  auto r = train(1, {"model.chunk_size=5"}, "chunk");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.output.find("model.chunk_size 10"), std::string::npos) << r.output;
+  r = train(1, {"model.vision_encoder.image_size=16"}, "size");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.output.find("model.vision_encoder.image_size 32"), std::string::npos) << r.output;
+}
+
+}  // namespace

@@ -1,0 +1,26 @@
+// loongforge-data make-demo-reach: the VLA demo's store of scripted reach-task episodes.
+#include <cstdio>
+
+#include "commands.h"
+#include "loongforge/vla/reach_demo.h"
+
+namespace lf::data::tools {
+
+int run_make_demo_reach(const ReachDemoOptions& o) {
+  lf::vla::ReachDemoMeta m;
+  m.episodes = o.episodes;
+  m.seed = o.seed;
+  m.image_size = o.image_size;
+  m.chunk = o.chunk;
+  m.noise = o.noise;
+  m = lf::vla::write_reach_demos(o.out, m);
+  std::printf("wrote %lld samples of %lld expert episodes (seeds %llu..%llu, %lldx%lld images, chunks of %lld, "
+              "prompt vocabulary %lld) to %s\n",
+              static_cast<long long>(m.samples), static_cast<long long>(m.episodes),
+              static_cast<unsigned long long>(m.seed), static_cast<unsigned long long>(m.seed + m.episodes - 1),
+              static_cast<long long>(m.image_size), static_cast<long long>(m.image_size),
+              static_cast<long long>(m.chunk), static_cast<long long>(m.prompt.vocab_size()), o.out.c_str());
+  return 0;
+}
+
+}  // namespace lf::data::tools

@@ -1,0 +1,82 @@
+// loongforge-train's data source for VLA policies (DataNeeds::vla): a reach demo store
+// (vla/reach_demo.h, loongforge-data make-demo-reach), one sample per row: the camera image as the
+// policy's one camera in [-1, 1], the prompt, and the expert's action chunk zero-padded to the
+// model's max_action_dim.
+#include <ATen/Functions.h>
+
+#include <filesystem>
+
+#include "data_source_internal.h"
+#include "loongforge/core/error.h"
+#include "loongforge/core/logging.h"
+#include "loongforge/dist/parallel_context.h"
+#include "loongforge/models/registry.h"
+#include "loongforge/vla/reach_demo.h"
+
+namespace lf::tools {
+
+DataSources make_vla_sources(const lf::config::JobConfig& job, const lf::models::DataNeeds& needs,
+                             const lf::dist::ParallelContext& ctx, int64_t train_samples, int64_t valid_samples) {
+  const auto& d = job.data;
+  LF_CHECK(d.data_path.size() == 1, "a VLA policy reads one sample store, data.data_path has ", d.data_path.size(),
+           " entries", lf::hint("pass --data-path DIR (made by loongforge-data make-demo-reach)"));
+  const std::string dir = d.data_path[0];
+  std::error_code ec;
+  LF_CHECK(!std::filesystem::exists(std::filesystem::path(dir) / "meta" / "info.json", ec), dir,
+           " is a LeRobot dataset; loongforge-train does not read LeRobot datasets yet",
+           lf::hint("inspect it with loongforge-data inspect; train on a reach demo store (loongforge-data "
+                    "make-demo-reach) or --mock-data"));
+  auto store = std::make_shared<const lf::vla::ReachDemoStore>(dir);
+  const auto& m = store->meta();
+  LF_CHECK(m.image_size == needs.image_size, "reach demo store ", dir, " holds ", m.image_size, "x", m.image_size,
+           " images; the model's vision encoder takes ", needs.image_size, "x", needs.image_size,
+           lf::hint("set model.vision_encoder.image_size " + std::to_string(m.image_size) +
+                    " or remake the store with --image-size " + std::to_string(needs.image_size)));
+  LF_CHECK(m.chunk == needs.chunk, "reach demo store ", dir, " holds action chunks of ", m.chunk,
+           "; the model predicts ", needs.chunk,
+           lf::hint("set model.chunk_size " + std::to_string(m.chunk) + " or remake the store with --chunk " +
+                    std::to_string(needs.chunk)));
+  LF_CHECK(m.action_dim == needs.action_dim, "reach demo store ", dir, " holds ", m.action_dim,
+           "-dim actions; the model's action_dim is ", needs.action_dim,
+           lf::hint("set model.action_dim " + std::to_string(m.action_dim)));
+  LF_CHECK(m.prompt.vocab_size() <= needs.vocab_size, "reach demo store ", dir, ": its prompt vocabulary has ",
+           m.prompt.vocab_size(), " tokens, more than the model's vocab_size ", needs.vocab_size,
+           lf::hint("set model.foundation.vocab_size >= " + std::to_string(m.prompt.vocab_size())));
+  const auto [train_end, valid_end] = split_ends(d.split, store->size(), dir);
+  if (ctx.global_rank() == 0)
+    LF_INFO("reach demo store ", dir, ": ", store->size(), " samples of ", m.episodes, " episodes (train ",
+            train_end, ", valid ", valid_end - train_end, "), ", m.image_size, "x", m.image_size,
+            " images, chunks of ", m.chunk, ", prompts of ", m.prompt.length, " tokens");
+  const int64_t max_action_dim = needs.max_action_dim;
+  auto rows = [store, max_action_dim](const std::vector<int64_t>& items) {
+    std::vector<at::Tensor> images, tokens, masks, actions;
+    for (int64_t item : items) {
+      const auto s = store->get(item);
+      images.push_back((s.image.to(at::kFloat) / 127.5 - 1.0).unsqueeze(0));  // [1 camera, 3, S, S]
+      tokens.push_back(s.tokens);
+      masks.push_back(s.mask);
+      auto a = at::zeros({s.actions.size(0), max_action_dim}, at::kFloat);
+      a.narrow(1, 0, s.actions.size(1)).copy_(s.actions);
+      actions.push_back(a);
+    }
+    lf::data::Batch batch;
+    batch.set("images", at::stack(images));
+    batch.set("image_masks", at::ones({static_cast<int64_t>(items.size()), 1}, at::kBool));
+    batch.set("prompt_tokens", at::stack(tokens));
+    batch.set("prompt_masks", at::stack(masks));
+    batch.set("actions", at::stack(actions));
+    return batch;
+  };
+  const auto& t = job.training;
+  const uint64_t seed = static_cast<uint64_t>(t.seed);
+  const std::string what = "the reach demo store " + dir;
+  DataSources out;
+  out.train = make_store_source(rows, 0, train_end, train_samples, t.micro_batch_size, ctx.dp_rank(), ctx.dp_size(),
+                                seed, true, what);
+  if (valid_samples > 0 && valid_end > train_end)
+    out.valid = make_store_source(rows, train_end, valid_end, valid_samples, t.micro_batch_size, ctx.dp_rank(),
+                                  ctx.dp_size(), seed, false, what);
+  return out;
+}
+
+}  // namespace lf::tools

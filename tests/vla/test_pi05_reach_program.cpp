@@ -1,6 +1,6 @@
 // A pi05 policy on the reach task through the programs: loongforge-data make-demo-reach writes the
 // expert's episodes, loongforge-train trains a pi05 on the store (DP 2 with ZeRO-1 equals one
-// process on it: fp32, 6 steps, loss relative 1e-5, parameters 1e-5, as every equivalence test),
+// process on it: fp32, 10 steps, loss relative 1e-5, parameters 1e-5, as every equivalence test),
 // loongforge-eval runs the checkpoint in closed loop (--policy pi05 --load --data-path) and
 // loongforge-serve-policy serves it (the same episodes through the server as in process); a store
 // that does not fit the model is an error naming the key to change.
@@ -24,7 +24,7 @@ using lf::testing::run_command;
 const std::string kConfig = lf::testing::source_dir() + "/configs/examples/pi05_reach.yaml";
 // The demo's model shrunk: the test is about the path, not the policy's skill.
 const std::vector<std::string> kSmall = {
-    "model.vision_encoder.num_hidden_layers=1", "model.foundation.depth=1", "model.action_expert.depth=1",
+    "model.vision_encoder.image_size=32", "model.vision_encoder.num_hidden_layers=1", "model.foundation.depth=1", "model.action_expert.depth=1",
     "model.foundation.width=32", "model.action_expert.width=32", "model.num_inference_steps=3",
     "--micro-batch-size", "16", "--global-batch-size", "32", "--lr", "3e-3", "--eval-iters", "0", "--log-interval",
     "1", "--lr-warmup-iters", "1", "--deterministic-mode"};

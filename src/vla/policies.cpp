@@ -146,6 +146,15 @@ const std::vector<std::pair<std::string, std::string>>& policy_names() {
   return n;
 }
 
+std::string unknown_policy_message(const std::string& name) {
+  std::string choices;
+  for (const auto& [n, what] : policy_names()) {
+    if (n == name) return "";
+    choices += (choices.empty() ? "" : ", ") + n;
+  }
+  return "unknown policy '" + name + "'; the choices are: " + choices;
+}
+
 std::unique_ptr<Policy> make_policy(const std::string& name, const PolicyOptions& o) {
   if (name == "expert" || name == "random") {
     LF_CHECK(o.load.empty() && o.data_path.empty(), "the ", name, " policy is scripted and loads no checkpoint (",
@@ -158,9 +167,7 @@ std::unique_ptr<Policy> make_policy(const std::string& name, const PolicyOptions
              "the pi05 policy needs --load CHECKPOINT and --data-path STORE (the reach demo store it was trained on)");
     return std::make_unique<Pi05ReachPolicy>(o.load, o.data_path, o.seed);
   }
-  std::string choices;
-  for (const auto& [n, what] : policy_names()) choices += (choices.empty() ? "" : ", ") + n;
-  LF_FAIL("unknown policy '", name, "'; the choices are: ", choices);
+  LF_FAIL(unknown_policy_message(name));
 }
 
 }  // namespace lf::vla

@@ -192,12 +192,8 @@ int main(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     return app.exit(e) == 0 ? 0 : 2;
   }
-  bool known = false;
-  for (const auto& [name, what] : lf::vla::policy_names()) known = known || name == o.policy;
-  if (!known) {
-    std::string names;
-    for (const auto& [name, what] : lf::vla::policy_names()) names += (names.empty() ? "" : ", ") + name;
-    std::cerr << "loongforge-eval: error: unknown policy '" << o.policy << "'; the choices are: " << names << "\n";
+  if (const auto unknown = lf::vla::unknown_policy_message(o.policy); !unknown.empty()) {
+    std::cerr << "loongforge-eval: error: " << unknown << "\n";
     return 2;
   }
   if (!o.server.empty() && app.count("--policy")) {

@@ -40,15 +40,8 @@ int main(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     return app.exit(e) == 0 ? 0 : 2;
   }
-  bool known = false;
-  std::string names;
-  for (const auto& [name, what] : lf::vla::policy_names()) {
-    known = known || name == policy_name;
-    names += (names.empty() ? "" : ", ") + name;
-  }
-  if (!known) {
-    std::cerr << "loongforge-serve-policy: error: unknown policy '" << policy_name << "'; the choices are: " << names
-              << "\n";
+  if (const auto unknown = lf::vla::unknown_policy_message(policy_name); !unknown.empty()) {
+    std::cerr << "loongforge-serve-policy: error: " << unknown << "\n";
     return 2;
   }
   try {

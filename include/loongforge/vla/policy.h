@@ -59,6 +59,9 @@ struct PolicyOptions {
 
 // The policies make_policy knows, with one line each: {"expert", ...}, {"random", ...}.
 const std::vector<std::pair<std::string, std::string>>& policy_names();
+// "" when make_policy knows `name`, else the message of a program's usage error ("unknown policy
+// 'x'; the choices are: expert, random, pi05").
+std::string unknown_policy_message(const std::string& name);
 // A policy by name; an lf::Error listing the choices for an unknown name. (A trained policy
 // loaded from options.load is added here by its model.)
 std::unique_ptr<Policy> make_policy(const std::string& name, const PolicyOptions& options = {});

@@ -14,7 +14,9 @@ then, prompt tokens with padding, action chunks zero-padded to max_action_dim), 
 PI05Pytorch.sample_noise / sample_time, PI05Pytorch.forward -> the loss over the real action dims
 .mean() -> backward -> clip_grad_norm_ -> AdamW.step (fused=True: ATen's one-pass CPU kernel, the
 fastest torch.optim.AdamW on the CPU; lerobot-train's default builds the per-tensor loop) ->
-zero_grad. Threads come from OMP_NUM_THREADS (set by tools/bench). Prints one JSON line on stdout.
+zero_grad. Threads come from OMP_NUM_THREADS (set by tools/bench). Prints one JSON line on stdout:
+wall-clock samples/s and the process's CPU time (user + system of every thread, time.process_time)
+per sample over the steps after --warmup, peak RSS being the caller's to take (wait4).
 """
 import argparse
 import json
@@ -128,9 +130,9 @@ def train_lerobot_pi05(args):
     assert t["global_batch_size"] == b, "the bench runs one micro-batch per step"
     vocab, adim = model_cfg["foundation"]["vocab_size"], model_cfg["action_dim"]
     gen = torch.Generator().manual_seed(t.get("seed", 1234) + 1)
-    times, losses = [], []
+    times, cpu, losses = [], [], []
     for _ in range(args.steps):
-        start = time.perf_counter()
+        start, start_cpu = time.perf_counter(), time.process_time()
         images, img_masks, tokens, masks, actions = mock_batch(model_cfg, vocab, b, gen)
         noise = pi05.sample_noise(actions.shape, actions.device)
         tm = pi05.sample_time(b, actions.device)
@@ -141,7 +143,8 @@ def train_lerobot_pi05(args):
         opt.zero_grad(set_to_none=True)
         losses.append(loss.item())
         times.append(time.perf_counter() - start)
-    timed = times[args.warmup:]
+        cpu.append(time.process_time() - start_cpu)
+    timed, timed_cpu = times[args.warmup:], cpu[args.warmup:]
     prefix = model_cfg["mock_cameras"] * (model_cfg["vision_encoder"]["image_size"] //
                                           model_cfg["vision_encoder"]["patch_size"]) ** 2 + model_cfg["mock_tokens"]
     tokens_per_sample = prefix + model_cfg["chunk_size"]
@@ -149,6 +152,7 @@ def train_lerobot_pi05(args):
     print(json.dumps({
         "samples_per_sec": b * len(timed) / sum(timed), "steps_per_sec": len(timed) / sum(timed),
         "tokens_per_sec": b * tokens_per_sample * len(timed) / sum(timed), "step_seconds": timed,
+        "samples_per_cpu_second": b * len(timed_cpu) / sum(timed_cpu), "step_cpu_seconds": timed_cpu,
         "losses": losses, "parameters": sum(p.numel() for p in params), "baseline_rss_kib": baseline_kib,
         "threads": torch.get_num_threads(), "torch": torch.__version__,
         "vision_attention": pg.config.vision_config._attn_implementation,

@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <map>
@@ -48,6 +49,26 @@ inline TrainRun run_training(const std::vector<std::string>& argv, const std::st
     if (std::regex_search(line, m, loss_re)) out.losses.push_back(std::stod(m[1]));
     if (std::regex_search(line, m, norm_re)) out.grad_norms.push_back(std::stod(m[1]));
   }
+  return out;
+}
+
+// A composite's example config through loongforge-train as users run it (loongforge-run
+// --standalone for procs > 1): 10 steps, deterministic, a loss per step in DIR/m.jsonl, no
+// evaluation, then `extra`; the final parameters read back. DIR: a new temporary directory named
+// after `tag`.
+inline TrainRun train_example(const std::string& config, int procs, const std::vector<std::string>& extra,
+                              const std::string& tag) {
+  const std::string dir = lf::testing::make_temp_dir(tag);
+  std::vector<std::string> argv;
+  if (procs > 1) argv = {bin("loongforge-run"), "--standalone", "--nproc-per-node", std::to_string(procs)};
+  const std::vector<std::string> t = {bin("loongforge-train"), "--config-file", config, "--train-iters", "10",
+                                      "--metrics-file", dir + "/m.jsonl", "--data-cache-path", dir,
+                                      "--deterministic-mode", "--log-interval", "1", "--eval-iters", "0"};
+  argv.insert(argv.end(), t.begin(), t.end());
+  argv.insert(argv.end(), extra.begin(), extra.end());
+  TrainRun out = run_training(argv, dir);
+  if (out.exit_code == 0 && std::filesystem::exists(dir + "/p.safetensors"))
+    out.params = read_params(dir + "/p.safetensors");
   return out;
 }
 

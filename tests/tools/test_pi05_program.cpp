@@ -24,18 +24,8 @@ using lf::testing::TrainRun;
 
 const std::string kConfig = lf::testing::source_dir() + "/configs/examples/pi05_tiny.yaml";
 
-TrainRun run(int procs, std::vector<std::string> extra, const std::string& tag) {
-  const std::string dir = lf::testing::make_temp_dir("pi05-" + tag);
-  std::vector<std::string> argv;
-  if (procs > 1) argv = {bin("loongforge-run"), "--standalone", "--nproc-per-node", std::to_string(procs)};
-  std::vector<std::string> t = {bin("loongforge-train"), "--config-file", kConfig, "--train-iters", "10",
-                                "--metrics-file", dir + "/m.jsonl", "--data-cache-path", dir, "--deterministic-mode",
-                                "--log-interval", "1", "--eval-iters", "0"};
-  argv.insert(argv.end(), t.begin(), t.end());
-  argv.insert(argv.end(), extra.begin(), extra.end());
-  TrainRun out = lf::testing::run_training(argv, dir);
-  if (out.exit_code == 0 && fs::exists(dir + "/p.safetensors")) out.params = lf::testing::read_params(dir + "/p.safetensors");
-  return out;
+TrainRun run(int procs, const std::vector<std::string>& extra, const std::string& tag) {
+  return lf::testing::train_example(kConfig, procs, extra, "pi05-" + tag);
 }
 
 const TrainRun& single() {

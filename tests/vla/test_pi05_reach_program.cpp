@@ -26,8 +26,7 @@ const std::string kConfig = lf::testing::source_dir() + "/configs/examples/pi05_
 const std::vector<std::string> kSmall = {
     "model.vision_encoder.image_size=32", "model.vision_encoder.num_hidden_layers=1", "model.foundation.depth=1", "model.action_expert.depth=1",
     "model.foundation.width=32", "model.action_expert.width=32", "model.num_inference_steps=3",
-    "--micro-batch-size", "16", "--global-batch-size", "32", "--lr", "3e-3", "--eval-iters", "0", "--log-interval",
-    "1", "--lr-warmup-iters", "1", "--deterministic-mode"};
+    "--micro-batch-size", "16", "--global-batch-size", "32", "--lr", "3e-3", "--lr-warmup-iters", "1"};
 
 const std::string& store() {
   static const std::string dir = [] {
@@ -42,17 +41,10 @@ const std::string& store() {
 }
 
 lf::testing::TrainRun train(int procs, std::vector<std::string> extra, const std::string& tag) {
-  const std::string dir = lf::testing::make_temp_dir("pi05-reach-" + tag);
-  std::vector<std::string> argv;
-  if (procs > 1) argv = {bin("loongforge-run"), "--standalone", "--nproc-per-node", std::to_string(procs)};
-  std::vector<std::string> t = {bin("loongforge-train"), "--config-file", kConfig, "--data-path", store(),
-                                "--train-iters", "10", "--metrics-file", dir + "/m.jsonl"};
-  argv.insert(argv.end(), t.begin(), t.end());
-  argv.insert(argv.end(), kSmall.begin(), kSmall.end());
-  argv.insert(argv.end(), extra.begin(), extra.end());
-  auto out = lf::testing::run_training(argv, dir);
-  if (out.exit_code == 0 && fs::exists(dir + "/p.safetensors")) out.params = lf::testing::read_params(dir + "/p.safetensors");
-  return out;
+  // The test's own overrides last: they win over kSmall's.
+  extra.insert(extra.begin(), kSmall.begin(), kSmall.end());
+  extra.insert(extra.begin(), {"--data-path", store()});
+  return lf::testing::train_example(kConfig, procs, extra, "pi05-reach-" + tag);
 }
 
 TEST(Pi05ReachProgram, DataParallelOnTheStoreEqualsOneProcess) {

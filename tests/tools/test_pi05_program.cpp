@@ -87,6 +87,16 @@ TEST(Pi05Training, FrozenComponentsStayFixed) {
   }
   EXPECT_GT(fixed, 10);
   EXPECT_GT(moved, 10);
+  // freeze_vision_encoder: the SigLIP tower only; the projector trains with the LM.
+  auto v = run(1, {"model.vision_encoder.freeze=true", "--save", dir + "/v", "--save-interval", "1"}, "freeze_vision");
+  ASSERT_EQ(v.exit_code, 0) << v.output;
+  auto v1 = lf::train::read_model_checkpoint(dir + "/v", 1), v10 = lf::train::read_model_checkpoint(dir + "/v", 10);
+  std::map<std::string, at::Tensor> first(v1.tensors.begin(), v1.tensors.end());
+  for (const auto& [name, t] : v10.tensors) {
+    if (name.find(".vision_tower.") != std::string::npos) EXPECT_TRUE(at::equal(t, first.at(name))) << name;
+    if (name.find(".multi_modal_projector.linear.weight") != std::string::npos)
+      EXPECT_FALSE(at::equal(t, first.at(name))) << name;
+  }
 }
 
 TEST(Pi05Training, LayoutsItCannotTakeAreConfigurationErrors) {

@@ -205,8 +205,9 @@ Pi05::Pi05(const SiglipConfig& vision, const PiGemmaConfig& vlm, const PiGemmaCo
       state_.push_back(std::move(p));
       continue;
     }
-    const bool vision = p.name.starts_with(kVision) || p.name.starts_with(kProjector);
-    const bool lm = p.name.starts_with(kLm);
+    // The projector trains with the LM: LeRobot's freeze_vision_encoder freezes the tower only.
+    const bool vision = p.name.starts_with(kVision);
+    const bool lm = p.name.starts_with(kLm) || p.name.starts_with(kProjector);
     const bool frozen = vision ? freeze.vision_encoder : lm ? freeze.foundation : freeze.action_expert;
     if (frozen) p.tensor.requires_grad_(false);
     params_.push_back(p);

@@ -133,15 +133,15 @@ struct Pi05Inputs {
   at::Tensor masks;      // [b, L] bool: a real (not padding) token
 };
 
-// Which components are frozen (LeRobot's freeze_vision_encoder: the vision tower and projector;
-// train_expert_only: the vision tower, projector and PaliGemma LM).
+// Which components are frozen (LeRobot's freeze_vision_encoder: the vision tower;
+// train_expert_only: the vision tower, the projector and the PaliGemma LM).
 struct Pi05Freeze {
   bool vision_encoder = false, foundation = false, action_expert = false;
 };
 
 class Pi05 : public Model {
  public:
-  // Parameter groups: vision_encoder (SigLIP + projector), model (the PaliGemma LM),
+  // Parameter groups: vision_encoder (the SigLIP tower), model (the projector and the PaliGemma LM),
   // action_expert (the expert, the action and time projections), model_state (never trained).
   Pi05(const SiglipConfig& vision, const PiGemmaConfig& vlm, const PiGemmaConfig& expert, const Pi05Config& config,
        const lf::backend::DeviceBackend& backend, uint64_t seed, at::ScalarType dtype,

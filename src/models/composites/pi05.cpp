@@ -412,7 +412,6 @@ at::Tensor Pi05::losses(const Pi05Inputs& in, const at::Tensor& actions, const a
 // --- sampling -----------------------------------------------------------------------------------
 
 std::vector<Pi05::KV> Pi05::prefix_cache(const Prefix& p) const {
-  const int64_t np = p.embs.size(1);
   auto positions = p.pad.to(at::kLong).cumsum(1) - 1;
   const auto mask = additive_mask(p.pad.unsqueeze(1) & p.pad.unsqueeze(2));
   auto [cos, sin] = rope_tables(positions, vlm_.head_dim, vlm_.rope_theta, p.embs.scalar_type());
@@ -429,7 +428,6 @@ std::vector<Pi05::KV> Pi05::prefix_cache(const Prefix& p) const {
     auto [m, unused2] = norm(l.post_norm, x, {}, vlm_.rms_norm_eps);
     x = x + mlp(l, m);
   }
-  (void)np;
   return cache;
 }
 

@@ -512,6 +512,13 @@ std::map<std::string, at::Tensor> read_hf_weights(const std::string& dir, std::o
   return out;
 }
 
+std::map<std::string, std::vector<int64_t>> read_hf_weight_shapes(const std::string& dir, const std::string& stem) {
+  const Weights w = open_weights(dir, stem);
+  std::map<std::string, std::vector<int64_t>> out;
+  for (const auto& [name, where] : w.tensors) out.emplace(name, where.second->shape);
+  return out;
+}
+
 NamedTensors decoder_to_hf_tensors(const DecoderConfig& c, const Mapping& mapping,
                                    const std::map<std::string, at::Tensor>& full, const std::string& model_prefix,
                                    std::vector<std::string>* used) {

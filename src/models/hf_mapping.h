@@ -103,6 +103,9 @@ std::string shape_text(const std::vector<int64_t>& shape);  // "[64, 32]"
 // "diffusion_pytorch_model").
 std::map<std::string, at::Tensor> read_hf_weights(const std::string& dir, std::optional<at::ScalarType> dtype,
                                                   const std::string& stem = "model");
+// The same directory's tensor shapes by HF name, from the headers only (no tensor data read).
+std::map<std::string, std::vector<int64_t>> read_hf_weight_shapes(const std::string& dir,
+                                                                  const std::string& stem = "model");
 // Our full decoder tensors (by name) -> the mapping's HF tensors in mapping order, names beginning
 // with "model." written with `model_prefix` in its place; `used` receives our names read. Throws
 // naming the tensor when one is missing or has a shape the config contradicts.

@@ -38,10 +38,23 @@ nlohmann::json read_json(const fs::path& file) {
   }
 }
 
-// The shape of every tensor in the directory's weights, by LoongForge name, without reading data.
+// LeRobot's tensor name -> ours: "model." dropped, the older action_time_mlp_* names renamed (as
+// LeRobot's loader does); "" for the LM heads, which the model does not hold.
+std::string lf_name(const std::string& name) {
+  std::string n = name.starts_with(kPrefix) ? name.substr(kPrefix.size()) : name;
+  if (n.starts_with("action_time_mlp_")) n = n.substr(7);
+  return n == kExpertHead || n == kLmHead ? "" : n;
+}
+
+// The shape of every tensor in the directory's weights by our name, from the file headers only.
 std::map<std::string, std::vector<int64_t>> weight_shapes(const std::string& dir) {
   std::map<std::string, std::vector<int64_t>> out;
-  for (const auto& [name, t] : read_pi05_weights(dir)) out[name] = t.sizes().vec();
+  std::vector<int64_t> lm_head;
+  for (const auto& [name, shape] : lf::models::hf::read_hf_weight_shapes(dir)) {
+    if (const std::string n = lf_name(name); !n.empty()) out[n] = shape;
+    if (name.ends_with(kLmHead)) lm_head = shape;
+  }
+  if (!out.count(kLm + "embed_tokens.weight") && !lm_head.empty()) out[kLm + "embed_tokens.weight"] = lm_head;
   return out;
 }
 
@@ -71,15 +84,10 @@ std::map<std::string, at::Tensor> read_pi05_weights(const std::string& dir, std:
   std::map<std::string, at::Tensor> out;
   at::Tensor lm_head;
   for (auto& [name, t] : lf::models::hf::read_hf_weights(dir, dtype)) {
-    std::string n = name.starts_with(kPrefix) ? name.substr(kPrefix.size()) : name;
-    // Older pi05 checkpoints name the time MLP action_time_mlp_* (LeRobot renames them on load).
-    if (n.starts_with("action_time_mlp_")) n = n.substr(7);
-    if (n == kExpertHead) continue;  // the action expert's LM head: nothing reads it
-    if (n == kLmHead) {
-      lm_head = t;
-      continue;
-    }
-    out[n] = t;
+    if (const std::string n = lf_name(name); !n.empty())
+      out[n] = t;
+    else if (name.ends_with(kLmHead))
+      lm_head = t;  // stands in for a missing token embedding, as LeRobot's loader does
   }
   if (!out.count(kLm + "embed_tokens.weight") && lm_head.defined()) out[kLm + "embed_tokens.weight"] = lm_head;
   return out;

@@ -8,7 +8,6 @@
 #include "loongforge/core/error.h"
 #include "loongforge/models/composites/pi05.h"
 #include "loongforge/models/pi05_lerobot.h"
-#include "loongforge/models/wan_diffusers.h"
 #include "loongforge/train/checkpoint.h"
 
 namespace lf::vla {
@@ -28,11 +27,9 @@ Pi05ReachPolicy::Pi05ReachPolicy(const std::string& checkpoint, const std::strin
            ", vocabulary ", meta_.prompt.vocab_size(), ")", lf::hint("give --data-path the store it was trained on"));
   model_ = std::make_unique<lf::models::Pi05>(setup->vision, setup->vlm, setup->expert, setup->policy,
                                               lf::backend::select_backend(), 0, at::kFloat, nullptr);
-  auto params = model_->parameters();
-  params.insert(params.end(), model_->state().begin(), model_->state().end());
   std::map<std::string, at::Tensor> tensors;
   for (auto& [name, t] : full.tensors) tensors[name] = t.to(at::kFloat);
-  lf::models::diffusers::load_into(params, tensors, what_);
+  model_->load_full(tensors, what_);
 }
 
 Pi05ReachPolicy::~Pi05ReachPolicy() = default;

@@ -17,7 +17,6 @@
 #include "loongforge/dist/parallel_context.h"
 #include "loongforge/models/composites/pi05.h"
 #include "loongforge/models/pi05_lerobot.h"
-#include "loongforge/models/wan_diffusers.h"
 #include "multiprocess.h"
 
 namespace {
@@ -43,9 +42,7 @@ std::string oracle_dir() {
 std::unique_ptr<Pi05> load(const std::string& dir, const lf::dist::ParallelContext* ctx = nullptr) {
   const auto s = lr::read_pi05_setup(dir);
   auto m = std::make_unique<Pi05>(s.vision, s.vlm, s.expert, s.policy, lf::backend::cpu_backend(), 7, at::kFloat, ctx);
-  auto params = m->parameters();
-  params.insert(params.end(), m->state().begin(), m->state().end());
-  lf::models::diffusers::load_into(params, lr::read_pi05_weights(dir, at::kFloat), dir);
+  m->load_full(lr::read_pi05_weights(dir, at::kFloat), dir);
   return m;
 }
 
@@ -149,6 +146,22 @@ TEST(Pi05, MalformedDirectoriesAreErrors) {
     FAIL() << "no error";
   } catch (const lf::Error& e) {
     EXPECT_NE(std::string(e.what()).find("action_in_proj.weight"), std::string::npos) << e.what();
+  }
+  // Loading into a model: a missing tensor and an unknown one are named.
+  auto m = load(src);
+  auto extra = lr::read_pi05_weights(src, at::kFloat);
+  extra["not_a_parameter.weight"] = at::zeros({1});
+  try {
+    m->load_full(extra, "DIR");
+    FAIL() << "no error";
+  } catch (const lf::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("not_a_parameter.weight"), std::string::npos) << e.what();
+  }
+  try {
+    m->load_full(tensors, "DIR");  // lacks action_in_proj.weight
+    FAIL() << "no error";
+  } catch (const lf::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("lacks tensor 'action_in_proj.weight'"), std::string::npos) << e.what();
   }
   auto bad = s;
   bad.policy.max_action_dim = 9;

@@ -16,7 +16,6 @@
 #include "loongforge/core/logging.h"
 #include "loongforge/core/safetensors.h"
 #include "loongforge/models/pi05_lerobot.h"
-#include "loongforge/models/wan_diffusers.h"
 #include "loongforge/train/checkpoint.h"
 #include "loongforge/train/checkpoint_format.h"
 
@@ -132,9 +131,7 @@ int run_policy(const PolicyOptions& o) {
   const auto& be = lf::backend::select_backend();
   const auto& s = m.setup;
   lf::models::Pi05 model(s.vision, s.vlm, s.expert, s.policy, be, 0, at::kFloat, nullptr);
-  auto params = model.parameters();
-  params.insert(params.end(), model.state().begin(), model.state().end());
-  lf::models::diffusers::load_into(params, m.tensors, m.what);
+  model.load_full(m.tensors, m.what);
   m.tensors.clear();
   LF_INFO("loaded ", m.what, " (pi05, ", be.name(), ") in ",
           std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), " s");

@@ -217,6 +217,30 @@ Pi05::Pi05(const SiglipConfig& vision, const PiGemmaConfig& vlm, const PiGemmaCo
 
 const std::string& Pi05::type() const { return kType; }
 
+void Pi05::load_full(const std::map<std::string, at::Tensor>& full, const std::string& source) {
+  c10::NoGradGuard no_grad;
+  size_t used = 0;
+  for (const auto* group : {&params_, &state_})
+    for (const auto& p : *group) {
+      auto it = full.find(p.name);
+      LF_CHECK(it != full.end(), source, " lacks tensor '", p.name, "', which the pi05 model needs",
+               lf::hint("the weights and the model's configuration disagree"));
+      const auto shape = p.full_shape();
+      LF_CHECK(it->second.sizes().vec() == shape, source, ": tensor '", p.name, "' has shape ", it->second.sizes(),
+               ", but the model needs ", at::IntArrayRef(shape));
+      p.tensor.copy_(p.sharding.shard(it->second, p.tp_rank, p.tp_size));
+      ++used;
+    }
+  if (used != full.size())
+    for (const auto& [name, t] : full) {
+      bool known = false;
+      for (const auto* group : {&params_, &state_})
+        for (const auto& p : *group) known = known || p.name == name;
+      LF_CHECK(known, source, " holds tensor '", name, "', which the pi05 model does not have",
+               lf::hint("the weights and the model's configuration disagree"));
+    }
+}
+
 std::vector<ParameterGroup> Pi05::parameter_groups() const {
   std::vector<ParameterGroup> g{ParameterGroup{"vision_encoder", vision_params_, parallel_, !freeze_.vision_encoder},
                                 ParameterGroup{"model", vlm_params_, parallel_, !freeze_.foundation},

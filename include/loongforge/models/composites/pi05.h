@@ -167,6 +167,10 @@ class Pi05 : public Model {
   // over the prefix's cached keys/values. steps <= 0: num_inference_steps.
   at::Tensor sample_actions(const Pi05Inputs& in, const at::Tensor& noise, int64_t steps = 0) const;
 
+  // Every parameter and model-state tensor from full tensors by name (this rank's shard of each);
+  // an lf::Error naming `source` and the tensor when one is missing, has another shape, or the
+  // model has no such tensor.
+  void load_full(const std::map<std::string, at::Tensor>& full, const std::string& source);
   // The batch (trainer fields) as the model's inputs.
   Pi05Inputs inputs_of(const Batch& batch) const;
   const Pi05Config& config() const { return config_; }

@@ -94,7 +94,14 @@ TEST(Pi05ReachProgram, EvalAndServeTheTrainedPolicy) {
   ASSERT_EQ(r.exit_code, 0) << r.output << lf::testing::read_file(log);
   EXPECT_EQ(nlohmann::json::parse(lf::testing::read_file(dir + "/served.json"))["per_episode"], local["per_episode"]);
 
-  // Mistakes: no checkpoint; a store the policy was not trained on.
+  // Mistakes: --chunk (the scripted policies'), no checkpoint, a store the policy was not trained on.
+  r = eval(with({"--policy", "pi05", "--load", dir + "/ck", "--data-path", store(), "--chunk", "5"}));
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.output.find("--chunk sets the scripted policies' chunk"), std::string::npos) << r.output;
+  auto s = run_command({bin("loongforge-serve-policy"), "--policy", "pi05", "--load", dir + "/ck", "--data-path",
+                        store(), "--chunk", "5"});
+  EXPECT_EQ(s.exit_code, 2);
+  EXPECT_NE(s.output.find("--chunk sets the scripted policies' chunk"), std::string::npos) << s.output;
   r = eval(with({"--policy", "pi05"}));
   EXPECT_NE(r.exit_code, 0);
   EXPECT_NE(r.output.find("needs --load CHECKPOINT and --data-path STORE"), std::string::npos) << r.output;

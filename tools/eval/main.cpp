@@ -196,6 +196,11 @@ int main(int argc, char** argv) {
     std::cerr << "loongforge-eval: error: " << unknown << "\n";
     return 2;
   }
+  if (o.policy == "pi05" && app.count("--chunk")) {
+    std::cerr << "loongforge-eval: error: --chunk sets the scripted policies' chunk; a pi05 policy predicts the chunk it "
+                 "was trained for (model.chunk_size)\n";
+    return 2;
+  }
   if (!o.server.empty() && app.count("--policy")) {
     std::cerr << "loongforge-eval: error: --server evaluates the server's policy; drop --policy\n";
     return 2;

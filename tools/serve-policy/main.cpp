@@ -44,6 +44,11 @@ int main(int argc, char** argv) {
     std::cerr << "loongforge-serve-policy: error: " << unknown << "\n";
     return 2;
   }
+  if (policy_name == "pi05" && app.count("--chunk")) {
+    std::cerr << "loongforge-serve-policy: error: --chunk sets the scripted policies' chunk; a pi05 policy predicts the chunk it "
+                 "was trained for (model.chunk_size)\n";
+    return 2;
+  }
   try {
     auto policy = lf::vla::make_policy(policy_name, po);
     lf::vla::PolicyServerOptions so;

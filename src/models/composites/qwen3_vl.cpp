@@ -283,6 +283,19 @@ at::Tensor Qwen3Vl::logits(const at::Tensor& tokens, const at::Tensor& pixel_val
   return lm_head().full_logits(lm_head().local_logits(foundation().final_norm(x)));
 }
 
+at::Tensor Qwen3Vl::hidden_states(const at::Tensor& tokens, const at::Tensor& pixel_values,
+                                  const at::Tensor& image_grid_thw, const at::Tensor& pixel_values_videos,
+                                  const at::Tensor& video_grid_thw) const {
+  check_whole_model("Qwen3Vl::hidden_states");
+  auto e = embed_with_media(tokens.to(backend_.device()), pixel_values, image_grid_thw, pixel_values_videos,
+                            video_grid_thw);
+  DecoderInputs in;
+  in.seq = tokens.size(1);
+  in.position_ids = position_ids(tokens, image_grid_thw, video_grid_thw);
+  in.injections = std::move(e.injections);
+  return foundation().run_layers(foundation().scatter_sequence(e.hidden), in).transpose(0, 1);
+}
+
 void Qwen3Vl::load_hf_state(const std::map<std::string, at::Tensor>& tensors) {
   const std::string visual = "model.visual.", lm = "model.language_model.";
   load_vlm_hf_state(*this, tensors, visual, lm, "Qwen3ForCausalLM", "qwen3", "Qwen3VLForConditionalGeneration (transformers 5 names)",

@@ -71,6 +71,10 @@ class Qwen3Vl : public CausalLm {
   // [s, b, vocab_size].
   at::Tensor logits(const at::Tensor& tokens, const at::Tensor& pixel_values, const at::Tensor& image_grid_thw,
                     const at::Tensor& pixel_values_videos = {}, const at::Tensor& video_grid_thw = {}) const;
+  // Whole model: the last decoder layer's output before the final norm, [b, s, hidden] (GR00T reads
+  // the backbone's features there).
+  at::Tensor hidden_states(const at::Tensor& tokens, const at::Tensor& pixel_values, const at::Tensor& image_grid_thw,
+                           const at::Tensor& pixel_values_videos = {}, const at::Tensor& video_grid_thw = {}) const;
   // The interleaved M-RoPE position ids [3, b, s] of tokens with these media.
   at::Tensor position_ids(const at::Tensor& tokens, const at::Tensor& image_grid_thw,
                           const at::Tensor& video_grid_thw = {}) const;

@@ -3,6 +3,7 @@
 #include "composites/causal_lm_plan.h"
 #include "loongforge/models/composites/feature_regression.h"
 #include "loongforge/models/composites/flow_matching.h"
+#include "loongforge/models/composites/groot.h"
 #include "loongforge/models/composites/pi05.h"
 #include "loongforge/models/composites/qwen2_5_vl.h"
 #include "loongforge/models/composites/qwen3_vl.h"
@@ -28,6 +29,7 @@ void register_builtin_types(Registry& r) {
   register_feature_regression(r);
   register_flow_matching(r);
   register_pi05(r);
+  register_groot(r);
   register_qwen2_5_vl(r);
   register_qwen3_vl(r);
 }

@@ -210,6 +210,7 @@ std::vector<ParameterGroup> Groot::parameter_groups() const {
   std::vector<ParameterGroup> out;
   ParameterGroup state{"model_state", {}, parallel_, false};
   for (auto g : backbone_->parameter_groups()) {
+    if (!g.context) g.context = parallel_;  // the tower runs on the job's layout (TP 1)
     if (g.name == "model") {
       g.name = "foundation";
       std::vector<Parameter> kept;

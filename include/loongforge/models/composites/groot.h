@@ -157,7 +157,10 @@ class Groot : public Model {
   std::vector<std::string> batch_fields() const override;
   double flops_per_sample(int64_t seq_length) const override;
   void set_training(bool training) override { training_ = training; }
-  void end_step(const at::Tensor&) override { ++step_; }
+  void end_step(const at::Tensor&) override {
+    ++step_;
+    dropout_calls_ = 0;  // the dropout streams restart each step (keyed by the step): exact resume
+  }
   std::map<std::string, at::Tensor> rng_state() const override;
   void set_rng_state(const std::map<std::string, at::Tensor>& s) override;
 
@@ -234,6 +237,8 @@ struct GrootRecord {
   std::vector<int64_t> shape;
 };
 std::vector<GrootRecord> groot_head_records(const GrootConfig& config, int64_t backbone_width);
+
+void register_groot(Registry& r);
 
 
 }  // namespace lf::models

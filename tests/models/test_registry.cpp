@@ -48,7 +48,7 @@ std::string config_error(const Node& model, const lf::models::Registry& r = lf::
 
 TEST(ModelRegistry, BuiltinTypesAreRegistered) {
   const auto& r = lf::models::Registry::builtin();
-  for (const char* c : {"causal_lm", "spliced_lm", "feature_regression", "flow_matching", "pi05"})
+  for (const char* c : {"causal_lm", "spliced_lm", "feature_regression", "flow_matching", "pi05", "groot"})
     EXPECT_NE(r.composite(c), nullptr) << c;
   EXPECT_EQ(r.component_names("foundation"),
             (std::vector<std::string>{"decoder", "feature_transformer", "pi_gemma", "wan"}));

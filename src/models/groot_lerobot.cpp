@@ -5,7 +5,10 @@
 #include <nlohmann/json.hpp>
 
 #include "hf_mapping.h"
+#include "loongforge/core/config/schema.h"
+#include "loongforge/core/config/yaml.h"
 #include "loongforge/core/error.h"
+#include "loongforge/models/registry.h"
 
 namespace lf::models::lerobot {
 namespace {
@@ -197,6 +200,46 @@ std::map<std::string, at::Tensor> read_groot_weights(const std::string& dir, std
   for (auto& [name, t] : lf::models::hf::read_hf_weights(dir, dtype))
     out[name.starts_with(kPolicyPrefix) ? name.substr(kPolicyPrefix.size()) : name] = t;
   return out;
+}
+
+std::string groot_model_section_yaml(const GrootSetup& setup) {
+  using lf::config::Node;
+  GrootOwnConfig own{setup.config, setup.backbone.ids};
+  DecoderConfig foundation = setup.backbone.foundation;
+  Qwen3VisionConfig vision = setup.backbone.vision;
+  Node model = Node::map();
+  model.set("type", Node::scalar("groot"));
+  const Node own_node = lf::config::to_node(own);  // kept alive: children() refers into it
+  for (const auto& field : own_node.children()) model.set(field.key(), field);
+  auto slot = [&](const char* name, const char* type, const Node& fields) {
+    Node n = Node::map();
+    n.set("type", Node::scalar(type));
+    for (const auto& field : fields.children()) n.set(field.key(), field);
+    model.set(name, std::move(n));
+  };
+  const Node vision_node = lf::config::to_node(vision), foundation_node = lf::config::to_node(foundation);
+  slot("vision_encoder", "qwen3_vl_vision", vision_node);
+  slot("foundation", "decoder", foundation_node);
+  Node root = Node::map();
+  root.set("model", std::move(model));
+  return lf::config::to_yaml(root);
+}
+
+std::optional<GrootSetup> groot_setup_from_model_section(const std::string& yaml_text, const std::string& source) {
+  const auto root = lf::config::parse_yaml_string(yaml_text, lf::config::Origin::from_file(source, 1));
+  const auto* model = root.find("model");
+  LF_CHECK(model != nullptr, source, ": no model: section in the checkpoint's configuration",
+           lf::hint("the checkpoint was not written by loongforge-train or loongforge-convert"));
+  const auto* type = model->find("type");
+  if (!type || !type->is_scalar() || type->text() != "groot") return std::nullopt;
+  const auto config = load_model_config(*model);
+  GrootSetup s;
+  s.backbone.foundation = config->fields<DecoderConfig>("foundation");
+  s.backbone.vision = config->fields<Qwen3VisionConfig>("vision_encoder");
+  const auto own = config->own_fields<GrootOwnConfig>();
+  s.config = own.head;
+  s.backbone.ids = own.ids;
+  return s;
 }
 
 }  // namespace lf::models::lerobot

@@ -3,11 +3,18 @@
 // max-abs 1e-5, as every equivalence test in pp_training.h: the same ops in another summation
 // order); with GR00T's dropouts on, a checkpoint resumes exactly (the dropout and noise streams are
 // keyed by the step) and the dropouts change the run; frozen components stay fixed; bf16 trains;
-// layouts and settings it cannot take are configuration errors naming the key.
+// layouts and settings it cannot take are configuration errors naming the key. loongforge-convert
+// hf2lf on GR00T N1.7 directories (tests/models/groot_oracle.py): the checkpoint holds every
+// tensor under LoongForge's names, equal to the model loaded from the directory, and its
+// config.yaml rebuilds the same model; lf2hf on it is an error saying so.
 #include <gtest/gtest.h>
 
 #include <ATen/ATen.h>
 
+#include "../models/cached_oracle.h"
+#include "loongforge/backend/registry.h"
+#include "loongforge/models/composites/groot.h"
+#include "loongforge/models/groot_lerobot.h"
 #include "loongforge/train/checkpoint.h"
 #include "pp_training.h"
 
@@ -120,6 +127,46 @@ TEST(GrootTraining, LayoutsAndSettingsItCannotTakeAreConfigurationErrors) {
                                      "--data-path", "/nonexistent"});
   EXPECT_NE(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("mock-data"), std::string::npos) << r.output;
+}
+
+std::string oracle_dir() {
+  static const std::string dir = lf::testing::cached_oracle(lf::testing::source_dir() + "/tests/models/groot_oracle.py",
+                                                            "groot_oracle", "done", lf::testing::lerobot_python());
+  return dir;
+}
+
+TEST(GrootPrograms, Hf2LfWritesTheModelUnderOurNames) {
+  if (oracle_dir().empty()) GTEST_SKIP() << "no LeRobot environment (.venv-lerobot)";
+  namespace lr = lf::models::lerobot;
+  const std::string src = oracle_dir() + "/alternate", out = lf::testing::make_temp_dir("groot-hf2lf");
+  auto r = lf::testing::run_command({bin("loongforge-convert"), "hf2lf", "--hf-dir", src + "/model",
+                                     "--backbone-config", src + "/backbone", "--out", out + "/ck"});
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  auto ck = lf::train::read_model_checkpoint(out + "/ck");
+  const auto setup = lr::groot_setup_from_model_section(ck.config_yaml, "config.yaml");
+  ASSERT_TRUE(setup.has_value()) << ck.config_yaml;
+  const auto want = lr::read_groot_setup(src + "/model", src + "/backbone");
+  EXPECT_EQ(lr::groot_model_section_yaml(*setup), lr::groot_model_section_yaml(want));
+  lf::models::Groot direct(want.backbone, want.config, lf::backend::cpu_backend(), 1, at::kFloat, nullptr);
+  direct.load_full(lr::read_groot_weights(src + "/model", at::kFloat), src);
+  std::map<std::string, at::Tensor> written(ck.tensors.begin(), ck.tensors.end());
+  size_t n = 0;
+  for (const auto& g : direct.parameter_groups())
+    for (const auto& p : g.params) {
+      ASSERT_TRUE(written.count(p.name)) << p.name;
+      EXPECT_TRUE(at::equal(written.at(p.name), p.tensor)) << p.name;
+      ++n;
+    }
+  EXPECT_EQ(n, written.size());
+  // The way back is not built: an error, not a wrong directory.
+  auto back = lf::testing::run_command({bin("loongforge-convert"), "lf2hf", "--load", out + "/ck", "--out", out + "/hf"});
+  EXPECT_NE(back.exit_code, 0);
+  EXPECT_NE(back.output.find("groot"), std::string::npos) << back.output;
+  // --backbone-config on another kind of directory is refused, not ignored.
+  auto wrong = lf::testing::run_command({bin("loongforge-convert"), "hf2lf", "--hf-dir", src + "/backbone",
+                                         "--backbone-config", src + "/backbone", "--out", out + "/x"});
+  EXPECT_NE(wrong.exit_code, 0);
+  EXPECT_NE(wrong.output.find("--backbone-config"), std::string::npos) << wrong.output;
 }
 
 }  // namespace

@@ -17,6 +17,8 @@
 #include "loongforge/models/hf_adapter.h"
 #include "loongforge/models/hf_vlm.h"
 #include "loongforge/models/lora_io.h"
+#include "loongforge/backend/registry.h"
+#include "loongforge/models/groot_lerobot.h"
 #include "loongforge/models/pi05_lerobot.h"
 #include "loongforge/models/wan_checkpoint.h"
 #include "loongforge/models/wan_diffusers.h"
@@ -59,7 +61,7 @@ int64_t count(const hf::NamedTensors& tensors) {
 }
 
 struct Hf2LfArgs {
-  std::string hf_dir, out, dtype = "keep";
+  std::string hf_dir, out, dtype = "keep", backbone_config;
   int tp = 1, pp = 1;
 };
 
@@ -168,7 +170,38 @@ void run_hf2lf_pi05(const Hf2LfArgs& a) {
               a.out.c_str(), a.tp);
 }
 
+// A GR00T N1.7 directory (GR00TN17.save_pretrained; LeRobot's GrootPolicy) -> a checkpoint of a
+// groot model: the model is built on the CPU, GR00T's tensors loaded by name (every one used), and
+// its parameters written under LoongForge's names (the backbone's as the qwen3_vl composite names
+// them, the action head's as GR00T does).
+void run_hf2lf_groot(const Hf2LfArgs& a) {
+  namespace lr = lf::models::lerobot;
+  const auto s = lr::read_groot_setup(a.hf_dir, a.backbone_config);
+  LF_CHECK(a.tp == 1 && a.pp == 1, "--tp ", a.tp, " --pp ", a.pp, ": a groot policy trains at TP 1 and PP 1",
+           lf::hint("drop --tp / --pp"));
+  const at::ScalarType dtype = a.dtype == "keep" ? at::kFloat : parse_dtype(a.dtype);
+  lf::models::Groot model(s.backbone, s.config, lf::backend::cpu_backend(), 0, dtype, nullptr);
+  model.load_full(lr::read_groot_weights(a.hf_dir, dtype), a.hf_dir);
+  std::vector<std::pair<std::string, at::Tensor>> full;
+  std::map<std::string, lf::parallel::Sharding> shardings;
+  for (const auto& g : model.parameter_groups())
+    for (const auto& p : g.params) {
+      full.emplace_back(p.name, p.tensor.detach());
+      shardings[p.name] = p.sharding;
+    }
+  lf::train::write_model_checkpoint(a.out, /*iteration=*/0, full, shardings, lr::groot_model_section_yaml(s), 1, 1);
+  std::printf("converted GR00T N1.7 (%lld values: backbone %lld of %lld layers, width %lld; DiT %lld blocks) from %s "
+              "to %s\n",
+              static_cast<long long>(count(full)), static_cast<long long>(s.config.select_layer),
+              static_cast<long long>(s.backbone.foundation.num_layers),
+              static_cast<long long>(s.backbone.foundation.hidden_size), static_cast<long long>(s.config.dit_num_layers),
+              a.hf_dir.c_str(), a.out.c_str());
+}
+
 void run_hf2lf(const Hf2LfArgs& a) {
+  if (lf::models::lerobot::is_groot_dir(a.hf_dir)) return run_hf2lf_groot(a);
+  LF_CHECK(a.backbone_config.empty(), "--backbone-config is for GR00T N1.7 directories; ", a.hf_dir,
+           "/config.json is not one (\"model_type\": \"Gr00tN1d7\")", lf::hint("drop --backbone-config"));
   if (lf::models::lerobot::is_pi05_dir(a.hf_dir)) return run_hf2lf_pi05(a);
   if (is_diffusers_dir(a.hf_dir)) return run_hf2lf_wan(a);
   std::error_code ec;
@@ -206,6 +239,9 @@ void run_lf2hf(const Lf2HfArgs& a) {
   const std::string source = a.load + " (iteration " + std::to_string(m.iteration) + ", config.yaml)";
   const auto resolved = lf::train::ckpt::resolve_checkpoint_dir(a.load, a.iteration);
   const auto base = resolved ? lf::train::verified_checkpoint_base(*resolved) : std::nullopt;
+  LF_CHECK(!lf::models::lerobot::groot_setup_from_model_section(m.config_yaml, source), a.load,
+           " is a groot policy: exporting it to GR00T's layout is not built yet",
+           lf::hint("hf2lf imports GR00T N1.7 directories; the way back is not written"));
   if (const auto pi = lf::models::lerobot::pi05_setup_from_model_section(m.config_yaml, source)) {
     // A pi05 policy: LeRobot's save_pretrained layout; the config.json hf2lf kept is the template.
     namespace lr = lf::models::lerobot;
@@ -283,15 +319,20 @@ void run_lf2hf(const Lf2HfArgs& a) {
 
 void add_hf2lf_command(CLI::App& app) {
   auto args = std::make_shared<Hf2LfArgs>();
-  auto* c = app.add_subcommand("hf2lf", "HF transformers (or diffusers Wan, or LeRobot pi05) directory -> native LoongForge checkpoint");
+  auto* c = app.add_subcommand("hf2lf", "HF transformers (or diffusers Wan, or LeRobot pi05, or GR00T N1.7) directory -> native LoongForge checkpoint");
   c->add_option("--hf-dir", args->hf_dir,
                 "HF model directory (config.json + safetensors), a diffusers WanTransformer3DModel directory, or a "
-                "LeRobot pi05 policy (config.json with \"type\": \"pi05\" + model.safetensors)")
+                "LeRobot pi05 policy (config.json with \"type\": \"pi05\" + model.safetensors), or a GR00T N1.7 model "
+                "(config.json with \"model_type\": \"Gr00tN1d7\": what GR00TN17.save_pretrained writes)")
       ->required()->check(CLI::ExistingDirectory);
   c->add_option("--out", args->out, "checkpoint directory to write (iter_0000000 inside)")->required();
   c->add_option("--tp", args->tp, "tensor-parallel size of the written shards")->check(CLI::PositiveNumber);
   c->add_option("--pp", args->pp, "pipeline-parallel size of the written shards")->check(CLI::PositiveNumber);
   c->add_option("--dtype", args->dtype, "keep (the files' dtype), bf16, fp16 or fp32");
+  c->add_option("--backbone-config", args->backbone_config,
+                "GR00T only: directory holding the backbone's Qwen3-VL config.json (default: the config's model_name, "
+                "a directory or nvidia/Cosmos-Reason2-2B, built in)")
+      ->check(CLI::ExistingDirectory);
   c->callback([args] { run_hf2lf(*args); });
 }
 

@@ -33,4 +33,10 @@ GrootSetup read_groot_setup(const std::string& dir, const std::string& backbone_
 std::map<std::string, at::Tensor> read_groot_weights(const std::string& dir,
                                                      std::optional<at::ScalarType> dtype = std::nullopt);
 
+// The `model:` section a converted checkpoint stores as config.yaml (type groot, the action head's
+// fields and the token ids, the vision_encoder and foundation slots), and the setup back from a
+// checkpoint's config.yaml (nullopt when its model is not groot).
+std::string groot_model_section_yaml(const GrootSetup& setup);
+std::optional<GrootSetup> groot_setup_from_model_section(const std::string& yaml_text, const std::string& source);
+
 }  // namespace lf::models::lerobot

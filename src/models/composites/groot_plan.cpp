@@ -16,22 +16,10 @@ namespace {
 
 const std::string kType = "groot";
 
-// The composite's own fields: the action head's and the backbone's placeholder token ids.
-struct GrootOwn {
-  GrootConfig head;
-  Qwen3VlConfig ids;
-
-  template <class V>
-  void visit(V& v) {
-    head.visit(v);
-    ids.visit(v);
-  }
-};
-
 class GrootPlan : public ModelPlan {
  public:
   GrootPlan(std::shared_ptr<const ModelConfig> config, const PlanArgs& args, lf::config::ErrorList& errors)
-      : config_(std::move(config)), layout_(*args.layout), own_(config_->own_fields<GrootOwn>()) {
+      : config_(std::move(config)), layout_(*args.layout), own_(config_->own_fields<GrootOwnConfig>()) {
     backbone_.foundation = config_->fields<DecoderConfig>("foundation");
     backbone_.vision = config_->fields<Qwen3VisionConfig>("vision_encoder");
     backbone_.ids = own_.ids;
@@ -190,7 +178,7 @@ class GrootPlan : public ModelPlan {
 
   std::shared_ptr<const ModelConfig> config_;
   lf::dist::ParallelLayout layout_;
-  GrootOwn own_;
+  GrootOwnConfig own_;
   GrootBackbone backbone_;
   GrootFreeze freeze_;
 };
@@ -210,7 +198,7 @@ void register_groot(Registry& r) {
                   "on the time, per-embodiment state/action encoders), trained by flow matching on action chunks";
   t.slots = {{"vision_encoder", "vision_encoder", "qwen3_vl_vision", true},
              {"foundation", "foundation", "decoder", true}};
-  t.load_own = schema_loader<GrootOwn>();
+  t.load_own = schema_loader<GrootOwnConfig>();
   t.plan = plan_groot;
   r.add(std::move(t));
 }

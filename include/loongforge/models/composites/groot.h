@@ -119,6 +119,18 @@ struct GrootConfig {
                 lf::config::ErrorList& errors) const;
 };
 
+// The composite's own fields in YAML: the action head's and the backbone's placeholder token ids.
+struct GrootOwnConfig {
+  GrootConfig head;
+  Qwen3VlConfig ids;
+
+  template <class V>
+  void visit(V& v) {
+    head.visit(v);
+    ids.visit(v);
+  }
+};
+
 // The backbone: Qwen3-VL's foundation (cut to select_layer layers), vision tower and token ids.
 struct GrootBackbone {
   DecoderConfig foundation;

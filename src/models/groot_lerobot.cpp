@@ -148,6 +148,9 @@ GrootSetup read_groot_setup(const std::string& dir, const std::string& backbone_
   c.input_embedding_dim = field<int64_t>(j, "input_embedding_dim", where);
   c.max_state_dim = field<int64_t>(j, "max_state_dim", where);
   c.max_action_dim = field<int64_t>(j, "max_action_dim", where);
+  c.action_dim = c.max_action_dim;  // GR00T masks a robot's dims by its batches' action_mask
+  if (j.contains("image_target_size") && j.at("image_target_size").is_array() && j.at("image_target_size").size() == 2)
+    c.image_size = field<std::vector<int64_t>>(j, "image_target_size", where).at(0);
   c.action_horizon = field<int64_t>(j, "action_horizon", where);
   c.state_history_length = field_or<int64_t>(j, "state_history_length", 1, where);
   c.max_num_embodiments = field<int64_t>(j, "max_num_embodiments", where);

@@ -5,6 +5,7 @@
 #include <sstream>
 
 #include "loongforge/core/error.h"
+#include "loongforge/vla/groot_policy.h"
 #include "loongforge/vla/pi05_policy.h"
 #include "loongforge/vla/policy.h"
 #include "loongforge/vla/reach_env.h"
@@ -142,7 +143,9 @@ const std::vector<std::pair<std::string, std::string>>& policy_names() {
       {"expert", "the reach task's scripted expert (reads the env/ ground truth)"},
       {"random", "uniform random actions"},
       {"pi05", "a trained pi05 policy: --load CHECKPOINT with --data-path STORE, the reach demo store it was trained "
-               "on"}};
+               "on"},
+      {"groot", "a trained groot policy: --load CHECKPOINT with --data-path STORE, the reach demo store it was "
+                "trained on"}};
   return n;
 }
 
@@ -166,6 +169,11 @@ std::unique_ptr<Policy> make_policy(const std::string& name, const PolicyOptions
     LF_CHECK(!o.load.empty() && !o.data_path.empty(),
              "the pi05 policy needs --load CHECKPOINT and --data-path STORE (the reach demo store it was trained on)");
     return std::make_unique<Pi05ReachPolicy>(o.load, o.data_path, o.seed);
+  }
+  if (name == "groot") {
+    LF_CHECK(!o.load.empty() && !o.data_path.empty(),
+             "the groot policy needs --load CHECKPOINT and --data-path STORE (the reach demo store it was trained on)");
+    return std::make_unique<GrootReachPolicy>(o.load, o.data_path, o.seed);
   }
   LF_FAIL(unknown_policy_message(name));
 }

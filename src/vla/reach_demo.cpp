@@ -66,6 +66,23 @@ std::pair<at::Tensor, at::Tensor> ReachPrompt::encode(const std::string& instruc
   return {t, m};
 }
 
+at::Tensor ReachPrompt::decode_state(const at::Tensor& ids) const {
+  const auto words = vocab();
+  const int64_t state_id = std::find(words.begin(), words.end(), "state") - words.begin();
+  const int64_t s0 = state_id + 1;
+  const auto t = ids.to(at::kLong).contiguous().view({-1});
+  const int64_t* p = t.data_ptr<int64_t>();
+  const int64_t n = t.numel();
+  int64_t at_state = -1;
+  for (int64_t i = 0; i < n && at_state < 0; ++i)
+    if (p[i] == state_id) at_state = i;
+  LF_CHECK(at_state >= 0, "reach prompt: no \"state\" word among the ", n, " tokens");
+  std::vector<float> out;
+  for (int64_t i = at_state + 1; i < n && p[i] >= s0 && p[i] < s0 + state_bins; ++i)
+    out.push_back(static_cast<float>((static_cast<double>(p[i] - s0) + 0.5) / static_cast<double>(state_bins)));
+  return at::tensor(out, at::kFloat);
+}
+
 at::Tensor normalize_reach_actions(const at::Tensor& a, double max_speed) {
   auto out = a.to(at::kFloat).clone();
   out.narrow(-1, 0, 2).div_(max_speed);

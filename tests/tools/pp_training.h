@@ -115,6 +115,9 @@ inline TrainRun train(int procs, int pp, int layers, std::vector<std::string> ex
 // missed a stage would hardly move loss or weights, but changes the norm by >1e-2.
 struct Tolerances {
   double loss_rel = 1e-5, param_abs = 1e-5, norm_rel = 1e-4;
+  // The single run's 10th loss below its 1st ("it learns"); off for objectives whose per-step
+  // noise hides 10 steps of progress (flow matching on a small store: random times and noise).
+  bool expect_learning = true;
 };
 
 inline void expect_same_training(const TrainRun& want, const TrainRun& got, const char* what,
@@ -123,7 +126,7 @@ inline void expect_same_training(const TrainRun& want, const TrainRun& got, cons
   ASSERT_EQ(got.exit_code, 0) << got.output;
   ASSERT_EQ(want.losses.size(), 10u) << want.output;
   ASSERT_EQ(got.losses.size(), 10u) << got.output;
-  EXPECT_LT(want.losses.back(), want.losses.front());  // it learns
+  if (tol.expect_learning) EXPECT_LT(want.losses.back(), want.losses.front());  // it learns
   double worst_rel = 0;
   for (size_t i = 0; i < want.losses.size(); ++i) {
     EXPECT_NEAR(got.losses[i], want.losses[i], tol.loss_rel * std::abs(want.losses[i]))

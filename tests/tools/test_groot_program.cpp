@@ -121,7 +121,8 @@ TEST(GrootTraining, LayoutsAndSettingsItCannotTakeAreConfigurationErrors) {
   expect({"model.dit_attention_head_dim=8"}, 1, "model.input_embedding_dim");
   expect({"model.select_layer=4"}, 1, "model.select_layer");
   expect({"model.vl_attention_head_dim=16"}, 1, "model.vl_num_attention_heads");
-  expect({"model.mock_image_size=12"}, 1, "model.mock_image_size");
+  expect({"model.image_size=12"}, 1, "model.image_size");
+  expect({"model.action_dim=5"}, 1, "model.action_dim");
   // Only mock data feeds it today: --data-path is refused with the reason, not ignored.
   auto r = lf::testing::run_command({bin("loongforge-train"), "--config-file", kConfig, "--dry-run", "data.mock_data=false",
                                      "--data-path", "/nonexistent"});

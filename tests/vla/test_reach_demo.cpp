@@ -34,6 +34,13 @@ TEST(ReachDemo, PromptIsTheInstructionWordsThenTheStateBins) {
   ReachPrompt short_prompt;
   short_prompt.length = 10;
   EXPECT_THROW(short_prompt.encode("put the red block on the blue target", at::zeros({3})), lf::Error);
+  // The state back from its bins, each at its bin's centre (what groot reads from a store).
+  auto state = p.decode_state(ids);
+  ASSERT_EQ(state.size(0), 3);
+  EXPECT_FLOAT_EQ(state[0].item<float>(), 0.5f / 32);
+  EXPECT_FLOAT_EQ(state[1].item<float>(), 16.5f / 32);
+  EXPECT_FLOAT_EQ(state[2].item<float>(), 31.5f / 32);
+  EXPECT_THROW(p.decode_state(at::zeros({16}, at::kLong)), lf::Error);
 }
 
 TEST(ReachDemo, ActionsNormaliseToUnitsOfTheMaxSpeed) {

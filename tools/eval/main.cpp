@@ -2,7 +2,7 @@
 // N episodes, each from its own seed, the policy asked for an action chunk, the first K actions
 // executed, again until the instruction's task is done or the step limit; prints the success rate
 // and optionally writes a per-episode JSON report and GIFs of the first episodes.
-//   loongforge-eval [--policy expert|random | --policy pi05 --load CKPT --data-path STORE
+//   loongforge-eval [--policy expert|random | --policy pi05|groot --load CKPT --data-path STORE
 //       | --server ws://HOST:PORT] [--episodes 100] [--seed 0]
 //       [--replan-steps K] [--chunk 10] [--instruction-swap] [--max-steps 100] [--image-size 64]
 //       [--report FILE.json] [--save-gif DIR [--gif-episodes 3]]
@@ -159,9 +159,9 @@ int main(int argc, char** argv) {
   app.add_option("--server", o.server,
                  "Evaluate the policy a server speaking OpenPI's websocket protocol serves (ws://HOST:PORT, e.g. "
                  "loongforge-serve-policy), instead of --policy");
-  app.add_option("--load", o.load, "--policy pi05: the trained policy's checkpoint directory");
+  app.add_option("--load", o.load, "--policy pi05 / groot: the trained policy's checkpoint directory");
   app.add_option("--data-path", o.data_path,
-                 "--policy pi05: the reach demo store it was trained on (its image size, prompt vocabulary, action "
+                 "--policy pi05 / groot: the reach demo store it was trained on (its image size, prompt vocabulary, action "
                  "scale)");
   app.add_option("--episodes", o.episodes, "Episodes to run")->capture_default_str()->check(CLI::Range(int64_t{1}, int64_t{1} << 30));
   app.add_option("--seed", o.seed, "Episode e's scene is drawn from seed + e (and the random policy from seed)")
@@ -196,9 +196,9 @@ int main(int argc, char** argv) {
     std::cerr << "loongforge-eval: error: " << unknown << "\n";
     return 2;
   }
-  if (o.policy == "pi05" && app.count("--chunk")) {
-    std::cerr << "loongforge-eval: error: --chunk sets the scripted policies' chunk; a pi05 policy predicts the chunk it "
-                 "was trained for (model.chunk_size)\n";
+  if ((o.policy == "pi05" || o.policy == "groot") && app.count("--chunk")) {
+    std::cerr << "loongforge-eval: error: --chunk sets the scripted policies' chunk; a trained policy predicts the chunk it "
+                 "was trained for (pi05: model.chunk_size, groot: model.action_horizon)\n";
     return 2;
   }
   if (!o.server.empty() && app.count("--policy")) {

@@ -1,7 +1,7 @@
 // loongforge-serve-policy: serves a policy over OpenPI's websocket protocol
 // (vla/policy_server.h), so that OpenPI simulator clients (openpi_client.WebsocketClientPolicy)
 // and loongforge-eval --server drive it.
-//   loongforge-serve-policy [--host 127.0.0.1] [--port 8000] [--policy expert|random | --policy pi05 --load CKPT
+//   loongforge-serve-policy [--host 127.0.0.1] [--port 8000] [--policy expert|random | --policy pi05|groot --load CKPT
 //       --data-path STORE] [--chunk 10] [--seed 0]
 // Prints "serving ... on ws://HOST:PORT" once listening (--port 0: the port chosen), one line per
 // connection event on stderr, and runs until SIGINT / SIGTERM (exit 0). Errors become one message
@@ -29,10 +29,10 @@ int main(int argc, char** argv) {
   app.add_option("--chunk", po.chunk, "The scripted policies' chunk length H (actions per reply)")
       ->capture_default_str()
       ->check(CLI::Range(int64_t{1}, int64_t{1000}));
-  app.add_option("--seed", po.seed, "The random policy's seed (pi05: its noise's)")->capture_default_str();
-  app.add_option("--load", po.load, "--policy pi05: the trained policy's checkpoint directory");
+  app.add_option("--seed", po.seed, "The random policy's seed (pi05, groot: their noise's)")->capture_default_str();
+  app.add_option("--load", po.load, "--policy pi05 / groot: the trained policy's checkpoint directory");
   app.add_option("--data-path", po.data_path,
-                 "--policy pi05: the reach demo store it was trained on (its image size, prompt vocabulary, action "
+                 "--policy pi05 / groot: the reach demo store it was trained on (its image size, prompt vocabulary, action "
                  "scale)");
   lf::log::init(lf::log::options_from_env(-1, 1));
   try {
@@ -44,9 +44,9 @@ int main(int argc, char** argv) {
     std::cerr << "loongforge-serve-policy: error: " << unknown << "\n";
     return 2;
   }
-  if (policy_name == "pi05" && app.count("--chunk")) {
-    std::cerr << "loongforge-serve-policy: error: --chunk sets the scripted policies' chunk; a pi05 policy predicts the chunk it "
-                 "was trained for (model.chunk_size)\n";
+  if ((policy_name == "pi05" || policy_name == "groot") && app.count("--chunk")) {
+    std::cerr << "loongforge-serve-policy: error: --chunk sets the scripted policies' chunk; a trained policy predicts the chunk it "
+                 "was trained for (pi05: model.chunk_size, groot: model.action_horizon)\n";
     return 2;
   }
   try {

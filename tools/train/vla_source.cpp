@@ -1,7 +1,7 @@
 // loongforge-train's data source for VLA policies (DataNeeds::vla): a reach demo store
 // (vla/reach_demo.h, loongforge-data make-demo-reach), one sample per row: the camera image as the
-// policy's one camera in [-1, 1], the prompt, and the expert's action chunk zero-padded to the
-// model's max_action_dim.
+// policy's one camera in [-1, 1], the prompt, the state it carries (decoded from its bins), and the
+// expert's action chunk zero-padded to the model's max_action_dim.
 #include <ATen/Functions.h>
 
 #include <filesystem>
@@ -30,11 +30,11 @@ DataSources make_vla_sources(const lf::config::JobConfig& job, const lf::models:
   const auto& m = store->meta();
   LF_CHECK(m.image_size == needs.image_size, "reach demo store ", dir, " holds ", m.image_size, "x", m.image_size,
            " images; the model's vision encoder takes ", needs.image_size, "x", needs.image_size,
-           lf::hint("set model.vision_encoder.image_size " + std::to_string(m.image_size) +
+           lf::hint("set " + needs.image_size_key + " " + std::to_string(m.image_size) +
                     " or remake the store with --image-size " + std::to_string(needs.image_size)));
   LF_CHECK(m.chunk == needs.chunk, "reach demo store ", dir, " holds action chunks of ", m.chunk,
            "; the model predicts ", needs.chunk,
-           lf::hint("set model.chunk_size " + std::to_string(m.chunk) + " or remake the store with --chunk " +
+           lf::hint("set " + needs.chunk_key + " " + std::to_string(m.chunk) + " or remake the store with --chunk " +
                     std::to_string(needs.chunk)));
   LF_CHECK(m.action_dim == needs.action_dim, "reach demo store ", dir, " holds ", m.action_dim,
            "-dim actions; the model's action_dim is ", needs.action_dim,
@@ -49,11 +49,12 @@ DataSources make_vla_sources(const lf::config::JobConfig& job, const lf::models:
             " images, chunks of ", m.chunk, ", prompts of ", m.prompt.length, " tokens");
   const int64_t max_action_dim = needs.max_action_dim;
   auto rows = [store, max_action_dim](const std::vector<int64_t>& items) {
-    std::vector<at::Tensor> images, tokens, masks, actions;
+    std::vector<at::Tensor> images, tokens, masks, actions, states;
     for (int64_t item : items) {
       const auto s = store->get(item);
       images.push_back((s.image.to(at::kFloat) / 127.5 - 1.0).unsqueeze(0));  // [1 camera, 3, S, S]
       tokens.push_back(s.tokens);
+      states.push_back(store->meta().prompt.decode_state(s.tokens).unsqueeze(0));  // [1, dims]
       masks.push_back(s.mask);
       auto a = at::zeros({s.actions.size(0), max_action_dim}, at::kFloat);
       a.narrow(1, 0, s.actions.size(1)).copy_(s.actions);
@@ -65,6 +66,7 @@ DataSources make_vla_sources(const lf::config::JobConfig& job, const lf::models:
     batch.set("prompt_tokens", at::stack(tokens));
     batch.set("prompt_masks", at::stack(masks));
     batch.set("actions", at::stack(actions));
+    batch.set("state", at::stack(states));  // [b, 1, dims]: the prompt's discretised state (groot reads it)
     return batch;
   };
   const auto& t = job.training;

@@ -189,6 +189,8 @@ struct DataNeeds {
   // max_action_dim, prompts below vocab_size.
   bool vla = false;
   int64_t image_size = 0, chunk = 0, action_dim = 0, max_action_dim = 0;
+  // The keys that set them (the store's errors name them).
+  std::string image_size_key = "model.vision_encoder.image_size", chunk_key = "model.chunk_size";
 };
 
 // A composite's plan for one layout: every component's parallel layout and size, known before any

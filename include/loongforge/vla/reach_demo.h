@@ -33,6 +33,9 @@ struct ReachPrompt {
   // ids [length] int64 and mask [length] bool of `instruction` and `state` [3]; an lf::Error for a
   // word outside the vocabulary or a prompt longer than `length`.
   std::pair<at::Tensor, at::Tensor> encode(const std::string& instruction, const at::Tensor& state) const;
+  // The state an encoded prompt carries, each dim at its bin's centre ((bin + 0.5) / state_bins):
+  // ids [length] -> float32 [dims]; an lf::Error when the prompt has no "state" word.
+  at::Tensor decode_state(const at::Tensor& ids) const;
 };
 
 struct ReachDemoMeta {

@@ -11,6 +11,7 @@
 #include "loongforge/backend/functional.h"
 #include "loongforge/core/error.h"
 #include "loongforge/dist/parallel_context.h"
+#include "loongforge/media/qwen_vision_input.h"
 #include "loongforge/models/blocks/param_builder.h"
 
 namespace lf::models {
@@ -155,6 +156,10 @@ void GrootConfig::validate(int64_t width, int64_t backbone_layers, const std::st
     err("max_seq_len", "the position table has " + std::to_string(max_seq_len) + " rows for " +
                            std::to_string(action_horizon) + " action tokens",
         "raise max_seq_len to at least action_horizon");
+  if (action_dim > max_action_dim)
+    err("action_dim", "action_dim " + std::to_string(action_dim) + " exceeds max_action_dim " +
+                          std::to_string(max_action_dim),
+        "use at most max_action_dim");
   if (use_alternate_vl_dit && !dit_interleave_self_attention)
     err("use_alternate_vl_dit", "AlternateVLDiT needs dit_interleave_self_attention: true",
         "set dit_interleave_self_attention: true or use_alternate_vl_dit: false");
@@ -232,11 +237,76 @@ std::vector<std::string> Groot::batch_fields() const {
 }
 
 std::map<std::string, double> Groot::loss_counts(const Batch& batch) const {
-  LF_CHECK(batch.contains("action_mask"), "groot: the batch has no field 'action_mask'");
-  return {{kLoss, batch.at("action_mask").to(at::kDouble).sum().item<double>()}};
+  return {{kLoss, action_mask_of(batch).to(at::kDouble).sum().item<double>()}};
+}
+
+at::Tensor Groot::action_mask_of(const Batch& batch) const {
+  if (batch.contains("action_mask")) return batch.at("action_mask");
+  LF_CHECK(batch.contains("actions"), "groot: the batch has no field 'actions'");
+  auto mask = at::zeros(batch.at("actions").sizes(), at::kFloat);
+  mask.narrow(2, 0, config_.action_dim).fill_(1);
+  return mask;
+}
+
+GrootInputs Groot::vla_inputs(const at::Tensor& images, const at::Tensor& prompt_tokens, const at::Tensor& state) const {
+  const auto& c = config_;
+  const auto& v = backbone_config_.vision;
+  LF_CHECK(images.dim() == 5 && images.size(2) == 3 && images.size(3) == c.image_size && images.size(4) == c.image_size,
+           "groot: images must be [b, cameras, 3, ", c.image_size, ", ", c.image_size, "] (model.image_size), got ",
+           images.sizes());
+  const int64_t b = images.size(0), cams = images.size(1);
+  LF_CHECK(prompt_tokens.dim() == 2 && prompt_tokens.size(0) == b, "groot: prompt_tokens must be [b, L] with b = ", b,
+           ", got ", prompt_tokens.sizes());
+  const auto& ids = backbone_config_.ids;
+  auto tokens = prompt_tokens.to(at::kCPU, at::kLong);
+  LF_CHECK(tokens.ne(ids.image_token_id).all().item<bool>() && tokens.ne(ids.video_token_id).all().item<bool>(),
+           "groot: a prompt token equals model.image_token_id ", ids.image_token_id, " or video_token_id ",
+           ids.video_token_id, lf::hint("give the placeholders ids above the prompt vocabulary"));
+  lf::media::QwenVisionPreprocess pre;
+  pre.patch_size = v.patch_size;
+  pre.temporal_patch_size = v.temporal_patch_size;
+  pre.merge_size = v.spatial_merge_size;
+  pre.image_mean = {0.5, 0.5, 0.5};
+  pre.image_std = {0.5, 0.5, 0.5};
+  // [-1, 1] back to the uint8 the store holds (x = u / 127.5 - 1 is exact in float32), then the
+  // Qwen3-VL processor's rows ((u / 255 - 0.5) / 0.5: the same values).
+  auto u8 = ((images.to(at::kCPU, at::kFloat) + 1.0) * 127.5).round().clamp(0, 255).to(at::kByte);
+  std::vector<at::Tensor> rows, grids, prompts;
+  for (int64_t i = 0; i < b; ++i) {
+    std::vector<at::Tensor> sample;
+    for (int64_t k = 0; k < cams; ++k) {
+      lf::media::Image img;
+      img.height = img.width = c.image_size;
+      auto hwc = u8[i][k].permute({1, 2, 0}).contiguous();
+      img.rgb.assign(hwc.data_ptr<uint8_t>(), hwc.data_ptr<uint8_t>() + hwc.numel());
+      auto patches = lf::media::qwen_patches_of_resized({&img}, pre);
+      rows.push_back(patches.pixel_values);
+      grids.push_back(at::tensor(std::vector<int64_t>(patches.grid.begin(), patches.grid.end()), at::kLong));
+      sample.push_back(at::full({lf::media::qwen_placeholder_count(patches.grid, pre.merge_size)}, ids.image_token_id,
+                                at::kLong));
+    }
+    sample.push_back(tokens[i]);
+    prompts.push_back(at::cat(sample));
+  }
+  GrootInputs in;
+  in.input_ids = at::stack(prompts);
+  in.pixel_values = at::cat(rows);
+  in.image_grid_thw = at::stack(grids);
+  LF_CHECK(state.dim() == 3 && state.size(0) == b && state.size(1) == c.state_history_length &&
+               state.size(2) <= c.max_state_dim,
+           "groot: state must be [b, state_history_length, <= max_state_dim] = [", b, ", ", c.state_history_length,
+           ", <= ", c.max_state_dim, "], got ", state.sizes());
+  in.state = at::zeros({b, c.state_history_length, c.max_state_dim}, at::kFloat);
+  in.state.narrow(2, 0, state.size(2)).copy_(state.to(at::kCPU, at::kFloat));
+  in.embodiment_id = at::zeros({b}, at::kLong);
+  return in;
 }
 
 GrootInputs Groot::inputs_of(const Batch& batch) const {
+  if (batch.contains("images") && batch.contains("prompt_tokens")) {
+    LF_CHECK(batch.contains("state"), "groot: the VLA batch has no field 'state'");
+    return vla_inputs(batch.at("images"), batch.at("prompt_tokens"), batch.at("state"));
+  }
   for (const auto& f : batch_fields())
     LF_CHECK(batch.contains(f), "groot: the batch has no field '", f,
              "' (it reads input_ids, pixel_values, image_grid_thw, state, actions, action_mask, embodiment_id)");
@@ -469,17 +539,18 @@ StageOutput Groot::stage_forward(const Batch& batch, const TensorMap&, int64_t, 
     noise.push_back(at::normal(0.0, 1.0, {config_.action_horizon, config_.max_action_dim}, gen, at::kFloat));
   }
   auto time = sample_time(at::tensor(batch.sample_indices, at::kLong));
+  const auto mask = action_mask_of(batch);
   StageOutput out;
   if (pass == Pass::eval) {
     at::NoGradGuard g;
     const bool was = training_;
     training_ = false;
-    auto l = losses(in, actions, batch.at("action_mask"), at::stack(noise), time);
+    auto l = losses(in, actions, mask, at::stack(noise), time);
     training_ = was;
-    out.metrics[kLoss] = Metric{l.sum().item<double>(), batch.at("action_mask").to(at::kDouble).sum().item<double>()};
+    out.metrics[kLoss] = Metric{l.sum().item<double>(), mask.to(at::kDouble).sum().item<double>()};
     return out;
   }
-  out.losses.push_back({kLoss, losses(in, actions, batch.at("action_mask"), at::stack(noise), time).sum()});
+  out.losses.push_back({kLoss, losses(in, actions, mask, at::stack(noise), time).sum()});
   return out;
 }
 
@@ -506,7 +577,7 @@ double Groot::flops_per_sample(int64_t) const {
     for (const auto& p : g.params) backbone += p.tensor.numel();
   for (const auto& p : head_params_) head += p.tensor.numel();
   const auto& v = backbone_config_.vision;
-  const int64_t side = config_.mock_image_size / v.patch_size / v.spatial_merge_size;
+  const int64_t side = config_.image_size / v.patch_size / v.spatial_merge_size;
   const double prompt = static_cast<double>(config_.mock_tokens + side * side);
   return 6.0 * (static_cast<double>(backbone) * prompt +
                 static_cast<double>(head) * static_cast<double>(1 + config_.action_horizon));
@@ -536,6 +607,22 @@ void Groot::load_full(const std::map<std::string, at::Tensor>& full, const std::
   for (const auto& [name, t] : full)
     LF_CHECK(name.starts_with(kBackbone) || used.count(name), source, ": tensor ", name,
              " is not part of the model its config describes");
+}
+
+void Groot::load_checkpoint_tensors(const std::map<std::string, at::Tensor>& full, const std::string& source) {
+  at::NoGradGuard no_grad;
+  size_t used = 0;
+  for (const auto& g : parameter_groups())
+    for (const auto& p : g.params) {
+      auto it = full.find(p.name);
+      LF_CHECK(it != full.end(), source, ": no tensor ", p.name, " (the model's config needs it)");
+      LF_CHECK(it->second.sizes() == p.tensor.sizes(), source, ": ", p.name, " has shape ", it->second.sizes(),
+               ", the model ", p.tensor.sizes());
+      p.tensor.copy_(it->second);
+      ++used;
+    }
+  LF_CHECK(used == full.size(), source, ": ", full.size() - used, " tensors are not part of the model its config "
+           "describes");
 }
 
 std::vector<GrootRecord> groot_head_records(const GrootConfig& config, int64_t width) {

@@ -74,9 +74,9 @@ class GrootPlan : public ModelPlan {
                         std::to_string(backbone_.foundation.vocab_size) + " tokens",
                "");
     const int64_t unit = backbone_.vision.patch_size * backbone_.vision.spatial_merge_size;
-    if (own_.head.mock_image_size % unit != 0)
-      refuse("model.mock_image_size",
-             "--mock-data's image side " + std::to_string(own_.head.mock_image_size) +
+    if (own_.head.image_size % unit != 0)
+      refuse("model.image_size",
+             "the image side " + std::to_string(own_.head.image_size) +
                  " is not a multiple of patch_size x spatial_merge_size = " + std::to_string(unit),
              "");
   }
@@ -111,8 +111,15 @@ class GrootPlan : public ModelPlan {
     DataNeeds d;
     d.token_data = false;
     d.vocab_size = backbone_.foundation.vocab_size;
-    d.mock_only_why = "no data path yet turns LeRobot datasets into its Qwen3-VL "
-                      "prompts (docs/vla.md \"The GR00T policy\")";
+    // A VLA store (the reach demo's): its images become Qwen3-VL patches, its prompt the text
+    // (Groot::vla_inputs).
+    d.vla = true;
+    d.image_size = own_.head.image_size;
+    d.chunk = own_.head.action_horizon;
+    d.action_dim = own_.head.action_dim;
+    d.max_action_dim = own_.head.max_action_dim;
+    d.image_size_key = "model.image_size";
+    d.chunk_key = "model.action_horizon";
     return d;
   }
   void add_mock_fields(Batch& batch, uint64_t seed) const override {
@@ -121,7 +128,7 @@ class GrootPlan : public ModelPlan {
     // and the embodiment (so there is something to learn).
     const auto& h = own_.head;
     const auto& v = backbone_.vision;
-    const int64_t side = h.mock_image_size / v.patch_size, merged = (side / v.spatial_merge_size) * (side / v.spatial_merge_size);
+    const int64_t side = h.image_size / v.patch_size, merged = (side / v.spatial_merge_size) * (side / v.spatial_merge_size);
     const int64_t text_vocab = std::min(own_.ids.image_token_id, own_.ids.video_token_id);
     LF_CHECK(text_vocab > 0, "groot --mock-data draws text below the placeholder ids; model.image_token_id is 0");
     std::vector<at::Tensor> ids, pixels, states, actions, masks;
@@ -141,8 +148,12 @@ class GrootPlan : public ModelPlan {
       auto steps = at::linspace(0.0, 1.0, h.action_horizon, at::kFloat).unsqueeze(1);
       auto freq = at::arange(1, h.max_action_dim + 1, at::kFloat).unsqueeze(0);
       auto phase = px.mean() + state.mean() + static_cast<double>(e);
-      actions.push_back(at::sin(steps * freq + phase));
-      masks.push_back(at::ones({h.action_horizon, h.max_action_dim}, at::kFloat));
+      auto a = at::zeros({h.action_horizon, h.max_action_dim}, at::kFloat);
+      a.narrow(1, 0, h.action_dim).copy_(at::sin(steps * freq.narrow(1, 0, h.action_dim) + phase));
+      actions.push_back(a);
+      auto mask = at::zeros({h.action_horizon, h.max_action_dim}, at::kFloat);
+      mask.narrow(1, 0, h.action_dim).fill_(1);
+      masks.push_back(mask);
     }
     LF_CHECK(!ids.empty(), "groot: a batch without sample indices");
     const int64_t b = static_cast<int64_t>(ids.size());

@@ -66,9 +66,10 @@ struct GrootConfig {
   double noise_beta_beta = 1.0;
   double noise_s = 0.999;
   double state_dropout_prob = 0.2;
-  // --mock-data: prompt tokens (text) and image side in pixels per sample.
+  int64_t action_dim = 132;  // the robot's action dims (<= max_action_dim) the loss covers in VLA stores
+  int64_t image_size = 32;   // the square images of the data (VLA stores, --mock-data)
+  // --mock-data: text tokens per sample.
   int64_t mock_tokens = 8;
-  int64_t mock_image_size = 32;
 
   template <class V>
   void visit(V& v) {
@@ -109,8 +110,11 @@ struct GrootConfig {
     v("noise_s", noise_s, "See noise_beta_alpha", Min{0}, Max{1});
     v("state_dropout_prob", state_dropout_prob, "Probability a sample's state token is zeroed (training only)",
       Min{0}, Max{1});
+    v("action_dim", action_dim,
+      "The robot's action dims (<= max_action_dim): the loss covers these on VLA stores and --mock-data", Min{1});
+    v("image_size", image_size,
+      "Side in pixels of the data's square images (a multiple of patch_size x spatial_merge_size)", Min{1});
     v("mock_tokens", mock_tokens, "--mock-data: text tokens per sample", Min{1});
-    v("mock_image_size", mock_image_size, "--mock-data: image side in pixels (one image per sample)", Min{1});
   }
   int64_t dit_dim() const { return dit_num_attention_heads * dit_attention_head_dim; }
   int64_t vl_dim() const { return vl_num_attention_heads * vl_attention_head_dim; }
@@ -189,7 +193,20 @@ class Groot : public Model {
   // full; an lf::Error naming `source` and the tensor when one is missing, has another shape, or
   // the model has no such tensor.
   void load_full(const std::map<std::string, at::Tensor>& full, const std::string& source);
+  // The batch (trainer fields) as the model's inputs: GR00T's own fields, or a VLA store's (images,
+  // prompt_tokens, state: vla_inputs).
   GrootInputs inputs_of(const Batch& batch) const;
+  // A VLA store's sample (the pi05 batch layout) as GR00T's inputs: images [b, cams, 3, S, S] in
+  // [-1, 1] become Qwen3-VL patch rows (mean = std = 0.5: the same values), each camera's
+  // placeholders in front of the prompt's tokens (pads included: every prompt has the store's
+  // length), state [b, history, dims] zero-padded to max_state_dim, embodiment 0. Errors name
+  // what does not fit (image side, a prompt id at a placeholder id, state width).
+  GrootInputs vla_inputs(const at::Tensor& images, const at::Tensor& prompt_tokens, const at::Tensor& state) const;
+  // action_mask of a batch: its own, or the first action_dim of max_action_dim dims.
+  at::Tensor action_mask_of(const Batch& batch) const;
+  // Every parameter from full tensors by LoongForge name (a groot checkpoint's); an lf::Error naming
+  // `source` and the tensor when one is missing or has another shape.
+  void load_checkpoint_tensors(const std::map<std::string, at::Tensor>& full, const std::string& source);
   const GrootConfig& config() const { return config_; }
   const Qwen3Vl& backbone() const { return *backbone_; }
   static constexpr const char* kLoss = "flow matching loss";

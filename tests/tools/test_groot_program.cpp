@@ -44,8 +44,14 @@ const TrainRun& with_dropout() {
   return r;
 }
 
+// At lr 1e-2 (kBatch), ten times the other equivalence tests', Adam turns the same order-of-summation
+// differences into ten times the weight differences: parameters within 1e-4 (a lost micro-batch
+// moves them by ~lr = 1e-2).
 TEST(GrootTraining, DataParallelEqualsOneProcess) {
-  lf::testing::expect_same_training(single(), run(2, {"--use-distributed-optimizer"}, "dp2"), "groot: dp 2, ZeRO-1");
+  lf::testing::Tolerances tol;
+  tol.param_abs = 1e-4;
+  lf::testing::expect_same_training(single(), run(2, {"--use-distributed-optimizer"}, "dp2"), "groot: dp 2, ZeRO-1",
+                                    tol);
 }
 
 TEST(GrootTraining, DropoutChangesTheRun) {
@@ -123,11 +129,11 @@ TEST(GrootTraining, LayoutsAndSettingsItCannotTakeAreConfigurationErrors) {
   expect({"model.vl_attention_head_dim=16"}, 1, "model.vl_num_attention_heads");
   expect({"model.image_size=12"}, 1, "model.image_size");
   expect({"model.action_dim=5"}, 1, "model.action_dim");
-  // Only mock data feeds it today: --data-path is refused with the reason, not ignored.
-  auto r = lf::testing::run_command({bin("loongforge-train"), "--config-file", kConfig, "--dry-run", "data.mock_data=false",
-                                     "--data-path", "/nonexistent"});
+  // A --data-path that is no store: an error naming it.
+  auto r = lf::testing::run_command({bin("loongforge-train"), "--config-file", kConfig, "--train-iters", "5",
+                                     "data.mock_data=false", "--data-path", "/nonexistent-groot-store"});
   EXPECT_NE(r.exit_code, 0) << r.output;
-  EXPECT_NE(r.output.find("mock-data"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("/nonexistent-groot-store"), std::string::npos) << r.output;
 }
 
 std::string oracle_dir() {

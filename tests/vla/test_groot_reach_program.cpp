@@ -49,6 +49,7 @@ lf::testing::TrainRun train(int procs, std::vector<std::string> extra, const std
 TEST(GrootReachProgram, DataParallelOnTheStoreEqualsOneProcess) {
   lf::testing::Tolerances tol;
   tol.expect_learning = false;
+  tol.param_abs = 1e-4;  // lr 1e-2: as GrootTraining.DataParallelEqualsOneProcess
   lf::testing::expect_same_training(train(1, {}, "one"), train(2, {"--use-distributed-optimizer"}, "dp2"),
                                     "groot on the reach store: dp 2, ZeRO-1", tol);
 }

@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "error_message.h"
 #include "cached_oracle.h"
 #include "loongforge/backend/registry.h"
 #include "loongforge/core/error.h"
@@ -49,14 +50,6 @@ GrootInputs inputs(const std::map<std::string, at::Tensor>& t) {
           t.at("embodiment_id")};
 }
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const lf::Error& e) {
-    return e.what();
-  }
-  return "";
-}
 
 TEST(Groot, LossAndSampledActionsMatchLeRobot) {
   REQUIRE_ORACLE();
@@ -104,13 +97,13 @@ TEST(Groot, InputMistakesAreErrors) {
   auto padded = inputs(in);
   padded.attention_mask = padded.attention_mask.clone();
   padded.attention_mask.index_put_({0, -1}, 0);
-  EXPECT_NE(error_of([&] { m->sample_actions(padded, in.at("sample_noise")); }).find("padded prompts"),
+  EXPECT_NE(lf::testing::error_message([&] { m->sample_actions(padded, in.at("sample_noise")); }).find("padded prompts"),
             std::string::npos);
   auto far = inputs(in);
   far.embodiment_id = at::full_like(far.embodiment_id, 99);
-  EXPECT_NE(error_of([&] { m->sample_actions(far, in.at("sample_noise")); }).find("embodiment_id"), std::string::npos);
+  EXPECT_NE(lf::testing::error_message([&] { m->sample_actions(far, in.at("sample_noise")); }).find("embodiment_id"), std::string::npos);
   auto short_chunk = inputs(in);
-  EXPECT_NE(error_of([&] {
+  EXPECT_NE(lf::testing::error_message([&] {
               m->losses(short_chunk, in.at("action").narrow(1, 0, 2), in.at("action_mask"), in.at("noise"),
                         in.at("time"));
             }).find("actions must be"),
@@ -127,7 +120,7 @@ TEST(Groot, DirectoryMistakesNameTheFileAndKey) {
   // A model_name that is neither a directory nor the known backbone.
   {
     std::ofstream(tmp / "config.json") << text;
-    auto e = error_of([&] { lr::read_groot_setup(tmp.string()); });
+    auto e = lf::testing::error_message([&] { lr::read_groot_setup(tmp.string()); });
     EXPECT_NE(e.find("model_name"), std::string::npos) << e;
   }
   // A DiT whose output the decoder cannot read.
@@ -137,7 +130,7 @@ TEST(Groot, DirectoryMistakesNameTheFileAndKey) {
     std::string bad = text;
     bad.replace(pos, 16, "\"output_dim\": 22");
     std::ofstream(tmp / "config.json") << bad;
-    auto e = error_of([&] { lr::read_groot_setup(tmp.string(), dir + "/backbone"); });
+    auto e = lf::testing::error_message([&] { lr::read_groot_setup(tmp.string(), dir + "/backbone"); });
     EXPECT_NE(e.find("dit_output_dim"), std::string::npos) << e;
   }
   // A missing tensor.
@@ -146,7 +139,7 @@ TEST(Groot, DirectoryMistakesNameTheFileAndKey) {
     Groot m(s.backbone, s.config, lf::backend::cpu_backend(), 1, at::kFloat, nullptr);
     auto w = lr::read_groot_weights(dir + "/model", at::kFloat);
     w.erase("action_head.action_decoder.layer2.W");
-    auto e = error_of([&] { m.load_full(w, "the directory"); });
+    auto e = lf::testing::error_message([&] { m.load_full(w, "the directory"); });
     EXPECT_NE(e.find("action_head.action_decoder.layer2.W"), std::string::npos) << e;
   }
   fs::remove_all(tmp);

@@ -6,15 +6,12 @@
 // that does not fit the model is an error naming the key to change.
 #include <gtest/gtest.h>
 
-#include <signal.h>
-
 #include <chrono>
-#include <cstdio>
 #include <filesystem>
 #include <nlohmann/json.hpp>
-#include <thread>
 
 #include "../tools/pp_training.h"
+#include "serve_testing.h"
 
 namespace {
 namespace fs = std::filesystem;
@@ -74,23 +71,11 @@ TEST(Pi05ReachProgram, EvalAndServeTheTrainedPolicy) {
 
   // The same policy behind loongforge-serve-policy (its noise from the same seed): the same episodes.
   const std::string log = dir + "/serve.log";
-  const std::string cmd = bin("loongforge-serve-policy") + " --port 0 --policy pi05 --load " + dir + "/ck" +
-                          " --data-path " + store() + " --seed 500 > " + log + " 2>&1 & echo $!";
-  FILE* p = ::popen(cmd.c_str(), "r");
-  ASSERT_NE(p, nullptr);
-  long pid = 0;
-  ASSERT_EQ(std::fscanf(p, "%ld", &pid), 1);
-  ::pclose(p);
-  std::string uri;
-  for (int i = 0; i < 600 && uri.empty(); ++i) {
-    const std::string text = lf::testing::read_file(log);
-    const auto at = text.find("on ws://");
-    if (at != std::string::npos) uri = text.substr(at + 3, text.find(' ', at + 3) - at - 3);
-    if (uri.empty()) std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  }
-  ASSERT_FALSE(uri.empty()) << lf::testing::read_file(log);
-  r = eval(with({"--server", uri, "--report", dir + "/served.json"}));
-  ::kill(static_cast<pid_t>(pid), SIGTERM);
+  const auto served = lf::testing::serve_policy("--policy pi05 --load " + dir + "/ck --data-path " + store() +
+                                                " --seed 500", log);
+  ASSERT_FALSE(served.uri.empty()) << lf::testing::read_file(log);
+  r = eval(with({"--server", served.uri, "--report", dir + "/served.json"}));
+  served.stop();
   ASSERT_EQ(r.exit_code, 0) << r.output << lf::testing::read_file(log);
   EXPECT_EQ(nlohmann::json::parse(lf::testing::read_file(dir + "/served.json"))["per_episode"], local["per_episode"]);
 

@@ -13,6 +13,7 @@
 #include "loongforge/dist/parallel_context.h"
 #include "loongforge/media/qwen_vision_input.h"
 #include "loongforge/models/blocks/param_builder.h"
+#include "policy_streams.h"
 
 namespace lf::models {
 namespace {
@@ -511,17 +512,9 @@ at::Tensor Groot::sample_actions(const GrootInputs& in, const at::Tensor& noise,
 at::Tensor Groot::sample_time(const at::Tensor& ids) const {
   // t = (1 - Beta(alpha, beta)) x noise_s per sample, from a stream keyed by (seed, step, sample):
   // the same draw on every layout. Beta from two Gammas.
-  const int64_t b = ids.size(0);
-  std::vector<float> out(b);
-  auto idc = ids.to(at::kCPU, at::kLong).contiguous();
-  for (int64_t i = 0; i < b; ++i) {
-    auto gen = at::make_generator<at::CPUGeneratorImpl>(seed_ * 2654435761ull + static_cast<uint64_t>(step_) * 1000003ull +
-                                                       static_cast<uint64_t>(idc.data_ptr<int64_t>()[i]) + 17);
-    auto ga = at::_standard_gamma(at::full({1}, config_.noise_beta_alpha, at::kDouble), gen);
-    auto gb = at::_standard_gamma(at::full({1}, config_.noise_beta_beta, at::kDouble), gen);
-    const double beta = ga.item<double>() / (ga.item<double>() + gb.item<double>());
-    out[i] = static_cast<float>((1.0 - beta) * config_.noise_s);
-  }
+  std::vector<float> out;
+  for (double beta : policy_streams::beta_draws(seed_, step_, ids, config_.noise_beta_alpha, config_.noise_beta_beta))
+    out.push_back(static_cast<float>((1.0 - beta) * config_.noise_s));
   return at::tensor(out, at::kFloat);
 }
 
@@ -531,13 +524,8 @@ StageOutput Groot::stage_forward(const Batch& batch, const TensorMap&, int64_t, 
   const int64_t b = actions.size(0);
   LF_CHECK(static_cast<int64_t>(batch.sample_indices.size()) == b, "groot: the batch has ", b, " samples but ",
            batch.sample_indices.size(), " sample indices");
-  std::vector<at::Tensor> noise;
-  for (int64_t index : batch.sample_indices) {
-    auto gen = at::make_generator<at::CPUGeneratorImpl>(seed_ * 0x9E3779B97F4A7C15ull +
-                                                       static_cast<uint64_t>(step_) * 7919ull +
-                                                       static_cast<uint64_t>(index) + 3);
-    noise.push_back(at::normal(0.0, 1.0, {config_.action_horizon, config_.max_action_dim}, gen, at::kFloat));
-  }
+  const auto noise =
+      policy_streams::noise_draws(seed_, step_, batch.sample_indices, {config_.action_horizon, config_.max_action_dim});
   auto time = sample_time(at::tensor(batch.sample_indices, at::kLong));
   const auto mask = action_mask_of(batch);
   StageOutput out;
@@ -545,28 +533,19 @@ StageOutput Groot::stage_forward(const Batch& batch, const TensorMap&, int64_t, 
     at::NoGradGuard g;
     const bool was = training_;
     training_ = false;
-    auto l = losses(in, actions, mask, at::stack(noise), time);
+    auto l = losses(in, actions, mask, noise, time);
     training_ = was;
     out.metrics[kLoss] = Metric{l.sum().item<double>(), mask.to(at::kDouble).sum().item<double>()};
     return out;
   }
-  out.losses.push_back({kLoss, losses(in, actions, mask, at::stack(noise), time).sum()});
+  out.losses.push_back({kLoss, losses(in, actions, mask, noise, time).sum()});
   return out;
 }
 
-std::map<std::string, at::Tensor> Groot::rng_state() const {
-  at::Tensor bytes = at::empty({static_cast<int64_t>(sizeof step_)}, at::kByte);
-  std::memcpy(bytes.data_ptr(), &step_, sizeof step_);
-  return {{"groot.step", bytes}};
-}
+std::map<std::string, at::Tensor> Groot::rng_state() const { return policy_streams::step_state("groot.step", step_); }
 
 void Groot::set_rng_state(const std::map<std::string, at::Tensor>& s) {
-  auto it = s.find("groot.step");
-  if (it == s.end()) return;
-  const at::Tensor bytes = it->second.to(at::kCPU).contiguous();
-  LF_CHECK(bytes.scalar_type() == at::kByte && bytes.numel() == static_cast<int64_t>(sizeof step_),
-           "groot: the checkpoint's groot.step is not the 8-byte step counter");
-  std::memcpy(&step_, bytes.data_ptr(), sizeof step_);
+  policy_streams::read_step_state(s, "groot.step", step_);
 }
 
 double Groot::flops_per_sample(int64_t) const {

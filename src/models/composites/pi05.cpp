@@ -13,6 +13,7 @@
 #include "loongforge/models/composites/causal_lm.h"
 #include "loongforge/parallel/tensor/layers.h"
 #include "loongforge/parallel/tensor/mappings.h"
+#include "policy_streams.h"
 
 namespace lf::models {
 namespace {
@@ -505,17 +506,10 @@ at::Tensor Pi05::sample_actions(const Pi05Inputs& in, const at::Tensor& noise, i
 at::Tensor Pi05::sample_time(const at::Tensor& ids) const {
   // t ~ Beta(alpha, beta) x scale + offset per sample, from a stream keyed by (seed, step, sample):
   // the same draw on every layout. Beta from two Gammas.
-  const int64_t b = ids.size(0);
-  std::vector<float> out(b);
-  auto idc = ids.to(at::kCPU, at::kLong).contiguous();
-  for (int64_t i = 0; i < b; ++i) {
-    auto gen = at::make_generator<at::CPUGeneratorImpl>(seed_ * 2654435761ull + static_cast<uint64_t>(step_) * 1000003ull +
-                                                       static_cast<uint64_t>(idc.data_ptr<int64_t>()[i]) + 17);
-    auto ga = at::_standard_gamma(at::full({1}, config_.time_sampling_beta_alpha, at::kDouble), gen);
-    auto gb = at::_standard_gamma(at::full({1}, config_.time_sampling_beta_beta, at::kDouble), gen);
-    const double beta = ga.item<double>() / (ga.item<double>() + gb.item<double>());
-    out[i] = static_cast<float>(beta * config_.time_sampling_scale + config_.time_sampling_offset);
-  }
+  std::vector<float> out;
+  for (double beta : policy_streams::beta_draws(seed_, step_, ids, config_.time_sampling_beta_alpha,
+                                                config_.time_sampling_beta_beta))
+    out.push_back(static_cast<float>(beta * config_.time_sampling_scale + config_.time_sampling_offset));
   return at::tensor(out, at::kFloat);
 }
 
@@ -525,39 +519,25 @@ StageOutput Pi05::stage_forward(const Batch& batch, const TensorMap&, int64_t, P
   const int64_t b = actions.size(0);
   LF_CHECK(static_cast<int64_t>(batch.sample_indices.size()) == b, "pi05: the batch has ", b, " samples but ",
            batch.sample_indices.size(), " sample indices");
-  std::vector<at::Tensor> noise;
-  for (int64_t index : batch.sample_indices) {
-    auto gen = at::make_generator<at::CPUGeneratorImpl>(seed_ * 0x9E3779B97F4A7C15ull +
-                                                       static_cast<uint64_t>(step_) * 7919ull +
-                                                       static_cast<uint64_t>(index) + 3);
-    noise.push_back(at::normal(0.0, 1.0, {config_.chunk_size, config_.max_action_dim}, gen, at::kFloat));
-  }
+  const auto noise =
+      policy_streams::noise_draws(seed_, step_, batch.sample_indices, {config_.chunk_size, config_.max_action_dim});
   auto ids = at::tensor(batch.sample_indices, at::kLong);
   StageOutput out;
   if (pass == Pass::eval) {
     at::NoGradGuard g;
-    auto l = losses(in, actions, at::stack(noise), sample_time(ids)).narrow(2, 0, config_.action_dim);
+    auto l = losses(in, actions, noise, sample_time(ids)).narrow(2, 0, config_.action_dim);
     out.metrics[kLoss] = Metric{l.sum().item<double>(), static_cast<double>(l.numel())};
     return out;
   }
-  auto l = losses(in, actions, at::stack(noise), sample_time(ids)).narrow(2, 0, config_.action_dim);
+  auto l = losses(in, actions, noise, sample_time(ids)).narrow(2, 0, config_.action_dim);
   out.losses.push_back({kLoss, l.sum()});
   return out;
 }
 
-std::map<std::string, at::Tensor> Pi05::rng_state() const {
-  at::Tensor bytes = at::empty({static_cast<int64_t>(sizeof step_)}, at::kByte);
-  std::memcpy(bytes.data_ptr(), &step_, sizeof step_);
-  return {{"pi05.step", bytes}};
-}
+std::map<std::string, at::Tensor> Pi05::rng_state() const { return policy_streams::step_state("pi05.step", step_); }
 
 void Pi05::set_rng_state(const std::map<std::string, at::Tensor>& s) {
-  auto it = s.find("pi05.step");
-  if (it == s.end()) return;
-  const at::Tensor bytes = it->second.to(at::kCPU).contiguous();
-  LF_CHECK(bytes.scalar_type() == at::kByte && bytes.numel() == static_cast<int64_t>(sizeof step_),
-           "pi05: the checkpoint's pi05.step is not the 8-byte step counter");
-  std::memcpy(&step_, bytes.data_ptr(), sizeof step_);
+  policy_streams::read_step_state(s, "pi05.step", step_);
 }
 
 double Pi05::flops_per_sample(int64_t) const {

@@ -273,13 +273,7 @@ StageOutput Qwen3Vl::stage_forward(const Batch& batch, const TensorMap& input, i
 at::Tensor Qwen3Vl::logits(const at::Tensor& tokens, const at::Tensor& pixel_values, const at::Tensor& image_grid_thw,
                            const at::Tensor& pixel_values_videos, const at::Tensor& video_grid_thw) const {
   check_whole_model("Qwen3Vl::logits");
-  auto e = embed_with_media(tokens.to(backend_.device()), pixel_values, image_grid_thw, pixel_values_videos,
-                            video_grid_thw);
-  DecoderInputs in;
-  in.seq = tokens.size(1);
-  in.position_ids = position_ids(tokens, image_grid_thw, video_grid_thw);
-  in.injections = std::move(e.injections);
-  at::Tensor x = foundation().run_layers(foundation().scatter_sequence(e.hidden), in);
+  at::Tensor x = hidden_states(tokens, pixel_values, image_grid_thw, pixel_values_videos, video_grid_thw).transpose(0, 1);
   return lm_head().full_logits(lm_head().local_logits(foundation().final_norm(x)));
 }
 

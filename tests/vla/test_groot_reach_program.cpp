@@ -114,4 +114,14 @@ TEST(GrootReachProgram, AStoreThatDoesNotFitTheModelIsNamed) {
   EXPECT_NE(r.output.find("model.image_size 16"), std::string::npos) << r.output;
 }
 
+// The demo's config (configs/examples/groot_reach.yaml) is valid: its plan builds (the shapes of the
+// backbone, the DiT, the store's 64 x 64 images at patch 8).
+TEST(GrootReachProgram, TheDemoConfigPlans) {
+  auto r = run_command({bin("loongforge-train"), "--config-file",
+                        lf::testing::source_dir() + "/configs/examples/groot_reach.yaml", "--data-path", store(),
+                        "--dry-run"});
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("AlternateVLDiT"), std::string::npos) << r.output;
+}
+
 }  // namespace

@@ -76,6 +76,22 @@ TEST(Groot, LossAndSampledActionsMatchLeRobot) {
   }
 }
 
+// Sampling never drops (GR00T samples in eval mode): a model left in training mode samples what
+// it does in eval mode; its training loss does drop (it differs from the eval-mode loss).
+TEST(Groot, SamplingRunsWithoutDropout) {
+  REQUIRE_ORACLE();
+  const std::string dir = oracle_dir() + "/alternate";
+  auto m = load(dir);
+  auto in = lf::testing::read_safetensors(dir + "/inputs.safetensors");
+  at::NoGradGuard no_grad;
+  auto eval_actions = m->sample_actions(inputs(in), in.at("sample_noise"));
+  auto eval_loss = m->losses(inputs(in), in.at("action"), in.at("action_mask"), in.at("noise"), in.at("time"));
+  m->set_training(true);
+  EXPECT_TRUE(at::equal(m->sample_actions(inputs(in), in.at("sample_noise")), eval_actions));
+  auto train_loss = m->losses(inputs(in), in.at("action"), in.at("action_mask"), in.at("noise"), in.at("time"));
+  EXPECT_GT((train_loss - eval_loss).abs().max().item<double>(), 1e-4);
+}
+
 TEST(Groot, TheEmbodimentSelectsItsOwnWeights) {
   REQUIRE_ORACLE();
   const std::string dir = oracle_dir() + "/alternate";

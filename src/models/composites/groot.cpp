@@ -494,6 +494,12 @@ at::Tensor Groot::sample_actions(const GrootInputs& in, const at::Tensor& noise,
            "groot: noise must be [b, action_horizon, max_action_dim] = [", b, ", ", c.action_horizon, ", ",
            c.max_action_dim, "], got ", noise.sizes());
   at::NoGradGuard no_grad;
+  struct Eval {  // no dropout while sampling; the mode is restored after
+    bool& flag;
+    bool was;
+    ~Eval() { flag = was; }
+  } eval{training_, training_};
+  training_ = false;
   const auto dev = backend_.device();
   auto f = encode(in);
   auto ids = in.embodiment_id.to(dev, at::kLong);
@@ -532,7 +538,7 @@ StageOutput Groot::stage_forward(const Batch& batch, const TensorMap&, int64_t, 
   if (pass == Pass::eval) {
     at::NoGradGuard g;
     const bool was = training_;
-    training_ = false;
+    training_ = false;  // evaluation runs without dropout
     auto l = losses(in, actions, mask, noise, time);
     training_ = was;
     out.metrics[kLoss] = Metric{l.sum().item<double>(), mask.to(at::kDouble).sum().item<double>()};

@@ -186,7 +186,8 @@ class Groot : public Model {
   // action_mask's sum (+ 1e-6).
   at::Tensor losses(const GrootInputs& in, const at::Tensor& actions, const at::Tensor& action_mask,
                     const at::Tensor& noise, const at::Tensor& time) const;
-  // GR00TN17.get_action: Euler-integrated actions [b, horizon, max_action_dim] fp32 from noise.
+  // GR00TN17.get_action: Euler-integrated actions [b, horizon, max_action_dim] fp32 from noise
+  // (never with dropout, as GR00T samples in eval mode).
   at::Tensor sample_actions(const GrootInputs& in, const at::Tensor& noise, int64_t steps = 0) const;
 
   // Every tensor by GR00T's names (NVIDIA's checkpoint layout: backbone.model.*, action_head.*),
@@ -248,7 +249,7 @@ class Groot : public Model {
   GrootFreeze freeze_;
   uint64_t seed_;
   int64_t step_ = 0;
-  bool training_ = true;
+  mutable bool training_ = true;  // sample_actions turns it off for its call (no dropout when sampling)
   mutable uint64_t dropout_calls_ = 0;
   std::unique_ptr<Qwen3Vl> backbone_;
 

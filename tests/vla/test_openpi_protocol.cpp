@@ -7,20 +7,14 @@
 
 #include <msgpack.hpp>
 
+#include "../support/error_message.h"
 #include "loongforge/core/error.h"
 #include "loongforge/vla/openpi_protocol.h"
 
 namespace {
 using namespace lf::vla;
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const lf::Error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
+using lf::testing::error_message;
 
 TEST(OpenpiProtocol, ObservationsRoundTrip) {
   Observation o;
@@ -76,24 +70,24 @@ TEST(OpenpiProtocol, NestedMapsScalarsAndLists) {
 }
 
 TEST(OpenpiProtocol, MalformedMessagesNameWhatIsWrong) {
-  EXPECT_NE(error_of([] { openpi::decode_observation(std::string("\xc1", 1)); }).find("not msgpack"), std::string::npos);
-  EXPECT_NE(error_of([] { openpi::decode_observation(openpi::encode_json({1, 2})); }).find("is a list, not a map"),
+  EXPECT_NE(error_message([] { openpi::decode_observation(std::string("\xc1", 1)); }).find("not msgpack"), std::string::npos);
+  EXPECT_NE(error_message([] { openpi::decode_observation(openpi::encode_json({1, 2})); }).find("is a list, not a map"),
             std::string::npos);
-  EXPECT_NE(error_of([] { openpi::decode_observation(openpi::encode_json({{"a", 1}}) + "x"); }).find("after its msgpack"),
+  EXPECT_NE(error_message([] { openpi::decode_observation(openpi::encode_json({{"a", 1}}) + "x"); }).find("after its msgpack"),
             std::string::npos);
-  EXPECT_NE(error_of([] { openpi::decode_observation(openpi::encode_json({{"prompt", 3}})); })
+  EXPECT_NE(error_message([] { openpi::decode_observation(openpi::encode_json({{"prompt", 3}})); })
                 .find("'prompt' is an integer, not a string"),
             std::string::npos);
   {
     Msg m;
     m.pk.pack_map(1), m.str("observation/state"), m.ndarray(std::string(8, '\0'), "<f4", {3});
-    const auto e = error_of([&] { openpi::decode_observation(m.bytes()); });
+    const auto e = error_message([&] { openpi::decode_observation(m.bytes()); });
     EXPECT_NE(e.find("'observation/state': 8 bytes of data for dtype <f4 and shape [3] (12 expected)"), std::string::npos) << e;
   }
   {
     Msg m;
     m.pk.pack_map(1), m.str("x"), m.ndarray(std::string(8, '\0'), "<u8", {1});
-    const auto e = error_of([&] { openpi::decode_observation(m.bytes()); });
+    const auto e = error_message([&] { openpi::decode_observation(m.bytes()); });
     EXPECT_NE(e.find("'x': unsupported dtype '<u8'"), std::string::npos) << e;
   }
 }

@@ -117,11 +117,18 @@ lf::data::Batch latent_rows(const lf::data::LatentStore& store, const std::vecto
 
 }  // namespace
 
-std::unique_ptr<lf::train::BatchSource> make_store_source(AssembleRows assemble, int64_t begin, int64_t end,
-                                                         int64_t samples, int64_t micro_batch, int dp_rank,
-                                                         int dp_size, uint64_t seed, bool shuffle, std::string what) {
-  return std::make_unique<StoreSource>(std::move(assemble), begin, end, samples, micro_batch, dp_rank, dp_size, seed,
-                                       shuffle, std::move(what));
+DataSources make_store_sources(const AssembleRows& assemble, int64_t train_end, int64_t valid_end,
+                               int64_t train_samples, int64_t valid_samples, const lf::config::JobConfig& job,
+                               const lf::dist::ParallelContext& ctx, const std::string& what) {
+  const auto& t = job.training;
+  const uint64_t seed = static_cast<uint64_t>(t.seed);
+  DataSources out;
+  out.train = std::make_unique<StoreSource>(assemble, 0, train_end, train_samples, t.micro_batch_size, ctx.dp_rank(),
+                                            ctx.dp_size(), seed, true, what);
+  if (valid_samples > 0 && valid_end > train_end)
+    out.valid = std::make_unique<StoreSource>(assemble, train_end, valid_end, valid_samples, t.micro_batch_size,
+                                              ctx.dp_rank(), ctx.dp_size(), seed, false, what);
+  return out;
 }
 
 std::pair<int64_t, int64_t> split_ends(const std::vector<double>& split, int64_t n, const std::string& store) {
@@ -157,17 +164,9 @@ DataSources make_latent_sources(const lf::config::JobConfig& job, const lf::mode
     LF_INFO("latent store ", d.data_path[0], ": ", n, " samples (train ", train_end, ", valid ", valid_end - train_end,
             "), ", info.latent_channels, " latent channels, text width ", info.text_dim, " | vae: ", info.vae,
             " | text encoder: ", info.text_encoder);
-  const auto& t = job.training;
-  const uint64_t seed = static_cast<uint64_t>(t.seed);
-  DataSources out;
   auto rows = [store](const std::vector<int64_t>& items) { return latent_rows(*store, items); };
-  const std::string what = "the latent store " + d.data_path[0];
-  out.train = make_store_source(rows, 0, train_end, train_samples, t.micro_batch_size, ctx.dp_rank(), ctx.dp_size(),
-                                seed, true, what);
-  if (valid_samples > 0 && valid_end > train_end)
-    out.valid = make_store_source(rows, train_end, valid_end, valid_samples, t.micro_batch_size, ctx.dp_rank(),
-                                  ctx.dp_size(), seed, false, what);
-  return out;
+  return make_store_sources(rows, train_end, valid_end, train_samples, valid_samples, job, ctx,
+                            "the latent store " + d.data_path[0]);
 }
 
 }  // namespace lf::tools

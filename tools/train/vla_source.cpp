@@ -69,16 +69,8 @@ DataSources make_vla_sources(const lf::config::JobConfig& job, const lf::models:
     batch.set("state", at::stack(states));  // [b, 1, dims]: the prompt's discretised state (groot reads it)
     return batch;
   };
-  const auto& t = job.training;
-  const uint64_t seed = static_cast<uint64_t>(t.seed);
-  const std::string what = "the reach demo store " + dir;
-  DataSources out;
-  out.train = make_store_source(rows, 0, train_end, train_samples, t.micro_batch_size, ctx.dp_rank(), ctx.dp_size(),
-                                seed, true, what);
-  if (valid_samples > 0 && valid_end > train_end)
-    out.valid = make_store_source(rows, train_end, valid_end, valid_samples, t.micro_batch_size, ctx.dp_rank(),
-                                  ctx.dp_size(), seed, false, what);
-  return out;
+  return make_store_sources(rows, train_end, valid_end, train_samples, valid_samples, job, ctx,
+                            "the reach demo store " + dir);
 }
 
 }  // namespace lf::tools

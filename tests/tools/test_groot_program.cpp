@@ -122,6 +122,7 @@ TEST(GrootTraining, LayoutsAndSettingsItCannotTakeAreConfigurationErrors) {
   };
   expect({"--tensor-model-parallel-size", "2"}, 2, "parallel.tensor_model_parallel_size");
   expect({"--pipeline-model-parallel-size", "2"}, 2, "parallel.pipeline_model_parallel_size");
+  expect({"--expert-model-parallel-size", "2"}, 2, "parallel.expert_model_parallel_size");
   expect({"--recompute-granularity", "full"}, 1, "training.recompute_granularity");
   expect({"model.dit_output_dim=40"}, 1, "model.dit_output_dim");
   expect({"model.dit_attention_head_dim=8"}, 1, "model.input_embedding_dim");

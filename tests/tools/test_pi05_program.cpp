@@ -110,6 +110,7 @@ TEST(Pi05Training, LayoutsItCannotTakeAreConfigurationErrors) {
     EXPECT_NE(r.output.find(key), std::string::npos) << key << "\n" << r.output;
   };
   expect({"--pipeline-model-parallel-size", "2"}, 2, "parallel.pipeline_model_parallel_size");
+  expect({"--expert-model-parallel-size", "2"}, 2, "parallel.expert_model_parallel_size");
   expect({"--tensor-model-parallel-size", "2", "--sequence-parallel"}, 2, "parallel.sequence_parallel");
   expect({"--tensor-model-parallel-size", "3"}, 3, "model.foundation.num_heads");
   expect({"++model.vision_encoder.tensor_model_parallel_size=2"}, 1, "model.vision_encoder.tensor_model_parallel_size");

@@ -10,6 +10,7 @@
 #include "loongforge/dist/parallel_context.h"
 #include "loongforge/models/composites/groot.h"
 #include "loongforge/models/registry.h"
+#include "policy_plan.h"
 
 namespace lf::models {
 namespace {
@@ -37,24 +38,9 @@ class GrootPlan : public ModelPlan {
     if (layout_.size(lf::dist::Axis::tp) > 1)
       refuse("parallel.tensor_model_parallel_size", "groot runs at tensor-parallel size 1 (its widths are small)",
              "set --tensor-model-parallel-size 1 and scale with --data-parallel ranks");
-    if (layout_.size(lf::dist::Axis::pp) > 1)
-      refuse("parallel.pipeline_model_parallel_size", "groot runs as one pipeline stage",
-             "set --pipeline-model-parallel-size 1");
-    if (layout_.size(lf::dist::Axis::cp) > 1)
-      refuse("parallel.context_parallel_size", "groot has no context parallelism (its sequences are short)",
-             "set --context-parallel-size 1");
-    if (layout_.size(lf::dist::Axis::ep) > 1)
-      refuse("parallel.expert_model_parallel_size", "groot's backbone is dense", "set --expert-model-parallel-size 1");
+    refuse_policy_layouts("groot", job, layout_, refuse);
     if (job.parallel.sequence_parallel)
       refuse("parallel.sequence_parallel", "groot does not run under sequence parallelism", "drop --sequence-parallel");
-    if (job.parallel.chunkpipe_chunk_size)
-      refuse("parallel.chunkpipe_chunk_size", "groot does not run under ChunkPipe", "drop --chunkpipe-chunk-size");
-    if (job.lora.rank > 0) refuse("lora.rank", "LoRA adapters are built for the causal_lm composite", "drop --lora-rank");
-    if (job.training.training_phase == "sft")
-      refuse("training.training_phase", "groot reads VLA batches, not conversations", "drop --training-phase sft");
-    if (job.training.recompute_granularity)
-      refuse("training.recompute_granularity", "groot does not recompute activations yet",
-             "drop --recompute-granularity");
     own_.head.validate(backbone_.foundation.hidden_size, backbone_.foundation.num_layers, "model.", errors);
     if (backbone_.vision.out_hidden_size != backbone_.foundation.hidden_size)
       refuse("model.vision_encoder.out_hidden_size",

@@ -11,6 +11,7 @@
 #include "loongforge/dist/parallel_context.h"
 #include "loongforge/models/composites/pi05.h"
 #include "loongforge/models/registry.h"
+#include "policy_plan.h"
 
 namespace lf::models {
 namespace {
@@ -98,22 +99,9 @@ class Pi05Plan : public ModelPlan {
                    "): the prefix and the expert share every attention",
                "drop the key");
     }
-    if (layout_.size(lf::dist::Axis::pp) > 1)
-      refuse("parallel.pipeline_model_parallel_size", "pi05 runs as one pipeline stage",
-             "set --pipeline-model-parallel-size 1");
-    if (layout_.size(lf::dist::Axis::cp) > 1)
-      refuse("parallel.context_parallel_size", "pi05 has no context parallelism (its sequences are short)",
-             "set --context-parallel-size 1");
+    refuse_policy_layouts("pi05", job, layout_, refuse);
     if (job.parallel.sequence_parallel && tp > 1)
       refuse("parallel.sequence_parallel", "pi05 does not run under sequence parallelism", "drop --sequence-parallel");
-    if (job.parallel.chunkpipe_chunk_size)
-      refuse("parallel.chunkpipe_chunk_size", "pi05 does not run under ChunkPipe", "drop --chunkpipe-chunk-size");
-    if (job.lora.rank > 0) refuse("lora.rank", "LoRA adapters are built for the causal_lm composite", "drop --lora-rank");
-    if (job.training.training_phase == "sft")
-      refuse("training.training_phase", "pi05 reads VLA batches, not conversations", "drop --training-phase sft");
-    if (job.training.recompute_granularity)
-      refuse("training.recompute_granularity", "pi05 does not recompute activations yet",
-             "drop --recompute-granularity");
     if (vlm_.num_heads != expert_.num_heads || vlm_.num_kv_heads != expert_.num_kv_heads ||
         vlm_.head_dim != expert_.head_dim)
       refuse("model.action_expert.num_heads",

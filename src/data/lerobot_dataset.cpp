@@ -326,11 +326,19 @@ struct LeRobotDataset::Impl {
 
   void read_v21() {
     const fs::path meta = fs::path(root) / "meta";
+    LF_CHECK(chunks_size > 0, info_path(), ": chunks_size ", chunks_size, " must be positive");
     for (const auto& j : read_jsonl(meta / "tasks.jsonl", "tasks")) {
-      const int64_t t = j.at("task_index").get<int64_t>();
+      int64_t t = 0;
+      std::string text;
+      try {
+        t = j.at("task_index").get<int64_t>();
+        text = j.at("task").get<std::string>();
+      } catch (const json::exception& e) {
+        LF_FAIL((meta / "tasks.jsonl").string(), ": ", e.what(), " in ", j.dump());
+      }
       LF_CHECK(t >= 0 && t < 10'000'000, (meta / "tasks.jsonl").string(), ": task_index ", t);
       if (int64_t(tasks.size()) <= t) tasks.resize(size_t(t + 1));
-      tasks[size_t(t)] = j.at("task").get<std::string>();
+      tasks[size_t(t)] = text;
     }
     const std::string data_tpl =
         path_template("data_path", "data/chunk-{episode_chunk:03d}/episode_{episode_index:06d}.parquet");
@@ -338,9 +346,14 @@ struct LeRobotDataset::Impl {
         path_template("video_path", "videos/chunk-{episode_chunk:03d}/{video_key}/episode_{episode_index:06d}.mp4");
     for (const auto& j : read_jsonl(meta / "episodes.jsonl", "episodes")) {
       LeRobotEpisode ep;
-      ep.index = j.at("episode_index").get<int64_t>();
-      ep.length = j.at("length").get<int64_t>();
-      for (const auto& t : j.value("tasks", json::array())) ep.tasks.push_back(t.get<std::string>());
+      try {
+        ep.index = j.at("episode_index").get<int64_t>();
+        ep.length = j.at("length").get<int64_t>();
+        for (const auto& t : j.value("tasks", json::array())) ep.tasks.push_back(t.get<std::string>());
+      } catch (const json::exception& e) {
+        LF_FAIL((meta / "episodes.jsonl").string(), ": ", e.what(), " in ", j.dump().substr(0, 200));
+      }
+      LF_CHECK(ep.index >= 0, (meta / "episodes.jsonl").string(), ": episode_index ", ep.index, " is negative");
       const std::map<std::string, int64_t> ints{{"episode_chunk", ep.index / chunks_size},
                                                 {"episode_index", ep.index}};
       ep.data_path = format_template(data_tpl, {}, ints, info_path());
@@ -360,9 +373,11 @@ struct LeRobotDataset::Impl {
       read_stats_json(stats_path);
     } else if (fs::exists(ep_stats)) {
       std::map<std::string, std::vector<LeRobotFeatureStats>> per_key;
-      for (const auto& j : read_jsonl(ep_stats, "episode stats"))
+      for (const auto& j : read_jsonl(ep_stats, "episode stats")) {
+        LF_CHECK(j.contains("stats") && j.at("stats").is_object(), ep_stats.string(), ": a line without a \"stats\" object");
         for (const auto& [key, s] : j.at("stats").items())
           per_key[key].push_back(stats_from_json(s, ep_stats.string() + " " + key));
+      }
       for (const auto& [key, list] : per_key) {
         std::vector<const LeRobotFeatureStats*> ptrs;
         for (const auto& s : list) ptrs.push_back(&s);
@@ -373,6 +388,9 @@ struct LeRobotDataset::Impl {
 
   void check_episodes() {
     std::sort(episodes.begin(), episodes.end(), [](const auto& a, const auto& b) { return a.index < b.index; });
+    LF_CHECK(!episodes.empty(), where(), ": the dataset lists no episodes", lf::hint("check meta/episodes"));
+    LF_CHECK(episodes.front().from_index == 0, where(), ": episode 0 starts at frame ", episodes.front().from_index,
+             ", not 0");
     for (size_t i = 0; i < episodes.size(); ++i) {
       const auto& ep = episodes[i];
       LF_CHECK(ep.index == int64_t(i), where(), ": episode indices are not 0..", episodes.size() - 1, " (found ",
@@ -383,7 +401,7 @@ struct LeRobotDataset::Impl {
                " starts at frame ", ep.from_index, ", not where episode ", i - 1, " ends (", episodes[i - 1].to_index,
                ")");
     }
-    if (!episodes.empty()) total_frames = episodes.back().to_index;
+    total_frames = episodes.back().to_index;
   }
 
   void set_deltas() {

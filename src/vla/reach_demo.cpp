@@ -184,11 +184,11 @@ ReachDemoMeta read_reach_demo_meta(const std::string& dir) {
     m.max_speed = j.at("max_speed"), m.max_steps = j.at("max_steps");
     m.prompt.state_bins = j.at("state_bins"), m.prompt.length = j.at("prompt_length");
     m.seed = j.at("seed"), m.episodes = j.at("episodes"), m.samples = j.at("samples"), m.noise = j.at("noise");
-  } catch (const std::exception& e) {
+    LF_CHECK(j.at("vocab").get<std::vector<std::string>>() == m.prompt.vocab(), file.string(),
+             ": its vocabulary is not this program's reach prompt vocabulary");
+  } catch (const nlohmann::json::exception& e) {
     LF_FAIL(file.string(), ": ", e.what());
   }
-  LF_CHECK(j.at("vocab").get<std::vector<std::string>>() == m.prompt.vocab(), file.string(),
-           ": its vocabulary is not this program's reach prompt vocabulary");
   return m;
 }
 
@@ -204,6 +204,15 @@ ReachDemoStore::ReachDemoStore(const std::string& dir) : dir_(dir), meta_(read_r
     tk.push_back(read_tensor(r, "prompt_tokens", at::kLong, file.string()));
     mk.push_back(read_tensor(r, "prompt_masks", at::kByte, file.string()).to(at::kBool));
     ac.push_back(read_tensor(r, "actions", at::kFloat, file.string()));
+    // Every shard's shapes as meta.json says (a stale or foreign shard is named, not mis-read).
+    const int64_t n = im.back().size(0), S = meta_.image_size, L = meta_.prompt.length;
+    const bool fits = im.back().sizes() == at::IntArrayRef({n, 3, S, S}) && tk.back().sizes() == at::IntArrayRef({n, L}) &&
+                      mk.back().sizes() == at::IntArrayRef({n, L}) &&
+                      ac.back().sizes() == at::IntArrayRef({n, meta_.chunk, meta_.action_dim});
+    LF_CHECK(fits, file.string(), ": images ", im.back().sizes(), ", prompt_tokens ", tk.back().sizes(),
+             ", prompt_masks ", mk.back().sizes(), ", actions ", ac.back().sizes(), " do not fit meta.json (",
+             S, "x", S, " images, prompts of ", L, ", chunks of ", meta_.chunk, " x ", meta_.action_dim, ")",
+             lf::hint("rewrite the store with loongforge-data make-demo-reach into an empty directory"));
   }
   LF_CHECK(!im.empty(), "reach demo store ", dir, ": no samples-00000.safetensors");
   images_ = at::cat(im), tokens_ = at::cat(tk), masks_ = at::cat(mk), actions_ = at::cat(ac);

@@ -276,6 +276,18 @@ TEST(LeRobotErrors, NameTheFileAndEpisode) {
     contains(error_message([&] { ds.episode_tensors(2); }),
              {"observation.images.front", "episode 2", "episode_000002.mp4", "no frame within", "shorter"});
   }
+  {  // v2.1 metadata without its fields, no episodes, chunks_size 0
+    const std::string d = copy_of(o + "/v21", "nolength");
+    std::ofstream(d + "/meta/episodes.jsonl") << "{\"episode_index\": 0}\n";
+    contains(error_message([&] { LeRobotDataset ds(d); }), {d + "/meta/episodes.jsonl", "length"});
+    std::ofstream(d + "/meta/episodes.jsonl") << "";
+    contains(error_message([&] { LeRobotDataset ds(d); }), {"lists no episodes"});
+    const std::string z = copy_of(o + "/v21", "chunks0");
+    auto info = nlohmann::json::parse(lf::testing::read_text(z + "/meta/info.json"));
+    info["chunks_size"] = 0;
+    std::ofstream(z + "/meta/info.json") << info.dump();
+    contains(error_message([&] { LeRobotDataset ds(z); }), {z + "/meta/info.json", "chunks_size 0"});
+  }
   {  // a damaged metadata file
     const std::string d = copy_of(o + "/v30", "badtasks");
     std::ofstream(d + "/meta/tasks.parquet") << "not parquet";

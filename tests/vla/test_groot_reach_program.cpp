@@ -90,6 +90,10 @@ TEST(GrootReachProgram, EvalAndServeTheTrainedPolicy) {
   r = eval(with({"--policy", "groot", "--load", dir + "/ck", "--data-path", store(), "--chunk", "5"}));
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_NE(r.output.find("model.action_horizon"), std::string::npos) << r.output;
+  // --server evaluates the server's policy: the local policy's flags are refused, not dropped.
+  r = eval(with({"--server", "ws://127.0.0.1:9", "--load", dir + "/ck"}));
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.output.find("drop --policy, --chunk, --load and --data-path"), std::string::npos) << r.output;
   r = eval(with({"--policy", "groot"}));
   EXPECT_NE(r.exit_code, 0);
   EXPECT_NE(r.output.find("needs --load CHECKPOINT and --data-path STORE"), std::string::npos) << r.output;
@@ -112,6 +116,9 @@ TEST(GrootReachProgram, AStoreThatDoesNotFitTheModelIsNamed) {
   r = train(1, {"model.image_size=32"}, "size");
   EXPECT_NE(r.exit_code, 0);
   EXPECT_NE(r.output.find("model.image_size 16"), std::string::npos) << r.output;
+  r = train(1, {"model.action_dim=2"}, "dims");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.output.find("set model.action_dim 3"), std::string::npos) << r.output;
 }
 
 // The demo's config (configs/examples/groot_reach.yaml) is valid: its plan builds (the shapes of the

@@ -4,6 +4,8 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
+#include <nlohmann/json.hpp>
+
 #include <filesystem>
 #include <fstream>
 
@@ -90,6 +92,29 @@ TEST(ReachDemo, TheStoreHoldsTheExpertsPlanAtEveryStep) {
     EXPECT_NE(std::string(e.what()).find("meta.json"), std::string::npos) << e.what();
   }
   EXPECT_THROW(ReachDemoStore(dir + "/missing"), lf::Error);
+  // A shard that does not fit meta.json (here: meta.json claims another image size) is named; a
+  // meta.json without its vocabulary too.
+  std::filesystem::create_directories(dir + "/other");
+  std::filesystem::copy(dir + "/store/samples-00000.safetensors", dir + "/other/samples-00000.safetensors");
+  std::ifstream in(dir + "/store/meta.json");
+  auto meta = nlohmann::json::parse(in);
+  meta["image_size"] = meta["image_size"].get<int64_t>() * 2;
+  std::ofstream(dir + "/other/meta.json") << meta.dump();
+  try {
+    ReachDemoStore other(dir + "/other");
+    FAIL() << "no error";
+  } catch (const lf::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("samples-00000.safetensors"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("do not fit meta.json"), std::string::npos) << e.what();
+  }
+  meta.erase("vocab");
+  std::ofstream(dir + "/other/meta.json") << meta.dump();
+  try {
+    ReachDemoStore other(dir + "/other");
+    FAIL() << "no error";
+  } catch (const lf::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("meta.json"), std::string::npos) << e.what();
+  }
 }
 
 }  // namespace

@@ -12,7 +12,13 @@
 namespace lf::data::tools {
 
 int run_inspect(const InspectOptions& o) {
-  if (std::filesystem::exists(std::filesystem::path(o.prefix) / "meta" / "info.json")) return run_inspect_lerobot(o);
+  if (std::filesystem::exists(std::filesystem::path(o.prefix) / "meta" / "info.json")) {
+    LF_CHECK(o.tokenizer_type.empty() && o.tokenizer_model.empty() && o.vocab_size < 0 && o.sample == 0 &&
+                 o.max_tokens == 64,
+             o.prefix, " is a LeRobot dataset: --tokenizer-type, --tokenizer-model, --vocab-size, --sample and "
+             "--max-tokens apply to indexed token datasets", lf::hint("drop them (--dump-episode N OUT writes an episode)"));
+    return run_inspect_lerobot(o);
+  }
   LF_CHECK(o.dump_episode.empty(), "--dump-episode applies to LeRobot datasets; ", o.prefix,
            " has no meta/info.json", lf::hint("give the LeRobot dataset's root directory"));
   IndexedDataset ds(o.prefix);

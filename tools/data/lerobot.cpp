@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "loongforge/core/strings.h"
 #include "commands.h"
 #include "loongforge/core/error.h"
 #include "loongforge/core/safetensors.h"
@@ -12,12 +13,6 @@
 
 namespace lf::data::tools {
 namespace {
-
-std::string shape_text(const std::vector<int64_t>& shape) {
-  std::string s = "[";
-  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
-  return s + "]";
-}
 
 lf::safetensors::DType st_dtype(at::ScalarType t, const std::string& key) {
   switch (t) {
@@ -57,7 +52,7 @@ int dump_episode(const LeRobotDataset& ds, const InspectOptions& o) {
               static_cast<long long>(ep.length), out.c_str(), static_cast<unsigned long long>(bytes));
   for (const auto& [key, t] : tensors)
     std::printf("  %-32s %-5s %s\n", key.c_str(), std::string(lf::safetensors::dtype_name(st_dtype(t.scalar_type(), key))).c_str(),
-                shape_text(t.sizes().vec()).c_str());
+                lf::bracket_list(t.sizes().vec()).c_str());
   return 0;
 }
 
@@ -81,13 +76,13 @@ int run_inspect_lerobot(const InspectOptions& o) {
     if (f.is_camera()) continue;
     std::string names;
     for (const auto& n : f.names) names += (names.empty() ? "" : ", ") + n;
-    std::printf("  %-32s %-8s %-10s%s%s%s\n", f.key.c_str(), f.dtype.c_str(), shape_text(f.shape).c_str(),
+    std::printf("  %-32s %-8s %-10s%s%s%s\n", f.key.c_str(), f.dtype.c_str(), lf::bracket_list(f.shape).c_str(),
                 names.empty() ? "" : " (", names.c_str(), names.empty() ? "" : ")");
   }
   std::printf("cameras:\n");
   for (const auto& key : ds.camera_keys()) {
     const auto& f = ds.feature(key);
-    std::printf("  %-32s %-8s %s%s\n", key.c_str(), f.dtype.c_str(), shape_text(f.shape).c_str(),
+    std::printf("  %-32s %-8s %s%s\n", key.c_str(), f.dtype.c_str(), lf::bracket_list(f.shape).c_str(),
                 ds.num_episodes() > 0 && f.dtype == "video" ? (" " + ds.episode(0).videos.at(key).path + " ...").c_str()
                                                             : "");
   }

@@ -102,6 +102,9 @@ int run(const Options& o) {
     original_done += original;
     nlohmann::json ep = {{"episode", e},  {"seed", seed},   {"instruction", env.instruction()},
                          {"success", ok}, {"steps", env.steps()}, {"policy_calls", calls}};
+    // Where the episode ended (gripper x, y, grip): two runs with the same per_episode took the same path.
+    const at::Tensor last = obs.first_of({"observation/state"}).to(at::kFloat).contiguous().view({-1});
+    ep["final_state"] = std::vector<float>(last.data_ptr<float>(), last.data_ptr<float>() + last.numel());
     if (o.instruction_swap) {
       ep["original_instruction"] = lf::vla::reach_instruction(ob, ot);
       ep["original_task_done"] = original;
@@ -201,8 +204,10 @@ int main(int argc, char** argv) {
                  "was trained for (pi05: model.chunk_size, groot: model.action_horizon)\n";
     return 2;
   }
-  if (!o.server.empty() && app.count("--policy")) {
-    std::cerr << "loongforge-eval: error: --server evaluates the server's policy; drop --policy\n";
+  if (!o.server.empty() &&
+      (app.count("--policy") || app.count("--chunk") || app.count("--load") || app.count("--data-path"))) {
+    std::cerr << "loongforge-eval: error: --server evaluates the server's policy (its own chunk and checkpoint); drop "
+                 "--policy, --chunk, --load and --data-path\n";
     return 2;
   }
   if (app.count("--gif-episodes") && o.save_gif.empty()) {

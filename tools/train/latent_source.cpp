@@ -36,10 +36,6 @@ std::vector<int64_t> epoch_permutation(int64_t begin, int64_t end, bool shuffle,
   return perm;
 }
 
-std::unique_ptr<lf::train::BatchSource> make_store_source(AssembleRows assemble, int64_t begin, int64_t end,
-                                                         int64_t samples, int64_t micro_batch, int dp_rank,
-                                                         int dp_size, uint64_t seed, bool shuffle, std::string what);
-
 namespace {
 
 // One sample of a store per row: the samples [begin, end) of the split, in a new seeded

@@ -327,6 +327,11 @@ TEST(LeRobotInspectProgram, DumpEpisodeEqualsLeRobotDataset) {
   EXPECT_FALSE(r.ok());
   EXPECT_NE(r.output.find("episode 3 is outside [0, 3)"), std::string::npos) << r.output;
   EXPECT_FALSE(fs::exists(d + "/ep3.safetensors"));
+
+  // Token-dataset flags on a LeRobot dataset are refused, not ignored.
+  r = lf::testing::run_command({bin, "inspect", o + "/v30", "--sample", "2"});
+  EXPECT_FALSE(r.ok());
+  EXPECT_NE(r.output.find("apply to indexed token datasets"), std::string::npos) << r.output;
 }
 
 }  // namespace

@@ -14,6 +14,7 @@
 #include "cached_oracle.h"
 #include "loongforge/backend/registry.h"
 #include "loongforge/core/error.h"
+#include "loongforge/media/qwen_vision_input.h"
 #include "loongforge/models/composites/groot.h"
 #include "loongforge/models/groot_lerobot.h"
 
@@ -90,6 +91,46 @@ TEST(Groot, SamplingRunsWithoutDropout) {
   EXPECT_TRUE(at::equal(m->sample_actions(inputs(in), in.at("sample_noise")), eval_actions));
   auto train_loss = m->losses(inputs(in), in.at("action"), in.at("action_mask"), in.at("noise"), in.at("time"));
   EXPECT_GT((train_loss - eval_loss).abs().max().item<double>(), 1e-4);
+}
+
+// A VLA store's sample as GR00T's inputs: the [-1, 1] image as the Qwen3-VL processor's rows of
+// its uint8 image (mean = std = 0.5), one placeholder per merged patch before the prompt, the state
+// zero-padded, embodiment 0; a prompt id at a placeholder id is an error.
+TEST(Groot, VlaStoreSamplesBecomeGrootInputs) {
+  REQUIRE_ORACLE();
+  auto m = load(oracle_dir() + "/alternate");
+  const auto& c = m->config();
+  const auto& v = m->backbone().vision_encoder().config();
+  auto u8 = at::randint(0, 256, {1, 1, 3, c.image_size, c.image_size}, at::kByte);
+  auto in = m->vla_inputs(u8.to(at::kFloat) / 127.5 - 1.0, at::tensor(std::vector<int64_t>{1, 2, 3}, at::kLong).view({1, 3}),
+                          at::tensor(std::vector<float>{0.25f, 0.75f}, at::kFloat).view({1, 1, 2}));
+  lf::media::QwenVisionPreprocess pre;
+  pre.patch_size = v.patch_size;
+  pre.temporal_patch_size = v.temporal_patch_size;
+  pre.merge_size = v.spatial_merge_size;
+  pre.image_mean = {0.5, 0.5, 0.5};
+  pre.image_std = {0.5, 0.5, 0.5};
+  lf::media::Image img;
+  img.height = img.width = c.image_size;
+  auto hwc = u8[0][0].permute({1, 2, 0}).contiguous();
+  img.rgb.assign(hwc.data_ptr<uint8_t>(), hwc.data_ptr<uint8_t>() + hwc.numel());
+  auto want = lf::media::qwen_patches_of_resized({&img}, pre);
+  ASSERT_EQ(in.pixel_values.sizes(), want.pixel_values.sizes());
+  EXPECT_LE((in.pixel_values - want.pixel_values).abs().max().item<double>(), 1e-6);
+  EXPECT_EQ(in.image_grid_thw[0][1].item<int64_t>(), want.grid[1]);
+  const int64_t n = lf::media::qwen_placeholder_count(want.grid, pre.merge_size);
+  ASSERT_EQ(in.input_ids.sizes(), (std::vector<int64_t>{1, n + 3}));
+  EXPECT_TRUE(in.input_ids[0].narrow(0, 0, n).eq(50).all().item<bool>());  // the oracle's image_token_id
+  EXPECT_TRUE(at::equal(in.input_ids[0].narrow(0, n, 3), at::tensor(std::vector<int64_t>{1, 2, 3}, at::kLong)));
+  ASSERT_EQ(in.state.sizes(), (std::vector<int64_t>{1, 1, c.max_state_dim}));
+  EXPECT_FLOAT_EQ(in.state[0][0][1].item<float>(), 0.75f);
+  EXPECT_EQ(in.state.narrow(2, 2, c.max_state_dim - 2).abs().sum().item<float>(), 0.0f);
+  EXPECT_EQ(in.embodiment_id.item<int64_t>(), 0);
+  EXPECT_NE(lf::testing::error_message([&] {
+              m->vla_inputs(u8.to(at::kFloat) / 127.5 - 1.0, at::tensor(std::vector<int64_t>{1, 50}, at::kLong).view({1, 2}),
+                            at::zeros({1, 1, 2}));
+            }).find("image_token_id"),
+            std::string::npos);
 }
 
 TEST(Groot, TheEmbodimentSelectsItsOwnWeights) {

@@ -150,6 +150,8 @@ TEST(GrootTraining, LayoutsAndSettingsItCannotTakeAreConfigurationErrors) {
   expect({"--recompute-granularity", "full"}, 1, "training.recompute_granularity");
   expect({"model.dit_output_dim=40"}, 1, "model.dit_output_dim");
   expect({"model.dit_attention_head_dim=8"}, 1, "model.input_embedding_dim");
+  expect({"model.dit_num_attention_heads=1", "model.dit_attention_head_dim=33", "model.input_embedding_dim=33"}, 1,
+         "must be even");
   expect({"model.select_layer=4"}, 1, "model.select_layer");
   expect({"model.vl_attention_head_dim=16"}, 1, "model.vl_num_attention_heads");
   expect({"model.image_size=12"}, 1, "model.image_size");

@@ -208,6 +208,9 @@ TEST(Pi05Programs, GenerateMistakesAreNamed) {
   auto b = gen({"--prompt", "hi"});
   EXPECT_NE(b.exit_code, 0);
   EXPECT_NE(b.output.find("--prompt does not apply to a pi05 policy"), std::string::npos) << b.output;
+  auto f = gen({"--policy-inputs", src + "/inputs.safetensors", "--dump-actions", dir + "/a.safetensors", "--bf16"});
+  EXPECT_NE(f.exit_code, 0);
+  EXPECT_NE(f.output.find("--bf16 does not apply to a pi05 policy"), std::string::npos) << f.output;
   auto c = gen({"--policy-inputs", src + "/expected.safetensors", "--dump-loss", dir + "/l.safetensors"});
   EXPECT_NE(c.exit_code, 0);
   EXPECT_NE(c.output.find("unknown tensor 'loss'"), std::string::npos) << c.output;

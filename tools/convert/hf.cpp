@@ -179,9 +179,14 @@ void run_hf2lf_groot(const Hf2LfArgs& a) {
   const auto s = lr::read_groot_setup(a.hf_dir, a.backbone_config);
   LF_CHECK(a.tp == 1 && a.pp == 1, "--tp ", a.tp, " --pp ", a.pp, ": a groot policy trains at TP 1 and PP 1",
            lf::hint("drop --tp / --pp"));
-  const at::ScalarType dtype = a.dtype == "keep" ? at::kFloat : parse_dtype(a.dtype);
+  std::optional<at::ScalarType> want;
+  if (a.dtype != "keep") want = parse_dtype(a.dtype);
+  auto weights = lr::read_groot_weights(a.hf_dir, want);
+  LF_CHECK(!weights.empty(), a.hf_dir, " holds no weights");
+  // keep: the files' dtype (their first tensor's), as for the other formats.
+  const at::ScalarType dtype = want ? *want : weights.begin()->second.scalar_type();
   lf::models::Groot model(s.backbone, s.config, lf::backend::cpu_backend(), 0, dtype, nullptr);
-  model.load_full(lr::read_groot_weights(a.hf_dir, dtype), a.hf_dir);
+  model.load_full(weights, a.hf_dir);
   std::vector<std::pair<std::string, at::Tensor>> full;
   std::map<std::string, lf::parallel::Sharding> shardings;
   for (const auto& g : model.parameter_groups())

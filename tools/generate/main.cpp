@@ -484,6 +484,7 @@ int run_pi05(Options& o) {
         {"--input-ids", !o.input_ids.empty()}, {"--denoise-inputs", !o.denoise_inputs.empty()},
         {"--dump-prediction", !o.dump_prediction.empty()}, {"--image", !o.images.empty()},
         {"--vision-inputs", !o.vision_inputs.empty()}, {"--lora-adapter", !o.lora_adapter.empty()},
+        {"--dump-logits", !o.dump_logits.empty()}, {"--bf16", o.bf16},
         {sampling.empty() ? std::string() : sampling[0], !sampling.empty()}})
     LF_CHECK(!given, flag, " does not apply to a pi05 policy (", o.load, ")",
              lf::hint(std::string("drop ") + flag + "; " + lf::tools::generate::kPolicyHint));

@@ -138,6 +138,11 @@ void GrootConfig::validate(int64_t width, int64_t backbone_layers, const std::st
         "the DiT runs on the state/action tokens: dit_num_attention_heads x dit_attention_head_dim (" +
             std::to_string(dit_dim()) + ") must equal input_embedding_dim (" + std::to_string(input_embedding_dim) + ")",
         "change one of them");
+  if (input_embedding_dim % 2 != 0)
+    err("input_embedding_dim",
+        "input_embedding_dim " + std::to_string(input_embedding_dim) +
+            " must be even (the action encoder's sine-cosine time encoding has input_embedding_dim / 2 of each)",
+        "use an even width");
   if (dit_output_dim != hidden_size)
     err("dit_output_dim",
         "the action decoder reads the DiT's output: dit_output_dim (" + std::to_string(dit_output_dim) +
@@ -168,7 +173,7 @@ void GrootConfig::validate(int64_t width, int64_t backbone_layers, const std::st
 
 Groot::Groot(const GrootBackbone& backbone, const GrootConfig& config, const lf::backend::DeviceBackend& backend,
              uint64_t seed, at::ScalarType dtype, const lf::dist::ParallelContext* parallel, GrootFreeze freeze)
-    : backend_(backend), parallel_(parallel), backbone_config_(backbone), config_(config), freeze_(freeze), seed_(seed) {
+    : backend_(backend), parallel_(parallel), backbone_config_(backbone), config_(config), seed_(seed) {
   LF_CHECK(!parallel || parallel->tp_size() == 1, "groot runs at tensor-parallel size 1 (this job: ",
            parallel ? parallel->tp_size() : 1, ")", lf::hint("set --tensor-model-parallel-size 1"));
   lf::config::ErrorList errors;
@@ -313,7 +318,6 @@ GrootInputs Groot::inputs_of(const Batch& batch) const {
              "' (it reads input_ids, pixel_values, image_grid_thw, state, actions, action_mask, embodiment_id)");
   GrootInputs in;
   in.input_ids = batch.at("input_ids");
-  in.attention_mask = at::ones_like(in.input_ids);
   in.pixel_values = batch.at("pixel_values");
   in.image_grid_thw = batch.at("image_grid_thw");
   in.state = batch.at("state");

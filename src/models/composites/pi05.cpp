@@ -308,14 +308,15 @@ Pi05::Prefix Pi05::embed_prefix(const Pi05Inputs& in) const {
   LF_CHECK(in.tokens.dim() == 2 && in.tokens.size(0) == b && in.masks.sizes() == in.tokens.sizes(),
            "pi05: tokens and masks must both be [b, L] with b = ", b, ", got ", in.tokens.sizes(), " and ",
            in.masks.sizes());
-  auto img = embed_images(in.images.flatten(0, 1));  // [cams b, t, width]
+  const auto dev = backend_.device();  // callers may hand CPU tensors (generate, the reach policy)
+  auto img = embed_images(in.images.to(dev).flatten(0, 1));  // [cams b, t, width]
   const int64_t t = img.size(1);
   img = img.view({cams, b, t, -1}).transpose(0, 1).reshape({b, cams * t, -1});
-  auto img_pad = in.img_masks.transpose(0, 1).unsqueeze(-1).expand({b, cams, t}).reshape({b, cams * t});
+  auto img_pad = in.img_masks.to(dev).transpose(0, 1).unsqueeze(-1).expand({b, cams, t}).reshape({b, cams * t});
   // Gemma scales its token embeddings by sqrt(width), in the embedding's dtype.
   const double scale = static_cast<double>(static_cast<float>(std::sqrt(static_cast<double>(vlm_.width))));
-  auto lang = lf::parallel::vocab_parallel_embedding(in.tokens, embed_, tp_) * scale;
-  return {at::cat({img.to(lang.scalar_type()), lang}, 1), at::cat({img_pad, in.masks}, 1)};
+  auto lang = lf::parallel::vocab_parallel_embedding(in.tokens.to(dev), embed_, tp_) * scale;
+  return {at::cat({img.to(lang.scalar_type()), lang}, 1), at::cat({img_pad, in.masks.to(dev)}, 1)};
 }
 
 std::pair<at::Tensor, at::Tensor> Pi05::embed_suffix(const at::Tensor& x_t, const at::Tensor& time) const {

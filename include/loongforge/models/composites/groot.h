@@ -246,7 +246,6 @@ class Groot : public Model {
   const lf::dist::ParallelContext* parallel_;
   GrootBackbone backbone_config_;
   GrootConfig config_;
-  GrootFreeze freeze_;
   uint64_t seed_;
   int64_t step_ = 0;
   mutable bool training_ = true;  // sample_actions turns it off for its call (no dropout when sampling)

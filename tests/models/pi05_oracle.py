@@ -8,6 +8,7 @@ PI05Pytorch.forward and the actions of PI05Pytorch.sample_actions:
   DIR/<case>/policy/            config.json + model.safetensors (save_pretrained)
   DIR/<case>/inputs.safetensors images, img_masks, tokens, masks, actions, noise, time
   DIR/<case>/expected.safetensors  loss [b, chunk, max_action_dim], actions [b, chunk, max_action_dim]
+                                   (the policy's num_inference_steps), actions_2_steps (num_steps=2)
   DIR/done
 
 Cases: `two_cameras` (a missing camera, prompt padding, a padded action dim) and `wide` (one
@@ -92,10 +93,12 @@ def make_case(out, name, seed, vlm, expert, vision, image, cams, chunk, max_acti
     with torch.no_grad():
         loss = model.forward(list(images), list(img_masks), tokens, masks, actions, noise, time)
         sampled = model.sample_actions(list(images), list(img_masks), tokens, masks, noise=noise)
+        sampled2 = model.sample_actions(list(images), list(img_masks), tokens, masks, noise=noise, num_steps=2)
     save_file({"images": images.contiguous(), "img_masks": img_masks.to(torch.uint8).contiguous(), "tokens": tokens,
                "masks": masks.to(torch.uint8), "actions": actions, "noise": noise, "time": time},
               os.path.join(d, "inputs.safetensors"))
-    save_file({"loss": loss.float().contiguous(), "actions": sampled.float().contiguous()},
+    save_file({"loss": loss.float().contiguous(), "actions": sampled.float().contiguous(),
+               "actions_2_steps": sampled2.float().contiguous()},
               os.path.join(d, "expected.safetensors"))
 
 

@@ -175,6 +175,16 @@ TEST(Pi05Programs, ConvertAndGenerateMatchLeRobot) {
       EXPECT_LE(max_diff(dir + "/loss.safetensors", "loss", want.at("loss")), 1e-4) << name << " " << load;
       EXPECT_LE(max_diff(dir + "/actions.safetensors", "actions", want.at("actions")), 1e-4) << name << " " << load;
     }
+    // --num-inference-steps overrides the policy's num_inference_steps (sample_actions' num_steps).
+    std::filesystem::remove(dir + "/actions.safetensors");
+    auto g = lf::testing::run_command({bin("loongforge-generate"), "--load", ck, "--policy-inputs",
+                                       src + "/inputs.safetensors", "--dump-actions", dir + "/actions.safetensors",
+                                       "--num-inference-steps", "2"},
+                                      {}, std::chrono::seconds(120));
+    ASSERT_EQ(g.exit_code, 0) << g.output;
+    EXPECT_NE(g.output.find("(2 Euler steps)"), std::string::npos) << g.output;
+    EXPECT_LE(max_diff(dir + "/actions.safetensors", "actions", want.at("actions_2_steps")), 1e-4) << name;
+    EXPECT_GT((want.at("actions_2_steps") - want.at("actions")).abs().max().item<double>(), 1e-3) << name;
   }
 }
 
@@ -188,6 +198,11 @@ TEST(Pi05Programs, TrainedCheckpointExportsToLeRobot) {
                                      "--dtype", "fp32"},
                                     {}, std::chrono::seconds(120));
   ASSERT_EQ(e.exit_code, 0) << e.output;
+  auto shard = lf::testing::run_command({bin("loongforge-convert"), "lf2hf", "--load", dir + "/ck", "--out",
+                                         dir + "/hf2", "--max-shard-size", "1MB"},
+                                        {}, std::chrono::seconds(120));
+  EXPECT_NE(shard.exit_code, 0);
+  EXPECT_NE(shard.output.find("--max-shard-size cannot split it"), std::string::npos) << shard.output;
   auto check = lf::testing::run_command({lf::testing::lerobot_python(),
                                          lf::testing::source_dir() + "/tests/tools/pi05_lerobot_check.py", dir + "/hf"},
                                         {}, std::chrono::seconds(240));
@@ -211,9 +226,24 @@ TEST(Pi05Programs, GenerateMistakesAreNamed) {
   auto f = gen({"--policy-inputs", src + "/inputs.safetensors", "--dump-actions", dir + "/a.safetensors", "--bf16"});
   EXPECT_NE(f.exit_code, 0);
   EXPECT_NE(f.output.find("--bf16 does not apply to a pi05 policy"), std::string::npos) << f.output;
+  // Flags with defaults for other models are refused too, not ignored.
+  for (const std::vector<std::string>& flags :
+       {std::vector<std::string>{"--guidance-scale", "3"}, {"--temperature", "0.5"}, {"--seed", "3"}}) {
+    std::vector<std::string> args = {"--policy-inputs", src + "/inputs.safetensors", "--dump-actions",
+                                     dir + "/a.safetensors"};
+    args.insert(args.end(), flags.begin(), flags.end());
+    auto r = gen(args);
+    EXPECT_NE(r.exit_code, 0) << flags[0];
+    EXPECT_NE(r.output.find(flags[0] + " does not apply to a pi05 policy"), std::string::npos) << r.output;
+  }
+  auto s = gen({"--policy-inputs", src + "/inputs.safetensors", "--dump-loss", dir + "/l.safetensors",
+                "--num-inference-steps", "2"});
+  EXPECT_NE(s.exit_code, 0);
+  EXPECT_NE(s.output.find("--num-inference-steps sets the Euler steps of --dump-actions"), std::string::npos)
+      << s.output;
   auto c = gen({"--policy-inputs", src + "/expected.safetensors", "--dump-loss", dir + "/l.safetensors"});
   EXPECT_NE(c.exit_code, 0);
-  EXPECT_NE(c.output.find("unknown tensor 'loss'"), std::string::npos) << c.output;
+  EXPECT_NE(c.output.find("unknown tensor '"), std::string::npos) << c.output;
   auto d = gen({"--policy-inputs", dir + "/missing.safetensors", "--dump-actions", dir + "/a.safetensors"});
   EXPECT_NE(d.exit_code, 0);
   EXPECT_NE(d.output.find("no such file"), std::string::npos) << d.output;

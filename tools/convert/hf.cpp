@@ -233,6 +233,7 @@ struct Lf2HfArgs {
   int64_t iteration = -1;
   bool merge_lora = false;
   bool ema = false;
+  bool max_shard_size_given = false;  // --max-shard-size on the command line
 };
 
 void run_lf2hf(const Lf2HfArgs& a) {
@@ -253,6 +254,8 @@ void run_lf2hf(const Lf2HfArgs& a) {
     LF_CHECK(!a.merge_lora && a.architecture.empty(), a.load, " is a pi05 policy; ",
              a.merge_lora ? "--merge-lora" : "--architecture", " is for HF transformers exports",
              lf::hint("drop it: the export is a LeRobot pi05 directory"));
+    LF_CHECK(!a.max_shard_size_given, a.load, " is a pi05 policy; LeRobot's from_pretrained reads one "
+             "model.safetensors, so --max-shard-size cannot split it", lf::hint("drop --max-shard-size"));
     std::string template_config;
     if (std::ifstream in(std::filesystem::path(a.load) / lr::kLerobotConfigFile); in.good())
       template_config.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
@@ -352,13 +355,17 @@ void add_lf2hf_command(CLI::App& app) {
   c->add_option("--iteration", args->iteration, "iteration to export (default: the latest)");
   c->add_option("--architecture", args->architecture,
                 "HF architecture, e.g. Qwen3ForCausalLM (default: the one family that fits)");
-  c->add_option("--max-shard-size", args->max_shard_size, "largest safetensors file (HF style: 5GB)");
+  auto* shard = c->add_option("--max-shard-size", args->max_shard_size,
+                               "largest safetensors file (HF style: 5GB; a pi05 policy is one file, as LeRobot reads it)");
   c->add_flag("--merge-lora", args->merge_lora,
               "a LoRA run: write the base with the adapters merged (default: the base, plus OUT/adapter/ in PEFT's "
               "format)");
   c->add_flag("--ema", args->ema,
               "export the EMA weights the run kept (--ema-decay) instead of the weights (LoRA: the adapters' EMA)");
-  c->callback([args] { run_lf2hf(*args); });
+  c->callback([args, shard] {
+    args->max_shard_size_given = shard->count() > 0;
+    run_lf2hf(*args);
+  });
 }
 
 }  // namespace lf::tools::convert

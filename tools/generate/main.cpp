@@ -15,6 +15,7 @@
 //       [--num-inference-steps 50] [--guidance-scale 5] [--sample-shift 5] [--seed S] [--num-samples K]
 //       [--fps 8] [--bf16]   (a Wan diffusion transformer: Euler flow-matching sampling, sample.h)
 //   loongforge-generate --load DIR --policy-inputs FILE.safetensors [--dump-loss OUT] [--dump-actions OUT]
+//       [--num-inference-steps N]
 //       (a pi05 policy: LeRobot directory or pi05 checkpoint; PI05Pytorch's loss / sampled actions, policy.h)
 // Single process. Errors become one message on stderr and exit code 1 (2 for usage errors).
 #include <ATen/CPUGeneratorImpl.h>
@@ -69,6 +70,7 @@ struct Options {
   int64_t iteration = -1, eval_limit = 0;
   bool bf16 = false, no_kv_cache = false, verbose = false;
   lf::models::GenerateOptions gen;
+  std::vector<std::string> given;  // the options on the command line, by their long names
 };
 
 struct Loaded {
@@ -432,6 +434,9 @@ std::vector<const char*> sampling_flags_given(const Options& o) {
                                     {"--output-dir", !s.output_dir.empty()},
                                     {"--use-ema", s.use_ema}})
     if (given) out.push_back(flag);
+  // The options with defaults count when they are on the command line.
+  for (const char* flag : {"--num-inference-steps", "--guidance-scale", "--sample-shift", "--num-samples", "--fps"})
+    if (std::find(o.given.begin(), o.given.end(), flag) != o.given.end()) out.push_back(flag);
   return out;
 }
 
@@ -478,16 +483,19 @@ int run_wan(const Options& o) {
 
 // A pi05 policy: its loss and / or sampled actions on one batch (policy.h).
 int run_pi05(Options& o) {
-  const auto sampling = sampling_flags_given(o);
-  for (const auto& [flag, given] :
-       {std::pair<std::string, bool>{"--prompt", !o.prompt.empty()}, {"--eval-file", !o.eval_file.empty()},
-        {"--input-ids", !o.input_ids.empty()}, {"--denoise-inputs", !o.denoise_inputs.empty()},
-        {"--dump-prediction", !o.dump_prediction.empty()}, {"--image", !o.images.empty()},
-        {"--vision-inputs", !o.vision_inputs.empty()}, {"--lora-adapter", !o.lora_adapter.empty()},
-        {"--dump-logits", !o.dump_logits.empty()}, {"--bf16", o.bf16},
-        {sampling.empty() ? std::string() : sampling[0], !sampling.empty()}})
-    LF_CHECK(!given, flag, " does not apply to a pi05 policy (", o.load, ")",
-             lf::hint(std::string("drop ") + flag + "; " + lf::tools::generate::kPolicyHint));
+  // Everything else on the command line is for language models or Wan sampling: an error, not ignored.
+  static const std::set<std::string> kPolicyFlags = {"--load",      "--iteration",    "--policy-inputs",
+                                                     "--dump-loss", "--dump-actions", "--num-inference-steps"};
+  for (const auto& flag : o.given)
+    LF_CHECK(kPolicyFlags.count(flag), flag, " does not apply to a pi05 policy (", o.load, ")",
+             lf::hint("drop " + flag + "; " + lf::tools::generate::kPolicyHint));
+  if (std::find(o.given.begin(), o.given.end(), "--num-inference-steps") != o.given.end()) {
+    LF_CHECK(o.sample.num_inference_steps >= 1, "--num-inference-steps must be >= 1, got ",
+             o.sample.num_inference_steps);
+    LF_CHECK(!o.policy.actions.empty(), "--num-inference-steps sets the Euler steps of --dump-actions",
+             lf::hint("add --dump-actions OUT.safetensors or drop --num-inference-steps"));
+    o.policy.steps = o.sample.num_inference_steps;
+  }
   o.policy.load = o.load;
   o.policy.iteration = o.iteration;
   return lf::tools::generate::run_policy(o.policy);
@@ -682,7 +690,8 @@ int main(int argc, char** argv) {
                  "Wan sampling with --load-low-noise: the boundary of the two experts (A14B text-to-video: 0.875)");
   app.add_option("--guidance-scale-low", o.sample.guidance_scale_low,
                  "Wan sampling with --load-low-noise: its guidance scale (default: --guidance-scale)");
-  app.add_option("--num-inference-steps", o.sample.num_inference_steps, "Wan sampling: Euler steps")
+  app.add_option("--num-inference-steps", o.sample.num_inference_steps,
+                 "Wan sampling: Euler steps (a pi05 policy's --dump-actions: default the policy's num_inference_steps)")
       ->capture_default_str();
   app.add_option("--guidance-scale", o.sample.guidance_scale,
                  "Wan sampling: classifier-free guidance g, v = v_uncond + g (v_cond - v_uncond) (1: one pass)")
@@ -715,6 +724,8 @@ int main(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     return app.exit(e) == 0 ? 0 : 2;
   }
+  for (const CLI::Option* opt : app.get_options())
+    if (opt->count() > 0) o.given.push_back(opt->get_name());
   try {
     return run(o);
   } catch (const lf::Error& e) {

@@ -1,7 +1,9 @@
-// tokenizer.json loading for byte-level BPE.
+// tokenizer.json loading for byte-level BPE and SentencePiece-style BPE (byte fallback).
 #include "bpe_model.h"
 
 #include <algorithm>
+#include <cctype>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -27,10 +29,80 @@ void add_normalizer(BpeModel& m, const json& j, const std::string& where) {
   if (t == "Sequence") {
     for (const auto& n : j.at("normalizers")) add_normalizer(m, n, where);
   } else if (t == "NFC") {
-    m.nfc = true;
+    m.norm.push_back({NormalizeStep::Kind::nfc, "", ""});
+  } else if (t == "Replace") {
+    const json& pat = j.at("pattern");
+    LF_CHECK(pat.contains("String"), where, ": normalizer Replace with a regex pattern is not supported (a String "
+             "pattern is)");
+    NormalizeStep s{NormalizeStep::Kind::replace, pat.at("String").get<std::string>(), j.at("content").get<std::string>()};
+    LF_CHECK(!s.pattern.empty(), where, ": normalizer Replace has an empty pattern");
+    m.norm.push_back(std::move(s));
+  } else if (t == "Prepend") {
+    m.norm.push_back({NormalizeStep::Kind::prepend, "", j.at("prepend").get<std::string>()});
   } else {
-    LF_FAIL(where, ": normalizer \"", t, "\" is not supported (null and NFC are)",
-            lf::hint("byte-level BPE tokenizers (LLaMA-3, Qwen, GPT-2) use null or NFC"));
+    LF_FAIL(where, ": normalizer \"", t, "\" is not supported (null, NFC, Replace and Prepend are)",
+            lf::hint("byte-level BPE tokenizers (LLaMA-3, Qwen, GPT-2) use null or NFC; SentencePiece-style ones "
+                     "(Gemma, LLaMA-2) Replace and Prepend"));
+  }
+}
+
+bool has_byte_level(const json& j) {
+  if (!j.is_object()) return false;
+  if (type_of(j) == "ByteLevel") return true;
+  for (const char* list : {"pretokenizers", "decoders"})
+    if (j.contains(list))
+      for (const auto& p : j.at(list))
+        if (has_byte_level(p)) return true;
+  return false;
+}
+
+// A SentencePiece-style decoder: Sequence of Replace("▁" -> " "), ByteFallback, Fuse, Strip.
+void add_spm_decoder(BpeModel& m, const json& j, const std::string& where, std::string& space_marker,
+                     bool& byte_tokens) {
+  if (j.is_null()) return;
+  const std::string t = type_of(j);
+  if (t == "Sequence") {
+    for (const auto& d : j.at("decoders")) add_spm_decoder(m, d, where, space_marker, byte_tokens);
+  } else if (t == "Replace") {
+    const json& pat = j.at("pattern");
+    LF_CHECK(pat.contains("String") && j.at("content") == " ", where, ": decoder Replace ", j.dump(),
+             " is not supported (a String pattern -> \" \" is)");
+    space_marker = pat.at("String").get<std::string>();
+  } else if (t == "Strip") {
+    LF_CHECK(j.value("content", " ") == " " && j.value("stop", 0) == 0, where, ": decoder Strip ", j.dump(),
+             " is not supported (content \" \", stop 0 is)");
+    m.strip_start = j.value("start", 0);
+  } else if (t == "ByteFallback") {
+    byte_tokens = true;
+  } else if (t != "Fuse") {
+    LF_FAIL(where, ": decoder \"", t, "\" is not supported with a SentencePiece-style BPE (Sequence, Replace, "
+            "ByteFallback, Fuse, Strip are)");
+  }
+}
+
+// TemplateProcessing's single template (Sequence / ByteLevel / RobertaProcessing-free files).
+void add_post_processor(BpeModel& m, const json& j, const std::string& where) {
+  if (j.is_null()) return;
+  const std::string t = type_of(j);
+  if (t == "Sequence") {
+    for (const auto& p : j.at("processors")) add_post_processor(m, p, where);
+  } else if (t == "TemplateProcessing") {
+    bool seen_text = false;
+    for (const auto& piece : j.at("single")) {
+      if (piece.contains("Sequence")) {
+        LF_CHECK(!seen_text, where, ": post_processor TemplateProcessing names the text twice");
+        seen_text = true;
+        continue;
+      }
+      const std::string name = piece.at("SpecialToken").at("id").get<std::string>();
+      LF_CHECK(j.at("special_tokens").contains(name), where, ": post_processor TemplateProcessing uses '", name,
+               "', which its special_tokens do not define");
+      for (const auto& id : j.at("special_tokens").at(name).at("ids"))
+        (seen_text ? m.template_suffix : m.template_prefix).push_back(id.get<int32_t>());
+    }
+    LF_CHECK(seen_text, where, ": post_processor TemplateProcessing has no $A");
+  } else if (t != "ByteLevel") {
+    m.template_error = where + ": post_processor \"" + t + "\" is not supported (TemplateProcessing is)";
   }
 }
 
@@ -42,10 +114,11 @@ void add_pre_tokenizer(BpeModel& m, const json& j, const std::string& where) {
   } else if (t == "Split") {
     const json& pat = j.at("pattern");
     std::string behavior = j.value("behavior", "Isolated");
-    LF_CHECK(behavior == "Isolated", where, ": Split behavior \"", behavior,
-             "\" is not supported (Isolated is)");
+    LF_CHECK(behavior == "Isolated" || behavior == "MergedWithPrevious", where, ": Split behavior \"", behavior,
+             "\" is not supported (Isolated and MergedWithPrevious are)");
     LF_CHECK(!j.value("invert", false), where, ": Split with invert=true is not supported");
     PreTokenizerStep s;
+    s.merged_with_previous = behavior == "MergedWithPrevious";
     if (pat.contains("Regex"))
       s.regex = std::make_shared<CompiledRegex>(pat.at("Regex").get<std::string>(), false, where);
     else
@@ -110,8 +183,10 @@ std::shared_ptr<const BpeModel> load_bpe_model(const std::string& given) {
     const json& model = j.at("model");
     LF_CHECK(type_of(model) == "BPE" || (!model.contains("type") && model.contains("merges")),
              where, ": model type \"", type_of(model), "\" is not supported (BPE is)");
-    LF_CHECK(!model.value("byte_fallback", false), where,
-             ": byte_fallback BPE (SentencePiece-style) is not supported; byte-level BPE is");
+    m->byte_fallback = model.value("byte_fallback", false);
+    m->spm = m->byte_fallback || !(has_byte_level(j.value("pre_tokenizer", json())) ||
+                                   has_byte_level(j.value("decoder", json())));
+    m->fuse_unk = model.value("fuse_unk", false);
     for (const char* k : {"continuing_subword_prefix", "end_of_word_suffix"})
       LF_CHECK(!model.contains(k) || model[k].is_null() || model[k] == "", where, ": model.", k,
                " = ", model[k].dump(), " is not supported");
@@ -122,7 +197,31 @@ std::shared_ptr<const BpeModel> load_bpe_model(const std::string& given) {
     // Reverse byte-level map: printable char -> byte.
     std::unordered_map<std::string, unsigned char> char_byte;
     for (int b = 0; b < 256; ++b) char_byte[byte_to_unicode()[b]] = static_cast<unsigned char>(b);
+    // What decode emits for a SentencePiece-style token: "<0xXX>" is its byte (ByteFallback),
+    // the decoder's space marker (▁) a space.
+    std::string space_marker;
+    bool byte_tokens = false;
+    if (m->spm) add_spm_decoder(*m, j.value("decoder", json()), where, space_marker, byte_tokens);
+    auto spm_text = [&](const std::string& tok) {
+      if (byte_tokens && tok.size() == 6 && tok.rfind("<0x", 0) == 0 && tok[5] == '>' && std::isxdigit(static_cast<unsigned char>(tok[3])) &&
+          std::isxdigit(static_cast<unsigned char>(tok[4])))
+        return std::string(1, static_cast<char>(std::stoi(tok.substr(3, 2), nullptr, 16)));
+      if (space_marker.empty()) return tok;
+      std::string out;
+      for (size_t i = 0; i < tok.size();) {
+        if (tok.compare(i, space_marker.size(), space_marker) == 0) {
+          out += ' ', i += space_marker.size();
+        } else {
+          out += tok[i++];
+        }
+      }
+      return out;
+    };
     auto to_raw = [&](const std::string& tok, std::string& raw) {
+      if (m->spm) {  // plain UTF-8 tokens
+        raw = tok;
+        return true;
+      }
       raw.clear();
       for (size_t i = 0; i < tok.size();) {
         size_t s = i;
@@ -159,16 +258,26 @@ std::shared_ptr<const BpeModel> load_bpe_model(const std::string& given) {
       m->id_token[id] = tok;
       // ByteLevel decoder: a token all of whose chars map back to bytes becomes those bytes,
       // any other token is emitted as its own UTF-8.
-      m->id_bytes[id] = to_raw(tok, raw) ? raw : tok;
+      m->id_bytes[id] = m->spm ? spm_text(tok) : to_raw(tok, raw) ? raw : tok;
       if (to_raw(tok, raw)) m->raw_vocab.emplace(raw, id);
     }
     for (const auto& t : m->added) {
       m->id_token[t.id] = t.content;
-      m->id_bytes[t.id] = to_raw(t.content, raw) ? raw : t.content;
+      m->id_bytes[t.id] = m->spm ? t.content : to_raw(t.content, raw) ? raw : t.content;
     }
     for (int b = 0; b < 256; ++b) {
       auto it = m->vocab.find(byte_to_unicode()[b]);
-      m->byte_id[b] = it == m->vocab.end() ? -1 : it->second;
+      m->byte_id[b] = it == m->vocab.end() || m->spm ? -1 : it->second;
+      char hex[8];
+      std::snprintf(hex, sizeof(hex), "<0x%02X>", b);
+      auto fb = m->vocab.find(std::string(hex));
+      m->fallback_id[b] = fb == m->vocab.end() ? -1 : fb->second;
+    }
+    if (model.contains("unk_token") && model["unk_token"].is_string()) {
+      const std::string u = model["unk_token"].get<std::string>();
+      auto it = m->vocab.find(u);
+      LF_CHECK(it != m->vocab.end(), where, ": model.unk_token '", u, "' is not in the vocab");
+      m->unk = it->second;
     }
 
     const json& merges = model.at("merges");
@@ -197,10 +306,19 @@ std::shared_ptr<const BpeModel> load_bpe_model(const std::string& given) {
     }
 
     add_normalizer(*m, j.value("normalizer", json()), where);
+    if (std::all_of(m->norm.begin(), m->norm.end(), [](const auto& n) { return n.kind == NormalizeStep::Kind::nfc; })) {
+      m->nfc = !m->norm.empty();
+      m->norm.clear();
+    }
     add_pre_tokenizer(*m, j.value("pre_tokenizer", json()), where);
+    if (m->spm)
+      for (const auto& step : m->steps)
+        LF_CHECK(step.kind != PreTokenizerStep::Kind::byte_level, where,
+                 ": a ByteLevel pre-tokenizer with byte_fallback is not supported");
     std::string dec = type_of(j.value("decoder", json()));
-    if (!dec.empty() && dec != "ByteLevel")
+    if (!m->spm && !dec.empty() && dec != "ByteLevel")
       LF_WARN(where, ": decoder \"", dec, "\" is decoded as ByteLevel");
+    add_post_processor(*m, j.value("post_processor", json()), where);
   } catch (const json::exception& e) {
     LF_FAIL(where, ": malformed tokenizer.json: ", e.what());
   }

@@ -28,6 +28,13 @@ struct PreTokenizerStep {
   enum class Kind { split, byte_level } kind = Kind::split;
   std::shared_ptr<const CompiledRegex> regex;  // split; byte_level with use_regex (GPT-2's)
   bool add_prefix_space = false;               // byte_level
+  bool merged_with_previous = false;           // split: a match ends the piece before it (else Isolated)
+};
+
+// A normalizer step besides NFC: Replace (a literal pattern) or Prepend.
+struct NormalizeStep {
+  enum class Kind { nfc, replace, prepend } kind = Kind::nfc;
+  std::string pattern, content;  // replace: pattern -> content; prepend: content
 };
 
 struct Merge {
@@ -48,7 +55,22 @@ struct BpeModel {
   std::array<int32_t, 256> byte_id{};  // initial symbol of each byte (-1: not in the vocabulary)
   std::unordered_map<uint64_t, Merge> merges;  // key: (left id << 32) | right id
   bool ignore_merges = false;
-  bool nfc = false;
+  bool nfc = false;  // the normalizer is NFC alone (norm then holds nothing else)
+  // SentencePiece-style BPE (Gemma, LLaMA-2: model.byte_fallback, no ByteLevel step): symbols
+  // are Unicode characters, a character missing from the vocabulary becomes its bytes' <0xXX>
+  // tokens (byte_fallback) or the unk token; vocabulary tokens are plain UTF-8.
+  bool spm = false;
+  bool byte_fallback = false;
+  std::array<int32_t, 256> fallback_id{};  // <0xXX> of each byte (-1: missing)
+  std::optional<int32_t> unk;              // model.unk_token's id
+  bool fuse_unk = false;
+  std::vector<NormalizeStep> norm;  // in order, when the normalizer has Replace or Prepend steps
+  // Decoding (spm): "▁" -> " " per the decoder's Replace, leading spaces stripped by Strip.
+  int strip_start = 0;
+  // The post-processor's single-sequence template (TemplateProcessing): ids before and after
+  // the text; template_error says why there is none usable ("" when fine).
+  std::vector<int32_t> template_prefix, template_suffix;
+  std::string template_error;
   std::vector<PreTokenizerStep> steps;
   std::vector<AddedToken> added;
   // Trie over added-token bytes for leftmost-longest matching; node 0 is the root.

@@ -1,4 +1,4 @@
-// HfBpeTokenizer encode/decode: added-token split, NFC, pre-tokenizer steps, BPE merges.
+// HfBpeTokenizer encode/decode: added-token split, normalizer, pre-tokenizer steps, BPE merges.
 #include "loongforge/data/hf_bpe_tokenizer.h"
 
 #include <algorithm>
@@ -57,7 +57,9 @@ int64_t HfBpeTokenizer::vocab_size() const { return model_->vocab_size; }
 std::optional<int32_t> HfBpeTokenizer::eod_id() const { return model_->eod; }
 
 std::string HfBpeTokenizer::describe() const {
-  return lf::str("HuggingFaceTokenizer ", model_->path, " (byte-level BPE, ", model_->vocab_size,
+  return lf::str("HuggingFaceTokenizer ", model_->path,
+                 model_->spm ? " (SentencePiece-style BPE" : " (byte-level BPE",
+                 model_->byte_fallback ? " with byte fallback, " : ", ", model_->vocab_size,
                  " ids, ", model_->merges.size(), " merges, ", model_->added.size(),
                  " added tokens", model_->nfc ? ", NFC" : "",
                  model_->ignore_merges ? ", ignore_merges" : "", ")");
@@ -93,11 +95,44 @@ void bpe_piece(const detail::BpeModel& m, detail::EncoderState& st, std::string_
   }
   auto& sym = st.symbols;
   sym.clear();
-  for (unsigned char c : piece) {
-    int32_t id = m.byte_id[c];
-    if (id < 0) continue;  // HF drops characters missing from the vocabulary (no unk token)
+  auto push = [&](int32_t id, int32_t len) {
     int32_t k = static_cast<int32_t>(sym.size());
-    sym.push_back({id, k - 1, k + 1, 1});
+    sym.push_back({id, k - 1, k + 1, len});
+  };
+  if (m.spm) {
+    // HF's BPE on characters: a character missing from the vocabulary becomes its bytes' <0xXX>
+    // tokens when all exist (byte_fallback), else the unk token (consecutive ones fused with
+    // fuse_unk), else nothing.
+    bool last_unk = false;
+    for (size_t i = 0; i < piece.size();) {
+      const size_t b = i;
+      uint32_t cp;
+      if (!unicode::decode_utf8(piece, i, cp)) i = b + 1;
+      const std::string_view ch = piece.substr(b, i - b);
+      if (auto it = m.vocab.find(ch); it != m.vocab.end()) {
+        push(it->second, static_cast<int32_t>(ch.size())), last_unk = false;
+        continue;
+      }
+      if (m.byte_fallback &&
+          std::all_of(ch.begin(), ch.end(), [&](char c) { return m.fallback_id[static_cast<unsigned char>(c)] >= 0; })) {
+        for (char c : ch) push(m.fallback_id[static_cast<unsigned char>(c)], 1);
+        last_unk = false;
+        continue;
+      }
+      if (!m.unk) continue;
+      if (m.fuse_unk && last_unk) {
+        sym.back().len += static_cast<int32_t>(ch.size());
+      } else {
+        push(*m.unk, static_cast<int32_t>(ch.size()));
+      }
+      last_unk = true;
+    }
+  } else {
+    for (unsigned char c : piece) {
+      int32_t id = m.byte_id[c];
+      if (id < 0) continue;  // HF drops characters missing from the vocabulary (no unk token)
+      push(id, 1);
+    }
   }
   if (!sym.empty()) sym.back().next = -1;
   auto& heap = st.heap;
@@ -159,8 +194,9 @@ void pre_tokenize(const detail::BpeModel& m, detail::EncoderState& st, size_t st
   }
   auto* matcher = st.matchers[step].get();
   if (!matcher) return pre_tokenize(m, st, step + 1, piece, out);
-  // Isolated: every match is a piece, and so is every gap between matches. An empty match
-  // (no real pattern has one) only moves the search on by a character.
+  // Isolated: every match is a piece, and so is every gap between matches; MergedWithPrevious:
+  // a match ends the piece that runs up to it. An empty match (no real pattern has one) only
+  // moves the search on by a character.
   size_t pos = 0, search = 0, b = 0, e = 0;
   while (search < piece.size() && matcher->find(piece, search, b, e)) {
     if (e == b) {
@@ -169,8 +205,12 @@ void pre_tokenize(const detail::BpeModel& m, detail::EncoderState& st, size_t st
       if (!unicode::decode_utf8(piece, search, cp)) search = b + 1;
       continue;
     }
-    if (b > pos) pre_tokenize(m, st, step + 1, piece.substr(pos, b - pos), out);
-    pre_tokenize(m, st, step + 1, piece.substr(b, e - b), out);
+    if (s.merged_with_previous) {
+      pre_tokenize(m, st, step + 1, piece.substr(pos, e - pos), out);
+    } else {
+      if (b > pos) pre_tokenize(m, st, step + 1, piece.substr(pos, b - pos), out);
+      pre_tokenize(m, st, step + 1, piece.substr(b, e - b), out);
+    }
     pos = search = e;
   }
   if (pos < piece.size()) pre_tokenize(m, st, step + 1, piece.substr(pos), out);
@@ -212,6 +252,35 @@ void split_added(const detail::BpeModel& m, std::string_view text, Plain&& plain
   plain(text.substr(seg_begin), seg_begin);
 }
 
+// The normalizer's Replace / Prepend / NFC steps in order (HF applies them to each segment
+// between added tokens).
+std::string normalize(const detail::BpeModel& m, std::string_view seg) {
+  std::string s(seg);
+  for (const auto& n : m.norm) {
+    switch (n.kind) {
+      case detail::NormalizeStep::Kind::nfc:
+        s = unicode::nfc(s);
+        break;
+      case detail::NormalizeStep::Kind::prepend:
+        if (!s.empty()) s = n.content + s;
+        break;
+      case detail::NormalizeStep::Kind::replace: {
+        std::string r;
+        for (size_t i = 0; i < s.size();) {
+          if (s.compare(i, n.pattern.size(), n.pattern) == 0) {
+            r += n.content, i += n.pattern.size();
+          } else {
+            r += s[i++];
+          }
+        }
+        s = std::move(r);
+        break;
+      }
+    }
+  }
+  return s;
+}
+
 void check_utf8(std::string_view text) {
   size_t bad = unicode::find_invalid_utf8(text);
   LF_CHECK(bad == std::string_view::npos, "tokenizer input is not valid UTF-8 at byte ", bad,
@@ -228,7 +297,10 @@ void HfBpeTokenizer::encode_into(std::string_view text, std::vector<int32_t>& ou
       m, text,
       [&](std::string_view seg, size_t) {
         if (seg.empty()) return;
-        if (m.nfc && !unicode::nfc_unchanged(seg)) {
+        if (!m.norm.empty()) {
+          const std::string normalized = normalize(m, seg);  // local: pieces point into it while used
+          pre_tokenize(m, st, 0, normalized, out);
+        } else if (m.nfc && !unicode::nfc_unchanged(seg)) {
           std::string normalized = unicode::nfc(seg);  // local: pieces point into it while used
           pre_tokenize(m, st, 0, normalized, out);
         } else {
@@ -243,6 +315,9 @@ void HfBpeTokenizer::encode_with_offsets(std::string_view text, std::vector<int3
   const auto& m = *model_;
   auto& st = *state_;
   check_utf8(text);
+  LF_CHECK(!m.spm && m.norm.empty(), "token offsets are built for byte-level BPE tokenizers; ", m.path,
+           " is a SentencePiece-style one (byte_fallback or a Replace / Prepend normalizer)",
+           lf::hint("answer-only masks from a chat template need a byte-level BPE tokenizer for now"));
   std::vector<unicode::NfcPiece> pieces;
   split_added(
       m, text,
@@ -288,7 +363,17 @@ std::string HfBpeTokenizer::decode(std::span<const int32_t> ids) const {
              " is outside the vocabulary [0, ", model_->vocab_size, ") of ", model_->path);
     bytes += model_->id_bytes[static_cast<size_t>(id)];
   }
+  for (int k = 0; k < model_->strip_start && !bytes.empty() && bytes.front() == ' '; ++k) bytes.erase(0, 1);
   return unicode::utf8_lossy(bytes);
+}
+
+std::vector<int32_t> HfBpeTokenizer::encode_with_special_tokens(std::string_view text) {
+  LF_CHECK(model_->template_error.empty(), model_->template_error,
+           lf::hint("encode without the post-processor's special tokens, or add them yourself"));
+  std::vector<int32_t> out = model_->template_prefix;
+  encode_into(text, out);
+  out.insert(out.end(), model_->template_suffix.begin(), model_->template_suffix.end());
+  return out;
 }
 
 }  // namespace lf::data

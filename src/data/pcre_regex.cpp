@@ -19,7 +19,8 @@ CompiledRegex::CompiledRegex(const std::string& pattern, bool literal, const std
     : pattern_(pattern) {
   int err = 0;
   PCRE2_SIZE offset = 0;
-  uint32_t options = PCRE2_UTF | PCRE2_UCP | (literal ? PCRE2_LITERAL : 0);
+  // PCRE2_LITERAL takes no PCRE2_UCP (a literal has no character classes).
+  uint32_t options = PCRE2_UTF | (literal ? PCRE2_LITERAL : PCRE2_UCP);
   pcre2_code* code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(),
                                    options, &err, &offset, nullptr);
   LF_CHECK(code != nullptr, where, ": cannot compile the regex ", pattern, " at offset ", offset,

@@ -15,7 +15,13 @@ Writes into OUT_DIR:
   qwen_old/tokenizer.json     the same model with merges written the old way, "a b"
   llama3/tokenizer.json       LLaMA-3-style: no normalizer, LLaMA-3 regex, ignore_merges=true
   gpt2/tokenizer.json         GPT-2-style: ByteLevel(add_prefix_space, use_regex) alone
-  expected.json               {variant: {"ids": [[...] per doc], "decoded": [...]}}
+  gemma/tokenizer.json        Gemma / PaliGemma-style SentencePiece BPE: Replace(" ", "▁"),
+                              Split(" ", MergedWithPrevious), byte_fallback, unk + fuse_unk, <bos>
+                              TemplateProcessing, Replace/ByteFallback/Fuse decoder
+  llama2/tokenizer.json       the same model LLaMA-2-style: Prepend("▁") + Replace, no
+                              pre-tokenizer, a Strip decoder
+  expected.json               {variant: {"ids": [[...] per doc], "decoded": [...],
+                              "ids_special": [[...] for the first 50 docs, add_special_tokens=True]}}
   nfc.json                    [[text, NFC(text)], ...] from unicodedata
 """
 import json
@@ -155,6 +161,42 @@ def main():
     json.dump(gpt2, open(f"{out}/gpt2/tokenizer.json", "w"), ensure_ascii=False)
     variants["gpt2"] = f"{out}/gpt2/tokenizer.json"
 
+    # SentencePiece-style BPE as transformers' GemmaConverter writes it (PaliGemma's tokenizer):
+    # spaces -> "▁", merges over characters, characters outside a small alphabet as <0xXX> byte
+    # tokens, <bos> added by the post-processor. LLaMA-2's converted files: Prepend("▁") too, no
+    # pre-tokenizer, a Strip decoder.
+    spm = Tokenizer(models.BPE(unk_token="<unk>", byte_fallback=True, fuse_unk=True))
+    spm.normalizer = normalizers.Replace(" ", "▁")
+    spm.pre_tokenizer = pre_tokenizers.Split(" ", "merged_with_previous")
+    spm.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse()])
+    spm_trainer = trainers.BpeTrainer(vocab_size=2500, special_tokens=["<pad>", "<eos>", "<bos>", "<unk>"],
+                                      limit_alphabet=120, show_progress=False)
+    spm.train_from_iterator(train_text, spm_trainer)
+    gemma = json.loads(spm.to_str())
+    vocab = gemma["model"]["vocab"]
+    for b in range(256):  # the byte tokens are vocabulary entries, as in Gemma's
+        vocab.setdefault(f"<0x{b:02X}>", len(vocab))
+    bos = vocab["<bos>"]
+    gemma["post_processor"] = {"type": "TemplateProcessing",
+                               "single": [{"SpecialToken": {"id": "<bos>", "type_id": 0}},
+                                          {"Sequence": {"id": "A", "type_id": 0}}],
+                               "pair": [{"SpecialToken": {"id": "<bos>", "type_id": 0}},
+                                        {"Sequence": {"id": "A", "type_id": 0}},
+                                        {"Sequence": {"id": "B", "type_id": 1}}],
+                               "special_tokens": {"<bos>": {"id": "<bos>", "ids": [bos], "tokens": ["<bos>"]}}}
+    os.makedirs(f"{out}/gemma", exist_ok=True)
+    json.dump(gemma, open(f"{out}/gemma/tokenizer.json", "w"), ensure_ascii=False)
+    variants["gemma"] = f"{out}/gemma/tokenizer.json"
+    llama2 = json.loads(json.dumps(gemma))
+    llama2["normalizer"] = {"type": "Sequence", "normalizers": [{"type": "Prepend", "prepend": "▁"},
+                                                                {"type": "Replace", "pattern": {"String": " "},
+                                                                 "content": "▁"}]}
+    llama2["pre_tokenizer"] = None
+    llama2["decoder"]["decoders"].append({"type": "Strip", "content": " ", "start": 1, "stop": 0})
+    os.makedirs(f"{out}/llama2", exist_ok=True)
+    json.dump(llama2, open(f"{out}/llama2/tokenizer.json", "w"), ensure_ascii=False)
+    variants["llama2"] = f"{out}/llama2/tokenizer.json"
+
     with open(f"{out}/docs.jsonl", "w") as f:
         for d in docs:
             f.write(json.dumps({"text": d}, ensure_ascii=False) + "\n")
@@ -166,7 +208,8 @@ def main():
         t = Tokenizer.from_file(path)
         ids = [t.encode(d, add_special_tokens=False).ids for d in docs]
         expected[name] = {"ids": ids,
-                          "decoded": [t.decode(i, skip_special_tokens=False) for i in ids]}
+                          "decoded": [t.decode(i, skip_special_tokens=False) for i in ids],
+                          "ids_special": [t.encode(d).ids for d in docs[:50]]}
     json.dump(expected, open(f"{out}/expected.json", "w"))
 
     nfc_rng = random.Random(3)

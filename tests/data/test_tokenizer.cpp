@@ -66,6 +66,12 @@ void expect_parity(const std::string& variant) {
   }
   EXPECT_EQ(mismatched, 0u);
   EXPECT_GE(bytes, 100u * 1000) << "the parity corpus must be at least 100 KB";
+  // add_special_tokens=True: the post-processor's template (Gemma's <bos>; none for byte-level).
+  const auto& special = expected.at("ids_special");
+  ASSERT_EQ(special.size(), 50u);
+  for (size_t i = 0; i < special.size(); ++i)
+    EXPECT_EQ(tok.encode_with_special_tokens(docs[i]), special[i].get<std::vector<int32_t>>())
+        << variant << " doc " << i << " with special tokens";
   // Second pass hits the word cache; it must give the same ids.
   for (size_t i = 0; i < docs.size(); ++i)
     ASSERT_EQ(tok.encode(docs[i]), expected["ids"][i].get<std::vector<int32_t>>()) << "cached, doc " << i;
@@ -76,6 +82,28 @@ void expect_parity(const std::string& variant) {
 TEST(HfTokenizer, QwenStyleMatchesHfIdsAndDecode) { expect_parity("qwen"); }
 TEST(HfTokenizer, OldMergesFormatMatchesHf) { expect_parity("qwen_old"); }
 TEST(HfTokenizer, Llama3StyleIgnoreMergesMatchesHf) { expect_parity("llama3"); }
+TEST(HfTokenizer, GemmaStyleByteFallbackMatchesHf) { expect_parity("gemma"); }
+TEST(HfTokenizer, Llama2StylePrependAndStripMatchesHf) { expect_parity("llama2"); }
+
+TEST(HfTokenizer, SentencePieceStyleSpecificsMatchHf) {
+  HfBpeTokenizer gemma(oracle_dir() + "/gemma");
+  EXPECT_NE(gemma.describe().find("SentencePiece-style BPE with byte fallback"), std::string::npos)
+      << gemma.describe();
+  // A character outside the vocabulary is its UTF-8 bytes' <0xXX> tokens, and decodes back.
+  auto ids = gemma.encode("\xe4\xbd\xa0");  // 你
+  ASSERT_EQ(ids.size(), 3u);
+  EXPECT_EQ(ids[0], *gemma.token_to_id("<0xE4>"));
+  EXPECT_EQ(gemma.decode(ids), "\xe4\xbd\xa0");
+  EXPECT_EQ(gemma.encode_with_special_tokens("").size(), 1u);  // <bos> alone
+  std::vector<int32_t> out;
+  std::vector<lf::data::ByteSpan> spans;
+  try {
+    gemma.encode_with_offsets("a b", out, spans);
+    FAIL() << "offsets of a SentencePiece-style tokenizer should be refused";
+  } catch (const lf::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("token offsets are built for byte-level BPE"), std::string::npos) << e.what();
+  }
+}
 
 TEST(HfTokenizer, NfcMatchesUnicodedata) {
   const std::string& d = oracle_dir();
@@ -158,7 +186,10 @@ TEST(HfTokenizer, UnsupportedOrMalformedFilesAreErrorsNamingTheFile) {
   expect_load_error("wordpiece", [](json& j) { j["model"]["type"] = "WordPiece"; },
                     "model type \"WordPiece\"");
   expect_load_error("byte_fallback", [](json& j) { j["model"]["byte_fallback"] = true; },
-                    "byte_fallback");
+                    "decoder \"ByteLevel\" is not supported with a SentencePiece-style BPE");
+  expect_load_error("replace_regex", [](json& j) {
+    j["normalizer"] = {{"type", "Replace"}, {"pattern", {{"Regex", "\\s"}}}, {"content", "_"}};
+  }, "normalizer Replace with a regex pattern is not supported");
   expect_load_error("merge", [](json& j) { j["model"]["merges"][5] = "onlyone"; },
                     "merge 5 \"onlyone\" is not two tokens");
   expect_load_error("merge_vocab", [](json& j) { j["model"]["merges"][7] = {"zzzq", "qqq"}; },

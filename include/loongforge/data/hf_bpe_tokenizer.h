@@ -1,8 +1,12 @@
-// HfBpeTokenizer: Hugging Face tokenizer.json byte-level BPE as LLaMA-3, Qwen and GPT-2 use it:
-// added/special tokens split out first (leftmost-longest), normalizer (none or NFC), Split regex
+// HfBpeTokenizer: Hugging Face tokenizer.json BPE. Byte-level BPE as LLaMA-3, Qwen and GPT-2 use
+// it: added/special tokens split out first (leftmost-longest), normalizer (none or NFC), Split regex
 // pre-tokenizers (PCRE2, UTF+UCP) and ByteLevel, BPE merges ("a b" or ["a","b"]) with
-// ignore_merges, ByteLevel decoding. Not SentencePiece/Unigram/WordPiece, and no post-processor
-// templates (BOS/EOS insertion is the caller's choice); unsupported parts are errors naming them.
+// ignore_merges, ByteLevel decoding. SentencePiece-style BPE as Gemma / PaliGemma and LLaMA-2's
+// converted files use it: Replace / Prepend normalizers, Split MergedWithPrevious, merges over
+// characters with byte_fallback (<0xXX>) and unk / fuse_unk, decoders Replace, ByteFallback,
+// Fuse, Strip. Not Unigram/WordPiece; encode() adds no post-processor tokens (BOS/EOS are the
+// caller's choice), encode_with_special_tokens() adds the TemplateProcessing ones as HF's
+// add_special_tokens=True does. Unsupported parts are errors naming them.
 #pragma once
 
 #include <memory>
@@ -41,6 +45,10 @@ class HfBpeTokenizer final : public Tokenizer {
   std::string describe() const override;
 
   std::optional<int32_t> token_to_id(const std::string& token) const;  // vocab or added token
+  // HF's encode(text, add_special_tokens=True): the post-processor's single template around
+  // encode(text) (Gemma: <bos> first). An error naming the file for a post-processor other than
+  // TemplateProcessing / ByteLevel.
+  std::vector<int32_t> encode_with_special_tokens(std::string_view text);
 
  private:
   HfBpeTokenizer(std::shared_ptr<const detail::BpeModel> model);

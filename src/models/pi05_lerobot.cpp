@@ -114,6 +114,7 @@ Pi05Setup read_pi05_setup(const std::string& dir) {
   number("time_sampling_offset", p.time_sampling_offset);
   number("min_period", p.min_period);
   number("max_period", p.max_period);
+  number("tokenizer_max_length", p.tokenizer_max_length);
   p.action_dim = p.max_action_dim;
   if (j.contains("output_features") && j["output_features"].is_object() && j["output_features"].contains("action")) {
     const auto& shape = j["output_features"]["action"]["shape"];
@@ -228,6 +229,7 @@ void write_pi05(const std::string& out_dir, const Pi05Setup& setup,
   j["time_sampling_offset"] = p.time_sampling_offset;
   j["min_period"] = p.min_period;
   j["max_period"] = p.max_period;
+  j["tokenizer_max_length"] = p.tokenizer_max_length;
   j["image_resolution"] = {setup.vision.image_size, setup.vision.image_size};
   j["output_features"]["action"] = {{"type", "ACTION"}, {"shape", {p.action_dim}}};
 

@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
+#include "../support/oracle_cache.h"
 #include "../tools/pp_training.h"
 #include "serve_testing.h"
 
@@ -106,6 +107,67 @@ TEST(Pi05ReachProgram, AStoreThatDoesNotFitTheModelIsNamed) {
   r = train(1, {"model.vision_encoder.image_size=16"}, "size");
   EXPECT_NE(r.exit_code, 0);
   EXPECT_NE(r.output.find("model.vision_encoder.image_size 32"), std::string::npos) << r.output;
+}
+
+// A LeRobot dataset lerobot recorded (tests/vla/pi05_lerobot_inputs_oracle.py: two 32x48 AV1
+// cameras, state [3], action [2], 28 frames; a PaliGemma-style tokenizer) trains a pi05 directly
+// (the batches are vla/lerobot_inputs.h's, tested against LeRobot's preprocessor): DP 2 with
+// ZeRO-1 equals one process, and the mistakes a user meets are named.
+std::string lerobot_oracle() {
+  static const std::string d = lf::testing::cached_oracle(
+      lf::testing::source_dir() + "/tests/vla/pi05_lerobot_inputs_oracle.py", "pi05_lerobot_inputs", "done",
+      lf::testing::lerobot_python());
+  return d;
+}
+
+const std::vector<std::string> kLeRobotModel = {
+    "model.vision_encoder.image_size=32", "model.vision_encoder.patch_size=8", "model.chunk_size=4",
+    "model.action_dim=2", "model.max_action_dim=6", "model.tokenizer_max_length=48",
+    "model.foundation.vocab_size=512", "--seq-length", "84", "--micro-batch-size", "4", "--global-batch-size", "8",
+    "--lr-warmup-iters", "1"};
+
+lf::testing::TrainRun train_lerobot(int procs, std::vector<std::string> extra, const std::string& tag) {
+  extra.insert(extra.begin(), kLeRobotModel.begin(), kLeRobotModel.end());
+  extra.insert(extra.begin(), {"data.mock_data=false", "--data-path", lerobot_oracle() + "/v30", "--tokenizer-model",
+                               lerobot_oracle() + "/tokenizer", "--split", "90,10,0"});
+  return lf::testing::train_example(lf::testing::source_dir() + "/configs/examples/pi05_tiny.yaml", procs, extra,
+                                    "pi05-lerobot-" + tag);
+}
+
+TEST(Pi05LeRobotProgram, DataParallelOnALeRobotDatasetEqualsOneProcess) {
+  if (lerobot_oracle().empty()) GTEST_SKIP() << "no LeRobot environment (.venv-lerobot)";
+  auto one = train_lerobot(1, {}, "one");
+  EXPECT_NE(one.output.find("LeRobot dataset " + lerobot_oracle() + "/v30 (v3.0): 28 frames of 3 episodes"),
+            std::string::npos)
+      << one.output;
+  lf::testing::Tolerances tol;
+  tol.expect_learning = false;  // flow matching's random times and noise over 10 steps
+  lf::testing::expect_same_training(one, train_lerobot(2, {"--use-distributed-optimizer"}, "dp2"),
+                                    "pi05 on a LeRobot dataset: dp 2, ZeRO-1", tol);
+}
+
+TEST(Pi05LeRobotProgram, MistakesAreNamed) {
+  if (lerobot_oracle().empty()) GTEST_SKIP() << "no LeRobot environment (.venv-lerobot)";
+  auto no_tok = lf::testing::train_example(
+      lf::testing::source_dir() + "/configs/examples/pi05_tiny.yaml", 1,
+      {"data.mock_data=false", "--data-path", lerobot_oracle() + "/v30", "model.vision_encoder.image_size=32",
+       "model.chunk_size=4",
+       "model.action_dim=2"},
+      "pi05-lerobot-notok");
+  EXPECT_NE(no_tok.exit_code, 0);
+  EXPECT_NE(no_tok.output.find("data.tokenizer_model is not set"), std::string::npos) << no_tok.output;
+  auto dims = train_lerobot(1, {"model.action_dim=3"}, "dims");
+  EXPECT_NE(dims.exit_code, 0);
+  EXPECT_NE(dims.output.find("set model.action_dim 2"), std::string::npos) << dims.output;
+  auto groot = lf::testing::train_example(
+      lf::testing::source_dir() + "/configs/examples/groot_tiny.yaml", 1,
+      {"data.mock_data=false", "--data-path", lerobot_oracle() + "/v30", "--tokenizer-model",
+       lerobot_oracle() + "/tokenizer"},
+      "groot-lerobot");
+  EXPECT_NE(groot.exit_code, 0);
+  EXPECT_NE(groot.output.find("reads LeRobot datasets for pi05 policies (a groot policy needs its own processor"),
+            std::string::npos)
+      << groot.output;
 }
 
 }  // namespace

@@ -1,7 +1,8 @@
 // loongforge-train's data source for VLA policies (DataNeeds::vla): a reach demo store
 // (vla/reach_demo.h, loongforge-data make-demo-reach), one sample per row: the camera image as the
 // policy's one camera in [-1, 1], the prompt, the state it carries (decoded from its bins), and the
-// expert's action chunk zero-padded to the model's max_action_dim.
+// expert's action chunk zero-padded to the model's max_action_dim. Or, for a pi05 policy, a LeRobot
+// dataset (vla/lerobot_inputs.h): one sample per frame, as LeRobot's pi05 preprocessor makes it.
 #include <ATen/Functions.h>
 
 #include <filesystem>
@@ -11,9 +12,50 @@
 #include "loongforge/core/logging.h"
 #include "loongforge/dist/parallel_context.h"
 #include "loongforge/models/registry.h"
+#include "loongforge/vla/lerobot_inputs.h"
 #include "loongforge/vla/reach_demo.h"
 
 namespace lf::tools {
+namespace {
+
+// A LeRobot dataset (v3.0 or v2.1) for a pi05 policy: every frame a sample, as LeRobot's pi05
+// preprocessor makes it (vla/lerobot_inputs.h).
+DataSources make_lerobot_sources(const lf::config::JobConfig& job, const lf::models::DataNeeds& needs,
+                                 const lf::dist::ParallelContext& ctx, int64_t train_samples, int64_t valid_samples) {
+  const auto& d = job.data;
+  const std::string dir = d.data_path[0];
+  LF_CHECK(needs.policy == "pi05", dir, " is a LeRobot dataset; loongforge-train reads LeRobot datasets for pi05 "
+           "policies (a ", needs.policy, " policy needs its own processor, not built yet)",
+           lf::hint("train the " + needs.policy + " policy on a reach demo store (loongforge-data make-demo-reach) "
+                    "or --mock-data"));
+  LF_CHECK(d.tokenizer_model.has_value(), dir, " is a LeRobot dataset: its prompts are tokenised with the "
+           "PaliGemma tokenizer, and data.tokenizer_model is not set",
+           lf::hint("pass --tokenizer-model DIR (tokenizer.json and tokenizer_config.json, e.g. "
+                    "google/paligemma-3b-pt-224's)"));
+  LF_CHECK(!d.tokenizer_type || *d.tokenizer_type == "HuggingFaceTokenizer", "data.tokenizer_type ",
+           d.tokenizer_type.value_or(""), " cannot tokenise a pi05 prompt",
+           lf::hint("drop --tokenizer-type or pass HuggingFaceTokenizer"));
+  lf::vla::Pi05LeRobotOptions o;
+  o.tokenizer = *d.tokenizer_model;
+  o.image_size = needs.image_size;
+  o.chunk = needs.chunk;
+  o.action_dim = needs.action_dim;
+  o.max_action_dim = needs.max_action_dim;
+  o.prompt_length = needs.prompt_length;
+  o.vocab_size = needs.vocab_size;
+  auto inputs = std::make_shared<const lf::vla::Pi05LeRobotInputs>(dir, o);
+  const auto [train_end, valid_end] = split_ends(d.split, inputs->size(), dir);
+  if (ctx.global_rank() == 0)
+    LF_INFO("LeRobot dataset ", dir, " (", inputs->dataset().version(), "): ", inputs->size(), " frames of ",
+            inputs->dataset().num_episodes(), " episodes (train ", train_end, ", valid ", valid_end - train_end,
+            "), ", inputs->cameras().size(), " cameras resized to ", o.image_size, "x", o.image_size,
+            ", prompts of ", o.prompt_length, " tokens, chunks of ", o.chunk);
+  auto rows = [inputs](const std::vector<int64_t>& items) { return inputs->batch(items); };
+  return make_store_sources(rows, train_end, valid_end, train_samples, valid_samples, job, ctx,
+                            "the LeRobot dataset " + dir);
+}
+
+}  // namespace
 
 DataSources make_vla_sources(const lf::config::JobConfig& job, const lf::models::DataNeeds& needs,
                              const lf::dist::ParallelContext& ctx, int64_t train_samples, int64_t valid_samples) {
@@ -22,10 +64,8 @@ DataSources make_vla_sources(const lf::config::JobConfig& job, const lf::models:
            " entries", lf::hint("pass --data-path DIR (made by loongforge-data make-demo-reach)"));
   const std::string dir = d.data_path[0];
   std::error_code ec;
-  LF_CHECK(!std::filesystem::exists(std::filesystem::path(dir) / "meta" / "info.json", ec), dir,
-           " is a LeRobot dataset; loongforge-train does not read LeRobot datasets yet",
-           lf::hint("inspect it with loongforge-data inspect; train on a reach demo store (loongforge-data "
-                    "make-demo-reach) or --mock-data"));
+  if (std::filesystem::exists(std::filesystem::path(dir) / "meta" / "info.json", ec))
+    return make_lerobot_sources(job, needs, ctx, train_samples, valid_samples);
   auto store = std::make_shared<const lf::vla::ReachDemoStore>(dir);
   const auto& m = store->meta();
   LF_CHECK(m.image_size == needs.image_size, "reach demo store ", dir, " holds ", m.image_size, "x", m.image_size,

@@ -189,6 +189,10 @@ struct DataNeeds {
   // max_action_dim, prompts below vocab_size.
   bool vla = false;
   int64_t image_size = 0, chunk = 0, action_dim = 0, max_action_dim = 0;
+  // The policy ("pi05", "groot"): a LeRobot dataset is read for pi05 only, its prompts padded to
+  // prompt_length (model.tokenizer_max_length).
+  std::string policy;
+  int64_t prompt_length = 0;
   // The keys that set them (the store's errors name them).
   std::string image_size_key = "model.vision_encoder.image_size", chunk_key = "model.chunk_size";
 };

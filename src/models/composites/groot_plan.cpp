@@ -106,6 +106,7 @@ class GrootPlan : public ModelPlan {
     d.max_action_dim = own_.head.max_action_dim;
     d.image_size_key = "model.image_size";
     d.chunk_key = "model.action_horizon";
+    d.policy = "groot";
     return d;
   }
   void add_mock_fields(Batch& batch, uint64_t seed) const override {

@@ -173,6 +173,8 @@ class Pi05Plan : public ModelPlan {
     d.chunk = own_.chunk_size;
     d.action_dim = own_.action_dim;
     d.max_action_dim = own_.max_action_dim;
+    d.policy = "pi05";
+    d.prompt_length = own_.tokenizer_max_length;
     return d;
   }
   void add_mock_fields(Batch& batch, uint64_t seed) const override {

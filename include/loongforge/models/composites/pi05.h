@@ -101,6 +101,9 @@ struct Pi05Config {
   double time_sampling_offset = 0.001;
   double min_period = 4e-3;
   double max_period = 4.0;
+  // Prompt tokens per sample on a LeRobot dataset (LeRobot's tokenizer_max_length): the
+  // tokenised prompt is truncated or right-padded to it.
+  int64_t tokenizer_max_length = 200;
   // --mock-data: cameras per sample and prompt tokens.
   int64_t mock_cameras = 2;
   int64_t mock_tokens = 16;
@@ -119,6 +122,10 @@ struct Pi05Config {
     v("time_sampling_offset", time_sampling_offset, "See time_sampling_beta_alpha", Min{0});
     v("min_period", min_period, "Shortest period of the time's sine-cosine embedding", Min{0});
     v("max_period", max_period, "Longest period of the time's sine-cosine embedding", Min{0});
+    v("tokenizer_max_length", tokenizer_max_length,
+      "Training on a LeRobot dataset: prompt tokens per sample (truncated or right-padded; LeRobot's "
+      "tokenizer_max_length)",
+      Min{1});
     v("mock_cameras", mock_cameras, "--mock-data: cameras per sample", Min{1});
     v("mock_tokens", mock_tokens, "--mock-data: prompt tokens per sample", Min{1});
   }

@@ -19,6 +19,16 @@ bool flash_applies(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v
   return q.device().is_cpu() && dtype_ok && mask_ok && q.size(-1) == v.size(-1);
 }
 
+// An additive mask (pi05's prefix / suffix blocks) in fp32: ATen's flash kernel takes it as
+// attn_mask (broadcast over batch and heads as the op allows), so the [b, nq, s, t] scores and
+// probabilities are never materialised and the masked scores (-2.38e38) never reach ATen's slow
+// exp path; the reference would take three exps over them (forward, its logsumexp, backward).
+bool masked_flash_applies(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const AttentionMask& mask) {
+  return mask.kind == MaskKind::explicit_additive && q.device().is_cpu() && q.scalar_type() == at::kFloat &&
+         k.scalar_type() == at::kFloat && v.scalar_type() == at::kFloat && mask.mask.scalar_type() == at::kFloat &&
+         q.size(-1) == v.size(-1);
+}
+
 // fp32 without a mask or with a causal one: our kernel (cpu_attention.h), when the call has a
 // (batch, kv head) task for every thread.
 bool own_kernel_applies(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const AttentionMask& mask) {
@@ -54,8 +64,13 @@ SdpaFwd CpuOps::sdpa_fwd(const at::Tensor& q, const at::Tensor& k, const at::Ten
     auto [o, lse] = cpu_attention::forward(q, k, v, mask.kind == MaskKind::causal, scale);
     return {o, lse};
   }
-  if (!flash_applies(q, k, v, mask)) return ReferenceOps::sdpa_fwd(q, k, v, mask, scale);
   const int64_t group = q.size(1) / k.size(1);
+  if (masked_flash_applies(q, k, v, mask)) {
+    auto [o, lse] = at::_scaled_dot_product_flash_attention_for_cpu(
+        q, expand_heads(k, group), expand_heads(v, group), 0.0, false, mask.mask, scale);
+    return {o.contiguous(), lse.contiguous()};
+  }
+  if (!flash_applies(q, k, v, mask)) return ReferenceOps::sdpa_fwd(q, k, v, mask, scale);
   if (group > 1 && mask.kind == MaskKind::none) {
     auto [o, lse] = at::_scaled_dot_product_flash_attention_for_cpu(fold_queries(q, group), k, v, 0.0, false, {}, scale);
     return {o.reshape(q.sizes()).contiguous(), lse.to(at::kFloat).reshape({q.size(0), q.size(1), q.size(2)}).contiguous()};
@@ -73,8 +88,13 @@ SdpaBwd CpuOps::sdpa_bwd(const at::Tensor& dout, const at::Tensor& q, const at::
     auto [dq, dk, dv] = cpu_attention::backward(dout, q, k, v, o, lse, mask.kind == MaskKind::causal, scale);
     return {dq, dk, dv};
   }
-  if (!flash_applies(q, k, v, mask)) return ReferenceOps::sdpa_bwd(dout, q, k, v, o, lse, mask, scale);
   const int64_t group = q.size(1) / k.size(1);
+  if (masked_flash_applies(q, k, v, mask)) {
+    auto [dq, dk, dv] = at::_scaled_dot_product_flash_attention_for_cpu_backward(
+        dout.contiguous(), q, expand_heads(k, group), expand_heads(v, group), o, lse, 0.0, false, mask.mask, scale);
+    return {dq.contiguous(), sum_groups(dk, group).contiguous(), sum_groups(dv, group).contiguous()};
+  }
+  if (!flash_applies(q, k, v, mask)) return ReferenceOps::sdpa_bwd(dout, q, k, v, o, lse, mask, scale);
   if (group > 1 && mask.kind == MaskKind::none) {
     const auto lse_folded = lse.contiguous().view({q.size(0), k.size(1), group * q.size(2)});
     auto [dq, dk, dv] = at::_scaled_dot_product_flash_attention_for_cpu_backward(

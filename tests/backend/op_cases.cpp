@@ -185,6 +185,7 @@ struct SdpaCfg {
   at::ScalarType dt;
   int64_t b, nq, nkv, s, t, d, dv;
   MaskKind kind;
+  bool block_mask = false;  // additive: pi05's block mask (openpi's -2.38e38 on the masked keys)
 };
 
 void add_sdpa_cases(std::vector<OpCase>& cases) {
@@ -197,6 +198,11 @@ void add_sdpa_cases(std::vector<OpCase>& cases) {
                             MaskKind::explicit_bool},
                     SdpaCfg{"sdpa_f32_additive_mask_gqa", at::kFloat, 1, 6, 2, 5, 5, 16, 8,
                             MaskKind::explicit_additive},
+                    // pi05's joint attention: a per-sample [b, 1, s, t] block mask (prefix keys
+                    // bidirectional, padding keys never, action keys from action rows only), 8
+                    // query heads on one key/value head (the CPU backend's masked flash path).
+                    SdpaCfg{"sdpa_f32_additive_block_mask_gqa", at::kFloat, 3, 8, 1, 12, 12, 16, 16,
+                            MaskKind::explicit_additive, true},
                     SdpaCfg{"sdpa_bf16_causal_gqa", at::kBFloat16, 2, 4, 1, 8, 8, 16, 16,
                             MaskKind::causal},
                     // GQA without a mask over more keys than queries (ChunkPipe's prefix part;
@@ -228,6 +234,15 @@ void add_sdpa_cases(std::vector<OpCase>& cases) {
                          auto m = g.randn({c.b, 1, c.s, c.t}, at::kFloat).gt(-0.3);
                          m.select(0, 0).select(1, 1).fill_(false);
                          in.push_back(m);
+                       } else if (c.kind == MaskKind::explicit_additive && c.block_mask) {
+                         // Keys 0-7 the prefix (sample i: its last i keys padding), 8-11 actions.
+                         auto allowed = at::zeros({c.b, 1, c.s, c.t}, at::kBool);
+                         for (int64_t i = 0; i < c.b; ++i) {
+                           allowed[i].narrow(2, 0, 8 - i).fill_(true);
+                           allowed[i].narrow(1, 8, 4).narrow(2, 8, 4).fill_(true);
+                         }
+                         in.push_back(at::where(allowed, at::zeros({}, at::kFloat),
+                                                at::full({}, -2.3819763e38, at::kFloat)));
                        } else if (c.kind == MaskKind::explicit_additive) {
                          in.push_back(g.randn({1, 1, c.s, c.t}, at::kFloat));  // ALiBi-like bias
                        }

@@ -26,7 +26,7 @@ bool flash_applies(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v
 bool masked_flash_applies(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const AttentionMask& mask) {
   return mask.kind == MaskKind::explicit_additive && q.device().is_cpu() && q.scalar_type() == at::kFloat &&
          k.scalar_type() == at::kFloat && v.scalar_type() == at::kFloat && mask.mask.scalar_type() == at::kFloat &&
-         q.size(-1) == v.size(-1);
+         mask.mask.dim() == 4 && (mask.mask.stride(-1) == 1 || mask.mask.size(-1) == 1) && q.size(-1) == v.size(-1);
 }
 
 // fp32 without a mask or with a causal one: our kernel (cpu_attention.h), when the call has a

@@ -133,7 +133,7 @@ void add_pre_tokenizer(BpeModel& m, const json& j, const std::string& where) {
     m.steps.push_back(std::move(s));
   } else {
     LF_FAIL(where, ": pre_tokenizer \"", t, "\" is not supported (Sequence, Split, ByteLevel are)",
-            lf::hint("only byte-level BPE tokenizer.json files are supported"));
+            lf::hint("byte-level BPE (ByteLevel) and SentencePiece-style BPE (no pre-tokenizer, or Split) are supported"));
   }
 }
 
@@ -263,7 +263,7 @@ std::shared_ptr<const BpeModel> load_bpe_model(const std::string& given) {
     }
     for (const auto& t : m->added) {
       m->id_token[t.id] = t.content;
-      m->id_bytes[t.id] = m->spm ? t.content : to_raw(t.content, raw) ? raw : t.content;
+      m->id_bytes[t.id] = m->spm ? spm_text(t.content) : to_raw(t.content, raw) ? raw : t.content;  // HF decodes added tokens too
     }
     for (int b = 0; b < 256; ++b) {
       auto it = m->vocab.find(byte_to_unicode()[b]);

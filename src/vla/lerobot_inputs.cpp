@@ -73,7 +73,9 @@ Pi05LeRobotInputs::Pi05LeRobotInputs(const std::string& dataset, Pi05LeRobotOpti
     o.delta_timestamps[kAction].push_back(static_cast<double>(k) / static_cast<double>(fps));
   dataset_ = std::make_unique<lf::data::LeRobotDataset>(dataset, o);
   const auto& ds = *dataset_;
-  cameras_ = ds.camera_keys();
+  // LeRobot's image_features: the camera features in info.json order (video and image mixed).
+  for (const auto& f : ds.features())
+    if (f.is_camera()) cameras_.push_back(f.key);
   LF_CHECK(!cameras_.empty(), dataset, " has no camera feature (dtype video or image); a pi05 policy needs one",
            lf::hint("record at least one camera"));
   const auto& state = ds.feature(kState);
@@ -116,7 +118,9 @@ std::string Pi05LeRobotInputs::prompt_of(const lf::data::LeRobotItem& item) cons
     }
     // The last bin edge at or below x (-1: none), compared exactly (x + 1 may round for tiny x).
     int64_t k = -1;
-    if (x >= -1.0) {
+    if (x >= 1.0) {
+      k = 255;  // past the last edge (+inf too)
+    } else if (x >= -1.0) {
       k = std::min<int64_t>(255, static_cast<int64_t>(std::floor((x + 1.0) * 128.0)));
       while (k >= 0 && -1.0 + static_cast<double>(k) / 128.0 > x) --k;
       while (k < 255 && -1.0 + static_cast<double>(k + 1) / 128.0 <= x) ++k;

@@ -15,13 +15,13 @@ struct PolicyOptions {
   std::string inputs;       // --policy-inputs
   std::string loss;         // --dump-loss
   std::string actions;      // --dump-actions
-  int64_t steps = 0;        // --num-steps (0: the policy's num_inference_steps)
+  int64_t steps = 0;        // --num-inference-steps (0: the policy's num_inference_steps)
 };
 
 inline constexpr const char* kPolicyHint =
     "a pi05 policy runs on one batch: --policy-inputs FILE.safetensors (images [n_cam, b, 3, H, W] in [-1, 1], "
     "img_masks [n_cam, b], tokens [b, L], masks [b, L], actions, noise [b, chunk, max_action_dim], time [b]) with "
-    "--dump-loss OUT.safetensors and/or --dump-actions OUT.safetensors";
+    "--dump-loss OUT.safetensors and/or --dump-actions OUT.safetensors [--num-inference-steps N]";
 
 // True when `dir` is a LeRobot pi05 directory or a checkpoint (its `iteration`) of a pi05 model.
 bool is_policy_model(const std::string& dir, int64_t iteration);

@@ -4,6 +4,7 @@
 #include "cpu_attention.h"
 
 #include <ATen/Functions.h>
+#include <optional>
 #include <ATen/ops/_scaled_dot_product_flash_attention_for_cpu.h>
 #include <ATen/ops/_scaled_dot_product_flash_attention_for_cpu_backward.h>
 
@@ -11,22 +12,26 @@ namespace lf::backend {
 namespace {
 
 // ATen's CPU flash kernel aligns a causal mask top-left; ours is bottom-right (KV cache). They
-// agree when s == t. Explicit masks stay on the reference path.
+// agree when s == t. Bool masks (and additive ones in bf16) stay on the reference path.
 bool flash_applies(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const AttentionMask& mask) {
   const bool dtype_ok = (q.scalar_type() == at::kFloat || q.scalar_type() == at::kBFloat16) &&
                         k.scalar_type() == q.scalar_type() && v.scalar_type() == q.scalar_type();
-  const bool mask_ok = mask.kind == MaskKind::none || (mask.kind == MaskKind::causal && q.size(2) == k.size(2));
+  // An additive mask (pi05's prefix / suffix blocks) in fp32 goes to the kernel as attn_mask
+  // (broadcast over batch and heads; the kernel reads its last dim with unit stride): the
+  // [b, nq, s, t] scores and probabilities are never materialised and the masked scores (-2.38e38)
+  // never reach ATen's slow exp path, over which the reference takes three exps.
+  const bool additive_ok = mask.kind == MaskKind::explicit_additive && q.scalar_type() == at::kFloat &&
+                           mask.mask.scalar_type() == at::kFloat && mask.mask.dim() == 4 &&
+                           (mask.mask.stride(-1) == 1 || mask.mask.size(-1) == 1);
+  const bool mask_ok = mask.kind == MaskKind::none || (mask.kind == MaskKind::causal && q.size(2) == k.size(2)) ||
+                       additive_ok;
   return q.device().is_cpu() && dtype_ok && mask_ok && q.size(-1) == v.size(-1);
 }
 
-// An additive mask (pi05's prefix / suffix blocks) in fp32: ATen's flash kernel takes it as
-// attn_mask (broadcast over batch and heads as the op allows), so the [b, nq, s, t] scores and
-// probabilities are never materialised and the masked scores (-2.38e38) never reach ATen's slow
-// exp path; the reference would take three exps over them (forward, its logsumexp, backward).
-bool masked_flash_applies(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const AttentionMask& mask) {
-  return mask.kind == MaskKind::explicit_additive && q.device().is_cpu() && q.scalar_type() == at::kFloat &&
-         k.scalar_type() == at::kFloat && v.scalar_type() == at::kFloat && mask.mask.scalar_type() == at::kFloat &&
-         mask.mask.dim() == 4 && (mask.mask.stride(-1) == 1 || mask.mask.size(-1) == 1) && q.size(-1) == v.size(-1);
+// The additive mask flash_applies passes to the kernel (none for the other kinds).
+std::optional<at::Tensor> flash_mask(const AttentionMask& mask) {
+  if (mask.kind == MaskKind::explicit_additive) return mask.mask;
+  return std::nullopt;
 }
 
 // fp32 without a mask or with a causal one: our kernel (cpu_attention.h), when the call has a
@@ -64,19 +69,14 @@ SdpaFwd CpuOps::sdpa_fwd(const at::Tensor& q, const at::Tensor& k, const at::Ten
     auto [o, lse] = cpu_attention::forward(q, k, v, mask.kind == MaskKind::causal, scale);
     return {o, lse};
   }
-  const int64_t group = q.size(1) / k.size(1);
-  if (masked_flash_applies(q, k, v, mask)) {
-    auto [o, lse] = at::_scaled_dot_product_flash_attention_for_cpu(
-        q, expand_heads(k, group), expand_heads(v, group), 0.0, false, mask.mask, scale);
-    return {o.contiguous(), lse.contiguous()};
-  }
   if (!flash_applies(q, k, v, mask)) return ReferenceOps::sdpa_fwd(q, k, v, mask, scale);
+  const int64_t group = q.size(1) / k.size(1);
   if (group > 1 && mask.kind == MaskKind::none) {
     auto [o, lse] = at::_scaled_dot_product_flash_attention_for_cpu(fold_queries(q, group), k, v, 0.0, false, {}, scale);
     return {o.reshape(q.sizes()).contiguous(), lse.to(at::kFloat).reshape({q.size(0), q.size(1), q.size(2)}).contiguous()};
   }
   auto [o, lse] = at::_scaled_dot_product_flash_attention_for_cpu(
-      q, expand_heads(k, group), expand_heads(v, group), 0.0, mask.kind == MaskKind::causal, {}, scale);
+      q, expand_heads(k, group), expand_heads(v, group), 0.0, mask.kind == MaskKind::causal, flash_mask(mask), scale);
   return {o.contiguous(), lse.to(at::kFloat).contiguous()};
 }
 
@@ -88,13 +88,8 @@ SdpaBwd CpuOps::sdpa_bwd(const at::Tensor& dout, const at::Tensor& q, const at::
     auto [dq, dk, dv] = cpu_attention::backward(dout, q, k, v, o, lse, mask.kind == MaskKind::causal, scale);
     return {dq, dk, dv};
   }
-  const int64_t group = q.size(1) / k.size(1);
-  if (masked_flash_applies(q, k, v, mask)) {
-    auto [dq, dk, dv] = at::_scaled_dot_product_flash_attention_for_cpu_backward(
-        dout.contiguous(), q, expand_heads(k, group), expand_heads(v, group), o, lse, 0.0, false, mask.mask, scale);
-    return {dq.contiguous(), sum_groups(dk, group).contiguous(), sum_groups(dv, group).contiguous()};
-  }
   if (!flash_applies(q, k, v, mask)) return ReferenceOps::sdpa_bwd(dout, q, k, v, o, lse, mask, scale);
+  const int64_t group = q.size(1) / k.size(1);
   if (group > 1 && mask.kind == MaskKind::none) {
     const auto lse_folded = lse.contiguous().view({q.size(0), k.size(1), group * q.size(2)});
     auto [dq, dk, dv] = at::_scaled_dot_product_flash_attention_for_cpu_backward(
@@ -104,7 +99,7 @@ SdpaBwd CpuOps::sdpa_bwd(const at::Tensor& dout, const at::Tensor& q, const at::
   }
   auto [dq, dk, dv] = at::_scaled_dot_product_flash_attention_for_cpu_backward(
       dout.contiguous(), q, expand_heads(k, group), expand_heads(v, group), o, lse, 0.0,
-      mask.kind == MaskKind::causal, {}, scale);
+      mask.kind == MaskKind::causal, flash_mask(mask), scale);
   return {dq.contiguous(), sum_groups(dk, group).contiguous(), sum_groups(dv, group).contiguous()};
 }
 

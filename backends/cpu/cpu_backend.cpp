@@ -287,6 +287,7 @@ class CpuBackend final : public DeviceBackend {
 }  // namespace
 
 const DeviceBackend& cpu_backend() {
+  init_cpu_math();
   static CpuBackend* instance = new CpuBackend();  // never destroyed: see CountingCpuAllocator
   return *instance;
 }

@@ -3,6 +3,8 @@
 // is backends/cpu, linked into this library).
 #include <dlfcn.h>
 
+#include <ATen/Functions.h>
+
 #include <cstdlib>
 #include <filesystem>
 #include <map>
@@ -69,7 +71,23 @@ std::string default_device_name() {
   return cuda_device_visible() ? "cuda" : "cpu";
 }
 
+void init_cpu_math() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    // 64 elements: far below ATen's grain size, so each call runs in this thread alone. Every
+    // function ATen's vml.h routes to MKL (fp32 and fp64), plus a few that share its kernels.
+    for (const auto dt : {at::kFloat, at::kDouble}) {
+      const auto x = at::linspace(0.05, 0.95, 64, at::TensorOptions().dtype(dt));
+      for (auto f : {&at::acos, &at::asin, &at::atan, &at::cos, &at::erf, &at::erfc, &at::erfinv, &at::exp,
+                     &at::log, &at::log10, &at::log2, &at::sin, &at::sqrt, &at::tan, &at::tanh, &at::trunc,
+                     &at::expm1, &at::log1p, &at::sigmoid})
+        (void)f(x);
+    }
+  });
+}
+
 const DeviceBackend& backend_by_name(std::string_view name) {
+  init_cpu_math();
   if (name == "cpu") return cpu_backend();
   // Created once; a failure is not cached, so asking again reports the same error.
   static std::mutex mu;

@@ -29,6 +29,15 @@ bool cuda_device_visible();
 // The CPU reference backend (always available).
 const DeviceBackend& cpu_backend();
 
+// Initialises the x86 wheel's MKL vector math (VML: exp, log, tanh, erf, ...) from this thread,
+// once per process. ATen sends contiguous fp32/fp64 element-wise math to VML; when two intra-op
+// threads make a process's first call of a VML function at the same time, one of them can compute
+// with a less accurate kernel for that call (seen: exp off by 2e-5 relative on the second thread's
+// half of the tensor, roughly one process in fifteen at OMP_NUM_THREADS=2), so a first step would not
+// be reproducible. A serial first call settles it. select_backend(), backend_by_name() and
+// cpu_backend() call this; so does every LibTorch test binary before main().
+void init_cpu_math();
+
 // Loading the modules, for the registry and for tests that need a fresh instance or a
 // particular file. Both throw lf::Error naming the path on a missing file, a missing symbol or
 // an ABI mismatch.

@@ -4,7 +4,7 @@
 // is timing-dependent: here 2 to 10 of every 100 processes at two threads. The check is therefore
 // statistical: 64 fresh processes, one at a time, each picking the backend as the engine's
 // programs do and then making its first VML call through two threads; without the initialisation
-// at least one of them fails with probability about 0.8 to 0.999.
+// at least one of them fails with probability about 0.7 to 0.999.
 #include <gtest/gtest.h>
 
 #include <ATen/Functions.h>

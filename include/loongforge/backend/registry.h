@@ -32,9 +32,9 @@ const DeviceBackend& cpu_backend();
 // Initialises the x86 wheel's MKL vector math (VML: exp, log, tanh, erf, ...) from this thread,
 // once per process. ATen sends contiguous fp32/fp64 element-wise math to VML; when two intra-op
 // threads make a process's first call of a VML function at the same time, one of them can compute
-// with a less accurate kernel for that call (seen: exp off by 2e-5 relative on the second thread's
-// half of the tensor, roughly one process in fifteen at OMP_NUM_THREADS=2), so a first step would not
-// be reproducible. A serial first call settles it. select_backend(), backend_by_name() and
+// with a less accurate kernel for that call (seen: exp off by 2e-5 to 1.5e-4 relative on the second
+// thread's half of the tensor, in 2 to 10 processes of 100 at OMP_NUM_THREADS=2), so a first step
+// would not be reproducible. A serial first call settles it. select_backend(), backend_by_name() and
 // cpu_backend() call this; so does every LibTorch test binary before main().
 void init_cpu_math();
 

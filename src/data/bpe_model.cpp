@@ -58,11 +58,11 @@ bool has_byte_level(const json& j) {
 
 // A SentencePiece-style decoder: Sequence of Replace("▁" -> " "), ByteFallback, Fuse, Strip.
 void add_spm_decoder(BpeModel& m, const json& j, const std::string& where, std::string& space_marker,
-                     bool& byte_tokens) {
+                     bool& byte_tokens, bool& fused) {
   if (j.is_null()) return;
   const std::string t = type_of(j);
   if (t == "Sequence") {
-    for (const auto& d : j.at("decoders")) add_spm_decoder(m, d, where, space_marker, byte_tokens);
+    for (const auto& d : j.at("decoders")) add_spm_decoder(m, d, where, space_marker, byte_tokens, fused);
   } else if (t == "Replace") {
     const json& pat = j.at("pattern");
     LF_CHECK(pat.contains("String") && j.at("content") == " ", where, ": decoder Replace ", j.dump(),
@@ -72,9 +72,12 @@ void add_spm_decoder(BpeModel& m, const json& j, const std::string& where, std::
     LF_CHECK(j.value("content", " ") == " " && j.value("stop", 0) == 0, where, ": decoder Strip ", j.dump(),
              " is not supported (content \" \", stop 0 is)");
     m.strip_start = j.value("start", 0);
+    m.strip_each_token = !fused;
   } else if (t == "ByteFallback") {
     byte_tokens = true;
-  } else if (t != "Fuse") {
+  } else if (t == "Fuse") {
+    fused = true;
+  } else {
     LF_FAIL(where, ": decoder \"", t, "\" is not supported with a SentencePiece-style BPE (Sequence, Replace, "
             "ByteFallback, Fuse, Strip are)");
   }
@@ -200,12 +203,14 @@ std::shared_ptr<const BpeModel> load_bpe_model(const std::string& given) {
     // What decode emits for a SentencePiece-style token: "<0xXX>" is its byte (ByteFallback),
     // the decoder's space marker (▁) a space.
     std::string space_marker;
-    bool byte_tokens = false;
-    if (m->spm) add_spm_decoder(*m, j.value("decoder", json()), where, space_marker, byte_tokens);
+    bool byte_tokens = false, fused = false;
+    if (m->spm) add_spm_decoder(*m, j.value("decoder", json()), where, space_marker, byte_tokens, fused);
+    auto is_byte_token = [&](const std::string& tok) {
+      return byte_tokens && tok.size() == 6 && tok.rfind("<0x", 0) == 0 && tok[5] == '>' &&
+             std::isxdigit(static_cast<unsigned char>(tok[3])) && std::isxdigit(static_cast<unsigned char>(tok[4]));
+    };
     auto spm_text = [&](const std::string& tok) {
-      if (byte_tokens && tok.size() == 6 && tok.rfind("<0x", 0) == 0 && tok[5] == '>' && std::isxdigit(static_cast<unsigned char>(tok[3])) &&
-          std::isxdigit(static_cast<unsigned char>(tok[4])))
-        return std::string(1, static_cast<char>(std::stoi(tok.substr(3, 2), nullptr, 16)));
+      if (is_byte_token(tok)) return std::string(1, static_cast<char>(std::stoi(tok.substr(3, 2), nullptr, 16)));
       if (space_marker.empty()) return tok;
       std::string out;
       for (size_t i = 0; i < tok.size();) {
@@ -253,9 +258,11 @@ std::shared_ptr<const BpeModel> load_bpe_model(const std::string& given) {
     m->vocab_size = max_id + 1;
     m->id_bytes.assign(static_cast<size_t>(m->vocab_size), std::string());
     m->id_token.assign(static_cast<size_t>(m->vocab_size), std::string());
+    m->id_is_byte.assign(static_cast<size_t>(m->vocab_size), 0);
     std::string raw;
     for (const auto& [tok, id] : m->vocab) {
       m->id_token[id] = tok;
+      m->id_is_byte[id] = m->spm && is_byte_token(tok);
       // ByteLevel decoder: a token all of whose chars map back to bytes becomes those bytes,
       // any other token is emitted as its own UTF-8.
       m->id_bytes[id] = m->spm ? spm_text(tok) : to_raw(tok, raw) ? raw : tok;
@@ -264,6 +271,7 @@ std::shared_ptr<const BpeModel> load_bpe_model(const std::string& given) {
     for (const auto& t : m->added) {
       m->id_token[t.id] = t.content;
       m->id_bytes[t.id] = m->spm ? spm_text(t.content) : to_raw(t.content, raw) ? raw : t.content;  // HF decodes added tokens too
+      m->id_is_byte[t.id] = m->spm && is_byte_token(t.content);
     }
     for (int b = 0; b < 256; ++b) {
       auto it = m->vocab.find(byte_to_unicode()[b]);

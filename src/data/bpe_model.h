@@ -65,8 +65,12 @@ struct BpeModel {
   std::optional<int32_t> unk;              // model.unk_token's id
   bool fuse_unk = false;
   std::vector<NormalizeStep> norm;  // in order, when the normalizer has Replace or Prepend steps
-  // Decoding (spm): "▁" -> " " per the decoder's Replace, leading spaces stripped by Strip.
+  // Decoding (spm): "▁" -> " " per the decoder's Replace; ByteFallback's <0xXX> tokens
+  // (id_is_byte) joined into runs, a run that is not UTF-8 one U+FFFD per byte; leading spaces
+  // stripped by Strip, from the fused text or (no Fuse before Strip) from every token.
   int strip_start = 0;
+  bool strip_each_token = false;
+  std::vector<uint8_t> id_is_byte;
   // The post-processor's single-sequence template (TemplateProcessing): ids before and after
   // the text; template_error says why there is none usable ("" when fine).
   std::vector<int32_t> template_prefix, template_suffix;

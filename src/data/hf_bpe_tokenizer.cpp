@@ -357,14 +357,52 @@ std::optional<std::string> HfBpeTokenizer::added_token_content(int32_t id) const
 }
 
 std::string HfBpeTokenizer::decode(std::span<const int32_t> ids) const {
-  std::string bytes;
-  for (int32_t id : ids) {
+  for (int32_t id : ids)
     LF_CHECK(id >= 0 && id < model_->vocab_size, "decode: token id ", id,
              " is outside the vocabulary [0, ", model_->vocab_size, ") of ", model_->path);
-    bytes += model_->id_bytes[static_cast<size_t>(id)];
+  const auto text_of = [&](int32_t id) -> const std::string& { return model_->id_bytes[static_cast<size_t>(id)]; };
+  if (!model_->spm) {  // ByteLevel: the tokens' bytes, invalid UTF-8 as from_utf8_lossy
+    std::string bytes;
+    for (int32_t id : ids) bytes += text_of(id);
+    return unicode::utf8_lossy(bytes);
   }
-  for (int k = 0; k < model_->strip_start && !bytes.empty() && bytes.front() == ' '; ++k) bytes.erase(0, 1);
-  return unicode::utf8_lossy(bytes);
+  // SentencePiece-style, HF's decoder chain: ByteFallback turns each run of <0xXX> tokens into its
+  // text, or into one U+FFFD per byte when the run is not UTF-8; Strip then cuts leading spaces.
+  std::vector<std::string> pieces;
+  std::string run;
+  size_t run_bytes = 0;
+  const auto end_run = [&] {
+    if (run_bytes == 0) return;
+    if (unicode::utf8_lossy(run) == run) {
+      pieces.push_back(run);
+    } else {
+      for (size_t k = 0; k < run_bytes; ++k) pieces.emplace_back("\xEF\xBF\xBD");
+    }
+    run.clear();
+    run_bytes = 0;
+  };
+  for (int32_t id : ids) {
+    if (model_->id_is_byte[static_cast<size_t>(id)]) {
+      run += text_of(id);
+      ++run_bytes;
+    } else {
+      end_run();
+      pieces.push_back(text_of(id));
+    }
+  }
+  end_run();
+  const auto strip = [&](std::string& s) {
+    size_t n = 0;
+    while (n < static_cast<size_t>(model_->strip_start) && n < s.size() && s[n] == ' ') ++n;
+    s.erase(0, n);
+  };
+  std::string out;
+  for (auto& p : pieces) {
+    if (model_->strip_each_token) strip(p);
+    out += p;
+  }
+  if (!model_->strip_each_token) strip(out);
+  return out;
 }
 
 std::vector<int32_t> HfBpeTokenizer::encode_with_special_tokens(std::string_view text) {

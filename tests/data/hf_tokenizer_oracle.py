@@ -20,8 +20,10 @@ Writes into OUT_DIR:
                               TemplateProcessing, Replace/ByteFallback/Fuse decoder
   llama2/tokenizer.json       the same model LLaMA-2-style: Prepend("▁") + Replace, no
                               pre-tokenizer, a Strip decoder
+  llama2_unfused/             the same without Fuse before Strip (Strip per token)
   expected.json               {variant: {"ids": [[...] per doc], "decoded": [...],
-                              "ids_special": [[...] for the first 50 docs, add_special_tokens=True]}}
+                              "ids_special": [[...] for the first 50 docs, add_special_tokens=True],
+                              "decode_cases" (SentencePiece-style variants): [[ids, HF's decode]]}}
   nfc.json                    [[text, NFC(text)], ...] from unicodedata
 """
 import json
@@ -196,6 +198,13 @@ def main():
     os.makedirs(f"{out}/llama2", exist_ok=True)
     json.dump(llama2, open(f"{out}/llama2/tokenizer.json", "w"), ensure_ascii=False)
     variants["llama2"] = f"{out}/llama2/tokenizer.json"
+    # The Strip decoder without Fuse before it: HF strips each token's leading spaces.
+    unfused = json.loads(json.dumps(llama2))
+    unfused["decoder"]["decoders"] = [d for d in unfused["decoder"]["decoders"] if d["type"] != "Fuse"]
+    os.makedirs(f"{out}/llama2_unfused", exist_ok=True)
+    json.dump(unfused, open(f"{out}/llama2_unfused/tokenizer.json", "w"), ensure_ascii=False)
+    variants["llama2_unfused"] = f"{out}/llama2_unfused/tokenizer.json"
+    spm_variants = ["gemma", "llama2", "llama2_unfused"]
 
     with open(f"{out}/docs.jsonl", "w") as f:
         for d in docs:
@@ -210,6 +219,17 @@ def main():
         expected[name] = {"ids": ids,
                           "decoded": [t.decode(i, skip_special_tokens=False) for i in ids],
                           "ids_special": [t.encode(d).ids for d in docs[:50]]}
+        if name in spm_variants:
+            # Byte-token runs that are not UTF-8 (one U+FFFD per byte, valid bytes of the run
+            # too), runs that are, at either end, and words with leading spaces (Strip).
+            byte = lambda *bs: [t.token_to_id(f"<0x{b:02X}>") for b in bs]
+            words = lambda text: t.encode(text, add_special_tokens=False).ids
+            cases = [byte(0xE2, 0x82) + words(" a b"), byte(0x41, 0xFF) + words(" world"),
+                     words(" x") + byte(0xE2, 0x82, 0xAC), words("the") + byte(0xE2),
+                     byte(0xE2, 0x82, 0xAC, 0x41) + words("  two  spaces") + byte(0x80),
+                     words("  lead") + words(" and  more") + byte(0x20, 0x20, 0x41),
+                     [t.token_to_id("<bos>")] + words(" hi")]
+            expected[name]["decode_cases"] = [[c, t.decode(c, skip_special_tokens=False)] for c in cases]
     json.dump(expected, open(f"{out}/expected.json", "w"))
 
     nfc_rng = random.Random(3)

@@ -85,6 +85,20 @@ TEST(HfTokenizer, Llama3StyleIgnoreMergesMatchesHf) { expect_parity("llama3"); }
 TEST(HfTokenizer, GemmaStyleByteFallbackMatchesHf) { expect_parity("gemma"); }
 TEST(HfTokenizer, Llama2StylePrependAndStripMatchesHf) { expect_parity("llama2"); }
 
+TEST(HfTokenizer, Llama2StyleStripWithoutFuseMatchesHf) { expect_parity("llama2_unfused"); }
+
+// ByteFallback's runs of <0xXX> tokens: one U+FFFD per byte when the run is not UTF-8 (its valid
+// bytes too), the text when it is; Strip on the fused text or, without Fuse, on every token.
+TEST(HfTokenizer, SentencePieceStyleDecodeMatchesHf) {
+  for (const char* variant : {"gemma", "llama2", "llama2_unfused"}) {
+    HfBpeTokenizer tok(oracle_dir() + "/" + variant);
+    const json cases = read_json(oracle_dir() + "/expected.json").at(variant).at("decode_cases");
+    ASSERT_EQ(cases.size(), 7u) << variant;
+    for (const auto& c : cases)
+      EXPECT_EQ(tok.decode(c[0].get<std::vector<int32_t>>()), c[1].get<std::string>()) << variant << " " << c[0].dump();
+  }
+}
+
 TEST(HfTokenizer, SentencePieceStyleSpecificsMatchHf) {
   HfBpeTokenizer gemma(oracle_dir() + "/gemma");
   EXPECT_NE(gemma.describe().find("SentencePiece-style BPE with byte fallback"), std::string::npos)

@@ -115,6 +115,35 @@ TEST(Pi05, SetupComesFromTheWeightsShapes) {
   EXPECT_EQ(s.policy.num_inference_steps, 4);
 }
 
+// TFLOP/s in the training log counts the data's cameras and prompt length (a LeRobot dataset's, not
+// the mock data's) once the model has seen a batch: one camera and a shorter prompt than the mock
+// settings here.
+TEST(Pi05, ThroughputCountsTheCamerasAndPromptOfTheData) {
+  REQUIRE_ORACLE();
+  const std::string dir = oracle_dir() + "/two_cameras";
+  auto m = load(dir + "/policy");
+  auto in = lf::testing::read_safetensors(dir + "/inputs.safetensors");
+  const int64_t b = in.at("actions").size(0), tokens = in.at("tokens").size(1) - 1;
+  lf::data::Batch batch;
+  batch.set("images", in.at("images").narrow(0, 0, 1).transpose(0, 1).contiguous());
+  batch.set("image_masks", in.at("img_masks").narrow(0, 0, 1).transpose(0, 1).contiguous());
+  batch.set("prompt_tokens", in.at("tokens").narrow(1, 0, tokens).contiguous(), 1);
+  batch.set("prompt_masks", in.at("masks").narrow(1, 0, tokens).contiguous(), 1);
+  batch.set("actions", in.at("actions"));
+  for (int64_t i = 0; i < b; ++i) batch.sample_indices.push_back(i);
+  const auto flops = [&](int64_t cams, int64_t prompt) {
+    const double img = static_cast<double>(cams * m->vision_config().tokens_per_image());
+    return 6.0 * (static_cast<double>(m->vision_config().num_parameters()) * img +
+                  static_cast<double>(m->vlm_config().num_parameters(false)) * (img + static_cast<double>(prompt)) +
+                  static_cast<double>(m->expert_config().num_parameters(true) * m->config().chunk_size));
+  };
+  const auto& c = m->config();
+  ASSERT_TRUE(c.mock_cameras != 1 || c.mock_tokens != tokens) << "the check needs data unlike the mock settings";
+  EXPECT_DOUBLE_EQ(m->flops_per_sample(0), flops(c.mock_cameras, c.mock_tokens));
+  m->stage_forward(batch, {}, 0, lf::models::Pass::eval);
+  EXPECT_DOUBLE_EQ(m->flops_per_sample(0), flops(1, tokens));
+}
+
 TEST(Pi05, RoundTripKeepsEveryTensor) {
   REQUIRE_ORACLE();
   const std::string src = oracle_dir() + "/two_cameras/policy";

@@ -126,7 +126,9 @@ inline void expect_same_training(const TrainRun& want, const TrainRun& got, cons
   ASSERT_EQ(got.exit_code, 0) << got.output;
   ASSERT_EQ(want.losses.size(), 10u) << want.output;
   ASSERT_EQ(got.losses.size(), 10u) << got.output;
-  if (tol.expect_learning) EXPECT_LT(want.losses.back(), want.losses.front());  // it learns
+  if (tol.expect_learning) {
+    EXPECT_LT(want.losses.back(), want.losses.front());  // it learns
+  }
   double worst_rel = 0;
   for (size_t i = 0; i < want.losses.size(); ++i) {
     EXPECT_NEAR(got.losses[i], want.losses[i], tol.loss_rel * std::abs(want.losses[i]))

@@ -516,6 +516,8 @@ at::Tensor Pi05::sample_time(const at::Tensor& ids) const {
 
 StageOutput Pi05::stage_forward(const Batch& batch, const TensorMap&, int64_t, Pass pass) {
   auto in = inputs_of(batch);
+  seen_cameras_ = in.images.size(0);
+  seen_prompt_ = in.tokens.size(1);
   const auto& actions = batch.at("actions");
   const int64_t b = actions.size(0);
   LF_CHECK(static_cast<int64_t>(batch.sample_indices.size()) == b, "pi05: the batch has ", b, " samples but ",
@@ -543,10 +545,12 @@ void Pi05::set_rng_state(const std::map<std::string, at::Tensor>& s) {
 
 double Pi05::flops_per_sample(int64_t) const {
   // 6 x parameters x tokens for the matmuls of each stream (prefix through the vision tower and
-  // the LM, the suffix through the expert), attention ignored (short sequences).
-  const double cams = static_cast<double>(config_.mock_cameras);
+  // the LM, the suffix through the expert), attention ignored (short sequences). The cameras and
+  // prompt length of the last batch trained on (a LeRobot dataset's cameras, the tokenizer's
+  // max length); before any, the mock data's.
+  const double cams = static_cast<double>(seen_cameras_ > 0 ? seen_cameras_ : config_.mock_cameras);
   const double img_tokens = cams * static_cast<double>(vision_.tokens_per_image());
-  const double prefix = img_tokens + static_cast<double>(config_.mock_tokens);
+  const double prefix = img_tokens + static_cast<double>(seen_prompt_ > 0 ? seen_prompt_ : config_.mock_tokens);
   return 6.0 * (static_cast<double>(vision_.num_parameters()) * img_tokens +
                 static_cast<double>(vlm_.num_parameters(false)) * prefix +
                 static_cast<double>(expert_.num_parameters(true)) * static_cast<double>(config_.chunk_size));

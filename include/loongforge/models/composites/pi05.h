@@ -240,6 +240,8 @@ class Pi05 : public Model {
   Pi05Config config_;
   uint64_t seed_;
   int64_t step_ = 0;
+  // Cameras and prompt tokens of the last batch stage_forward saw (flops_per_sample); 0: none yet.
+  int64_t seen_cameras_ = 0, seen_prompt_ = 0;
 
   at::Tensor patch_w_, patch_b_, pos_emb_, post_ln_w_, post_ln_b_, proj_w_, proj_b_;
   std::vector<VisionLayer> vision_layers_;

@@ -1,4 +1,4 @@
-// CpuOps: fused CPU kernels for RMSNorm, SwiGLU and RoPE (backends/cpu/cpu_ops.h). Each op is one
+// CpuOps: fused CPU kernels for RMSNorm, SwiGLU, GELU (tanh form) and RoPE (backends/cpu/cpu_ops.h). Each op is one
 // parallel loop over rows instead of the reference's 4-6 ATen ops, each its own parallel region
 // with a barrier: on a small CPU those barriers cost more than the arithmetic
 // (docs/performance.md). Same math as the reference in fp32 (row sums in double); contiguous
@@ -230,6 +230,27 @@ at::Tensor CpuOps::swiglu_bwd(const at::Tensor& dy, const at::Tensor& gate_up) c
   at::Tensor dgu = at::empty_like(gate_up);
   LF_CPU_DISPATCH(gate_up.scalar_type(), swiglu_bwd_kernel<scalar>(dy, gate_up, dgu));
   return dgu;
+}
+
+// GELU (tanh form), fp32: one parallel pass over the elements (cpu_math::gelu_tanh).
+at::Tensor CpuOps::gelu_tanh_fwd(const at::Tensor& x) const {
+  if (x.scalar_type() != at::kFloat || !fusable({&x})) return ReferenceOps::gelu_tanh_fwd(x);
+  at::Tensor y = at::empty_like(x);
+  const float* xp = x.data_ptr<float>();
+  float* yp = y.data_ptr<float>();
+  at::parallel_for(0, x.numel(), 16384, [&](int64_t b, int64_t e) { cpu_math::gelu_tanh(xp + b, yp + b, e - b); });
+  return y;
+}
+
+at::Tensor CpuOps::gelu_tanh_bwd(const at::Tensor& dy, const at::Tensor& x) const {
+  if (x.scalar_type() != at::kFloat || !fusable({&x, &dy}) || dy.sizes() != x.sizes())
+    return ReferenceOps::gelu_tanh_bwd(dy, x);
+  at::Tensor dx = at::empty_like(x);
+  const float *dyp = dy.data_ptr<float>(), *xp = x.data_ptr<float>();
+  float* dxp = dx.data_ptr<float>();
+  at::parallel_for(0, x.numel(), 16384,
+                   [&](int64_t b, int64_t e) { cpu_math::gelu_tanh_bwd(dyp + b, xp + b, dxp + b, e - b); });
+  return dx;
 }
 
 at::Tensor CpuOps::rope_fwd(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,

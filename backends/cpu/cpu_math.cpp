@@ -49,6 +49,32 @@ LF_CPU_CLONES void silu_mul_bwd(const float* dy, const float* g, const float* u,
   }
 }
 
+namespace {
+constexpr float kGeluK = 0.7978845608028654f, kGeluC = 0.044715f, kGeluSaturated = 9.0f;
+
+// sigmoid(2u), exactly 0 or 1 beyond the saturation (fp32 tanh(u) is -1 / 1 there).
+inline float gelu_sigmoid(float u) {
+  const float s = 1.0f / (1.0f + vexp(-2.0f * std::min(kGeluSaturated, std::max(-kGeluSaturated, u))));
+  return u < -kGeluSaturated ? 0.0f : (u > kGeluSaturated ? 1.0f : s);
+}
+}  // namespace
+
+LF_CPU_CLONES void gelu_tanh(const float* __restrict x, float* __restrict y, int64_t n) {
+  for (int64_t j = 0; j < n; ++j) {
+    const float v = x[j];
+    y[j] = v * gelu_sigmoid(kGeluK * (v + kGeluC * v * v * v));
+  }
+}
+
+LF_CPU_CLONES void gelu_tanh_bwd(const float* __restrict dy, const float* __restrict x, float* __restrict dx,
+                                 int64_t n) {
+  for (int64_t j = 0; j < n; ++j) {
+    const float v = x[j];
+    const float s = gelu_sigmoid(kGeluK * (v + kGeluC * v * v * v));
+    dx[j] = dy[j] * (s + 2.0f * v * s * (1.0f - s) * kGeluK * (1.0f + 3.0f * kGeluC * v * v));
+  }
+}
+
 LF_CPU_CLONES double dot(const float* a, const float* b, int64_t n) {
   double lane[8] = {};
   int64_t j = 0;

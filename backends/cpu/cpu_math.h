@@ -46,6 +46,11 @@ double row_exp_sum(float* z, float m, int64_t n);
 void silu_mul(const float* g, const float* u, float* y, int64_t n);
 // dg = dy u silu'(g), du = dy silu(g)
 void silu_mul_bwd(const float* dy, const float* g, const float* u, float* dg, float* du, int64_t n);
+// GELU, tanh form, as x sigmoid(2u) (u = sqrt(2/pi) (x + 0.044715 x^3); (1 + tanh u) / 2 =
+// sigmoid(2u)), saturated exactly where fp32 tanh(u) is +-1 (|u| > 9): y = 0 / x, dx = 0 / dy,
+// never a denormal; and its backward dx = dy (s + 2 x s (1 - s) du/dx), s = sigmoid(2u).
+void gelu_tanh(const float* x, float* y, int64_t n);
+void gelu_tanh_bwd(const float* dy, const float* x, float* dx, int64_t n);
 // RMSNorm rows: y = x r w; the backward's dot sum (dy w) x in fp64; dx = r (dy w - x r m) and
 // acc += dy x r (the weight gradient's per-thread partial sums)
 void rms_norm_row(const float* x, float r, const float* w, float* y, int64_t n);

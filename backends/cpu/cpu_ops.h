@@ -2,8 +2,8 @@
 // to our fp32 grouped-query kernel (cpu_attention.h: no mask or a bottom-right causal mask, K/V
 // never copied per query head) when the call has a (batch, kv head) task per thread, else to
 // ATen's fused CPU flash-attention kernels where they apply (no mask, or a causal mask over a
-// square score matrix; fp32/bf16; equal q/v head sizes), and one-pass kernels for RMSNorm, SwiGLU
-// and RoPE (cpu_fused.cpp), and DSA fused by query blocks (cpu_dsa.cpp). Everything else, and every other case, is the reference. The op
+// square score matrix; fp32/bf16; equal q/v head sizes), and one-pass kernels for RMSNorm, SwiGLU,
+// GELU (tanh form) and RoPE (cpu_fused.cpp), and DSA fused by query blocks (cpu_dsa.cpp). Everything else, and every other case, is the reference. The op
 // harness checks this table against ReferenceOps on every case.
 #pragma once
 
@@ -19,6 +19,9 @@ class CpuOps final : public ReferenceOps {
                           const at::Tensor& rstd) const override;
   at::Tensor swiglu_fwd(const at::Tensor& gate_up) const override;
   at::Tensor swiglu_bwd(const at::Tensor& dy, const at::Tensor& gate_up) const override;
+  // fp32 only (bf16: the reference)
+  at::Tensor gelu_tanh_fwd(const at::Tensor& x) const override;
+  at::Tensor gelu_tanh_bwd(const at::Tensor& dy, const at::Tensor& x) const override;
   // Fused for non-interleaved RoPE on fp32 x with fp32 tables (bf16 x: the reference).
   at::Tensor rope_fwd(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
                       bool interleaved) const override;

@@ -295,6 +295,30 @@ at::Tensor ReferenceOps::gelu_bwd(const at::Tensor& dy, const at::Tensor& x) con
   return (dy.to(ct) * (cdf + xf * pdf)).to(x.scalar_type()).contiguous();
 }
 
+// ---- GELU (tanh form) ------------------------------------------------------------------------
+
+namespace {
+constexpr double kGeluTanhK = 0.79788456080286535588;  // sqrt(2 / pi)
+constexpr double kGeluTanhC = 0.044715;
+}  // namespace
+
+at::Tensor ReferenceOps::gelu_tanh_fwd(const at::Tensor& x) const {
+  const auto ct = compute_type(x);
+  auto xf = x.to(ct);
+  auto t = at::tanh(kGeluTanhK * (xf + kGeluTanhC * xf * xf * xf));
+  return (0.5 * xf * (1 + t)).to(x.scalar_type()).contiguous();
+}
+
+at::Tensor ReferenceOps::gelu_tanh_bwd(const at::Tensor& dy, const at::Tensor& x) const {
+  LF_CHECK(dy.sizes() == x.sizes(), "gelu_tanh_bwd: dy ", shape_str(dy), " and x ", shape_str(x),
+           " must have the same shape");
+  const auto ct = compute_type(x);
+  auto xf = x.to(ct);
+  auto t = at::tanh(kGeluTanhK * (xf + kGeluTanhC * xf * xf * xf));
+  auto du = kGeluTanhK * (1 + 3 * kGeluTanhC * xf * xf);
+  return (dy.to(ct) * (0.5 * (1 + t) + 0.5 * xf * (1 - t * t) * du)).to(x.scalar_type()).contiguous();
+}
+
 // ---- softmax cross-entropy -------------------------------------------------------------------
 
 CrossEntropyFwd ReferenceOps::softmax_cross_entropy_fwd(const at::Tensor& logits,

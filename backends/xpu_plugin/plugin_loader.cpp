@@ -235,6 +235,10 @@ class PluginOps final : public OpTable {
     return ref_.linear_cross_entropy(x, w, target, weight, ignore_index, shard, chunk_tokens, into);
   }
   at::Tensor squared_norm(at::TensorList tensors) const override { return ref_.squared_norm(tensors); }
+  at::Tensor gelu_tanh_fwd(const at::Tensor& x) const override { return ref_.gelu_tanh_fwd(x); }
+  at::Tensor gelu_tanh_bwd(const at::Tensor& dy, const at::Tensor& x) const override {
+    return ref_.gelu_tanh_bwd(dy, x);
+  }
   MoePermuteFwd moe_permute_fwd(const at::Tensor& x, const at::Tensor& indices, int64_t e) const override {
     return ref_.moe_permute_fwd(x, indices, e);
   }

@@ -101,6 +101,18 @@ struct GeluFn : torch::autograd::Function<GeluFn> {
   }
 };
 
+struct GeluTanhFn : torch::autograd::Function<GeluTanhFn> {
+  static at::Tensor forward(AutogradContext* ctx, const DeviceBackend* be, const at::Tensor& x) {
+    save_backend(ctx, be);
+    ctx->save_for_backward({x});
+    return be->ops().gelu_tanh_fwd(x);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list dy) {
+    auto s = ctx->get_saved_variables();
+    return {at::Tensor(), saved_backend(ctx).ops().gelu_tanh_bwd(dy[0], s[0])};
+  }
+};
+
 struct CrossEntropyFn : torch::autograd::Function<CrossEntropyFn> {
   static at::Tensor forward(AutogradContext* ctx, const DeviceBackend* be,
                             const at::Tensor& logits, const at::Tensor& target,
@@ -367,6 +379,11 @@ at::Tensor swiglu(const DeviceBackend& be, const at::Tensor& gate_up) {
 at::Tensor gelu(const DeviceBackend& be, const at::Tensor& x) {
   RECORD_USER_SCOPE("lf::gelu");
   return GeluFn::apply(&be, x);
+}
+
+at::Tensor gelu_tanh(const DeviceBackend& be, const at::Tensor& x) {
+  RECORD_USER_SCOPE("lf::gelu_tanh");
+  return GeluTanhFn::apply(&be, x);
 }
 
 at::Tensor softmax_cross_entropy(const DeviceBackend& be, const at::Tensor& logits,

@@ -283,6 +283,21 @@ TEST(ReferenceVsAten, GeluMatchesAtenErfGelu) {
   expect_close(kRef.gelu_fwd(x), at::gelu(x), 1e-6, "gelu");
 }
 
+TEST(ReferenceFiniteDifference, GeluTanh) {
+  fd_check("gelu_tanh", {at::randn({3, 10}, kF64) * 2}, {0},
+           [](auto& in) { return kRef.gelu_tanh_fwd(in[0]); },
+           [](auto& in, auto& dy) { return std::vector<at::Tensor>{kRef.gelu_tanh_bwd(dy, in[0])}; });
+}
+
+// In fp64: in fp32 1 + tanh(u) cancels to a few ulp of 1 for x < -4, where ATen's own tanh and
+// at::tanh already disagree by 1e-6 (the fp32 op harness compares the backends there).
+TEST(ReferenceVsAten, GeluTanhMatchesAtenTanhGelu) {
+  auto x = at::randn({4, 33}, kF64) * 3;
+  expect_close(kRef.gelu_tanh_fwd(x), at::gelu(x, "tanh"), 1e-12, "gelu_tanh");
+  auto dy = at::randn({4, 33}, kF64);
+  expect_close(kRef.gelu_tanh_bwd(dy, x), at::gelu_backward(dy, x, "tanh"), 1e-12, "gelu_tanh backward");
+}
+
 TEST(ReferenceVsAten, SwigluMatchesSiluTimesUp) {
   auto gu = at::randn({4, 2, 20});
   expect_close(kRef.swiglu_fwd(gu), at::silu(gu.narrow(-1, 0, 10)) * gu.narrow(-1, 10, 10), 1e-6,

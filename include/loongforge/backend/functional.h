@@ -29,6 +29,8 @@ at::Tensor rope(const DeviceBackend& be, const at::Tensor& x, const at::Tensor& 
 at::Tensor swiglu(const DeviceBackend& be, const at::Tensor& gate_up);
 // x: [..] -> gelu(x), erf form
 at::Tensor gelu(const DeviceBackend& be, const at::Tensor& x);
+// x: [..] -> gelu(x), tanh form (torch's approximate='tanh')
+at::Tensor gelu_tanh(const DeviceBackend& be, const at::Tensor& x);
 // logits: [n, v], target: [n] -> per-token loss [n] fp32 (0 at ignore_index; reduce it yourself)
 at::Tensor softmax_cross_entropy(const DeviceBackend& be, const at::Tensor& logits,
                                  const at::Tensor& target, int64_t ignore_index = -100);

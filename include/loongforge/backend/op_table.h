@@ -193,6 +193,11 @@ class OpTable {
   virtual at::Tensor gelu_fwd(const at::Tensor& x) const = 0;
   // dy: [..] -> dx = dy * (Phi(x) + x * phi(x))
   virtual at::Tensor gelu_bwd(const at::Tensor& dy, const at::Tensor& x) const = 0;
+  // x: [..] -> y = x/2 (1 + tanh(u)), u = sqrt(2/pi) (x + 0.044715 x^3) (torch's
+  // gelu(approximate='tanh'); Gemma, SigLIP, DiT MLPs)
+  virtual at::Tensor gelu_tanh_fwd(const at::Tensor& x) const = 0;
+  // dy: [..] -> dx = dy * ((1 + tanh(u)) / 2 + x/2 (1 - tanh(u)^2) du/dx)
+  virtual at::Tensor gelu_tanh_bwd(const at::Tensor& dy, const at::Tensor& x) const = 0;
 
   // logits: [n, v], target: [n] int64
   virtual CrossEntropyFwd softmax_cross_entropy_fwd(const at::Tensor& logits,

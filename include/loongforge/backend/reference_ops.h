@@ -26,6 +26,8 @@ class ReferenceOps : public OpTable {
   at::Tensor swiglu_bwd(const at::Tensor& dy, const at::Tensor& gate_up) const override;
   at::Tensor gelu_fwd(const at::Tensor& x) const override;
   at::Tensor gelu_bwd(const at::Tensor& dy, const at::Tensor& x) const override;
+  at::Tensor gelu_tanh_fwd(const at::Tensor& x) const override;
+  at::Tensor gelu_tanh_bwd(const at::Tensor& dy, const at::Tensor& x) const override;
   CrossEntropyFwd softmax_cross_entropy_fwd(const at::Tensor& logits, const at::Tensor& target,
                                             int64_t ignore_index) const override;
   at::Tensor softmax_cross_entropy_bwd(const at::Tensor& dloss, const at::Tensor& logits,

@@ -368,7 +368,7 @@ at::Tensor Groot::block(const Block& blk, const at::Tensor& x, const at::Tensor&
   auto y = x + o;
   auto n3 = blk.n3_w.defined() ? lf::ops::layer_norm(backend_, y, blk.n3_w, blk.n3_b, 1e-5)
                                : at::layer_norm(y, {dim}, {}, {}, 1e-5);
-  auto f = drop(at::gelu(at::linear(n3, blk.ff1, blk.ff1_b), "tanh"), p);
+  auto f = drop(lf::ops::gelu_tanh(backend_, at::linear(n3, blk.ff1, blk.ff1_b)), p);
   f = at::linear(f, blk.ff2, blk.ff2_b);
   if (final_dropout) f = drop(f, p);
   return y + f;

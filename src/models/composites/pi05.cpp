@@ -294,7 +294,7 @@ at::Tensor Pi05::embed_images(const at::Tensor& images) const {
     auto o = lf::ops::sdpa(backend_, q, k, v, lf::backend::AttentionMask::none());
     x = x + row_parallel_linear(o.transpose(1, 2).reshape({n, t, heads * hd}), l.out, l.out_b, tp_);
     h = lf::ops::layer_norm(backend_, x, l.ln2_w, l.ln2_b, c.layer_norm_eps);
-    h = at::gelu(column_parallel_linear(h, l.fc1, l.fc1_b, tp_), "tanh");
+    h = lf::ops::gelu_tanh(backend_, column_parallel_linear(h, l.fc1, l.fc1_b, tp_));
     x = x + row_parallel_linear(h, l.fc2, l.fc2_b, tp_);
   }
   x = lf::ops::layer_norm(backend_, x, post_ln_w_, post_ln_b_, c.layer_norm_eps);
@@ -348,7 +348,7 @@ std::pair<at::Tensor, at::Tensor> Pi05::norm(const Norm& n, const at::Tensor& x,
 
 at::Tensor Pi05::mlp(const GemmaLayer& l, const at::Tensor& x) const {
   using lf::parallel::column_parallel_linear;
-  auto h = at::gelu(column_parallel_linear(x, l.gate, {}, tp_), "tanh") * column_parallel_linear(x, l.up, {}, tp_);
+  auto h = lf::ops::gelu_tanh(backend_, column_parallel_linear(x, l.gate, {}, tp_)) * column_parallel_linear(x, l.up, {}, tp_);
   return lf::parallel::row_parallel_linear(h, l.down, {}, tp_);
 }
 

@@ -209,7 +209,7 @@ at::Tensor Qwen3VisionEncoder::attention(const Block& blk, const at::Tensor& x, 
 
 at::Tensor Qwen3VisionEncoder::mlp(const Block& blk, const at::Tensor& x) const {
   auto a = lf::parallel::column_parallel_linear(x, blk.fc1, blk.fc1_bias, tp_);
-  a = c_.hidden_act == "gelu" ? lf::ops::gelu(*backend_, a) : at::gelu(a, "tanh");
+  a = c_.hidden_act == "gelu" ? lf::ops::gelu(*backend_, a) : lf::ops::gelu_tanh(*backend_, a);
   return lf::parallel::row_parallel_linear(a, blk.fc2, blk.fc2_bias, tp_);
 }
 

@@ -267,7 +267,7 @@ at::Tensor WanDit::block_forward(const Block& blk, const at::Tensor& x, const at
   h = h + cross_attention(blk.cross, n2, text, image);
   auto n3 = at::addcmul(c_shift, layer_norm(h, c_.eps), c_scale + 1).to(dt);
   auto f = lf::parallel::column_parallel_linear(n3, blk.ffn_in, blk.ffn_in_bias, tp_);
-  f = lf::parallel::row_parallel_linear(at::gelu(f, "tanh"), blk.ffn_out, blk.ffn_out_bias, tp_);
+  f = lf::parallel::row_parallel_linear(lf::ops::gelu_tanh(backend_, f), blk.ffn_out, blk.ffn_out_bias, tp_);
   return at::addcmul(h.to(at::kFloat), f.to(at::kFloat), c_gate).to(dt);
 }
 
@@ -310,7 +310,7 @@ WanTokens WanDit::forward_tokens(const WanInputs& in) const {
     mod = tproj.view({b, 6, h}).permute({1, 0, 2}).unsqueeze(1);
     final_temb = temb.to(at::kFloat).unsqueeze(0);
   }
-  auto text = linear(at::gelu(linear(in.text.to(dt), text1_, text1_b_), "tanh"), text2_, text2_b_).transpose(0, 1);
+  auto text = linear(lf::ops::gelu_tanh(backend_, linear(in.text.to(dt), text1_, text1_b_)), text2_, text2_b_).transpose(0, 1);
   at::Tensor image;
   if (in.image.defined()) {
     LF_CHECK(in.image.dim() == 3 && in.image.size(0) == (img_pos_.defined() ? 2 * b : b) && in.image.size(2) == c_.image_dim,

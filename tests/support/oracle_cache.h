@@ -9,11 +9,15 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <regex>
+#include <sstream>
 #include <string>
+#include <vector>
 
 #include "multiprocess.h"
 
@@ -36,14 +40,42 @@ inline bool missing_python(const std::string& output) {
          output.find("No module named 'torch'") != std::string::npos;
 }
 
-// `python script make DIR` (python: the project's .venv unless given), cached as <build>/test-cache/<name>-<hash of the script>; `done_file` (relative)
+// The text of a script and of the project's Python modules it imports, recursively (a module is
+// local when tests/<any dir>/<module>.py exists: the oracles put those directories on sys.path),
+// so that a change to a shared oracle module renews every cache built from it.
+inline std::string oracle_sources(const std::string& script) {
+  namespace fs = std::filesystem;
+  std::string all;
+  std::vector<std::string> todo{script}, seen;
+  while (!todo.empty()) {
+    const std::string file = todo.back();
+    todo.pop_back();
+    if (std::find(seen.begin(), seen.end(), file) != seen.end()) continue;
+    seen.push_back(file);
+    const std::string text = read_text(file);
+    all += file + "\n" + text;
+    std::istringstream lines(text);
+    for (std::string line; std::getline(lines, line);) {
+      std::smatch m;
+      static const std::regex import_re(R"(^\s*(?:from|import)\s+([A-Za-z_][A-Za-z0-9_]*))");
+      if (!std::regex_search(line, m, import_re)) continue;
+      for (const auto& dir : fs::directory_iterator(source_dir() + "/tests")) {
+        const fs::path module = dir.path() / (m[1].str() + ".py");
+        if (dir.is_directory() && fs::exists(module)) todo.push_back(module.string());
+      }
+    }
+  }
+  return all;
+}
+
+// `python script make DIR` (python: the project's .venv unless given), cached as <build>/test-cache/<name>-<hash of the script and the local modules it imports>; `done_file` (relative)
 // marks a complete cache. "" when Python or transformers is unavailable; a failed run is a test
 // failure (and returns the partial directory).
 inline std::string cached_oracle(const std::string& script, const std::string& name, const std::string& done_file,
                                  const std::string& python = venv_python()) {
   namespace fs = std::filesystem;
   if (!fs::exists(python)) return "";
-  const std::string key = std::to_string(std::hash<std::string>{}(read_text(script)));
+  const std::string key = std::to_string(std::hash<std::string>{}(oracle_sources(script)));
   const std::string cache = binary_dir() + "/test-cache/" + name + "-" + key;
   if (fs::exists(cache + "/" + done_file)) return cache;
   const std::string tmp = cache + ".tmp-" + std::to_string(::getpid());

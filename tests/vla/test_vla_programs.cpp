@@ -332,3 +332,16 @@ TEST(ServePolicyProgram, HealthCheckBindingAndUsageErrors) {
 }
 
 }  // namespace
+
+// An oracle's cache is keyed by its script and the project modules it imports (recursively), so a
+// change to a shared module (lerobot_dataset_oracle.py under the pi05 inputs oracle, wan_oracle.py
+// under the sampler's) rebuilds the caches made with it; packages (torch, lerobot) are not read.
+TEST(OracleCache, KeyCoversTheLocalModulesAScriptImports) {
+  const std::string t = lf::testing::source_dir() + "/tests";
+  const std::string inputs = lf::testing::oracle_sources(t + "/vla/pi05_lerobot_inputs_oracle.py");
+  EXPECT_NE(inputs.find(lf::testing::read_text(t + "/vla/pi05_lerobot_inputs_oracle.py")), std::string::npos);
+  EXPECT_NE(inputs.find(lf::testing::read_text(t + "/data/lerobot_dataset_oracle.py")), std::string::npos);
+  const std::string wan = lf::testing::oracle_sources(t + "/models/wan_sample_oracle.py");
+  EXPECT_NE(wan.find(lf::testing::read_text(t + "/models/wan_oracle.py")), std::string::npos);
+  EXPECT_EQ(lf::testing::oracle_sources(t + "/models/wan_oracle.py").find("wan_sample_oracle"), std::string::npos);
+}

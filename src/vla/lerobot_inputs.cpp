@@ -105,8 +105,15 @@ Pi05LeRobotInputs::Pi05LeRobotInputs(const std::string& dataset, Pi05LeRobotOpti
 
 std::string Pi05LeRobotInputs::prompt_of(const lf::data::LeRobotItem& item) const {
   const auto& stats = dataset_->stats(kState);
-  auto state = lf::data::normalize(item.tensors.at(kState).to(at::kFloat), lf::data::LeRobotNormMode::kQuantiles, stats)
-                   .contiguous();
+  auto state = lf::data::normalize(item.tensors.at(kState).to(at::kFloat), lf::data::LeRobotNormMode::kQuantiles, stats);
+  std::string task = strip(item.task);
+  std::replace(task.begin(), task.end(), '_', ' ');
+  std::replace(task.begin(), task.end(), '\n', ' ');
+  return "Task: " + task + ", State: " + state_bins(state) + ";\nAction: ";
+}
+
+std::string state_bins(const at::Tensor& normalized_state) {
+  const at::Tensor state = normalized_state.to(at::kFloat).contiguous();
   // np.digitize(state, np.linspace(-1, 1, 257)[:-1]) - 1: the bins are -1 + i / 128 exactly.
   std::string bins;
   const float* s = state.data_ptr<float>();
@@ -127,10 +134,7 @@ std::string Pi05LeRobotInputs::prompt_of(const lf::data::LeRobotItem& item) cons
     }
     bins += (i ? " " : "") + std::to_string(k);
   }
-  std::string task = strip(item.task);
-  std::replace(task.begin(), task.end(), '_', ' ');
-  std::replace(task.begin(), task.end(), '\n', ' ');
-  return "Task: " + task + ", State: " + bins + ";\nAction: ";
+  return bins;
 }
 
 std::string Pi05LeRobotInputs::prompt(int64_t index) const { return prompt_of(dataset_->get(index)); }

@@ -10,6 +10,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <nlohmann/json.hpp>
 
 #include "../models/cached_oracle.h"
@@ -101,3 +102,14 @@ TEST(LeRobotPi05Inputs, ResizeWithPadKeepsTheAspectAndCentres) {
 }
 
 }  // namespace
+
+// The state's bins as LeRobot's np.digitize(state, np.linspace(-1, 1, 257)[:-1]) - 1 gives them
+// (numpy's values for these fp32 inputs): both infinities, NaN, the edges and either side of them,
+// values whose x + 1 rounds.
+TEST(LeRobotPi05Inputs, StateBinsAreNumpysDigitize) {
+  const float inf = std::numeric_limits<float>::infinity();
+  const std::vector<float> x = {-inf, -1.5f, -1.0f, -1.0f + 1.0f / 128 - 1e-7f, -1.0f + 1.0f / 128, 0.0f, 1e-30f,
+                                -1e-30f, 0.5f, 1.0f - 1.0f / 128, 1.0f - 1e-7f, 1.0f, 3.0f, inf,
+                                std::numeric_limits<float>::quiet_NaN()};
+  EXPECT_EQ(lf::vla::state_bins(at::tensor(x)), "-1 -1 0 0 1 128 128 127 192 255 255 255 255 255 255");
+}

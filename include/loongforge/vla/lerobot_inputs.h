@@ -67,4 +67,9 @@ class Pi05LeRobotInputs {
 // centred zero padding.
 at::Tensor resize_with_pad(const at::Tensor& images, int64_t height, int64_t width);
 
+// The prompt's state: each value of a normalised state [n] as LeRobot's
+// np.digitize(state, np.linspace(-1, 1, 257)[:-1]) - 1, space-separated: -1 below -1, 255 at or
+// past the last edge (+inf too) and for NaN.
+std::string state_bins(const at::Tensor& normalized_state);
+
 }  // namespace lf::vla

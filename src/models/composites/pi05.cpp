@@ -338,10 +338,15 @@ std::pair<at::Tensor, at::Tensor> Pi05::embed_suffix(const at::Tensor& x_t, cons
 std::pair<at::Tensor, at::Tensor> Pi05::norm(const Norm& n, const at::Tensor& x, const at::Tensor& cond,
                                              double eps) const {
   if (!n.dense.defined()) return {lf::ops::rms_norm(backend_, x, 1.0 + n.weight, eps), {}};
-  auto var = x.to(at::kFloat).square().mean(-1, true);
-  auto normed = x * at::rsqrt(var + eps);
   auto mod = at::linear(cond, n.dense, n.dense_bias).unsqueeze(1);  // [b, 1, 3 w]
   auto parts = mod.chunk(3, -1);
+  if (x.scalar_type() == at::kFloat) {  // the backend's fused RMSNorm (unit weight), then shift + normed (1 + scale)
+    auto normed = lf::ops::rms_norm(backend_, x, at::ones({x.size(-1)}, x.options()), eps);
+    return {at::addcmul(parts[1], normed, 1.0 + parts[0]), parts[2]};
+  }
+  // Lower precision as openpi: the statistics and the modulation in fp32, the result in x's dtype.
+  auto var = x.to(at::kFloat).square().mean(-1, true);
+  auto normed = x * at::rsqrt(var + eps);
   auto out = normed * (1.0 + parts[0].to(at::kFloat)) + parts[1].to(at::kFloat);
   return {out.to(x.scalar_type()), parts[2].to(x.scalar_type())};
 }
@@ -398,16 +403,16 @@ at::Tensor Pi05::joint_forward(const Prefix& p, const at::Tensor& suffix, const 
     if (last) {
       // The prefix's last outputs feed nothing pi0.5 reads: only the suffix's queries attend.
       auto o = attention(qs, at::cat({kp, ks}, 1), at::cat({vp, vs}, 1), mask.narrow(2, np, ns));
-      xs = xs + lf::parallel::row_parallel_linear(o, ls.o, {}, tp_) * gs;
+      xs = at::addcmul(xs, lf::parallel::row_parallel_linear(o, ls.o, {}, tp_), gs);
     } else {
       auto o = attention(at::cat({qp, qs}, 1), at::cat({kp, ks}, 1), at::cat({vp, vs}, 1), mask);
       xp = xp + lf::parallel::row_parallel_linear(o.narrow(1, 0, np), lp.o, {}, tp_);
-      xs = xs + lf::parallel::row_parallel_linear(o.narrow(1, np, ns), ls.o, {}, tp_) * gs;
+      xs = at::addcmul(xs, lf::parallel::row_parallel_linear(o.narrow(1, np, ns), ls.o, {}, tp_), gs);
       auto [mp, unused] = norm(lp.post_norm, xp, {}, vlm_.rms_norm_eps);
       xp = xp + mlp(lp, mp);
     }
     auto [ms, gms] = norm(ls.post_norm, xs, cond, expert_.rms_norm_eps);
-    xs = xs + mlp(ls, ms) * gms;
+    xs = at::addcmul(xs, mlp(ls, ms), gms);
   }
   return norm(expert_final_, xs, cond, expert_.rms_norm_eps).first;
 }
@@ -473,9 +478,9 @@ at::Tensor Pi05::denoise_step(const Prefix& p, const std::vector<KV>& cache, con
     auto [h, g] = norm(l.input_norm, xs, cond, expert_.rms_norm_eps);
     auto [q, k, v] = qkv(l, expert_, h, cos, sin);
     auto o = attention(q, at::cat({cache[i].k, k}, 1), at::cat({cache[i].v, v}, 1), mask);
-    xs = xs + lf::parallel::row_parallel_linear(o, l.o, {}, tp_) * g;
+    xs = at::addcmul(xs, lf::parallel::row_parallel_linear(o, l.o, {}, tp_), g);
     auto [m, gm] = norm(l.post_norm, xs, cond, expert_.rms_norm_eps);
-    xs = xs + mlp(l, m) * gm;
+    xs = at::addcmul(xs, mlp(l, m), gm);
   }
   auto out = norm(expert_final_, xs, cond, expert_.rms_norm_eps).first;
   return at::linear(out.narrow(1, ns - config_.chunk_size, config_.chunk_size).to(at::kFloat),

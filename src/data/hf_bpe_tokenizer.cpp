@@ -405,11 +405,18 @@ std::string HfBpeTokenizer::decode(std::span<const int32_t> ids) const {
   return out;
 }
 
-std::vector<int32_t> HfBpeTokenizer::encode_with_special_tokens(std::string_view text) {
+std::vector<int32_t> HfBpeTokenizer::encode_with_special_tokens(std::string_view text,
+                                                                std::optional<int64_t> max_length) {
   LF_CHECK(model_->template_error.empty(), model_->template_error,
            lf::hint("encode without the post-processor's special tokens, or add them yourself"));
+  const auto special = static_cast<int64_t>(model_->template_prefix.size() + model_->template_suffix.size());
+  LF_CHECK(!max_length || *max_length >= special, "a maximum length of ", max_length.value_or(0), " tokens is below the ",
+           special, " special tokens the post-processor of ", model_->path, " adds",
+           lf::hint("allow at least " + std::to_string(special) + " tokens"));
   std::vector<int32_t> out = model_->template_prefix;
   encode_into(text, out);
+  if (max_length && static_cast<int64_t>(out.size()) + static_cast<int64_t>(model_->template_suffix.size()) > *max_length)
+    out.resize(static_cast<size_t>(*max_length - static_cast<int64_t>(model_->template_suffix.size())));
   out.insert(out.end(), model_->template_suffix.begin(), model_->template_suffix.end());
   return out;
 }

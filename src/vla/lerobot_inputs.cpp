@@ -100,7 +100,10 @@ Pi05LeRobotInputs::Pi05LeRobotInputs(const std::string& dataset, Pi05LeRobotOpti
   LF_CHECK(options_.vocab_size <= 0 || tokenizer_->vocab_size() <= options_.vocab_size, options_.tokenizer, " has ",
            tokenizer_->vocab_size(), " ids; the model's vocabulary has ", options_.vocab_size,
            lf::hint("set model.foundation.vocab_size >= " + std::to_string(tokenizer_->vocab_size())));
-  LF_CHECK(options_.prompt_length >= 1, "the prompt length must be >= 1, got ", options_.prompt_length);
+  const auto special = static_cast<int64_t>(tokenizer_->encode_with_special_tokens("").size());
+  LF_CHECK(options_.prompt_length >= std::max<int64_t>(1, special), "the prompt length (model.tokenizer_max_length) ",
+           options_.prompt_length, " must be at least 1 and hold the ", special, " special tokens ", options_.tokenizer,
+           " adds", lf::hint("set model.tokenizer_max_length to the prompt's length in tokens (LeRobot's default 200)"));
 }
 
 std::string Pi05LeRobotInputs::prompt_of(const lf::data::LeRobotItem& item) const {
@@ -154,7 +157,7 @@ lf::data::Batch Pi05LeRobotInputs::batch(const std::vector<int64_t>& indices) co
     std::vector<int32_t> ids;
     {
       std::lock_guard<std::mutex> lock(tokenizer_mutex_);
-      ids = tokenizer_->encode_with_special_tokens(prompt_of(item));
+      ids = tokenizer_->encode_with_special_tokens(prompt_of(item), L);  // truncated as HF: the template's suffix kept
     }
     auto tk = at::full({L}, pad_id_, at::kLong);
     auto mk = at::zeros({L}, at::kBool);

@@ -23,7 +23,9 @@ Writes into OUT_DIR:
   llama2_unfused/             the same without Fuse before Strip (Strip per token)
   expected.json               {variant: {"ids": [[...] per doc], "decoded": [...],
                               "ids_special": [[...] for the first 50 docs, add_special_tokens=True],
-                              "decode_cases" (SentencePiece-style variants): [[ids, HF's decode]]}}
+                              "decode_cases" (SentencePiece-style variants): [[ids, HF's decode]],
+                              "truncated" (same): [[max_length, [ids with special tokens, truncated]
+                                                    for the first 20 docs]]}}
   nfc.json                    [[text, NFC(text)], ...] from unicodedata
 """
 import json
@@ -204,7 +206,15 @@ def main():
     os.makedirs(f"{out}/llama2_unfused", exist_ok=True)
     json.dump(unfused, open(f"{out}/llama2_unfused/tokenizer.json", "w"), ensure_ascii=False)
     variants["llama2_unfused"] = f"{out}/llama2_unfused/tokenizer.json"
-    spm_variants = ["gemma", "llama2", "llama2_unfused"]
+    # A template with a suffix (<bos> text <eos>): truncation keeps the suffix.
+    eos_suffix = json.loads(json.dumps(gemma))
+    eos_suffix["post_processor"]["single"].append({"SpecialToken": {"id": "<eos>", "type_id": 0}})
+    eos_suffix["post_processor"]["special_tokens"]["<eos>"] = {"id": "<eos>", "ids": [vocab["<eos>"]],
+                                                               "tokens": ["<eos>"]}
+    os.makedirs(f"{out}/gemma_eos", exist_ok=True)
+    json.dump(eos_suffix, open(f"{out}/gemma_eos/tokenizer.json", "w"), ensure_ascii=False)
+    variants["gemma_eos"] = f"{out}/gemma_eos/tokenizer.json"
+    spm_variants = ["gemma", "llama2", "llama2_unfused", "gemma_eos"]
 
     with open(f"{out}/docs.jsonl", "w") as f:
         for d in docs:
@@ -230,6 +240,13 @@ def main():
                      words("  lead") + words(" and  more") + byte(0x20, 0x20, 0x41),
                      [t.token_to_id("<bos>")] + words(" hi")]
             expected[name]["decode_cases"] = [[c, t.decode(c, skip_special_tokens=False)] for c in cases]
+            # truncation=True, max_length=N (N from the template's own tokens up to past the text).
+            lengths = [2, 3, 5, 12, 40, 400]
+            expected[name]["truncated"] = []
+            for n in lengths:
+                t.enable_truncation(max_length=n)
+                expected[name]["truncated"].append([n, [t.encode(d).ids for d in docs[:20]]])
+            t.no_truncation()
     json.dump(expected, open(f"{out}/expected.json", "w"))
 
     nfc_rng = random.Random(3)

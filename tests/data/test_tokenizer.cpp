@@ -90,12 +90,39 @@ TEST(HfTokenizer, Llama2StyleStripWithoutFuseMatchesHf) { expect_parity("llama2_
 // ByteFallback's runs of <0xXX> tokens: one U+FFFD per byte when the run is not UTF-8 (its valid
 // bytes too), the text when it is; Strip on the fused text or, without Fuse, on every token.
 TEST(HfTokenizer, SentencePieceStyleDecodeMatchesHf) {
-  for (const char* variant : {"gemma", "llama2", "llama2_unfused"}) {
+  for (const char* variant : {"gemma", "llama2", "llama2_unfused", "gemma_eos"}) {
     HfBpeTokenizer tok(oracle_dir() + "/" + variant);
     const json cases = read_json(oracle_dir() + "/expected.json").at(variant).at("decode_cases");
     ASSERT_EQ(cases.size(), 7u) << variant;
     for (const auto& c : cases)
       EXPECT_EQ(tok.decode(c[0].get<std::vector<int32_t>>()), c[1].get<std::string>()) << variant << " " << c[0].dump();
+  }
+}
+
+TEST(HfTokenizer, GemmaStyleWithEosSuffixMatchesHf) { expect_parity("gemma_eos"); }
+
+// HF's truncation=True, max_length=N with add_special_tokens: the text is cut, the template's
+// prefix and suffix (<eos> here) stay; N below the template's tokens is refused.
+TEST(HfTokenizer, TruncationKeepsTheTemplateAsHf) {
+  const auto docs = read_docs(oracle_dir() + "/docs.jsonl");
+  const json expected = read_json(oracle_dir() + "/expected.json");
+  for (const char* variant : {"gemma", "llama2", "gemma_eos"}) {
+    HfBpeTokenizer tok(oracle_dir() + "/" + variant);
+    const auto& cases = expected.at(variant).at("truncated");
+    ASSERT_EQ(cases.size(), 6u) << variant;
+    for (const auto& c : cases) {
+      const int64_t n = c[0].get<int64_t>();
+      for (size_t i = 0; i < c[1].size(); ++i)
+        EXPECT_EQ(tok.encode_with_special_tokens(docs[i], n), c[1][i].get<std::vector<int32_t>>())
+            << variant << " max_length " << n << " doc " << i;
+    }
+  }
+  HfBpeTokenizer eos(oracle_dir() + "/gemma_eos");
+  try {
+    eos.encode_with_special_tokens("some text", 1);
+    FAIL() << "a maximum length below the template's two tokens should be refused";
+  } catch (const lf::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("below the 2 special tokens"), std::string::npos) << e.what();
   }
 }
 

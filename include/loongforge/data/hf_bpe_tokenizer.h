@@ -47,8 +47,11 @@ class HfBpeTokenizer final : public Tokenizer {
   std::optional<int32_t> token_to_id(const std::string& token) const;  // vocab or added token
   // HF's encode(text, add_special_tokens=True): the post-processor's single template around
   // encode(text) (Gemma: <bos> first). An error naming the file for a post-processor other than
-  // TemplateProcessing / ByteLevel.
-  std::vector<int32_t> encode_with_special_tokens(std::string_view text);
+  // TemplateProcessing / ByteLevel. With max_length (HF's truncation=True, max_length=N): the
+  // text's ids are cut so that the template's tokens, suffix included, and the text fit in N; N
+  // below the template's own tokens is an error (HF would return the whole text then).
+  std::vector<int32_t> encode_with_special_tokens(std::string_view text,
+                                                  std::optional<int64_t> max_length = std::nullopt);
 
  private:
   HfBpeTokenizer(std::shared_ptr<const detail::BpeModel> model);

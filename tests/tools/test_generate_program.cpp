@@ -8,6 +8,7 @@
 #include <cstring>
 #include <fstream>
 #include <regex>
+#include <sstream>
 
 #include "loongforge/core/safetensors.h"
 #include "multiprocess.h"
@@ -179,6 +180,78 @@ TEST(GenerateProgram, SaveHfUnderPipelineParallelismHasEveryStagesWeights) {
   auto loaded = lf::testing::read_params(out2 + ".pp0");
   for (auto& [name, v] : lf::testing::read_params(out2 + ".pp1")) loaded[name] = std::move(v);
   EXPECT_EQ(lf::testing::max_abs_diff(trained, loaded), 0.0);
+}
+
+// A byte-level HF tokenizer over the checkpoint's 257 ids (byte b is id b) whose post-processor
+// puts <|begin_of_text|> (id 256) first, as LLaMA-3's does; written by the tokenizers package.
+std::string bos_tokenizer(const std::string& dir) {
+  const std::string script = R"(
+import sys
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
+bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("\xa1"), ord("\xac") + 1)) + list(range(ord("\xae"), ord("\xff") + 1))
+cs, n = bs[:], 0
+for b in range(256):
+    if b not in bs:
+        bs.append(b); cs.append(256 + n); n += 1
+byte_char = dict(zip(bs, cs))
+vocab = {chr(byte_char[b]): b for b in range(256)}
+tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+tok.decoder = decoders.ByteLevel()
+tok.add_special_tokens(["<|begin_of_text|>"])
+tok.post_processor = processors.Sequence([processors.ByteLevel(trim_offsets=False), processors.TemplateProcessing(
+    single="<|begin_of_text|> $A", special_tokens=[("<|begin_of_text|>", 256)])])
+assert tok.encode("3+4=").ids == [256, 51, 43, 52, 61], tok.encode("3+4=").ids
+tok.save(sys.argv[1])
+)";
+  auto r = run_command({python(), "-c", script, dir + "/tokenizer.json"});
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  return dir + "/tokenizer.json";
+}
+
+// --add-special-tokens encodes --prompt as HF's tokenizer(text) does (the template's
+// <|begin_of_text|> first): the same completion as --input-ids with that id prepended; without
+// the flag, the text's ids alone. Refused with a tokenizer that has no template and with --input-ids.
+TEST(GenerateProgram, AddSpecialTokensEncodesThePromptAsHf) {
+  const auto& d = checkpoint();
+  const std::string tok = bos_tokenizer(d);
+  const std::vector<std::string> base = {bin("loongforge-generate"), "--load", d + "/ckpt", "--max-new-tokens", "6"};
+  auto run = [&](std::vector<std::string> extra) {
+    auto a = base;
+    a.insert(a.end(), extra.begin(), extra.end());
+    return run_command(a);
+  };
+  auto with = run({"--prompt", "3+4=", "--tokenizer-type", "HuggingFaceTokenizer", "--tokenizer-model", tok,
+                   "--add-special-tokens"});
+  auto without = run({"--prompt", "3+4=", "--tokenizer-type", "HuggingFaceTokenizer", "--tokenizer-model", tok});
+  auto ids_with = run({"--input-ids", "256,51,43,52,61", "--tokenizer-type", "HuggingFaceTokenizer",
+                       "--tokenizer-model", tok});
+  auto ids_without = run({"--input-ids", "51,43,52,61", "--tokenizer-type", "HuggingFaceTokenizer",
+                          "--tokenizer-model", tok});
+  for (const auto* r : {&with, &without, &ids_with, &ids_without}) ASSERT_EQ(r->exit_code, 0) << r->output;
+  EXPECT_NE(with.output.find("prompt: 5 tokens (with the tokenizer's special tokens)"), std::string::npos)
+      << with.output;
+  EXPECT_NE(without.output.find("prompt: 4 tokens (without"), std::string::npos) << without.output;
+  // --input-ids prints the ids, then their text: the completion is the text's last line.
+  const auto completion = [](const std::string& out) {
+    std::string last;
+    std::istringstream in(out);
+    for (std::string line; std::getline(in, line);)
+      if (line.find(" I ") == std::string::npos && !line.empty()) last = line;
+    return last;
+  };
+  EXPECT_FALSE(completion(ids_with.output).empty()) << ids_with.output;
+  EXPECT_EQ(last_line(with.output, "3+4="), completion(ids_with.output)) << with.output << ids_with.output;
+  EXPECT_EQ(last_line(without.output, "3+4="), completion(ids_without.output)) << without.output << ids_without.output;
+
+  auto byte = run({"--prompt", "3+4=", "--tokenizer-type", "ByteTokenizer", "--add-special-tokens"});
+  EXPECT_EQ(byte.exit_code, 1) << byte.output;
+  EXPECT_NE(byte.output.find("--add-special-tokens needs --tokenizer-type HuggingFaceTokenizer"), std::string::npos)
+      << byte.output;
+  auto ids = run({"--input-ids", "1,2", "--add-special-tokens"});
+  EXPECT_EQ(ids.exit_code, 1) << ids.output;
+  EXPECT_NE(ids.output.find("--add-special-tokens applies to --prompt and --eval-file"), std::string::npos)
+      << ids.output;
 }
 
 TEST(GenerateProgram, MistakesAreClearErrors) {

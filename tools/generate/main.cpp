@@ -44,6 +44,7 @@
 #include "loongforge/core/safetensors.h"
 #include "loongforge/data/chat_template.h"
 #include "loongforge/data/multimodal.h"
+#include "loongforge/data/hf_bpe_tokenizer.h"
 #include "loongforge/data/tokenizer.h"
 #include "loongforge/media/image.h"
 #include "loongforge/media/qwen_vision_input.h"
@@ -68,7 +69,7 @@ struct Options {
   lf::tools::generate::SampleOptions sample;    // a Wan model's sampling (sample.h)
   lf::tools::generate::PolicyOptions policy;    // a pi05 policy (policy.h)
   int64_t iteration = -1, eval_limit = 0;
-  bool bf16 = false, no_kv_cache = false, verbose = false;
+  bool bf16 = false, no_kv_cache = false, verbose = false, add_special_tokens = false;
   lf::models::GenerateOptions gen;
   std::vector<std::string> given;  // the options on the command line, by their long names
 };
@@ -139,6 +140,18 @@ std::vector<int64_t> parse_ids(const std::string& text) {
 }
 
 std::vector<int64_t> to64(const std::vector<int32_t>& v) { return {v.begin(), v.end()}; }
+
+// The ids of a --prompt / --eval-file prompt: the tokenizer's, and with --add-special-tokens inside
+// its post-processor's template, as HF's tokenizer(text) (add_special_tokens=True) gives them:
+// LLaMA-3's <|begin_of_text|>, Gemma's <bos>.
+std::vector<int64_t> prompt_ids(lf::data::Tokenizer& tok, const std::string& text, bool special) {
+  if (!special) return to64(tok.encode(text));
+  auto* hf = dynamic_cast<lf::data::HfBpeTokenizer*>(&tok);
+  LF_CHECK(hf != nullptr, "--add-special-tokens needs --tokenizer-type HuggingFaceTokenizer (", tok.describe(),
+           " has no post-processor)", lf::hint("drop --add-special-tokens"));
+  return to64(hf->encode_with_special_tokens(text));
+}
+
 std::vector<int32_t> to32(const std::vector<int64_t>& v) { return {v.begin(), v.end()}; }
 
 // logits [tokens, vocab] of `ids` -> `path`, tensor "logits" float32.
@@ -393,7 +406,8 @@ int run_vlm(Options& o, Loaded& loaded, lf::data::Tokenizer* tok) {
     media = media_of_file(o.vision_inputs, v.vision);
     media_flag = "--vision-inputs " + o.vision_inputs;
   }
-  const std::vector<int64_t> ids = !o.input_ids.empty() ? parse_ids(o.input_ids) : to64(tok->encode(o.prompt));
+  const std::vector<int64_t> ids =
+      !o.input_ids.empty() ? parse_ids(o.input_ids) : prompt_ids(*tok, o.prompt, o.add_special_tokens);
   for (int64_t id : ids)
     LF_CHECK(id >= 0 && id < v.foundation.vocab_size, "token ", id, " is outside the vocabulary [0, ",
              v.foundation.vocab_size, ")");
@@ -452,7 +466,8 @@ int run_wan(const Options& o) {
                                     {"--image", !o.images.empty()},
                                     {"--vision-inputs", !o.vision_inputs.empty()},
                                     {"--lora-adapter", !o.lora_adapter.empty()},
-                                    {"--stop", !o.stop.empty()}})
+                                    {"--stop", !o.stop.empty()},
+                                    {"--add-special-tokens", o.add_special_tokens}})
     LF_CHECK(!given, flag, " does not apply to ",
              denoise ? "--denoise-inputs (one forward of a Wan diffusion transformer)"
                      : "a Wan diffusion transformer (" + o.load + ")",
@@ -513,6 +528,8 @@ int run(Options& o) {
   const int modes = !o.prompt.empty() + !o.eval_file.empty() + !o.input_ids.empty();
   LF_CHECK(modes == 1, "give exactly one of --prompt, --eval-file, --input-ids (got ", modes, ")");
   LF_CHECK(o.dump_logits.empty() || !o.input_ids.empty(), "--dump-logits needs --input-ids");
+  LF_CHECK(!o.add_special_tokens || o.input_ids.empty(), "--add-special-tokens applies to --prompt and --eval-file; "
+           "--input-ids are taken as given", lf::hint("add the special tokens' ids to --input-ids"));
   std::unique_ptr<lf::data::Tokenizer> tok;
   if (!o.tokenizer_type.empty()) tok = lf::data::make_tokenizer(o.tokenizer_type, o.tokenizer_model);
   LF_CHECK(tok || !o.input_ids.empty(), "--prompt and --eval-file need --tokenizer-type",
@@ -590,7 +607,10 @@ int run(Options& o) {
   }
   if (!o.prompt.empty()) {
     const auto start = std::chrono::steady_clock::now();
-    const auto out = lf::models::generate(model, to64(tok->encode(o.prompt)), o.gen);
+    const auto ids = prompt_ids(*tok, o.prompt, o.add_special_tokens);
+    LF_INFO("prompt: ", ids.size(), " tokens (", o.add_special_tokens ? "with" : "without",
+            " the tokenizer's special tokens)");
+    const auto out = lf::models::generate(model, ids, o.gen);
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     std::printf("%s%s\n", o.prompt.c_str(), tok->decode(to32(out)).c_str());
     LF_INFO(out.size(), " tokens in ", secs, " s (", out.size() / std::max(secs, 1e-9), " tokens/s)");
@@ -613,7 +633,8 @@ int run(Options& o) {
     LF_CHECK(j.contains("prompt") && j["prompt"].is_string() && j.contains("answer") && j["answer"].is_string(),
              o.eval_file, ":", line_no, ": needs string fields \"prompt\" and \"answer\"");
     const std::string prompt = j["prompt"], answer = j["answer"];
-    const std::string got = tok->decode(to32(lf::models::generate(model, to64(tok->encode(prompt)), o.gen)));
+    const std::string got =
+        tok->decode(to32(lf::models::generate(model, prompt_ids(*tok, prompt, o.add_special_tokens), o.gen)));
     const bool ok = got == answer;
     correct += ok;
     ++n;
@@ -638,6 +659,10 @@ int main(int argc, char** argv) {
   app.add_option("--tokenizer-model", o.tokenizer_model, "tokenizer.json or its directory");
   app.add_option("--prompt", o.prompt,
                  "Text to continue (a Wan diffusion transformer: the caption to sample, encoded with --text-table)");
+  app.add_flag("--add-special-tokens", o.add_special_tokens,
+               "Encode --prompt / --eval-file prompts with the tokenizer's post-processor template, as HF's "
+               "tokenizer(text) does (LLaMA-3's <|begin_of_text|>, Gemma's <bos>); HuggingFaceTokenizer only. Off: "
+               "the text's ids alone, as loongforge-data preprocesses training text");
   app.add_option("--eval-file", o.eval_file,
                  "jsonl with prompt/answer: exact-match accuracy (VLMs: messages + images + answer [+ attribute], "
                  "rendered with the chat template of --tokenizer-model)");

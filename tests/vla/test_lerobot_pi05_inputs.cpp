@@ -82,6 +82,12 @@ TEST(LeRobotPi05Inputs, MistakesAreNamed) {
   opt.vocab_size = 100;
   e = lf::testing::error_message([&] { lf::vla::Pi05LeRobotInputs(o + "/v30", opt); });
   EXPECT_NE(e.find("the model's vocabulary has 100"), std::string::npos) << e;
+  opt = options(o);
+  opt.prompt_length = 0;  // below the template's <bos>
+  e = lf::testing::error_message([&] { lf::vla::Pi05LeRobotInputs(o + "/v30", opt); });
+  EXPECT_NE(e.find("the prompt length (model.tokenizer_max_length) 0 must be at least 1 and hold the 1 special"),
+            std::string::npos)
+      << e;
   // A tokenizer directory without tokenizer_config.json (no pad token).
   const std::string bare = lf::testing::make_temp_dir("pi05-lerobot-tokenizer");
   std::filesystem::copy_file(o + "/tokenizer/tokenizer.json", bare + "/tokenizer.json");

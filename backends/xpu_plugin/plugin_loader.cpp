@@ -226,7 +226,7 @@ class PluginOps final : public OpTable {
               "adamw_step");
   }
 
-  // Not in the plugin ABI (v1): the reference math on the plugin's tensors (GEMMs and
+  // Not in the plugin ABI (v2): the reference math on the plugin's tensors (GEMMs and
   // element-wise ATen ops wherever the model's own linear layers run).
   LinearCrossEntropyFwd linear_cross_entropy(const at::Tensor& x, const at::Tensor& w, const at::Tensor& target,
                                              const at::Tensor& weight, int64_t ignore_index,

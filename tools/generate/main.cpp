@@ -353,6 +353,9 @@ int run_vlm(Options& o, Loaded& loaded, lf::data::Tokenizer* tok) {
         fs::is_directory(o.tokenizer_model) ? o.tokenizer_model : fs::path(o.tokenizer_model).parent_path().string());
     lf::data::MultimodalOptions mo;
     mo.image = preprocess_of(o.load, v.vision);
+    LF_CHECK(!o.add_special_tokens, "--add-special-tokens does not apply to a vision-language --eval-file: its "
+             "records are rendered with the chat template of --tokenizer-model",
+             lf::hint("drop --add-special-tokens"));
     const std::string root = fs::path(o.eval_file).parent_path().string();
     std::ifstream in(o.eval_file);
     LF_CHECK(in.good(), "cannot open --eval-file ", o.eval_file);
@@ -530,6 +533,9 @@ int run(Options& o) {
   LF_CHECK(o.dump_logits.empty() || !o.input_ids.empty(), "--dump-logits needs --input-ids");
   LF_CHECK(!o.add_special_tokens || o.input_ids.empty(), "--add-special-tokens applies to --prompt and --eval-file; "
            "--input-ids are taken as given", lf::hint("add the special tokens' ids to --input-ids"));
+  LF_CHECK(!o.add_special_tokens || o.tokenizer_type == "HuggingFaceTokenizer",
+           "--add-special-tokens needs --tokenizer-type HuggingFaceTokenizer (got '", o.tokenizer_type,
+           "', which has no post-processor)", lf::hint("drop --add-special-tokens"));
   std::unique_ptr<lf::data::Tokenizer> tok;
   if (!o.tokenizer_type.empty()) tok = lf::data::make_tokenizer(o.tokenizer_type, o.tokenizer_model);
   LF_CHECK(tok || !o.input_ids.empty(), "--prompt and --eval-file need --tokenizer-type",

@@ -335,6 +335,13 @@ std::pair<at::Tensor, at::Tensor> Pi05::embed_suffix(const at::Tensor& x_t, cons
 
 // --- the Gemma layers ---------------------------------------------------------------------------
 
+namespace {
+// x + y * gate: one addcmul in fp32; in bf16 two ops, each rounded as openpi's x + y * gate is.
+at::Tensor gated_add(const at::Tensor& x, const at::Tensor& y, const at::Tensor& gate) {
+  return x.scalar_type() == at::kFloat ? at::addcmul(x, y, gate) : x + y * gate;
+}
+}  // namespace
+
 std::pair<at::Tensor, at::Tensor> Pi05::norm(const Norm& n, const at::Tensor& x, const at::Tensor& cond,
                                              double eps) const {
   if (!n.dense.defined()) return {lf::ops::rms_norm(backend_, x, 1.0 + n.weight, eps), {}};
@@ -403,16 +410,16 @@ at::Tensor Pi05::joint_forward(const Prefix& p, const at::Tensor& suffix, const 
     if (last) {
       // The prefix's last outputs feed nothing pi0.5 reads: only the suffix's queries attend.
       auto o = attention(qs, at::cat({kp, ks}, 1), at::cat({vp, vs}, 1), mask.narrow(2, np, ns));
-      xs = at::addcmul(xs, lf::parallel::row_parallel_linear(o, ls.o, {}, tp_), gs);
+      xs = gated_add(xs, lf::parallel::row_parallel_linear(o, ls.o, {}, tp_), gs);
     } else {
       auto o = attention(at::cat({qp, qs}, 1), at::cat({kp, ks}, 1), at::cat({vp, vs}, 1), mask);
       xp = xp + lf::parallel::row_parallel_linear(o.narrow(1, 0, np), lp.o, {}, tp_);
-      xs = at::addcmul(xs, lf::parallel::row_parallel_linear(o.narrow(1, np, ns), ls.o, {}, tp_), gs);
+      xs = gated_add(xs, lf::parallel::row_parallel_linear(o.narrow(1, np, ns), ls.o, {}, tp_), gs);
       auto [mp, unused] = norm(lp.post_norm, xp, {}, vlm_.rms_norm_eps);
       xp = xp + mlp(lp, mp);
     }
     auto [ms, gms] = norm(ls.post_norm, xs, cond, expert_.rms_norm_eps);
-    xs = at::addcmul(xs, mlp(ls, ms), gms);
+    xs = gated_add(xs, mlp(ls, ms), gms);
   }
   return norm(expert_final_, xs, cond, expert_.rms_norm_eps).first;
 }
@@ -478,9 +485,9 @@ at::Tensor Pi05::denoise_step(const Prefix& p, const std::vector<KV>& cache, con
     auto [h, g] = norm(l.input_norm, xs, cond, expert_.rms_norm_eps);
     auto [q, k, v] = qkv(l, expert_, h, cos, sin);
     auto o = attention(q, at::cat({cache[i].k, k}, 1), at::cat({cache[i].v, v}, 1), mask);
-    xs = at::addcmul(xs, lf::parallel::row_parallel_linear(o, l.o, {}, tp_), g);
+    xs = gated_add(xs, lf::parallel::row_parallel_linear(o, l.o, {}, tp_), g);
     auto [m, gm] = norm(l.post_norm, xs, cond, expert_.rms_norm_eps);
-    xs = at::addcmul(xs, mlp(l, m), gm);
+    xs = gated_add(xs, mlp(l, m), gm);
   }
   auto out = norm(expert_final_, xs, cond, expert_.rms_norm_eps).first;
   return at::linear(out.narrow(1, ns - config_.chunk_size, config_.chunk_size).to(at::kFloat),

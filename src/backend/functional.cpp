@@ -76,42 +76,28 @@ struct RopeFn : torch::autograd::Function<RopeFn> {
   }
 };
 
-struct SwigluFn : torch::autograd::Function<SwigluFn> {
-  static at::Tensor forward(AutogradContext* ctx, const DeviceBackend* be,
-                            const at::Tensor& gate_up) {
-    save_backend(ctx, be);
-    ctx->save_for_backward({gate_up});
-    return be->ops().swiglu_fwd(gate_up);
-  }
-  static variable_list backward(AutogradContext* ctx, variable_list dy) {
-    auto s = ctx->get_saved_variables();
-    return {at::Tensor(), saved_backend(ctx).ops().swiglu_bwd(dy[0], s[0])};
-  }
-};
+// An element-wise activation y = f(x) whose backward needs only x: the op table's forward and
+// backward by member pointer (SwiGLU, GELU in both forms). Each op names its own node type
+// (Self), so the profile shows CppNode<...GeluFn>, not the template's arguments.
+using lf::backend::OpTable;
+using UnaryFwd = at::Tensor (OpTable::*)(const at::Tensor&) const;
+using UnaryBwd = at::Tensor (OpTable::*)(const at::Tensor&, const at::Tensor&) const;
 
-struct GeluFn : torch::autograd::Function<GeluFn> {
+template <class Self, UnaryFwd Fwd, UnaryBwd Bwd>
+struct ActivationFn : torch::autograd::Function<Self> {
   static at::Tensor forward(AutogradContext* ctx, const DeviceBackend* be, const at::Tensor& x) {
     save_backend(ctx, be);
     ctx->save_for_backward({x});
-    return be->ops().gelu_fwd(x);
+    return (be->ops().*Fwd)(x);
   }
   static variable_list backward(AutogradContext* ctx, variable_list dy) {
     auto s = ctx->get_saved_variables();
-    return {at::Tensor(), saved_backend(ctx).ops().gelu_bwd(dy[0], s[0])};
+    return {at::Tensor(), (saved_backend(ctx).ops().*Bwd)(dy[0], s[0])};
   }
 };
-
-struct GeluTanhFn : torch::autograd::Function<GeluTanhFn> {
-  static at::Tensor forward(AutogradContext* ctx, const DeviceBackend* be, const at::Tensor& x) {
-    save_backend(ctx, be);
-    ctx->save_for_backward({x});
-    return be->ops().gelu_tanh_fwd(x);
-  }
-  static variable_list backward(AutogradContext* ctx, variable_list dy) {
-    auto s = ctx->get_saved_variables();
-    return {at::Tensor(), saved_backend(ctx).ops().gelu_tanh_bwd(dy[0], s[0])};
-  }
-};
+struct SwigluFn : ActivationFn<SwigluFn, &OpTable::swiglu_fwd, &OpTable::swiglu_bwd> {};
+struct GeluFn : ActivationFn<GeluFn, &OpTable::gelu_fwd, &OpTable::gelu_bwd> {};
+struct GeluTanhFn : ActivationFn<GeluTanhFn, &OpTable::gelu_tanh_fwd, &OpTable::gelu_tanh_bwd> {};
 
 struct CrossEntropyFn : torch::autograd::Function<CrossEntropyFn> {
   static at::Tensor forward(AutogradContext* ctx, const DeviceBackend* be,

@@ -106,13 +106,12 @@ Pi05LeRobotInputs::Pi05LeRobotInputs(const std::string& dataset, Pi05LeRobotOpti
            " adds", lf::hint("set model.tokenizer_max_length to the prompt's length in tokens (LeRobot's default 200)"));
 }
 
-std::string Pi05LeRobotInputs::prompt_of(const lf::data::LeRobotItem& item) const {
-  const auto& stats = dataset_->stats(kState);
-  auto state = lf::data::normalize(item.tensors.at(kState).to(at::kFloat), lf::data::LeRobotNormMode::kQuantiles, stats);
-  std::string task = strip(item.task);
+std::string Pi05LeRobotInputs::prompt_text(const at::Tensor& state, const std::string& task_text) const {
+  auto normalized = lf::data::normalize(state.to(at::kFloat), lf::data::LeRobotNormMode::kQuantiles, dataset_->stats(kState));
+  std::string task = strip(task_text);
   std::replace(task.begin(), task.end(), '_', ' ');
   std::replace(task.begin(), task.end(), '\n', ' ');
-  return "Task: " + task + ", State: " + state_bins(state) + ";\nAction: ";
+  return "Task: " + task + ", State: " + state_bins(normalized) + ";\nAction: ";
 }
 
 std::string state_bins(const at::Tensor& normalized_state) {
@@ -140,32 +139,48 @@ std::string state_bins(const at::Tensor& normalized_state) {
   return bins;
 }
 
-std::string Pi05LeRobotInputs::prompt(int64_t index) const { return prompt_of(dataset_->get(index)); }
+std::string Pi05LeRobotInputs::prompt(int64_t index) const {
+  const auto item = dataset_->get(index);
+  return prompt_text(item.tensors.at(kState), item.task);
+}
+
+Pi05LeRobotInputs::Sample Pi05LeRobotInputs::sample(const std::vector<at::Tensor>& cameras, const at::Tensor& state,
+                                                    const std::string& task) const {
+  const int64_t S = options_.image_size, L = options_.prompt_length;
+  LF_CHECK(cameras.size() == cameras_.size(), "pi05 inputs: ", cameras.size(), " camera images for the ",
+           cameras_.size(), " cameras of the dataset");
+  std::vector<at::Tensor> cams;
+  for (const auto& c : cameras) {
+    auto img = c.scalar_type() == at::kByte ? c.to(at::kFloat) / 255.0 : c.to(at::kFloat);  // [C, H, W] in [0, 1]
+    if (img.size(-2) != S || img.size(-1) != S) img = resize_with_pad(img, S, S);
+    cams.push_back(img * 2.0 - 1.0);
+  }
+  std::vector<int32_t> ids;
+  {
+    std::lock_guard<std::mutex> lock(tokenizer_mutex_);
+    // Truncated as HF: the template's suffix kept.
+    ids = tokenizer_->encode_with_special_tokens(prompt_text(state, task), L);
+  }
+  Sample s;
+  s.images = at::stack(cams);
+  s.tokens = at::full({L}, pad_id_, at::kLong);
+  s.mask = at::zeros({L}, at::kBool);
+  const int64_t n = std::min<int64_t>(L, static_cast<int64_t>(ids.size()));
+  for (int64_t i = 0; i < n; ++i) s.tokens[i] = static_cast<int64_t>(ids[static_cast<size_t>(i)]);
+  s.mask.narrow(0, 0, n).fill_(true);
+  return s;
+}
 
 lf::data::Batch Pi05LeRobotInputs::batch(const std::vector<int64_t>& indices) const {
-  const int64_t S = options_.image_size, L = options_.prompt_length;
   std::vector<at::Tensor> images, tokens, masks, actions;
   for (int64_t index : indices) {
     const auto item = dataset_->get(index);
     std::vector<at::Tensor> cams;
-    for (const auto& key : cameras_) {
-      auto img = item.tensors.at(key).to(at::kFloat) / 255.0;  // [C, H, W]
-      if (img.size(-2) != S || img.size(-1) != S) img = resize_with_pad(img, S, S);
-      cams.push_back(img * 2.0 - 1.0);
-    }
-    images.push_back(at::stack(cams));
-    std::vector<int32_t> ids;
-    {
-      std::lock_guard<std::mutex> lock(tokenizer_mutex_);
-      ids = tokenizer_->encode_with_special_tokens(prompt_of(item), L);  // truncated as HF: the template's suffix kept
-    }
-    auto tk = at::full({L}, pad_id_, at::kLong);
-    auto mk = at::zeros({L}, at::kBool);
-    const int64_t n = std::min<int64_t>(L, static_cast<int64_t>(ids.size()));
-    for (int64_t i = 0; i < n; ++i) tk[i] = static_cast<int64_t>(ids[static_cast<size_t>(i)]);
-    mk.narrow(0, 0, n).fill_(true);
-    tokens.push_back(tk);
-    masks.push_back(mk);
+    for (const auto& key : cameras_) cams.push_back(item.tensors.at(key));  // uint8 [C, H, W]
+    auto s = sample(cams, item.tensors.at(kState), item.task);
+    images.push_back(s.images);
+    tokens.push_back(s.tokens);
+    masks.push_back(s.mask);
     auto a = lf::data::normalize(item.tensors.at(kAction).to(at::kFloat), lf::data::LeRobotNormMode::kQuantiles,
                                  dataset_->stats(kAction));  // [chunk, action_dim]
     auto padded = at::zeros({options_.chunk, options_.max_action_dim}, at::kFloat);
@@ -181,5 +196,26 @@ lf::data::Batch Pi05LeRobotInputs::batch(const std::vector<int64_t>& indices) co
   batch.set("actions", at::stack(actions));
   return batch;
 }
+
+lf::data::Batch Pi05LeRobotInputs::observation_batch(const std::vector<at::Tensor>& cameras, const at::Tensor& state,
+                                                     const std::string& task) const {
+  const int64_t dim = dataset_->feature(kState).shape.at(0);
+  LF_CHECK(state.numel() == dim, "pi05 inputs: the state has ", state.numel(), " values; the dataset's ", kState,
+           " has ", dim);
+  auto s = sample(cameras, state.reshape({dim}), task);
+  lf::data::Batch batch;
+  batch.set("images", s.images.unsqueeze(0));
+  batch.set("image_masks", at::ones({1, static_cast<int64_t>(cameras_.size())}, at::kBool));
+  batch.set("prompt_tokens", s.tokens.unsqueeze(0));
+  batch.set("prompt_masks", s.mask.unsqueeze(0));
+  return batch;
+}
+
+at::Tensor Pi05LeRobotInputs::unnormalize_actions(const at::Tensor& normalized) const {
+  return lf::data::normalize(normalized.to(at::kFloat), lf::data::LeRobotNormMode::kQuantiles, dataset_->stats(kAction),
+                             /*inverse=*/true);
+}
+
+int64_t Pi05LeRobotInputs::state_dim() const { return dataset_->feature(kState).shape.at(0); }
 
 }  // namespace lf::vla

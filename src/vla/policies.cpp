@@ -142,8 +142,8 @@ const std::vector<std::pair<std::string, std::string>>& policy_names() {
   static const std::vector<std::pair<std::string, std::string>> n = {
       {"expert", "the reach task's scripted expert (reads the env/ ground truth)"},
       {"random", "uniform random actions"},
-      {"pi05", "a trained pi05 policy: --load CHECKPOINT with --data-path STORE, the reach demo store it was trained "
-               "on"},
+      {"pi05", "a trained pi05 policy: --load CHECKPOINT with --data-path STORE, the reach demo store or LeRobot "
+               "dataset it was trained on"},
       {"groot", "a trained groot policy: --load CHECKPOINT with --data-path STORE, the reach demo store it was "
                 "trained on"}};
   return n;
@@ -160,6 +160,7 @@ std::string unknown_policy_message(const std::string& name) {
 
 std::unique_ptr<Policy> make_policy(const std::string& name, const PolicyOptions& o) {
   if (name == "expert" || name == "random") {
+    LF_CHECK(o.tokenizer.empty(), "the ", name, " policy is scripted and reads no tokenizer (", o.tokenizer, ")");
     LF_CHECK(o.load.empty() && o.data_path.empty(), "the ", name, " policy is scripted and loads no checkpoint (",
              o.load, ") or store (", o.data_path, ")");
     if (name == "expert") return std::make_unique<ReachExpertPolicy>(o.chunk, o.max_speed);
@@ -167,12 +168,20 @@ std::unique_ptr<Policy> make_policy(const std::string& name, const PolicyOptions
   }
   if (name == "pi05") {
     LF_CHECK(!o.load.empty() && !o.data_path.empty(),
-             "the pi05 policy needs --load CHECKPOINT and --data-path STORE (the reach demo store it was trained on)");
+             "the pi05 policy needs --load CHECKPOINT and --data-path STORE (the reach demo store or LeRobot dataset it was "
+             "trained on)");
+    if (is_lerobot_dataset(o.data_path)) return std::make_unique<Pi05LeRobotPolicy>(o.load, o.data_path, o.tokenizer, o.seed);
+    LF_CHECK(o.tokenizer.empty(), "--tokenizer-model is for a pi05 policy trained on a LeRobot dataset; ", o.data_path,
+             " is a reach demo store (its prompts have their own vocabulary)", lf::hint("drop --tokenizer-model"));
     return std::make_unique<Pi05ReachPolicy>(o.load, o.data_path, o.seed);
   }
   if (name == "groot") {
     LF_CHECK(!o.load.empty() && !o.data_path.empty(),
              "the groot policy needs --load CHECKPOINT and --data-path STORE (the reach demo store it was trained on)");
+    LF_CHECK(!is_lerobot_dataset(o.data_path), o.data_path, " is a LeRobot dataset; groot policies train and run on reach "
+             "demo stores (a LeRobot processor for groot is not built yet)", lf::hint("give the reach demo store it was trained on"));
+    LF_CHECK(o.tokenizer.empty(), "--tokenizer-model is for a pi05 policy trained on a LeRobot dataset, not groot",
+             lf::hint("drop --tokenizer-model"));
     return std::make_unique<GrootReachPolicy>(o.load, o.data_path, o.seed);
   }
   LF_FAIL(unknown_policy_message(name));

@@ -5,6 +5,10 @@ Run with the openpi-client venv (tools/install-deps): python openpi_client_check
          block), timings, nested observations, malformed requests answered with an error text and a
          1011 close while the server keeps serving.
   random CHUNK: metadata and the chunk's ranges.
+  pi05_lerobot CHUNK: a pi05 trained on a LeRobot dataset; the cameras the metadata names are sent
+         as a LIBERO client names them (observation/<last part of the key>, [H, W, 3] uint8 of
+         pattern_image), the state as observation/state; prints the chunk (ACTIONS ...) and the
+         error for a missing camera.
 Prints "OK" at the end; any failure raises (non-zero exit).
 """
 
@@ -112,9 +116,30 @@ def check_random(host, port, chunk):
     print("FIRST", " ".join(f"{v:.6f}" for v in a[0]))
 
 
+def pattern_image(k, h=24, w=40):
+    # The C++ test draws the same image: (7 y + 3 x + 11 c + 5 k) mod 256.
+    y, x, c = np.meshgrid(np.arange(h), np.arange(w), np.arange(3), indexing="ij")
+    return ((7 * y + 3 * x + 11 * c + 5 * k) % 256).astype(np.uint8)
+
+
+def check_pi05_lerobot(host, port, chunk):
+    policy = websocket_client_policy.WebsocketClientPolicy(host, port)
+    meta = policy.get_server_metadata()
+    assert meta["policy"] == "pi05" and meta["action_horizon"] == chunk, meta
+    obs = {"observation/state": (np.arange(meta["state_dim"], dtype=np.float32) - 1.0) * 0.25,
+           "prompt": "pick up the cube"}
+    for k, key in enumerate(meta["cameras"]):
+        obs["observation/" + key.split(".")[-1]] = pattern_image(k)
+    a = policy.infer(obs)["actions"]
+    assert a.shape == (chunk, meta["action_dim"]) and a.dtype == np.float32, (a.shape, a.dtype)
+    print("ACTIONS", " ".join(repr(float(v)) for v in a.reshape(-1)))
+    del obs["observation/" + meta["cameras"][-1].split(".")[-1]]
+    print("ERROR", expect_error(lambda: policy.infer(obs), "no image for the dataset's camera"))
+
+
 def main():
     host, port, mode, chunk = sys.argv[1], int(sys.argv[2]), sys.argv[3], int(sys.argv[4])
-    {"expert": check_expert, "random": check_random}[mode](host, port, chunk)
+    {"expert": check_expert, "random": check_random, "pi05_lerobot": check_pi05_lerobot}[mode](host, port, chunk)
     print("OK")
 
 

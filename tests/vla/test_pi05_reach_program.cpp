@@ -3,14 +3,25 @@
 // process on it: fp32, 10 steps, loss relative 1e-5, parameters 1e-5, as every equivalence test),
 // loongforge-eval runs the checkpoint in closed loop (--policy pi05 --load --data-path) and
 // loongforge-serve-policy serves it (the same episodes through the server as in process); a store
-// that does not fit the model is an error naming the key to change.
+// that does not fit the model is an error naming the key to change. A pi05 trained on a LeRobot
+// dataset is served as its frames were trained on (Pi05LeRobotPolicy), through the OpenPI client too.
 #include <gtest/gtest.h>
 
 #include <chrono>
 #include <filesystem>
 #include <nlohmann/json.hpp>
+#include <regex>
+#include <sstream>
+
+#include <ATen/Functions.h>
+#include <ATen/TensorOperators.h>
+#include <ATen/core/grad_mode.h>
 
 #include "../support/oracle_cache.h"
+#include "loongforge/core/error.h"
+#include "loongforge/data/lerobot_dataset.h"
+#include "loongforge/models/composites/pi05.h"
+#include "loongforge/vla/pi05_policy.h"
 #include "../tools/pp_training.h"
 #include "serve_testing.h"
 
@@ -168,6 +179,147 @@ TEST(Pi05LeRobotProgram, MistakesAreNamed) {
   EXPECT_NE(groot.output.find("reads LeRobot datasets for pi05 policies (a groot policy needs its own processor"),
             std::string::npos)
       << groot.output;
+}
+
+// A frame's images as a client sends them: the first camera [H, W, 3] under observation/<last part of
+// its key> (LIBERO's naming), the others [3, H, W] under their dataset key.
+lf::vla::Observation frame_observation(const lf::data::LeRobotItem& item, const std::vector<std::string>& cameras) {
+  lf::vla::Observation obs;
+  for (size_t k = 0; k < cameras.size(); ++k) {
+    const auto& img = item.tensors.at(cameras[k]);  // uint8 [C, H, W]
+    if (k == 0)
+      obs.arrays["observation/" + cameras[k].substr(cameras[k].rfind('.') + 1)] = img.permute({1, 2, 0}).contiguous();
+    else
+      obs.arrays[cameras[k]] = img;
+  }
+  obs.arrays["observation/state"] = item.tensors.at("observation.state");
+  obs.prompt = item.task;
+  return obs;
+}
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const lf::Error& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+TEST(Pi05LeRobotProgram, ServedAsItsFramesAreTrainedOn) {
+  if (lerobot_oracle().empty()) GTEST_SKIP() << "no LeRobot environment (.venv-lerobot)";
+  const std::string dir = lf::testing::make_temp_dir("pi05-lerobot-serve");
+  const std::string data = lerobot_oracle() + "/v30";
+  auto t = train_lerobot(1, {"--save", dir + "/ck"}, "serve");
+  ASSERT_EQ(t.exit_code, 0) << t.output;
+
+  // In process: an observation made of frame i (its camera images, state and task) gives the chunk
+  // the model samples from the training batch of frame i, in the dataset's units: the quantile
+  // normalisation undone as y -> q01 + (y + 1) / 2 (q99 - q01). The tokenizer is the one the
+  // checkpoint's config.yaml names.
+  lf::vla::Pi05LeRobotPolicy policy(dir + "/ck", data, "", 7);
+  const auto& model = policy.model();
+  const auto& c = model.config();
+  const lf::data::LeRobotDataset ds(data);
+  const auto& st = ds.stats("action");
+  const auto q01 = st.at("q01").to(at::kFloat), q99 = st.at("q99").to(at::kFloat);
+  for (int64_t i : {0, 13, 27}) {
+    const auto noise = at::randn({1, c.chunk_size, c.max_action_dim}, at::kFloat);
+    const auto got = policy.actions(frame_observation(ds.get(i), policy.inputs().cameras()), noise);
+    at::Tensor normalized;
+    {
+      at::NoGradGuard g;
+      normalized = model.sample_actions(model.inputs_of(policy.inputs().batch({i})), noise)[0].narrow(1, 0, c.action_dim);
+    }
+    const auto want = q01 + (normalized + 1.0) / 2.0 * (q99 - q01);
+    ASSERT_EQ(got.sizes(), want.sizes()) << "frame " << i;
+    EXPECT_LE((got - want).abs().max().item<double>(), 1e-5) << "frame " << i;
+  }
+  EXPECT_EQ(policy.metadata()["cameras"], nlohmann::json(std::vector<std::string>{"observation.images.front",
+                                                                                   "observation.images.wrist"}));
+  EXPECT_EQ(policy.metadata()["state_dim"], 3);
+
+  // What a client gets wrong is named.
+  const auto item = ds.get(5);
+  auto obs = frame_observation(item, policy.inputs().cameras());
+  auto bad = obs;
+  bad.arrays.erase("observation.images.wrist");
+  EXPECT_NE(error_of([&] { policy.infer(bad); }).find("no image for the dataset's camera observation.images.wrist"),
+            std::string::npos);
+  bad = obs;
+  bad.arrays["images/wrist"] = bad.arrays.at("observation.images.wrist");
+  bad.arrays.erase("observation.images.wrist");
+  bad.arrays["cams/wrist"] = bad.arrays.at("images/wrist");
+  EXPECT_NE(error_of([&] { policy.infer(bad); }).find("matches several arrays (cams/wrist, images/wrist)"),
+            std::string::npos);
+  bad = obs;
+  bad.arrays["observation.images.wrist"] = bad.arrays.at("observation.images.wrist").to(at::kFloat);  // 0..255
+  EXPECT_NE(error_of([&] { policy.infer(bad); }).find("float images must be in [0, 1]"), std::string::npos);
+  bad = obs;
+  bad.arrays["observation/state"] = at::zeros({4});
+  EXPECT_NE(error_of([&] { policy.infer(bad); }).find("the state must be 3 floats"), std::string::npos);
+  bad = obs;
+  bad.prompt = "";
+  EXPECT_NE(error_of([&] { policy.infer(bad); }).find("has no prompt"), std::string::npos);
+  // Float images in [0, 1] are the uint8 ones / 255.
+  auto as_float = obs;
+  for (auto& [name, a] : as_float.arrays)
+    if (a.scalar_type() == at::kByte) a = a.to(at::kFloat) / 255.0;
+  const auto noise = at::randn({1, c.chunk_size, c.max_action_dim}, at::kFloat);
+  EXPECT_LE((policy.actions(as_float, noise) - policy.actions(obs, noise)).abs().max().item<double>(), 1e-5);
+  EXPECT_NE(error_of([&] { lf::vla::Pi05LeRobotPolicy(dir + "/ck", data, dir + "/no-tokenizer", 7); })
+                .find("the tokenizer " + dir + "/no-tokenizer it was trained with is missing"),
+            std::string::npos);
+
+  // The server's flags: a reach store with --tokenizer-model, a groot on a LeRobot dataset.
+  auto s = run_command({bin("loongforge-serve-policy"), "--policy", "pi05", "--load", dir + "/ck", "--data-path",
+                        store(), "--tokenizer-model", lerobot_oracle() + "/tokenizer"});
+  EXPECT_EQ(s.exit_code, 1);
+  EXPECT_NE(s.output.find("--tokenizer-model is for a pi05 policy trained on a LeRobot dataset"), std::string::npos)
+      << s.output;
+  s = run_command({bin("loongforge-serve-policy"), "--policy", "groot", "--load", dir + "/ck", "--data-path", data});
+  EXPECT_EQ(s.exit_code, 1);
+  EXPECT_NE(s.output.find("is a LeRobot dataset; groot policies train and run on reach demo stores"), std::string::npos)
+      << s.output;
+  // Served (--seed 7): OpenPI's client sends cameras as LIBERO does; the chunk is the one the
+  // policy gives in process for the same observation (its first call with seed 7).
+  const std::string python = lf::testing::openpi_client_python();
+  if (!fs::exists(python)) GTEST_SKIP() << "no " << python << " (tools/install-deps makes it)";
+  const std::string log = dir + "/serve.log";
+  const auto served = lf::testing::serve_policy("--policy pi05 --load " + dir + "/ck --data-path " + data +
+                                                " --tokenizer-model " + lerobot_oracle() + "/tokenizer --seed 7", log);
+  ASSERT_FALSE(served.uri.empty()) << lf::testing::read_file(log);
+  {
+    const std::string port = served.uri.substr(served.uri.rfind(':') + 1);
+    auto r = run_command({python, lf::testing::source_dir() + "/tests/vla/openpi_client_check.py", "127.0.0.1", port,
+                          "pi05_lerobot", std::to_string(c.chunk_size)},
+                         {}, std::chrono::seconds(120));
+    EXPECT_EQ(r.exit_code, 0) << r.output << lf::testing::read_file(log);
+    std::smatch m;
+    ASSERT_TRUE(std::regex_search(r.output, m, std::regex("ACTIONS ([^\n]*)"))) << r.output;
+    std::istringstream values(m[1].str());
+    std::vector<float> served_actions;
+    for (double v; values >> v;) served_actions.push_back(static_cast<float>(v));
+    EXPECT_NE(r.output.find("pi05 policy: no image for the dataset's camera observation.images.wrist; the observation "
+                            "has: observation/front, observation/state"),
+              std::string::npos)
+        << r.output;
+    lf::vla::Observation pattern;
+    for (int64_t k = 0; k < 2; ++k) {
+      auto y = at::arange(24).view({24, 1, 1}), x = at::arange(40).view({1, 40, 1}), ch = at::arange(3).view({1, 1, 3});
+      pattern.arrays[k == 0 ? "observation/front" : "observation/wrist"] =
+          ((7 * y + 3 * x + 11 * ch + 5 * k) % 256).to(at::kByte);
+    }
+    pattern.arrays["observation/state"] = (at::arange(3, at::kFloat) - 1.0) * 0.25;
+    pattern.prompt = "pick up the cube";
+    lf::vla::Pi05LeRobotPolicy fresh(dir + "/ck", data, "", 7);
+    const auto want = fresh.infer(pattern).contiguous();
+    ASSERT_EQ(static_cast<int64_t>(served_actions.size()), want.numel()) << r.output;
+    const auto got = at::tensor(served_actions).view(want.sizes());
+    EXPECT_LE((got - want).abs().max().item<double>(), 1e-6) << got << want;
+  }
+  served.stop();
+
 }
 
 }  // namespace

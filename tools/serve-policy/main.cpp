@@ -2,7 +2,7 @@
 // (vla/policy_server.h), so that OpenPI simulator clients (openpi_client.WebsocketClientPolicy)
 // and loongforge-eval --server drive it.
 //   loongforge-serve-policy [--host 127.0.0.1] [--port 8000] [--policy expert|random | --policy pi05|groot --load CKPT
-//       --data-path STORE] [--chunk 10] [--seed 0]
+//       --data-path STORE|LEROBOT_DATASET [--tokenizer-model DIR]] [--chunk 10] [--seed 0]
 // Prints "serving ... on ws://HOST:PORT" once listening (--port 0: the port chosen), one line per
 // connection event on stderr, and runs until SIGINT / SIGTERM (exit 0). Errors become one message
 // on stderr and exit code 1 (2 for usage errors).
@@ -33,7 +33,10 @@ int main(int argc, char** argv) {
   app.add_option("--load", po.load, "--policy pi05 / groot: the trained policy's checkpoint directory");
   app.add_option("--data-path", po.data_path,
                  "--policy pi05 / groot: the reach demo store it was trained on (its image size, prompt vocabulary, action "
-                 "scale)");
+                 "scale); pi05: or the LeRobot dataset (its cameras, normalisation stats)");
+  app.add_option("--tokenizer-model", po.tokenizer,
+                 "--policy pi05 on a LeRobot dataset: the tokenizer it was trained with (default: the one its checkpoint's "
+                 "config.yaml names)");
   lf::log::init(lf::log::options_from_env(-1, 1));
   try {
     app.parse(argc, argv);

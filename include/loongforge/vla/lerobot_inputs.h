@@ -51,8 +51,22 @@ class Pi05LeRobotInputs {
   // The prompt text of frame `index` (before tokenisation).
   std::string prompt(int64_t index) const;
 
+  // One observation (a served policy's) processed as a frame is: `cameras` the images of cameras()
+  // in order, each [C, H, W] uint8 (0..255) or float in [0, 1], of any size; `state` the raw
+  // observation.state ([state_dim()] values); `task` the instruction. A batch of one without
+  // actions. Errors name a camera count or state width the dataset does not have.
+  lf::data::Batch observation_batch(const std::vector<at::Tensor>& cameras, const at::Tensor& state,
+                                    const std::string& task) const;
+  // Normalised actions [..., action_dim] back in the dataset's units (QUANTILES undone).
+  at::Tensor unnormalize_actions(const at::Tensor& normalized) const;
+  int64_t state_dim() const;
+
  private:
-  std::string prompt_of(const lf::data::LeRobotItem& item) const;
+  struct Sample {
+    at::Tensor images, tokens, mask;  // [n_cam, 3, S, S] in [-1, 1], [L] int64, [L] bool
+  };
+  Sample sample(const std::vector<at::Tensor>& cameras, const at::Tensor& state, const std::string& task) const;
+  std::string prompt_text(const at::Tensor& state, const std::string& task) const;
 
   Pi05LeRobotOptions options_;
   std::unique_ptr<lf::data::LeRobotDataset> dataset_;

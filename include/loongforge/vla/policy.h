@@ -54,7 +54,9 @@ struct PolicyOptions {
   int64_t chunk = 10;       // H, the actions per chunk of the scripted policies
   double max_speed = 0.05;  // the reach task's max speed per step (the random policy's range)
   std::string load;
-  std::string data_path;  // pi05: the reach demo store the policy was trained on (its processing)
+  std::string data_path;  // pi05 / groot: the reach demo store the policy was trained on (its processing); pi05:
+                          // or the LeRobot dataset (vla/pi05_policy.h, Pi05LeRobotPolicy)
+  std::string tokenizer;  // pi05 on a LeRobot dataset: its --tokenizer-model ("": its config.yaml's)
 };
 
 // The policies make_policy knows, with one line each: {"expert", ...}, {"random", ...}.

@@ -260,9 +260,10 @@ std::map<std::string, double> Pi05::loss_counts(const Batch& batch) const {
 }
 
 Pi05Inputs Pi05::inputs_of(const Batch& batch) const {
-  for (const auto& f : batch_fields())
-    LF_CHECK(batch.contains(f), "pi05: the batch has no field '", f, "' (it reads ", "images, image_masks, ",
-             "prompt_tokens, prompt_masks, actions)");
+  // The model's inputs (training reads `actions` too, sampling does not).
+  for (const char* f : {"images", "image_masks", "prompt_tokens", "prompt_masks"})
+    LF_CHECK(batch.contains(f), "pi05: the batch has no field '", f, "' (its inputs are images, image_masks, ",
+             "prompt_tokens, prompt_masks)");
   const auto dev = backend_.device();
   Pi05Inputs in;
   in.images = batch.at("images").to(dev, at::kFloat).transpose(0, 1);         // [n_cam, b, 3, H, W]

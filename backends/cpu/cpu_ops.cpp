@@ -51,13 +51,26 @@ at::Tensor sum_groups(const at::Tensor& g, int64_t group) {
   return g.view({s[0], s[1] / group, group, s[2], s[3]}).sum(2);
 }
 
-// GQA without a mask: the queries that share a kv head are stacked along the sequence, so the
+// GQA (without a mask or with one the heads share, `folds`): the queries that share a kv head are stacked along the sequence, so the
 // flash kernel sees nkv heads of group * s queries and K/V are never copied per query head (a
 // long key prefix would otherwise be repeated group times, forward and backward).
 // [b, nkv * group, s, d] -> [b, nkv, group * s, d]
 at::Tensor fold_queries(const at::Tensor& t, int64_t group) {
   const auto n = t.sizes();
   return t.contiguous().view({n[0], n[1] / group, group * n[2], n[3]});
+}
+
+// GQA folds the queries when the mask is the same for every head: none, or additive with one
+// head ([b|1, 1, s, t]), repeated for the folded rows (row g s + i of a kv head is query head g's
+// row i): a copy of group x the mask, smaller than K and V repeated per query head and their
+// gradients summed back.
+bool folds(int64_t group, const AttentionMask& mask) {
+  return group > 1 && (mask.kind == MaskKind::none || (mask.kind == MaskKind::explicit_additive && mask.mask.size(1) == 1));
+}
+std::optional<at::Tensor> folded_mask(const AttentionMask& mask, int64_t group) {
+  if (mask.kind != MaskKind::explicit_additive) return std::nullopt;
+  const auto m = mask.mask;  // [b|1, 1, s, t]
+  return m.expand({m.size(0), group, m.size(2), m.size(3)}).reshape({m.size(0), 1, group * m.size(2), m.size(3)});
 }
 
 }  // namespace
@@ -71,8 +84,9 @@ SdpaFwd CpuOps::sdpa_fwd(const at::Tensor& q, const at::Tensor& k, const at::Ten
   }
   if (!flash_applies(q, k, v, mask)) return ReferenceOps::sdpa_fwd(q, k, v, mask, scale);
   const int64_t group = q.size(1) / k.size(1);
-  if (group > 1 && mask.kind == MaskKind::none) {
-    auto [o, lse] = at::_scaled_dot_product_flash_attention_for_cpu(fold_queries(q, group), k, v, 0.0, false, {}, scale);
+  if (folds(group, mask)) {
+    auto [o, lse] = at::_scaled_dot_product_flash_attention_for_cpu(fold_queries(q, group), k, v, 0.0, false,
+                                                                    folded_mask(mask, group), scale);
     return {o.reshape(q.sizes()).contiguous(), lse.to(at::kFloat).reshape({q.size(0), q.size(1), q.size(2)}).contiguous()};
   }
   auto [o, lse] = at::_scaled_dot_product_flash_attention_for_cpu(
@@ -90,11 +104,11 @@ SdpaBwd CpuOps::sdpa_bwd(const at::Tensor& dout, const at::Tensor& q, const at::
   }
   if (!flash_applies(q, k, v, mask)) return ReferenceOps::sdpa_bwd(dout, q, k, v, o, lse, mask, scale);
   const int64_t group = q.size(1) / k.size(1);
-  if (group > 1 && mask.kind == MaskKind::none) {
+  if (folds(group, mask)) {
     const auto lse_folded = lse.contiguous().view({q.size(0), k.size(1), group * q.size(2)});
     auto [dq, dk, dv] = at::_scaled_dot_product_flash_attention_for_cpu_backward(
-        fold_queries(dout, group), fold_queries(q, group), k, v, fold_queries(o, group), lse_folded, 0.0, false, {},
-        scale);
+        fold_queries(dout, group), fold_queries(q, group), k, v, fold_queries(o, group), lse_folded, 0.0, false,
+        folded_mask(mask, group), scale);
     return {dq.reshape(q.sizes()).contiguous(), dk.contiguous(), dv.contiguous()};
   }
   auto [dq, dk, dv] = at::_scaled_dot_product_flash_attention_for_cpu_backward(

@@ -22,6 +22,8 @@ class CpuOps final : public ReferenceOps {
   // fp32 only (bf16: the reference)
   at::Tensor gelu_tanh_fwd(const at::Tensor& x) const override;
   at::Tensor gelu_tanh_bwd(const at::Tensor& dy, const at::Tensor& x) const override;
+  at::Tensor geglu_tanh_fwd(const at::Tensor& gate, const at::Tensor& up) const override;
+  GatedBwd geglu_tanh_bwd(const at::Tensor& dy, const at::Tensor& gate, const at::Tensor& up) const override;
   // Fused for non-interleaved RoPE on fp32 x with fp32 tables (bf16 x: the reference).
   at::Tensor rope_fwd(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
                       bool interleaved) const override;

@@ -124,6 +124,14 @@ void check_rope_args(const at::Tensor& x, const at::Tensor& cos, const at::Tenso
            lf::hint("slice cos/sin to the sequence positions of x; r = rotary dims"));
 }
 
+void check_geglu_args(const at::Tensor& gate, const at::Tensor& up, const at::Tensor& dy) {
+  LF_CHECK(gate.sizes() == up.sizes() && gate.scalar_type() == up.scalar_type() && gate.device() == up.device(),
+           "geglu: gate ", shape_str(gate), " ", gate.scalar_type(), " and up ", shape_str(up), " ", up.scalar_type(),
+           " must have one shape, dtype and device");
+  LF_CHECK(!dy.defined() || dy.sizes() == gate.sizes(), "geglu_bwd: dy ", shape_str(dy), " must have gate's shape ",
+           shape_str(gate));
+}
+
 void check_swiglu_args(const at::Tensor& gate_up) {
   LF_CHECK(gate_up.dim() >= 1 && gate_up.size(-1) % 2 == 0,
            "swiglu: gate_up must be [.., 2f]; got ", shape_str(gate_up),
@@ -307,6 +315,23 @@ at::Tensor ReferenceOps::gelu_tanh_bwd(const at::Tensor& dy, const at::Tensor& x
   LF_CHECK(dy.sizes() == x.sizes(), "gelu_tanh_bwd: dy ", shape_str(dy), " and x ", shape_str(x),
            " must have the same shape");
   return at::gelu_backward(dy.to(x.scalar_type()), x, "tanh").contiguous();
+}
+
+// ---- GeGLU (tanh form) -----------------------------------------------------------------------
+// ATen's gelu kernels in the compute type (bf16 rounded once at the end).
+
+at::Tensor ReferenceOps::geglu_tanh_fwd(const at::Tensor& gate, const at::Tensor& up) const {
+  check_geglu_args(gate, up);
+  const auto ct = compute_type(gate);
+  return (at::gelu(gate.to(ct), "tanh") * up.to(ct)).to(gate.scalar_type()).contiguous();
+}
+
+GatedBwd ReferenceOps::geglu_tanh_bwd(const at::Tensor& dy, const at::Tensor& gate, const at::Tensor& up) const {
+  check_geglu_args(gate, up, dy);
+  const auto ct = compute_type(gate);
+  auto g = gate.to(ct), u = up.to(ct), d = dy.to(ct);
+  return {at::gelu_backward(d * u, g, "tanh").to(gate.scalar_type()).contiguous(),
+          (d * at::gelu(g, "tanh")).to(up.scalar_type()).contiguous()};
 }
 
 // ---- softmax cross-entropy -------------------------------------------------------------------

@@ -239,6 +239,12 @@ class PluginOps final : public OpTable {
   at::Tensor gelu_tanh_bwd(const at::Tensor& dy, const at::Tensor& x) const override {
     return ref_.gelu_tanh_bwd(dy, x);
   }
+  at::Tensor geglu_tanh_fwd(const at::Tensor& gate, const at::Tensor& up) const override {
+    return ref_.geglu_tanh_fwd(gate, up);
+  }
+  GatedBwd geglu_tanh_bwd(const at::Tensor& dy, const at::Tensor& gate, const at::Tensor& up) const override {
+    return ref_.geglu_tanh_bwd(dy, gate, up);
+  }
   MoePermuteFwd moe_permute_fwd(const at::Tensor& x, const at::Tensor& indices, int64_t e) const override {
     return ref_.moe_permute_fwd(x, indices, e);
   }

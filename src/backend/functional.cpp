@@ -99,6 +99,19 @@ struct SwigluFn : ActivationFn<SwigluFn, &OpTable::swiglu_fwd, &OpTable::swiglu_
 struct GeluFn : ActivationFn<GeluFn, &OpTable::gelu_fwd, &OpTable::gelu_bwd> {};
 struct GeluTanhFn : ActivationFn<GeluTanhFn, &OpTable::gelu_tanh_fwd, &OpTable::gelu_tanh_bwd> {};
 
+struct GegluTanhFn : torch::autograd::Function<GegluTanhFn> {
+  static at::Tensor forward(AutogradContext* ctx, const DeviceBackend* be, const at::Tensor& gate, const at::Tensor& up) {
+    save_backend(ctx, be);
+    ctx->save_for_backward({gate, up});
+    return be->ops().geglu_tanh_fwd(gate, up);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list dy) {
+    auto s = ctx->get_saved_variables();
+    auto g = saved_backend(ctx).ops().geglu_tanh_bwd(dy[0].contiguous(), s[0], s[1]);
+    return {at::Tensor(), g.dgate, g.dup};
+  }
+};
+
 struct CrossEntropyFn : torch::autograd::Function<CrossEntropyFn> {
   static at::Tensor forward(AutogradContext* ctx, const DeviceBackend* be,
                             const at::Tensor& logits, const at::Tensor& target,
@@ -370,6 +383,11 @@ at::Tensor gelu(const DeviceBackend& be, const at::Tensor& x) {
 at::Tensor gelu_tanh(const DeviceBackend& be, const at::Tensor& x) {
   RECORD_USER_SCOPE("lf::gelu_tanh");
   return GeluTanhFn::apply(&be, x);
+}
+
+at::Tensor geglu_tanh(const DeviceBackend& be, const at::Tensor& gate, const at::Tensor& up) {
+  RECORD_USER_SCOPE("lf::geglu_tanh");
+  return GegluTanhFn::apply(&be, gate, up);
 }
 
 at::Tensor softmax_cross_entropy(const DeviceBackend& be, const at::Tensor& logits,

@@ -176,6 +176,20 @@ void add_rope_swiglu_ce_cases(std::vector<OpCase>& cases) {
                        return NamedTensors{{"y", ops.gelu_tanh_fwd(in[0])},
                                            {"dx", ops.gelu_tanh_bwd(in[1], in[0])}};
                      }});
+    // GeGLU: gates over [-16, 16] (both saturated ends) in a shape whose size is not a multiple of
+    // the CPU kernel's 256-element blocks.
+    cases.push_back({std::string("geglu_tanh_") + dt_name(dt), atol_for(dt), rtol_for(dt),
+                     [dt] {
+                       Rng g(9);
+                       auto gate = at::cat({at::linspace(-16, 16, 641, at::kFloat), g.randn({2, 3, 100}, at::kFloat, 2.0).flatten()})
+                                       .view({17, 73})
+                                       .to(dt);
+                       return std::vector<at::Tensor>{gate, g.randn({17, 73}, dt), g.randn({17, 73}, dt)};
+                     },
+                     [](const OpTable& ops, const std::vector<at::Tensor>& in) {
+                       auto b = ops.geglu_tanh_bwd(in[2], in[0], in[1]);
+                       return NamedTensors{{"y", ops.geglu_tanh_fwd(in[0], in[1])}, {"dgate", b.dgate}, {"dup", b.dup}};
+                     }});
     cases.push_back({std::string("cross_entropy_") + dt_name(dt), atol_for(dt), rtol_for(dt),
                      [dt] {
                        Rng g(6);

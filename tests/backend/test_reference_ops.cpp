@@ -297,6 +297,22 @@ TEST(ReferenceVsFormula, GeluTanhIsTheTanhForm) {
   expect_close(kRef.gelu_tanh_fwd(x), want, 1e-12, "gelu_tanh");
 }
 
+TEST(ReferenceFiniteDifference, GegluTanh) {
+  fd_check("geglu_tanh", {at::randn({3, 10}, kF64) * 2, at::randn({3, 10}, kF64)}, {0, 1},
+           [](auto& in) { return kRef.geglu_tanh_fwd(in[0], in[1]); },
+           [](auto& in, auto& dy) {
+             auto g = kRef.geglu_tanh_bwd(dy, in[0], in[1]);
+             return std::vector<at::Tensor>{g.dgate, g.dup};
+           });
+}
+
+TEST(ReferenceVsFormula, GegluTanhIsGeluTanhTimesUp) {
+  auto g = at::randn({4, 33}, kF64) * 3, u = at::randn({4, 33}, kF64);
+  auto want = 0.5 * g * (1 + at::tanh(0.79788456080286535588 * (g + 0.044715 * g * g * g))) * u;
+  expect_close(kRef.geglu_tanh_fwd(g, u), want, 1e-12, "geglu_tanh");
+  EXPECT_THROW(kRef.geglu_tanh_fwd(g, u.narrow(1, 0, 32)), lf::Error);
+}
+
 TEST(ReferenceVsAten, SwigluMatchesSiluTimesUp) {
   auto gu = at::randn({4, 2, 20});
   expect_close(kRef.swiglu_fwd(gu), at::silu(gu.narrow(-1, 0, 10)) * gu.narrow(-1, 10, 10), 1e-6,

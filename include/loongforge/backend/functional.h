@@ -31,6 +31,8 @@ at::Tensor swiglu(const DeviceBackend& be, const at::Tensor& gate_up);
 at::Tensor gelu(const DeviceBackend& be, const at::Tensor& x);
 // x: [..] -> gelu(x), tanh form (torch's approximate='tanh')
 at::Tensor gelu_tanh(const DeviceBackend& be, const at::Tensor& x);
+// gate, up: [..] of one shape -> gelu_tanh(gate) * up (GeGLU)
+at::Tensor geglu_tanh(const DeviceBackend& be, const at::Tensor& gate, const at::Tensor& up);
 // logits: [n, v], target: [n] -> per-token loss [n] fp32 (0 at ignore_index; reduce it yourself)
 at::Tensor softmax_cross_entropy(const DeviceBackend& be, const at::Tensor& logits,
                                  const at::Tensor& target, int64_t ignore_index = -100);

@@ -21,6 +21,9 @@ struct RmsNormFwd {
   at::Tensor y;     // [.., h], x's dtype
   at::Tensor rstd;  // [..] = 1 / sqrt(mean(x^2) + eps)
 };
+struct GatedBwd {
+  at::Tensor dgate, dup;  // the shapes and dtype of gate and up
+};
 struct RmsNormBwd {
   at::Tensor dx;  // [.., h]
   at::Tensor dw;  // [h], w's dtype
@@ -198,6 +201,11 @@ class OpTable {
   virtual at::Tensor gelu_tanh_fwd(const at::Tensor& x) const = 0;
   // dy: [..] -> dx = dy * ((1 + tanh(u)) / 2 + x/2 (1 - tanh(u)^2) du/dx)
   virtual at::Tensor gelu_tanh_bwd(const at::Tensor& dy, const at::Tensor& x) const = 0;
+  // GeGLU, tanh form (Gemma's and pi0.5's MLPs): gate, up: [..] of one shape -> y = gelu_tanh(gate) * up,
+  // computed in fp32 and rounded once
+  virtual at::Tensor geglu_tanh_fwd(const at::Tensor& gate, const at::Tensor& up) const = 0;
+  // dy: [..] -> dgate = dy * up * gelu_tanh'(gate), dup = dy * gelu_tanh(gate)
+  virtual GatedBwd geglu_tanh_bwd(const at::Tensor& dy, const at::Tensor& gate, const at::Tensor& up) const = 0;
 
   // logits: [n, v], target: [n] int64
   virtual CrossEntropyFwd softmax_cross_entropy_fwd(const at::Tensor& logits,

@@ -28,6 +28,8 @@ class ReferenceOps : public OpTable {
   at::Tensor gelu_bwd(const at::Tensor& dy, const at::Tensor& x) const override;
   at::Tensor gelu_tanh_fwd(const at::Tensor& x) const override;
   at::Tensor gelu_tanh_bwd(const at::Tensor& dy, const at::Tensor& x) const override;
+  at::Tensor geglu_tanh_fwd(const at::Tensor& gate, const at::Tensor& up) const override;
+  GatedBwd geglu_tanh_bwd(const at::Tensor& dy, const at::Tensor& gate, const at::Tensor& up) const override;
   CrossEntropyFwd softmax_cross_entropy_fwd(const at::Tensor& logits, const at::Tensor& target,
                                             int64_t ignore_index) const override;
   at::Tensor softmax_cross_entropy_bwd(const at::Tensor& dloss, const at::Tensor& logits,
@@ -78,6 +80,8 @@ class ReferenceOps : public OpTable {
 void check_rms_norm_args(const at::Tensor& x, const at::Tensor& w);
 void check_rope_args(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
 void check_swiglu_args(const at::Tensor& gate_up);
+// gate and up (and dy, when given) of one shape and dtype, on one device.
+void check_geglu_args(const at::Tensor& gate, const at::Tensor& up, const at::Tensor& dy = {});
 void check_cross_entropy_args(const at::Tensor& logits, const at::Tensor& target);
 void check_linear_cross_entropy_args(const at::Tensor& x, const at::Tensor& w, const at::Tensor& target,
                                      const at::Tensor& weight, const VocabShard& shard);

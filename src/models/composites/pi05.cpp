@@ -153,19 +153,26 @@ at::Tensor additive_mask(const at::Tensor& allowed) {
   return at::where(allowed.unsqueeze(1), 0.0, kMaskValue).to(at::kFloat);
 }
 
-// HF's rotate_half RoPE with per-sample positions: x [b, s, n, d], positions [b, s] int64.
+// x + y * gate: one addcmul in fp32; in bf16 two ops, each rounded as openpi's x + y * gate is.
+at::Tensor gated_add(const at::Tensor& x, const at::Tensor& y, const at::Tensor& gate) {
+  return x.scalar_type() == at::kFloat ? at::addcmul(x, y, gate) : x + y * gate;
+}
+
+// HF's rotate_half RoPE with per-sample positions: x [b, s, n, d], positions [b, s] int64. The
+// tables are cos and the signed sin, cat(-sin, sin) of the halves, so that rotate_half(x) * sin =
+// swap_halves(x) * signed_sin: the same values, and one flip in the graph where rotate_half's two
+// slices and a concatenation would each cost a full-size gradient in the backward.
 std::pair<at::Tensor, at::Tensor> rope_tables(const at::Tensor& positions, int64_t d, double theta,
                                               at::ScalarType dtype) {
   auto inv = 1.0 / at::pow(theta, at::arange(0, d, 2, at::TensorOptions().dtype(at::kLong)).to(at::kFloat) /
                                       static_cast<double>(d));
   auto freqs = positions.to(at::kFloat).unsqueeze(-1) * inv.to(positions.device()).view({1, 1, -1});  // [b, s, d/2]
-  auto emb = at::cat({freqs, freqs}, -1).unsqueeze(2);                                                // [b, s, 1, d]
-  return {emb.cos().to(dtype), emb.sin().to(dtype)};
+  auto cos = freqs.cos(), sin = freqs.sin();
+  return {at::cat({cos, cos}, -1).unsqueeze(2).to(dtype), at::cat({-sin, sin}, -1).unsqueeze(2).to(dtype)};  // [b, s, 1, d]
 }
-at::Tensor apply_rope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
-  const int64_t h = x.size(-1) / 2;
-  auto rotated = at::cat({-x.narrow(-1, h, h), x.narrow(-1, 0, h)}, -1);
-  return x * cos + rotated * sin;
+at::Tensor apply_rope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& signed_sin) {
+  auto swapped = x.unflatten(-1, {2, x.size(-1) / 2}).flip(-2).flatten(-2);  // cat(x2, x1)
+  return gated_add(x * cos, swapped, signed_sin);
 }
 
 }  // namespace
@@ -336,13 +343,6 @@ std::pair<at::Tensor, at::Tensor> Pi05::embed_suffix(const at::Tensor& x_t, cons
 
 // --- the Gemma layers ---------------------------------------------------------------------------
 
-namespace {
-// x + y * gate: one addcmul in fp32; in bf16 two ops, each rounded as openpi's x + y * gate is.
-at::Tensor gated_add(const at::Tensor& x, const at::Tensor& y, const at::Tensor& gate) {
-  return x.scalar_type() == at::kFloat ? at::addcmul(x, y, gate) : x + y * gate;
-}
-}  // namespace
-
 std::pair<at::Tensor, at::Tensor> Pi05::norm(const Norm& n, const at::Tensor& x, const at::Tensor& cond,
                                              double eps) const {
   if (!n.dense.defined()) return {lf::ops::rms_norm(backend_, x, 1.0 + n.weight, eps), {}};
@@ -361,7 +361,9 @@ std::pair<at::Tensor, at::Tensor> Pi05::norm(const Norm& n, const at::Tensor& x,
 
 at::Tensor Pi05::mlp(const GemmaLayer& l, const at::Tensor& x) const {
   using lf::parallel::column_parallel_linear;
-  auto h = lf::ops::gelu_tanh(backend_, column_parallel_linear(x, l.gate, {}, tp_)) * column_parallel_linear(x, l.up, {}, tp_);
+  auto gate = column_parallel_linear(x, l.gate, {}, tp_), up = column_parallel_linear(x, l.up, {}, tp_);
+  // fp32: the backend's fused GeGLU; bf16 rounds gelu(gate) before the product, as openpi does.
+  auto h = x.scalar_type() == at::kFloat ? lf::ops::geglu_tanh(backend_, gate, up) : lf::ops::gelu_tanh(backend_, gate) * up;
   return lf::parallel::row_parallel_linear(h, l.down, {}, tp_);
 }
 
@@ -413,9 +415,10 @@ at::Tensor Pi05::joint_forward(const Prefix& p, const at::Tensor& suffix, const 
       auto o = attention(qs, at::cat({kp, ks}, 1), at::cat({vp, vs}, 1), mask.narrow(2, np, ns));
       xs = gated_add(xs, lf::parallel::row_parallel_linear(o, ls.o, {}, tp_), gs);
     } else {
-      auto o = attention(at::cat({qp, qs}, 1), at::cat({kp, ks}, 1), at::cat({vp, vs}, 1), mask);
-      xp = xp + lf::parallel::row_parallel_linear(o.narrow(1, 0, np), lp.o, {}, tp_);
-      xs = gated_add(xs, lf::parallel::row_parallel_linear(o.narrow(1, np, ns), ls.o, {}, tp_), gs);
+      // Split, not two narrows: the backward concatenates the parts' gradients once.
+      auto o = attention(at::cat({qp, qs}, 1), at::cat({kp, ks}, 1), at::cat({vp, vs}, 1), mask).split_with_sizes({np, ns}, 1);
+      xp = xp + lf::parallel::row_parallel_linear(o[0], lp.o, {}, tp_);
+      xs = gated_add(xs, lf::parallel::row_parallel_linear(o[1], ls.o, {}, tp_), gs);
       auto [mp, unused] = norm(lp.post_norm, xp, {}, vlm_.rms_norm_eps);
       xp = xp + mlp(lp, mp);
     }
@@ -443,7 +446,9 @@ at::Tensor Pi05::losses(const Pi05Inputs& in, const at::Tensor& actions, const a
   auto prefix = embed_prefix(in);
   auto [suffix, cond] = embed_suffix(x_t, time.to(at::kFloat));
   auto out = joint_forward(prefix, suffix.to(prefix.embs.scalar_type()), cond);
-  auto v_t = at::linear(out.narrow(1, out.size(1) - config_.chunk_size, config_.chunk_size).to(at::kFloat),
+  // The suffix is the chunk's action tokens (a full-length narrow would still cost a backward copy).
+  auto tail = out.size(1) == config_.chunk_size ? out : out.narrow(1, out.size(1) - config_.chunk_size, config_.chunk_size);
+  auto v_t = at::linear(tail.to(at::kFloat),
                         action_out_w_.to(at::kFloat), action_out_b_.to(at::kFloat));
   return (u_t - v_t).square();
 }

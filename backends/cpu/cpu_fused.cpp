@@ -253,22 +253,16 @@ at::Tensor CpuOps::gelu_tanh_bwd(const at::Tensor& dy, const at::Tensor& x) cons
   return dx;
 }
 
-// GeGLU (tanh form), fp32: one parallel pass, blocks of 256 elements through L1-resident scratch
-// (cpu_math::gelu_tanh and its backward), instead of the reference's gelu, mul and their backwards.
+// GeGLU (tanh form), fp32: one parallel pass over the elements (cpu_math::geglu_tanh), the
+// backward's gelu and gelu' from one sigmoid per element.
 at::Tensor CpuOps::geglu_tanh_fwd(const at::Tensor& gate, const at::Tensor& up) const {
   check_geglu_args(gate, up);
   if (gate.scalar_type() != at::kFloat || !fusable({&gate, &up})) return ReferenceOps::geglu_tanh_fwd(gate, up);
   at::Tensor y = at::empty_like(gate);
   const float *gp = gate.data_ptr<float>(), *up_ = up.data_ptr<float>();
   float* yp = y.data_ptr<float>();
-  at::parallel_for(0, gate.numel(), 16384, [&](int64_t b, int64_t e) {
-    float act[256];
-    for (int64_t i = b; i < e; i += 256) {
-      const int64_t n = std::min<int64_t>(256, e - i);
-      cpu_math::gelu_tanh(gp + i, act, n);
-      for (int64_t j = 0; j < n; ++j) yp[i + j] = act[j] * up_[i + j];
-    }
-  });
+  at::parallel_for(0, gate.numel(), 16384,
+                   [&](int64_t b, int64_t e) { cpu_math::geglu_tanh(gp + b, up_ + b, yp + b, e - b); });
   return y;
 }
 
@@ -279,14 +273,7 @@ GatedBwd CpuOps::geglu_tanh_bwd(const at::Tensor& dy, const at::Tensor& gate, co
   const float *gp = gate.data_ptr<float>(), *up_ = up.data_ptr<float>(), *dyp = dy.data_ptr<float>();
   float *dgp = dg.data_ptr<float>(), *dup = du.data_ptr<float>();
   at::parallel_for(0, gate.numel(), 16384, [&](int64_t b, int64_t e) {
-    float tmp[256];
-    for (int64_t i = b; i < e; i += 256) {
-      const int64_t n = std::min<int64_t>(256, e - i);
-      for (int64_t j = 0; j < n; ++j) tmp[j] = dyp[i + j] * up_[i + j];
-      cpu_math::gelu_tanh_bwd(tmp, gp + i, dgp + i, n);  // dgate = (dy up) gelu'(gate)
-      cpu_math::gelu_tanh(gp + i, tmp, n);
-      for (int64_t j = 0; j < n; ++j) dup[i + j] = dyp[i + j] * tmp[j];
-    }
+    cpu_math::geglu_tanh_bwd(dyp + b, gp + b, up_ + b, dgp + b, dup + b, e - b);
   });
   return {dg, du};
 }

@@ -75,6 +75,23 @@ LF_CPU_CLONES void gelu_tanh_bwd(const float* __restrict dy, const float* __rest
   }
 }
 
+LF_CPU_CLONES void geglu_tanh(const float* __restrict g, const float* __restrict u, float* __restrict y, int64_t n) {
+  for (int64_t j = 0; j < n; ++j) {
+    const float v = g[j];
+    y[j] = v * gelu_sigmoid(kGeluK * (v + kGeluC * v * v * v)) * u[j];
+  }
+}
+
+LF_CPU_CLONES void geglu_tanh_bwd(const float* __restrict dy, const float* __restrict g, const float* __restrict u,
+                                  float* __restrict dg, float* __restrict du, int64_t n) {
+  for (int64_t j = 0; j < n; ++j) {
+    const float v = g[j];
+    const float s = gelu_sigmoid(kGeluK * (v + kGeluC * v * v * v));  // one sigmoid for gelu and gelu'
+    dg[j] = dy[j] * u[j] * (s + 2.0f * v * s * (1.0f - s) * kGeluK * (1.0f + 3.0f * kGeluC * v * v));
+    du[j] = dy[j] * (v * s);
+  }
+}
+
 LF_CPU_CLONES double dot(const float* a, const float* b, int64_t n) {
   double lane[8] = {};
   int64_t j = 0;

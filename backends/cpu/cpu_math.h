@@ -51,6 +51,10 @@ void silu_mul_bwd(const float* dy, const float* g, const float* u, float* dg, fl
 // never a denormal; and its backward dx = dy (s + 2 x s (1 - s) du/dx), s = sigmoid(2u).
 void gelu_tanh(const float* x, float* y, int64_t n);
 void gelu_tanh_bwd(const float* dy, const float* x, float* dx, int64_t n);
+// GeGLU: y = gelu_tanh(g) u; the backward dg = dy u gelu_tanh'(g), du = dy gelu_tanh(g) from one
+// sigmoid per element
+void geglu_tanh(const float* g, const float* u, float* y, int64_t n);
+void geglu_tanh_bwd(const float* dy, const float* g, const float* u, float* dg, float* du, int64_t n);
 // RMSNorm rows: y = x r w; the backward's dot sum (dy w) x in fp64; dx = r (dy w - x r m) and
 // acc += dy x r (the weight gradient's per-thread partial sums)
 void rms_norm_row(const float* x, float r, const float* w, float* y, int64_t n);

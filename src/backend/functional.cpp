@@ -3,6 +3,7 @@
 // returns exactly the vector-Jacobian product of forward, as pinned by the op harness.
 #include "loongforge/backend/functional.h"
 
+#include <ATen/core/grad_mode.h>
 #include <ATen/record_function.h>
 #include <torch/csrc/autograd/custom_function.h>
 
@@ -174,6 +175,46 @@ struct LinearCrossEntropyFn : torch::autograd::Function<LinearCrossEntropyFn> {
       dw.mul_(g);
     }
     return {at::Tensor(), dx, dw, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+
+struct LinearFn : torch::autograd::Function<LinearFn> {
+  // b: an optional (undefined tensors cannot be a custom function's inputs).
+  static at::Tensor forward(AutogradContext* ctx, const WeightGradSlots* slots, const at::Tensor& x, const at::Tensor& w,
+                            const std::optional<at::Tensor>& b) {
+    ctx->saved_data["slots"] = reinterpret_cast<int64_t>(slots);
+    ctx->saved_data["x_grad"] = x.requires_grad();
+    ctx->saved_data["w_grad"] = w.requires_grad();
+    ctx->saved_data["b_grad"] = b.has_value() && b->requires_grad();
+    ctx->save_for_backward({x, w});
+    return at::linear(x, w, b);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list dy) {
+    auto s = ctx->get_saved_variables();
+    const at::Tensor &x = s[0], &w = s[1];
+    const int64_t out = w.size(0), in = w.size(1);
+    const auto d2 = dy[0].reshape({-1, out});
+    at::Tensor dx, dw, db;
+    if (ctx->saved_data["x_grad"].toBool()) dx = d2.mm(w).view(x.sizes());
+    if (ctx->saved_data["w_grad"].toBool()) {
+      const auto x2 = x.reshape({-1, in});
+      const auto* slots = reinterpret_cast<const WeightGradSlots*>(ctx->saved_data["slots"].toInt());
+      std::optional<lf::backend::GradInto> into;
+      if (d2.scalar_type() == at::kFloat && x2.scalar_type() == at::kFloat) into = slots->weight_grad_slot(w);
+      if (into && into->dw.defined()) {
+        LF_CHECK(into->dw.sizes() == w.sizes() && into->dw.scalar_type() == at::kFloat && into->dw.is_contiguous(),
+                 "linear: the weight-gradient slot ", into->dw.sizes(), " ", into->dw.scalar_type(),
+                 " is not a contiguous fp32 tensor of the weight's shape ", w.sizes());
+        if (into->accumulate)
+          into->dw.addmm_(d2.t(), x2);
+        else
+          at::mm_out(into->dw, d2.t(), x2);
+      } else {
+        dw = d2.t().mm(x2);
+      }
+    }
+    if (ctx->saved_data["b_grad"].toBool()) db = d2.sum(0);
+    return {at::Tensor(), dx, dw, db};
   }
 };
 
@@ -383,6 +424,11 @@ at::Tensor gelu(const DeviceBackend& be, const at::Tensor& x) {
 at::Tensor gelu_tanh(const DeviceBackend& be, const at::Tensor& x) {
   RECORD_USER_SCOPE("lf::gelu_tanh");
   return GeluTanhFn::apply(&be, x);
+}
+
+at::Tensor linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b, const WeightGradSlots* slots) {
+  if (slots == nullptr || !at::GradMode::is_enabled() || !w.requires_grad()) return at::linear(x, w, b);
+  return LinearFn::apply(slots, x, w, b.defined() ? std::optional<at::Tensor>(b) : std::nullopt);
 }
 
 at::Tensor geglu_tanh(const DeviceBackend& be, const at::Tensor& gate, const at::Tensor& up) {

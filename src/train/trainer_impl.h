@@ -34,6 +34,7 @@ class BufferGradientSink final : public lf::models::GradientSink {
   // The step's loss weights while its forward/backward runs; null between steps (no destination).
   void set_weights(const std::map<std::string, double>* w) { weights_ = w; }
   std::optional<lf::backend::GradInto> take(const at::Tensor& param, const std::string& loss_term) const override;
+  std::optional<lf::backend::GradInto> weight_grad_slot(const at::Tensor& param) const override;
 
  private:
   const std::vector<GroupBuffer>& buffers_;

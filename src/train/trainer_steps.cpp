@@ -74,6 +74,16 @@ std::optional<lf::backend::GradInto> BufferGradientSink::take(const at::Tensor& 
   return std::nullopt;
 }
 
+std::optional<lf::backend::GradInto> BufferGradientSink::weight_grad_slot(const at::Tensor& param) const {
+  if (!weights_) return std::nullopt;  // outside a training step's forward/backward
+  for (const auto& gb : buffers_) {
+    auto d = gb.grads->direct_slot(param);
+    if (d.index < 0) continue;
+    return lf::backend::GradInto{d.slot, 1.0, d.accumulate};
+  }
+  return std::nullopt;
+}
+
 double Trainer::Impl::forward_backward() {
   const auto batches = read_step();
   const auto weights = loss_weights(batches);

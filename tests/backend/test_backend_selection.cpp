@@ -260,6 +260,31 @@ LF_WORKER_CASE(cpu_cache_gives_back_the_smallest_covering_block) {
   EXPECT_EQ(again.data_ptr(), big_ptr) << "the big block stayed cached and serves its size again";
 }
 
+// Blocks from 64 KiB are cached (pi05's [448, 512] fp32 activations are 896 KiB: below the old 1
+// MiB minimum they went to glibc, which unmapped or trimmed them, 823 page faults a step); smaller
+// ones are not.
+LF_WORKER_CASE(cpu_cache_holds_blocks_from_64_kib) {
+  const auto& be = backend::cpu_backend();
+  const auto cached = [&] { return be.memory_stats().reserved_bytes - be.memory_stats().allocated_bytes; };
+  const int64_t base = cached();
+  void* p = nullptr;
+  {
+    auto t = at::empty({int64_t{1} << 16}, at::kFloat);  // 256 KiB
+    p = t.data_ptr();
+  }
+  EXPECT_EQ(cached() - base, int64_t{256} << 10);
+  auto again = at::empty({int64_t{1} << 16}, at::kFloat);
+  EXPECT_EQ(again.data_ptr(), p) << "the freed 256 KiB block serves the next request of its size";
+  { auto small = at::empty({int64_t{1} << 13}, at::kFloat); }  // 32 KiB: glibc's
+  EXPECT_EQ(cached(), base);
+}
+
+TEST(CpuBackend, BlocksFrom64KiBAreCached) {
+  SpawnOptions opt;
+  opt.world_size = 1;
+  expect_all_ok(run_workers("cpu_cache_holds_blocks_from_64_kib", opt));
+}
+
 // The cache's rules, each in a fresh process (what earlier tests of this binary left cached and
 // the peak they reached would change the numbers): a freed block serves the next request of its
 // size and never grows the peak; the cache gives blocks back before a fresh allocation would push

@@ -230,5 +230,54 @@ TEST_P(FunctionalOnBackend, GradientsReachTheRightInputs) {
 
 INSTANTIATE_TEST_SUITE_P(Backends, FunctionalOnBackend, ::testing::Values("cpu", "xpu", "cuda"));
 
+// lf::ops::linear's gradient-accumulation fusion: the backward's GEMM writes (or adds) w's gradient
+// into the slot the sink names, autograd gets none for w; x's and b's gradients are autograd's.
+// Without a slot, in bf16, or with no sink, w's gradient is returned as usual.
+struct FakeSlots final : lf::ops::WeightGradSlots {
+  mutable std::optional<backend::GradInto> slot;
+  mutable int asked = 0;
+  std::optional<backend::GradInto> weight_grad_slot(const at::Tensor&) const override {
+    ++asked;
+    return slot;
+  }
+};
+
+TEST(LinearGradientFusion, TheBackwardWritesOrAddsIntoTheSlot) {
+  auto x0 = at::randn({3, 5, 7}), w0 = at::randn({4, 7}), b0 = at::randn({4}), dy = at::randn({3, 5, 4});
+  // The reference: at::linear's gradients.
+  auto x = x0.clone().requires_grad_(), w = w0.clone().requires_grad_(), b = b0.clone().requires_grad_();
+  at::linear(x, w, b).backward(dy);
+  const auto dx_ref = x.grad(), dw_ref = w.grad(), db_ref = b.grad();
+  for (const bool accumulate : {false, true}) {
+    FakeSlots slots;
+    const auto start = at::randn({4, 7});
+    slots.slot = backend::GradInto{start.clone(), 1.0, accumulate};
+    auto xf = x0.clone().requires_grad_(), wf = w0.clone().requires_grad_(), bf = b0.clone().requires_grad_();
+    auto y = lf::ops::linear(xf, wf, bf, &slots);
+    EXPECT_TRUE(at::allclose(y, at::linear(x0, w0, b0), 1e-6, 1e-6));
+    y.backward(dy);
+    EXPECT_EQ(slots.asked, 1);
+    EXPECT_FALSE(wf.grad().defined()) << "the gradient went to the slot, not to autograd";
+    const auto want = accumulate ? start + dw_ref : dw_ref;
+    EXPECT_TRUE(at::allclose(slots.slot->dw, want, 1e-5, 1e-5)) << "accumulate " << accumulate;
+    EXPECT_TRUE(at::allclose(xf.grad(), dx_ref, 1e-6, 1e-6));
+    EXPECT_TRUE(at::allclose(bf.grad(), db_ref, 1e-6, 1e-6));
+  }
+  // No slot: autograd's gradient. bf16: the sink is not asked (the slot is fp32). No bias, and
+  // an input without a gradient.
+  FakeSlots none;
+  auto wn = w0.clone().requires_grad_();
+  lf::ops::linear(x0, wn, {}, &none).backward(dy);
+  EXPECT_EQ(none.asked, 1);
+  EXPECT_TRUE(at::allclose(wn.grad(), dw_ref, 1e-5, 1e-5));
+  FakeSlots bf16;
+  bf16.slot = backend::GradInto{at::zeros({4, 7}), 1.0, false};
+  auto wb = w0.to(at::kBFloat16).requires_grad_();
+  lf::ops::linear(x0.to(at::kBFloat16), wb, {}, &bf16).backward(dy.to(at::kBFloat16));
+  EXPECT_EQ(bf16.asked, 0);
+  EXPECT_TRUE(wb.grad().defined());
+  EXPECT_EQ(bf16.slot->dw.abs().sum().item<double>(), 0.0);
+}
+
 }  // namespace
 }  // namespace lf::testing

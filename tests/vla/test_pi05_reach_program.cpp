@@ -61,6 +61,14 @@ TEST(Pi05ReachProgram, DataParallelOnTheStoreEqualsOneProcess) {
                                     "pi05 on the reach store: dp 2, ZeRO-1");
 }
 
+// Gradient-accumulation fusion (the default: every linear layer's backward writes its weight
+// gradient into the trainer's buffer, the second micro-batch adding with the GEMM) against the
+// gradients through autograd: the same training (fp32, 10 steps, 2 micro-batches a step).
+TEST(Pi05ReachProgram, GradientAccumulationFusionEqualsAutograd) {
+  lf::testing::expect_same_training(train(1, {}, "fused"), train(1, {"--no-gradient-accumulation-fusion"}, "unfused"),
+                                    "pi05 on the reach store: linear weight gradients into the buffer vs autograd");
+}
+
 TEST(Pi05ReachProgram, EvalAndServeTheTrainedPolicy) {
   const std::string dir = lf::testing::make_temp_dir("pi05-reach-eval");
   auto t = train(1, {"--save", dir + "/ck"}, "ck");

@@ -51,6 +51,23 @@ at::Tensor linear_cross_entropy_sum(const DeviceBackend& be, const at::Tensor& x
                                     const at::Tensor& target, const at::Tensor& weight,
                                     const lf::backend::VocabShard& shard = {}, int64_t ignore_index = -100,
                                     int64_t chunk_tokens = 0, const lf::backend::GradInto* into = nullptr);
+// Gradient-accumulation fusion for linear layers (Megatron's): where a layer's backward writes its
+// weight's gradient instead of handing it to autograd. weight_grad_slot(w) is asked during the
+// backward, when the gradient (fp32) is about to be computed: the destination (GradInto::dw, w's
+// shape, fp32, contiguous) and whether it already holds gradient this step (accumulate: added
+// to) or not (written); nullopt: the gradient goes to autograd as usual. Asking marks the slot as
+// written, so ask only to write.
+class WeightGradSlots {
+ public:
+  virtual ~WeightGradSlots() = default;
+  virtual std::optional<lf::backend::GradInto> weight_grad_slot(const at::Tensor& w) const = 0;
+};
+// y = x w^T (+ b): x [.., in], w [out, in], b [out] or undefined. slots null: at::linear. Else,
+// for fp32 x and w, w's gradient is the backward's GEMM written into (or accumulated with beta 1
+// onto) the slot slots->weight_grad_slot(w) names, and autograd gets none for w (its
+// post-accumulate-grad hook still runs, with no gradient); without a slot, or in another dtype, it
+// is returned as usual.
+at::Tensor linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b, const WeightGradSlots* slots);
 // q: [b, nq, s, d], k: [b, nkv, t, d], v: [b, nkv, t, dv] -> [b, nq, s, dv].
 // scale defaults to 1/sqrt(d). An explicit mask gets no gradient.
 at::Tensor sdpa(const DeviceBackend& be, const at::Tensor& q, const at::Tensor& k,

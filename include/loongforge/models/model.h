@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "loongforge/backend/functional.h"
 #include "loongforge/backend/op_table.h"
 #include "loongforge/data/batch.h"
 #include "loongforge/models/blocks/attention.h"
@@ -71,12 +72,16 @@ enum class Pass { train, eval };
 // fused output layer + cross entropy) write it straight into the trainer's gradient buffer, scaled
 // by the weight the trainer gives the loss term it belongs to. Implemented by the trainer; take()
 // may return nothing (then the layer hands its gradient to autograd as usual).
-class GradientSink {
+// As a WeightGradSlots it also names, during the step's backward, the slot a linear layer's
+// backward writes its weight gradient into (lf::ops::linear; unscaled: the backward's gradient
+// already carries the loss weights).
+class GradientSink : public lf::ops::WeightGradSlots {
  public:
-  virtual ~GradientSink() = default;
+  ~GradientSink() override = default;
   // param: the parameter; loss_term: the loss term whose backward carries the gradient (its
   // weight this step scales it).
   virtual std::optional<lf::backend::GradInto> take(const at::Tensor& param, const std::string& loss_term) const = 0;
+  std::optional<lf::backend::GradInto> weight_grad_slot(const at::Tensor&) const override { return std::nullopt; }
 };
 
 class Model {

@@ -296,17 +296,17 @@ at::Tensor Pi05::embed_images(const at::Tensor& images) const {
   for (const auto& l : vision_layers_) {
     auto h = lf::ops::layer_norm(backend_, x, l.ln1_w, l.ln1_b, c.layer_norm_eps);
     auto split = [&](const at::Tensor& y) { return y.view({n, t, heads, hd}).transpose(1, 2); };
-    auto q = split(column_parallel_linear(h, l.q, l.q_b, tp_));
-    auto k = split(column_parallel_linear(h, l.k, l.k_b, tp_));
-    auto v = split(column_parallel_linear(h, l.v, l.v_b, tp_));
+    auto q = split(column_parallel_linear(h, l.q, l.q_b, tp_, false, sink_));
+    auto k = split(column_parallel_linear(h, l.k, l.k_b, tp_, false, sink_));
+    auto v = split(column_parallel_linear(h, l.v, l.v_b, tp_, false, sink_));
     auto o = lf::ops::sdpa(backend_, q, k, v, lf::backend::AttentionMask::none());
-    x = x + row_parallel_linear(o.transpose(1, 2).reshape({n, t, heads * hd}), l.out, l.out_b, tp_);
+    x = x + row_parallel_linear(o.transpose(1, 2).reshape({n, t, heads * hd}), l.out, l.out_b, tp_, sink_);
     h = lf::ops::layer_norm(backend_, x, l.ln2_w, l.ln2_b, c.layer_norm_eps);
-    h = lf::ops::gelu_tanh(backend_, column_parallel_linear(h, l.fc1, l.fc1_b, tp_));
-    x = x + row_parallel_linear(h, l.fc2, l.fc2_b, tp_);
+    h = lf::ops::gelu_tanh(backend_, column_parallel_linear(h, l.fc1, l.fc1_b, tp_, false, sink_));
+    x = x + row_parallel_linear(h, l.fc2, l.fc2_b, tp_, sink_);
   }
   x = lf::ops::layer_norm(backend_, x, post_ln_w_, post_ln_b_, c.layer_norm_eps);
-  return at::linear(x, proj_w_, proj_b_);
+  return lf::ops::linear(x, proj_w_, proj_b_, sink_);
 }
 
 Pi05::Prefix Pi05::embed_prefix(const Pi05Inputs& in) const {
@@ -336,8 +336,9 @@ std::pair<at::Tensor, at::Tensor> Pi05::embed_suffix(const at::Tensor& x_t, cons
   auto arg = factor.unsqueeze(0) * time.to(at::kCPU, at::kDouble).unsqueeze(1);
   auto emb = at::cat({arg.sin(), arg.cos()}, 1).to(at::kFloat).to(x_t.device());
   auto dtype = action_in_w_.scalar_type();
-  auto actions = at::linear(x_t.to(dtype), action_in_w_, action_in_b_);
-  auto cond = at::silu(at::linear(at::silu(at::linear(emb.to(dtype), time_in_w_, time_in_b_)), time_out_w_, time_out_b_));
+  auto actions = lf::ops::linear(x_t.to(dtype), action_in_w_, action_in_b_, sink_);
+  auto cond = at::silu(lf::ops::linear(at::silu(lf::ops::linear(emb.to(dtype), time_in_w_, time_in_b_, sink_)), time_out_w_,
+                                       time_out_b_, sink_));
   return {actions, cond};
 }
 
@@ -346,7 +347,7 @@ std::pair<at::Tensor, at::Tensor> Pi05::embed_suffix(const at::Tensor& x_t, cons
 std::pair<at::Tensor, at::Tensor> Pi05::norm(const Norm& n, const at::Tensor& x, const at::Tensor& cond,
                                              double eps) const {
   if (!n.dense.defined()) return {lf::ops::rms_norm(backend_, x, 1.0 + n.weight, eps), {}};
-  auto mod = at::linear(cond, n.dense, n.dense_bias).unsqueeze(1);  // [b, 1, 3 w]
+  auto mod = lf::ops::linear(cond, n.dense, n.dense_bias, sink_).unsqueeze(1);  // [b, 1, 3 w]
   auto parts = mod.chunk(3, -1);
   if (x.scalar_type() == at::kFloat) {  // the backend's fused RMSNorm (unit weight), then shift + normed (1 + scale)
     auto normed = lf::ops::rms_norm(backend_, x, at::ones({x.size(-1)}, x.options()), eps);
@@ -361,10 +362,10 @@ std::pair<at::Tensor, at::Tensor> Pi05::norm(const Norm& n, const at::Tensor& x,
 
 at::Tensor Pi05::mlp(const GemmaLayer& l, const at::Tensor& x) const {
   using lf::parallel::column_parallel_linear;
-  auto gate = column_parallel_linear(x, l.gate, {}, tp_), up = column_parallel_linear(x, l.up, {}, tp_);
+  auto gate = column_parallel_linear(x, l.gate, {}, tp_, false, sink_), up = column_parallel_linear(x, l.up, {}, tp_, false, sink_);
   // fp32: the backend's fused GeGLU; bf16 rounds gelu(gate) before the product, as openpi does.
   auto h = x.scalar_type() == at::kFloat ? lf::ops::geglu_tanh(backend_, gate, up) : lf::ops::gelu_tanh(backend_, gate) * up;
-  return lf::parallel::row_parallel_linear(h, l.down, {}, tp_);
+  return lf::parallel::row_parallel_linear(h, l.down, {}, tp_, sink_);
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> Pi05::qkv(const GemmaLayer& l, const PiGemmaConfig& c,
@@ -374,10 +375,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> Pi05::qkv(const GemmaLayer& l, co
   // included, whose gradient on a rank comes from its own queries only).
   auto xt = tp_.tp ? lf::parallel::copy_to_tp(x, *tp_.tp) : x;
   const int64_t b = x.size(0), s = x.size(1), d = c.head_dim;
-  auto k = at::linear(xt, l.k).view({b, s, -1, d});
-  auto v = at::linear(xt, l.v).view({b, s, -1, d});
+  auto k = lf::ops::linear(xt, l.k, {}, sink_).view({b, s, -1, d});
+  auto v = lf::ops::linear(xt, l.v, {}, sink_).view({b, s, -1, d});
   if (kv_only) return {at::Tensor(), apply_rope(k, cos, sin), v};
-  auto q = at::linear(xt, l.q).view({b, s, -1, d});
+  auto q = lf::ops::linear(xt, l.q, {}, sink_).view({b, s, -1, d});
   return {apply_rope(q, cos, sin), apply_rope(k, cos, sin), v};
 }
 
@@ -413,12 +414,12 @@ at::Tensor Pi05::joint_forward(const Prefix& p, const at::Tensor& suffix, const 
     if (last) {
       // The prefix's last outputs feed nothing pi0.5 reads: only the suffix's queries attend.
       auto o = attention(qs, at::cat({kp, ks}, 1), at::cat({vp, vs}, 1), mask.narrow(2, np, ns));
-      xs = gated_add(xs, lf::parallel::row_parallel_linear(o, ls.o, {}, tp_), gs);
+      xs = gated_add(xs, lf::parallel::row_parallel_linear(o, ls.o, {}, tp_, sink_), gs);
     } else {
       // Split, not two narrows: the backward concatenates the parts' gradients once.
       auto o = attention(at::cat({qp, qs}, 1), at::cat({kp, ks}, 1), at::cat({vp, vs}, 1), mask).split_with_sizes({np, ns}, 1);
-      xp = xp + lf::parallel::row_parallel_linear(o[0], lp.o, {}, tp_);
-      xs = gated_add(xs, lf::parallel::row_parallel_linear(o[1], ls.o, {}, tp_), gs);
+      xp = xp + lf::parallel::row_parallel_linear(o[0], lp.o, {}, tp_, sink_);
+      xs = gated_add(xs, lf::parallel::row_parallel_linear(o[1], ls.o, {}, tp_, sink_), gs);
       auto [mp, unused] = norm(lp.post_norm, xp, {}, vlm_.rms_norm_eps);
       xp = xp + mlp(lp, mp);
     }
@@ -448,8 +449,7 @@ at::Tensor Pi05::losses(const Pi05Inputs& in, const at::Tensor& actions, const a
   auto out = joint_forward(prefix, suffix.to(prefix.embs.scalar_type()), cond);
   // The suffix is the chunk's action tokens (a full-length narrow would still cost a backward copy).
   auto tail = out.size(1) == config_.chunk_size ? out : out.narrow(1, out.size(1) - config_.chunk_size, config_.chunk_size);
-  auto v_t = at::linear(tail.to(at::kFloat),
-                        action_out_w_.to(at::kFloat), action_out_b_.to(at::kFloat));
+  auto v_t = lf::ops::linear(tail.to(at::kFloat), action_out_w_.to(at::kFloat), action_out_b_.to(at::kFloat), sink_);
   return (u_t - v_t).square();
 }
 
@@ -468,7 +468,7 @@ std::vector<Pi05::KV> Pi05::prefix_cache(const Prefix& p) const {
     auto [q, k, v] = qkv(l, vlm_, h, cos, sin, last);
     cache.push_back({k, v});
     if (last) break;
-    x = x + lf::parallel::row_parallel_linear(attention(q, k, v, mask), l.o, {}, tp_);
+    x = x + lf::parallel::row_parallel_linear(attention(q, k, v, mask), l.o, {}, tp_, sink_);
     auto [m, unused2] = norm(l.post_norm, x, {}, vlm_.rms_norm_eps);
     x = x + mlp(l, m);
   }
@@ -491,7 +491,7 @@ at::Tensor Pi05::denoise_step(const Prefix& p, const std::vector<KV>& cache, con
     auto [h, g] = norm(l.input_norm, xs, cond, expert_.rms_norm_eps);
     auto [q, k, v] = qkv(l, expert_, h, cos, sin);
     auto o = attention(q, at::cat({cache[i].k, k}, 1), at::cat({cache[i].v, v}, 1), mask);
-    xs = gated_add(xs, lf::parallel::row_parallel_linear(o, l.o, {}, tp_), g);
+    xs = gated_add(xs, lf::parallel::row_parallel_linear(o, l.o, {}, tp_, sink_), g);
     auto [m, gm] = norm(l.post_norm, xs, cond, expert_.rms_norm_eps);
     xs = gated_add(xs, mlp(l, m), gm);
   }

@@ -15,8 +15,8 @@ int TensorParallel::rank() const { return tp ? tp->rank() : 0; }
 
 at::Tensor column_parallel_linear(const at::Tensor& x, const at::Tensor& weight_shard,
                                   const at::Tensor& bias_shard, const TensorParallel& tp,
-                                  bool gather_output) {
-  if (tp.size() == 1) return at::linear(x, weight_shard, bias_shard);
+                                  bool gather_output, const lf::ops::WeightGradSlots* slots) {
+  if (tp.size() == 1) return lf::ops::linear(x, weight_shard, bias_shard, slots);
   LF_CHECK(!(gather_output && tp.sequence_parallel),
            "column_parallel_linear: gather_output with sequence parallelism is not supported");
   // Entering the TP region: every rank needs the full input. Without SP it is replicated (its
@@ -24,14 +24,15 @@ at::Tensor column_parallel_linear(const at::Tensor& x, const at::Tensor& weight_
   // gradient is reduce-scattered).
   at::Tensor full = tp.sequence_parallel ? gather_from_sequence_parallel(x, *tp.tp)
                                          : copy_to_tp(x, *tp.tp);
-  at::Tensor y = at::linear(full, weight_shard, bias_shard);  // [s, b, out / tp]
+  at::Tensor y = lf::ops::linear(full, weight_shard, bias_shard, slots);  // [s, b, out / tp]
   return gather_output ? gather_from_tp(y, *tp.tp) : y;
 }
 
 at::Tensor row_parallel_linear(const at::Tensor& x, const at::Tensor& weight_shard,
-                               const at::Tensor& bias, const TensorParallel& tp) {
-  if (tp.size() == 1) return at::linear(x, weight_shard, bias);
-  at::Tensor partial = at::linear(x, weight_shard);  // [s, b, out]: this rank's partial sum
+                               const at::Tensor& bias, const TensorParallel& tp,
+                               const lf::ops::WeightGradSlots* slots) {
+  if (tp.size() == 1) return lf::ops::linear(x, weight_shard, bias, slots);
+  at::Tensor partial = lf::ops::linear(x, weight_shard, {}, slots);  // [s, b, out]: this rank's partial sum
   at::Tensor y = tp.sequence_parallel ? reduce_scatter_to_sequence_parallel(partial, *tp.tp)
                                       : reduce_from_tp(partial, *tp.tp);
   return bias.defined() ? y + bias : y;

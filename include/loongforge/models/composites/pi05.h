@@ -185,6 +185,9 @@ class Pi05 : public Model {
   const PiGemmaConfig& vlm_config() const { return vlm_; }
   const PiGemmaConfig& expert_config() const { return expert_; }
   const std::vector<Parameter>& parameters() const { return params_; }
+  // Gradient-accumulation fusion (--gradient-accumulation-fusion, the default): every linear
+  // layer's backward writes its fp32 weight gradient into the trainer's buffer.
+  void set_gradient_sink(const GradientSink* sink) override { sink_ = sink; }
   const std::vector<Parameter>& state() const { return state_; }
   static constexpr const char* kLoss = "flow matching loss";
 
@@ -234,6 +237,8 @@ class Pi05 : public Model {
   const lf::backend::DeviceBackend& backend_;
   const lf::dist::ParallelContext* parallel_;
   lf::parallel::TensorParallel tp_;
+  // Training: the linear layers' weight gradients go into the trainer's buffer (null: autograd).
+  const GradientSink* sink_ = nullptr;
   Pi05Freeze freeze_;
   SiglipConfig vision_;
   PiGemmaConfig vlm_, expert_;

@@ -12,6 +12,7 @@
 #include <cstdint>
 
 #include "loongforge/backend/communicator.h"
+#include "loongforge/backend/functional.h"
 
 namespace lf::parallel {
 
@@ -35,16 +36,18 @@ struct TensorParallel {
 // bias_shard [out / tp] or undefined.
 //   x: [s, b, in] (replicated), or [s / tp, b, in] with SP  ->  [s, b, out / tp]
 // gather_output: all-gather the result along the last dim -> [s, b, out] (not allowed with SP).
+// slots: gradient-accumulation fusion for the weight shard (lf::ops::linear), or null.
 at::Tensor column_parallel_linear(const at::Tensor& x, const at::Tensor& weight_shard,
                                   const at::Tensor& bias_shard, const TensorParallel& tp,
-                                  bool gather_output = false);
+                                  bool gather_output = false, const lf::ops::WeightGradSlots* slots = nullptr);
 
 // Y = X W^T (+ b) with W split along its input dim (columns): weight_shard [out, in / tp],
 // bias [out] replicated (added once, after the reduction) or undefined.
 //   x: [s, b, in / tp]  ->  [s, b, out] (all-reduced), or [s / tp, b, out] with SP
 //   (reduce-scattered along the sequence).
 at::Tensor row_parallel_linear(const at::Tensor& x, const at::Tensor& weight_shard,
-                               const at::Tensor& bias, const TensorParallel& tp);
+                               const at::Tensor& bias, const TensorParallel& tp,
+                               const lf::ops::WeightGradSlots* slots = nullptr);
 
 // Embedding over a vocabulary split into tp contiguous row ranges: weight_shard [v / tp, h] holds
 // rows [rank * v / tp, (rank + 1) * v / tp). Ids outside this rank's range look up zeros, then the

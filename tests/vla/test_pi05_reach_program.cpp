@@ -279,12 +279,16 @@ TEST(Pi05LeRobotProgram, ServedAsItsFramesAreTrainedOn) {
                 .find("the tokenizer " + dir + "/no-tokenizer it was trained with is missing"),
             std::string::npos);
 
-  // The server's flags: a reach store with --tokenizer-model, a groot on a LeRobot dataset.
+  // The server's flags: a reach store with --tokenizer-model, a scripted policy with one, a groot on a LeRobot
+  // dataset.
   auto s = run_command({bin("loongforge-serve-policy"), "--policy", "pi05", "--load", dir + "/ck", "--data-path",
                         store(), "--tokenizer-model", lerobot_oracle() + "/tokenizer"});
   EXPECT_EQ(s.exit_code, 1);
   EXPECT_NE(s.output.find("--tokenizer-model is for a pi05 policy trained on a LeRobot dataset"), std::string::npos)
       << s.output;
+  s = run_command({bin("loongforge-serve-policy"), "--policy", "expert", "--tokenizer-model", lerobot_oracle() + "/tokenizer"});
+  EXPECT_EQ(s.exit_code, 1);
+  EXPECT_NE(s.output.find("the expert policy is scripted and reads no tokenizer"), std::string::npos) << s.output;
   s = run_command({bin("loongforge-serve-policy"), "--policy", "groot", "--load", dir + "/ck", "--data-path", data});
   EXPECT_EQ(s.exit_code, 1);
   EXPECT_NE(s.output.find("is a LeRobot dataset; groot policies train and run on reach demo stores"), std::string::npos)

@@ -59,36 +59,33 @@ inline float gelu_sigmoid(float u) {
 }
 }  // namespace
 
+namespace {
+// sigmoid(2u) of x (gelu_tanh(x) = x s), and gelu_tanh'(x) from it.
+inline float gelu_s(float x) { return gelu_sigmoid(kGeluK * (x + kGeluC * x * x * x)); }
+inline float gelu_slope(float x, float s) {
+  return s + 2.0f * x * s * (1.0f - s) * kGeluK * (1.0f + 3.0f * kGeluC * x * x);
+}
+}  // namespace
+
 LF_CPU_CLONES void gelu_tanh(const float* __restrict x, float* __restrict y, int64_t n) {
-  for (int64_t j = 0; j < n; ++j) {
-    const float v = x[j];
-    y[j] = v * gelu_sigmoid(kGeluK * (v + kGeluC * v * v * v));
-  }
+  for (int64_t j = 0; j < n; ++j) y[j] = x[j] * gelu_s(x[j]);
 }
 
 LF_CPU_CLONES void gelu_tanh_bwd(const float* __restrict dy, const float* __restrict x, float* __restrict dx,
                                  int64_t n) {
-  for (int64_t j = 0; j < n; ++j) {
-    const float v = x[j];
-    const float s = gelu_sigmoid(kGeluK * (v + kGeluC * v * v * v));
-    dx[j] = dy[j] * (s + 2.0f * v * s * (1.0f - s) * kGeluK * (1.0f + 3.0f * kGeluC * v * v));
-  }
+  for (int64_t j = 0; j < n; ++j) dx[j] = dy[j] * gelu_slope(x[j], gelu_s(x[j]));
 }
 
 LF_CPU_CLONES void geglu_tanh(const float* __restrict g, const float* __restrict u, float* __restrict y, int64_t n) {
-  for (int64_t j = 0; j < n; ++j) {
-    const float v = g[j];
-    y[j] = v * gelu_sigmoid(kGeluK * (v + kGeluC * v * v * v)) * u[j];
-  }
+  for (int64_t j = 0; j < n; ++j) y[j] = g[j] * gelu_s(g[j]) * u[j];
 }
 
 LF_CPU_CLONES void geglu_tanh_bwd(const float* __restrict dy, const float* __restrict g, const float* __restrict u,
                                   float* __restrict dg, float* __restrict du, int64_t n) {
   for (int64_t j = 0; j < n; ++j) {
-    const float v = g[j];
-    const float s = gelu_sigmoid(kGeluK * (v + kGeluC * v * v * v));  // one sigmoid for gelu and gelu'
-    dg[j] = dy[j] * u[j] * (s + 2.0f * v * s * (1.0f - s) * kGeluK * (1.0f + 3.0f * kGeluC * v * v));
-    du[j] = dy[j] * (v * s);
+    const float s = gelu_s(g[j]);  // one sigmoid for gelu and gelu'
+    dg[j] = dy[j] * u[j] * gelu_slope(g[j], s);
+    du[j] = dy[j] * (g[j] * s);
   }
 }
 

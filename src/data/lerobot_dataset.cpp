@@ -530,6 +530,11 @@ LeRobotDataset::LeRobotDataset(const std::string& root, LeRobotOptions options) 
   m.set_deltas();
 }
 
+bool LeRobotDataset::is_dataset(const std::string& dir) {
+  std::error_code ec;
+  return fs::exists(fs::path(dir) / "meta" / "info.json", ec);
+}
+
 LeRobotDataset::~LeRobotDataset() = default;
 LeRobotDataset::LeRobotDataset(LeRobotDataset&&) noexcept = default;
 LeRobotDataset& LeRobotDataset::operator=(LeRobotDataset&&) noexcept = default;

@@ -85,11 +85,6 @@ at::Tensor Pi05ReachPolicy::infer(const Observation& obs) {
   return unnormalize_reach_actions(actions[0].narrow(1, 0, meta_.action_dim), meta_.max_speed).contiguous();
 }
 
-bool is_lerobot_dataset(const std::string& dir) {
-  std::error_code ec;
-  return std::filesystem::exists(std::filesystem::path(dir) / "meta" / "info.json", ec);
-}
-
 namespace {
 
 // The last component of a name split at '/' and '.'.

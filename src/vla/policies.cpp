@@ -5,6 +5,7 @@
 #include <sstream>
 
 #include "loongforge/core/error.h"
+#include "loongforge/data/lerobot_dataset.h"
 #include "loongforge/vla/groot_policy.h"
 #include "loongforge/vla/pi05_policy.h"
 #include "loongforge/vla/policy.h"
@@ -170,7 +171,7 @@ std::unique_ptr<Policy> make_policy(const std::string& name, const PolicyOptions
     LF_CHECK(!o.load.empty() && !o.data_path.empty(),
              "the pi05 policy needs --load CHECKPOINT and --data-path STORE (the reach demo store or LeRobot dataset it was "
              "trained on)");
-    if (is_lerobot_dataset(o.data_path)) return std::make_unique<Pi05LeRobotPolicy>(o.load, o.data_path, o.tokenizer, o.seed);
+    if (lf::data::LeRobotDataset::is_dataset(o.data_path)) return std::make_unique<Pi05LeRobotPolicy>(o.load, o.data_path, o.tokenizer, o.seed);
     LF_CHECK(o.tokenizer.empty(), "--tokenizer-model is for a pi05 policy trained on a LeRobot dataset; ", o.data_path,
              " is a reach demo store (its prompts have their own vocabulary)", lf::hint("drop --tokenizer-model"));
     return std::make_unique<Pi05ReachPolicy>(o.load, o.data_path, o.seed);
@@ -178,7 +179,7 @@ std::unique_ptr<Policy> make_policy(const std::string& name, const PolicyOptions
   if (name == "groot") {
     LF_CHECK(!o.load.empty() && !o.data_path.empty(),
              "the groot policy needs --load CHECKPOINT and --data-path STORE (the reach demo store it was trained on)");
-    LF_CHECK(!is_lerobot_dataset(o.data_path), o.data_path, " is a LeRobot dataset; groot policies train and run on reach "
+    LF_CHECK(!lf::data::LeRobotDataset::is_dataset(o.data_path), o.data_path, " is a LeRobot dataset; groot policies train and run on reach "
              "demo stores (a LeRobot processor for groot is not built yet)", lf::hint("give the reach demo store it was trained on"));
     LF_CHECK(o.tokenizer.empty(), "--tokenizer-model is for a pi05 policy trained on a LeRobot dataset, not groot",
              lf::hint("drop --tokenizer-model"));

@@ -1,18 +1,18 @@
 // loongforge-data inspect: a readable summary of an indexed dataset (LeRobot datasets: lerobot.cpp).
 #include <algorithm>
 #include <cstdio>
-#include <filesystem>
 #include <vector>
 
 #include "commands.h"
 #include "loongforge/core/error.h"
 #include "loongforge/data/indexed_dataset.h"
+#include "loongforge/data/lerobot_dataset.h"
 #include "loongforge/data/tokenizer.h"
 
 namespace lf::data::tools {
 
 int run_inspect(const InspectOptions& o) {
-  if (std::filesystem::exists(std::filesystem::path(o.prefix) / "meta" / "info.json")) {
+  if (lf::data::LeRobotDataset::is_dataset(o.prefix)) {
     LF_CHECK(o.tokenizer_type.empty() && o.tokenizer_model.empty() && o.vocab_size < 0 && o.sample == 0 &&
                  o.max_tokens == 64,
              o.prefix, " is a LeRobot dataset: --tokenizer-type, --tokenizer-model, --vocab-size, --sample and "

@@ -5,7 +5,6 @@
 // dataset (vla/lerobot_inputs.h): one sample per frame, as LeRobot's pi05 preprocessor makes it.
 #include <ATen/Functions.h>
 
-#include <filesystem>
 
 #include "data_source_internal.h"
 #include "loongforge/core/error.h"
@@ -63,8 +62,7 @@ DataSources make_vla_sources(const lf::config::JobConfig& job, const lf::models:
   LF_CHECK(d.data_path.size() == 1, "a VLA policy reads one sample store, data.data_path has ", d.data_path.size(),
            " entries", lf::hint("pass --data-path DIR (made by loongforge-data make-demo-reach)"));
   const std::string dir = d.data_path[0];
-  std::error_code ec;
-  if (std::filesystem::exists(std::filesystem::path(dir) / "meta" / "info.json", ec))
+  if (lf::data::LeRobotDataset::is_dataset(dir))
     return make_lerobot_sources(job, needs, ctx, train_samples, valid_samples);
   auto store = std::make_shared<const lf::vla::ReachDemoStore>(dir);
   const auto& m = store->meta();

@@ -76,6 +76,9 @@ class LeRobotDataset {
   // or malformed metadata file, or a delta_timestamps key that is no feature.
   explicit LeRobotDataset(const std::string& root, LeRobotOptions options = {});
   ~LeRobotDataset();
+  // Whether `dir` has a LeRobot dataset's layout (meta/info.json): how programs tell one from
+  // LoongForge's own stores before opening it.
+  static bool is_dataset(const std::string& dir);
   LeRobotDataset(LeRobotDataset&&) noexcept;
   LeRobotDataset& operator=(LeRobotDataset&&) noexcept;
 

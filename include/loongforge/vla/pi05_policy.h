@@ -72,7 +72,4 @@ class Pi05LeRobotPolicy : public Policy {
   std::string what_;
 };
 
-// True when `dir` is a LeRobot dataset (meta/info.json), not a reach demo store.
-bool is_lerobot_dataset(const std::string& dir);
-
 }  // namespace lf::vla

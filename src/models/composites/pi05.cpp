@@ -205,6 +205,7 @@ Pi05::Pi05(const SiglipConfig& vision, const PiGemmaConfig& vlm, const PiGemmaCo
   vlm_layers_ = layers(d.vlm);
   expert_layers_ = layers(d.expert);
   expert_final_ = {{}, d.expert_norm_dense, d.expert_norm_dense_b};
+  unit_weight_ = at::ones({expert.width}, at::TensorOptions().dtype(at::kFloat).device(backend.device()));
   action_in_w_ = d.action_in_w, action_in_b_ = d.action_in_b, action_out_w_ = d.action_out_w;
   action_out_b_ = d.action_out_b, time_in_w_ = d.time_in_w, time_in_b_ = d.time_in_b, time_out_w_ = d.time_out_w;
   time_out_b_ = d.time_out_b;
@@ -350,7 +351,7 @@ std::pair<at::Tensor, at::Tensor> Pi05::norm(const Norm& n, const at::Tensor& x,
   auto mod = lf::ops::linear(cond, n.dense, n.dense_bias, sink_).unsqueeze(1);  // [b, 1, 3 w]
   auto parts = mod.chunk(3, -1);
   if (x.scalar_type() == at::kFloat) {  // the backend's fused RMSNorm (unit weight), then shift + normed (1 + scale)
-    auto normed = lf::ops::rms_norm(backend_, x, at::ones({x.size(-1)}, x.options()), eps);
+    auto normed = lf::ops::rms_norm(backend_, x, unit_weight_, eps);
     return {at::addcmul(parts[1], normed, 1.0 + parts[0]), parts[2]};
   }
   // Lower precision as openpi: the statistics and the modulation in fp32, the result in x's dtype.

@@ -253,6 +253,7 @@ class Pi05 : public Model {
   at::Tensor embed_;
   std::vector<GemmaLayer> vlm_layers_, expert_layers_;
   Norm expert_final_;
+  at::Tensor unit_weight_;  // fp32 ones [expert width]: the adaptive norms' RMSNorm weight (no gradient)
   at::Tensor action_in_w_, action_in_b_, action_out_w_, action_out_b_, time_in_w_, time_in_b_, time_out_w_,
       time_out_b_;
   std::vector<Parameter> params_, state_;

@@ -232,6 +232,12 @@ def main():
                metadata_buffer_size=1)
     write_items("lf/lerobot_multi", out / "multi", out, "multi")
     (out / "done").write_text("ok\n")
+    # Skip the interpreter's teardown: under CPU contention a thread of the video stack is now and
+    # then destroyed still joinable there ("terminate called without an active exception", exit
+    # 134) after everything above was written.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":

@@ -1,12 +1,14 @@
 // The Python oracles of the tests (tests/*/*_oracle.py, run with the project's .venv): each writes
 // its models and expected tensors once into a directory cached in the build tree under a name
 // keyed by the script's text (ctest runs every case in its own process, and an oracle takes
-// seconds), written to a temporary directory and renamed into place, so concurrent test processes
-// either win the rename or use the winner's. Header-only and LibTorch-free (program tests use it);
+// seconds). One process makes a cache while the others wait on a lock file beside it; it writes to
+// a temporary directory renamed into place. Header-only and LibTorch-free (program tests use it);
 // tests/models/cached_oracle.h adds the tensor reader.
 #pragma once
 
 #include <gtest/gtest.h>
+#include <fcntl.h>
+#include <sys/file.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -77,6 +79,16 @@ inline std::string cached_oracle(const std::string& script, const std::string& n
   if (!fs::exists(python)) return "";
   const std::string key = std::to_string(std::hash<std::string>{}(oracle_sources(script)));
   const std::string cache = binary_dir() + "/test-cache/" + name + "-" + key;
+  if (fs::exists(cache + "/" + done_file)) return cache;
+  // One process makes a cache while the others (ctest -j) wait for it: on a 2-core machine two
+  // oracles at once only double the time, and contention has made a third-party oracle abort.
+  fs::create_directories(binary_dir() + "/test-cache");
+  const int lock = ::open((cache + ".lock").c_str(), O_CREAT | O_RDWR | O_CLOEXEC, 0644);
+  if (lock >= 0) ::flock(lock, LOCK_EX);  // released when the fd closes (also if this process dies)
+  struct Unlock {
+    int fd;
+    ~Unlock() { if (fd >= 0) ::close(fd); }
+  } unlock{lock};
   if (fs::exists(cache + "/" + done_file)) return cache;
   const std::string tmp = cache + ".tmp-" + std::to_string(::getpid());
   std::error_code ec;

@@ -18,6 +18,7 @@ namespace lf::vla {
 namespace {
 namespace fs = std::filesystem;
 constexpr int64_t kShard = 4096;  // samples per file
+constexpr const char* kPositionQueries[] = {"block_x", "block_y", "target_x", "target_y"};
 
 at::Tensor read_tensor(const lf::safetensors::Reader& r, const std::string& name, at::ScalarType type,
                        const std::string& file) {
@@ -39,6 +40,8 @@ std::vector<std::string> ReachPrompt::vocab() const {
   for (const auto& c : reach_colours()) v.push_back(c);
   v.push_back("state");
   for (int64_t b = 0; b < state_bins; ++b) v.push_back("s" + std::to_string(b));
+  if (position_queries)
+    for (const char* q : kPositionQueries) v.push_back(q);
   return v;
 }
 
@@ -55,15 +58,36 @@ std::pair<at::Tensor, at::Tensor> ReachPrompt::encode(const std::string& instruc
   for (std::string w; in >> w;) ids.push_back(id_of(w));
   ids.push_back(id_of("state"));
   const at::Tensor s = state.to(at::kFloat).contiguous().view({-1});
-  for (int64_t i = 0; i < s.numel(); ++i) {
-    const double v = std::clamp(static_cast<double>(s[i].item<float>()), 0.0, 1.0);
-    ids.push_back(id_of("s" + std::to_string(std::min(state_bins - 1, static_cast<int64_t>(v * state_bins)))));
-  }
+  for (int64_t i = 0; i < s.numel(); ++i) ids.push_back(id_of(bin_word(s[i].item<float>())));
+  if (position_queries)
+    for (const char* q : kPositionQueries) ids.push_back(id_of(q));
   LF_CHECK(static_cast<int64_t>(ids.size()) <= length, "reach prompt: \"", instruction, "\" and the state make ",
            ids.size(), " tokens, more than the prompt length ", length);
   at::Tensor t = at::zeros({length}, at::kLong), m = at::zeros({length}, at::kBool);
   for (size_t i = 0; i < ids.size(); ++i) t[static_cast<int64_t>(i)] = ids[i], m[static_cast<int64_t>(i)] = true;
   return {t, m};
+}
+
+std::string ReachPrompt::bin_word(double v) const {
+  v = std::clamp(v, 0.0, 1.0);
+  return "s" + std::to_string(std::min(state_bins - 1, static_cast<int64_t>(v * static_cast<double>(state_bins))));
+}
+
+at::Tensor ReachPrompt::position_labels(const at::Tensor& ids, const std::array<double, 4>& positions) const {
+  LF_CHECK(position_queries, "reach prompt: position labels need a prompt with position queries");
+  const auto words = vocab();
+  auto id_of = [&](const std::string& w) { return std::find(words.begin(), words.end(), w) - words.begin(); };
+  const auto t = ids.to(at::kLong).contiguous().view({-1});
+  at::Tensor labels = at::full({t.numel()}, -100, at::kLong);
+  int found = 0;
+  for (int q = 0; q < 4; ++q)
+    for (int64_t i = 0; i < t.numel(); ++i)
+      if (t[i].item<int64_t>() == id_of(kPositionQueries[q])) {
+        labels[i] = id_of(bin_word(positions[static_cast<size_t>(q)]));
+        ++found;
+      }
+  LF_CHECK(found == 4, "reach prompt: ", found, " position query words in the prompt, expected 4");
+  return labels;
 }
 
 at::Tensor ReachPrompt::decode_state(const at::Tensor& ids) const {
@@ -105,7 +129,7 @@ ReachDemoMeta write_reach_demos(const std::string& dir, ReachDemoMeta meta) {
   o.max_steps = meta.max_steps;
   ReachEnv env(o);
   ReachExpertPolicy expert(meta.chunk, meta.max_speed);
-  std::vector<at::Tensor> images, tokens, masks, actions, episode;
+  std::vector<at::Tensor> images, tokens, masks, actions, episode, labels;
   int shard = 0;
   auto flush = [&] {
     if (images.empty()) return;
@@ -119,26 +143,47 @@ ReachDemoMeta write_reach_demos(const std::string& dir, ReachDemoMeta meta) {
     w.add("prompt_masks", DType::U8, mk.sizes().vec(), mk.data_ptr());
     w.add("actions", DType::F32, ac.sizes().vec(), ac.data_ptr());
     w.add("episode", DType::I64, eps.sizes().vec(), eps.data_ptr());
+    at::Tensor lb;
+    if (meta.prompt.position_queries) {
+      lb = at::stack(labels).contiguous();
+      w.add("prompt_labels", DType::I64, lb.sizes().vec(), lb.data_ptr());
+    }
     char name[64];
     std::snprintf(name, sizeof name, "samples-%05d.safetensors", shard++);
     w.write((fs::path(dir) / name).string());
     meta.samples += im.size(0);
-    images.clear(), tokens.clear(), masks.clear(), actions.clear(), episode.clear();
+    images.clear(), tokens.clear(), masks.clear(), actions.clear(), episode.clear(), labels.clear();
+  };
+  // One sample: the observation, its prompt (and position labels), the expert's plan as the label.
+  auto record = [&](const Observation& obs, const at::Tensor& plan, int64_t e) {
+    images.push_back(obs.at("observation/image").permute({2, 0, 1}).contiguous());
+    auto [ids, mask] = meta.prompt.encode(obs.prompt, obs.at("observation/state"));
+    tokens.push_back(ids);
+    masks.push_back(mask);
+    if (meta.prompt.position_queries) {
+      // The instructed block and target (the scene has one of each colour).
+      const auto [block_colour, target_colour] = env.task();
+      std::array<double, 4> where{-1, -1, -1, -1};
+      for (const auto& b : env.blocks())
+        if (b.colour == block_colour) where[0] = b.x, where[1] = b.y;
+      for (const auto& t : env.targets())
+        if (t.colour == target_colour) where[2] = t.x, where[3] = t.y;
+      LF_CHECK(where[0] >= 0 && where[2] >= 0, "make-demo-reach: episode ", e, " has no block or target of its instruction's colour");
+      labels.push_back(meta.prompt.position_labels(ids, where));
+    }
+    actions.push_back(normalize_reach_actions(plan, meta.max_speed));
+    episode.push_back(at::scalar_tensor(e, at::kLong));
+    if (static_cast<int64_t>(images.size()) == kShard) flush();
   };
   meta.samples = 0;
+  LF_CHECK(meta.sample_every >= 1, "make-demo-reach: --sample-every must be at least 1");
   for (int64_t e = 0; e < meta.episodes; ++e) {
     auto gen = at::make_generator<at::CPUGeneratorImpl>(meta.seed * 7919 + static_cast<uint64_t>(e) + 1);
     const bool noisy = e % 2 == 1 && meta.noise > 0;
     Observation obs = env.reset(meta.seed + static_cast<uint64_t>(e));
-    while (true) {
+    for (int64_t n = 0;; ++n) {
       const at::Tensor plan = expert.infer(obs);  // [chunk, 3]
-      images.push_back(obs.at("observation/image").permute({2, 0, 1}).contiguous());
-      auto [ids, mask] = meta.prompt.encode(obs.prompt, obs.at("observation/state"));
-      tokens.push_back(ids);
-      masks.push_back(mask);
-      actions.push_back(normalize_reach_actions(plan, meta.max_speed));
-      episode.push_back(at::scalar_tensor(e, at::kLong));
-      if (static_cast<int64_t>(images.size()) == kShard) flush();
+      if ((n + e) % meta.sample_every == 0) record(obs, plan, e);
       at::Tensor act = plan[0].clone();
       if (noisy) act.narrow(0, 0, 2).add_(at::normal(0.0, meta.noise * meta.max_speed, {2}, gen, at::kFloat));
       auto step = env.step(act);
@@ -155,11 +200,13 @@ ReachDemoMeta write_reach_demos(const std::string& dir, ReachDemoMeta meta) {
                       {"max_steps", meta.max_steps},
                       {"state_bins", meta.prompt.state_bins},
                       {"prompt_length", meta.prompt.length},
+                      {"position_queries", meta.prompt.position_queries},
                       {"vocab", meta.prompt.vocab()},
                       {"seed", meta.seed},
                       {"episodes", meta.episodes},
                       {"samples", meta.samples},
                       {"noise", meta.noise},
+                      {"sample_every", meta.sample_every},
                       {"shards", shard}};
   std::ofstream(fs::path(dir) / "meta.json") << j.dump(2) << "\n";
   return meta;
@@ -183,6 +230,8 @@ ReachDemoMeta read_reach_demo_meta(const std::string& dir) {
     m.image_size = j.at("image_size"), m.chunk = j.at("chunk"), m.action_dim = j.at("action_dim");
     m.max_speed = j.at("max_speed"), m.max_steps = j.at("max_steps");
     m.prompt.state_bins = j.at("state_bins"), m.prompt.length = j.at("prompt_length");
+    m.prompt.position_queries = j.value("position_queries", false);  // absent in stores before them
+    m.sample_every = j.value("sample_every", int64_t{1});
     m.seed = j.at("seed"), m.episodes = j.at("episodes"), m.samples = j.at("samples"), m.noise = j.at("noise");
     LF_CHECK(j.at("vocab").get<std::vector<std::string>>() == m.prompt.vocab(), file.string(),
              ": its vocabulary is not this program's reach prompt vocabulary");
@@ -193,7 +242,7 @@ ReachDemoMeta read_reach_demo_meta(const std::string& dir) {
 }
 
 ReachDemoStore::ReachDemoStore(const std::string& dir) : dir_(dir), meta_(read_reach_demo_meta(dir)) {
-  std::vector<at::Tensor> im, tk, mk, ac;
+  std::vector<at::Tensor> im, tk, mk, ac, lb;
   for (int s = 0;; ++s) {
     char name[64];
     std::snprintf(name, sizeof name, "samples-%05d.safetensors", s);
@@ -204,6 +253,11 @@ ReachDemoStore::ReachDemoStore(const std::string& dir) : dir_(dir), meta_(read_r
     tk.push_back(read_tensor(r, "prompt_tokens", at::kLong, file.string()));
     mk.push_back(read_tensor(r, "prompt_masks", at::kByte, file.string()).to(at::kBool));
     ac.push_back(read_tensor(r, "actions", at::kFloat, file.string()));
+    if (meta_.prompt.position_queries) {
+      lb.push_back(read_tensor(r, "prompt_labels", at::kLong, file.string()));
+      LF_CHECK(lb.back().sizes() == tk.back().sizes(), file.string(), ": prompt_labels ", lb.back().sizes(),
+               " do not have the prompt_tokens' shape ", tk.back().sizes());
+    }
     // Every shard's shapes as meta.json says (a stale or foreign shard is named, not mis-read).
     const int64_t n = im.back().size(0), S = meta_.image_size, L = meta_.prompt.length;
     const bool fits = im.back().sizes() == at::IntArrayRef({n, 3, S, S}) && tk.back().sizes() == at::IntArrayRef({n, L}) &&
@@ -216,13 +270,14 @@ ReachDemoStore::ReachDemoStore(const std::string& dir) : dir_(dir), meta_(read_r
   }
   LF_CHECK(!im.empty(), "reach demo store ", dir, ": no samples-00000.safetensors");
   images_ = at::cat(im), tokens_ = at::cat(tk), masks_ = at::cat(mk), actions_ = at::cat(ac);
+  if (!lb.empty()) labels_ = at::cat(lb);
   LF_CHECK(images_.size(0) == meta_.samples, "reach demo store ", dir, ": meta.json counts ", meta_.samples,
            " samples, the shards hold ", images_.size(0));
 }
 
 ReachDemoSample ReachDemoStore::get(int64_t i) const {
   LF_CHECK(i >= 0 && i < size(), "reach demo store ", dir_, ": sample ", i, " out of range (", size(), ")");
-  return {images_[i], tokens_[i], masks_[i], actions_[i]};
+  return {images_[i], tokens_[i], masks_[i], actions_[i], labels_.defined() ? labels_[i] : at::Tensor()};
 }
 
 }  // namespace lf::vla

@@ -8,7 +8,10 @@ PI05Pytorch.forward and the actions of PI05Pytorch.sample_actions:
   DIR/<case>/policy/            config.json + model.safetensors (save_pretrained)
   DIR/<case>/inputs.safetensors images, img_masks, tokens, masks, actions, noise, time
   DIR/<case>/expected.safetensors  loss [b, chunk, max_action_dim], actions [b, chunk, max_action_dim]
-                                   (the policy's num_inference_steps), actions_2_steps (num_steps=2)
+                                   (the policy's num_inference_steps), actions_2_steps (num_steps=2),
+                                   prompt_labels [b, L] (random ids, -100 at some) and prefix_lm_losses
+                                   [b, L]: the per-token cross entropy of PaliGemma's lm_head (tied
+                                   to the embedding) on the prefix pass's outputs (0 at -100)
   DIR/done
 
 Cases: `two_cameras` (a missing camera, prompt padding, a padded action dim) and `wide` (one
@@ -24,6 +27,8 @@ import torch
 from safetensors.torch import save_file
 
 from lerobot.configs.types import FeatureType, PolicyFeature
+import torch.nn.functional as F
+
 from lerobot.policies.pi05 import modeling_pi05 as m
 from lerobot.policies.pi05.configuration_pi05 import PI05Config
 
@@ -94,11 +99,25 @@ def make_case(out, name, seed, vlm, expert, vision, image, cams, chunk, max_acti
         loss = model.forward(list(images), list(img_masks), tokens, masks, actions, noise, time)
         sampled = model.sample_actions(list(images), list(img_masks), tokens, masks, noise=noise)
         sampled2 = model.sample_actions(list(images), list(img_masks), tokens, masks, noise=noise, num_steps=2)
+        # The prefix pass of sample_actions, its final-normed outputs through PaliGemma's lm_head.
+        embs, pad, att = model.embed_prefix(list(images), list(img_masks), tokens, masks)
+        mask_4d = m.prepare_attention_masks_4d(m.make_att_2d_masks(pad, att))
+        model.paligemma_with_expert.paligemma.model.language_model.config._attn_implementation = "eager"
+        (prefix_out, _), _ = model.paligemma_with_expert.forward(
+            attention_mask=mask_4d, position_ids=torch.cumsum(pad, dim=1) - 1, past_key_values=None,
+            inputs_embeds=[embs, None], use_cache=False)
+        logits = model.paligemma_with_expert.paligemma.lm_head(prefix_out[:, -L:]).float()
+        labels = torch.randint(0, VOCAB, (b, L), generator=g)
+        labels[0, 0] = -100
+        labels[b - 1, L - 1] = -100
+        lm = F.cross_entropy(logits.reshape(-1, VOCAB), labels.reshape(-1), ignore_index=-100,
+                             reduction="none").view(b, L)
     save_file({"images": images.contiguous(), "img_masks": img_masks.to(torch.uint8).contiguous(), "tokens": tokens,
                "masks": masks.to(torch.uint8), "actions": actions, "noise": noise, "time": time},
               os.path.join(d, "inputs.safetensors"))
     save_file({"loss": loss.float().contiguous(), "actions": sampled.float().contiguous(),
-               "actions_2_steps": sampled2.float().contiguous()},
+               "actions_2_steps": sampled2.float().contiguous(), "prompt_labels": labels,
+               "prefix_lm_losses": lm.contiguous()},
               os.path.join(d, "expected.safetensors"))
 
 

@@ -1,7 +1,8 @@
 // The `pi05` composite against LeRobot 0.6's PI05Policy (tests/models/pi05_oracle.py, run in the
 // LeRobot venv; Python as an oracle only): tiny random policies as LeRobot's save_pretrained writes
-// them convert by shape (models/pi05_lerobot.h) and give PI05Pytorch.forward's element-wise loss and
-// sample_actions' Euler-sampled actions on a fixed batch with fixed noise and time within 1e-4 fp32
+// them convert by shape (models/pi05_lerobot.h) and give PI05Pytorch.forward's element-wise loss,
+// sample_actions' Euler-sampled actions on a fixed batch with fixed noise and time, and the prefix
+// LM's per-token cross entropy (PaliGemma's lm_head on the prefix pass) within 1e-4 fp32
 // (max abs), at TP 1 and TP 2 (one key/value head: replicated keys/values). The conversion round
 // trip writes what LeRobot loads (checked by the program tests); malformed directories are errors.
 #include <ATen/ATen.h>
@@ -39,8 +40,11 @@ std::string oracle_dir() {
   if (oracle_dir().empty()) GTEST_SKIP() << "no LeRobot environment (.venv-lerobot)"; \
   ASSERT_TRUE(fs::exists(oracle_dir() + "/done"))
 
-std::unique_ptr<Pi05> load(const std::string& dir, const lf::dist::ParallelContext* ctx = nullptr) {
-  const auto s = lr::read_pi05_setup(dir);
+// prefix_lm: with model.prefix_lm_loss_weight > 0 (the prefix LM's head read and trained).
+std::unique_ptr<Pi05> load(const std::string& dir, const lf::dist::ParallelContext* ctx = nullptr,
+                           bool prefix_lm = false) {
+  auto s = lr::read_pi05_setup(dir);
+  if (prefix_lm) s.policy.prefix_lm_loss_weight = 1;
   auto m = std::make_unique<Pi05>(s.vision, s.vlm, s.expert, s.policy, lf::backend::cpu_backend(), 7, at::kFloat, ctx);
   m->load_full(lr::read_pi05_weights(dir, at::kFloat), dir);
   return m;
@@ -62,6 +66,17 @@ std::pair<double, double> differences(const Pi05& m, const std::string& dir) {
   return {(loss - want.at("loss")).abs().max().item<double>(), (actions - want.at("actions")).abs().max().item<double>()};
 }
 
+// max |per-token prefix LM cross entropy - PaliGemma lm_head's on LeRobot's prefix pass|
+double prefix_lm_difference(const Pi05& m, const std::string& dir) {
+  auto in = lf::testing::read_safetensors(dir + "/inputs.safetensors");
+  auto want = lf::testing::read_safetensors(dir + "/expected.safetensors");
+  at::NoGradGuard no_grad;
+  auto got = m.prefix_lm_losses(inputs(in), want.at("prompt_labels"));
+  EXPECT_EQ(got.sizes(), want.at("prefix_lm_losses").sizes());
+  EXPECT_EQ(got.eq(0).sum().item<int64_t>(), 2) << "the two -100 labels, and only they, cost nothing";
+  return (got - want.at("prefix_lm_losses")).abs().max().item<double>();
+}
+
 TEST(Pi05, LossAndSampledActionsMatchLeRobot) {
   REQUIRE_ORACLE();
   for (const char* name : {"two_cameras", "wide"}) {
@@ -72,6 +87,10 @@ TEST(Pi05, LossAndSampledActionsMatchLeRobot) {
                 actions);
     EXPECT_LE(loss, kTolerance) << name;
     EXPECT_LE(actions, kTolerance) << name;
+    EXPECT_THROW(m->prefix_lm_losses({}, {}), lf::Error);  // weight 0: no head
+    const double lm = prefix_lm_difference(*load(dir + "/policy", nullptr, true), dir);
+    std::printf("[pi05 parity] %s TP=1: max |prefix LM cross entropy - PaliGemma's| = %.3g\n", name, lm);
+    EXPECT_LE(lm, kTolerance) << name;
   }
 }
 
@@ -85,6 +104,8 @@ LF_WORKER_CASE(pi05_parity_tp2) {
                 actions);
     EXPECT_LE(loss, kTolerance) << name;
     EXPECT_LE(actions, kTolerance) << name;
+    EXPECT_LE(prefix_lm_difference(*load(dir + "/" + name + "/policy", ctx.get(), true), dir + "/" + name), kTolerance)
+        << name << " prefix LM";
   }
 }
 

@@ -3,7 +3,8 @@
 // process on it: fp32, 10 steps, loss relative 1e-5, parameters 1e-5, as every equivalence test),
 // loongforge-eval runs the checkpoint in closed loop (--policy pi05 --load --data-path) and
 // loongforge-serve-policy serves it (the same episodes through the server as in process); a store
-// that does not fit the model is an error naming the key to change. A pi05 trained on a LeRobot
+// that does not fit the model is an error naming the key to change; the prefix LM co-trained on a
+// store's position queries (TP 2 and DP 2 equal one process). A pi05 trained on a LeRobot
 // dataset is served as its frames were trained on (Pi05LeRobotPolicy), through the OpenPI client too.
 #include <gtest/gtest.h>
 
@@ -117,6 +118,47 @@ TEST(Pi05ReachProgram, EvalAndServeTheTrainedPolicy) {
   r = eval(with({"--policy", "pi05", "--load", dir + "/ck", "--data-path", other}));
   EXPECT_NE(r.exit_code, 0);
   EXPECT_NE(r.output.find("was not trained on the store"), std::string::npos) << r.output;
+}
+
+// Co-training of the prefix LM on the store's position queries (make-demo-reach
+// --position-queries, model.prefix_lm_loss_weight > 0): its cross entropy is logged beside the
+// flow-matching loss in training and validation, TP 2 and DP 2 with ZeRO-1 equal one process, and a
+// store without the labels is an error naming the key and the flag.
+const std::string& queries_store() {
+  static const std::string dir = [] {
+    const std::string d = lf::testing::make_temp_dir("pi05-reach-queries") + "/store";
+    auto r = run_command({bin("loongforge-data"), "make-demo-reach", "--out", d, "--episodes", "6", "--seed", "3",
+                          "--image-size", "32", "--chunk", "10", "--position-queries"},
+                         {}, std::chrono::seconds(120));
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    return d;
+  }();
+  return dir;
+}
+
+lf::testing::TrainRun train_queries(int procs, std::vector<std::string> extra, const std::string& tag) {
+  extra.insert(extra.begin(), kSmall.begin(), kSmall.end());
+  extra.insert(extra.begin(), {"--data-path", queries_store(), "model.prefix_lm_loss_weight=0.5", "--eval-interval",
+                               "5", "--eval-iters", "1"});
+  return lf::testing::train_example(kConfig, procs, extra, "pi05-reach-queries-" + tag);
+}
+
+TEST(Pi05ReachProgram, PrefixLmCoTrainingOnPositionQueries) {
+  const auto one = train_queries(1, {}, "one");
+  ASSERT_EQ(one.exit_code, 0) << one.output;
+  EXPECT_TRUE(std::regex_search(one.output, std::regex(R"(flow matching loss [0-9.]+ \| prefix lm loss [0-9.]+)")))
+      << one.output;
+  EXPECT_TRUE(std::regex_search(one.output, std::regex(R"(validation at iteration 5 \| flow matching loss [0-9.]+ \| prefix lm loss [0-9.]+)")))
+      << one.output;
+  lf::testing::expect_same_training(one, train_queries(2, {"--tensor-model-parallel-size", "2"}, "tp2"),
+                                    "pi05 with the prefix LM loss: tp 2");
+  lf::testing::expect_same_training(one, train_queries(2, {"--use-distributed-optimizer"}, "dp2"),
+                                    "pi05 with the prefix LM loss: dp 2, ZeRO-1");
+  // The weight without labels in the store.
+  auto r = train(1, {"model.prefix_lm_loss_weight=0.5"}, "no-labels");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.output.find("no field 'prompt_labels'"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("--position-queries"), std::string::npos) << r.output;
 }
 
 TEST(Pi05ReachProgram, AStoreThatDoesNotFitTheModelIsNamed) {

@@ -1,6 +1,7 @@
 // The reach demo's data (vla/reach_demo.h): the prompt (instruction words, then the gripper state in
 // bins), action normalisation, and the store of expert episodes: one sample per step whose label is
-// the expert's plan from that observation, read back as written.
+// the expert's plan from that observation, read back as written; the position queries and their
+// labels (the named block's and target's bins).
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
@@ -115,6 +116,70 @@ TEST(ReachDemo, TheStoreHoldsTheExpertsPlanAtEveryStep) {
   } catch (const lf::Error& e) {
     EXPECT_NE(std::string(e.what()).find("meta.json"), std::string::npos) << e.what();
   }
+  EXPECT_FALSE(store.get(0).labels.defined());  // no position queries: no labels
+}
+
+// --position-queries: the prompt ends with block_x block_y target_x target_y and each sample's
+// labels there are the bins of the instructed block's and target's centres in its own frame (the
+// block moves once grasped); nowhere else.
+TEST(ReachDemo, PositionQueriesAreLabelledWithTheNamedBlockAndTarget) {
+  ReachPrompt p;
+  p.position_queries = true;
+  const auto vocab = p.vocab();
+  ASSERT_EQ(vocab.size(), ReachPrompt{}.vocab().size() + 4);
+  auto [ids, mask] = p.encode("put the red block on the blue target", at::tensor({0.0f, 0.5f, 1.0f}));
+  EXPECT_EQ(mask.sum().item<int64_t>(), 16);
+  auto word = [&](const at::Tensor& t, int64_t i) { return vocab[static_cast<size_t>(t[i].item<int64_t>())]; };
+  EXPECT_EQ(word(ids, 11), "s31");
+  EXPECT_EQ(word(ids, 12), "block_x");
+  EXPECT_EQ(word(ids, 15), "target_y");
+  auto labels = p.position_labels(ids, {0.0, 0.26, 0.5, 0.99});
+  EXPECT_EQ(labels.narrow(0, 0, 12).eq(-100).sum().item<int64_t>(), 12);
+  EXPECT_EQ(word(labels, 12), "s0");
+  EXPECT_EQ(word(labels, 13), "s8");
+  EXPECT_EQ(word(labels, 14), "s16");
+  EXPECT_EQ(word(labels, 15), "s31");
+  EXPECT_EQ(p.decode_state(ids).size(0), 3);  // the query words are not state bins
+  EXPECT_THROW(ReachPrompt{}.position_labels(ids, {0, 0, 0, 0}), lf::Error);
+
+  const std::string dir = lf::testing::make_temp_dir("reach-demo-queries");
+  ReachDemoMeta m;
+  m.episodes = 2;
+  m.seed = 5;
+  m.image_size = 24;
+  m.prompt.position_queries = true;
+  m = write_reach_demos(dir, m);
+  ReachDemoStore store(dir);
+  EXPECT_TRUE(store.meta().prompt.position_queries);
+  ReachOptions o;
+  o.image_size = 24;
+  ReachEnv env(o);
+  auto obs = env.reset(5);
+  ReachExpertPolicy expert(m.chunk, o.max_speed);
+  bool grasped = false;
+  for (int64_t i = 0; i < m.samples; ++i) {
+    const auto s = store.get(i);
+    ASSERT_TRUE(s.labels.defined());
+    const auto [block, target] = env.task();
+    std::array<double, 4> want{};
+    for (const auto& b : env.blocks())
+      if (b.colour == block) want[0] = b.x, want[1] = b.y;
+    for (const auto& t : env.targets())
+      if (t.colour == target) want[2] = t.x, want[3] = t.y;
+    grasped = grasped || env.held() >= 0;
+    EXPECT_TRUE(at::equal(s.labels, store.meta().prompt.position_labels(s.tokens, want))) << "sample " << i;
+    auto step = env.step(expert.infer(obs)[0]);  // episode 0 has no executed-motion noise
+    if (step.done) break;
+    obs = step.observation;
+  }
+  EXPECT_TRUE(grasped) << "the episode should carry the block";
+  // A store made before position queries (no key in meta.json) reads without them.
+  std::ifstream in(dir + "/meta.json");
+  auto meta = nlohmann::json::parse(in);
+  meta.erase("position_queries");
+  meta["vocab"] = ReachPrompt{}.vocab();
+  std::ofstream(dir + "/meta.json") << meta.dump();
+  EXPECT_FALSE(read_reach_demo_meta(dir).prompt.position_queries);
 }
 
 }  // namespace

@@ -82,6 +82,8 @@ struct ReachDemoOptions {
   int64_t episodes = 400, image_size = 32, chunk = 10;
   uint64_t seed = 0;
   double noise = 0.3;
+  bool position_queries = false;
+  int64_t sample_every = 1;
 };
 int run_make_demo_reach(const ReachDemoOptions& options);
 

@@ -281,6 +281,14 @@ int main(int argc, char** argv) {
                     "labels stay the expert's plan)")
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
+  reach->add_option("--sample-every", rd.sample_every,
+                    "keep every k-th step of each episode (offset by the episode index): more scenes for the same "
+                    "number of samples")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  reach->add_flag("--position-queries", rd.position_queries,
+                  "end each prompt with the words block_x block_y target_x target_y and store prompt_labels: the named "
+                  "block's and target's positions in the state's bins, targets of pi05's model.prefix_lm_loss_weight");
   auto* score = app.add_subcommand("score-squares", "colour and direction of generated demo clips");
   score->add_option("--latents", ss.latents, "loongforge-generate's latents.safetensors")->required();
   score->add_option("--caption", ss.caption, "the prompt the clips were generated from")->required();

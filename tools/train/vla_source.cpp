@@ -87,13 +87,14 @@ DataSources make_vla_sources(const lf::config::JobConfig& job, const lf::models:
             " images, chunks of ", m.chunk, ", prompts of ", m.prompt.length, " tokens");
   const int64_t max_action_dim = needs.max_action_dim;
   auto rows = [store, max_action_dim](const std::vector<int64_t>& items) {
-    std::vector<at::Tensor> images, tokens, masks, actions, states;
+    std::vector<at::Tensor> images, tokens, masks, actions, states, labels;
     for (int64_t item : items) {
       const auto s = store->get(item);
       images.push_back((s.image.to(at::kFloat) / 127.5 - 1.0).unsqueeze(0));  // [1 camera, 3, S, S]
       tokens.push_back(s.tokens);
       states.push_back(store->meta().prompt.decode_state(s.tokens).unsqueeze(0));  // [1, dims]
       masks.push_back(s.mask);
+      if (s.labels.defined()) labels.push_back(s.labels);
       auto a = at::zeros({s.actions.size(0), max_action_dim}, at::kFloat);
       a.narrow(1, 0, s.actions.size(1)).copy_(s.actions);
       actions.push_back(a);
@@ -104,6 +105,7 @@ DataSources make_vla_sources(const lf::config::JobConfig& job, const lf::models:
     batch.set("prompt_tokens", at::stack(tokens));
     batch.set("prompt_masks", at::stack(masks));
     batch.set("actions", at::stack(actions));
+    if (!labels.empty()) batch.set("prompt_labels", at::stack(labels));  // the position queries' (pi05's prefix LM loss)
     batch.set("state", at::stack(states));  // [b, 1, dims]: the prompt's discretised state (groot reads it)
     return batch;
   };

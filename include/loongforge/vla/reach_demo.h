@@ -14,6 +14,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <array>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -26,8 +27,13 @@ namespace lf::vla {
 struct ReachPrompt {
   int64_t state_bins = 32;  // each state dim in [0, 1] -> one of this many tokens
   int64_t length = 16;      // prompt tokens, padded
+  // Four query words after the state ("block_x block_y target_x target_y"), whose co-training
+  // labels (position_labels) are the named block's and target's centres in the state's bins: a
+  // pi05 with model.prefix_lm_loss_weight > 0 learns to read them from the image.
+  bool position_queries = false;
 
-  // "<pad>", the instruction words, "state", then "s0" .. "s<bins - 1>".
+  // "<pad>", the instruction words, "state", then "s0" .. "s<bins - 1>" (and with position_queries
+  // the four query words).
   std::vector<std::string> vocab() const;
   int64_t vocab_size() const { return static_cast<int64_t>(vocab().size()); }
   // ids [length] int64 and mask [length] bool of `instruction` and `state` [3]; an lf::Error for a
@@ -36,6 +42,11 @@ struct ReachPrompt {
   // The state an encoded prompt carries, each dim at its bin's centre ((bin + 0.5) / state_bins):
   // ids [length] -> float32 [dims]; an lf::Error when the prompt has no "state" word.
   at::Tensor decode_state(const at::Tensor& ids) const;
+  // With position_queries: labels [length] int64 for an encoded prompt, -100 but at the four query
+  // words, there the bin token of block x, block y, target x, target y (`positions`, each in [0, 1]).
+  at::Tensor position_labels(const at::Tensor& ids, const std::array<double, 4>& positions) const;
+  // The bin word ("s<k>") of a value in [0, 1] (clamped).
+  std::string bin_word(double v) const;
 };
 
 struct ReachDemoMeta {
@@ -48,6 +59,9 @@ struct ReachDemoMeta {
   uint64_t seed = 0;
   int64_t episodes = 0, samples = 0;
   double noise = 0.3;  // executed-motion noise in units of max_speed (every other episode)
+  // Keep every k-th step of an episode (episode e keeps the steps t with (t + e) % k == 0): more
+  // scenes for the same number of samples.
+  int64_t sample_every = 1;
 };
 
 // Normalised actions [n, 3] <-> the task's actions (dx, dy in max_speed units; grip sign).
@@ -56,7 +70,8 @@ at::Tensor unnormalize_reach_actions(const at::Tensor& actions, double max_speed
 
 // Runs the expert for `meta.episodes` episodes and writes DIR/meta.json and DIR/samples-NNNNN.safetensors
 // (images uint8 [n, 3, S, S], prompt_tokens int64 [n, L], prompt_masks uint8 [n, L], actions
-// float32 [n, chunk, 3] normalised, episode int64 [n]). Returns the meta written (samples counted).
+// float32 [n, chunk, 3] normalised, episode int64 [n]; with position_queries prompt_labels int64
+// [n, L]). Returns the meta written (samples counted).
 ReachDemoMeta write_reach_demos(const std::string& dir, ReachDemoMeta meta);
 
 struct ReachDemoSample {
@@ -64,6 +79,7 @@ struct ReachDemoSample {
   at::Tensor tokens;  // int64 [L]
   at::Tensor mask;    // bool [L]
   at::Tensor actions; // float32 [chunk, 3], normalised
+  at::Tensor labels;  // int64 [L]: the position queries' labels (undefined without position_queries)
 };
 
 // A store written by write_reach_demos, read whole into memory (the demo's 800 episodes of 64 x 64
@@ -79,7 +95,7 @@ class ReachDemoStore {
  private:
   std::string dir_;
   ReachDemoMeta meta_;
-  at::Tensor images_, tokens_, masks_, actions_;
+  at::Tensor images_, tokens_, masks_, actions_, labels_;
 };
 
 // The meta.json of a store (what a policy trained on it needs to process observations).

@@ -6,11 +6,13 @@
 
 #include <cmath>
 #include <cstring>
+#include <optional>
 
 #include "loongforge/backend/functional.h"
 #include "loongforge/core/error.h"
 #include "loongforge/dist/parallel_context.h"
 #include "loongforge/models/composites/causal_lm.h"
+#include "loongforge/parallel/tensor/cross_entropy.h"
 #include "loongforge/parallel/tensor/layers.h"
 #include "loongforge/parallel/tensor/mappings.h"
 #include "policy_streams.h"
@@ -29,7 +31,7 @@ constexpr double kMaskValue = -2.3819763e38;
 
 // The parameters, declared in one order for the model and for the records.
 struct Declared {
-  at::Tensor patch_w, patch_b, pos_emb, post_ln_w, post_ln_b, proj_w, proj_b, embed;
+  at::Tensor patch_w, patch_b, pos_emb, post_ln_w, post_ln_b, proj_w, proj_b, embed, lm_norm;
   struct Vision {
     at::Tensor ln1_w, ln1_b, q, q_b, k, k_b, v, v_b, out, out_b, ln2_w, ln2_b, fc1, fc1_b, fc2, fc2_b;
   };
@@ -95,7 +97,8 @@ Declared declare(ParamBuilder& b, int tp, const SiglipConfig& sv, const PiGemmaC
   // LM's last query and output projections, MLP and post-attention norm feed only its final norm,
   // which pi0.5 never reads (only that layer's keys and values are):
   // no gradient reaches them, so they are model state (kept, saved, never trained), as LeRobot's
-  // AdamW skips them for want of a gradient.
+  // AdamW skips them for want of a gradient. The prefix LM loss (prefix_lm_loss_weight > 0) reads
+  // them: then they are parameters.
   auto stack = [&](const std::string& prefix, const PiGemmaConfig& g, bool adaptive, bool prefix_lm) {
     std::vector<Declared::Layer> out;
     const bool kv_split = g.num_kv_heads % tp == 0;
@@ -131,8 +134,10 @@ Declared declare(ParamBuilder& b, int tp, const SiglipConfig& sv, const PiGemmaC
     }
     return out;
   };
-  d.vlm = stack(kLm, vlm, false, true);
-  b.add_state(kLm + "norm.weight", zeros({vlm.width}));
+  const bool prefix_lm = c.prefix_lm_loss_weight > 0;
+  d.vlm = stack(kLm, vlm, false, !prefix_lm);
+  d.lm_norm = prefix_lm ? b.add(kLm + "norm.weight", zeros({vlm.width}), rep, true)
+                        : b.add_state(kLm + "norm.weight", zeros({vlm.width}));
   d.expert = stack(kExpert, ex, true, false);
   d.expert_norm_dense = b.add(kExpert + "norm.dense.weight", zeros({3 * ex.width, ex.width}), rep, false);
   d.expert_norm_dense_b = b.add(kExpert + "norm.dense.bias", zeros({3 * ex.width}), rep, true);
@@ -191,7 +196,7 @@ Pi05::Pi05(const SiglipConfig& vision, const PiGemmaConfig& vlm, const PiGemmaCo
   ParamBuilder b(at::make_generator<at::CPUGeneratorImpl>(seed), dtype, backend.device(), tp_, true);
   auto d = declare(b, tp_.size(), vision, vlm, expert, config);
   patch_w_ = d.patch_w, patch_b_ = d.patch_b, pos_emb_ = d.pos_emb, post_ln_w_ = d.post_ln_w, post_ln_b_ = d.post_ln_b;
-  proj_w_ = d.proj_w, proj_b_ = d.proj_b, embed_ = d.embed;
+  proj_w_ = d.proj_w, proj_b_ = d.proj_b, embed_ = d.embed, lm_norm_ = d.lm_norm;
   for (const auto& l : d.vision)
     vision_layers_.push_back({l.ln1_w, l.ln1_b, l.q, l.q_b, l.k, l.k_b, l.v, l.v_b, l.out, l.out_b, l.ln2_w, l.ln2_b,
                               l.fc1, l.fc1_b, l.fc2, l.fc2_b});
@@ -259,12 +264,30 @@ std::vector<ParameterGroup> Pi05::parameter_groups() const {
 }
 
 std::vector<std::string> Pi05::batch_fields() const {
-  return {"images", "image_masks", "prompt_tokens", "prompt_masks", "actions"};
+  std::vector<std::string> f{"images", "image_masks", "prompt_tokens", "prompt_masks", "actions"};
+  if (prefix_lm()) f.push_back("prompt_labels");
+  return f;
+}
+
+std::vector<std::string> Pi05::eval_metrics() const {
+  if (prefix_lm()) return {kLoss, kPrefixLmLoss};
+  return {kLoss};
+}
+
+const at::Tensor& Pi05::prompt_labels(const Batch& batch) const {
+  LF_CHECK(batch.contains("prompt_labels"), "pi05: model.prefix_lm_loss_weight is ", config_.prefix_lm_loss_weight,
+           " but the batch has no field 'prompt_labels' (token ids the prefix LM is trained to predict at prompt "
+           "positions)",
+           lf::hint("train on a store made by loongforge-data make-demo-reach --position-queries, or set "
+                    "model.prefix_lm_loss_weight 0"));
+  return batch.at("prompt_labels");
 }
 
 std::map<std::string, double> Pi05::loss_counts(const Batch& batch) const {
   const auto& a = batch.at("actions");
-  return {{kLoss, static_cast<double>(a.size(0) * config_.chunk_size * config_.action_dim)}};
+  std::map<std::string, double> c{{kLoss, static_cast<double>(a.size(0) * config_.chunk_size * config_.action_dim)}};
+  if (prefix_lm()) c[kPrefixLmLoss] = static_cast<double>(prompt_labels(batch).ge(0).sum().item<int64_t>());
+  return c;
 }
 
 Pi05Inputs Pi05::inputs_of(const Batch& batch) const {
@@ -391,7 +414,8 @@ at::Tensor Pi05::attention(const at::Tensor& q, const at::Tensor& k, const at::T
   return o.transpose(1, 2).flatten(2);
 }
 
-at::Tensor Pi05::joint_forward(const Prefix& p, const at::Tensor& suffix, const at::Tensor& cond) const {
+std::pair<at::Tensor, at::Tensor> Pi05::joint_forward(const Prefix& p, const at::Tensor& suffix, const at::Tensor& cond,
+                                                      bool with_prefix) const {
   const int64_t b = p.embs.size(0), np = p.embs.size(1), ns = suffix.size(1);
   auto pad = at::cat({p.pad, at::ones({b, ns}, p.pad.options())}, 1);  // [b, np + ns]
   auto positions = pad.to(at::kLong).cumsum(1) - 1;
@@ -406,7 +430,7 @@ at::Tensor Pi05::joint_forward(const Prefix& p, const at::Tensor& suffix, const 
   for (int64_t i = 0; i < vlm_.depth; ++i) {
     const auto& lp = vlm_layers_[i];
     const auto& ls = expert_layers_[i];
-    const bool last = i == vlm_.depth - 1;
+    const bool last = i == vlm_.depth - 1 && !with_prefix;
     auto [hp, gp] = norm(lp.input_norm, xp, {}, vlm_.rms_norm_eps);
     auto [hs, gs] = norm(ls.input_norm, xs, cond, expert_.rms_norm_eps);
     // The prefix's last queries feed nothing pi0.5 reads (their weights are model state).
@@ -427,11 +451,43 @@ at::Tensor Pi05::joint_forward(const Prefix& p, const at::Tensor& suffix, const 
     auto [ms, gms] = norm(ls.post_norm, xs, cond, expert_.rms_norm_eps);
     xs = gated_add(xs, mlp(ls, ms), gms);
   }
-  return norm(expert_final_, xs, cond, expert_.rms_norm_eps).first;
+  auto out = norm(expert_final_, xs, cond, expert_.rms_norm_eps).first;
+  if (!with_prefix) return {out, {}};
+  return {out, lf::ops::rms_norm(backend_, xp, 1.0 + lm_norm_, vlm_.rms_norm_eps)};
+}
+
+at::Tensor Pi05::lm_head_losses(const at::Tensor& hidden, const at::Tensor& labels) const {
+  LF_CHECK(labels.dim() == 2 && labels.size(0) == hidden.size(0) && labels.size(1) == hidden.size(1),
+           "pi05: prompt_labels must be [b, L] = [", hidden.size(0), ", ", hidden.size(1), "] (the prompt's shape), got ",
+           labels.sizes());
+  const auto target = labels.to(backend_.device(), at::kLong).reshape({-1});
+  // Entering the TP region: each rank's logits are its vocabulary rows; x's gradient sums over ranks.
+  auto x = (tp_.tp ? lf::parallel::copy_to_tp(hidden, *tp_.tp) : hidden).reshape({-1, hidden.size(-1)});
+  auto logits = at::linear(x, embed_);  // the head is the embedding (tied), no sink: it also gets the lookup's gradient
+  auto l = tp_.tp ? lf::parallel::vocab_parallel_cross_entropy(logits, target, *tp_.tp, vlm_.vocab_size)
+                  : lf::ops::softmax_cross_entropy(backend_, logits, target);
+  return l.view(labels.sizes());
+}
+
+at::Tensor Pi05::prefix_lm_losses(const Pi05Inputs& in, const at::Tensor& labels) const {
+  // Without the loss the last layer's query, output and MLP weights are model state, whole on every
+  // TP rank rather than sharded.
+  LF_CHECK(prefix_lm(), "pi05: the prefix LM's head is read only with model.prefix_lm_loss_weight > 0");
+  at::Tensor x;
+  prefix_cache(embed_prefix(in), &x);
+  x = lf::ops::rms_norm(backend_, x, 1.0 + lm_norm_, vlm_.rms_norm_eps);
+  const int64_t L = in.tokens.size(1);
+  return lm_head_losses(x.narrow(1, x.size(1) - L, L).to(at::kFloat), labels);
 }
 
 at::Tensor Pi05::losses(const Pi05Inputs& in, const at::Tensor& actions, const at::Tensor& noise,
                         const at::Tensor& time) const {
+  return train_losses(in, actions, noise, time, {}).first;
+}
+
+std::pair<at::Tensor, at::Tensor> Pi05::train_losses(const Pi05Inputs& in, const at::Tensor& actions,
+                                                     const at::Tensor& noise, const at::Tensor& time,
+                                                     const at::Tensor& labels) const {
   const int64_t b = in.tokens.size(0);
   LF_CHECK(actions.dim() == 3 && actions.size(0) == b && actions.size(1) == config_.chunk_size &&
                actions.size(2) == config_.max_action_dim,
@@ -447,16 +503,18 @@ at::Tensor Pi05::losses(const Pi05Inputs& in, const at::Tensor& actions, const a
   auto u_t = eps - a;
   auto prefix = embed_prefix(in);
   auto [suffix, cond] = embed_suffix(x_t, time.to(at::kFloat));
-  auto out = joint_forward(prefix, suffix.to(prefix.embs.scalar_type()), cond);
+  auto [out, prefix_out] = joint_forward(prefix, suffix.to(prefix.embs.scalar_type()), cond, labels.defined());
   // The suffix is the chunk's action tokens (a full-length narrow would still cost a backward copy).
   auto tail = out.size(1) == config_.chunk_size ? out : out.narrow(1, out.size(1) - config_.chunk_size, config_.chunk_size);
   auto v_t = lf::ops::linear(tail.to(at::kFloat), action_out_w_.to(at::kFloat), action_out_b_.to(at::kFloat), sink_);
-  return (u_t - v_t).square();
+  if (!labels.defined()) return {(u_t - v_t).square(), {}};
+  const int64_t L = in.tokens.size(1);
+  return {(u_t - v_t).square(), lm_head_losses(prefix_out.narrow(1, prefix_out.size(1) - L, L).to(at::kFloat), labels)};
 }
 
 // --- sampling -----------------------------------------------------------------------------------
 
-std::vector<Pi05::KV> Pi05::prefix_cache(const Prefix& p) const {
+std::vector<Pi05::KV> Pi05::prefix_cache(const Prefix& p, at::Tensor* hidden) const {
   auto positions = p.pad.to(at::kLong).cumsum(1) - 1;
   const auto mask = additive_mask(p.pad.unsqueeze(1) & p.pad.unsqueeze(2));
   auto [cos, sin] = rope_tables(positions, vlm_.head_dim, vlm_.rope_theta, p.embs.scalar_type());
@@ -465,7 +523,7 @@ std::vector<Pi05::KV> Pi05::prefix_cache(const Prefix& p) const {
   for (int64_t i = 0; i < vlm_.depth; ++i) {
     const auto& l = vlm_layers_[i];
     auto [h, unused] = norm(l.input_norm, x, {}, vlm_.rms_norm_eps);
-    const bool last = i == vlm_.depth - 1;  // only the last layer's keys and values are read
+    const bool last = i == vlm_.depth - 1 && !hidden;  // only the last layer's keys and values are read
     auto [q, k, v] = qkv(l, vlm_, h, cos, sin, last);
     cache.push_back({k, v});
     if (last) break;
@@ -473,6 +531,7 @@ std::vector<Pi05::KV> Pi05::prefix_cache(const Prefix& p) const {
     auto [m, unused2] = norm(l.post_norm, x, {}, vlm_.rms_norm_eps);
     x = x + mlp(l, m);
   }
+  if (hidden) *hidden = x;
   return cache;
 }
 
@@ -544,15 +603,20 @@ StageOutput Pi05::stage_forward(const Batch& batch, const TensorMap&, int64_t, P
   const auto noise =
       policy_streams::noise_draws(seed_, step_, batch.sample_indices, {config_.chunk_size, config_.max_action_dim});
   auto ids = at::tensor(batch.sample_indices, at::kLong);
+  const at::Tensor labels = prefix_lm() ? prompt_labels(batch) : at::Tensor();
   StageOutput out;
+  std::optional<at::NoGradGuard> no_grad;
+  if (pass == Pass::eval) no_grad.emplace();
+  auto [flow, lm] = train_losses(in, actions, noise, sample_time(ids), labels);
+  auto l = flow.narrow(2, 0, config_.action_dim);
   if (pass == Pass::eval) {
-    at::NoGradGuard g;
-    auto l = losses(in, actions, noise, sample_time(ids)).narrow(2, 0, config_.action_dim);
     out.metrics[kLoss] = Metric{l.sum().item<double>(), static_cast<double>(l.numel())};
+    if (lm.defined())
+      out.metrics[kPrefixLmLoss] = Metric{lm.sum().item<double>(), static_cast<double>(labels.ge(0).sum().item<int64_t>())};
     return out;
   }
-  auto l = losses(in, actions, noise, sample_time(ids)).narrow(2, 0, config_.action_dim);
   out.losses.push_back({kLoss, l.sum()});
+  if (lm.defined()) out.losses.push_back({kPrefixLmLoss, lm.sum() * config_.prefix_lm_loss_weight});
   return out;
 }
 

@@ -107,6 +107,12 @@ struct Pi05Config {
   // --mock-data: cameras per sample and prompt tokens.
   int64_t mock_cameras = 2;
   int64_t mock_tokens = 16;
+  // Co-training of the prefix LM (pi0.5 trains its VLM on text targets beside the flow-matching
+  // loss): > 0 adds this weight x the cross entropy of the PaliGemma LM's next-token head (tied to
+  // the token embedding) on the batch's `prompt_labels` ([b, L] token ids at prompt positions,
+  // -100 elsewhere), read from the prefix's final-normed outputs. 0: off, as LeRobot's pi05 (the
+  // prefix LM's last-layer queries, MLP and final norm are then untrained model state).
+  double prefix_lm_loss_weight = 0;
 
   template <class V>
   void visit(V& v) {
@@ -128,6 +134,10 @@ struct Pi05Config {
       Min{1});
     v("mock_cameras", mock_cameras, "--mock-data: cameras per sample", Min{1});
     v("mock_tokens", mock_tokens, "--mock-data: prompt tokens per sample", Min{1});
+    v("prefix_lm_loss_weight", prefix_lm_loss_weight,
+      "> 0: add this weight x the prefix LM's cross entropy on the batch's prompt_labels (token ids at prompt "
+      "positions, -100 elsewhere; loongforge-data make-demo-reach --position-queries writes them); 0: off",
+      Min{0});
   }
   void validate(const lf::config::Node& tree, const std::string& prefix, lf::config::ErrorList& errors) const;
 };
@@ -158,7 +168,7 @@ class Pi05 : public Model {
   std::vector<ParameterGroup> parameter_groups() const override;
   std::map<std::string, double> loss_counts(const Batch& batch) const override;
   StageOutput stage_forward(const Batch& batch, const TensorMap& input, int64_t chunk, Pass pass) override;
-  std::vector<std::string> eval_metrics() const override { return {kLoss}; }
+  std::vector<std::string> eval_metrics() const override;
   std::vector<std::string> batch_fields() const override;
   double flops_per_sample(int64_t seq_length) const override;
   void set_training(bool) override {}
@@ -173,6 +183,11 @@ class Pi05 : public Model {
   // PI05Pytorch.sample_actions: Euler-integrated actions [b, chunk, max_action_dim] fp32 from noise,
   // over the prefix's cached keys/values. steps <= 0: num_inference_steps.
   at::Tensor sample_actions(const Pi05Inputs& in, const at::Tensor& noise, int64_t steps = 0) const;
+  // The prefix LM's per-token cross entropy [b, L] fp32 of labels [b, L] (token ids; 0 where -100)
+  // at the prompt's positions: the prefix (bidirectional among its valid tokens) through every
+  // PaliGemma layer, the final norm, the head tied to the token embedding (as the prefix pass of
+  // PaliGemmaWithExpertModel.forward, then PaliGemma's lm_head). Needs prefix_lm_loss_weight > 0.
+  at::Tensor prefix_lm_losses(const Pi05Inputs& in, const at::Tensor& labels) const;
 
   // Every parameter and model-state tensor from full tensors by name (this rank's shard of each);
   // an lf::Error naming `source` and the tensor when one is missing, has another shape, or the
@@ -190,6 +205,8 @@ class Pi05 : public Model {
   void set_gradient_sink(const GradientSink* sink) override { sink_ = sink; }
   const std::vector<Parameter>& state() const { return state_; }
   static constexpr const char* kLoss = "flow matching loss";
+  // Logged in training as prefix_lm_loss_weight x the mean cross entropy; in evaluation unweighted.
+  static constexpr const char* kPrefixLmLoss = "prefix lm loss";
 
  private:
   struct Norm {
@@ -223,10 +240,24 @@ class Pi05 : public Model {
   std::tuple<at::Tensor, at::Tensor, at::Tensor> qkv(const GemmaLayer& l, const PiGemmaConfig& c, const at::Tensor& x,
                                                      const at::Tensor& cos, const at::Tensor& sin,
                                                      bool kv_only = false) const;
-  // The joint forward of prefix and suffix through every layer; the expert's final-normed suffix.
-  at::Tensor joint_forward(const Prefix& p, const at::Tensor& suffix, const at::Tensor& cond) const;
-  // The prefix alone (sampling): every layer's keys/values.
-  std::vector<KV> prefix_cache(const Prefix& p) const;
+  // The joint forward of prefix and suffix through every layer: the expert's final-normed suffix,
+  // and with_prefix the prefix LM's final-normed prefix (else undefined).
+  std::pair<at::Tensor, at::Tensor> joint_forward(const Prefix& p, const at::Tensor& suffix, const at::Tensor& cond,
+                                                  bool with_prefix = false) const;
+  // The flow-matching MSE (as losses) and, labels defined, the prefix LM's per-token cross entropy
+  // [b, L] from the same joint forward (else undefined).
+  std::pair<at::Tensor, at::Tensor> train_losses(const Pi05Inputs& in, const at::Tensor& actions,
+                                                 const at::Tensor& noise, const at::Tensor& time,
+                                                 const at::Tensor& labels) const;
+  // Per-token cross entropy [b, L] of the head (tied to the embedding) on final-normed prompt
+  // outputs [b, L, width] against labels [b, L] (-100: 0).
+  at::Tensor lm_head_losses(const at::Tensor& hidden, const at::Tensor& labels) const;
+  bool prefix_lm() const { return config_.prefix_lm_loss_weight > 0; }
+  // The batch's prompt_labels (an error naming the key when prefix_lm_loss_weight > 0 and it lacks them).
+  const at::Tensor& prompt_labels(const Batch& batch) const;
+  // The prefix alone (sampling): every layer's keys/values; with `hidden` the last layer runs
+  // whole and its output (before the final norm) goes there.
+  std::vector<KV> prefix_cache(const Prefix& p, at::Tensor* hidden = nullptr) const;
   // One denoising step over the cache: v_t [b, chunk, max_action_dim] fp32.
   at::Tensor denoise_step(const Prefix& p, const std::vector<KV>& cache, const at::Tensor& x_t,
                           const at::Tensor& time) const;
@@ -251,6 +282,7 @@ class Pi05 : public Model {
   at::Tensor patch_w_, patch_b_, pos_emb_, post_ln_w_, post_ln_b_, proj_w_, proj_b_;
   std::vector<VisionLayer> vision_layers_;
   at::Tensor embed_;
+  at::Tensor lm_norm_;  // the prefix LM's final (1 + w) RMSNorm weight
   std::vector<GemmaLayer> vlm_layers_, expert_layers_;
   Norm expert_final_;
   at::Tensor unit_weight_;  // fp32 ones [expert width]: the adaptive norms' RMSNorm weight (no gradient)
@@ -263,7 +295,8 @@ class Pi05 : public Model {
 // The parameter records of a pi05 model (LeRobot's names without the policy's "model." prefix;
 // full shapes and TP shardings at `tp` ranks: keys/values with fewer heads than ranks are
 // replicated), in the model's order, nothing allocated; `state` the records of
-// the tensors kept as model state (the prefix LM's final norm, which pi0.5 never reads).
+// the tensors kept as model state (the prefix LM's final norm and its last layer's query, output
+// and MLP weights, which pi0.5 never reads, unless config.prefix_lm_loss_weight > 0 trains them).
 struct Pi05Record {
   std::string name;
   std::vector<int64_t> shape;

@@ -173,6 +173,19 @@ TEST(ReachDemo, PositionQueriesAreLabelledWithTheNamedBlockAndTarget) {
     obs = step.observation;
   }
   EXPECT_TRUE(grasped) << "the episode should carry the block";
+  // --sample-every 3: episode 0 keeps steps 0, 3, 6, ..., episode 1 steps 2, 5, ...: a third of the samples.
+  ReachDemoMeta every = m;
+  every.sample_every = 3;
+  every = write_reach_demos(dir + "-every", every);
+  EXPECT_GE(every.samples, m.samples / 3 - 2);
+  EXPECT_LE(every.samples, m.samples / 3 + 2);
+  ReachDemoStore thirds(dir + "-every");
+  EXPECT_EQ(read_reach_demo_meta(dir + "-every").sample_every, 3);
+  obs = env.reset(5);
+  for (int n = 0; n < 3; ++n) obs = env.step(expert.infer(obs)[0]).observation;
+  EXPECT_TRUE(at::equal(thirds.get(0).image, store.get(0).image));
+  EXPECT_TRUE(at::equal(thirds.get(1).image, obs.at("observation/image").permute({2, 0, 1})));
+  EXPECT_TRUE(at::equal(thirds.get(1).image, store.get(3).image));
   // A store made before position queries (no key in meta.json) reads without them.
   std::ifstream in(dir + "/meta.json");
   auto meta = nlohmann::json::parse(in);

@@ -38,15 +38,19 @@ const std::vector<std::string> kSmall = {
     "model.foundation.width=32", "model.action_expert.width=32", "model.num_inference_steps=3",
     "--micro-batch-size", "16", "--global-batch-size", "32", "--lr", "3e-3", "--lr-warmup-iters", "1"};
 
+// The test's store: 6 episodes of 32x32 images, chunks of 10 (and `extra` make-demo-reach flags).
+std::string make_store(const std::string& tag, const std::vector<std::string>& extra = {}) {
+  const std::string d = lf::testing::make_temp_dir(tag) + "/store";
+  std::vector<std::string> args{bin("loongforge-data"), "make-demo-reach", "--out", d, "--episodes", "6", "--seed",
+                                "3", "--image-size", "32", "--chunk", "10"};
+  args.insert(args.end(), extra.begin(), extra.end());
+  auto r = run_command(args, {}, std::chrono::seconds(120));
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  return d;
+}
+
 const std::string& store() {
-  static const std::string dir = [] {
-    const std::string d = lf::testing::make_temp_dir("pi05-reach-store") + "/store";
-    auto r = run_command({bin("loongforge-data"), "make-demo-reach", "--out", d, "--episodes", "6", "--seed", "3",
-                          "--image-size", "32", "--chunk", "10"},
-                         {}, std::chrono::seconds(120));
-    EXPECT_EQ(r.exit_code, 0) << r.output;
-    return d;
-  }();
+  static const std::string dir = make_store("pi05-reach-store");
   return dir;
 }
 
@@ -125,14 +129,7 @@ TEST(Pi05ReachProgram, EvalAndServeTheTrainedPolicy) {
 // flow-matching loss in training and validation, TP 2 and DP 2 with ZeRO-1 equal one process, and a
 // store without the labels is an error naming the key and the flag.
 const std::string& queries_store() {
-  static const std::string dir = [] {
-    const std::string d = lf::testing::make_temp_dir("pi05-reach-queries") + "/store";
-    auto r = run_command({bin("loongforge-data"), "make-demo-reach", "--out", d, "--episodes", "6", "--seed", "3",
-                          "--image-size", "32", "--chunk", "10", "--position-queries"},
-                         {}, std::chrono::seconds(120));
-    EXPECT_EQ(r.exit_code, 0) << r.output;
-    return d;
-  }();
+  static const std::string dir = make_store("pi05-reach-queries", {"--position-queries"});
   return dir;
 }
 

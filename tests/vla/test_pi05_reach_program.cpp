@@ -151,6 +151,12 @@ TEST(Pi05ReachProgram, PrefixLmCoTrainingOnPositionQueries) {
                                     "pi05 with the prefix LM loss: tp 2");
   lf::testing::expect_same_training(one, train_queries(2, {"--use-distributed-optimizer"}, "dp2"),
                                     "pi05 with the prefix LM loss: dp 2, ZeRO-1");
+  // bf16 weights and activations (the head in bf16, the cross entropy in fp32): the fp32 losses
+  // within bf16's rounding over 10 steps.
+  const auto bf16 = train_queries(1, {"--bf16"}, "bf16");
+  ASSERT_EQ(bf16.exit_code, 0) << bf16.output;
+  ASSERT_EQ(bf16.losses.size(), one.losses.size());
+  for (size_t i = 0; i < one.losses.size(); ++i) EXPECT_NEAR(bf16.losses[i], one.losses[i], 0.05 * one.losses[i]) << i;
   // The weight without labels in the store.
   auto r = train(1, {"model.prefix_lm_loss_weight=0.5"}, "no-labels");
   EXPECT_NE(r.exit_code, 0);

@@ -84,7 +84,10 @@ DataSources make_vla_sources(const lf::config::JobConfig& job, const lf::models:
   if (ctx.global_rank() == 0)
     LF_INFO("reach demo store ", dir, ": ", store->size(), " samples of ", m.episodes, " episodes (train ",
             train_end, ", valid ", valid_end - train_end, "), ", m.image_size, "x", m.image_size,
-            " images, chunks of ", m.chunk, ", prompts of ", m.prompt.length, " tokens");
+            " images, chunks of ", m.chunk, ", prompts of ", m.prompt.length, " tokens",
+            m.prompt.position_queries ? " with position queries (prompt_labels: pi05 trains on them when "
+                                        "model.prefix_lm_loss_weight > 0)"
+                                      : "");
   const int64_t max_action_dim = needs.max_action_dim;
   auto rows = [store, max_action_dim](const std::vector<int64_t>& items) {
     std::vector<at::Tensor> images, tokens, masks, actions, states, labels;

@@ -463,7 +463,9 @@ at::Tensor Pi05::lm_head_losses(const at::Tensor& hidden, const at::Tensor& labe
   const auto target = labels.to(backend_.device(), at::kLong).reshape({-1});
   // Entering the TP region: each rank's logits are its vocabulary rows; x's gradient sums over ranks.
   auto x = (tp_.tp ? lf::parallel::copy_to_tp(hidden, *tp_.tp) : hidden).reshape({-1, hidden.size(-1)});
-  auto logits = at::linear(x, embed_);  // the head is the embedding (tied), no sink: it also gets the lookup's gradient
+  // The head is the embedding (tied), in its dtype (the cross entropy is fp32); no sink: the
+  // embedding also gets the lookup's gradient.
+  auto logits = at::linear(x.to(embed_.scalar_type()), embed_);
   auto l = tp_.tp ? lf::parallel::vocab_parallel_cross_entropy(logits, target, *tp_.tp, vlm_.vocab_size)
                   : lf::ops::softmax_cross_entropy(backend_, logits, target);
   return l.view(labels.sizes());
@@ -477,7 +479,7 @@ at::Tensor Pi05::prefix_lm_losses(const Pi05Inputs& in, const at::Tensor& labels
   prefix_cache(embed_prefix(in), &x);
   x = lf::ops::rms_norm(backend_, x, 1.0 + lm_norm_, vlm_.rms_norm_eps);
   const int64_t L = in.tokens.size(1);
-  return lm_head_losses(x.narrow(1, x.size(1) - L, L).to(at::kFloat), labels);
+  return lm_head_losses(x.narrow(1, x.size(1) - L, L), labels);
 }
 
 at::Tensor Pi05::losses(const Pi05Inputs& in, const at::Tensor& actions, const at::Tensor& noise,
@@ -509,7 +511,7 @@ std::pair<at::Tensor, at::Tensor> Pi05::train_losses(const Pi05Inputs& in, const
   auto v_t = lf::ops::linear(tail.to(at::kFloat), action_out_w_.to(at::kFloat), action_out_b_.to(at::kFloat), sink_);
   if (!labels.defined()) return {(u_t - v_t).square(), {}};
   const int64_t L = in.tokens.size(1);
-  return {(u_t - v_t).square(), lm_head_losses(prefix_out.narrow(1, prefix_out.size(1) - L, L).to(at::kFloat), labels)};
+  return {(u_t - v_t).square(), lm_head_losses(prefix_out.narrow(1, prefix_out.size(1) - L, L), labels)};
 }
 
 // --- sampling -----------------------------------------------------------------------------------

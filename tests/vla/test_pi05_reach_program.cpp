@@ -151,6 +151,9 @@ TEST(Pi05ReachProgram, PrefixLmCoTrainingOnPositionQueries) {
                                     "pi05 with the prefix LM loss: tp 2");
   lf::testing::expect_same_training(one, train_queries(2, {"--use-distributed-optimizer"}, "dp2"),
                                     "pi05 with the prefix LM loss: dp 2, ZeRO-1");
+  // The tied head's weight gradient written into the buffer, the lookup's added: as autograd.
+  lf::testing::expect_same_training(one, train_queries(1, {"--no-gradient-accumulation-fusion"}, "unfused"),
+                                    "pi05 with the prefix LM loss: fused vs autograd weight gradients");
   // bf16 weights and activations (the head in bf16, the cross entropy in fp32): the fp32 losses
   // within bf16's rounding over 10 steps.
   const auto bf16 = train_queries(1, {"--bf16"}, "bf16");

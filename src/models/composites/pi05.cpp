@@ -463,9 +463,9 @@ at::Tensor Pi05::lm_head_losses(const at::Tensor& hidden, const at::Tensor& labe
   const auto target = labels.to(backend_.device(), at::kLong).reshape({-1});
   // Entering the TP region: each rank's logits are its vocabulary rows; x's gradient sums over ranks.
   auto x = (tp_.tp ? lf::parallel::copy_to_tp(hidden, *tp_.tp) : hidden).reshape({-1, hidden.size(-1)});
-  // The head is the embedding (tied), in its dtype (the cross entropy is fp32); no sink: the
-  // embedding also gets the lookup's gradient.
-  auto logits = at::linear(x.to(embed_.scalar_type()), embed_);
+  // The head is the embedding (tied), in its dtype (the cross entropy is fp32); with the sink its
+  // weight gradient goes into the buffer slot, the lookup's adds to it.
+  auto logits = lf::ops::linear(x.to(embed_.scalar_type()), embed_, {}, sink_);
   auto l = tp_.tp ? lf::parallel::vocab_parallel_cross_entropy(logits, target, *tp_.tp, vlm_.vocab_size)
                   : lf::ops::softmax_cross_entropy(backend_, logits, target);
   return l.view(labels.sizes());

@@ -20,6 +20,14 @@ namespace fs = std::filesystem;
 constexpr int64_t kShard = 4096;  // samples per file
 constexpr const char* kPositionQueries[] = {"block_x", "block_y", "target_x", "target_y"};
 
+// The scene query words: four per colour, in reach_colours() order.
+std::vector<std::string> scene_query_words() {
+  std::vector<std::string> out;
+  for (const auto& c : reach_colours())
+    for (const char* q : kPositionQueries) out.push_back(c + "_" + q);
+  return out;
+}
+
 at::Tensor read_tensor(const lf::safetensors::Reader& r, const std::string& name, at::ScalarType type,
                        const std::string& file) {
   for (const auto& info : r.tensors()) {
@@ -42,6 +50,8 @@ std::vector<std::string> ReachPrompt::vocab() const {
   for (int64_t b = 0; b < state_bins; ++b) v.push_back("s" + std::to_string(b));
   if (position_queries)
     for (const char* q : kPositionQueries) v.push_back(q);
+  if (scene_queries)
+    for (const auto& q : scene_query_words()) v.push_back(q);
   return v;
 }
 
@@ -61,6 +71,8 @@ std::pair<at::Tensor, at::Tensor> ReachPrompt::encode(const std::string& instruc
   for (int64_t i = 0; i < s.numel(); ++i) ids.push_back(id_of(bin_word(s[i].item<float>())));
   if (position_queries)
     for (const char* q : kPositionQueries) ids.push_back(id_of(q));
+  if (scene_queries)
+    for (const auto& q : scene_query_words()) ids.push_back(id_of(q));
   LF_CHECK(static_cast<int64_t>(ids.size()) <= length, "reach prompt: \"", instruction, "\" and the state make ",
            ids.size(), " tokens, more than the prompt length ", length);
   at::Tensor t = at::zeros({length}, at::kLong), m = at::zeros({length}, at::kBool);
@@ -73,21 +85,62 @@ std::string ReachPrompt::bin_word(double v) const {
   return "s" + std::to_string(std::min(state_bins - 1, static_cast<int64_t>(v * static_cast<double>(state_bins))));
 }
 
+at::Tensor ReachPrompt::query_labels(const at::Tensor& ids, const std::map<std::string, double>& positions) const {
+  const auto words = vocab();
+  const auto t = ids.to(at::kLong).contiguous().view({-1});
+  at::Tensor labels = at::full({t.numel()}, -100, at::kLong);
+  for (const auto& [word, value] : positions) {
+    const auto named = std::find(std::begin(kPositionQueries), std::end(kPositionQueries), word);
+    const auto scene = scene_query_words();
+    const bool query = (position_queries && named != std::end(kPositionQueries)) ||
+                       (scene_queries && std::find(scene.begin(), scene.end(), word) != scene.end());
+    LF_CHECK(query, "reach prompt: '", word, "' is not a query word of this prompt");
+    const int64_t id = std::find(words.begin(), words.end(), word) - words.begin();
+    for (int64_t i = 0; i < t.numel(); ++i)
+      if (t[i].item<int64_t>() == id) labels[i] = std::find(words.begin(), words.end(), bin_word(value)) - words.begin();
+  }
+  return labels;
+}
+
 at::Tensor ReachPrompt::position_labels(const at::Tensor& ids, const std::array<double, 4>& positions) const {
   LF_CHECK(position_queries, "reach prompt: position labels need a prompt with position queries");
   const auto words = vocab();
-  auto id_of = [&](const std::string& w) { return std::find(words.begin(), words.end(), w) - words.begin(); };
   const auto t = ids.to(at::kLong).contiguous().view({-1});
-  at::Tensor labels = at::full({t.numel()}, -100, at::kLong);
   int found = 0;
-  for (int q = 0; q < 4; ++q)
-    for (int64_t i = 0; i < t.numel(); ++i)
-      if (t[i].item<int64_t>() == id_of(kPositionQueries[q])) {
-        labels[i] = id_of(bin_word(positions[static_cast<size_t>(q)]));
-        ++found;
-      }
+  std::map<std::string, double> named;
+  for (int q = 0; q < 4; ++q) {
+    named[kPositionQueries[q]] = positions[static_cast<size_t>(q)];
+    const int64_t id = std::find(words.begin(), words.end(), kPositionQueries[q]) - words.begin();
+    for (int64_t i = 0; i < t.numel(); ++i) found += t[i].item<int64_t>() == id ? 1 : 0;
+  }
   LF_CHECK(found == 4, "reach prompt: ", found, " position query words in the prompt, expected 4");
-  return labels;
+  return query_labels(ids, named);
+}
+
+at::Tensor ReachPrompt::scene_labels(const at::Tensor& ids, const ReachEnv& env) const {
+  if (!has_queries()) return {};
+  std::map<std::string, double> where;
+  const auto& colours = reach_colours();
+  if (position_queries) {
+    // The instructed block and target (the scene has one of each colour).
+    const auto [block_colour, target_colour] = env.task();
+    for (const auto& b : env.blocks())
+      if (b.colour == block_colour) where["block_x"] = b.x, where["block_y"] = b.y;
+    for (const auto& t : env.targets())
+      if (t.colour == target_colour) where["target_x"] = t.x, where["target_y"] = t.y;
+    LF_CHECK(where.size() == 4, "reach prompt: the scene has no block or no target of its instruction's colours");
+  }
+  if (scene_queries) {
+    for (const auto& b : env.blocks()) {
+      const std::string c = colours.at(static_cast<size_t>(b.colour));
+      where[c + "_block_x"] = b.x, where[c + "_block_y"] = b.y;
+    }
+    for (const auto& t : env.targets()) {
+      const std::string c = colours.at(static_cast<size_t>(t.colour));
+      where[c + "_target_x"] = t.x, where[c + "_target_y"] = t.y;
+    }
+  }
+  return query_labels(ids, where);
 }
 
 at::Tensor ReachPrompt::decode_state(const at::Tensor& ids) const {
@@ -144,7 +197,7 @@ ReachDemoMeta write_reach_demos(const std::string& dir, ReachDemoMeta meta) {
     w.add("actions", DType::F32, ac.sizes().vec(), ac.data_ptr());
     w.add("episode", DType::I64, eps.sizes().vec(), eps.data_ptr());
     at::Tensor lb;
-    if (meta.prompt.position_queries) {
+    if (meta.prompt.has_queries()) {
       lb = at::stack(labels).contiguous();
       w.add("prompt_labels", DType::I64, lb.sizes().vec(), lb.data_ptr());
     }
@@ -160,17 +213,7 @@ ReachDemoMeta write_reach_demos(const std::string& dir, ReachDemoMeta meta) {
     auto [ids, mask] = meta.prompt.encode(obs.prompt, obs.at("observation/state"));
     tokens.push_back(ids);
     masks.push_back(mask);
-    if (meta.prompt.position_queries) {
-      // The instructed block and target (the scene has one of each colour).
-      const auto [block_colour, target_colour] = env.task();
-      std::array<double, 4> where{-1, -1, -1, -1};
-      for (const auto& b : env.blocks())
-        if (b.colour == block_colour) where[0] = b.x, where[1] = b.y;
-      for (const auto& t : env.targets())
-        if (t.colour == target_colour) where[2] = t.x, where[3] = t.y;
-      LF_CHECK(where[0] >= 0 && where[2] >= 0, "make-demo-reach: episode ", e, " has no block or target of its instruction's colour");
-      labels.push_back(meta.prompt.position_labels(ids, where));
-    }
+    if (meta.prompt.has_queries()) labels.push_back(meta.prompt.scene_labels(ids, env));
     actions.push_back(normalize_reach_actions(plan, meta.max_speed));
     episode.push_back(at::scalar_tensor(e, at::kLong));
     if (static_cast<int64_t>(images.size()) == kShard) flush();
@@ -201,6 +244,7 @@ ReachDemoMeta write_reach_demos(const std::string& dir, ReachDemoMeta meta) {
                       {"state_bins", meta.prompt.state_bins},
                       {"prompt_length", meta.prompt.length},
                       {"position_queries", meta.prompt.position_queries},
+                      {"scene_queries", meta.prompt.scene_queries},
                       {"vocab", meta.prompt.vocab()},
                       {"seed", meta.seed},
                       {"episodes", meta.episodes},
@@ -231,6 +275,7 @@ ReachDemoMeta read_reach_demo_meta(const std::string& dir) {
     m.max_speed = j.at("max_speed"), m.max_steps = j.at("max_steps");
     m.prompt.state_bins = j.at("state_bins"), m.prompt.length = j.at("prompt_length");
     m.prompt.position_queries = j.value("position_queries", false);  // absent in stores before them
+    m.prompt.scene_queries = j.value("scene_queries", false);
     m.sample_every = j.value("sample_every", int64_t{1});
     m.seed = j.at("seed"), m.episodes = j.at("episodes"), m.samples = j.at("samples"), m.noise = j.at("noise");
     LF_CHECK(j.at("vocab").get<std::vector<std::string>>() == m.prompt.vocab(), file.string(),
@@ -253,7 +298,7 @@ ReachDemoStore::ReachDemoStore(const std::string& dir) : dir_(dir), meta_(read_r
     tk.push_back(read_tensor(r, "prompt_tokens", at::kLong, file.string()));
     mk.push_back(read_tensor(r, "prompt_masks", at::kByte, file.string()).to(at::kBool));
     ac.push_back(read_tensor(r, "actions", at::kFloat, file.string()));
-    if (meta_.prompt.position_queries) {
+    if (meta_.prompt.has_queries()) {
       lb.push_back(read_tensor(r, "prompt_labels", at::kLong, file.string()));
       LF_CHECK(lb.back().sizes() == tk.back().sizes(), file.string(), ": prompt_labels ", lb.back().sizes(),
                " do not have the prompt_tokens' shape ", tk.back().sizes());

@@ -223,4 +223,69 @@ TEST(Pi05, MalformedDirectoriesAreErrors) {
   }
 }
 
+// A fresh policy's initialisation: model.init_method fan_in draws each weight matrix from
+// N(0, 1/fan_in) (normal: N(0, 0.02)), and vision_encoder.position_embedding_init sincos2d starts
+// the position embedding at big_vision's 2D sine-cosine code (still a trained parameter).
+TEST(Pi05, FreshWeightsFollowTheInitialisationKeys) {
+  lf::models::SiglipConfig sv;
+  sv.hidden_size = 64, sv.intermediate_size = 256, sv.num_hidden_layers = 1, sv.num_attention_heads = 4;
+  sv.patch_size = 4, sv.image_size = 16;
+  lf::models::PiGemmaConfig vlm, ex;
+  vlm.width = 64, vlm.depth = 1, vlm.mlp_dim = 512, vlm.num_heads = 2, vlm.num_kv_heads = 1, vlm.head_dim = 16;
+  vlm.vocab_size = 300;
+  ex = vlm, ex.vocab_size = 0, ex.width = 32, ex.mlp_dim = 64;
+  lf::models::Pi05Config c;
+  c.chunk_size = 4, c.max_action_dim = 4, c.action_dim = 4;
+  auto params = [&](const lf::models::SiglipConfig& v, const lf::models::Pi05Config& pc) {
+    Pi05 m(v, vlm, ex, pc, lf::backend::cpu_backend(), 7, at::kFloat, nullptr);
+    std::map<std::string, at::Tensor> out;
+    for (const auto& g : m.parameter_groups())
+      for (const auto& p : g.params) out[p.name] = p.tensor.detach();
+    return out;
+  };
+  const std::string vision = "paligemma_with_expert.paligemma.model.vision_tower.vision_model.";
+  const std::string lm = "paligemma_with_expert.paligemma.model.language_model.";
+  // {name, fan_in}: the patch embedding (3 x 4 x 4), a vision MLP matrix, the token embedding
+  // (its width), a prefix LM down projection and the action output projection (the expert width).
+  const std::vector<std::pair<std::string, double>> matrices = {
+      {vision + "embeddings.patch_embedding.weight", 48},
+      {vision + "encoder.layers.0.mlp.fc2.weight", 256},
+      {lm + "embed_tokens.weight", 64},
+      {lm + "layers.0.mlp.down_proj.weight", 512},
+      {"action_out_proj.weight", 32}};
+  const auto normal = params(sv, c);
+  auto fan = c;
+  fan.init_method = "fan_in";
+  const auto fanned = params(sv, fan);
+  for (const auto& [name, fan_in] : matrices) {
+    ASSERT_TRUE(normal.count(name) && fanned.count(name)) << name;
+    EXPECT_NEAR(normal.at(name).std().item<double>(), 0.02, 0.02 * 0.15) << name;
+    const double want = 1.0 / std::sqrt(fan_in);
+    EXPECT_NEAR(fanned.at(name).std().item<double>(), want, want * 0.15) << name;
+  }
+  const std::string pos = vision + "embeddings.position_embedding.weight";
+  EXPECT_NEAR(normal.at(pos).std().item<double>(), 0.02, 0.02 * 0.15);
+  auto sincos = sv;
+  sincos.position_embedding_init = "sincos2d";
+  const auto coded = params(sincos, c);
+  const at::Tensor code = coded.at(pos);
+  ASSERT_EQ(code.sizes(), at::IntArrayRef({16, 64}));  // (16 / 4)^2 patches
+  EXPECT_TRUE(code.equal(lf::models::sincos2d_position_embedding(sincos)));
+  // Patch 6 is image row 1, column 2; channel k of each quarter has frequency 10000^(-k/16).
+  for (int64_t k : {0, 5, 15}) {
+    const double w = std::pow(10000.0, -static_cast<double>(k) / 16.0);
+    EXPECT_NEAR(code[6][k].item<double>(), std::sin(2 * w), 1e-6) << k;
+    EXPECT_NEAR(code[6][16 + k].item<double>(), std::cos(2 * w), 1e-6) << k;
+    EXPECT_NEAR(code[6][32 + k].item<double>(), std::sin(1 * w), 1e-6) << k;
+    EXPECT_NEAR(code[6][48 + k].item<double>(), std::cos(1 * w), 1e-6) << k;
+  }
+  // The other weights are drawn as without it (the same stream), and the code is trained.
+  EXPECT_TRUE(coded.at(lm + "embed_tokens.weight").equal(normal.at(lm + "embed_tokens.weight")));
+  Pi05 m(sincos, vlm, ex, c, lf::backend::cpu_backend(), 7, at::kFloat, nullptr);
+  bool trained = false;
+  for (const auto& g : m.parameter_groups())
+    for (const auto& p : g.params) trained = trained || (p.name == pos && g.trainable && p.tensor.requires_grad());
+  EXPECT_TRUE(trained);
+}
+
 }  // namespace

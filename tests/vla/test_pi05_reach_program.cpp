@@ -167,6 +167,34 @@ TEST(Pi05ReachProgram, PrefixLmCoTrainingOnPositionQueries) {
   EXPECT_NE(r.output.find("--position-queries"), std::string::npos) << r.output;
 }
 
+// The demo's recipe: a store with position and scene queries (32-token prompts) trains a pi05 with
+// the prefix LM loss, fan_in initialisation and the sin-cos position embedding (a different first
+// loss than the default initialisation on the same batches); sincos2d on a width that is not a
+// multiple of 4 is a configuration error naming the key.
+TEST(Pi05ReachProgram, SceneQueriesAndTheInitialisationKeysTrain) {
+  static const std::string scene = make_store("pi05-reach-scene", {"--position-queries", "--scene-queries"});
+  auto run = [&](std::vector<std::string> extra, const std::string& tag) {
+    extra.insert(extra.begin(), kSmall.begin(), kSmall.end());
+    extra.insert(extra.begin(), {"--data-path", scene, "model.prefix_lm_loss_weight=0.5", "--train-iters", "3"});
+    return lf::testing::train_example(kConfig, 1, extra, "pi05-reach-scene-" + tag);
+  };
+  const auto plain = run({}, "plain");
+  ASSERT_EQ(plain.exit_code, 0) << plain.output;
+  EXPECT_NE(plain.output.find("prompts of 32 tokens with position and scene queries"), std::string::npos)
+      << plain.output;
+  const auto init = run({"model.init_method=fan_in", "model.vision_encoder.position_embedding_init=sincos2d"}, "init");
+  ASSERT_EQ(init.exit_code, 0) << init.output;
+  ASSERT_FALSE(plain.losses.empty());
+  ASSERT_FALSE(init.losses.empty());
+  EXPECT_GT(std::abs(init.losses[0] - plain.losses[0]), 1e-3 * plain.losses[0]);
+  const auto bad = run({"model.vision_encoder.position_embedding_init=sincos2d", "model.vision_encoder.hidden_size=18",
+                        "model.vision_encoder.num_attention_heads=2"},
+                       "bad");
+  EXPECT_NE(bad.exit_code, 0);
+  EXPECT_NE(bad.output.find("model.vision_encoder.position_embedding_init"), std::string::npos) << bad.output;
+  EXPECT_NE(bad.output.find("not a multiple of 4"), std::string::npos) << bad.output;
+}
+
 TEST(Pi05ReachProgram, AStoreThatDoesNotFitTheModelIsNamed) {
   auto r = train(1, {"model.chunk_size=5"}, "chunk");
   EXPECT_NE(r.exit_code, 0);

@@ -5,6 +5,8 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
+#include <set>
+
 #include <nlohmann/json.hpp>
 
 #include <filesystem>
@@ -193,6 +195,83 @@ TEST(ReachDemo, PositionQueriesAreLabelledWithTheNamedBlockAndTarget) {
   meta["vocab"] = ReachPrompt{}.vocab();
   std::ofstream(dir + "/meta.json") << meta.dump();
   EXPECT_FALSE(read_reach_demo_meta(dir).prompt.position_queries);
+}
+
+// --scene-queries: sixteen more query words, four per colour, labelled with each colour's block
+// and target centre in the scene (-100 for a colour the scene lacks), beside the named queries.
+TEST(ReachDemo, SceneQueriesAreLabelledWithEveryObject) {
+  ReachPrompt p;
+  p.position_queries = true;
+  p.scene_queries = true;
+  p.length = 32;
+  const auto vocab = p.vocab();
+  ASSERT_EQ(vocab.size(), ReachPrompt{}.vocab().size() + 20);
+  auto id = [&](const std::string& w) { return std::find(vocab.begin(), vocab.end(), w) - vocab.begin(); };
+  ReachOptions o;
+  o.image_size = 24;
+  ReachEnv env(o);
+  const auto obs = env.reset(11);
+  auto [ids, mask] = p.encode(obs.prompt, obs.at("observation/state"));
+  EXPECT_EQ(mask.sum().item<int64_t>(), 32);
+  EXPECT_EQ(ids[16].item<int64_t>(), id("red_block_x"));
+  EXPECT_EQ(ids[31].item<int64_t>(), id("yellow_target_y"));
+  const at::Tensor labels = p.scene_labels(ids, env);
+  auto label_at = [&](const std::string& word) {
+    for (int64_t i = 0; i < 32; ++i)
+      if (ids[i].item<int64_t>() == id(word)) return labels[i].item<int64_t>();
+    ADD_FAILURE() << "no " << word;
+    return int64_t{-1};
+  };
+  std::set<int64_t> block_colours, target_colours;
+  for (const auto& b : env.blocks()) {
+    const std::string c = reach_colours()[static_cast<size_t>(b.colour)];
+    block_colours.insert(b.colour);
+    EXPECT_EQ(label_at(c + "_block_x"), id(p.bin_word(b.x))) << c;
+    EXPECT_EQ(label_at(c + "_block_y"), id(p.bin_word(b.y))) << c;
+  }
+  for (const auto& t : env.targets()) {
+    const std::string c = reach_colours()[static_cast<size_t>(t.colour)];
+    target_colours.insert(t.colour);
+    EXPECT_EQ(label_at(c + "_target_x"), id(p.bin_word(t.x))) << c;
+    EXPECT_EQ(label_at(c + "_target_y"), id(p.bin_word(t.y))) << c;
+  }
+  for (int64_t c = 0; c < 4; ++c) {
+    const std::string name = reach_colours()[static_cast<size_t>(c)];
+    if (!block_colours.count(c)) EXPECT_EQ(label_at(name + "_block_x"), -100) << name;
+    if (!target_colours.count(c)) EXPECT_EQ(label_at(name + "_target_y"), -100) << name;
+  }
+  ASSERT_LT(block_colours.size() + target_colours.size(), 8u) << "seed 11 should lack a colour somewhere";
+  // The named queries as position_labels gives them, the rest of the prompt unlabelled.
+  const auto [block, target] = env.task();
+  std::array<double, 4> named{};
+  for (const auto& b : env.blocks())
+    if (b.colour == block) named[0] = b.x, named[1] = b.y;
+  for (const auto& t : env.targets())
+    if (t.colour == target) named[2] = t.x, named[3] = t.y;
+  EXPECT_TRUE(at::equal(labels.narrow(0, 0, 16), p.position_labels(ids, named).narrow(0, 0, 16)));
+  EXPECT_THROW(p.query_labels(ids, {{"purple_block_x", 0.5}}), lf::Error);
+  ReachPrompt named_only;
+  named_only.position_queries = true;
+  EXPECT_THROW(named_only.query_labels(ids, {{"red_block_x", 0.5}}), lf::Error);
+  // The default prompt length cannot hold them.
+  ReachPrompt short_prompt = p;
+  short_prompt.length = 16;
+  EXPECT_THROW(short_prompt.encode(obs.prompt, obs.at("observation/state")), lf::Error);
+
+  // A store: meta.json keeps the flag, the labels are the scene's at every sample.
+  const std::string dir = lf::testing::make_temp_dir("reach-demo-scene-queries");
+  ReachDemoMeta m;
+  m.episodes = 1;
+  m.seed = 11;
+  m.image_size = 24;
+  m.prompt = p;
+  m = write_reach_demos(dir, m);
+  ReachDemoStore store(dir);
+  EXPECT_TRUE(store.meta().prompt.scene_queries);
+  EXPECT_EQ(store.meta().prompt.length, 32);
+  const auto first = store.get(0);
+  EXPECT_TRUE(at::equal(first.tokens, ids));
+  EXPECT_TRUE(at::equal(first.labels, labels));
 }
 
 }  // namespace

@@ -83,6 +83,7 @@ struct ReachDemoOptions {
   uint64_t seed = 0;
   double noise = 0.3;
   bool position_queries = false;
+  bool scene_queries = false;
   int64_t sample_every = 1;
 };
 int run_make_demo_reach(const ReachDemoOptions& options);

@@ -289,6 +289,10 @@ int main(int argc, char** argv) {
   reach->add_flag("--position-queries", rd.position_queries,
                   "end each prompt with the words block_x block_y target_x target_y and store prompt_labels: the named "
                   "block's and target's positions in the state's bins, targets of pi05's model.prefix_lm_loss_weight");
+  reach->add_flag("--scene-queries", rd.scene_queries,
+                  "end each prompt with sixteen more query words, <colour>_block_x <colour>_block_y <colour>_target_x "
+                  "<colour>_target_y for red, green, blue, yellow, labelled in prompt_labels with every object's "
+                  "position (-100 for a colour the scene lacks); prompts grow from 16 to 32 tokens");
   auto* score = app.add_subcommand("score-squares", "colour and direction of generated demo clips");
   score->add_option("--latents", ss.latents, "loongforge-generate's latents.safetensors")->required();
   score->add_option("--caption", ss.caption, "the prompt the clips were generated from")->required();

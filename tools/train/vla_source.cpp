@@ -85,9 +85,13 @@ DataSources make_vla_sources(const lf::config::JobConfig& job, const lf::models:
     LF_INFO("reach demo store ", dir, ": ", store->size(), " samples of ", m.episodes, " episodes (train ",
             train_end, ", valid ", valid_end - train_end, "), ", m.image_size, "x", m.image_size,
             " images, chunks of ", m.chunk, ", prompts of ", m.prompt.length, " tokens",
-            m.prompt.position_queries ? " with position queries (prompt_labels: pi05 trains on them when "
-                                        "model.prefix_lm_loss_weight > 0)"
-                                      : "");
+            m.prompt.has_queries() ? std::string(" with ") +
+                                         (m.prompt.position_queries && m.prompt.scene_queries ? "position and scene"
+                                          : m.prompt.position_queries                         ? "position"
+                                                                                              : "scene") +
+                                         " queries (prompt_labels: pi05 trains on them when "
+                                         "model.prefix_lm_loss_weight > 0)"
+                                   : std::string());
   const int64_t max_action_dim = needs.max_action_dim;
   auto rows = [store, max_action_dim](const std::vector<int64_t>& items) {
     std::vector<at::Tensor> images, tokens, masks, actions, states, labels;

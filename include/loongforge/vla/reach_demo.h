@@ -17,6 +17,7 @@
 #include <array>
 #include <cstdint>
 #include <memory>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -31,9 +32,14 @@ struct ReachPrompt {
   // labels (position_labels) are the named block's and target's centres in the state's bins: a
   // pi05 with model.prefix_lm_loss_weight > 0 learns to read them from the image.
   bool position_queries = false;
+  // Sixteen query words after those, four per colour ("red_block_x red_block_y red_target_x
+  // red_target_y green_block_x ..."), labelled with that colour's block and target centres (-100
+  // where the scene has none): they ask for every object, not only the named ones, so that reading
+  // positions from the image is learnt apart from binding the instruction's colours.
+  bool scene_queries = false;
 
   // "<pad>", the instruction words, "state", then "s0" .. "s<bins - 1>" (and with position_queries
-  // the four query words).
+  // the four query words, with scene_queries the sixteen).
   std::vector<std::string> vocab() const;
   int64_t vocab_size() const { return static_cast<int64_t>(vocab().size()); }
   // ids [length] int64 and mask [length] bool of `instruction` and `state` [3]; an lf::Error for a
@@ -45,6 +51,14 @@ struct ReachPrompt {
   // With position_queries: labels [length] int64 for an encoded prompt, -100 but at the four query
   // words, there the bin token of block x, block y, target x, target y (`positions`, each in [0, 1]).
   at::Tensor position_labels(const at::Tensor& ids, const std::array<double, 4>& positions) const;
+  // Labels [length] int64 for an encoded prompt: at each query word named in `positions` (query
+  // word -> value in [0, 1]) the bin token of its value, -100 elsewhere. An lf::Error for a name
+  // that is not a query word of this prompt's vocabulary.
+  at::Tensor query_labels(const at::Tensor& ids, const std::map<std::string, double>& positions) const;
+  // The labels of an encoded prompt in `env`'s current scene: the named queries (position_queries)
+  // and the scene queries (scene_queries); undefined when the prompt has neither.
+  at::Tensor scene_labels(const at::Tensor& ids, const ReachEnv& env) const;
+  bool has_queries() const { return position_queries || scene_queries; }
   // The bin word ("s<k>") of a value in [0, 1] (clamped).
   std::string bin_word(double v) const;
 };

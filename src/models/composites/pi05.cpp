@@ -44,11 +44,32 @@ struct Declared {
   at::Tensor action_in_w, action_in_b, action_out_w, action_out_b, time_in_w, time_in_b, time_out_w, time_out_b;
 };
 
+}  // namespace
+
+at::Tensor sincos2d_position_embedding(const SiglipConfig& sv) {
+  const int64_t side = sv.image_size / sv.patch_size, q = sv.hidden_size / 4;
+  LF_CHECK(q * 4 == sv.hidden_size, "pi05 vision_encoder: sincos2d needs hidden_size divisible by 4, not ",
+           sv.hidden_size);
+  const at::Tensor idx = at::arange(side * side, at::kDouble);
+  const at::Tensor x = at::remainder(idx, side).unsqueeze(1), y = at::floor_divide(idx, side).unsqueeze(1);
+  const at::Tensor omega = at::pow(10000.0, -at::arange(q, at::kDouble) / static_cast<double>(q)).unsqueeze(0);
+  return at::cat({at::sin(x * omega), at::cos(x * omega), at::sin(y * omega), at::cos(y * omega)}, 1).to(at::kFloat);
+}
+
+namespace {
+
 // tp: the TP size the shardings are for (b's group, or a records-only builder's target layout).
 Declared declare(ParamBuilder& b, int tp, const SiglipConfig& sv, const PiGemmaConfig& vlm, const PiGemmaConfig& ex,
                  const Pi05Config& c) {
   using lf::parallel::Sharding;
   constexpr double kStd = 0.02;
+  // A weight matrix of the fresh policy: N(0, 0.02), or N(0, 1 / fan_in) (fan_in: the elements of
+  // one output row, e.g. 3 x patch^2 for the patch embedding, the width for the token embedding).
+  auto init = [&](std::vector<int64_t> shape) {
+    int64_t fan_in = 1;
+    for (size_t i = 1; i < shape.size(); ++i) fan_in *= shape[i];
+    return b.normal(shape, c.init_method == "fan_in" ? 1.0 / std::sqrt(static_cast<double>(fan_in)) : kStd);
+  };
   auto zeros = [&](std::vector<int64_t> s) {
     return b.meta() ? at::empty(s, at::TensorOptions().dtype(at::kFloat).device(c10::kMeta)) : at::zeros(s);
   };
@@ -60,37 +81,38 @@ Declared declare(ParamBuilder& b, int tp, const SiglipConfig& sv, const PiGemmaC
   auto row = Sharding::along(1);
   Declared d;
   const int64_t hv = sv.hidden_size;
-  d.patch_w = b.add(kVision + "embeddings.patch_embedding.weight", b.normal({hv, 3, sv.patch_size, sv.patch_size}, kStd),
+  d.patch_w = b.add(kVision + "embeddings.patch_embedding.weight", init({hv, 3, sv.patch_size, sv.patch_size}),
                     rep, false);
   d.patch_b = b.add(kVision + "embeddings.patch_embedding.bias", zeros({hv}), rep, true);
-  d.pos_emb = b.add(kVision + "embeddings.position_embedding.weight", b.normal({sv.tokens_per_image(), hv}, kStd), rep,
-                    true);
+  at::Tensor pos = init({sv.tokens_per_image(), hv});  // drawn either way: the stream stays the same
+  if (sv.position_embedding_init == "sincos2d" && !b.meta()) pos = sincos2d_position_embedding(sv);
+  d.pos_emb = b.add(kVision + "embeddings.position_embedding.weight", pos, rep, true);
   for (int64_t i = 0; i < sv.num_hidden_layers; ++i) {
     const std::string p = kVision + "encoder.layers." + std::to_string(i) + ".";
     Declared::Vision l;
     l.ln1_w = b.add(p + "layer_norm1.weight", ones({hv}), rep, true);
     l.ln1_b = b.add(p + "layer_norm1.bias", zeros({hv}), rep, true);
-    l.k = b.add(p + "self_attn.k_proj.weight", b.normal({hv, hv}, kStd), col, false);
+    l.k = b.add(p + "self_attn.k_proj.weight", init({hv, hv}), col, false);
     l.k_b = b.add(p + "self_attn.k_proj.bias", zeros({hv}), col, true);
-    l.v = b.add(p + "self_attn.v_proj.weight", b.normal({hv, hv}, kStd), col, false);
+    l.v = b.add(p + "self_attn.v_proj.weight", init({hv, hv}), col, false);
     l.v_b = b.add(p + "self_attn.v_proj.bias", zeros({hv}), col, true);
-    l.q = b.add(p + "self_attn.q_proj.weight", b.normal({hv, hv}, kStd), col, false);
+    l.q = b.add(p + "self_attn.q_proj.weight", init({hv, hv}), col, false);
     l.q_b = b.add(p + "self_attn.q_proj.bias", zeros({hv}), col, true);
-    l.out = b.add(p + "self_attn.out_proj.weight", b.normal({hv, hv}, kStd), row, false);
+    l.out = b.add(p + "self_attn.out_proj.weight", init({hv, hv}), row, false);
     l.out_b = b.add(p + "self_attn.out_proj.bias", zeros({hv}), rep, true);
     l.ln2_w = b.add(p + "layer_norm2.weight", ones({hv}), rep, true);
     l.ln2_b = b.add(p + "layer_norm2.bias", zeros({hv}), rep, true);
-    l.fc1 = b.add(p + "mlp.fc1.weight", b.normal({sv.intermediate_size, hv}, kStd), col, false);
+    l.fc1 = b.add(p + "mlp.fc1.weight", init({sv.intermediate_size, hv}), col, false);
     l.fc1_b = b.add(p + "mlp.fc1.bias", zeros({sv.intermediate_size}), col, true);
-    l.fc2 = b.add(p + "mlp.fc2.weight", b.normal({hv, sv.intermediate_size}, kStd), row, false);
+    l.fc2 = b.add(p + "mlp.fc2.weight", init({hv, sv.intermediate_size}), row, false);
     l.fc2_b = b.add(p + "mlp.fc2.bias", zeros({hv}), rep, true);
     d.vision.push_back(l);
   }
   d.post_ln_w = b.add(kVision + "post_layernorm.weight", ones({hv}), rep, true);
   d.post_ln_b = b.add(kVision + "post_layernorm.bias", zeros({hv}), rep, true);
-  d.proj_w = b.add(kProjector + "weight", b.normal({vlm.width, hv}, kStd), rep, false);
+  d.proj_w = b.add(kProjector + "weight", init({vlm.width, hv}), rep, false);
   d.proj_b = b.add(kProjector + "bias", zeros({vlm.width}), rep, true);
-  d.embed = b.add(kLm + "embed_tokens.weight", b.normal({vlm.vocab_size, vlm.width}, kStd), col, false);
+  d.embed = b.add(kLm + "embed_tokens.weight", init({vlm.vocab_size, vlm.width}), col, false);
 
   // A Gemma stack. Keys/values with fewer heads than TP ranks are replicated: each rank's queries
   // use them, so their gradient is partial per rank (summed over TP by the trainer). The prefix
@@ -114,13 +136,13 @@ Declared declare(ParamBuilder& b, int tp, const SiglipConfig& sv, const PiGemmaC
                    : b.add(p + name, full, s, nwd, partial);
       };
       Declared::Layer l;
-      l.q = add("self_attn.q_proj.weight", b.normal({qd, w}, kStd), col, false);
-      l.k = add("self_attn.k_proj.weight", b.normal({kvd, w}, kStd), kv_split ? col : rep, false, !kv_split);
-      l.v = add("self_attn.v_proj.weight", b.normal({kvd, w}, kStd), kv_split ? col : rep, false, !kv_split);
-      l.o = add("self_attn.o_proj.weight", b.normal({w, qd}, kStd), row, false);
-      l.gate = add("mlp.gate_proj.weight", b.normal({g.mlp_dim, w}, kStd), col, false);
-      l.up = add("mlp.up_proj.weight", b.normal({g.mlp_dim, w}, kStd), col, false);
-      l.down = add("mlp.down_proj.weight", b.normal({w, g.mlp_dim}, kStd), row, false);
+      l.q = add("self_attn.q_proj.weight", init({qd, w}), col, false);
+      l.k = add("self_attn.k_proj.weight", init({kvd, w}), kv_split ? col : rep, false, !kv_split);
+      l.v = add("self_attn.v_proj.weight", init({kvd, w}), kv_split ? col : rep, false, !kv_split);
+      l.o = add("self_attn.o_proj.weight", init({w, qd}), row, false);
+      l.gate = add("mlp.gate_proj.weight", init({g.mlp_dim, w}), col, false);
+      l.up = add("mlp.up_proj.weight", init({g.mlp_dim, w}), col, false);
+      l.down = add("mlp.down_proj.weight", init({w, g.mlp_dim}), row, false);
       if (adaptive) {
         l.in_dense = add("input_layernorm.dense.weight", zeros({3 * w, w}), rep, false);
         l.in_dense_b = add("input_layernorm.dense.bias", zeros({3 * w}), rep, true);
@@ -142,13 +164,13 @@ Declared declare(ParamBuilder& b, int tp, const SiglipConfig& sv, const PiGemmaC
   d.expert_norm_dense = b.add(kExpert + "norm.dense.weight", zeros({3 * ex.width, ex.width}), rep, false);
   d.expert_norm_dense_b = b.add(kExpert + "norm.dense.bias", zeros({3 * ex.width}), rep, true);
   const int64_t we = ex.width, a = c.max_action_dim;
-  d.action_in_w = b.add("action_in_proj.weight", b.normal({we, a}, kStd), rep, false);
+  d.action_in_w = b.add("action_in_proj.weight", init({we, a}), rep, false);
   d.action_in_b = b.add("action_in_proj.bias", zeros({we}), rep, true);
-  d.action_out_w = b.add("action_out_proj.weight", b.normal({a, we}, kStd), rep, false);
+  d.action_out_w = b.add("action_out_proj.weight", init({a, we}), rep, false);
   d.action_out_b = b.add("action_out_proj.bias", zeros({a}), rep, true);
-  d.time_in_w = b.add("time_mlp_in.weight", b.normal({we, we}, kStd), rep, false);
+  d.time_in_w = b.add("time_mlp_in.weight", init({we, we}), rep, false);
   d.time_in_b = b.add("time_mlp_in.bias", zeros({we}), rep, true);
-  d.time_out_w = b.add("time_mlp_out.weight", b.normal({we, we}, kStd), rep, false);
+  d.time_out_w = b.add("time_mlp_out.weight", init({we, we}), rep, false);
   d.time_out_b = b.add("time_mlp_out.bias", zeros({we}), rep, true);
   return d;
 }

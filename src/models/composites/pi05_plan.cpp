@@ -40,6 +40,11 @@ void SiglipConfig::validate(const lf::config::Node& tree, const std::string& pre
                "image_size " + std::to_string(image_size) + " is not a multiple of patch_size " +
                    std::to_string(patch_size),
                "PaliGemma: image_size 224, patch_size 14");
+  if (position_embedding_init == "sincos2d" && hidden_size % 4 != 0)
+    errors.add(prefix + ".position_embedding_init", origin_of(tree, "position_embedding_init"),
+               "sincos2d splits hidden_size into four equal parts (sin x, cos x, sin y, cos y); hidden_size " +
+                   std::to_string(hidden_size) + " is not a multiple of 4",
+               "use a hidden_size divisible by 4 or position_embedding_init: normal");
 }
 
 int64_t PiGemmaConfig::num_parameters(bool adaptive) const {

@@ -41,6 +41,11 @@ struct SiglipConfig {
   int64_t patch_size = 14;
   int64_t image_size = 224;
   double layer_norm_eps = 1e-6;
+  // How the learned position embedding starts: "normal" (N(0, std) as every other matrix) or
+  // "sincos2d" (the 2D sine-cosine code of big_vision's ViT: a quarter of the channels sin(x w),
+  // cos(x w), sin(y w), cos(y w) of the patch's column x and row y, w = 10000^(-k / (width / 4)));
+  // it stays a trained parameter either way.
+  std::string position_embedding_init = "normal";
 
   template <class V>
   void visit(V& v) {
@@ -52,11 +57,19 @@ struct SiglipConfig {
     v("patch_size", patch_size, "Square patch of the patch embedding", Min{1});
     v("image_size", image_size, "Square input resolution (image_size / patch_size)^2 tokens per image", Min{1});
     v("layer_norm_eps", layer_norm_eps, "Epsilon of the LayerNorms", Min{0});
+    v("position_embedding_init", position_embedding_init,
+      "Start of the learned position embedding: normal (as the other weights) or sincos2d (big_vision's 2D "
+      "sine-cosine code; hidden_size a multiple of 4); trained either way",
+      OneOf{{"normal", "sincos2d"}});
   }
   int64_t tokens_per_image() const { return (image_size / patch_size) * (image_size / patch_size); }
   int64_t num_parameters() const;
   void validate(const lf::config::Node& tree, const std::string& prefix, lf::config::ErrorList& errors) const;
 };
+
+// The position embedding position_embedding_init "sincos2d" starts from: [tokens_per_image,
+// hidden_size] float32, row r = the patch in image row r / side, column r % side.
+at::Tensor sincos2d_position_embedding(const SiglipConfig& vision);
 
 // A Gemma decoder as pi0 uses it (openpi's gemma.Config: width, depth, mlp_dim, heads, kv heads,
 // head dim): RMSNorm with (1 + w), GELU-tanh gated MLP, RoPE; the action expert's norms are
@@ -113,6 +126,11 @@ struct Pi05Config {
   // -100 elsewhere), read from the prefix's final-normed outputs. 0: off, as LeRobot's pi05 (the
   // prefix LM's last-layer queries, MLP and final norm are then untrained model state).
   double prefix_lm_loss_weight = 0;
+  // Initialisation of every weight matrix of a fresh policy (biases start at 0, norms at their
+  // identity): "normal" N(0, 0.02) (openpi, transformers), or "fan_in" N(0, 1 / fan_in) (LeCun
+  // normal: fan_in is the matrix's input width, 3 x patch^2 for the patch embedding, the width for
+  // the token embedding). Loaded weights replace either.
+  std::string init_method = "normal";
 
   template <class V>
   void visit(V& v) {
@@ -138,6 +156,10 @@ struct Pi05Config {
       "> 0: add this weight x the prefix LM's cross entropy on the batch's prompt_labels (token ids at prompt "
       "positions, -100 elsewhere; loongforge-data make-demo-reach --position-queries writes them); 0: off",
       Min{0});
+    v("init_method", init_method,
+      "Initialisation of a fresh policy's weight matrices: normal (N(0, 0.02), as openpi) or fan_in (N(0, "
+      "1/fan_in), LeCun normal)",
+      OneOf{{"normal", "fan_in"}});
   }
   void validate(const lf::config::Node& tree, const std::string& prefix, lf::config::ErrorList& errors) const;
 };

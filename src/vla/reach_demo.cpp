@@ -89,15 +89,18 @@ at::Tensor ReachPrompt::query_labels(const at::Tensor& ids, const std::map<std::
   const auto words = vocab();
   const auto t = ids.to(at::kLong).contiguous().view({-1});
   at::Tensor labels = at::full({t.numel()}, -100, at::kLong);
+  const int64_t* in = t.data_ptr<int64_t>();
+  int64_t* out = labels.data_ptr<int64_t>();
+  const auto scene = scene_query_words();
   for (const auto& [word, value] : positions) {
     const auto named = std::find(std::begin(kPositionQueries), std::end(kPositionQueries), word);
-    const auto scene = scene_query_words();
     const bool query = (position_queries && named != std::end(kPositionQueries)) ||
                        (scene_queries && std::find(scene.begin(), scene.end(), word) != scene.end());
     LF_CHECK(query, "reach prompt: '", word, "' is not a query word of this prompt");
     const int64_t id = std::find(words.begin(), words.end(), word) - words.begin();
+    const int64_t bin = std::find(words.begin(), words.end(), bin_word(value)) - words.begin();
     for (int64_t i = 0; i < t.numel(); ++i)
-      if (t[i].item<int64_t>() == id) labels[i] = std::find(words.begin(), words.end(), bin_word(value)) - words.begin();
+      if (in[i] == id) out[i] = bin;
   }
   return labels;
 }

@@ -19,6 +19,17 @@
 namespace {
 using namespace lf::vla;
 
+// The instructed block's and target's centres in env's scene: block x, y, target x, y.
+std::array<double, 4> named_positions(const ReachEnv& env) {
+  const auto [block, target] = env.task();
+  std::array<double, 4> want{};
+  for (const auto& b : env.blocks())
+    if (b.colour == block) want[0] = b.x, want[1] = b.y;
+  for (const auto& t : env.targets())
+    if (t.colour == target) want[2] = t.x, want[3] = t.y;
+  return want;
+}
+
 TEST(ReachDemo, PromptIsTheInstructionWordsThenTheStateBins) {
   ReachPrompt p;  // 32 bins, 16 tokens
   const auto vocab = p.vocab();
@@ -162,14 +173,9 @@ TEST(ReachDemo, PositionQueriesAreLabelledWithTheNamedBlockAndTarget) {
   for (int64_t i = 0; i < m.samples; ++i) {
     const auto s = store.get(i);
     ASSERT_TRUE(s.labels.defined());
-    const auto [block, target] = env.task();
-    std::array<double, 4> want{};
-    for (const auto& b : env.blocks())
-      if (b.colour == block) want[0] = b.x, want[1] = b.y;
-    for (const auto& t : env.targets())
-      if (t.colour == target) want[2] = t.x, want[3] = t.y;
     grasped = grasped || env.held() >= 0;
-    EXPECT_TRUE(at::equal(s.labels, store.meta().prompt.position_labels(s.tokens, want))) << "sample " << i;
+    EXPECT_TRUE(at::equal(s.labels, store.meta().prompt.position_labels(s.tokens, named_positions(env))))
+        << "sample " << i;
     auto step = env.step(expert.infer(obs)[0]);  // episode 0 has no executed-motion noise
     if (step.done) break;
     obs = step.observation;
@@ -242,13 +248,7 @@ TEST(ReachDemo, SceneQueriesAreLabelledWithEveryObject) {
   }
   ASSERT_LT(block_colours.size() + target_colours.size(), 8u) << "seed 11 should lack a colour somewhere";
   // The named queries as position_labels gives them, the rest of the prompt unlabelled.
-  const auto [block, target] = env.task();
-  std::array<double, 4> named{};
-  for (const auto& b : env.blocks())
-    if (b.colour == block) named[0] = b.x, named[1] = b.y;
-  for (const auto& t : env.targets())
-    if (t.colour == target) named[2] = t.x, named[3] = t.y;
-  EXPECT_TRUE(at::equal(labels.narrow(0, 0, 16), p.position_labels(ids, named).narrow(0, 0, 16)));
+  EXPECT_TRUE(at::equal(labels.narrow(0, 0, 16), p.position_labels(ids, named_positions(env)).narrow(0, 0, 16)));
   EXPECT_THROW(p.query_labels(ids, {{"purple_block_x", 0.5}}), lf::Error);
   ReachPrompt named_only;
   named_only.position_queries = true;

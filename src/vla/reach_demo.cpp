@@ -109,12 +109,13 @@ at::Tensor ReachPrompt::position_labels(const at::Tensor& ids, const std::array<
   LF_CHECK(position_queries, "reach prompt: position labels need a prompt with position queries");
   const auto words = vocab();
   const auto t = ids.to(at::kLong).contiguous().view({-1});
+  const int64_t* in = t.data_ptr<int64_t>();
   int found = 0;
   std::map<std::string, double> named;
   for (int q = 0; q < 4; ++q) {
     named[kPositionQueries[q]] = positions[static_cast<size_t>(q)];
     const int64_t id = std::find(words.begin(), words.end(), kPositionQueries[q]) - words.begin();
-    for (int64_t i = 0; i < t.numel(); ++i) found += t[i].item<int64_t>() == id ? 1 : 0;
+    found += static_cast<int>(std::count(in, in + t.numel(), id));
   }
   LF_CHECK(found == 4, "reach prompt: ", found, " position query words in the prompt, expected 4");
   return query_labels(ids, named);

@@ -182,11 +182,18 @@ TEST(Pi05ReachProgram, SceneQueriesAndTheInitialisationKeysTrain) {
   ASSERT_EQ(plain.exit_code, 0) << plain.output;
   EXPECT_NE(plain.output.find("prompts of 32 tokens with position and scene queries"), std::string::npos)
       << plain.output;
-  const auto init = run({"model.init_method=fan_in", "model.vision_encoder.position_embedding_init=sincos2d"}, "init");
-  ASSERT_EQ(init.exit_code, 0) << init.output;
   ASSERT_FALSE(plain.losses.empty());
-  ASSERT_FALSE(init.losses.empty());
-  EXPECT_GT(std::abs(init.losses[0] - plain.losses[0]), 1e-3 * plain.losses[0]);
+  // Each key on its own reaches the model (a different first loss: runs repeat exactly, and the
+  // sin-cos code alone moves it by ~5e-4 relative under the small N(0, 0.02) weights), and both together.
+  for (const auto& keys : std::vector<std::vector<std::string>>{
+           {"model.init_method=fan_in"},
+           {"model.vision_encoder.position_embedding_init=sincos2d"},
+           {"model.init_method=fan_in", "model.vision_encoder.position_embedding_init=sincos2d"}}) {
+    const auto init = run(keys, "init" + std::to_string(keys.size()) + keys[0].substr(6, 4));
+    ASSERT_EQ(init.exit_code, 0) << init.output;
+    ASSERT_FALSE(init.losses.empty());
+    EXPECT_GT(std::abs(init.losses[0] - plain.losses[0]), 1e-5 * plain.losses[0]) << keys.back();
+  }
   const auto bad = run({"model.vision_encoder.position_embedding_init=sincos2d", "model.vision_encoder.hidden_size=18",
                         "model.vision_encoder.num_attention_heads=2"},
                        "bad");

@@ -101,32 +101,35 @@ void bpe_piece(const detail::BpeModel& m, detail::EncoderState& st, std::string_
   };
   if (m.spm) {
     // HF's BPE on characters: a character missing from the vocabulary becomes its bytes' <0xXX>
-    // tokens when all exist (byte_fallback), else the unk token (consecutive ones fused with
-    // fuse_unk), else nothing.
-    bool last_unk = false;
+    // tokens when all exist (byte_fallback), else the unk token, else nothing. As in HF, an unk
+    // is held back until the next character found in the vocabulary (or the piece's end): byte
+    // tokens met meanwhile come before it, and with fuse_unk the unknown characters on either
+    // side of them fuse into that one unk ("a", "€" unknown, "é" as bytes, "€": a <C3> <A9> <unk>).
+    int32_t pending_unk = 0;  // the held-back unk's length in bytes (0: none)
+    auto flush_unk = [&] {
+      if (pending_unk > 0) push(*m.unk, pending_unk);
+      pending_unk = 0;
+    };
     for (size_t i = 0; i < piece.size();) {
       const size_t b = i;
       uint32_t cp;
       if (!unicode::decode_utf8(piece, i, cp)) i = b + 1;
       const std::string_view ch = piece.substr(b, i - b);
       if (auto it = m.vocab.find(ch); it != m.vocab.end()) {
-        push(it->second, static_cast<int32_t>(ch.size())), last_unk = false;
+        flush_unk();
+        push(it->second, static_cast<int32_t>(ch.size()));
         continue;
       }
       if (m.byte_fallback &&
           std::all_of(ch.begin(), ch.end(), [&](char c) { return m.fallback_id[static_cast<unsigned char>(c)] >= 0; })) {
         for (char c : ch) push(m.fallback_id[static_cast<unsigned char>(c)], 1);
-        last_unk = false;
         continue;
       }
       if (!m.unk) continue;
-      if (m.fuse_unk && last_unk) {
-        sym.back().len += static_cast<int32_t>(ch.size());
-      } else {
-        push(*m.unk, static_cast<int32_t>(ch.size()));
-      }
-      last_unk = true;
+      if (pending_unk > 0 && !m.fuse_unk) flush_unk();
+      pending_unk += static_cast<int32_t>(ch.size());
     }
+    flush_unk();
   } else {
     for (unsigned char c : piece) {
       int32_t id = m.byte_id[c];

@@ -21,6 +21,9 @@ Writes into OUT_DIR:
   llama2/tokenizer.json       the same model LLaMA-2-style: Prepend("▁") + Replace, no
                               pre-tokenizer, a Strip decoder
   llama2_unfused/             the same without Fuse before Strip (Strip per token)
+  gemma_partial_bytes/        gemma with 13 byte tokens renamed away: characters with a missing
+  gemma_partial_bytes_unfused/  byte become <unk>, which HF holds back past later byte tokens;
+                              fuse_unk true / false
   expected.json               {variant: {"ids": [[...] per doc], "decoded": [...],
                               "ids_special": [[...] for the first 50 docs, add_special_tokens=True],
                               "decode_cases" (SentencePiece-style variants): [[ids, HF's decode]],
@@ -214,6 +217,17 @@ def main():
     os.makedirs(f"{out}/gemma_eos", exist_ok=True)
     json.dump(eos_suffix, open(f"{out}/gemma_eos/tokenizer.json", "w"), ensure_ascii=False)
     variants["gemma_eos"] = f"{out}/gemma_eos/tokenizer.json"
+    # Byte fallback with byte tokens missing (4-byte UTF-8 leads, some continuation bytes): those
+    # characters become <unk>, which HF holds back past the byte tokens that follow; fused and not.
+    for name, fuse in (("gemma_partial_bytes", True), ("gemma_partial_bytes_unfused", False)):
+        partial = json.loads(json.dumps(gemma))
+        partial["model"]["fuse_unk"] = fuse
+        pv = partial["model"]["vocab"]
+        for b in list(range(0xF0, 0xF5)) + list(range(0x80, 0x88)):
+            pv[f"<nobyte{b:02X}>"] = pv.pop(f"<0x{b:02X}>")
+        os.makedirs(f"{out}/{name}", exist_ok=True)
+        json.dump(partial, open(f"{out}/{name}/tokenizer.json", "w"), ensure_ascii=False)
+        variants[name] = f"{out}/{name}/tokenizer.json"
     spm_variants = ["gemma", "llama2", "llama2_unfused", "gemma_eos"]
 
     with open(f"{out}/docs.jsonl", "w") as f:
@@ -229,6 +243,11 @@ def main():
         expected[name] = {"ids": ids,
                           "decoded": [t.decode(i, skip_special_tokens=False) for i in ids],
                           "ids_special": [t.encode(d).ids for d in docs[:50]]}
+        if name.startswith("gemma_partial_bytes"):
+            # Unknown characters (an emoji: no <0xF0>; "Ā": no <0x80>) around ones that fall back to
+            # bytes ("ꙮ", "ǅ") and ones in the vocabulary.
+            texts = ["🐉ꙮ🐉", "a🐉ꙮb", "x🐉🐉ꙮꙮ🐉y", "ꙮ🐉", "🐉ꙮ", " 🐉 ꙮ🐉 z", "ĀǅĀ", "theĀꙮ🐉ǅ the", "🐉"]
+            expected[name]["unk_cases"] = [[x, t.encode(x, add_special_tokens=False).ids] for x in texts]
         if name in spm_variants:
             # Byte-token runs that are not UTF-8 (one U+FFFD per byte, valid bytes of the run
             # too), runs that are, at either end, and words with leading spaces (Strip).

@@ -20,6 +20,9 @@ struct EncoderState {
   struct Span { uint32_t offset, count; };
   StringMap<Span> cache;  // raw piece bytes -> ids in pool
   std::vector<int32_t> pool;
+  // When set (offsets of a SentencePiece-style encode), bpe_piece appends each token's length in
+  // the piece's bytes here, in step with the ids (an unk's length is the unknown characters').
+  std::vector<int32_t>* lens = nullptr;
   struct Symbol { int32_t id, prev, next, len; };
   std::vector<Symbol> symbols;
   struct Candidate {
@@ -84,10 +87,11 @@ void bpe_piece(const detail::BpeModel& m, detail::EncoderState& st, std::string_
     auto it = m.raw_vocab.find(piece);
     if (it != m.raw_vocab.end()) {
       out.push_back(it->second);
+      if (st.lens) st.lens->push_back(static_cast<int32_t>(piece.size()));
       return;
     }
   }
-  auto hit = st.cache.find(piece);
+  auto hit = st.lens ? st.cache.end() : st.cache.find(piece);  // the cache holds ids, not lengths
   if (hit != st.cache.end()) {
     out.insert(out.end(), st.pool.begin() + hit->second.offset,
                st.pool.begin() + hit->second.offset + hit->second.count);
@@ -171,8 +175,11 @@ void bpe_piece(const detail::BpeModel& m, detail::EncoderState& st, std::string_
   }
   size_t first = out.size();
   for (size_t k = 0; k < sym.size(); ++k)
-    if (sym[k].len > 0) out.push_back(sym[k].id);
-  if (piece.size() <= kMaxCachedWord) {
+    if (sym[k].len > 0) {
+      out.push_back(sym[k].id);
+      if (st.lens) st.lens->push_back(sym[k].len);
+    }
+  if (piece.size() <= kMaxCachedWord && !st.lens) {
     if (st.cache.size() >= kMaxCacheEntries) st.cache.clear(), st.pool.clear();
     uint32_t off = static_cast<uint32_t>(st.pool.size());
     st.pool.insert(st.pool.end(), out.begin() + static_cast<std::ptrdiff_t>(first), out.end());
@@ -284,6 +291,62 @@ std::string normalize(const detail::BpeModel& m, std::string_view seg) {
   return s;
 }
 
+// normalize() with HF's alignments: for each byte of the result, the range of segment bytes it
+// comes from. A byte of the input maps to its whole character; Replace's content maps to the
+// matched bytes; Prepend's content to the first character (HF aligns it there); NFC's recomposed
+// runs to the run.
+using Alignment = std::vector<std::pair<size_t, size_t>>;
+std::string normalize_aligned(const detail::BpeModel& m, std::string_view seg, Alignment& align) {
+  std::string s(seg);
+  align.clear();
+  for (size_t i = 0; i < seg.size();) {
+    const size_t b = i;
+    uint32_t cp;
+    if (!unicode::decode_utf8(seg, i, cp)) i = b + 1;
+    for (size_t k = b; k < i; ++k) align.emplace_back(b, i);
+  }
+  for (const auto& n : m.norm) {
+    Alignment next;
+    std::string r;
+    switch (n.kind) {
+      case detail::NormalizeStep::Kind::nfc: {
+        std::vector<unicode::NfcPiece> pieces;
+        r = unicode::nfc_aligned(s, pieces);
+        next.resize(r.size());
+        for (size_t p = 0; p < pieces.size(); ++p) {
+          const auto& pc = pieces[p];
+          const size_t out_end = p + 1 < pieces.size() ? pieces[p + 1].out_begin : r.size();
+          for (size_t k = pc.out_begin; k < out_end; ++k)
+            next[k] = pc.copied ? align[pc.in_begin + (k - pc.out_begin)]
+                                : std::pair{align[pc.in_begin].first, align[pc.in_end - 1].second};
+        }
+        break;
+      }
+      case detail::NormalizeStep::Kind::prepend:
+        if (s.empty()) continue;
+        r = n.content + s;
+        next.assign(n.content.size(), align.front());
+        next.insert(next.end(), align.begin(), align.end());
+        break;
+      case detail::NormalizeStep::Kind::replace:
+        for (size_t i = 0; i < s.size();) {
+          if (!n.pattern.empty() && s.compare(i, n.pattern.size(), n.pattern) == 0) {
+            r += n.content;
+            next.insert(next.end(), n.content.size(), {align[i].first, align[i + n.pattern.size() - 1].second});
+            i += n.pattern.size();
+          } else {
+            r += s[i];
+            next.push_back(align[i++]);
+          }
+        }
+        break;
+    }
+    s = std::move(r);
+    align = std::move(next);
+  }
+  return s;
+}
+
 void check_utf8(std::string_view text) {
   size_t bad = unicode::find_invalid_utf8(text);
   LF_CHECK(bad == std::string_view::npos, "tokenizer input is not valid UTF-8 at byte ", bad,
@@ -318,9 +381,7 @@ void HfBpeTokenizer::encode_with_offsets(std::string_view text, std::vector<int3
   const auto& m = *model_;
   auto& st = *state_;
   check_utf8(text);
-  LF_CHECK(!m.spm && m.norm.empty(), "token offsets are built for byte-level BPE tokenizers; ", m.path,
-           " is a SentencePiece-style one (byte_fallback or a Replace / Prepend normalizer)",
-           lf::hint("answer-only masks from a chat template need a byte-level BPE tokenizer for now"));
+  if (m.spm || !m.norm.empty()) return encode_with_offsets_aligned(text, out, spans);
   std::vector<unicode::NfcPiece> pieces;
   split_added(
       m, text,
@@ -346,6 +407,52 @@ void HfBpeTokenizer::encode_with_offsets(std::string_view text, std::vector<int3
                  " bytes in ", model_->path,
                  lf::hint("offsets need a byte-level BPE whose tokens spell the text exactly (no "
                           "ByteLevel add_prefix_space, every byte in the vocabulary)"));
+      },
+      [&](int32_t id, size_t b, size_t e) {
+        out.push_back(id);
+        spans.push_back({b, e});
+      });
+}
+
+// SentencePiece-style (and any Replace / Prepend normalizer): each token's bytes in the normalized
+// segment are its BPE symbol lengths back to back (HF's Word offsets: an unk held back past byte
+// tokens is placed by its length where it lands, as HF places it), mapped to the input through the
+// normalizer's alignments.
+void HfBpeTokenizer::encode_with_offsets_aligned(std::string_view text, std::vector<int32_t>& out,
+                                                 std::vector<ByteSpan>& spans) {
+  const auto& m = *model_;
+  auto& st = *state_;
+  std::vector<int32_t> lens;
+  Alignment align;
+  split_added(
+      m, text,
+      [&](std::string_view seg, size_t seg_off) {
+        if (seg.empty()) return;
+        const std::string norm = normalize_aligned(m, seg, align);
+        const size_t first = out.size();
+        lens.clear();
+        st.lens = &lens;
+        try {
+          pre_tokenize(m, st, 0, norm, out);
+        } catch (...) {
+          st.lens = nullptr;
+          throw;
+        }
+        st.lens = nullptr;
+        LF_CHECK(lens.size() == out.size() - first, "token offsets: ", lens.size(), " lengths for ",
+                 out.size() - first, " tokens in ", m.path);
+        size_t total = 0;
+        for (int32_t len : lens) total += static_cast<size_t>(len);
+        LF_CHECK(total <= norm.size(), "token offsets: the tokens of a ", norm.size(), "-byte normalized segment hold ",
+                 total, " bytes in ", m.path,
+                 lf::hint("offsets need tokens that spell the normalized text (no ByteLevel add_prefix_space "
+                          "after a Replace / Prepend normalizer)"));
+        size_t pos = 0;
+        for (int32_t len : lens) {
+          const size_t b = pos, e = pos + static_cast<size_t>(len);
+          pos = e;
+          spans.push_back({seg_off + align[b].first, seg_off + align[e - 1].second});
+        }
       },
       [&](int32_t id, size_t b, size_t e) {
         out.push_back(id);

@@ -14,9 +14,12 @@ variant, loadable with transformers.AutoTokenizer:
   qwen3_marked/   marked Qwen3 in tokenizer_config.json as a list: "default" (marked) and "plain"
   llama3/         Llama-3.1/3.3-Instruct's template (bos as an AddedToken dict)
   llama3_marked/  marked Llama 3, as chat_template.jinja
+  gemma2/         Gemma 2's template over a Gemma-style SentencePiece BPE (Replace " " -> "▁",
+                  byte fallback, <start_of_turn> / <end_of_turn> special tokens)
+  gemma2_marked/  the same with {% generation %} around each model turn's content and end token
 Marked variants render exactly the text of the original (checked here).
 
-Also writes conversations_{qwen,llama}.jsonl and expected.json: a list of runs
+Also writes conversations_{qwen,llama,gemma}.jsonl and expected.json: a list of runs
   {"variant", "conversations", "add_generation_prompt", "kwargs", "input_ids": [[...]],
    "masks": [[...]] (transformers' assistant_masks), "rule_masks": [[...]] (unmarked variants: the
    rendering rule of docs/data.md, re-implemented here)}
@@ -187,6 +190,18 @@ EXTRA_CONVERSATIONS = [
                   {"role": "user", "content": "c ✓"}]},
 ]
 
+# Gemma 2's template: user / assistant turns alternating from the user, no system or tool roles.
+GEMMA_CONVERSATIONS = [
+    {"messages": [{"role": "user", "content": "What is 2+2?"},
+                  {"role": "assistant", "content": "  2+2 = 4.\n"}]},
+    {"messages": [{"role": "user", "content": "你好！请介绍一下北京。"},
+                  {"role": "assistant", "content": "北京是中国的首都 🏯，历史悠久。"},
+                  {"role": "user", "content": "Et Zürich?  Café, naïve, résumé… 😀👍🏽"},
+                  {"role": "assistant", "content": "Zürich liegt in der Schweiz 🇨🇭.\nÇa  va très bien ꙮ."}]},
+    {"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": " b "},
+                  {"role": "user", "content": "c ✓ and a question left open?"}]},
+]
+
 LLAMA_CONVERSATIONS = [
     {"messages": [{"role": "system", "content": "  You are a helpful assistant.  "},
                   {"role": "user", "content": "What is 2+2?"},
@@ -215,7 +230,7 @@ def train_tokenizer(out_dir):
     corpus = []
     for name in os.listdir(os.path.join(HERE, "chat_templates")):
         corpus.append(read(name))
-    for c in QWEN_CONVERSATIONS + LLAMA_CONVERSATIONS:
+    for c in QWEN_CONVERSATIONS + LLAMA_CONVERSATIONS + GEMMA_CONVERSATIONS:
         corpus.append(json.dumps(c, ensure_ascii=False))
         for m in c["messages"]:
             corpus.append(str(m.get("content") or ""))
@@ -227,6 +242,39 @@ def train_tokenizer(out_dir):
     path = os.path.join(out_dir, "tokenizer.json")
     tok.save(path)
     return path
+
+
+def train_gemma_tokenizer(out_dir):
+    """Gemma-style SentencePiece BPE: Replace(" ", "▁"), Split(" ", MergedWithPrevious), byte
+    fallback (the 256 <0xXX> tokens in the vocabulary), unk, a small alphabet so that rarer
+    characters fall back to bytes; the turn markers are special added tokens."""
+    tok = Tokenizer(models.BPE(unk_token="<unk>", byte_fallback=True, fuse_unk=True))
+    tok.normalizer = normalizers.Replace(" ", "▁")
+    tok.pre_tokenizer = pre_tokenizers.Split(" ", "merged_with_previous")
+    tok.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse()])
+    corpus = [read(name) for name in os.listdir(os.path.join(HERE, "chat_templates"))]
+    for c in GEMMA_CONVERSATIONS + LLAMA_CONVERSATIONS:
+        corpus += [str(m.get("content") or "") for m in c["messages"]]
+    trainer = trainers.BpeTrainer(vocab_size=700, special_tokens=["<pad>", "<eos>", "<bos>", "<unk>",
+                                                                  "<start_of_turn>", "<end_of_turn>"],
+                                  limit_alphabet=70, show_progress=False)
+    tok.train_from_iterator(corpus * 3, trainer)
+    data = json.loads(tok.to_str())
+    vocab = data["model"]["vocab"]
+    for b in range(256):
+        vocab.setdefault(f"<0x{b:02X}>", len(vocab))
+    os.makedirs(out_dir, exist_ok=True)
+    path = os.path.join(out_dir, "tokenizer.json")
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(data, f, ensure_ascii=False)
+    return path
+
+
+def mark_gemma2(t):
+    return replace_once(t, r"""{{ '<start_of_turn>' + role + '\n' + message['content'] | trim + '<end_of_turn>\n' }}""",
+                        r"""{% if role == 'model' %}{{ '<start_of_turn>model\n' }}{% generation %}"""
+                        r"""{{ message['content'] | trim + '<end_of_turn>' }}{% endgeneration %}{{ '\n' }}"""
+                        r"""{% else %}{{ '<start_of_turn>' + role + '\n' + message['content'] | trim + '<end_of_turn>\n' }}{% endif %}""")
 
 
 def write_variant(out, name, tokenizer_json, config, jinja=None):
@@ -305,8 +353,13 @@ def main():
                                                 {"name": "plain", "template": q3}]))
     write_variant(out, "llama3", tokenizer_json, dict(llama_cfg, chat_template=ll))
     write_variant(out, "llama3_marked", tokenizer_json, llama_cfg, jinja=mark_llama3(ll))
+    gemma_json = train_gemma_tokenizer(os.path.join(out, "gemma_base"))
+    g2 = read("google-gemma-2-2b-it.jinja")
+    gemma_cfg = {"bos_token": "<bos>", "eos_token": "<eos>", "pad_token": "<pad>", "unk_token": "<unk>"}
+    write_variant(out, "gemma2", gemma_json, dict(gemma_cfg, chat_template=g2))
+    write_variant(out, "gemma2_marked", gemma_json, dict(gemma_cfg, chat_template=mark_gemma2(g2)))
 
-    for name, convs in (("qwen", QWEN_CONVERSATIONS), ("llama", LLAMA_CONVERSATIONS)):
+    for name, convs in (("qwen", QWEN_CONVERSATIONS), ("llama", LLAMA_CONVERSATIONS), ("gemma", GEMMA_CONVERSATIONS)):
         with open(os.path.join(out, f"conversations_{name}.jsonl"), "w", encoding="utf-8") as f:
             for c in convs:
                 f.write(json.dumps(c, ensure_ascii=False) + "\n")
@@ -314,9 +367,9 @@ def main():
     from transformers import AutoTokenizer
     runs = []
     plan = [("qwen25", "qwen", [{}]), ("qwen3", "qwen", [{}, {"enable_thinking": False}]),
-            ("llama3", "llama", [{}, {"date_string": "01 Jan 2025"}])]
+            ("llama3", "llama", [{}, {"date_string": "01 Jan 2025"}]), ("gemma2", "gemma", [{}])]
     for family, conv_name, kwarg_sets in plan:
-        convs = QWEN_CONVERSATIONS if conv_name == "qwen" else LLAMA_CONVERSATIONS
+        convs = {"qwen": QWEN_CONVERSATIONS, "llama": LLAMA_CONVERSATIONS, "gemma": GEMMA_CONVERSATIONS}[conv_name]
         plain = AutoTokenizer.from_pretrained(os.path.join(out, family))
         marked = AutoTokenizer.from_pretrained(os.path.join(out, family + "_marked"))
         for kwargs in kwarg_sets:

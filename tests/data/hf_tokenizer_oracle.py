@@ -28,7 +28,10 @@ Writes into OUT_DIR:
                               "ids_special": [[...] for the first 50 docs, add_special_tokens=True],
                               "decode_cases" (SentencePiece-style variants): [[ids, HF's decode]],
                               "truncated" (same): [[max_length, [ids with special tokens, truncated]
-                                                    for the first 20 docs]]}}
+                                                    for the first 20 docs]],
+                              "offsets" (same, gemma_partial_bytes*): [[[begin, end] byte offsets per
+                                                    token] for the first 80 docs],
+                              "unk_cases" (gemma_partial_bytes*): [[text, ids]]}}
   nfc.json                    [[text, NFC(text)], ...] from unicodedata
 """
 import json
@@ -243,6 +246,14 @@ def main():
         expected[name] = {"ids": ids,
                           "decoded": [t.decode(i, skip_special_tokens=False) for i in ids],
                           "ids_special": [t.encode(d).ids for d in docs[:50]]}
+        if name in spm_variants or name.startswith("gemma_partial_bytes"):
+            # HF's offsets (characters in Python) as byte offsets, for encode_with_offsets.
+            def byte_offsets(text, enc):
+                at = [0]
+                for c in text:
+                    at.append(at[-1] + len(c.encode()))
+                return [[at[b], at[e]] for b, e in enc.offsets]
+            expected[name]["offsets"] = [byte_offsets(d, t.encode(d, add_special_tokens=False)) for d in docs[:80]]
         if name.startswith("gemma_partial_bytes"):
             # Unknown characters (an emoji: no <0xF0>; "Ā": no <0x80>) around ones that fall back to
             # bytes ("ꙮ", "ǅ") and ones in the vocabulary.

@@ -1,5 +1,5 @@
 // Chat templates end to end: `loongforge-data render-chat` equals transformers' apply_chat_template
-// (input_ids and assistant_masks, token for token) on Qwen2.5, Qwen3 and Llama 3.x's shipped
+// (input_ids and assistant_masks, token for token) on Qwen2.5, Qwen3, Llama 3.x and Gemma 2 (over a SentencePiece-style tokenizer) shipped
 // templates and their {% generation %}-marked variants (tests/data/chat_template_oracle.py), and
 // renders Gemma 2, Mistral Nemo and DeepSeek-R1 templates to transformers' text;
 // the rendering-based masks of the unmarked templates follow docs/data.md's rule and equal the
@@ -88,7 +88,8 @@ TEST(ChatTemplate, RenderChatEqualsTransformersOnMarkedTemplates) {
       ++compared;
     }
   }
-  EXPECT_EQ(compared, 2 * 6 + 4 * 6 + 4 * 3);  // qwen25 (1 kwargs set), qwen3 (2), llama3 (2); agp both ways
+  // qwen25 (1 kwargs set), qwen3 (2), llama3 (2), gemma2 (1: a SentencePiece-style tokenizer); agp both ways
+  EXPECT_EQ(compared, 2 * 6 + 4 * 6 + 4 * 3 + 2 * 3);
 }
 
 TEST(ChatTemplate, RenderedMasksOfUnmarkedTemplatesFollowTheRuleAndEqualTheMarkedOnes) {
@@ -121,7 +122,7 @@ TEST(ChatTemplate, RenderedMasksOfUnmarkedTemplatesFollowTheRuleAndEqualTheMarke
       }
     }
   }
-  EXPECT_EQ(equal_to_marked, 2 * 6 + 2 * 6 + 4 * 3);
+  EXPECT_EQ(equal_to_marked, 2 * 6 + 2 * 6 + 4 * 3 + 2 * 3);
 }
 
 TEST(ChatTemplate, ShippedTemplatesRenderTheTextTransformersRenders) {

@@ -168,14 +168,46 @@ TEST(HfTokenizer, SentencePieceStyleSpecificsMatchHf) {
   EXPECT_EQ(ids[0], *gemma.token_to_id("<0xE4>"));
   EXPECT_EQ(gemma.decode(ids), "\xe4\xbd\xa0");
   EXPECT_EQ(gemma.encode_with_special_tokens("").size(), 1u);  // <bos> alone
-  std::vector<int32_t> out;
-  std::vector<lf::data::ByteSpan> spans;
-  try {
-    gemma.encode_with_offsets("a b", out, spans);
-    FAIL() << "offsets of a SentencePiece-style tokenizer should be refused";
-  } catch (const lf::Error& e) {
-    EXPECT_NE(std::string(e.what()).find("token offsets are built for byte-level BPE"), std::string::npos) << e.what();
+}
+
+// Token offsets of SentencePiece-style tokenizers (chat masks need them): HF's, in bytes, on the
+// corpus: Replace's "▁" maps to its space, Prepend's to the first character, a byte-fallback token
+// to its whole character; with byte tokens missing, the held-back unk where HF puts it.
+TEST(HfTokenizer, SentencePieceStyleOffsetsMatchHf) {
+  const json expected = read_json(oracle_dir() + "/expected.json");
+  const auto docs = read_docs(oracle_dir() + "/docs.jsonl");
+  for (const char* variant : {"gemma", "llama2", "gemma_eos", "gemma_partial_bytes", "gemma_partial_bytes_unfused"}) {
+    HfBpeTokenizer tok(oracle_dir() + "/" + variant);
+    const auto& want = expected.at(variant).at("offsets");
+    ASSERT_EQ(want.size(), 80u) << variant;
+    size_t tokens = 0, differ = 0;
+    for (size_t i = 0; i < want.size(); ++i) {
+      std::vector<int32_t> ids;
+      std::vector<lf::data::ByteSpan> spans;
+      tok.encode_with_offsets(docs[i], ids, spans);
+      ASSERT_EQ(ids, expected.at(variant).at("ids")[i].get<std::vector<int32_t>>()) << variant << " doc " << i;
+      ASSERT_EQ(spans.size(), ids.size()) << variant << " doc " << i;
+      for (size_t k = 0; k < spans.size(); ++k, ++tokens) {
+        const auto w = want[i][k].get<std::array<size_t, 2>>();
+        if ((spans[k].begin != w[0] || spans[k].end != w[1]) && differ++ < 3)
+          ADD_FAILURE() << variant << " doc " << i << " token " << k << ": [" << spans[k].begin << ", " << spans[k].end
+                        << ") vs HF [" << w[0] << ", " << w[1] << ")";
+      }
+    }
+    EXPECT_EQ(differ, 0u) << variant << ", " << tokens << " tokens";
   }
+  // Added tokens keep their content's range between normalized segments.
+  HfBpeTokenizer gemma(oracle_dir() + "/gemma");
+  std::vector<int32_t> ids;
+  std::vector<lf::data::ByteSpan> spans;
+  gemma.encode_with_offsets("a<eos> b", ids, spans);
+  ASSERT_EQ(ids.size(), spans.size());
+  const auto eos = std::find(ids.begin(), ids.end(), *gemma.token_to_id("<eos>"));
+  ASSERT_NE(eos, ids.end());
+  const auto& e = spans[static_cast<size_t>(eos - ids.begin())];
+  EXPECT_EQ(e.begin, 1u);
+  EXPECT_EQ(e.end, 6u);
+  EXPECT_EQ(spans.back().end, 8u);
 }
 
 TEST(HfTokenizer, NfcMatchesUnicodedata) {

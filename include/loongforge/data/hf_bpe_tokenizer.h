@@ -55,6 +55,8 @@ class HfBpeTokenizer final : public Tokenizer {
 
  private:
   HfBpeTokenizer(std::shared_ptr<const detail::BpeModel> model);
+  // encode_with_offsets for SentencePiece-style tokenizers and Replace / Prepend normalizers.
+  void encode_with_offsets_aligned(std::string_view text, std::vector<int32_t>& out, std::vector<ByteSpan>& spans);
   std::shared_ptr<const detail::BpeModel> model_;
   std::unique_ptr<detail::EncoderState> state_;
 };

@@ -25,8 +25,10 @@ class Tokenizer {
   // Appends the ids of text to out. Not const: encoders keep a cache, so an instance serves one
   // thread at a time; clone() one per thread (clones share the immutable model).
   virtual void encode_into(std::string_view text, std::vector<int32_t>& out) = 0;
-  // encode_into that also appends each token's byte range in text to spans: a byte-level token
-  // covers its bytes, an added token its content (chat masks map template spans to tokens).
+  // encode_into that also appends each token's byte range in text to spans, as HF's offsets
+  // (in bytes): a byte-level token covers its bytes, a SentencePiece-style one the characters it
+  // was normalized from (a byte-fallback token its whole character), an added token its content
+  // (chat masks map template spans to tokens).
   virtual void encode_with_offsets(std::string_view text, std::vector<int32_t>& out,
                                    std::vector<ByteSpan>& spans) = 0;
   // The content of an added (special or not) token id, nullopt for a vocabulary token.

@@ -294,7 +294,7 @@ std::string normalize(const detail::BpeModel& m, std::string_view seg) {
 // normalize() with HF's alignments: for each byte of the result, the range of segment bytes it
 // comes from. A byte of the input maps to its whole character; Replace's content maps to the
 // matched bytes; Prepend's content to the first character (HF aligns it there); NFC's recomposed
-// runs to the run.
+// characters to the input characters in order (a composed character to its base).
 using Alignment = std::vector<std::pair<size_t, size_t>>;
 std::string normalize_aligned(const detail::BpeModel& m, std::string_view seg, Alignment& align) {
   std::string s(seg);
@@ -316,9 +316,33 @@ std::string normalize_aligned(const detail::BpeModel& m, std::string_view seg, A
         for (size_t p = 0; p < pieces.size(); ++p) {
           const auto& pc = pieces[p];
           const size_t out_end = p + 1 < pieces.size() ? pieces[p + 1].out_begin : r.size();
-          for (size_t k = pc.out_begin; k < out_end; ++k)
-            next[k] = pc.copied ? align[pc.in_begin + (k - pc.out_begin)]
-                                : std::pair{align[pc.in_begin].first, align[pc.in_end - 1].second};
+          if (pc.copied) {
+            for (size_t k = pc.out_begin; k < out_end; ++k) next[k] = align[pc.in_begin + (k - pc.out_begin)];
+            continue;
+          }
+          // A recomposed run, aligned as HF's NFC aligns it: both sides decomposed (NFD) line up
+          // code point for code point, and each output character takes the alignment of the input
+          // character whose decomposition holds the code point its own starts at. "e" U+0301 ->
+          // "é" on the "e"; "A" U+0301 U+0316 -> "Á" on the "A" and U+0316 on itself; the
+          // reordered "q" U+0307 U+0323 -> "q" U+0323 U+0307 by position.
+          std::vector<std::pair<size_t, size_t>> in;  // (NFD position where it starts, byte offset)
+          size_t at = 0;
+          for (size_t i = pc.in_begin; i < pc.in_end;) {
+            const size_t b = i;
+            uint32_t c = 0xFFFD;
+            if (!unicode::decode_utf8(s, i, c)) i = b + 1;
+            in.emplace_back(at, b);
+            at += unicode::decomposition_length(c);
+          }
+          at = 0;
+          for (size_t k = pc.out_begin; k < out_end;) {
+            const size_t b = k;
+            uint32_t c = 0xFFFD;
+            if (!unicode::decode_utf8(r, k, c)) k = b + 1;
+            auto it = std::upper_bound(in.begin(), in.end(), std::pair{at, SIZE_MAX}) - 1;  // in[0] starts at 0
+            for (size_t x = b; x < k; ++x) next[x] = align[it->second];
+            at += unicode::decomposition_length(c);
+          }
         }
         break;
       }

@@ -252,6 +252,15 @@ std::string nfc_aligned(std::string_view s, std::vector<NfcPiece>& pieces) {
   return out;
 }
 
+size_t decomposition_length(uint32_t cp) {
+  std::vector<uint32_t> d;
+  decompose(cp, d);
+  if (d.size() == 1 && d[0] == cp) return 1;
+  size_t n = 0;
+  for (uint32_t c : d) n += decomposition_length(c);  // the table's entries may decompose further
+  return n;
+}
+
 size_t nfc_input_offset(const std::vector<NfcPiece>& pieces, size_t out, bool at_end) {
   // The piece holding `out`: the last that starts at or before it (for an end offset, before it).
   auto it = at_end ? std::lower_bound(pieces.begin(), pieces.end(), out,

@@ -20,6 +20,8 @@ std::string utf8_lossy(std::string_view s);
 
 // True when s is certainly NFC without work (no code point that NFC could change).
 bool nfc_unchanged(std::string_view s);
+// The number of code points in cp's full canonical decomposition (1 when it has none).
+size_t decomposition_length(uint32_t cp);
 // Canonical composition (NFC) of valid UTF-8 s.
 std::string nfc(std::string_view s);
 

@@ -21,6 +21,7 @@ Writes into OUT_DIR:
   llama2/tokenizer.json       the same model LLaMA-2-style: Prepend("▁") + Replace, no
                               pre-tokenizer, a Strip decoder
   llama2_unfused/             the same without Fuse before Strip (Strip per token)
+  gemma_nfc/                  gemma with Sequence[NFC, Replace] as its normalizer
   gemma_partial_bytes/        gemma with 13 byte tokens renamed away: characters with a missing
   gemma_partial_bytes_unfused/  byte become <unk>, which HF holds back past later byte tokens;
                               fuse_unk true / false
@@ -220,6 +221,12 @@ def main():
     os.makedirs(f"{out}/gemma_eos", exist_ok=True)
     json.dump(eos_suffix, open(f"{out}/gemma_eos/tokenizer.json", "w"), ensure_ascii=False)
     variants["gemma_eos"] = f"{out}/gemma_eos/tokenizer.json"
+    # NFC before Replace (a Sequence normalizer): offsets through both alignments.
+    nfc_spm = json.loads(json.dumps(gemma))
+    nfc_spm["normalizer"] = {"type": "Sequence", "normalizers": [{"type": "NFC"}, gemma["normalizer"]]}
+    os.makedirs(f"{out}/gemma_nfc", exist_ok=True)
+    json.dump(nfc_spm, open(f"{out}/gemma_nfc/tokenizer.json", "w"), ensure_ascii=False)
+    variants["gemma_nfc"] = f"{out}/gemma_nfc/tokenizer.json"
     # Byte fallback with byte tokens missing (4-byte UTF-8 leads, some continuation bytes): those
     # characters become <unk>, which HF holds back past the byte tokens that follow; fused and not.
     for name, fuse in (("gemma_partial_bytes", True), ("gemma_partial_bytes_unfused", False)):
@@ -231,7 +238,7 @@ def main():
         os.makedirs(f"{out}/{name}", exist_ok=True)
         json.dump(partial, open(f"{out}/{name}/tokenizer.json", "w"), ensure_ascii=False)
         variants[name] = f"{out}/{name}/tokenizer.json"
-    spm_variants = ["gemma", "llama2", "llama2_unfused", "gemma_eos"]
+    spm_variants = ["gemma", "llama2", "llama2_unfused", "gemma_eos", "gemma_nfc"]
 
     with open(f"{out}/docs.jsonl", "w") as f:
         for d in docs:

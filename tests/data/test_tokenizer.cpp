@@ -132,6 +132,7 @@ TEST(HfTokenizer, SentencePieceStyleDecodeMatchesHf) {
 }
 
 TEST(HfTokenizer, GemmaStyleWithEosSuffixMatchesHf) { expect_parity("gemma_eos"); }
+TEST(HfTokenizer, NfcBeforeReplaceMatchesHf) { expect_parity("gemma_nfc"); }
 
 // HF's truncation=True, max_length=N with add_special_tokens: the text is cut, the template's
 // prefix and suffix (<eos> here) stay; N below the template's tokens is refused.
@@ -172,11 +173,13 @@ TEST(HfTokenizer, SentencePieceStyleSpecificsMatchHf) {
 
 // Token offsets of SentencePiece-style tokenizers (chat masks need them): HF's, in bytes, on the
 // corpus: Replace's "▁" maps to its space, Prepend's to the first character, a byte-fallback token
-// to its whole character; with byte tokens missing, the held-back unk where HF puts it.
+// to its whole character, an NFC-composed character to its base; with byte tokens missing, the
+// held-back unk where HF puts it.
 TEST(HfTokenizer, SentencePieceStyleOffsetsMatchHf) {
   const json expected = read_json(oracle_dir() + "/expected.json");
   const auto docs = read_docs(oracle_dir() + "/docs.jsonl");
-  for (const char* variant : {"gemma", "llama2", "gemma_eos", "gemma_partial_bytes", "gemma_partial_bytes_unfused"}) {
+  for (const char* variant :
+       {"gemma", "llama2", "gemma_eos", "gemma_nfc", "gemma_partial_bytes", "gemma_partial_bytes_unfused"}) {
     HfBpeTokenizer tok(oracle_dir() + "/" + variant);
     const auto& want = expected.at(variant).at("offsets");
     ASSERT_EQ(want.size(), 80u) << variant;

@@ -142,7 +142,7 @@ TEST(EvalProgram, ExpertSucceedsRandomFailsAndTheReport) {
   EXPECT_EQ(rep["policy"], "expert");
   EXPECT_EQ(rep["episodes"], 100);
   ASSERT_EQ(rep["per_episode"].size(), 100u);
-  int64_t ok = 0;
+  int64_t ok = 0, held = 0;
   for (size_t e = 0; e < 100; ++e) {
     const auto& ep = rep["per_episode"][e];
     EXPECT_EQ(ep["seed"], e);  // --seed 0
@@ -150,8 +150,17 @@ TEST(EvalProgram, ExpertSucceedsRandomFailsAndTheReport) {
     EXPECT_EQ(ep["policy_calls"].get<int64_t>(), (ep["steps"].get<int64_t>() + 9) / 10);  // chunks of 10
     EXPECT_TRUE(ep.contains("instruction"));
     ok += ep["success"].get<bool>();
+    // The expert goes for the named block first: its colour is the instruction's first colour word.
+    const std::string instruction = ep["instruction"];
+    ASSERT_TRUE(ep["first_block_held"].is_string()) << instruction;
+    EXPECT_EQ(instruction.rfind("put the " + ep["first_block_held"].get<std::string>() + " block", 0), 0u) << instruction;
+    EXPECT_FALSE(ep.contains("closest_to_instructed_block"));
+    held += 1;
   }
   EXPECT_EQ(ok, rep["successes"].get<int64_t>());
+  EXPECT_EQ(rep["first_held_instructed"], held);
+  EXPECT_EQ(rep["first_held_other"], 0);
+  EXPECT_NE(r.output.find("first block held: the instructed one 100/100, another 0/100"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("success rate: " + std::to_string(ok) + "/100"), std::string::npos) << r.output;
 
   r = eval({"--policy", "random", "--episodes", "100", "--seed", "1000", "--report", d + "/random.json"});
@@ -161,6 +170,23 @@ TEST(EvalProgram, ExpertSucceedsRandomFailsAndTheReport) {
   EXPECT_LT(rep["success_rate"].get<double>(), 0.05);
   EXPECT_EQ(rep["per_episode"][0]["seed"], 1000);
   EXPECT_EQ(rep["per_episode"][0]["steps"], 100);  // the step limit
+  // Random motion rarely holds the named block first; the closest approach is reported otherwise
+  // (a distance on the table, 0 .. sqrt(2)).
+  int64_t instructed = 0, other = 0;
+  for (const auto& ep : rep["per_episode"]) {
+    const bool first = ep["first_block_held"].is_string() &&
+                       ep["instruction"].get<std::string>().rfind("put the " + ep["first_block_held"].get<std::string>(), 0) == 0;
+    instructed += first;
+    other += ep["first_block_held"].is_string() && !first;
+    if (!first) {
+      ASSERT_TRUE(ep["closest_to_instructed_block"].is_number()) << ep.dump();
+      EXPECT_GE(ep["closest_to_instructed_block"].get<double>(), 0.0);
+      EXPECT_LE(ep["closest_to_instructed_block"].get<double>(), 1.5);
+    }
+  }
+  EXPECT_EQ(rep["first_held_instructed"], instructed);
+  EXPECT_EQ(rep["first_held_other"], other);
+  EXPECT_LT(instructed, 50);
   // The same flags, the same episodes.
   r = eval({"--policy", "random", "--episodes", "100", "--seed", "1000", "--report", d + "/random2.json"});
   ASSERT_EQ(r.exit_code, 0) << r.output;
@@ -176,6 +202,8 @@ TEST(EvalProgram, InstructionSwapReplanChunkAndStepLimit) {
   EXPECT_GE(rep["success_rate"].get<double>(), 0.95);
   EXPECT_EQ(rep["original_task_done"], 0);
   EXPECT_NE(r.output.find("original task done: 0/30"), std::string::npos) << r.output;
+  EXPECT_EQ(rep["first_held_original"], 0);  // nor does it go for the original instruction's block
+  EXPECT_GE(rep["first_held_instructed"].get<int64_t>(), 29);
   const auto& ep = rep["per_episode"][0];
   EXPECT_NE(ep["instruction"], ep["original_instruction"]);
 

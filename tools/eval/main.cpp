@@ -10,11 +10,14 @@
 #include <ATen/core/Tensor.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <limits>
 #include <nlohmann/json.hpp>
 
 #include "loongforge/core/error.h"
@@ -74,7 +77,7 @@ int run(const Options& o) {
   if (!o.save_gif.empty()) std::filesystem::create_directories(o.save_gif);
 
   nlohmann::json episodes = nlohmann::json::array();
-  int64_t successes = 0, original_done = 0;
+  int64_t successes = 0, original_done = 0, picked_instructed = 0, picked_other = 0, picked_original = 0;
   const auto t0 = std::chrono::steady_clock::now();
   for (int64_t e = 0; e < o.episodes; ++e) {
     const uint64_t seed = o.seed + static_cast<uint64_t>(e);
@@ -83,6 +86,18 @@ int run(const Options& o) {
     const bool gif = !o.save_gif.empty() && e < o.gif_episodes;
     std::vector<lf::media::Image> frames;
     if (gif) frames.push_back(upscale(env.render(), 4));
+    // Progress short of success: the first block the gripper held, and how close it came to the
+    // instructed block before holding it.
+    const int64_t want_block = env.task().first;
+    int64_t first_held = -1;
+    double closest = std::numeric_limits<double>::infinity();
+    auto track = [&] {
+      if (first_held < 0 && env.held() >= 0) first_held = env.blocks()[static_cast<size_t>(env.held())].colour;
+      if (first_held >= 0) return;
+      for (const auto& b : env.blocks())
+        if (b.colour == want_block) closest = std::min(closest, std::hypot(b.x - env.gripper_x(), b.y - env.gripper_y()));
+    };
+    track();
     int64_t calls = 0;
     while (!env.done()) {
       const at::Tensor chunk = policy->infer(obs);
@@ -92,6 +107,7 @@ int run(const Options& o) {
       const int64_t k = o.replan_steps > 0 ? std::min(o.replan_steps, chunk.size(0)) : chunk.size(0);
       for (int64_t i = 0; i < k && !env.done(); ++i) {
         obs = env.step(chunk[i]).observation;
+        track();
         if (gif) frames.push_back(upscale(env.render(), 4));
       }
     }
@@ -100,11 +116,19 @@ int run(const Options& o) {
     const bool original = env.task_done(ob, ot);
     successes += ok;
     original_done += original;
+    picked_instructed += first_held == want_block;
+    picked_other += first_held >= 0 && first_held != want_block;
+    if (first_held >= 0 && first_held == env.original_task().first) ++picked_original;
     nlohmann::json ep = {{"episode", e},  {"seed", seed},   {"instruction", env.instruction()},
                          {"success", ok}, {"steps", env.steps()}, {"policy_calls", calls}};
     // Where the episode ended (gripper x, y, grip): two runs with the same per_episode took the same path.
     const at::Tensor last = obs.first_of({"observation/state"}).to(at::kFloat).contiguous().view({-1});
     ep["final_state"] = std::vector<float>(last.data_ptr<float>(), last.data_ptr<float>() + last.numel());
+    // The first block held (its colour, null if none) and the gripper's closest approach to the
+    // instructed block before that (table units; the grasp radius is the bar to reach).
+    ep["first_block_held"] = first_held >= 0 ? nlohmann::json(lf::vla::reach_colours()[static_cast<size_t>(first_held)])
+                                             : nlohmann::json(nullptr);
+    if (first_held != want_block) ep["closest_to_instructed_block"] = closest;
     if (o.instruction_swap) {
       ep["original_instruction"] = lf::vla::reach_instruction(ob, ot);
       ep["original_task_done"] = original;
@@ -122,6 +146,12 @@ int run(const Options& o) {
             << o.seed << ".." << o.seed + static_cast<uint64_t>(o.episodes) - 1 << ")"
             << (o.instruction_swap ? ", instructions swapped" : "") << "\n";
   std::cout << "success rate: " << successes << "/" << o.episodes << " (" << percent(successes, o.episodes) << ")\n";
+  std::cout << "first block held: the instructed one " << picked_instructed << "/" << o.episodes << ", another "
+            << picked_other << "/" << o.episodes
+            << (o.instruction_swap ? ", the original instruction's " + std::to_string(picked_original) + "/" +
+                                         std::to_string(o.episodes)
+                                   : std::string())
+            << "\n";
   if (o.instruction_swap)
     std::cout << "original task done: " << original_done << "/" << o.episodes << " ("
               << percent(original_done, o.episodes) << ") (a policy that follows the instruction does the swapped "
@@ -135,12 +165,15 @@ int run(const Options& o) {
                         {"image_size", o.image_size},
                         {"instruction_swap", o.instruction_swap},
                         {"successes", successes},
+                        {"first_held_instructed", picked_instructed},
+                        {"first_held_other", picked_other},
                         {"success_rate", o.episodes ? static_cast<double>(successes) / static_cast<double>(o.episodes) : 0.0},
                         {"seconds", seconds},
                         {"per_episode", episodes}};
     if (!o.server.empty()) r["server"] = o.server;
     if (o.instruction_swap) {
       r["original_task_done"] = original_done;
+      r["first_held_original"] = picked_original;
       r["original_task_rate"] = o.episodes ? static_cast<double>(original_done) / static_cast<double>(o.episodes) : 0.0;
     }
     std::ofstream out(o.report);

@@ -263,53 +263,31 @@ void split_added(const detail::BpeModel& m, std::string_view text, Plain&& plain
 }
 
 // The normalizer's Replace / Prepend / NFC steps in order (HF applies them to each segment
-// between added tokens).
-std::string normalize(const detail::BpeModel& m, std::string_view seg) {
-  std::string s(seg);
-  for (const auto& n : m.norm) {
-    switch (n.kind) {
-      case detail::NormalizeStep::Kind::nfc:
-        s = unicode::nfc(s);
-        break;
-      case detail::NormalizeStep::Kind::prepend:
-        if (!s.empty()) s = n.content + s;
-        break;
-      case detail::NormalizeStep::Kind::replace: {
-        std::string r;
-        for (size_t i = 0; i < s.size();) {
-          if (s.compare(i, n.pattern.size(), n.pattern) == 0) {
-            r += n.content, i += n.pattern.size();
-          } else {
-            r += s[i++];
-          }
-        }
-        s = std::move(r);
-        break;
-      }
-    }
-  }
-  return s;
-}
-
-// normalize() with HF's alignments: for each byte of the result, the range of segment bytes it
-// comes from. A byte of the input maps to its whole character; Replace's content maps to the
-// matched bytes; Prepend's content to the first character (HF aligns it there); NFC's recomposed
-// characters to the input characters in order (a composed character to its base).
+// between added tokens). With `align`, also HF's alignments: for each byte of the result, the
+// range of segment bytes it comes from. A byte of the input maps to its whole character; Replace's
+// content maps to the matched bytes; Prepend's content to the first character (HF aligns it
+// there); NFC's recomposed characters by position in the decomposed text.
 using Alignment = std::vector<std::pair<size_t, size_t>>;
-std::string normalize_aligned(const detail::BpeModel& m, std::string_view seg, Alignment& align) {
+std::string normalize(const detail::BpeModel& m, std::string_view seg, Alignment* align = nullptr) {
   std::string s(seg);
-  align.clear();
-  for (size_t i = 0; i < seg.size();) {
-    const size_t b = i;
-    uint32_t cp;
-    if (!unicode::decode_utf8(seg, i, cp)) i = b + 1;
-    for (size_t k = b; k < i; ++k) align.emplace_back(b, i);
+  if (align) {
+    align->clear();
+    for (size_t i = 0; i < seg.size();) {
+      const size_t b = i;
+      uint32_t cp;
+      if (!unicode::decode_utf8(seg, i, cp)) i = b + 1;
+      for (size_t k = b; k < i; ++k) align->emplace_back(b, i);
+    }
   }
   for (const auto& n : m.norm) {
     Alignment next;
     std::string r;
     switch (n.kind) {
       case detail::NormalizeStep::Kind::nfc: {
+        if (!align) {
+          r = unicode::nfc(s);
+          break;
+        }
         std::vector<unicode::NfcPiece> pieces;
         r = unicode::nfc_aligned(s, pieces);
         next.resize(r.size());
@@ -317,7 +295,7 @@ std::string normalize_aligned(const detail::BpeModel& m, std::string_view seg, A
           const auto& pc = pieces[p];
           const size_t out_end = p + 1 < pieces.size() ? pieces[p + 1].out_begin : r.size();
           if (pc.copied) {
-            for (size_t k = pc.out_begin; k < out_end; ++k) next[k] = align[pc.in_begin + (k - pc.out_begin)];
+            for (size_t k = pc.out_begin; k < out_end; ++k) next[k] = (*align)[pc.in_begin + (k - pc.out_begin)];
             continue;
           }
           // A recomposed run, aligned as HF's NFC aligns it: both sides decomposed (NFD) line up
@@ -340,7 +318,7 @@ std::string normalize_aligned(const detail::BpeModel& m, std::string_view seg, A
             uint32_t c = 0xFFFD;
             if (!unicode::decode_utf8(r, k, c)) k = b + 1;
             auto it = std::upper_bound(in.begin(), in.end(), std::pair{at, SIZE_MAX}) - 1;  // in[0] starts at 0
-            for (size_t x = b; x < k; ++x) next[x] = align[it->second];
+            for (size_t x = b; x < k; ++x) next[x] = (*align)[it->second];
             at += unicode::decomposition_length(c);
           }
         }
@@ -349,24 +327,28 @@ std::string normalize_aligned(const detail::BpeModel& m, std::string_view seg, A
       case detail::NormalizeStep::Kind::prepend:
         if (s.empty()) continue;
         r = n.content + s;
-        next.assign(n.content.size(), align.front());
-        next.insert(next.end(), align.begin(), align.end());
+        if (align) {
+          next.assign(n.content.size(), align->front());
+          next.insert(next.end(), align->begin(), align->end());
+        }
         break;
-      case detail::NormalizeStep::Kind::replace:
+      case detail::NormalizeStep::Kind::replace:  // the pattern is not empty (refused at load)
         for (size_t i = 0; i < s.size();) {
-          if (!n.pattern.empty() && s.compare(i, n.pattern.size(), n.pattern) == 0) {
+          if (s.compare(i, n.pattern.size(), n.pattern) == 0) {
             r += n.content;
-            next.insert(next.end(), n.content.size(), {align[i].first, align[i + n.pattern.size() - 1].second});
+            if (align)
+              next.insert(next.end(), n.content.size(), {(*align)[i].first, (*align)[i + n.pattern.size() - 1].second});
             i += n.pattern.size();
           } else {
             r += s[i];
-            next.push_back(align[i++]);
+            if (align) next.push_back((*align)[i]);
+            ++i;
           }
         }
         break;
     }
     s = std::move(r);
-    align = std::move(next);
+    if (align) *align = std::move(next);
   }
   return s;
 }
@@ -452,7 +434,7 @@ void HfBpeTokenizer::encode_with_offsets_aligned(std::string_view text, std::vec
       m, text,
       [&](std::string_view seg, size_t seg_off) {
         if (seg.empty()) return;
-        const std::string norm = normalize_aligned(m, seg, align);
+        const std::string norm = normalize(m, seg, &align);
         const size_t first = out.size();
         lens.clear();
         st.lens = &lens;

@@ -20,6 +20,8 @@ GrootReachPolicy::GrootReachPolicy(const std::string& checkpoint, const std::str
   LF_CHECK(setup.has_value(), "--load ", checkpoint, " is not a groot checkpoint",
            lf::hint("train one with loongforge-train on a groot config (configs/examples/groot_tiny.yaml)"));
   const auto& c = setup->config;
+  LF_CHECK(!meta_.prompt.located, "--data-path ", store, ": its prompts carry located answers, which only a pi05 "
+           "policy decodes", lf::hint("give --data-path the store the groot checkpoint was trained on"));
   LF_CHECK(c.image_size == meta_.image_size && c.action_horizon == meta_.chunk && c.action_dim == meta_.action_dim,
            "--load ", checkpoint, " (images ", c.image_size, ", chunks of ", c.action_horizon, " x ", c.action_dim,
            ") was not trained on the store ", store, " (images ", meta_.image_size, ", chunks of ", meta_.chunk, " x ",

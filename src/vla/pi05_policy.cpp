@@ -55,6 +55,10 @@ Pi05ReachPolicy::Pi05ReachPolicy(const std::string& checkpoint, const std::strin
            " x ", setup.policy.action_dim, ", vocabulary ", setup.vlm.vocab_size, ") was not trained on the store ",
            store, " (images ", meta_.image_size, ", chunks of ", meta_.chunk, " x ", meta_.action_dim,
            ", vocabulary ", meta_.prompt.vocab_size(), ")", lf::hint("give --data-path the store it was trained on"));
+  LF_CHECK(!meta_.prompt.located || setup.policy.prefix_lm_loss_weight > 0, "--load ", checkpoint,
+           " has no prefix LM head (model.prefix_lm_loss_weight 0), and the prompts of the store ", store,
+           " end with located answers the policy decodes with it",
+           lf::hint("train with model.prefix_lm_loss_weight > 0 on that store"));
 }
 
 Pi05ReachPolicy::~Pi05ReachPolicy() = default;
@@ -79,10 +83,33 @@ at::Tensor Pi05ReachPolicy::infer(const Observation& obs) {
   in.img_masks = at::ones({1, 1}, at::kBool);
   in.tokens = tokens.unsqueeze(0);
   in.masks = mask.unsqueeze(0);
-  auto noise = policy_noise(c, seed_, calls_++);
   at::NoGradGuard no_grad;
+  if (meta_.prompt.located) {
+    // pi0.5's hierarchical inference: the prefix LM answers the located queries first (the queries
+    // do not see the answers' block, so the placeholders do not matter), each answer the likeliest
+    // bin; the actions are then sampled after the answers.
+    in.ar_mask = meta_.prompt.ar_mask(tokens).unsqueeze(0);
+    const auto logits = model_->prompt_logits(in)[0];  // [L, vocab]
+    const auto slots = meta_.prompt.located_slots(tokens);
+    const auto words = meta_.prompt.vocab();
+    const int64_t s0 = std::find(words.begin(), words.end(), meta_.prompt.bin_word(0.0)) - words.begin();
+    std::array<double, 4> answers{};
+    for (size_t i = 0; i < 4; ++i) {
+      const int64_t bin = logits[slots[i]].narrow(0, s0, meta_.prompt.state_bins).argmax().item<int64_t>();
+      answers[i] = (static_cast<double>(bin) + 0.5) / static_cast<double>(meta_.prompt.state_bins);
+    }
+    meta_.prompt.set_answers(tokens, answers);
+    in.tokens = tokens.unsqueeze(0);
+    last_answers_ = answers;
+  }
+  auto noise = policy_noise(c, seed_, calls_++);
   auto actions = model_->sample_actions(in, noise);  // [1, chunk, max_action_dim]
   return unnormalize_reach_actions(actions[0].narrow(1, 0, meta_.action_dim), meta_.max_speed).contiguous();
+}
+
+nlohmann::json Pi05ReachPolicy::last_details() const {
+  if (!last_answers_) return nullptr;
+  return {{"located", std::vector<double>(last_answers_->begin(), last_answers_->end())}};
 }
 
 namespace {

@@ -28,6 +28,18 @@ std::vector<std::string> scene_query_words() {
   return out;
 }
 
+// The instructed block's and target's centres (block x, block y, target x, target y).
+std::array<double, 4> named_positions(const ReachEnv& env) {
+  const auto [block_colour, target_colour] = env.task();
+  std::array<double, 4> out{-1, -1, -1, -1};
+  for (const auto& b : env.blocks())
+    if (b.colour == block_colour) out[0] = b.x, out[1] = b.y;
+  for (const auto& t : env.targets())
+    if (t.colour == target_colour) out[2] = t.x, out[3] = t.y;
+  LF_CHECK(out[0] >= 0 && out[2] >= 0, "reach prompt: the scene has no block or no target of its instruction's colours");
+  return out;
+}
+
 at::Tensor read_tensor(const lf::safetensors::Reader& r, const std::string& name, at::ScalarType type,
                        const std::string& file) {
   for (const auto& info : r.tensors()) {
@@ -50,7 +62,7 @@ std::vector<std::string> ReachPrompt::vocab() const {
   for (int64_t b = 0; b < state_bins; ++b) v.push_back("s" + std::to_string(b));
   if (position_queries)
     for (const char* q : kPositionQueries) v.push_back(q);
-  if (scene_queries)
+  if (scene_queries || located)
     for (const auto& q : scene_query_words()) v.push_back(q);
   return v;
 }
@@ -73,6 +85,13 @@ std::pair<at::Tensor, at::Tensor> ReachPrompt::encode(const std::string& instruc
     for (const char* q : kPositionQueries) ids.push_back(id_of(q));
   if (scene_queries)
     for (const auto& q : scene_query_words()) ids.push_back(id_of(q));
+  if (located) {
+    // The named objects' query words, then placeholders for their answers (set_answers).
+    const auto [block, target] = instruction_colours(instruction);
+    for (const char* q : {"_block_x", "_block_y"}) ids.push_back(id_of(block + q));
+    for (const char* q : {"_target_x", "_target_y"}) ids.push_back(id_of(target + q));
+    for (int i = 0; i < 4; ++i) ids.push_back(id_of(bin_word(0.0)));
+  }
   LF_CHECK(static_cast<int64_t>(ids.size()) <= length, "reach prompt: \"", instruction, "\" and the state make ",
            ids.size(), " tokens, more than the prompt length ", length);
   at::Tensor t = at::zeros({length}, at::kLong), m = at::zeros({length}, at::kBool);
@@ -95,7 +114,7 @@ at::Tensor ReachPrompt::query_labels(const at::Tensor& ids, const std::map<std::
   for (const auto& [word, value] : positions) {
     const auto named = std::find(std::begin(kPositionQueries), std::end(kPositionQueries), word);
     const bool query = (position_queries && named != std::end(kPositionQueries)) ||
-                       (scene_queries && std::find(scene.begin(), scene.end(), word) != scene.end());
+                       ((scene_queries || located) && std::find(scene.begin(), scene.end(), word) != scene.end());
     LF_CHECK(query, "reach prompt: '", word, "' is not a query word of this prompt");
     const int64_t id = std::find(words.begin(), words.end(), word) - words.begin();
     const int64_t bin = std::find(words.begin(), words.end(), bin_word(value)) - words.begin();
@@ -125,14 +144,17 @@ at::Tensor ReachPrompt::scene_labels(const at::Tensor& ids, const ReachEnv& env)
   if (!has_queries()) return {};
   std::map<std::string, double> where;
   const auto& colours = reach_colours();
-  if (position_queries) {
+  if (position_queries || located) {
     // The instructed block and target (the scene has one of each colour).
-    const auto [block_colour, target_colour] = env.task();
-    for (const auto& b : env.blocks())
-      if (b.colour == block_colour) where["block_x"] = b.x, where["block_y"] = b.y;
-    for (const auto& t : env.targets())
-      if (t.colour == target_colour) where["target_x"] = t.x, where["target_y"] = t.y;
-    LF_CHECK(where.size() == 4, "reach prompt: the scene has no block or no target of its instruction's colours");
+    const auto named = named_positions(env);
+    if (position_queries)
+      for (size_t q = 0; q < 4; ++q) where[kPositionQueries[q]] = named[q];
+    if (located) {
+      const auto [block_colour, target_colour] = env.task();
+      const std::string b = colours.at(static_cast<size_t>(block_colour)), t = colours.at(static_cast<size_t>(target_colour));
+      where[b + "_block_x"] = named[0], where[b + "_block_y"] = named[1];
+      where[t + "_target_x"] = named[2], where[t + "_target_y"] = named[3];
+    }
   }
   if (scene_queries) {
     for (const auto& b : env.blocks()) {
@@ -145,6 +167,61 @@ at::Tensor ReachPrompt::scene_labels(const at::Tensor& ids, const ReachEnv& env)
     }
   }
   return query_labels(ids, where);
+}
+
+std::pair<std::string, std::string> ReachPrompt::instruction_colours(const std::string& instruction) const {
+  std::vector<std::string> w;
+  std::istringstream in(instruction);
+  for (std::string x; in >> x;) w.push_back(x);
+  const auto& colours = reach_colours();
+  auto colour = [&](const std::string& c) { return std::find(colours.begin(), colours.end(), c) != colours.end(); };
+  LF_CHECK(w.size() == 8 && w[0] == "put" && w[1] == "the" && colour(w[2]) && w[3] == "block" && w[4] == "on" &&
+               w[5] == "the" && colour(w[6]) && w[7] == "target",
+           "reach prompt: \"", instruction, "\" is not a reach instruction",
+           lf::hint("the reach task's instructions read \"put the <colour> block on the <colour> target\""));
+  return {w[2], w[6]};
+}
+
+std::array<int64_t, 4> ReachPrompt::located_slots(const at::Tensor& ids) const {
+  LF_CHECK(located, "reach prompt: located slots need a prompt made with located answers");
+  const auto words = vocab();
+  const auto t = ids.to(at::kLong).contiguous().view({-1});
+  const int64_t* p = t.data_ptr<int64_t>();
+  const int64_t n = t.numel();
+  const int64_t nw = static_cast<int64_t>(words.size());
+  auto is = [&](int64_t i, const std::string& suffix) {
+    if (p[i] < 0 || p[i] >= nw) return false;
+    const auto& w = words[static_cast<size_t>(p[i])];
+    return w.size() > suffix.size() && w.compare(w.size() - suffix.size(), suffix.size(), suffix) == 0;
+  };
+  auto is_bin = [&](int64_t i) {
+    if (p[i] < 0 || p[i] >= nw) return false;
+    const auto& w = words[static_cast<size_t>(p[i])];
+    return w.size() > 1 && w[0] == 's' && std::all_of(w.begin() + 1, w.end(), [](char c) { return c >= '0' && c <= '9'; });
+  };
+  // The last run of <colour>_block_x _block_y _target_x _target_y words followed by four bin words
+  // (the scene queries, when present, come earlier and have no answers).
+  for (int64_t i = n - 8; i >= 0; --i)
+    if (is(i, "_block_x") && is(i + 1, "_block_y") && is(i + 2, "_target_x") && is(i + 3, "_target_y") &&
+        is_bin(i + 4) && is_bin(i + 5) && is_bin(i + 6) && is_bin(i + 7))
+      return {i, i + 1, i + 2, i + 3};
+  LF_FAIL("reach prompt: no located queries (<colour>_block_x <colour>_block_y <colour>_target_x <colour>_target_y "
+          "and four answers) among the ", n, " tokens");
+}
+
+at::Tensor ReachPrompt::ar_mask(const at::Tensor& ids) const {
+  if (!located) return {};
+  at::Tensor m = at::zeros({ids.numel()}, at::kBool);
+  m[located_slots(ids)[3] + 1] = true;
+  return m;
+}
+
+void ReachPrompt::set_answers(at::Tensor& ids, const std::array<double, 4>& values) const {
+  const auto slots = located_slots(ids);
+  const auto words = vocab();
+  for (size_t i = 0; i < 4; ++i)
+    ids[slots[3] + 1 + static_cast<int64_t>(i)] =
+        static_cast<int64_t>(std::find(words.begin(), words.end(), bin_word(values[i])) - words.begin());
 }
 
 at::Tensor ReachPrompt::decode_state(const at::Tensor& ids) const {
@@ -215,6 +292,7 @@ ReachDemoMeta write_reach_demos(const std::string& dir, ReachDemoMeta meta) {
   auto record = [&](const Observation& obs, const at::Tensor& plan, int64_t e) {
     images.push_back(obs.at("observation/image").permute({2, 0, 1}).contiguous());
     auto [ids, mask] = meta.prompt.encode(obs.prompt, obs.at("observation/state"));
+    if (meta.prompt.located) meta.prompt.set_answers(ids, named_positions(env));  // the true answers
     tokens.push_back(ids);
     masks.push_back(mask);
     if (meta.prompt.has_queries()) labels.push_back(meta.prompt.scene_labels(ids, env));
@@ -249,6 +327,7 @@ ReachDemoMeta write_reach_demos(const std::string& dir, ReachDemoMeta meta) {
                       {"prompt_length", meta.prompt.length},
                       {"position_queries", meta.prompt.position_queries},
                       {"scene_queries", meta.prompt.scene_queries},
+                      {"located", meta.prompt.located},
                       {"vocab", meta.prompt.vocab()},
                       {"seed", meta.seed},
                       {"episodes", meta.episodes},
@@ -280,6 +359,7 @@ ReachDemoMeta read_reach_demo_meta(const std::string& dir) {
     m.prompt.state_bins = j.at("state_bins"), m.prompt.length = j.at("prompt_length");
     m.prompt.position_queries = j.value("position_queries", false);  // absent in stores before them
     m.prompt.scene_queries = j.value("scene_queries", false);
+    m.prompt.located = j.value("located", false);
     m.sample_every = j.value("sample_every", int64_t{1});
     m.seed = j.at("seed"), m.episodes = j.at("episodes"), m.samples = j.at("samples"), m.noise = j.at("noise");
     LF_CHECK(j.at("vocab").get<std::vector<std::string>>() == m.prompt.vocab(), file.string(),
@@ -320,13 +400,19 @@ ReachDemoStore::ReachDemoStore(const std::string& dir) : dir_(dir), meta_(read_r
   LF_CHECK(!im.empty(), "reach demo store ", dir, ": no samples-00000.safetensors");
   images_ = at::cat(im), tokens_ = at::cat(tk), masks_ = at::cat(mk), actions_ = at::cat(ac);
   if (!lb.empty()) labels_ = at::cat(lb);
+  if (meta_.prompt.located) {  // each prompt's answer block (a store's prompts all place it alike)
+    std::vector<at::Tensor> ar;
+    for (int64_t i = 0; i < tokens_.size(0); ++i) ar.push_back(meta_.prompt.ar_mask(tokens_[i]));
+    ar_masks_ = at::stack(ar);
+  }
   LF_CHECK(images_.size(0) == meta_.samples, "reach demo store ", dir, ": meta.json counts ", meta_.samples,
            " samples, the shards hold ", images_.size(0));
 }
 
 ReachDemoSample ReachDemoStore::get(int64_t i) const {
   LF_CHECK(i >= 0 && i < size(), "reach demo store ", dir_, ": sample ", i, " out of range (", size(), ")");
-  return {images_[i], tokens_[i], masks_[i], actions_[i], labels_.defined() ? labels_[i] : at::Tensor()};
+  return {images_[i], tokens_[i], masks_[i], actions_[i], labels_.defined() ? labels_[i] : at::Tensor(),
+          ar_masks_.defined() ? ar_masks_[i] : at::Tensor()};
 }
 
 }  // namespace lf::vla

@@ -289,3 +289,121 @@ TEST(Pi05, FreshWeightsFollowTheInitialisationKeys) {
 }
 
 }  // namespace
+
+namespace {
+
+// A fresh two-layer pi05 with the prefix LM head (fan_in weights: token changes move the outputs
+// well above rounding) and a batch of two samples whose prompt ends with an answer block.
+struct BlockCase {
+  std::unique_ptr<Pi05> model;
+  lf::data::Batch batch;
+  static constexpr int64_t kAnswers = 6;  // prompt positions 6.. are the later block
+};
+
+BlockCase block_case() {
+  lf::models::SiglipConfig sv;
+  sv.hidden_size = 32, sv.intermediate_size = 64, sv.num_hidden_layers = 1, sv.num_attention_heads = 2;
+  sv.patch_size = 4, sv.image_size = 8;
+  lf::models::PiGemmaConfig vlm, ex;
+  vlm.width = 32, vlm.depth = 2, vlm.mlp_dim = 64, vlm.num_heads = 2, vlm.num_kv_heads = 1, vlm.head_dim = 16;
+  vlm.vocab_size = 40;
+  ex = vlm, ex.vocab_size = 0, ex.width = 16, ex.mlp_dim = 32;
+  lf::models::Pi05Config c;
+  c.chunk_size = 3, c.max_action_dim = 4, c.action_dim = 4, c.num_inference_steps = 2;
+  c.init_method = "fan_in";
+  c.prefix_lm_loss_weight = 1;
+  BlockCase out;
+  out.model = std::make_unique<Pi05>(sv, vlm, ex, c, lf::backend::cpu_backend(), 7, at::kFloat, nullptr);
+  // The expert's adaRMSNorm gates start at zero: open them so that the suffix reads the prefix.
+  for (const auto& g : out.model->parameter_groups())
+    for (const auto& p : g.params)
+      if (p.name.find("gemma_expert") != std::string::npos && p.name.find("dense") != std::string::npos) {
+        at::NoGradGuard no_grad;
+        p.tensor.normal_(0.0, 0.2);
+      }
+  at::manual_seed(3);
+  const int64_t b = 2, L = 10;
+  out.batch.set("images", at::rand({b, 1, 3, 8, 8}) * 2 - 1);
+  out.batch.set("image_masks", at::ones({b, 1}, at::kBool));
+  out.batch.set("prompt_tokens", at::randint(1, 40, {b, L}, at::kLong));
+  auto masks = at::ones({b, L}, at::kBool);
+  masks[1][L - 1] = false;  // a padded token
+  out.batch.set("prompt_masks", masks);
+  out.batch.set("actions", at::randn({b, 3, 4}));
+  auto labels = at::full({b, L}, -100, at::kLong);
+  labels.narrow(1, 2, 4).copy_(at::randint(0, 40, {b, 4}, at::kLong));  // queries at 2..5, before the block
+  out.batch.set("prompt_labels", labels);
+  auto ar = at::zeros({b, L}, at::kBool);
+  ar.select(1, BlockCase::kAnswers).fill_(true);
+  out.batch.set("prompt_ar_mask", ar);
+  out.batch.sample_indices = {0, 1};
+  return out;
+}
+
+lf::data::Batch without_ar_mask(const lf::data::Batch& batch) {
+  lf::data::Batch out;
+  for (const auto& [name, tensor] : batch.fields().items())
+    if (name != "prompt_ar_mask") out.set(name, tensor);
+  out.sample_indices = batch.sample_indices;
+  return out;
+}
+
+std::map<std::string, double> eval_metrics(Pi05& m, const lf::data::Batch& batch) {
+  std::map<std::string, double> out;
+  for (const auto& [name, metric] : m.stage_forward(batch, {}, 0, lf::models::Pass::eval).metrics)
+    out[name] = metric.sum / metric.count;
+  return out;
+}
+
+}  // namespace
+
+// openpi's token_ar_mask (batch field prompt_ar_mask): a prompt token sees its own and earlier
+// blocks only, in training's joint pass (the prefix LM loss at the queries), the prefix pass
+// (prompt_logits) and sampling; the suffix sees every block. An all-false mask is one block, as
+// without the field.
+TEST(Pi05, PromptArMaskHidesLaterBlocksFromEarlierTokens) {
+  auto c = block_case();
+  Pi05& m = *c.model;
+  auto changed = c.batch;
+  auto tokens = c.batch.at("prompt_tokens").clone();
+  tokens.narrow(1, BlockCase::kAnswers, 3).copy_((tokens.narrow(1, BlockCase::kAnswers, 3) + 7).remainder(39) + 1);
+  changed.set("prompt_tokens", tokens);
+  const auto base = eval_metrics(m, c.batch), moved = eval_metrics(m, changed);
+  const std::string lm = Pi05::kPrefixLmLoss, flow = Pi05::kLoss;
+  // The queries (before the block) do not see the answers; the actions do.
+  EXPECT_EQ(base.at(lm), moved.at(lm));
+  EXPECT_GT(std::abs(base.at(flow) - moved.at(flow)), 1e-4 * base.at(flow));
+  const auto logits = m.prompt_logits(m.inputs_of(c.batch)), logits2 = m.prompt_logits(m.inputs_of(changed));
+  ASSERT_EQ(logits.sizes(), at::IntArrayRef({2, 10, 40}));
+  EXPECT_TRUE(logits.narrow(1, 0, BlockCase::kAnswers).equal(logits2.narrow(1, 0, BlockCase::kAnswers)));
+  EXPECT_GT((logits - logits2).abs().max().item<double>(), 1e-3);
+  // prompt_logits is the head prefix_lm_losses scores.
+  const auto labels = c.batch.at("prompt_labels");
+  const auto ce = m.prefix_lm_losses(m.inputs_of(c.batch), labels);
+  const auto want = at::cross_entropy_loss(logits.view({-1, 40}), labels.view({-1}), {}, at::Reduction::None, -100);
+  EXPECT_LT((ce.view({-1}) - want).abs().max().item<double>(), 1e-5);
+  // The prefix pass (prefix_lm_losses, for the policy's decoding) hides the block too.
+  EXPECT_TRUE(ce.equal(m.prefix_lm_losses(m.inputs_of(changed), labels)));
+  // Sampling reads the answers.
+  const auto noise = at::randn({2, 3, 4});
+  EXPECT_GT((m.sample_actions(m.inputs_of(c.batch), noise) - m.sample_actions(m.inputs_of(changed), noise))
+                .abs().max().item<double>(), 1e-4);
+  // Without the mask the queries see the changed tokens.
+  const auto open = without_ar_mask(c.batch), open_changed = without_ar_mask(changed);
+  EXPECT_GT(std::abs(eval_metrics(m, open).at(lm) - eval_metrics(m, open_changed).at(lm)), 1e-5);
+  // All false: one block, as without the field (losses, logits and actions alike).
+  auto single = c.batch;
+  single.set("prompt_ar_mask", at::zeros({2, 10}, at::kBool));
+  EXPECT_EQ(eval_metrics(m, single), eval_metrics(m, open));
+  EXPECT_TRUE(m.prompt_logits(m.inputs_of(single)).equal(m.prompt_logits(m.inputs_of(open))));
+  EXPECT_TRUE(m.sample_actions(m.inputs_of(single), noise).equal(m.sample_actions(m.inputs_of(open), noise)));
+  // A mask of another shape is named.
+  auto bad = c.batch;
+  bad.set("prompt_ar_mask", at::zeros({2, 9}, at::kBool));
+  try {
+    eval_metrics(m, bad);
+    FAIL() << "no error";
+  } catch (const lf::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("prompt_ar_mask"), std::string::npos) << e.what();
+  }
+}

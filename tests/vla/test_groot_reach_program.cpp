@@ -107,6 +107,20 @@ TEST(GrootReachProgram, EvalAndServeTheTrainedPolicy) {
   r = eval(with({"--policy", "pi05", "--load", dir + "/ck", "--data-path", store()}));
   EXPECT_NE(r.exit_code, 0);
   EXPECT_NE(r.output.find("is not a pi05 checkpoint"), std::string::npos) << r.output;
+  // A store whose prompts carry located answers (make-demo-reach --located) is pi05's alone: groot
+  // neither serves nor trains on it.
+  const std::string located = dir + "/located";
+  m = run_command({bin("loongforge-data"), "make-demo-reach", "--out", located, "--episodes", "2", "--image-size", "16",
+                   "--chunk", "8", "--located"});
+  ASSERT_EQ(m.exit_code, 0) << m.output;
+  r = eval(with({"--policy", "groot", "--load", dir + "/ck", "--data-path", located}));
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.output.find("only a pi05 policy decodes"), std::string::npos) << r.output;
+  std::vector<std::string> args = kTrain;
+  args.insert(args.end(), {"--data-path", located, "--train-iters", "3"});
+  const auto t2 = lf::testing::train_example(kConfig, 1, args, "groot-reach-located");
+  EXPECT_NE(t2.exit_code, 0);
+  EXPECT_NE(t2.output.find("prompt_ar_mask"), std::string::npos) << t2.output;
 }
 
 TEST(GrootReachProgram, AStoreThatDoesNotFitTheModelIsNamed) {

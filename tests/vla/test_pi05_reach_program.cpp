@@ -14,15 +14,20 @@
 #include <regex>
 #include <sstream>
 
+#include <ATen/CPUGeneratorImpl.h>
 #include <ATen/Functions.h>
 #include <ATen/TensorOperators.h>
 #include <ATen/core/grad_mode.h>
 
 #include "../support/oracle_cache.h"
+#include "loongforge/backend/registry.h"
 #include "loongforge/core/error.h"
 #include "loongforge/data/lerobot_dataset.h"
 #include "loongforge/models/composites/pi05.h"
+#include "loongforge/models/pi05_lerobot.h"
+#include "loongforge/train/checkpoint.h"
 #include "loongforge/vla/pi05_policy.h"
+#include "loongforge/vla/reach_demo.h"
 #include "../tools/pp_training.h"
 #include "serve_testing.h"
 
@@ -93,6 +98,7 @@ TEST(Pi05ReachProgram, EvalAndServeTheTrainedPolicy) {
   const auto local = nlohmann::json::parse(lf::testing::read_file(dir + "/local.json"));
   EXPECT_EQ(local["per_episode"].size(), 2u);
   EXPECT_EQ(local["per_episode"][0]["steps"], 20);  // ten steps of training do not solve the task
+  EXPECT_FALSE(local.contains("located"));           // its prompts have no located answers
 
   // The same policy behind loongforge-serve-policy (its noise from the same seed): the same episodes.
   const std::string log = dir + "/serve.log";
@@ -200,6 +206,87 @@ TEST(Pi05ReachProgram, SceneQueriesAndTheInitialisationKeysTrain) {
   EXPECT_NE(bad.exit_code, 0);
   EXPECT_NE(bad.output.find("model.vision_encoder.position_embedding_init"), std::string::npos) << bad.output;
   EXPECT_NE(bad.output.find("not a multiple of 4"), std::string::npos) << bad.output;
+}
+
+// make-demo-reach --located (pi0.5's hierarchical inference): the prefix LM is trained on the named
+// objects' queries while the expert reads the true answers behind them (prompt_ar_mask); TP 2
+// equals one process on it; the trained policy first decodes the answers (the likeliest bin at
+// each query) and then samples its actions after them, in process and through loongforge-eval; a
+// checkpoint without the prefix LM head cannot decode them (named).
+TEST(Pi05ReachProgram, LocatedAnswersAreTrainedOnAndDecodedBeforeActing) {
+  static const std::string located = make_store("pi05-reach-located", {"--located"});
+  const std::string dir = lf::testing::make_temp_dir("pi05-reach-located-ck");
+  auto run = [&](int procs, std::vector<std::string> extra, const std::string& tag) {
+    extra.insert(extra.begin(), kSmall.begin(), kSmall.end());
+    extra.insert(extra.begin(), {"--data-path", located});
+    return lf::testing::train_example(kConfig, procs, extra, "pi05-reach-located-" + tag);
+  };
+  const auto one = run(1, {"model.prefix_lm_loss_weight=0.5", "--save", dir + "/ck"}, "one");
+  ASSERT_EQ(one.exit_code, 0) << one.output;
+  EXPECT_NE(one.output.find("prompts of 24 tokens with located queries"), std::string::npos) << one.output;
+  EXPECT_NE(one.output.find("located answers after them (prompt_ar_mask)"), std::string::npos) << one.output;
+  lf::testing::expect_same_training(one, run(2, {"model.prefix_lm_loss_weight=0.5", "--tensor-model-parallel-size", "2"}, "tp2"),
+                                    "pi05 on located answers: tp 2");
+
+  // The policy's chunk for an observation, and the same computed here from the checkpoint.
+  lf::vla::ReachOptions o;
+  o.image_size = 32;
+  lf::vla::ReachEnv env(o);
+  const auto obs = env.reset(500);
+  lf::vla::Pi05ReachPolicy policy(dir + "/ck", located, 9);
+  const at::Tensor got = policy.infer(obs);
+  auto full = lf::train::read_model_checkpoint(dir + "/ck");
+  const auto setup = lf::models::lerobot::pi05_setup_from_model_section(full.config_yaml, "ck");
+  ASSERT_TRUE(setup.has_value());
+  lf::models::Pi05 model(setup->vision, setup->vlm, setup->expert, setup->policy, lf::backend::cpu_backend(), 0,
+                         at::kFloat, nullptr);
+  model.load_full(std::map<std::string, at::Tensor>(full.tensors.begin(), full.tensors.end()), "ck");
+  const auto meta = lf::vla::read_reach_demo_meta(located);
+  auto [tokens, mask] = meta.prompt.encode(obs.prompt, obs.at("observation/state"));
+  lf::models::Pi05Inputs in;
+  in.images = (obs.at("observation/image").permute({2, 0, 1}).to(at::kFloat) / 127.5 - 1.0).view({1, 1, 3, 32, 32});
+  in.img_masks = at::ones({1, 1}, at::kBool);
+  in.tokens = tokens.unsqueeze(0);
+  in.masks = mask.unsqueeze(0);
+  in.ar_mask = meta.prompt.ar_mask(tokens).unsqueeze(0);
+  const auto logits = model.prompt_logits(in)[0];
+  const auto words = meta.prompt.vocab();
+  const int64_t s0 = std::find(words.begin(), words.end(), "s0") - words.begin();
+  const auto slots = meta.prompt.located_slots(tokens);
+  std::array<double, 4> answers{};
+  for (size_t i = 0; i < 4; ++i)
+    answers[i] = (static_cast<double>(logits[slots[i]].narrow(0, s0, 32).argmax().item<int64_t>()) + 0.5) / 32.0;
+  meta.prompt.set_answers(tokens, answers);
+  in.tokens = tokens.unsqueeze(0);
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(9ull * 1000003ull);
+  const auto noise = at::normal(0.0, 1.0, {1, 10, setup->policy.max_action_dim}, gen, at::kFloat);
+  at::Tensor want;
+  {
+    at::NoGradGuard no_grad;
+    want = lf::vla::unnormalize_reach_actions(model.sample_actions(in, noise)[0].narrow(1, 0, 3), meta.max_speed);
+  }
+  EXPECT_TRUE(at::allclose(got, want, 1e-6, 1e-7)) << got << want;
+
+  // Through loongforge-eval, which reports how often the decoded positions were near the truth.
+  auto r = run_command({bin("loongforge-eval"), "--policy", "pi05", "--load", dir + "/ck", "--data-path", located,
+                        "--episodes", "1", "--seed", "500", "--image-size", "32", "--max-steps", "10",
+                        "--replan-steps", "5", "--report", dir + "/eval.json"},
+                       {}, std::chrono::seconds(240));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("located by the policy (within 0.05 of the truth): the instructed block in "), std::string::npos)
+      << r.output;
+  const auto report = nlohmann::json::parse(lf::testing::read_file(dir + "/eval.json"));
+  EXPECT_EQ(report["located"]["calls"], 2);  // 10 steps, replanning every 5
+  EXPECT_LE(report["located"]["instructed_block_near"].get<int64_t>(), 2);
+  // Without the prefix LM head there is nothing to decode the answers with.
+  const auto headless = run(1, {"--save", dir + "/headless"}, "headless");
+  ASSERT_EQ(headless.exit_code, 0) << headless.output;
+  try {
+    lf::vla::Pi05ReachPolicy bad(dir + "/headless", located, 9);
+    FAIL() << "no error";
+  } catch (const lf::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("model.prefix_lm_loss_weight"), std::string::npos) << e.what();
+  }
 }
 
 TEST(Pi05ReachProgram, AStoreThatDoesNotFitTheModelIsNamed) {

@@ -274,4 +274,103 @@ TEST(ReachDemo, SceneQueriesAreLabelledWithEveryObject) {
   EXPECT_TRUE(at::equal(first.labels, labels));
 }
 
+// --located: the prompt ends with the named block's and target's query words in their colours and
+// then four answers in a block of their own (ar_mask true at the first); the store holds the true
+// answers (the queries' labels as tokens), a policy writes its own with set_answers.
+TEST(ReachDemoLocated, PromptsCarryTheNamedQueriesAndTheirAnswers) {
+  ReachPrompt p;
+  p.located = true;
+  p.length = 24;
+  const auto vocab = p.vocab();
+  EXPECT_EQ(vocab.size(), ReachPrompt{}.vocab().size() + 16);  // the scene query words
+  auto id = [&](const std::string& w) { return std::find(vocab.begin(), vocab.end(), w) - vocab.begin(); };
+  ReachOptions o;
+  o.image_size = 24;
+  ReachEnv env(o);
+  const auto obs = env.reset(5);
+  const auto [block, target] = p.instruction_colours(obs.prompt);
+  const auto& colours = reach_colours();
+  EXPECT_EQ(block, colours[static_cast<size_t>(env.task().first)]);
+  EXPECT_EQ(target, colours[static_cast<size_t>(env.task().second)]);
+  auto [ids, mask] = p.encode(obs.prompt, obs.at("observation/state"));
+  EXPECT_EQ(mask.sum().item<int64_t>(), 20);  // 8 words, state, 3 bins, 4 queries, 4 answers
+  const std::vector<std::string> queries{block + "_block_x", block + "_block_y", target + "_target_x",
+                                         target + "_target_y"};
+  for (int64_t i = 0; i < 4; ++i) EXPECT_EQ(ids[12 + i].item<int64_t>(), id(queries[static_cast<size_t>(i)])) << i;
+  EXPECT_EQ(p.located_slots(ids), (std::array<int64_t, 4>{12, 13, 14, 15}));
+  const at::Tensor ar = p.ar_mask(ids);
+  ASSERT_EQ(ar.sizes(), at::IntArrayRef({24}));
+  EXPECT_EQ(ar.sum().item<int64_t>(), 1);
+  EXPECT_TRUE(ar[16].item<bool>());
+  // The labels: the queries' bins, nothing at the answers.
+  const auto named = named_positions(env);
+  const at::Tensor labels = p.scene_labels(ids, env);
+  for (int64_t i = 0; i < 4; ++i)
+    EXPECT_EQ(labels[12 + i].item<int64_t>(), id(p.bin_word(named[static_cast<size_t>(i)]))) << i;
+  EXPECT_EQ(labels.ge(0).sum().item<int64_t>(), 4);
+  // set_answers writes the answers' bins and nothing else; the state still decodes.
+  at::Tensor answered = ids.clone();
+  p.set_answers(answered, {0.0, 0.99, 0.5, 0.26});
+  for (int64_t i = 0; i < 4; ++i)
+    EXPECT_EQ(answered[16 + i].item<int64_t>(), id(p.bin_word(std::array<double, 4>{0.0, 0.99, 0.5, 0.26}[i]))) << i;
+  EXPECT_TRUE(at::equal(answered.narrow(0, 0, 16), ids.narrow(0, 0, 16)));
+  EXPECT_TRUE(at::equal(p.decode_state(answered), p.decode_state(ids)));
+  EXPECT_EQ(p.located_slots(answered), p.located_slots(ids));
+  // With the scene queries too the located ones are the last four queries (the scene's four per
+  // colour come first and have no answers).
+  ReachPrompt both = p;
+  both.scene_queries = true;
+  both.length = 40;
+  auto [ids2, mask2] = both.encode(obs.prompt, obs.at("observation/state"));
+  EXPECT_EQ(both.located_slots(ids2), (std::array<int64_t, 4>{28, 29, 30, 31}));
+  EXPECT_TRUE(both.ar_mask(ids2)[32].item<bool>());
+  // Mistakes are named.
+  EXPECT_THROW(p.instruction_colours("put the purple block on the red target"), lf::Error);
+  EXPECT_THROW(p.encode("move the red block", obs.at("observation/state")), lf::Error);
+  EXPECT_THROW(ReachPrompt{}.located_slots(ids), lf::Error);
+  EXPECT_FALSE(ReachPrompt{}.ar_mask(ids).defined());
+  ReachPrompt short_prompt = p;
+  short_prompt.length = 16;
+  EXPECT_THROW(short_prompt.encode(obs.prompt, obs.at("observation/state")), lf::Error);
+  at::Tensor no_answers = ids.clone();
+  no_answers[17] = id("put");
+  EXPECT_THROW(p.located_slots(no_answers), lf::Error);
+}
+
+TEST(ReachDemoLocated, TheStoreHoldsTheTrueAnswers) {
+  const std::string dir = lf::testing::make_temp_dir("reach-demo-located");
+  ReachDemoMeta m;
+  m.episodes = 2;
+  m.seed = 21;
+  m.image_size = 24;
+  m.chunk = 4;
+  m.prompt.located = true;
+  m.prompt.length = 24;
+  m = write_reach_demos(dir, m);
+  ReachDemoStore store(dir);
+  EXPECT_TRUE(store.meta().prompt.located);
+  const auto vocab = store.meta().prompt.vocab();
+  for (int64_t i = 0; i < store.size(); ++i) {
+    const auto s = store.get(i);
+    ASSERT_TRUE(s.labels.defined() && s.ar_mask.defined());
+    const auto slots = store.meta().prompt.located_slots(s.tokens);
+    EXPECT_TRUE(at::equal(s.ar_mask, store.meta().prompt.ar_mask(s.tokens)));
+    // Each answer token is its query's label (the bin of the true position in that frame).
+    for (int64_t q = 0; q < 4; ++q)
+      ASSERT_EQ(s.tokens[slots[3] + 1 + q].item<int64_t>(), s.labels[slots[q]].item<int64_t>()) << i << " " << q;
+  }
+  // Sample 0 against the scene it came from.
+  ReachOptions o;
+  o.image_size = 24;
+  ReachEnv env(o);
+  const auto obs = env.reset(21);
+  auto [ids, mask] = store.meta().prompt.encode(obs.prompt, obs.at("observation/state"));
+  store.meta().prompt.set_answers(ids, named_positions(env));
+  EXPECT_TRUE(at::equal(store.get(0).tokens, ids));
+  // meta.json records the flag.
+  std::ifstream in(dir + "/meta.json");
+  auto meta = nlohmann::json::parse(in);
+  EXPECT_TRUE(meta.at("located").get<bool>());
+}
+
 }  // namespace

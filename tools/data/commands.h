@@ -84,6 +84,7 @@ struct ReachDemoOptions {
   double noise = 0.3;
   bool position_queries = false;
   bool scene_queries = false;
+  bool located = false;
   int64_t sample_every = 1;
 };
 int run_make_demo_reach(const ReachDemoOptions& options);

@@ -293,6 +293,12 @@ int main(int argc, char** argv) {
                   "end each prompt with sixteen more query words, <colour>_block_x <colour>_block_y <colour>_target_x "
                   "<colour>_target_y for red, green, blue, yellow, labelled in prompt_labels with every object's "
                   "position (-100 for a colour the scene lacks); prompts grow from 16 to 32 tokens");
+  reach->add_flag("--located", rd.located,
+                  "end each prompt with the named block's and target's query words in their colours (red_block_x "
+                  "red_block_y blue_target_x blue_target_y), labelled with their positions, then their four answers "
+                  "(the true bins) in an attention block of their own (prompt_ar_mask): a pi05 with "
+                  "model.prefix_lm_loss_weight > 0 learns to predict the answers, its action expert reads them, and "
+                  "the policy decodes them before sampling actions (pi0.5's hierarchical inference); 8 more tokens");
   auto* score = app.add_subcommand("score-squares", "colour and direction of generated demo clips");
   score->add_option("--latents", ss.latents, "loongforge-generate's latents.safetensors")->required();
   score->add_option("--caption", ss.caption, "the prompt the clips were generated from")->required();

@@ -11,6 +11,7 @@
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -49,6 +50,9 @@ lf::media::Image upscale(const lf::media::Image& in, int64_t f) {
   return out;
 }
 
+// "Near" for a decoded position: the reach task's grasp radius, in table units.
+const double kNear = lf::vla::ReachOptions{}.grasp_radius;
+
 std::string percent(int64_t n, int64_t of) {
   char buf[32];
   std::snprintf(buf, sizeof buf, "%.1f%%", of ? 100.0 * static_cast<double>(n) / static_cast<double>(of) : 0.0);
@@ -78,6 +82,9 @@ int run(const Options& o) {
 
   nlohmann::json episodes = nlohmann::json::array();
   int64_t successes = 0, original_done = 0, picked_instructed = 0, picked_other = 0, picked_original = 0;
+  // A policy that decodes where the named objects are (pi05 with located answers): its calls, and
+  // those that put the instructed block / target within the grasp radius of the truth.
+  int64_t located_calls = 0, located_block = 0, located_target = 0;
   const auto t0 = std::chrono::steady_clock::now();
   for (int64_t e = 0; e < o.episodes; ++e) {
     const uint64_t seed = o.seed + static_cast<uint64_t>(e);
@@ -99,9 +106,25 @@ int run(const Options& o) {
     };
     track();
     int64_t calls = 0;
+    std::vector<std::array<double, 2>> located_errors;  // per call: the decoded block's and target's distance to the truth
     while (!env.done()) {
       const at::Tensor chunk = policy->infer(obs);
       ++calls;
+      const auto details = policy->last_details();
+      if (details.is_object() && details.contains("located")) {
+        const auto where = details.at("located").get<std::vector<double>>();
+        LF_CHECK(where.size() == 4, "the policy's located details have ", where.size(), " values, expected 4");
+        const auto [block_colour, target_colour] = env.task();
+        ++located_calls;
+        double block_error = 0, target_error = 0;
+        for (const auto& b : env.blocks())
+          if (b.colour == block_colour) block_error = std::hypot(where[0] - b.x, where[1] - b.y);
+        for (const auto& t : env.targets())
+          if (t.colour == target_colour) target_error = std::hypot(where[2] - t.x, where[3] - t.y);
+        located_block += block_error <= kNear;
+        located_target += target_error <= kNear;
+        located_errors.push_back({block_error, target_error});
+      }
       LF_CHECK(chunk.dim() == 2 && chunk.size(0) >= 1 && chunk.size(1) == 3, "the policy returned actions of shape ",
                chunk.sizes(), "; the reach task takes chunks [H, 3] (dx, dy, grip)");
       const int64_t k = o.replan_steps > 0 ? std::min(o.replan_steps, chunk.size(0)) : chunk.size(0);
@@ -129,6 +152,7 @@ int run(const Options& o) {
     ep["first_block_held"] = first_held >= 0 ? nlohmann::json(lf::vla::reach_colours()[static_cast<size_t>(first_held)])
                                              : nlohmann::json(nullptr);
     if (first_held != want_block) ep["closest_to_instructed_block"] = closest;
+    if (!located_errors.empty()) ep["located_errors"] = located_errors;
     if (o.instruction_swap) {
       ep["original_instruction"] = lf::vla::reach_instruction(ob, ot);
       ep["original_task_done"] = original;
@@ -152,6 +176,10 @@ int run(const Options& o) {
                                          std::to_string(o.episodes)
                                    : std::string())
             << "\n";
+  if (located_calls > 0)
+    std::cout << "located by the policy (within " << kNear << " of the truth): the instructed block in " << located_block
+              << "/" << located_calls << " calls, the instructed target in " << located_target << "/" << located_calls
+              << "\n";
   if (o.instruction_swap)
     std::cout << "original task done: " << original_done << "/" << o.episodes << " ("
               << percent(original_done, o.episodes) << ") (a policy that follows the instruction does the swapped "
@@ -171,6 +199,9 @@ int run(const Options& o) {
                         {"seconds", seconds},
                         {"per_episode", episodes}};
     if (!o.server.empty()) r["server"] = o.server;
+    if (located_calls > 0)
+      r["located"] = {{"calls", located_calls}, {"instructed_block_near", located_block},
+                      {"instructed_target_near", located_target}, {"near", kNear}};
     if (o.instruction_swap) {
       r["original_task_done"] = original_done;
       r["first_held_original"] = picked_original;

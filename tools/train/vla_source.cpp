@@ -54,6 +54,20 @@ DataSources make_lerobot_sources(const lf::config::JobConfig& job, const lf::mod
                             "the LeRobot dataset " + dir);
 }
 
+// " with position and scene queries (...)": what a reach store's prompts ask the prefix LM.
+std::string queries_note(const lf::vla::ReachPrompt& p) {
+  if (!p.has_queries()) return "";
+  std::vector<std::string> kinds;
+  if (p.position_queries) kinds.push_back("position");
+  if (p.scene_queries) kinds.push_back("scene");
+  if (p.located) kinds.push_back("located");
+  std::string out = " with ";
+  for (size_t i = 0; i < kinds.size(); ++i) out += (i == 0 ? "" : i + 1 == kinds.size() ? " and " : ", ") + kinds[i];
+  out += " queries (prompt_labels: pi05 trains on them when model.prefix_lm_loss_weight > 0)";
+  if (p.located) out += " and located answers after them (prompt_ar_mask)";
+  return out;
+}
+
 }  // namespace
 
 DataSources make_vla_sources(const lf::config::JobConfig& job, const lf::models::DataNeeds& needs,
@@ -85,16 +99,10 @@ DataSources make_vla_sources(const lf::config::JobConfig& job, const lf::models:
     LF_INFO("reach demo store ", dir, ": ", store->size(), " samples of ", m.episodes, " episodes (train ",
             train_end, ", valid ", valid_end - train_end, "), ", m.image_size, "x", m.image_size,
             " images, chunks of ", m.chunk, ", prompts of ", m.prompt.length, " tokens",
-            m.prompt.has_queries() ? std::string(" with ") +
-                                         (m.prompt.position_queries && m.prompt.scene_queries ? "position and scene"
-                                          : m.prompt.position_queries                         ? "position"
-                                                                                              : "scene") +
-                                         " queries (prompt_labels: pi05 trains on them when "
-                                         "model.prefix_lm_loss_weight > 0)"
-                                   : std::string());
+            queries_note(m.prompt));
   const int64_t max_action_dim = needs.max_action_dim;
   auto rows = [store, max_action_dim](const std::vector<int64_t>& items) {
-    std::vector<at::Tensor> images, tokens, masks, actions, states, labels;
+    std::vector<at::Tensor> images, tokens, masks, actions, states, labels, ar_masks;
     for (int64_t item : items) {
       const auto s = store->get(item);
       images.push_back((s.image.to(at::kFloat) / 127.5 - 1.0).unsqueeze(0));  // [1 camera, 3, S, S]
@@ -102,6 +110,7 @@ DataSources make_vla_sources(const lf::config::JobConfig& job, const lf::models:
       states.push_back(store->meta().prompt.decode_state(s.tokens).unsqueeze(0));  // [1, dims]
       masks.push_back(s.mask);
       if (s.labels.defined()) labels.push_back(s.labels);
+      if (s.ar_mask.defined()) ar_masks.push_back(s.ar_mask);
       auto a = at::zeros({s.actions.size(0), max_action_dim}, at::kFloat);
       a.narrow(1, 0, s.actions.size(1)).copy_(s.actions);
       actions.push_back(a);
@@ -113,6 +122,7 @@ DataSources make_vla_sources(const lf::config::JobConfig& job, const lf::models:
     batch.set("prompt_masks", at::stack(masks));
     batch.set("actions", at::stack(actions));
     if (!labels.empty()) batch.set("prompt_labels", at::stack(labels));  // the position queries' (pi05's prefix LM loss)
+    if (!ar_masks.empty()) batch.set("prompt_ar_mask", at::stack(ar_masks));  // the located answers' block
     batch.set("state", at::stack(states));  // [b, 1, dims]: the prompt's discretised state (groot reads it)
     return batch;
   };

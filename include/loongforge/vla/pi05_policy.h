@@ -8,8 +8,10 @@
 // actions returned in the dataset's units.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "loongforge/vla/lerobot_inputs.h"
@@ -30,9 +32,11 @@ class Pi05ReachPolicy : public Policy {
   ~Pi05ReachPolicy() override;
   nlohmann::json metadata() const override;
   at::Tensor infer(const Observation& obs) override;
+  nlohmann::json last_details() const override;
 
  private:
   ReachDemoMeta meta_;
+  std::optional<std::array<double, 4>> last_answers_;
   std::unique_ptr<lf::models::Pi05> model_;
   uint64_t seed_;
   uint64_t calls_ = 0;

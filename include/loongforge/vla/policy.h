@@ -45,6 +45,10 @@ class Policy {
   virtual at::Tensor infer(const Observation& obs) = 0;
   // A new episode begins (clears any per-episode state).
   virtual void reset() {}
+  // What the last infer decided on the way to its actions, for evaluation reports (null when
+  // nothing): a pi05 with located answers gives {"located": [block x, block y, target x, target y]},
+  // the positions it decoded (bin centres, table units).
+  virtual nlohmann::json last_details() const { return nullptr; }
 };
 
 // What make_policy needs. `load`: a trained policy's checkpoint directory (for trained policies;

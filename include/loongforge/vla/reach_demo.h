@@ -37,6 +37,13 @@ struct ReachPrompt {
   // where the scene has none): they ask for every object, not only the named ones, so that reading
   // positions from the image is learnt apart from binding the instruction's colours.
   bool scene_queries = false;
+  // pi0.5's hierarchical inference on the reach task: the prompt ends with the named block's and
+  // target's query words in their colours ("red_block_x red_block_y blue_target_x blue_target_y"
+  // for "put the red block on the blue target", labelled with their positions) and then their four
+  // answers (bin words) in an attention block of their own (ar_mask): the queries do not see the
+  // answers, the action expert does. Training stores the true answers; a policy decodes them with
+  // the prefix LM first (located_slots, set_answers), then samples its actions after them.
+  bool located = false;
 
   // "<pad>", the instruction words, "state", then "s0" .. "s<bins - 1>" (and with position_queries
   // the four query words, with scene_queries the sixteen).
@@ -58,7 +65,19 @@ struct ReachPrompt {
   // The labels of an encoded prompt in `env`'s current scene: the named queries (position_queries)
   // and the scene queries (scene_queries); undefined when the prompt has neither.
   at::Tensor scene_labels(const at::Tensor& ids, const ReachEnv& env) const;
-  bool has_queries() const { return position_queries || scene_queries; }
+  bool has_queries() const { return position_queries || scene_queries || located; }
+  // With located: the positions of the four located query words in an encoded prompt (their
+  // answers follow at q[3] + 1 .. q[3] + 4); an lf::Error when the prompt lacks them.
+  std::array<int64_t, 4> located_slots(const at::Tensor& ids) const;
+  // With located: ar_mask [length] bool of an encoded prompt (true at the first answer: the
+  // answers are a block of their own); undefined without located.
+  at::Tensor ar_mask(const at::Tensor& ids) const;
+  // With located: writes the bin words of `values` (block x, block y, target x, target y, each in
+  // [0, 1]) into the answers of an encoded prompt `ids` [length] (in place).
+  void set_answers(at::Tensor& ids, const std::array<double, 4>& values) const;
+  // The instruction's block and target colours ("put the <colour> block on the <colour> target");
+  // an lf::Error naming the instruction otherwise.
+  std::pair<std::string, std::string> instruction_colours(const std::string& instruction) const;
   // The bin word ("s<k>") of a value in [0, 1] (clamped).
   std::string bin_word(double v) const;
 };
@@ -94,6 +113,7 @@ struct ReachDemoSample {
   at::Tensor mask;    // bool [L]
   at::Tensor actions; // float32 [chunk, 3], normalised
   at::Tensor labels;  // int64 [L]: the position queries' labels (undefined without position_queries)
+  at::Tensor ar_mask; // bool [L]: the prompt's attention blocks (undefined without located)
 };
 
 // A store written by write_reach_demos, read whole into memory (the demo's 800 episodes of 64 x 64
@@ -109,7 +129,7 @@ class ReachDemoStore {
  private:
   std::string dir_;
   ReachDemoMeta meta_;
-  at::Tensor images_, tokens_, masks_, actions_, labels_;
+  at::Tensor images_, tokens_, masks_, actions_, labels_, ar_masks_;
 };
 
 // The meta.json of a store (what a policy trained on it needs to process observations).

@@ -311,6 +311,9 @@ GrootInputs Groot::vla_inputs(const at::Tensor& images, const at::Tensor& prompt
 GrootInputs Groot::inputs_of(const Batch& batch) const {
   if (batch.contains("images") && batch.contains("prompt_tokens")) {
     LF_CHECK(batch.contains("state"), "groot: the VLA batch has no field 'state'");
+    LF_CHECK(!batch.contains("prompt_ar_mask"), "groot: the prompts carry located answers (prompt_ar_mask), which "
+             "only a pi05 policy decodes before acting",
+             lf::hint("train groot on a store made without make-demo-reach --located"));
     return vla_inputs(batch.at("images"), batch.at("prompt_tokens"), batch.at("state"));
   }
   for (const auto& f : batch_fields())

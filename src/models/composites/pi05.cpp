@@ -323,6 +323,7 @@ Pi05Inputs Pi05::inputs_of(const Batch& batch) const {
   in.img_masks = batch.at("image_masks").to(dev).to(at::kBool).transpose(0, 1);  // [n_cam, b]
   in.tokens = batch.at("prompt_tokens").to(dev, at::kLong);
   in.masks = batch.at("prompt_masks").to(dev).to(at::kBool);
+  if (batch.contains("prompt_ar_mask")) in.ar_mask = batch.at("prompt_ar_mask").to(dev).to(at::kBool);
   return in;
 }
 
@@ -370,7 +371,16 @@ Pi05::Prefix Pi05::embed_prefix(const Pi05Inputs& in) const {
   // Gemma scales its token embeddings by sqrt(width), in the embedding's dtype.
   const double scale = static_cast<double>(static_cast<float>(std::sqrt(static_cast<double>(vlm_.width))));
   auto lang = lf::parallel::vocab_parallel_embedding(in.tokens.to(dev), embed_, tp_) * scale;
-  return {at::cat({img.to(lang.scalar_type()), lang}, 1), at::cat({img_pad, in.masks.to(dev)}, 1)};
+  Prefix p{at::cat({img.to(lang.scalar_type()), lang}, 1), at::cat({img_pad, in.masks.to(dev)}, 1), {}};
+  if (in.ar_mask.defined()) {
+    LF_CHECK(in.ar_mask.sizes() == in.tokens.sizes(), "pi05: prompt_ar_mask must be [b, L] = ", in.tokens.sizes(),
+             " (the prompt_tokens' shape), got ", in.ar_mask.sizes());
+    // openpi's make_att_2d_masks: the blocks are the cumulative sum of the ar mask (images: 0).
+    p.block = at::cat({at::zeros({b, cams * t}, at::TensorOptions().dtype(at::kLong).device(dev)),
+                       in.ar_mask.to(dev, at::kLong).cumsum(1)},
+                      1);
+  }
+  return p;
 }
 
 std::pair<at::Tensor, at::Tensor> Pi05::embed_suffix(const at::Tensor& x_t, const at::Tensor& time) const {
@@ -441,9 +451,14 @@ std::pair<at::Tensor, at::Tensor> Pi05::joint_forward(const Prefix& p, const at:
   const int64_t b = p.embs.size(0), np = p.embs.size(1), ns = suffix.size(1);
   auto pad = at::cat({p.pad, at::ones({b, ns}, p.pad.options())}, 1);  // [b, np + ns]
   auto positions = pad.to(at::kLong).cumsum(1) - 1;
-  // Prefix tokens see the valid prefix; suffix tokens see the valid prefix and the whole suffix.
-  auto block = at::cat({at::zeros({np}, at::kLong), at::ones({ns}, at::kLong)}).to(pad.device());
-  auto allowed = (block.view({1, 1, -1}) <= block.view({1, -1, 1})) & pad.unsqueeze(1) & pad.unsqueeze(2);
+  // Prefix tokens see the valid prefix (of their own and earlier blocks); suffix tokens see the
+  // valid prefix and the whole suffix.
+  at::Tensor block;
+  if (p.block.defined())
+    block = at::cat({p.block, at::full({b, ns}, np + 1, p.block.options())}, 1);  // [b, np + ns]
+  else
+    block = at::cat({at::zeros({np}, at::kLong), at::ones({ns}, at::kLong)}).to(pad.device()).unsqueeze(0);
+  auto allowed = (block.unsqueeze(1) <= block.unsqueeze(2)) & pad.unsqueeze(1) & pad.unsqueeze(2);
   const auto mask = additive_mask(allowed);
   auto [cos, sin] = rope_tables(positions, vlm_.head_dim, vlm_.rope_theta, p.embs.scalar_type());
   auto cos_p = cos.narrow(1, 0, np), sin_p = sin.narrow(1, 0, np);
@@ -504,6 +519,18 @@ at::Tensor Pi05::prefix_lm_losses(const Pi05Inputs& in, const at::Tensor& labels
   return lm_head_losses(x.narrow(1, x.size(1) - L, L), labels);
 }
 
+at::Tensor Pi05::prompt_logits(const Pi05Inputs& in) const {
+  LF_CHECK(prefix_lm(), "pi05: the prefix LM's head is read only with model.prefix_lm_loss_weight > 0",
+           lf::hint("a policy that decodes its prompt's answers is trained with the prefix LM loss"));
+  LF_CHECK(!tp_.tp, "pi05: prompt logits are computed on one process (tensor parallel size 1)");
+  at::NoGradGuard no_grad;
+  at::Tensor x;
+  prefix_cache(embed_prefix(in), &x);
+  x = lf::ops::rms_norm(backend_, x, 1.0 + lm_norm_, vlm_.rms_norm_eps);
+  const int64_t L = in.tokens.size(1);
+  return at::linear(x.narrow(1, x.size(1) - L, L), embed_).to(at::kFloat);
+}
+
 at::Tensor Pi05::losses(const Pi05Inputs& in, const at::Tensor& actions, const at::Tensor& noise,
                         const at::Tensor& time) const {
   return train_losses(in, actions, noise, time, {}).first;
@@ -540,7 +567,9 @@ std::pair<at::Tensor, at::Tensor> Pi05::train_losses(const Pi05Inputs& in, const
 
 std::vector<Pi05::KV> Pi05::prefix_cache(const Prefix& p, at::Tensor* hidden) const {
   auto positions = p.pad.to(at::kLong).cumsum(1) - 1;
-  const auto mask = additive_mask(p.pad.unsqueeze(1) & p.pad.unsqueeze(2));
+  auto allowed = p.pad.unsqueeze(1) & p.pad.unsqueeze(2);
+  if (p.block.defined()) allowed = allowed & (p.block.unsqueeze(1) <= p.block.unsqueeze(2));
+  const auto mask = additive_mask(allowed);
   auto [cos, sin] = rope_tables(positions, vlm_.head_dim, vlm_.rope_theta, p.embs.scalar_type());
   std::vector<KV> cache;
   at::Tensor x = p.embs;

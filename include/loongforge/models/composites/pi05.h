@@ -170,6 +170,12 @@ struct Pi05Inputs {
   at::Tensor img_masks;  // [n_cam, b] bool: the camera is present
   at::Tensor tokens;     // [b, L] int64
   at::Tensor masks;      // [b, L] bool: a real (not padding) token
+  // Optional [b, L] bool, openpi's token_ar_mask: a true token starts a new attention block of the
+  // prompt. Token i belongs to block cumsum(ar_mask)[i] (the images to block 0) and sees the valid
+  // tokens of its own and earlier blocks, so an earlier block never sees a later one (pi0.5's
+  // subtask text after the prompt; the reach demo's answers after its queries). Undefined (the
+  // batch field prompt_ar_mask absent): one bidirectional prefix, as LeRobot's pi05.
+  at::Tensor ar_mask;
 };
 
 // Which components are frozen (LeRobot's freeze_vision_encoder: the vision tower;
@@ -210,6 +216,10 @@ class Pi05 : public Model {
   // PaliGemma layer, the final norm, the head tied to the token embedding (as the prefix pass of
   // PaliGemmaWithExpertModel.forward, then PaliGemma's lm_head). Needs prefix_lm_loss_weight > 0.
   at::Tensor prefix_lm_losses(const Pi05Inputs& in, const at::Tensor& labels) const;
+  // The prefix LM's logits [b, L, vocab_size] fp32 at the prompt's positions (the same pass and
+  // head as prefix_lm_losses, no gradient): what the policy decodes before sampling actions.
+  // Needs prefix_lm_loss_weight > 0 and no tensor parallelism.
+  at::Tensor prompt_logits(const Pi05Inputs& in) const;
 
   // Every parameter and model-state tensor from full tensors by name (this rank's shard of each);
   // an lf::Error naming `source` and the tensor when one is missing, has another shape, or the
@@ -245,6 +255,7 @@ class Pi05 : public Model {
   struct Prefix {
     at::Tensor embs;  // [b, P, width]
     at::Tensor pad;   // [b, P] bool
+    at::Tensor block; // [b, P] int64 attention block (Pi05Inputs::ar_mask); undefined: all one block
   };
   struct KV {
     at::Tensor k, v;  // [b, kv_heads, P, d] after RoPE

@@ -10,6 +10,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <limits>
 
 #include "../parallel/tp_testing.h"
 #include "cached_oracle.h"
@@ -92,6 +93,37 @@ TEST(Pi05, LossAndSampledActionsMatchLeRobot) {
     std::printf("[pi05 parity] %s TP=1: max |prefix LM cross entropy - PaliGemma's| = %.3g\n", name, lm);
     EXPECT_LE(lm, kTolerance) << name;
   }
+}
+
+// The flow loss and sampling run the prefix on its valid tokens alone: a missing camera's image
+// never reaches the tower (a NaN image changes no bit; run through the tower its NaN tokens would
+// meet a zero probability and give NaN), and a batch whose padding is packed away equals each
+// sample run alone with its padding cut off.
+TEST(Pi05, PaddingAndMissingCamerasAreSkipped) {
+  REQUIRE_ORACLE();
+  const std::string dir = oracle_dir() + "/two_cameras";
+  auto m = load(dir + "/policy");
+  auto t = lf::testing::read_safetensors(dir + "/inputs.safetensors");
+  auto in = inputs(t);
+  const int64_t cams = in.images.size(0), b = in.images.size(1), L = in.tokens.size(1);
+  ASSERT_FALSE(in.img_masks[cams - 1][b - 1].item<bool>()) << "the oracle's last sample misses a camera";
+  ASSERT_LT(in.masks[b - 1].sum().item<int64_t>(), L) << "and pads its prompt";
+  at::NoGradGuard no_grad;
+  const auto loss = m->losses(in, t.at("actions"), t.at("noise"), t.at("time"));
+  const auto actions = m->sample_actions(in, t.at("noise"));
+  auto nan = in;
+  nan.images = in.images.clone();
+  nan.images[cams - 1][b - 1].fill_(std::numeric_limits<float>::quiet_NaN());
+  EXPECT_TRUE(m->losses(nan, t.at("actions"), t.at("noise"), t.at("time")).equal(loss));
+  EXPECT_TRUE(m->sample_actions(nan, t.at("noise")).equal(actions));
+  // The last sample alone, its prompt cut to its valid tokens (no padding left to pack).
+  const int64_t valid = in.masks[b - 1].sum().item<int64_t>();
+  auto one = [&](const at::Tensor& x) { return x.narrow(0, b - 1, 1); };
+  Pi05Inputs cut{in.images.narrow(1, b - 1, 1).narrow(0, 0, cams - 1), in.img_masks.narrow(1, b - 1, 1).narrow(0, 0, cams - 1),
+                 one(in.tokens).narrow(1, 0, valid), one(in.masks).narrow(1, 0, valid)};
+  const auto alone = m->losses(cut, one(t.at("actions")), one(t.at("noise")), one(t.at("time")));
+  EXPECT_LT((alone - one(loss)).abs().max().item<double>(), 1e-5);
+  EXPECT_LT((m->sample_actions(cut, one(t.at("noise"))) - one(actions)).abs().max().item<double>(), 1e-5);
 }
 
 LF_WORKER_CASE(pi05_parity_tp2) {

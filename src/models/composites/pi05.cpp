@@ -185,21 +185,83 @@ at::Tensor gated_add(const at::Tensor& x, const at::Tensor& y, const at::Tensor&
   return x.scalar_type() == at::kFloat ? at::addcmul(x, y, gate) : x + y * gate;
 }
 
-// HF's rotate_half RoPE with per-sample positions: x [b, s, n, d], positions [b, s] int64. The
-// tables are cos and the signed sin, cat(-sin, sin) of the halves, so that rotate_half(x) * sin =
-// swap_halves(x) * signed_sin: the same values, and one flip in the graph where rotate_half's two
-// slices and a concatenation would each cost a full-size gradient in the backward.
+// HF's rotate_half RoPE with per-sample positions: positions [b, s] int64 -> the tables cos and sin
+// [b, s, d] (contiguous; each the halves' angles twice, as HF's cat(freqs, freqs)).
 std::pair<at::Tensor, at::Tensor> rope_tables(const at::Tensor& positions, int64_t d, double theta,
                                               at::ScalarType dtype) {
   auto inv = 1.0 / at::pow(theta, at::arange(0, d, 2, at::TensorOptions().dtype(at::kLong)).to(at::kFloat) /
                                       static_cast<double>(d));
   auto freqs = positions.to(at::kFloat).unsqueeze(-1) * inv.to(positions.device()).view({1, 1, -1});  // [b, s, d/2]
   auto cos = freqs.cos(), sin = freqs.sin();
-  return {at::cat({cos, cos}, -1).unsqueeze(2).to(dtype), at::cat({-sin, sin}, -1).unsqueeze(2).to(dtype)};  // [b, s, 1, d]
+  return {at::cat({cos, cos}, -1).to(dtype), at::cat({sin, sin}, -1).to(dtype)};
 }
-at::Tensor apply_rope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& signed_sin) {
-  auto swapped = x.unflatten(-1, {2, x.size(-1) / 2}).flip(-2).flatten(-2);  // cat(x2, x1)
-  return gated_add(x * cos, swapped, signed_sin);
+// x [b, s, n, d] with tables [b, s, d]. fp32: the backend's fused RoPE, every token its own
+// position. Lower precision as openpi rounds it: x cos + rotate_half(x) sin, written as
+// x cos + swap_halves(x) signed_sin with signed_sin = cat(-sin, sin) (exact): one flip in the graph
+// where rotate_half's two slices and a concatenation would each cost a full-size gradient.
+at::Tensor rope_per_token(const lf::backend::DeviceBackend& be, const at::Tensor& x, const at::Tensor& cos,
+                      const at::Tensor& sin) {
+  const int64_t b = x.size(0), s = x.size(1), d = x.size(3);
+  if (x.scalar_type() == at::kFloat)
+    return lf::ops::rope(be, x.reshape({b * s, 1, x.size(2), d}), cos.reshape({b * s, d}), sin.reshape({b * s, d}))
+        .view(x.sizes());
+  auto halves = sin.unflatten(-1, {2, d / 2});
+  auto signed_sin = at::cat({-halves.select(-2, 0), halves.select(-2, 1)}, -1).unsqueeze(2);
+  auto swapped = x.unflatten(-1, {2, d / 2}).flip(-2).flatten(-2);  // cat(x2, x1)
+  return gated_add(x * cos.unsqueeze(2), swapped, signed_sin);
+}
+
+// The prefix's valid tokens as rows. A padded prefix token (a prompt shorter than its padded
+// length, a missing camera's image tokens) is a key no query sees, so nothing a valid token
+// computes depends on it; where the prefix's own outputs are not read (training without the
+// prefix LM loss, the sampling cache) the prefix stream runs on its valid tokens alone, packed as
+// [1, T, ...] rows for the GEMMs, norms and MLPs, and enters each attention scattered into its
+// padded layout with zeros at the padding (masked for every query). LeRobot's pi05 computes the
+// padding (its prompts are padded to tokenizer_max_length).
+struct PrefixRows {
+  int64_t b = 0, np = 0, ns = 0;
+  at::Tensor rows;   // [T]: the valid tokens' indices in the flattened [b np] prefix
+  at::Tensor joint;  // [T + b ns]: the same tokens' rows in the flattened [b (np + ns)] layout, then the suffix's
+
+  int64_t count() const { return rows.size(0); }
+  // [b, np, ...] -> [1, T, ...]
+  at::Tensor pack(const at::Tensor& x) const { return x.flatten(0, 1).index_select(0, rows).unsqueeze(0); }
+  // The packed prefix [1, T, ...] and the suffix [b, ns, ...] (ns > 0) -> [b, np + ns, ...], zeros
+  // at the padding.
+  at::Tensor join(const at::Tensor& prefix, const at::Tensor& suffix) const {
+    auto src = ns > 0 ? at::cat({prefix.squeeze(0), suffix.flatten(0, 1)}, 0) : prefix.squeeze(0);
+    auto shape = src.sizes().vec();
+    shape[0] = b * (np + ns);
+    auto out = at::zeros(shape, src.options()).index_copy(0, ns > 0 ? joint : rows, src);
+    shape[0] = np + ns;
+    shape.insert(shape.begin(), b);
+    return out.view(shape);
+  }
+  // [b, np + ns, ...] -> the packed prefix [1, T, ...] and the suffix [b, ns, ...] (undefined
+  // when ns = 0).
+  std::pair<at::Tensor, at::Tensor> split(const at::Tensor& x) const {
+    auto flat = x.flatten(0, 1).index_select(0, ns > 0 ? joint : rows);
+    if (ns == 0) return {flat.unsqueeze(0), {}};
+    auto parts = flat.split_with_sizes({count(), b * ns}, 0);
+    auto shape = x.sizes().vec();
+    shape[1] = ns;
+    return {parts[0].unsqueeze(0), parts[1].view(shape)};
+  }
+};
+
+// The rows of pad's valid tokens ([b, np] bool), or nothing when there is no padding.
+std::optional<PrefixRows> prefix_rows(const at::Tensor& pad, int64_t ns) {
+  if (pad.all().item<bool>()) return std::nullopt;
+  PrefixRows r;
+  r.b = pad.size(0), r.np = pad.size(1), r.ns = ns;
+  r.rows = pad.reshape({-1}).nonzero().squeeze(1);
+  if (ns > 0) {
+    auto sample = at::floor_divide(r.rows, r.np);
+    auto suffix = (at::arange(r.b, r.rows.options()).unsqueeze(1) * (r.np + ns) + r.np +
+                   at::arange(ns, r.rows.options()).unsqueeze(0)).reshape({-1});
+    r.joint = at::cat({r.rows + sample * ns, suffix});
+  }
+  return r;
 }
 
 }  // namespace
@@ -356,7 +418,7 @@ at::Tensor Pi05::embed_images(const at::Tensor& images) const {
   return lf::ops::linear(x, proj_w_, proj_b_, sink_);
 }
 
-Pi05::Prefix Pi05::embed_prefix(const Pi05Inputs& in) const {
+Pi05::Prefix Pi05::embed_prefix(const Pi05Inputs& in, bool skip_missing) const {
   const int64_t cams = in.images.size(0), b = in.images.size(1);
   LF_CHECK(in.img_masks.dim() == 2 && in.img_masks.size(0) == cams && in.img_masks.size(1) == b,
            "pi05: img_masks must be [n_cam, b] = [", cams, ", ", b, "], got ", in.img_masks.sizes());
@@ -364,7 +426,20 @@ Pi05::Prefix Pi05::embed_prefix(const Pi05Inputs& in) const {
            "pi05: tokens and masks must both be [b, L] with b = ", b, ", got ", in.tokens.sizes(), " and ",
            in.masks.sizes());
   const auto dev = backend_.device();  // callers may hand CPU tensors (generate, the reach policy)
-  auto img = embed_images(in.images.to(dev).flatten(0, 1));  // [cams b, t, width]
+  // A missing camera's image tokens are padding, keys no valid token sees: with skip_missing the
+  // tower skips its image and its tokens are zeros (LeRobot runs the tower on the placeholder
+  // image). Only a padded query, which sees every key alike, could tell.
+  const auto images = in.images.to(dev).flatten(0, 1);  // [cams b, 3, H, W]
+  const auto present = in.img_masks.to(dev).reshape({-1});
+  const int64_t shown = present.sum().item<int64_t>();
+  at::Tensor img;  // [cams b, t, width]
+  if (!skip_missing || shown == 0 || shown == present.size(0)) {
+    img = embed_images(images);
+  } else {
+    const auto rows = present.nonzero().squeeze(1);
+    auto some = embed_images(images.index_select(0, rows));
+    img = at::zeros({present.size(0), some.size(1), some.size(2)}, some.options()).index_copy(0, rows, some);
+  }
   const int64_t t = img.size(1);
   img = img.view({cams, b, t, -1}).transpose(0, 1).reshape({b, cams * t, -1});
   auto img_pad = in.img_masks.to(dev).transpose(0, 1).unsqueeze(-1).expand({b, cams, t}).reshape({b, cams * t});
@@ -433,9 +508,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> Pi05::qkv(const GemmaLayer& l, co
   const int64_t b = x.size(0), s = x.size(1), d = c.head_dim;
   auto k = lf::ops::linear(xt, l.k, {}, sink_).view({b, s, -1, d});
   auto v = lf::ops::linear(xt, l.v, {}, sink_).view({b, s, -1, d});
-  if (kv_only) return {at::Tensor(), apply_rope(k, cos, sin), v};
+  if (kv_only) return {at::Tensor(), rope_per_token(backend_, k, cos, sin), v};
   auto q = lf::ops::linear(xt, l.q, {}, sink_).view({b, s, -1, d});
-  return {apply_rope(q, cos, sin), apply_rope(k, cos, sin), v};
+  return {rope_per_token(backend_, q, cos, sin), rope_per_token(backend_, k, cos, sin), v};
 }
 
 at::Tensor Pi05::attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
@@ -461,9 +536,13 @@ std::pair<at::Tensor, at::Tensor> Pi05::joint_forward(const Prefix& p, const at:
   auto allowed = (block.unsqueeze(1) <= block.unsqueeze(2)) & pad.unsqueeze(1) & pad.unsqueeze(2);
   const auto mask = additive_mask(allowed);
   auto [cos, sin] = rope_tables(positions, vlm_.head_dim, vlm_.rope_theta, p.embs.scalar_type());
-  auto cos_p = cos.narrow(1, 0, np), sin_p = sin.narrow(1, 0, np);
-  auto cos_s = cos.narrow(1, np, ns), sin_s = sin.narrow(1, np, ns);
+  auto cos_p = cos.narrow(1, 0, np).contiguous(), sin_p = sin.narrow(1, 0, np).contiguous();
+  auto cos_s = cos.narrow(1, np, ns).contiguous(), sin_s = sin.narrow(1, np, ns).contiguous();
   at::Tensor xp = p.embs, xs = suffix;
+  // Without the prefix's outputs its padding is skipped (PrefixRows): xp is [1, T, width].
+  const auto packed = with_prefix ? std::nullopt : prefix_rows(p.pad, ns);
+  if (packed) xp = packed->pack(xp), cos_p = packed->pack(cos_p), sin_p = packed->pack(sin_p);
+  auto join = [&](const at::Tensor& a, const at::Tensor& c) { return packed ? packed->join(a, c) : at::cat({a, c}, 1); };
   for (int64_t i = 0; i < vlm_.depth; ++i) {
     const auto& lp = vlm_layers_[i];
     const auto& ls = expert_layers_[i];
@@ -475,13 +554,19 @@ std::pair<at::Tensor, at::Tensor> Pi05::joint_forward(const Prefix& p, const at:
     auto [qs, ks, vs] = qkv(ls, expert_, hs, cos_s, sin_s);
     if (last) {
       // The prefix's last outputs feed nothing pi0.5 reads: only the suffix's queries attend.
-      auto o = attention(qs, at::cat({kp, ks}, 1), at::cat({vp, vs}, 1), mask.narrow(2, np, ns));
+      auto o = attention(qs, join(kp, ks), join(vp, vs), mask.narrow(2, np, ns));
       xs = gated_add(xs, lf::parallel::row_parallel_linear(o, ls.o, {}, tp_, sink_), gs);
     } else {
-      // Split, not two narrows: the backward concatenates the parts' gradients once.
-      auto o = attention(at::cat({qp, qs}, 1), at::cat({kp, ks}, 1), at::cat({vp, vs}, 1), mask).split_with_sizes({np, ns}, 1);
-      xp = xp + lf::parallel::row_parallel_linear(o[0], lp.o, {}, tp_, sink_);
-      xs = gated_add(xs, lf::parallel::row_parallel_linear(o[1], ls.o, {}, tp_, sink_), gs);
+      auto o = attention(join(qp, qs), join(kp, ks), join(vp, vs), mask);
+      at::Tensor op, os;
+      if (packed) {
+        std::tie(op, os) = packed->split(o);
+      } else {  // split, not two narrows: the backward concatenates the parts' gradients once
+        auto parts = o.split_with_sizes({np, ns}, 1);
+        op = parts[0], os = parts[1];
+      }
+      xp = xp + lf::parallel::row_parallel_linear(op, lp.o, {}, tp_, sink_);
+      xs = gated_add(xs, lf::parallel::row_parallel_linear(os, ls.o, {}, tp_, sink_), gs);
       auto [mp, unused] = norm(lp.post_norm, xp, {}, vlm_.rms_norm_eps);
       xp = xp + mlp(lp, mp);
     }
@@ -552,7 +637,7 @@ std::pair<at::Tensor, at::Tensor> Pi05::train_losses(const Pi05Inputs& in, const
   auto t = time.to(dev, at::kFloat).view({b, 1, 1});
   auto x_t = t * eps + (1 - t) * a;
   auto u_t = eps - a;
-  auto prefix = embed_prefix(in);
+  auto prefix = embed_prefix(in, !labels.defined());
   auto [suffix, cond] = embed_suffix(x_t, time.to(at::kFloat));
   auto [out, prefix_out] = joint_forward(prefix, suffix.to(prefix.embs.scalar_type()), cond, labels.defined());
   // The suffix is the chunk's action tokens (a full-length narrow would still cost a backward copy).
@@ -573,14 +658,22 @@ std::vector<Pi05::KV> Pi05::prefix_cache(const Prefix& p, at::Tensor* hidden) co
   auto [cos, sin] = rope_tables(positions, vlm_.head_dim, vlm_.rope_theta, p.embs.scalar_type());
   std::vector<KV> cache;
   at::Tensor x = p.embs;
+  // Without the hidden states the padding is skipped (PrefixRows): x is [1, T, width], the cache
+  // padded (zeros at the padding, which denoise_step masks).
+  const auto packed = hidden ? std::nullopt : prefix_rows(p.pad, 0);
+  if (packed) x = packed->pack(x), cos = packed->pack(cos), sin = packed->pack(sin);
+  auto unpack = [&](const at::Tensor& t) { return packed ? packed->join(t, {}) : t; };
   for (int64_t i = 0; i < vlm_.depth; ++i) {
     const auto& l = vlm_layers_[i];
     auto [h, unused] = norm(l.input_norm, x, {}, vlm_.rms_norm_eps);
     const bool last = i == vlm_.depth - 1 && !hidden;  // only the last layer's keys and values are read
     auto [q, k, v] = qkv(l, vlm_, h, cos, sin, last);
+    k = unpack(k), v = unpack(v);
     cache.push_back({k, v});
     if (last) break;
-    x = x + lf::parallel::row_parallel_linear(attention(q, k, v, mask), l.o, {}, tp_, sink_);
+    auto o = attention(unpack(q), k, v, mask);
+    if (packed) o = packed->split(o).first;
+    x = x + lf::parallel::row_parallel_linear(o, l.o, {}, tp_, sink_);
     auto [m, unused2] = norm(l.post_norm, x, {}, vlm_.rms_norm_eps);
     x = x + mlp(l, m);
   }
@@ -621,7 +714,7 @@ at::Tensor Pi05::sample_actions(const Pi05Inputs& in, const at::Tensor& noise, i
            "pi05: noise must be [b, chunk_size, max_action_dim] = [", b, ", ", config_.chunk_size, ", ",
            config_.max_action_dim, "], got ", noise.sizes());
   at::NoGradGuard no_grad;
-  auto prefix = embed_prefix(in);
+  auto prefix = embed_prefix(in, true);
   auto cache = prefix_cache(prefix);
   const double dt = -1.0 / static_cast<double>(steps);
   auto x = noise.to(backend_.device(), at::kFloat);

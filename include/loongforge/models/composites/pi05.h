@@ -262,7 +262,9 @@ class Pi05 : public Model {
   };
 
   at::Tensor embed_images(const at::Tensor& images) const;  // [n, 3, H, W] -> [n, tokens, width]
-  Prefix embed_prefix(const Pi05Inputs& in) const;
+  // skip_missing: a missing camera's image tokens are zeros, its image not run through the tower
+  // (for callers that read only the valid tokens' outputs; padded rows see every key).
+  Prefix embed_prefix(const Pi05Inputs& in, bool skip_missing = false) const;
   // The suffix tokens [b, chunk, expert width] and the adaRMS condition [b, expert width].
   std::pair<at::Tensor, at::Tensor> embed_suffix(const at::Tensor& x_t, const at::Tensor& time) const;
   // Norm of a stream: (normed, gate or undefined).

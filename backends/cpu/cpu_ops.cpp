@@ -73,6 +73,29 @@ std::optional<at::Tensor> folded_mask(const AttentionMask& mask, int64_t group) 
   return m.expand({m.size(0), group, m.size(2), m.size(3)}).reshape({m.size(0), 1, group * m.size(2), m.size(3)});
 }
 
+// The fold in query-major order, for one key/value head: rows (query i, head h) at i nq + h. When
+// the queries come as a transposed view of [b, s, nq, d] (attention over per-token projections
+// passes them so) that order is their memory: no copy in, and the output and dq go back as the
+// same kind of view ([b, nq, s, d] over [b, s, nq, d] memory), which the caller's transpose to
+// [b, s, nq d] takes without a copy either.
+bool folds_query_major(const at::Tensor& q, const at::Tensor& k, const AttentionMask& mask) {
+  const int64_t group = q.size(1) / k.size(1);
+  return k.size(1) == 1 && folds(group, mask) && q.transpose(1, 2).is_contiguous();
+}
+// [b, nq, s, d] -> [b, 1, s nq, d] (a view when t is query-major in memory)
+at::Tensor fold_query_major(const at::Tensor& t) {
+  const auto n = t.sizes();
+  return t.transpose(1, 2).contiguous().view({n[0], 1, n[2] * n[1], n[3]});
+}
+// [b, 1, s nq, d] -> [b, nq, s, d], a view
+at::Tensor unfold_query_major(const at::Tensor& t, int64_t nq) {
+  return t.view({t.size(0), t.size(2) / nq, nq, t.size(3)}).transpose(1, 2);
+}
+// [b|1, 1, s, t] -> [b|1, 1, s group, t]: row i group + h is query i's
+at::Tensor query_major_mask(const at::Tensor& m, int64_t group) {
+  return m.unsqueeze(3).expand({m.size(0), 1, m.size(2), group, m.size(3)}).reshape({m.size(0), 1, m.size(2) * group, m.size(3)});
+}
+
 }  // namespace
 
 SdpaFwd CpuOps::sdpa_fwd(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
@@ -84,6 +107,14 @@ SdpaFwd CpuOps::sdpa_fwd(const at::Tensor& q, const at::Tensor& k, const at::Ten
   }
   if (!flash_applies(q, k, v, mask)) return ReferenceOps::sdpa_fwd(q, k, v, mask, scale);
   const int64_t group = q.size(1) / k.size(1);
+  if (folds_query_major(q, k, mask)) {
+    const int64_t nq = q.size(1);
+    std::optional<at::Tensor> m;
+    if (mask.kind == MaskKind::explicit_additive) m = query_major_mask(mask.mask, group);
+    auto [o, lse] = at::_scaled_dot_product_flash_attention_for_cpu(fold_query_major(q), k, v, 0.0, false, m, scale);
+    return {unfold_query_major(o, nq),
+            lse.to(at::kFloat).view({q.size(0), q.size(2), nq}).transpose(1, 2).contiguous()};
+  }
   if (folds(group, mask)) {
     auto [o, lse] = at::_scaled_dot_product_flash_attention_for_cpu(fold_queries(q, group), k, v, 0.0, false,
                                                                     folded_mask(mask, group), scale);
@@ -104,6 +135,15 @@ SdpaBwd CpuOps::sdpa_bwd(const at::Tensor& dout, const at::Tensor& q, const at::
   }
   if (!flash_applies(q, k, v, mask)) return ReferenceOps::sdpa_bwd(dout, q, k, v, o, lse, mask, scale);
   const int64_t group = q.size(1) / k.size(1);
+  if (folds_query_major(q, k, mask)) {
+    const int64_t nq = q.size(1);
+    std::optional<at::Tensor> m;
+    if (mask.kind == MaskKind::explicit_additive) m = query_major_mask(mask.mask, group);
+    const auto lse_folded = lse.transpose(1, 2).contiguous().view({q.size(0), 1, q.size(2) * nq});
+    auto [dq, dk, dv] = at::_scaled_dot_product_flash_attention_for_cpu_backward(
+        fold_query_major(dout), fold_query_major(q), k, v, fold_query_major(o), lse_folded, 0.0, false, m, scale);
+    return {unfold_query_major(dq, nq), dk.contiguous(), dv.contiguous()};
+  }
   if (folds(group, mask)) {
     const auto lse_folded = lse.contiguous().view({q.size(0), k.size(1), group * q.size(2)});
     auto [dq, dk, dv] = at::_scaled_dot_product_flash_attention_for_cpu_backward(

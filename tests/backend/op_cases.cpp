@@ -212,6 +212,7 @@ struct SdpaCfg {
   int64_t b, nq, nkv, s, t, d, dv;
   MaskKind kind;
   bool block_mask = false;  // additive: pi05's block mask (openpi's -2.38e38 on the masked keys)
+  bool query_major = false;  // q and dout as transposed views of [b, s, nq, d] memory (pi05's layout)
 };
 
 void add_sdpa_cases(std::vector<OpCase>& cases) {
@@ -229,6 +230,13 @@ void add_sdpa_cases(std::vector<OpCase>& cases) {
                     // query heads on one key/value head (the CPU backend's masked flash path).
                     SdpaCfg{"sdpa_f32_additive_block_mask_gqa", at::kFloat, 3, 8, 1, 12, 12, 16, 16,
                             MaskKind::explicit_additive, true},
+                    // The same with q and dout in pi05's memory order, [b, s, nq, d] (the CPU
+                    // backend folds the heads query-major then, without copies), and without a
+                    // mask in bf16 (the flash path; fp32 goes to the backend's own kernel).
+                    SdpaCfg{"sdpa_f32_additive_block_mask_gqa_query_major", at::kFloat, 3, 8, 1, 12, 12, 16, 16,
+                            MaskKind::explicit_additive, true, true},
+                    SdpaCfg{"sdpa_bf16_nomask_gqa_query_major", at::kBFloat16, 2, 4, 1, 6, 6, 16, 16, MaskKind::none,
+                            false, true},
                     SdpaCfg{"sdpa_bf16_causal_gqa", at::kBFloat16, 2, 4, 1, 8, 8, 16, 16,
                             MaskKind::causal},
                     // GQA without a mask over more keys than queries (ChunkPipe's prefix part;
@@ -255,6 +263,8 @@ void add_sdpa_cases(std::vector<OpCase>& cases) {
                                                   g.randn({c.b, c.nkv, c.t, c.d}, c.dt),
                                                   g.randn({c.b, c.nkv, c.t, c.dv}, c.dt),
                                                   g.randn({c.b, c.nq, c.s, c.dv}, c.dt)};
+                       if (c.query_major)
+                         for (int i : {0, 3}) in[i] = in[i].transpose(1, 2).contiguous().transpose(1, 2);
                        if (c.kind == MaskKind::explicit_bool) {
                          // [b, 1, s, t], with row 1 of batch 0 seeing no key at all.
                          auto m = g.randn({c.b, 1, c.s, c.t}, at::kFloat).gt(-0.3);

@@ -400,8 +400,15 @@ at::Tensor Pi05::embed_images(const at::Tensor& images) const {
            images.sizes());
   const int64_t n = images.size(0), t = c.tokens_per_image();
   const int64_t heads = c.num_attention_heads / tp_.size(), hd = c.hidden_size / c.num_attention_heads;
-  auto x = at::conv2d(images.to(patch_w_.scalar_type()), patch_w_, patch_b_, {c.patch_size, c.patch_size});
-  x = x.flatten(2).transpose(1, 2) + pos_emb_;  // [n, t, hidden]
+  // SigLIP's patch embedding (a conv with stride = kernel) as one GEMM over the patches, each
+  // flattened (channel, row, column) as the conv weight is, in row-major patch order: no conv
+  // (mkldnn's forward and backward cost ~5x the GEMMs at these sizes); no input gradient.
+  const int64_t p = c.patch_size, side = c.image_size / p;
+  auto patches = images.to(patch_w_.scalar_type())
+                     .view({n, 3, side, p, side, p})
+                     .permute({0, 2, 4, 1, 3, 5})
+                     .reshape({n, side * side, 3 * p * p});
+  auto x = at::linear(patches, patch_w_.flatten(1), patch_b_) + pos_emb_;  // [n, t, hidden]
   for (const auto& l : vision_layers_) {
     auto h = lf::ops::layer_norm(backend_, x, l.ln1_w, l.ln1_b, c.layer_norm_eps);
     auto split = [&](const at::Tensor& y) { return y.view({n, t, heads, hd}).transpose(1, 2); };

@@ -200,7 +200,7 @@ std::pair<at::Tensor, at::Tensor> rope_tables(const at::Tensor& positions, int64
 // x cos + swap_halves(x) signed_sin with signed_sin = cat(-sin, sin) (exact): one flip in the graph
 // where rotate_half's two slices and a concatenation would each cost a full-size gradient.
 at::Tensor rope_per_token(const lf::backend::DeviceBackend& be, const at::Tensor& x, const at::Tensor& cos,
-                      const at::Tensor& sin) {
+                          const at::Tensor& sin) {
   const int64_t b = x.size(0), s = x.size(1), d = x.size(3);
   if (x.scalar_type() == at::kFloat)
     return lf::ops::rope(be, x.reshape({b * s, 1, x.size(2), d}), cos.reshape({b * s, d}), sin.reshape({b * s, d}))
@@ -438,9 +438,9 @@ Pi05::Prefix Pi05::embed_prefix(const Pi05Inputs& in, bool skip_missing) const {
   // image). Only a padded query, which sees every key alike, could tell.
   const auto images = in.images.to(dev).flatten(0, 1);  // [cams b, 3, H, W]
   const auto present = in.img_masks.to(dev).reshape({-1});
-  const int64_t shown = present.sum().item<int64_t>();
+  const int64_t shown = skip_missing ? present.sum().item<int64_t>() : present.size(0);
   at::Tensor img;  // [cams b, t, width]
-  if (!skip_missing || shown == 0 || shown == present.size(0)) {
+  if (shown == 0 || shown == present.size(0)) {
     img = embed_images(images);
   } else {
     const auto rows = present.nonzero().squeeze(1);

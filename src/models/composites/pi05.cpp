@@ -15,9 +15,17 @@
 #include "loongforge/parallel/tensor/cross_entropy.h"
 #include "loongforge/parallel/tensor/layers.h"
 #include "loongforge/parallel/tensor/mappings.h"
+#include "pi05_tensors.h"
 #include "policy_streams.h"
 
 namespace lf::models {
+
+using pi05_tensors::additive_mask;
+using pi05_tensors::gated_add;
+using pi05_tensors::prefix_rows;
+using pi05_tensors::rope_per_token;
+using pi05_tensors::rope_tables;
+
 namespace {
 
 const std::string kType = "pi05";
@@ -25,9 +33,6 @@ const std::string kVision = "paligemma_with_expert.paligemma.model.vision_tower.
 const std::string kProjector = "paligemma_with_expert.paligemma.model.multi_modal_projector.linear.";
 const std::string kLm = "paligemma_with_expert.paligemma.model.language_model.";
 const std::string kExpert = "paligemma_with_expert.gemma_expert.model.";
-// openpi's additive mask value: finite, so a query with no visible key (a padding token's) gets a
-// uniform distribution rather than NaN, and masked keys weigh exactly 0.
-constexpr double kMaskValue = -2.3819763e38;
 
 // The parameters, declared in one order for the model and for the records.
 struct Declared {
@@ -173,95 +178,6 @@ Declared declare(ParamBuilder& b, int tp, const SiglipConfig& sv, const PiGemmaC
   d.time_out_w = b.add("time_mlp_out.weight", init({we, we}), rep, false);
   d.time_out_b = b.add("time_mlp_out.bias", zeros({we}), rep, true);
   return d;
-}
-
-// allowed [b, s, t] bool -> the additive mask [b, 1, s, t] of every layer's attention.
-at::Tensor additive_mask(const at::Tensor& allowed) {
-  return at::where(allowed.unsqueeze(1), 0.0, kMaskValue).to(at::kFloat);
-}
-
-// x + y * gate: one addcmul in fp32; in bf16 two ops, each rounded as openpi's x + y * gate is.
-at::Tensor gated_add(const at::Tensor& x, const at::Tensor& y, const at::Tensor& gate) {
-  return x.scalar_type() == at::kFloat ? at::addcmul(x, y, gate) : x + y * gate;
-}
-
-// HF's rotate_half RoPE with per-sample positions: positions [b, s] int64 -> the tables cos and sin
-// [b, s, d] (contiguous; each the halves' angles twice, as HF's cat(freqs, freqs)).
-std::pair<at::Tensor, at::Tensor> rope_tables(const at::Tensor& positions, int64_t d, double theta,
-                                              at::ScalarType dtype) {
-  auto inv = 1.0 / at::pow(theta, at::arange(0, d, 2, at::TensorOptions().dtype(at::kLong)).to(at::kFloat) /
-                                      static_cast<double>(d));
-  auto freqs = positions.to(at::kFloat).unsqueeze(-1) * inv.to(positions.device()).view({1, 1, -1});  // [b, s, d/2]
-  auto cos = freqs.cos(), sin = freqs.sin();
-  return {at::cat({cos, cos}, -1).to(dtype), at::cat({sin, sin}, -1).to(dtype)};
-}
-// x [b, s, n, d] with tables [b, s, d]. fp32: the backend's fused RoPE, every token its own
-// position. Lower precision as openpi rounds it: x cos + rotate_half(x) sin, written as
-// x cos + swap_halves(x) signed_sin with signed_sin = cat(-sin, sin) (exact): one flip in the graph
-// where rotate_half's two slices and a concatenation would each cost a full-size gradient.
-at::Tensor rope_per_token(const lf::backend::DeviceBackend& be, const at::Tensor& x, const at::Tensor& cos,
-                          const at::Tensor& sin) {
-  const int64_t b = x.size(0), s = x.size(1), d = x.size(3);
-  if (x.scalar_type() == at::kFloat)
-    return lf::ops::rope(be, x.reshape({b * s, 1, x.size(2), d}), cos.reshape({b * s, d}), sin.reshape({b * s, d}))
-        .view(x.sizes());
-  auto halves = sin.unflatten(-1, {2, d / 2});
-  auto signed_sin = at::cat({-halves.select(-2, 0), halves.select(-2, 1)}, -1).unsqueeze(2);
-  auto swapped = x.unflatten(-1, {2, d / 2}).flip(-2).flatten(-2);  // cat(x2, x1)
-  return gated_add(x * cos.unsqueeze(2), swapped, signed_sin);
-}
-
-// The prefix's valid tokens as rows. A padded prefix token (a prompt shorter than its padded
-// length, a missing camera's image tokens) is a key no query sees, so nothing a valid token
-// computes depends on it; where the prefix's own outputs are not read (training without the
-// prefix LM loss, the sampling cache) the prefix stream runs on its valid tokens alone, packed as
-// [1, T, ...] rows for the GEMMs, norms and MLPs, and enters each attention scattered into its
-// padded layout with zeros at the padding (masked for every query). LeRobot's pi05 computes the
-// padding (its prompts are padded to tokenizer_max_length).
-struct PrefixRows {
-  int64_t b = 0, np = 0, ns = 0;
-  at::Tensor rows;   // [T]: the valid tokens' indices in the flattened [b np] prefix
-  at::Tensor joint;  // [T + b ns]: the same tokens' rows in the flattened [b (np + ns)] layout, then the suffix's
-
-  int64_t count() const { return rows.size(0); }
-  // [b, np, ...] -> [1, T, ...]
-  at::Tensor pack(const at::Tensor& x) const { return x.flatten(0, 1).index_select(0, rows).unsqueeze(0); }
-  // The packed prefix [1, T, ...] and the suffix [b, ns, ...] (ns > 0) -> [b, np + ns, ...], zeros
-  // at the padding.
-  at::Tensor join(const at::Tensor& prefix, const at::Tensor& suffix) const {
-    auto src = ns > 0 ? at::cat({prefix.squeeze(0), suffix.flatten(0, 1)}, 0) : prefix.squeeze(0);
-    auto shape = src.sizes().vec();
-    shape[0] = b * (np + ns);
-    auto out = at::zeros(shape, src.options()).index_copy(0, ns > 0 ? joint : rows, src);
-    shape[0] = np + ns;
-    shape.insert(shape.begin(), b);
-    return out.view(shape);
-  }
-  // [b, np + ns, ...] -> the packed prefix [1, T, ...] and the suffix [b, ns, ...] (undefined
-  // when ns = 0).
-  std::pair<at::Tensor, at::Tensor> split(const at::Tensor& x) const {
-    auto flat = x.flatten(0, 1).index_select(0, ns > 0 ? joint : rows);
-    if (ns == 0) return {flat.unsqueeze(0), {}};
-    auto parts = flat.split_with_sizes({count(), b * ns}, 0);
-    auto shape = x.sizes().vec();
-    shape[1] = ns;
-    return {parts[0].unsqueeze(0), parts[1].view(shape)};
-  }
-};
-
-// The rows of pad's valid tokens ([b, np] bool), or nothing when there is no padding.
-std::optional<PrefixRows> prefix_rows(const at::Tensor& pad, int64_t ns) {
-  if (pad.all().item<bool>()) return std::nullopt;
-  PrefixRows r;
-  r.b = pad.size(0), r.np = pad.size(1), r.ns = ns;
-  r.rows = pad.reshape({-1}).nonzero().squeeze(1);
-  if (ns > 0) {
-    auto sample = at::floor_divide(r.rows, r.np);
-    auto suffix = (at::arange(r.b, r.rows.options()).unsqueeze(1) * (r.np + ns) + r.np +
-                   at::arange(ns, r.rows.options()).unsqueeze(0)).reshape({-1});
-    r.joint = at::cat({r.rows + sample * ns, suffix});
-  }
-  return r;
 }
 
 }  // namespace

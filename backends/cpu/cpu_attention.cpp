@@ -61,24 +61,77 @@ Shape shape_of(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bo
   sh.offset = sh.t - sh.s;
   // About 128 rows per tile (the GEMMs' M), and at most 512 keys (the tile's N): a [128, 512]
   // fp32 tile is 256 KiB, within a core's L2 with the K/V block it reads.
+  sh.bk = std::min<int64_t>(512, sh.t);
   sh.bq = std::max<int64_t>(8, 128 / sh.r);
-  sh.bk = 512;
   return sh;
 }
 
 // Keys a row at query position i may see: [0, limit(i)).
 inline int64_t key_limit(const Shape& sh, int64_t i) { return sh.causal ? std::min(sh.t, i + sh.offset + 1) : sh.t; }
 
-// Packs rows [i0, i0 + nq) of the r query heads of group g (head-major: row = j * nq + p) from a
-// contiguous [b, hq, s, w] tensor into dst[r * nq, w]; unpack is the inverse.
-void pack(const float* src, float* dst, const Shape& sh, int64_t bi, int64_t g, int64_t i0, int64_t nq, int64_t w) {
-  for (int64_t j = 0; j < sh.r; ++j)
-    std::memcpy(dst + j * nq * w, src + (((bi * sh.hq) + g * sh.r + j) * sh.s + i0) * w, sizeof(float) * nq * w);
+// A [b, h, s, w] operand read (or written) by rows: element (bi, h, i, e) at
+// p + bi sb + h sh + i ss + e (its last dim unit-stride; the other strides as the caller's
+// tensor has them, e.g. queries as a transposed view of [b, s, hq, d] memory).
+struct Rows {
+  float* p;
+  int64_t sb, sh, ss;
+  explicit Rows(const at::Tensor& t)
+      : p(const_cast<float*>(t.data_ptr<float>())), sb(t.stride(0)), sh(t.stride(1)), ss(t.stride(2)) {}
+  float* row(int64_t bi, int64_t h, int64_t i) const { return p + bi * sb + h * sh + i * ss; }
+};
+
+// Packs rows [i0, i0 + nq) of the r query heads of group g (head-major: row = j * nq + p) into
+// dst[r * nq, w]; unpack is the inverse.
+void pack(const Rows& src, float* dst, const Shape& sh, int64_t bi, int64_t g, int64_t i0, int64_t nq, int64_t w) {
+  for (int64_t j = 0; j < sh.r; ++j) {
+    if (src.ss == w) {  // the head's positions are adjacent: one copy
+      std::memcpy(dst + j * nq * w, src.row(bi, g * sh.r + j, i0), sizeof(float) * nq * w);
+      continue;
+    }
+    for (int64_t p = 0; p < nq; ++p)
+      std::memcpy(dst + (j * nq + p) * w, src.row(bi, g * sh.r + j, i0 + p), sizeof(float) * w);
+  }
 }
-void unpack(const float* src, float* dst, const Shape& sh, int64_t bi, int64_t g, int64_t i0, int64_t nq, int64_t w) {
-  for (int64_t j = 0; j < sh.r; ++j)
-    std::memcpy(dst + (((bi * sh.hq) + g * sh.r + j) * sh.s + i0) * w, src + j * nq * w, sizeof(float) * nq * w);
+void unpack(const float* src, const Rows& dst, const Shape& sh, int64_t bi, int64_t g, int64_t i0, int64_t nq,
+            int64_t w) {
+  for (int64_t j = 0; j < sh.r; ++j) {
+    if (dst.ss == w) {
+      std::memcpy(dst.row(bi, g * sh.r + j, i0), src + j * nq * w, sizeof(float) * nq * w);
+      continue;
+    }
+    for (int64_t p = 0; p < nq; ++p)
+      std::memcpy(dst.row(bi, g * sh.r + j, i0 + p), src + (j * nq + p) * w, sizeof(float) * w);
+  }
 }
+
+// The additive mask as [b, hq, s, t] strides (broadcast dims stride 0, keys unit-stride); none
+// when undefined. Added to a tile row after the scale, as SDPA adds attn_mask.
+struct MaskRows {
+  const float* p = nullptr;
+  int64_t sb = 0, sh = 0, ss = 0;
+  at::Tensor held;
+  MaskRows(const at::Tensor& m, const Shape& shape) {
+    if (!m.defined()) return;
+    held = m.to(at::kFloat).expand({shape.b, shape.hq, shape.s, shape.t});
+    if (held.stride(3) != 1) held = held.contiguous();
+    p = held.data_ptr<float>(), sb = held.stride(0), sh = held.stride(1), ss = held.stride(2);
+  }
+  void add(float* z, int64_t bi, int64_t h, int64_t i, int64_t c0, int64_t n) const {
+    if (!p) return;
+    cpu_math::add_row(z, p + bi * sb + h * sh + i * ss + c0, n);
+  }
+};
+
+// An output laid out as `like` is (head-major or transposed from [b, s, h, w]) with last dim w.
+at::Tensor empty_as(const at::Tensor& like, int64_t w) {
+  const auto n = like.sizes();
+  if (like.stride(1) < like.stride(2))
+    return at::empty({n[0], n[2], n[1], w}, like.options()).transpose(1, 2);
+  return at::empty({n[0], n[1], n[2], w}, like.options());
+}
+
+// Unit-stride rows: the tensor itself when its last dim is, else a contiguous copy.
+at::Tensor unit_rows(const at::Tensor& t) { return t.stride(-1) == 1 ? t : t.contiguous(); }
 
 }  // namespace
 
@@ -91,15 +144,19 @@ bool applies(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool
   return q.size(0) * k.size(1) >= at::get_num_threads();
 }
 
-Forward forward(const at::Tensor& q0, const at::Tensor& k0, const at::Tensor& v0, bool causal, double scale) {
-  const at::Tensor q = q0.contiguous(), k = k0.contiguous(), v = v0.contiguous();
+Forward forward(const at::Tensor& q0, const at::Tensor& k0, const at::Tensor& v0, const at::Tensor& mask,
+                bool causal, double scale) {
+  const at::Tensor q = unit_rows(q0), k = k0.contiguous(), v = v0.contiguous();
   const Shape sh = shape_of(q, k, v, causal);
-  at::Tensor o = at::empty({sh.b, sh.hq, sh.s, sh.dv}, q.options());
+  const MaskRows mr(mask, sh);
+  at::Tensor o = empty_as(q, sh.dv);
   at::Tensor lse = at::empty({sh.b, sh.hq, sh.s}, q.options());
-  const float *qp = q.data_ptr<float>(), *kp = k.data_ptr<float>(), *vp = v.data_ptr<float>();
-  float *op = o.data_ptr<float>(), *lp = lse.data_ptr<float>();
+  const Rows qr(q), orow(o);
+  const float *kp = k.data_ptr<float>(), *vp = v.data_ptr<float>();
+  float* lp = lse.data_ptr<float>();
   const float alpha = static_cast<float>(scale);
   const int64_t rows = sh.r * sh.bq;
+  constexpr float kNone = -std::numeric_limits<float>::infinity();
   at::parallel_for(0, sh.b * sh.hkv, 1, [&](int64_t lo, int64_t hi) {
     std::vector<float> qb(rows * sh.d), tile(rows * sh.bk), acc(rows * sh.dv), m(rows), l(rows);
     for (int64_t task = lo; task < hi; ++task) {
@@ -108,8 +165,8 @@ Forward forward(const at::Tensor& q0, const at::Tensor& k0, const at::Tensor& v0
       const float* vg = vp + task * sh.t * sh.dv;
       for (int64_t i0 = 0; i0 < sh.s; i0 += sh.bq) {
         const int64_t nq = std::min(sh.bq, sh.s - i0), nr = sh.r * nq;
-        pack(qp, qb.data(), sh, bi, g, i0, nq, sh.d);
-        std::fill(m.begin(), m.begin() + nr, -std::numeric_limits<float>::infinity());
+        pack(qr, qb.data(), sh, bi, g, i0, nq, sh.d);
+        std::fill(m.begin(), m.begin() + nr, kNone);
         std::fill(l.begin(), l.begin() + nr, 0.0f);
         std::fill(acc.begin(), acc.begin() + nr * sh.dv, 0.0f);
         const int64_t kend = key_limit(sh, i0 + nq - 1);
@@ -118,15 +175,17 @@ Forward forward(const at::Tensor& q0, const at::Tensor& k0, const at::Tensor& v0
           gemm(false, true, nr, kb, sh.d, alpha, qb.data(), sh.d, kg + c0 * sh.d, sh.d, 0.0f, tile.data(), kb);
           for (int64_t row = 0; row < nr; ++row) {
             float* z = tile.data() + row * kb;
-            const int64_t n = std::clamp<int64_t>(key_limit(sh, i0 + row % nq) - c0, 0, kb);
-            if (n == 0) {  // every key of this block is in this row's future
+            const int64_t pos = i0 + row % nq;
+            const int64_t n = std::clamp<int64_t>(key_limit(sh, pos) - c0, 0, kb);
+            mr.add(z, bi, g * sh.r + row / nq, pos, c0, n);
+            const float mx = n == 0 ? kNone : std::max(m[row], cpu_math::row_max(z, n));
+            if (mx == kNone) {  // every key so far is in this row's future or masked by -inf
               std::fill(z, z + kb, 0.0f);
               continue;
             }
-            const float mx = std::max(m[row], cpu_math::row_max(z, n));
             const float sum = static_cast<float>(cpu_math::row_exp_sum(z, mx, n));
             std::fill(z + n, z + kb, 0.0f);
-            const float corr = m[row] == -std::numeric_limits<float>::infinity() ? 0.0f : std::exp(m[row] - mx);
+            const float corr = m[row] == kNone ? 0.0f : std::exp(m[row] - mx);
             if (corr != 1.0f) {
               float* a = acc.data() + row * sh.dv;
               for (int64_t e = 0; e < sh.dv; ++e) a[e] *= corr;
@@ -137,13 +196,14 @@ Forward forward(const at::Tensor& q0, const at::Tensor& k0, const at::Tensor& v0
           gemm(false, false, nr, sh.dv, kb, 1.0f, tile.data(), kb, vg + c0 * sh.dv, sh.dv, 1.0f, acc.data(), sh.dv);
         }
         for (int64_t row = 0; row < nr; ++row) {
+          // A row without a visible key (an all -inf mask row): 0 / 0, as the reference's softmax.
           const float inv = 1.0f / l[row];
           float* a = acc.data() + row * sh.dv;
           for (int64_t e = 0; e < sh.dv; ++e) a[e] *= inv;
           const int64_t j = row / nq, p = row % nq;
           lp[(bi * sh.hq + g * sh.r + j) * sh.s + i0 + p] = m[row] + std::log(l[row]);
         }
-        unpack(acc.data(), op, sh, bi, g, i0, nq, sh.dv);
+        unpack(acc.data(), orow, sh, bi, g, i0, nq, sh.dv);
       }
     }
   });
@@ -151,15 +211,16 @@ Forward forward(const at::Tensor& q0, const at::Tensor& k0, const at::Tensor& v0
 }
 
 Backward backward(const at::Tensor& dout0, const at::Tensor& q0, const at::Tensor& k0, const at::Tensor& v0,
-                  const at::Tensor& o0, const at::Tensor& lse0, bool causal, double scale) {
-  const at::Tensor q = q0.contiguous(), k = k0.contiguous(), v = v0.contiguous();
-  const at::Tensor dout = dout0.to(at::kFloat).contiguous(), o = o0.to(at::kFloat).contiguous();
+                  const at::Tensor& o0, const at::Tensor& lse0, const at::Tensor& mask, bool causal, double scale) {
+  const at::Tensor q = unit_rows(q0), k = k0.contiguous(), v = v0.contiguous();
+  const at::Tensor dout = unit_rows(dout0.to(at::kFloat)), o = unit_rows(o0.to(at::kFloat));
   const at::Tensor lse = lse0.to(at::kFloat).contiguous();
   const Shape sh = shape_of(q, k, v, causal);
-  at::Tensor dq = at::empty_like(q), dk = at::zeros_like(k), dv = at::zeros_like(v);
-  const float *qp = q.data_ptr<float>(), *kp = k.data_ptr<float>(), *vp = v.data_ptr<float>();
-  const float *dop = dout.data_ptr<float>(), *opp = o.data_ptr<float>(), *lp = lse.data_ptr<float>();
-  float *dqp = dq.data_ptr<float>(), *dkp = dk.data_ptr<float>(), *dvp = dv.data_ptr<float>();
+  const MaskRows mr(mask, sh);
+  at::Tensor dq = empty_as(q, sh.d), dk = at::zeros_like(k), dv = at::zeros_like(v);
+  const Rows qr(q), dor(dout), orow(o), dqr(dq);
+  const float *kp = k.data_ptr<float>(), *vp = v.data_ptr<float>(), *lp = lse.data_ptr<float>();
+  float *dkp = dk.data_ptr<float>(), *dvp = dv.data_ptr<float>();
   const float alpha = static_cast<float>(scale);
   const int64_t rows = sh.r * sh.bq;
   at::parallel_for(0, sh.b * sh.hkv, 1, [&](int64_t lo, int64_t hi) {
@@ -173,9 +234,9 @@ Backward backward(const at::Tensor& dout0, const at::Tensor& q0, const at::Tenso
       float* dvg = dvp + task * sh.t * sh.dv;
       for (int64_t i0 = 0; i0 < sh.s; i0 += sh.bq) {
         const int64_t nq = std::min(sh.bq, sh.s - i0), nr = sh.r * nq;
-        pack(qp, qb.data(), sh, bi, g, i0, nq, sh.d);
-        pack(dop, dob.data(), sh, bi, g, i0, nq, sh.dv);
-        pack(opp, ob.data(), sh, bi, g, i0, nq, sh.dv);
+        pack(qr, qb.data(), sh, bi, g, i0, nq, sh.d);
+        pack(dor, dob.data(), sh, bi, g, i0, nq, sh.dv);
+        pack(orow, ob.data(), sh, bi, g, i0, nq, sh.dv);
         for (int64_t row = 0; row < nr; ++row) {
           const int64_t j = row / nq, pos = row % nq;
           lrow[row] = lp[(bi * sh.hq + g * sh.r + j) * sh.s + i0 + pos];
@@ -186,9 +247,11 @@ Backward backward(const at::Tensor& dout0, const at::Tensor& q0, const at::Tenso
         for (int64_t c0 = 0; c0 < kend; c0 += sh.bk) {
           const int64_t kb = std::min(sh.bk, kend - c0);
           gemm(false, true, nr, kb, sh.d, alpha, qb.data(), sh.d, kg + c0 * sh.d, sh.d, 0.0f, p.data(), kb);
-          for (int64_t row = 0; row < nr; ++row) {  // P = exp(S - lse), 0 where masked
+          for (int64_t row = 0; row < nr; ++row) {  // P = exp(S + mask - lse), 0 where causally hidden
             float* z = p.data() + row * kb;
-            const int64_t n = std::clamp<int64_t>(key_limit(sh, i0 + row % nq) - c0, 0, kb);
+            const int64_t pos = i0 + row % nq;
+            const int64_t n = std::clamp<int64_t>(key_limit(sh, pos) - c0, 0, kb);
+            mr.add(z, bi, g * sh.r + row / nq, pos, c0, n);
             if (n > 0) cpu_math::row_exp_sum(z, lrow[row], n);
             std::fill(z + n, z + kb, 0.0f);
           }
@@ -196,16 +259,13 @@ Backward backward(const at::Tensor& dout0, const at::Tensor& q0, const at::Tenso
           gemm(true, false, kb, sh.dv, nr, 1.0f, p.data(), kb, dob.data(), sh.dv, 1.0f, dvg + c0 * sh.dv, sh.dv);
           gemm(false, true, nr, kb, sh.dv, 1.0f, dob.data(), sh.dv, vg + c0 * sh.dv, sh.dv, 0.0f, dp.data(), kb);
           for (int64_t row = 0; row < nr; ++row) {
-            const float* pz = p.data() + row * kb;
-            float* dz = dp.data() + row * kb;
-            const float dr = drow[row];
-            for (int64_t c = 0; c < kb; ++c) dz[c] = pz[c] * (dz[c] - dr);
+            cpu_math::softmax_grad_row(p.data() + row * kb, dp.data() + row * kb, drow[row], kb);
           }
           gemm(false, false, nr, sh.d, kb, alpha, dp.data(), kb, kg + c0 * sh.d, sh.d, c0 == 0 ? 0.0f : 1.0f,
                dqb.data(), sh.d);
           gemm(true, false, kb, sh.d, nr, alpha, dp.data(), kb, qb.data(), sh.d, 1.0f, dkg + c0 * sh.d, sh.d);
         }
-        unpack(dqb.data(), dqp, sh, bi, g, i0, nq, sh.d);
+        unpack(dqb.data(), dqr, sh, bi, g, i0, nq, sh.d);
       }
     }
   });

@@ -1,5 +1,7 @@
 // The CPU backend's own fp32 attention kernel (cpu_attention.cpp): grouped-query attention
-// without a mask or with a bottom-right causal mask, K/V never copied per query head.
+// without a mask, with a bottom-right causal mask or with an additive fp32 mask (broadcast to
+// [b, hq, s, t]), K/V never copied per query head; q, dout and o may be any strided view whose
+// last dim is unit-stride (pi05's queries are a transposed view of [b, s, hq, d]).
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -17,8 +19,11 @@ struct Backward {
 // keys as queries, and at least one (batch, kv head) task per thread.
 bool applies(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool causal);
 
-Forward forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool causal, double scale);
+// `mask`: undefined, or an additive fp32 mask broadcastable to [b, hq, s, t], added to the scaled
+// scores (a row whose keys are all -inf gets NaN, as the reference's softmax).
+Forward forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& mask, bool causal,
+                double scale);
 Backward backward(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                  const at::Tensor& o, const at::Tensor& lse, bool causal, double scale);
+                  const at::Tensor& o, const at::Tensor& lse, const at::Tensor& mask, bool causal, double scale);
 
 }  // namespace lf::backend::cpu_attention

@@ -13,9 +13,13 @@ LF_CPU_CLONES float row_max(const float* z, int64_t n) {
   int64_t j = 0;
   for (; j + kLanes <= n; j += kLanes)
     for (int k = 0; k < kLanes; ++k) lane[k] = std::max(lane[k], z[j + k]);
+  if (j < n) {  // the tail as one more vector, padded with -inf (no scalar loop)
+    float t[kLanes];
+    for (int k = 0; k < kLanes; ++k) t[k] = j + k < n ? z[j + k] : -std::numeric_limits<float>::infinity();
+    for (int k = 0; k < kLanes; ++k) lane[k] = std::max(lane[k], t[k]);
+  }
   float m = -std::numeric_limits<float>::infinity();
   for (float l : lane) m = std::max(m, l);
-  for (; j < n; ++j) m = std::max(m, z[j]);
   return m;
 }
 
@@ -28,13 +32,26 @@ LF_CPU_CLONES double row_exp_sum(float* z, float m, int64_t n) {
       z[j + k] = e;
       lane[k] += e;
     }
+  if (j < n) {  // the tail as one more vector, padded with -inf (exp 0)
+    float t[kLanes];
+    for (int k = 0; k < kLanes; ++k) t[k] = j + k < n ? z[j + k] : -std::numeric_limits<float>::infinity();
+    for (int k = 0; k < kLanes; ++k) {
+      t[k] = vexp(t[k] - m);
+      lane[k] += t[k];
+    }
+    std::memcpy(z + j, t, sizeof(float) * static_cast<size_t>(n - j));
+  }
   double s = 0;
   for (float l : lane) s += l;
-  for (; j < n; ++j) {
-    z[j] = vexp(z[j] - m);
-    s += z[j];
-  }
   return s;
+}
+
+LF_CPU_CLONES void add_row(float* __restrict z, const float* __restrict a, int64_t n) {
+  for (int64_t j = 0; j < n; ++j) z[j] += a[j];
+}
+
+LF_CPU_CLONES void softmax_grad_row(const float* __restrict p, float* __restrict dp, float d, int64_t n) {
+  for (int64_t j = 0; j < n; ++j) dp[j] = p[j] * (dp[j] - d);
 }
 
 LF_CPU_CLONES void silu_mul(const float* g, const float* u, float* y, int64_t n) {

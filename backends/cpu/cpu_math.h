@@ -18,10 +18,12 @@
 namespace lf::backend::cpu_math {
 
 // exp(x) for fp32 (Cephes' expf: exp(x) = 2^k exp(r), |r| <= ln2 / 2, a degree-6 polynomial),
-// within 2 ulp of std::exp on [-87.3, 88.3]; inputs outside are clamped to that range (so
-// exp of a very negative number is ~1e-38, not 0).
-inline float vexp(float x) {
-  x = std::min(88.3762626647949f, std::max(-87.3365478515625f, x));
+// within 2 ulp of std::exp on [-87.3, 88.3]; inputs above are clamped to that range, inputs
+// below give 0 (as exp underflows; a masked score's probability must not be ~1e-38, whose
+// products with the values are denormals).
+inline float vexp(float x0) {
+  constexpr float kLow = -87.3365478515625f;
+  const float x = std::min(88.3762626647949f, std::max(kLow, x0));
   const float k = std::floor(x * 1.44269504088896341f + 0.5f);
   float r = x - k * 0.693359375f;
   r = r - k * -2.12194440e-4f;
@@ -35,9 +37,13 @@ inline float vexp(float x) {
   const int32_t bits = (static_cast<int32_t>(k) + 127) << 23;
   float scale;
   std::memcpy(&scale, &bits, sizeof scale);
-  return y * scale;
+  return x0 < kLow ? 0.0f : y * scale;
 }
 
+// z[j] += a[j]
+void add_row(float* __restrict z, const float* __restrict a, int64_t n);
+// dp[j] = p[j] (dp[j] - d): a softmax row's gradient from its probabilities p and dP, d = <dP, p>
+void softmax_grad_row(const float* __restrict p, float* __restrict dp, float d, int64_t n);
 // max over z[0, n)
 float row_max(const float* z, int64_t n);
 // z[j] = exp(z[j] - m) in place; returns the sum of the new values (fp32 lanes, added in fp64)

@@ -4,6 +4,7 @@
 #include "cpu_attention.h"
 
 #include <ATen/Functions.h>
+#include <array>
 #include <optional>
 #include <ATen/ops/_scaled_dot_product_flash_attention_for_cpu.h>
 #include <ATen/ops/_scaled_dot_product_flash_attention_for_cpu_backward.h>
@@ -34,11 +35,26 @@ std::optional<at::Tensor> flash_mask(const AttentionMask& mask) {
   return std::nullopt;
 }
 
-// fp32 without a mask or with a causal one: our kernel (cpu_attention.h), when the call has a
-// (batch, kv head) task for every thread.
+// fp32 without a mask, with a causal one or with an additive fp32 one that broadcasts to the
+// scores (pi05's block mask): our kernel (cpu_attention.h), when the call has a (batch, kv head)
+// task for every thread. With pi05's short keys ATen's flash kernel spends more on its blocking
+// than on its GEMMs, and it takes the heads' queries only folded.
 bool own_kernel_applies(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const AttentionMask& mask) {
+  if (mask.kind == MaskKind::explicit_additive) {
+    const auto& m = mask.mask;
+    if (m.scalar_type() != at::kFloat || m.dim() != 4) return false;
+    const std::array<int64_t, 4> full{q.size(0), q.size(1), q.size(2), k.size(2)};
+    for (int i = 0; i < 4; ++i)
+      if (m.size(i) != 1 && m.size(i) != full[static_cast<size_t>(i)]) return false;
+    return cpu_attention::applies(q, k, v, false);
+  }
   return (mask.kind == MaskKind::none || mask.kind == MaskKind::causal) &&
          cpu_attention::applies(q, k, v, mask.kind == MaskKind::causal);
+}
+
+// The additive mask our kernel adds (undefined for the other kinds).
+at::Tensor own_kernel_mask(const AttentionMask& mask) {
+  return mask.kind == MaskKind::explicit_additive ? mask.mask : at::Tensor();
 }
 
 // GQA: each kv head serves q.size(1) / k.size(1) query heads.
@@ -102,7 +118,7 @@ SdpaFwd CpuOps::sdpa_fwd(const at::Tensor& q, const at::Tensor& k, const at::Ten
                          const AttentionMask& mask, double scale) const {
   check_sdpa_args(q, k, v, mask);
   if (own_kernel_applies(q, k, v, mask)) {
-    auto [o, lse] = cpu_attention::forward(q, k, v, mask.kind == MaskKind::causal, scale);
+    auto [o, lse] = cpu_attention::forward(q, k, v, own_kernel_mask(mask), mask.kind == MaskKind::causal, scale);
     return {o, lse};
   }
   if (!flash_applies(q, k, v, mask)) return ReferenceOps::sdpa_fwd(q, k, v, mask, scale);
@@ -130,7 +146,7 @@ SdpaBwd CpuOps::sdpa_bwd(const at::Tensor& dout, const at::Tensor& q, const at::
                          const AttentionMask& mask, double scale) const {
   check_sdpa_args(q, k, v, mask);
   if (own_kernel_applies(q, k, v, mask)) {
-    auto [dq, dk, dv] = cpu_attention::backward(dout, q, k, v, o, lse, mask.kind == MaskKind::causal, scale);
+    auto [dq, dk, dv] = cpu_attention::backward(dout, q, k, v, o, lse, own_kernel_mask(mask), mask.kind == MaskKind::causal, scale);
     return {dq, dk, dv};
   }
   if (!flash_applies(q, k, v, mask)) return ReferenceOps::sdpa_bwd(dout, q, k, v, o, lse, mask, scale);

@@ -9,6 +9,7 @@
 
 #include <cmath>
 
+#include "loongforge/backend/gemm.h"
 #include "loongforge/core/error.h"
 
 namespace lf::ops {
@@ -187,7 +188,7 @@ struct LinearFn : torch::autograd::Function<LinearFn> {
     ctx->saved_data["w_grad"] = w.requires_grad();
     ctx->saved_data["b_grad"] = b.has_value() && b->requires_grad();
     ctx->save_for_backward({x, w});
-    return at::linear(x, w, b);
+    return gemm::linear(x, w, b);
   }
   static variable_list backward(AutogradContext* ctx, variable_list dy) {
     auto s = ctx->get_saved_variables();
@@ -195,7 +196,7 @@ struct LinearFn : torch::autograd::Function<LinearFn> {
     const int64_t out = w.size(0), in = w.size(1);
     const auto d2 = dy[0].reshape({-1, out});
     at::Tensor dx, dw, db;
-    if (ctx->saved_data["x_grad"].toBool()) dx = d2.mm(w).view(x.sizes());
+    if (ctx->saved_data["x_grad"].toBool()) dx = gemm::mm(d2, w).view(x.sizes());
     if (ctx->saved_data["w_grad"].toBool()) {
       const auto x2 = x.reshape({-1, in});
       const auto* slots = reinterpret_cast<const WeightGradSlots*>(ctx->saved_data["slots"].toInt());
@@ -205,12 +206,9 @@ struct LinearFn : torch::autograd::Function<LinearFn> {
         LF_CHECK(into->dw.sizes() == w.sizes() && into->dw.scalar_type() == at::kFloat && into->dw.is_contiguous(),
                  "linear: the weight-gradient slot ", into->dw.sizes(), " ", into->dw.scalar_type(),
                  " is not a contiguous fp32 tensor of the weight's shape ", w.sizes());
-        if (into->accumulate)
-          into->dw.addmm_(d2.t(), x2);
-        else
-          at::mm_out(into->dw, d2.t(), x2);
+        gemm::mm_into(into->dw, d2.t(), x2, into->accumulate);
       } else {
-        dw = d2.t().mm(x2);
+        dw = gemm::mm(d2.t(), x2);
       }
     }
     if (ctx->saved_data["b_grad"].toBool()) db = d2.sum(0);

@@ -29,7 +29,8 @@ bool contains(const std::string& s, const char* part) { return s.find(part) != s
 
 bool is_gemm(const std::string& n) {
   static const std::set<std::string> gemms = {"aten::mm", "aten::addmm", "aten::addmm_", "aten::bmm", "aten::baddbmm",
-                                              "aten::addmv", "aten::mv", "aten::dot", "aten::_addmm_activation"};
+                                              "aten::addmv", "aten::mv", "aten::dot", "aten::_addmm_activation",
+                                              "lf::gemm_onednn"};
   return gemms.count(n) > 0;
 }
 

@@ -122,14 +122,6 @@ struct MaskRows {
   }
 };
 
-// An output laid out as `like` is (head-major or transposed from [b, s, h, w]) with last dim w.
-at::Tensor empty_as(const at::Tensor& like, int64_t w) {
-  const auto n = like.sizes();
-  if (like.stride(1) < like.stride(2))
-    return at::empty({n[0], n[2], n[1], w}, like.options()).transpose(1, 2);
-  return at::empty({n[0], n[1], n[2], w}, like.options());
-}
-
 // Unit-stride rows: the tensor itself when its last dim is, else a contiguous copy.
 at::Tensor unit_rows(const at::Tensor& t) { return t.stride(-1) == 1 ? t : t.contiguous(); }
 
@@ -149,7 +141,9 @@ Forward forward(const at::Tensor& q0, const at::Tensor& k0, const at::Tensor& v0
   const at::Tensor q = unit_rows(q0), k = k0.contiguous(), v = v0.contiguous();
   const Shape sh = shape_of(q, k, v, causal);
   const MaskRows mr(mask, sh);
-  at::Tensor o = empty_as(q, sh.dv);
+  // Outputs are head-major and contiguous whatever the inputs' layout: what follows them (and its
+  // rounding) does not depend on how the caller laid out q.
+  at::Tensor o = at::empty({sh.b, sh.hq, sh.s, sh.dv}, q.options());
   at::Tensor lse = at::empty({sh.b, sh.hq, sh.s}, q.options());
   const Rows qr(q), orow(o);
   const float *kp = k.data_ptr<float>(), *vp = v.data_ptr<float>();
@@ -217,7 +211,7 @@ Backward backward(const at::Tensor& dout0, const at::Tensor& q0, const at::Tenso
   const at::Tensor lse = lse0.to(at::kFloat).contiguous();
   const Shape sh = shape_of(q, k, v, causal);
   const MaskRows mr(mask, sh);
-  at::Tensor dq = empty_as(q, sh.d), dk = at::zeros_like(k), dv = at::zeros_like(v);
+  at::Tensor dq = at::empty({sh.b, sh.hq, sh.s, sh.d}, q.options()), dk = at::zeros_like(k), dv = at::zeros_like(v);
   const Rows qr(q), dor(dout), orow(o), dqr(dq);
   const float *kp = k.data_ptr<float>(), *vp = v.data_ptr<float>(), *lp = lse.data_ptr<float>();
   float *dkp = dk.data_ptr<float>(), *dvp = dv.data_ptr<float>();

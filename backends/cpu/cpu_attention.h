@@ -1,7 +1,8 @@
 // The CPU backend's own fp32 attention kernel (cpu_attention.cpp): grouped-query attention
 // without a mask, with a bottom-right causal mask or with an additive fp32 mask (broadcast to
-// [b, hq, s, t]), K/V never copied per query head; q, dout and o may be any strided view whose
-// last dim is unit-stride (pi05's queries are a transposed view of [b, s, hq, d]).
+// [b, hq, s, t]), K/V never copied per query head; q, dout and o are read through their strides
+// (last dim unit-stride: pi05's queries are a transposed view of [b, s, hq, d]); o and dq come back
+// head-major and contiguous.
 #pragma once
 
 #include <ATen/core/Tensor.h>

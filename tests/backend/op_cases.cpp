@@ -227,16 +227,25 @@ void add_sdpa_cases(std::vector<OpCase>& cases) {
                             MaskKind::explicit_additive},
                     // pi05's joint attention: a per-sample [b, 1, s, t] block mask (prefix keys
                     // bidirectional, padding keys never, action keys from action rows only), 8
-                    // query heads on one key/value head (the CPU backend's masked flash path).
+                    // query heads on one key/value head (the CPU backend's own kernel; ATen's flash
+                    // kernel, heads folded, with fewer tasks than threads).
                     SdpaCfg{"sdpa_f32_additive_block_mask_gqa", at::kFloat, 3, 8, 1, 12, 12, 16, 16,
                             MaskKind::explicit_additive, true},
                     // The same with q and dout in pi05's memory order, [b, s, nq, d] (the CPU
-                    // backend folds the heads query-major then, without copies), and without a
-                    // mask in bf16 (the flash path; fp32 goes to the backend's own kernel).
+                    // backend reads them through their strides, or folds the heads query-major for
+                    // the flash kernel, without copies), and without a mask in bf16 (the flash
+                    // path; fp32 goes to the backend's own kernel).
                     SdpaCfg{"sdpa_f32_additive_block_mask_gqa_query_major", at::kFloat, 3, 8, 1, 12, 12, 16, 16,
                             MaskKind::explicit_additive, true, true},
                     SdpaCfg{"sdpa_bf16_nomask_gqa_query_major", at::kBFloat16, 2, 4, 1, 6, 6, 16, 16, MaskKind::none,
                             false, true},
+                    // The block mask on both fp32 paths whatever the core count: 16 (batch, kv
+                    // head) tasks take the backend's own kernel up to 16 threads; one task takes
+                    // ATen's flash kernel from 2 threads on (the own kernel at 1).
+                    SdpaCfg{"sdpa_f32_additive_block_mask_16_tasks", at::kFloat, 16, 8, 1, 12, 12, 16, 16,
+                            MaskKind::explicit_additive, true, true},
+                    SdpaCfg{"sdpa_f32_additive_block_mask_one_task", at::kFloat, 1, 8, 1, 12, 12, 16, 16,
+                            MaskKind::explicit_additive, true},
                     SdpaCfg{"sdpa_bf16_causal_gqa", at::kBFloat16, 2, 4, 1, 8, 8, 16, 16,
                             MaskKind::causal},
                     // GQA without a mask over more keys than queries (ChunkPipe's prefix part;
@@ -271,10 +280,10 @@ void add_sdpa_cases(std::vector<OpCase>& cases) {
                          m.select(0, 0).select(1, 1).fill_(false);
                          in.push_back(m);
                        } else if (c.kind == MaskKind::explicit_additive && c.block_mask) {
-                         // Keys 0-7 the prefix (sample i: its last i keys padding), 8-11 actions.
+                         // Keys 0-7 the prefix (sample i: its last i % 8 keys padding), 8-11 actions.
                          auto allowed = at::zeros({c.b, 1, c.s, c.t}, at::kBool);
                          for (int64_t i = 0; i < c.b; ++i) {
-                           allowed[i].narrow(2, 0, 8 - i).fill_(true);
+                           allowed[i].narrow(2, 0, 8 - i % 8).fill_(true);
                            allowed[i].narrow(1, 8, 4).narrow(2, 8, 4).fill_(true);
                          }
                          in.push_back(at::where(allowed, at::zeros({}, at::kFloat),

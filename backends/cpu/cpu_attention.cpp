@@ -1,5 +1,7 @@
 // CpuOps' attention (backends/cpu/cpu_ops.h): a blocked fp32 attention kernel for grouped-query
-// attention without a mask or with a bottom-right causal mask (keys >= queries).
+// attention without a mask, with a bottom-right causal mask (keys >= queries) or with an additive
+// fp32 mask broadcast to [b, hq, s, t] (added to each tile row after the scale, read through its
+// strides). Queries, dout and o are read through their strides; o and dq come back head-major.
 //
 // One task per (batch, key/value head): the group's query heads are stacked as the rows of one
 // matrix (r heads x a block of positions), so keys and values are read once per group, never
@@ -14,8 +16,8 @@
 // inside an OpenMP parallel region).
 //
 // Used for fp32 on the CPU when there are at least as many (batch, kv head) tasks as threads;
-// otherwise (and for bf16) ATen's flash kernel where it applies (no mask, or causal with s == t),
-// else the reference.
+// otherwise (and for bf16) ATen's flash kernel where it applies (no mask, causal with s == t, an
+// fp32 additive mask), else the reference.
 #include <ATen/Functions.h>
 #include <ATen/Parallel.h>
 

@@ -37,8 +37,8 @@ std::optional<at::Tensor> flash_mask(const AttentionMask& mask) {
 
 // fp32 without a mask, with a causal one or with an additive fp32 one that broadcasts to the
 // scores (pi05's block mask): our kernel (cpu_attention.h), when the call has a (batch, kv head)
-// task for every thread. With pi05's short keys ATen's flash kernel spends more on its blocking
-// than on its GEMMs, and it takes the heads' queries only folded.
+// task for every thread (pi05's bench step: 87.4 against 89.6 ms with ATen's flash kernel,
+// docs/backends.md).
 bool own_kernel_applies(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const AttentionMask& mask) {
   if (mask.kind == MaskKind::explicit_additive) {
     const auto& m = mask.mask;

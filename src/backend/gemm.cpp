@@ -2,6 +2,7 @@
 #include "loongforge/backend/gemm.h"
 
 #include <ATen/Functions.h>
+#include <ATen/core/grad_mode.h>
 #include <ATen/record_function.h>
 
 // libtorch_cpu exports ATen's oneDNN matmul (ATen/native/mkldnn/Matmul.cpp; its header is not in
@@ -32,6 +33,7 @@ bool takes_onednn(const at::Tensor& a, const at::Tensor& b) {
   if (a.dim() != 2 || b.dim() != 2 || !a.device().is_cpu() || !b.device().is_cpu()) return false;
   if (a.scalar_type() != at::kFloat || b.scalar_type() != at::kFloat) return false;
   if (a.size(0) * a.size(1) * b.size(1) < kOneDnnMinMacs) return false;
+  if (at::GradMode::is_enabled() && (a.requires_grad() || b.requires_grad())) return false;  // no graph
   return plain(a) && plain(b);
 }
 

@@ -1,11 +1,13 @@
 // lf::ops::gemm (loongforge/backend/gemm.h): the linear layers' GEMMs. Large fp32 CPU products go
 // to oneDNN; these pin that they are taken there and equal an fp64 product (forward, both
 // gradients' shapes, the accumulating write into a gradient slot, the bias), and that operands
-// oneDNN must not see (a broadcast row, a small product, bf16) stay on ATen's path, correct.
+// oneDNN must not see (a broadcast row, a small product, bf16, an autograd graph to record) stay
+// on ATen's path, correct.
 #include <gtest/gtest.h>
 
 #include <ATen/Functions.h>
 #include <ATen/TensorOperators.h>
+#include <ATen/core/grad_mode.h>
 
 #include "loongforge/backend/gemm.h"
 
@@ -58,6 +60,18 @@ TEST(Gemm, OperandsOneDnnMustNotSeeStayOnAten) {
   EXPECT_FALSE(gemm::takes_onednn(small, w.t()));
   EXPECT_FALSE(gemm::takes_onednn(at::randn({388, 256}).to(at::kBFloat16), w.t().to(at::kBFloat16)));
   expect_product(gemm::linear(small, w, std::nullopt), small.to(at::kDouble).mm(w.to(at::kDouble).t()), "small");
+  // An operand requiring grad with grad mode on: oneDNN would record no graph, so ATen's path,
+  // whose result carries the gradient.
+  auto x = at::randn({388, 256}).requires_grad_(true);
+  EXPECT_FALSE(gemm::takes_onednn(x, w.t()));
+  auto y = gemm::linear(x, w, std::nullopt);
+  ASSERT_TRUE(y.requires_grad());
+  y.sum().backward();
+  expect_product(x.grad(), at::ones({388, 512}, at::kDouble).mm(w.to(at::kDouble)), "gradient through linear");
+  {
+    at::NoGradGuard no_grad;  // as inside an autograd Function
+    EXPECT_TRUE(gemm::takes_onednn(x, w.t()));
+  }
 }
 
 }  // namespace

@@ -2,9 +2,12 @@
 // the CPU an fp32 product of at least kOneDnnMinMacs multiply-adds over plain row- or
 // column-major operands goes to oneDNN's matmul (the `mkldnn_matmul` libtorch_cpu exports)
 // instead of ATen's BLAS (MKL in the x86 wheel). Measured on the bench's shapes (1 thread, AMD
-// EPYC Zen 4): oneDNN 1.06-1.15x MKL from [388, 256] x [256, 256] up, where MKL spends ~13% of
-// its time packing operands and scaling C; below ~4M multiply-adds MKL's overhead is the smaller
-// (0.56-0.98x), hence the threshold. Results agree to fp32 rounding (a different summation order).
+// EPYC Zen 4): oneDNN 1.06-1.15x MKL from [388, 256] x [256, 256] up (MKL's operand packing and
+// C scaling were ~13% of pi05's bench step); at the small shapes (up to ~4M multiply-adds) MKL
+// was the faster (oneDNN 0.56-0.98x), hence the threshold. Results agree to fp32 rounding (a
+// different summation order). oneDNN's matmul records no autograd graph: with grad mode on and an
+// operand that requires grad, every call here stays on ATen (autograd Functions call these with
+// grad mode off).
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -17,7 +20,8 @@ namespace lf::ops::gemm {
 inline constexpr int64_t kOneDnnMinMacs = int64_t{1} << 24;
 
 // Whether a [m, k] x [k, n] product takes oneDNN: CPU fp32, m k n >= kOneDnnMinMacs, each operand
-// row- or column-major (unit stride in one dim; no broadcast rows), the output contiguous.
+// row- or column-major (unit stride in one dim; no broadcast rows), the output contiguous, and no
+// autograd graph to record (grad mode off, or no operand requiring grad).
 bool takes_onednn(const at::Tensor& a, const at::Tensor& b);
 
 // a [m, k] x b [k, n] -> [m, n]

@@ -29,6 +29,22 @@ add_library(loongforge_torch_cpu INTERFACE)
 target_link_libraries(loongforge_torch_cpu INTERFACE torch_cpu c10)
 target_include_directories(loongforge_torch_cpu SYSTEM INTERFACE ${TORCH_INCLUDE_DIRS})
 target_compile_definitions(loongforge_torch_cpu INTERFACE USE_C10D_GLOO)
+# at::parallel_for is a header template: its OpenMP body exists only where the including code is
+# compiled with OpenMP (ATen/ParallelOpenMP.h tests _OPENMP). Without -fopenmp every own kernel that
+# calls it (attention, fused norms/activations, the optimizer) runs on one thread while MKL and
+# ATen's kernels use the whole team. So C++ that includes ATen compiles with -fopenmp, and links the
+# wheel's libgomp (the one libtorch_cpu uses, by soname libgomp.so.1), not the compiler's: one
+# OpenMP runtime, one thread team, one OMP_NUM_THREADS (docs/backends.md, "Threads").
+set(LOONGFORGE_TORCH_GOMP ${TORCH_INSTALL_PREFIX}/lib/libgomp.so.1)
+if(NOT EXISTS ${LOONGFORGE_TORCH_GOMP})
+  message(FATAL_ERROR "${LOONGFORGE_TORCH_GOMP} is missing: LibTorch is expected to come from the "
+    "torch wheel with its OpenMP runtime (tools/install-deps installs it)")
+endif()
+add_library(loongforge_torch_gomp SHARED IMPORTED)
+set_target_properties(loongforge_torch_gomp PROPERTIES IMPORTED_LOCATION ${LOONGFORGE_TORCH_GOMP}
+  IMPORTED_SONAME libgomp.so.1)
+target_compile_options(loongforge_torch_cpu INTERFACE $<$<COMPILE_LANGUAGE:CXX>:-fopenmp>)
+target_link_libraries(loongforge_torch_cpu INTERFACE loongforge_torch_gomp)
 add_library(loongforge::torch_cpu ALIAS loongforge_torch_cpu)
 
 if(LOONGFORGE_CUDA STREQUAL "AUTO")

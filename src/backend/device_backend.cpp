@@ -4,11 +4,15 @@
 #include <dlfcn.h>
 
 #include <ATen/Functions.h>
+#include <ATen/Parallel.h>
 
+#include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <filesystem>
 #include <map>
 #include <mutex>
+#include <vector>
 
 #include "loongforge/backend/cuda_module.h"
 #include "loongforge/backend/registry.h"
@@ -83,6 +87,19 @@ void init_cpu_math() {
         (void)f(x);
     }
   });
+}
+
+int intra_op_team_size() {
+  const int64_t n = at::get_num_threads();
+  std::vector<std::atomic<int>> ran(static_cast<size_t>(std::max<int64_t>(n, 1)));
+  // Grain 1 over n items: each thread of the team gets one item.
+  at::parallel_for(0, n, 1, [&](int64_t lo, int64_t hi) {
+    const int tid = at::get_thread_num();
+    if (tid >= 0 && tid < static_cast<int>(ran.size())) ran[static_cast<size_t>(tid)].store(1);
+  });
+  int used = 0;
+  for (const auto& r : ran) used += r.load();
+  return used;
 }
 
 const DeviceBackend& backend_by_name(std::string_view name) {

@@ -1,4 +1,5 @@
-// lf::backend::init_cpu_math: a process's first parallel exp is as accurate as every later one.
+// lf::backend::init_cpu_math: a process's first parallel exp is as accurate as every later one. And
+// lf::backend::intra_op_team_size: the backend's own kernels run on the whole OpenMP team.
 // Without the serial first call, MKL's vector math sometimes computed the second intra-op thread's
 // half of the process's first exp up to 1.5e-4 off (it broke the op harness's dsa case on CI). It
 // is timing-dependent: here 2 to 10 of every 100 processes at two threads. The check is therefore
@@ -42,6 +43,24 @@ TEST(CpuMath, FirstParallelExpIsAccurateInEveryProcess) {
     expect_all_ok(results);
     if (::testing::Test::HasFailure()) return;
   }
+}
+
+// The backend's own kernels parallelise with at::parallel_for, a header template whose OpenMP body
+// exists only in code compiled with OpenMP. Built without it, they ran on one thread while MKL used
+// two (pi05's bench step: half its time serial, the second thread spinning).
+LF_WORKER_CASE(intra_op_team) {
+  backend::select_backend();
+  ASSERT_EQ(at::get_num_threads(), 2);
+  EXPECT_EQ(backend::intra_op_team_size(), 2) << "the backend library's at::parallel_for ran on fewer threads";
+  at::set_num_threads(1);
+  EXPECT_EQ(backend::intra_op_team_size(), 1);
+}
+
+TEST(CpuMath, OwnKernelsUseTheWholeOpenMpTeam) {
+  SpawnOptions o;
+  o.world_size = 1;
+  o.env = {{"OMP_NUM_THREADS", "2"}, {"MKL_NUM_THREADS", "2"}, {"LOONGFORGE_DEVICE", "cpu"}};
+  expect_all_ok(run_workers("intra_op_team", o));
 }
 
 }  // namespace

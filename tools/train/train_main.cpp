@@ -218,7 +218,7 @@ int train_main(const lf::config::TrainCommandLine& cl, const lf::train::TrainerH
     LF_INFO("model: ", plan->summary(), " | world ", env.world_size, " (tp ", ctx.tp_size(), ", pp ", ctx.pp_size(),
             ", dp ", ctx.dp_size(), job.parallel.sequence_parallel && ctx.tp_size() > 1 ? ", sequence parallel" : "",
             ctx.cp_size() > 1 ? ", cp " + std::to_string(ctx.cp_size()) + " (" + job.parallel.cp_comm_type + ")" : "",
-            ") | backend ", backend.name());
+            ") | backend ", backend.name(), " | ", lf::backend::intra_op_team_size(), " CPU thread(s) a rank");
   auto* causal = dynamic_cast<lf::models::CausalLm*>(model.get());
   if (env.rank == 0 && job.parallel.overlap_grad_reduce && ctx.pp_size() > 1 && causal &&
       !causal->config().untie_embeddings_and_output_weights)

@@ -38,6 +38,13 @@ const DeviceBackend& cpu_backend();
 // cpu_backend() call this; so does every LibTorch test binary before main().
 void init_cpu_math();
 
+// How many threads one at::parallel_for in the backend library runs on at the current
+// at::get_num_threads(): the OpenMP team its own kernels (attention, fused norms and activations,
+// the optimizer) share with LibTorch. 1 at one thread, and 1 whatever the thread count if the
+// library was built without OpenMP, when its kernels would run serially beside multi-threaded
+// GEMMs (cmake/LoongForgeDeps.cmake). loongforge-train logs it.
+int intra_op_team_size();
+
 // Loading the modules, for the registry and for tests that need a fresh instance or a
 // particular file. Both throw lf::Error naming the path on a missing file, a missing symbol or
 // an ABI mismatch.

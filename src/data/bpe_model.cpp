@@ -247,11 +247,9 @@ std::shared_ptr<const BpeModel> load_bpe_model(const std::string& given) {
       max_id = std::max(max_id, id);
     }
     for (const auto& a : j.value("added_tokens", json::array())) {
-      AddedToken t{a.at("content").get<std::string>(), a.at("id").get<int32_t>(), a.value("special", false)};
+      AddedToken t{a.at("content").get<std::string>(), a.at("id").get<int32_t>(), a.value("special", false),
+                   a.value("lstrip", false), a.value("rstrip", false), a.value("single_word", false)};
       LF_CHECK(!t.content.empty(), where, ": added token ", t.id, " is empty");
-      if (a.value("lstrip", false) || a.value("rstrip", false) || a.value("single_word", false))
-        LF_WARN(where, ": added token ", t.content,
-                " has lstrip/rstrip/single_word set; it is matched exactly");
       max_id = std::max(max_id, t.id);
       m->added.push_back(std::move(t));
     }

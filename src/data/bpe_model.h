@@ -46,6 +46,9 @@ struct AddedToken {
   std::string content;
   int32_t id;
   bool special;
+  // HF's AddedToken options: lstrip / rstrip take the whitespace (\s) before / after a match into
+  // the token; single_word drops a match with a word character (\w) right before or after it.
+  bool lstrip = false, rstrip = false, single_word = false;
 };
 
 struct BpeModel {

@@ -2,9 +2,12 @@
 #include "loongforge/data/hf_bpe_tokenizer.h"
 
 #include <algorithm>
+#include <map>
+#include <memory>
 
 #include "bpe_model.h"
 #include "loongforge/core/error.h"
+#include "pcre_regex.h"
 #include "unicode.h"
 
 namespace lf::data {
@@ -230,8 +233,41 @@ void pre_tokenize(const detail::BpeModel& m, detail::EncoderState& st, size_t st
 
 namespace {
 
-// Splits text at added tokens (leftmost, then longest) and hands each plain segment and each
-// added token to the callbacks in order.
+// Whether the character of text that ends at `end` (before) or starts at `begin` (after) matches
+// the one-character class pattern (PCRE2 with UCP, as the tokenizers' other regexes). HF tests
+// Rust's regex \w and \s, whose Unicode classes are spelled out below (PCRE2's \w has no marks).
+bool char_before_is(const std::shared_ptr<const CompiledRegex>& re, std::string_view text, size_t end) {
+  if (end == 0) return false;
+  size_t b = end - 1;
+  while (b > 0 && (static_cast<unsigned char>(text[b]) & 0xC0) == 0x80) --b;
+  thread_local std::map<const CompiledRegex*, std::unique_ptr<RegexMatcher>> matchers;
+  auto& mt = matchers[re.get()];
+  if (!mt) mt = std::make_unique<RegexMatcher>(re);
+  size_t mb = 0, me = 0;
+  return mt->find(text.substr(b, end - b), 0, mb, me) && mb == 0 && me == end - b;
+}
+bool char_after_is(const std::shared_ptr<const CompiledRegex>& re, std::string_view text, size_t begin) {
+  if (begin >= text.size()) return false;
+  size_t e = begin;
+  uint32_t cp = 0;
+  unicode::decode_utf8(text, e, cp);
+  return char_before_is(re, text, e) && e > begin;
+}
+const std::shared_ptr<const CompiledRegex>& word_char() {
+  static const auto re = std::make_shared<const CompiledRegex>("[\\p{Alphabetic}\\p{M}\\p{Nd}\\p{Pc}\\p{Join_Control}]", false,
+                                                          "added tokens' single_word");
+  return re;
+}
+const std::shared_ptr<const CompiledRegex>& space_char() {
+  static const auto re = std::make_shared<const CompiledRegex>("\\p{White_Space}", false, "added tokens' lstrip/rstrip");
+  return re;
+}
+
+// Splits text at added tokens (leftmost, then longest; the next search starts after a match) and
+// hands each plain segment and each added token to the callbacks in order, as HF's
+// AddedVocabulary: a single_word match with a word character next to it stays plain text; lstrip
+// takes the whitespace before the match (not before the previous split) into the token, rstrip
+// the whitespace after it.
 template <class Plain, class Added>
 void split_added(const detail::BpeModel& m, std::string_view text, Plain&& plain, Added&& added) {
   if (m.added.empty()) return plain(text, 0);
@@ -255,9 +291,26 @@ void split_added(const detail::BpeModel& m, std::string_view text, Plain&& plain
       ++i;
       continue;
     }
-    plain(text.substr(seg_begin, i - seg_begin), seg_begin);
-    added(m.added[static_cast<size_t>(best)].id, i, best_end);
-    i = seg_begin = best_end;
+    const auto& t = m.added[static_cast<size_t>(best)];
+    if (t.single_word &&
+        (char_before_is(word_char(), text, i) || char_after_is(word_char(), text, best_end))) {
+      i = best_end;
+      continue;
+    }
+    size_t start = i, stop = best_end;
+    if (t.lstrip)
+      while (start > seg_begin && char_before_is(space_char(), text, start)) {
+        --start;
+        while (start > seg_begin && (static_cast<unsigned char>(text[start]) & 0xC0) == 0x80) --start;
+      }
+    if (t.rstrip)
+      while (stop < text.size() && char_after_is(space_char(), text, stop)) {
+        uint32_t cp = 0;
+        unicode::decode_utf8(text, stop, cp);
+      }
+    plain(text.substr(seg_begin, start - seg_begin), seg_begin);
+    added(t.id, start, stop);
+    i = seg_begin = stop;
   }
   plain(text.substr(seg_begin), seg_begin);
 }

@@ -25,6 +25,7 @@ Writes into OUT_DIR:
   gemma_partial_bytes/        gemma with 13 byte tokens renamed away: characters with a missing
   gemma_partial_bytes_unfused/  byte become <unk>, which HF holds back past later byte tokens;
                               fuse_unk true / false
+  qwen_strip/, gemma_strip/   qwen and gemma with lstrip / rstrip / single_word on added tokens
   expected.json               {variant: {"ids": [[...] per doc], "decoded": [...],
                               "ids_special": [[...] for the first 50 docs, add_special_tokens=True],
                               "decode_cases" (SentencePiece-style variants): [[ids, HF's decode]],
@@ -32,7 +33,8 @@ Writes into OUT_DIR:
                                                     for the first 20 docs]],
                               "offsets" (same, gemma_partial_bytes*): [[[begin, end] byte offsets per
                                                     token] for the first 80 docs],
-                              "unk_cases" (gemma_partial_bytes*): [[text, ids]]}}
+                              "unk_cases" (gemma_partial_bytes*): [[text, ids]],
+                              "strip_cases" (*_strip): [[text, ids, byte offsets per token]]}}
   nfc.json                    [[text, NFC(text)], ...] from unicodedata
 """
 import json
@@ -239,6 +241,20 @@ def main():
         json.dump(partial, open(f"{out}/{name}/tokenizer.json", "w"), ensure_ascii=False)
         variants[name] = f"{out}/{name}/tokenizer.json"
     spm_variants = ["gemma", "llama2", "llama2_unfused", "gemma_eos", "gemma_nfc"]
+    # HF's added-token options (RoBERTa's <mask> has lstrip, some chat models' role tokens rstrip): lstrip /
+    # rstrip take the whitespace before / after a match into the token, single_word keeps a match
+    # next to a word character as text. Byte-level and SentencePiece-style.
+    strip_options = {"<|im_start|>": {"lstrip": True}, "<|im_end|>": {"rstrip": True},
+                     "<|endoftext|>": {"single_word": True}, "<|fim_prefix|>": {"lstrip": True, "rstrip": True},
+                     "<eos>": {"rstrip": True}, "<bos>": {"lstrip": True, "single_word": True},
+                     "<pad>": {"lstrip": True, "rstrip": True}}
+    for name, base in (("qwen_strip", spec), ("gemma_strip", gemma)):
+        v = json.loads(json.dumps(base))
+        for a in v["added_tokens"]:
+            a.update(strip_options.get(a["content"], {}))
+        os.makedirs(f"{out}/{name}", exist_ok=True)
+        json.dump(v, open(f"{out}/{name}/tokenizer.json", "w"), ensure_ascii=False)
+        variants[name] = f"{out}/{name}/tokenizer.json"
 
     with open(f"{out}/docs.jsonl", "w") as f:
         for d in docs:
@@ -253,6 +269,25 @@ def main():
         expected[name] = {"ids": ids,
                           "decoded": [t.decode(i, skip_special_tokens=False) for i in ids],
                           "ids_special": [t.encode(d).ids for d in docs[:50]]}
+        if name.endswith("_strip"):
+            # Whitespace of several kinds around each option, words touching single_word tokens,
+            # a token after another's rstrip, and no whitespace at all.
+            specials = ["<|im_start|>", "<|im_end|>", "<|endoftext|>", "<|fim_prefix|>"] if name == "qwen_strip" \
+                else ["<bos>", "<eos>", "<pad>"]
+            around = ["", " ", "  ", "\n", " \n\t ", "\u00a0", "\u3000", "x", "_", "é", "9", ".", "\u0301"]
+            texts = []
+            for sp in specials:
+                for l in around:
+                    for r in around:
+                        texts.append(f"ab{l}{sp}{r}cd")
+                texts += [sp, f" {sp} ", f"{sp}{sp}", f"{sp} {sp}", f"a {sp}  {sp} b", f"  {sp}\n\n{specials[0]}  x"]
+            def strip_case(x):
+                enc = t.encode(x, add_special_tokens=False)
+                at = [0]
+                for c in x:
+                    at.append(at[-1] + len(c.encode()))
+                return [x, enc.ids, [[at[b], at[e]] for b, e in enc.offsets]]
+            expected[name]["strip_cases"] = [strip_case(x) for x in texts]
         if name in spm_variants or name.startswith("gemma_partial_bytes"):
             # HF's offsets (characters in Python) as byte offsets, for encode_with_offsets.
             def byte_offsets(text, enc):

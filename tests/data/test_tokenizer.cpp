@@ -213,6 +213,45 @@ TEST(HfTokenizer, SentencePieceStyleOffsetsMatchHf) {
   EXPECT_EQ(spans.back().end, 8u);
 }
 
+// HF's added-token options: lstrip / rstrip take the whitespace (any Unicode \\s: tabs, newlines,
+// U+00A0, U+3000) before / after a match into the token and its offsets; single_word leaves a match
+// with a word character (letters of any script, digits, "_", combining marks) next to it as text.
+// Whole-corpus parity (the Qwen-style corpus has chat tokens with whitespace around them), then
+// each option against every kind of neighbour, byte-level and SentencePiece-style.
+TEST(HfTokenizer, AddedTokenStripAndSingleWordMatchHf) {
+  const json expected = read_json(oracle_dir() + "/expected.json");
+  for (const char* variant : {"qwen_strip", "gemma_strip"}) {
+    expect_parity(variant);
+    HfBpeTokenizer tok(oracle_dir() + "/" + variant);
+    size_t differ = 0, stripped = 0, kept_as_text = 0;
+    for (const auto& c : expected.at(variant).at("strip_cases")) {
+      const auto text = c[0].get<std::string>();
+      const auto want = c[1].get<std::vector<int32_t>>();
+      std::vector<int32_t> ids;
+      std::vector<lf::data::ByteSpan> spans;
+      tok.encode_with_offsets(text, ids, spans);
+      if (ids != want && differ++ < 5) ADD_FAILURE() << variant << " " << c[0].dump() << ": ids differ from HF's";
+      EXPECT_EQ(tok.encode(text), want) << variant << " " << c[0].dump();
+      if (ids != want) continue;
+      for (size_t k = 0; k < ids.size(); ++k) {
+        if (!tok.added_token_content(ids[k])) continue;  // added tokens' spans (BPE tokens: other tests)
+        const auto w = c[2][k].get<std::array<size_t, 2>>();
+        EXPECT_EQ(spans[k].begin, w[0]) << variant << " " << c[0].dump() << " token " << k;
+        EXPECT_EQ(spans[k].end, w[1]) << variant << " " << c[0].dump() << " token " << k;
+        stripped += w[1] - w[0] > tok.added_token_content(ids[k])->size();
+      }
+      kept_as_text += std::count(text.begin(), text.end(), '<') >
+                      static_cast<std::ptrdiff_t>(std::count_if(ids.begin(), ids.end(), [&](int32_t id) {
+                        return tok.added_token_content(id).has_value();
+                      }));
+    }
+    EXPECT_EQ(differ, 0u) << variant;
+    // The cases exercise both options: tokens that took whitespace, matches left as text.
+    EXPECT_GT(stripped, 20u) << variant;
+    EXPECT_GT(kept_as_text, 20u) << variant;
+  }
+}
+
 TEST(HfTokenizer, NfcMatchesUnicodedata) {
   const std::string& d = oracle_dir();
   HfBpeTokenizer tok(d + "/qwen/tokenizer.json");

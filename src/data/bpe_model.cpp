@@ -248,7 +248,8 @@ std::shared_ptr<const BpeModel> load_bpe_model(const std::string& given) {
     }
     for (const auto& a : j.value("added_tokens", json::array())) {
       AddedToken t{a.at("content").get<std::string>(), a.at("id").get<int32_t>(), a.value("special", false),
-                   a.value("lstrip", false), a.value("rstrip", false), a.value("single_word", false)};
+                   a.value("lstrip", false), a.value("rstrip", false), a.value("single_word", false),
+                   a.value("normalized", false)};
       LF_CHECK(!t.content.empty(), where, ": added token ", t.id, " is empty");
       max_id = std::max(max_id, t.id);
       m->added.push_back(std::move(t));

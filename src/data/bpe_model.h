@@ -49,6 +49,7 @@ struct AddedToken {
   // HF's AddedToken options: lstrip / rstrip take the whitespace (\s) before / after a match into
   // the token; single_word drops a match with a word character (\w) right before or after it.
   bool lstrip = false, rstrip = false, single_word = false;
+  bool normalized = false;  // HF matches it in the normalized text (see HfBpeTokenizer's constructor)
 };
 
 struct BpeModel {

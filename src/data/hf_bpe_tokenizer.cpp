@@ -47,8 +47,13 @@ constexpr size_t kMaxCachedWord = 128;
 constexpr size_t kMaxCacheEntries = 1 << 20;
 }  // namespace
 
-HfBpeTokenizer::HfBpeTokenizer(const std::string& path)
-    : HfBpeTokenizer(detail::load_bpe_model(path)) {}
+namespace {
+void check_normalized_added_tokens(const detail::BpeModel& m);
+}  // namespace
+
+HfBpeTokenizer::HfBpeTokenizer(const std::string& path) : HfBpeTokenizer(detail::load_bpe_model(path)) {
+  check_normalized_added_tokens(*model_);
+}
 
 HfBpeTokenizer::HfBpeTokenizer(std::shared_ptr<const detail::BpeModel> model)
     : model_(std::move(model)), state_(std::make_unique<detail::EncoderState>(*model_)) {}
@@ -410,6 +415,22 @@ void check_utf8(std::string_view text) {
   size_t bad = unicode::find_invalid_utf8(text);
   LF_CHECK(bad == std::string_view::npos, "tokenizer input is not valid UTF-8 at byte ", bad,
            " of ", text.size(), lf::hint("decode the input as UTF-8 before tokenizing"));
+}
+
+// HF matches an added token with `normalized: true` in the normalized text, against its content
+// normalized the same way; LoongForge matches every added token in the raw text. The two agree
+// when the normalizer leaves the content as it is; otherwise (Prepend's "▁", Replace's "▁" for a
+// space, NFC) HF would match other places than ours, so such a file is refused.
+void check_normalized_added_tokens(const detail::BpeModel& m) {
+  for (const auto& t : m.added) {
+    if (!t.normalized) continue;
+    const std::string n = !m.norm.empty() ? normalize(m, t.content) : m.nfc ? unicode::nfc(t.content) : t.content;
+    LF_CHECK(n == t.content, m.path, ": added token ", t.id, " '", t.content,
+             "' has normalized: true and the normalizer turns it into '", n,
+             "'; HF then matches it only in the normalized text, which is not supported",
+             lf::hint("set \"normalized\": false on it in the added_tokens list if it is meant to match the text as "
+                      "written (most special tokens are)"));
+  }
 }
 
 }  // namespace

@@ -26,6 +26,7 @@ Writes into OUT_DIR:
   gemma_partial_bytes_unfused/  byte become <unk>, which HF holds back past later byte tokens;
                               fuse_unk true / false
   qwen_strip/, gemma_strip/   qwen and gemma with lstrip / rstrip / single_word on added tokens
+  qwen_normalized/            qwen with normalized: true on its added tokens
   expected.json               {variant: {"ids": [[...] per doc], "decoded": [...],
                               "ids_special": [[...] for the first 50 docs, add_special_tokens=True],
                               "decode_cases" (SentencePiece-style variants): [[ids, HF's decode]],
@@ -248,6 +249,13 @@ def main():
                      "<|endoftext|>": {"single_word": True}, "<|fim_prefix|>": {"lstrip": True, "rstrip": True},
                      "<eos>": {"rstrip": True}, "<bos>": {"lstrip": True, "single_word": True},
                      "<pad>": {"lstrip": True, "rstrip": True}}
+    # normalized: true (HF then matches them in the NFC-normalized text, where they read the same).
+    v = json.loads(json.dumps(spec))
+    for a in v["added_tokens"]:
+        a["normalized"] = True
+    os.makedirs(f"{out}/qwen_normalized", exist_ok=True)
+    json.dump(v, open(f"{out}/qwen_normalized/tokenizer.json", "w"), ensure_ascii=False)
+    variants["qwen_normalized"] = f"{out}/qwen_normalized/tokenizer.json"
     for name, base in (("qwen_strip", spec), ("gemma_strip", gemma)):
         v = json.loads(json.dumps(base))
         for a in v["added_tokens"]:

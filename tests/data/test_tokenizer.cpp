@@ -311,8 +311,8 @@ TEST(HfTokenizer, DecodeOfPartialBytesIsLossyLikeHf) {
 }
 
 void expect_load_error(const std::string& name, const std::function<void(json&)>& edit,
-                       const std::string& needle) {
-  json spec = read_json(oracle_dir() + "/qwen/tokenizer.json");
+                       const std::string& needle, const std::string& base = "qwen") {
+  json spec = read_json(oracle_dir() + "/" + base + "/tokenizer.json");
   edit(spec);
   std::string dir = lf::testing::make_temp_dir("bad_tok_" + name);
   std::string path = dir + "/tokenizer.json";
@@ -346,7 +346,14 @@ TEST(HfTokenizer, UnsupportedOrMalformedFilesAreErrorsNamingTheFile) {
   }, "cannot compile the regex");
   expect_load_error("metaspace", [](json& j) { j["pre_tokenizer"] = {{"type", "Metaspace"}}; },
                     "pre_tokenizer \"Metaspace\" is not supported");
+  // normalized: true where the normalizer changes the token (LLaMA-2's Prepend makes "<eos>"
+  // "▁<eos>", which HF matches only at the start of a segment): refused. Where it does not (the
+  // qwen_normalized variant, NFC), the corpus matches HF (AddedTokensNormalizedTrueMatchHf).
+  expect_load_error("normalized", [](json& j) { j["added_tokens"][1]["normalized"] = true; },
+                    "' has normalized: true and the normalizer turns it into '\xe2\x96\x81<eos>'", "llama2");
 }
+
+TEST(HfTokenizer, AddedTokensNormalizedTrueMatchHf) { expect_parity("qwen_normalized"); }
 
 TEST(ByteTokenizer, RoundTripsBytesAndHasEod) {
   auto tok = lf::data::make_tokenizer("ByteTokenizer", "");

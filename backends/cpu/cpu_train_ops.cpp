@@ -23,6 +23,7 @@
 
 #include "cpu_math.h"
 #include "cpu_ops.h"
+#include "loongforge/backend/gemm.h"
 #include "loongforge/core/error.h"
 
 namespace lf::backend {
@@ -85,7 +86,7 @@ LinearCrossEntropyFwd CpuOps::linear_cross_entropy(const at::Tensor& x0, const a
     at::Tensor xc = x.narrow(0, c0, c);
     at::Tensor z = buf.narrow(0, 0, c);
     if (dtype == at::kFloat)
-      at::mm_out(z, xc, wv.t());
+      lf::ops::gemm::mm_into(z, xc, wv.t(), false);
     else
       z.copy_(at::mm(xc, wv.t()));
     float* zp = z.data_ptr<float>();
@@ -115,14 +116,11 @@ LinearCrossEntropyFwd CpuOps::linear_cross_entropy(const at::Tensor& x0, const a
     at::Tensor st = sc.squeeze(1);
     at::Tensor dxc = r.dx.narrow(0, c0, c);
     if (dtype == at::kFloat) {
-      at::mm_out(dxc, z, wv);
+      lf::ops::gemm::mm_into(dxc, z, wv, false);
       dxc.mul_(scale).sub_(wv.index_select(0, st) * hit);
       if (skip) continue;
       at::Tensor xs = direct ? xc * (scale * gscale) : xc * scale;
-      if (write)
-        at::mm_out(dwv, z.t(), xs);
-      else
-        dwv.addmm_(z.t(), xs);
+      lf::ops::gemm::mm_into(dwv, z.t(), xs, !write);
       dwv.index_add_(0, st, direct ? xc * (hit * gscale) : xc * hit, -1.0);
     } else {
       at::Tensor zb = z.to(dtype);

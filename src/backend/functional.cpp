@@ -216,6 +216,39 @@ struct LinearFn : torch::autograd::Function<LinearFn> {
   }
 };
 
+// The embedding's weight gradient is a scatter-add of the output gradient's rows: with a slot it
+// goes there directly (the tied output layer may have written its part already), so the dense
+// [rows, h] gradient never exists as a tensor of its own.
+struct EmbeddingFn : torch::autograd::Function<EmbeddingFn> {
+  static at::Tensor forward(AutogradContext* ctx, const WeightGradSlots* slots, const at::Tensor& w,
+                            const at::Tensor& ids) {
+    ctx->saved_data["slots"] = reinterpret_cast<int64_t>(slots);
+    ctx->saved_data["rows"] = w.size(0);
+    ctx->saved_data["w"] = w;  // for the slot lookup (by identity) and the gradient's dtype
+    ctx->save_for_backward({ids});
+    return at::embedding(w, ids);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list dy) {
+    const at::Tensor ids = ctx->get_saved_variables()[0].reshape({-1});
+    const at::Tensor w = ctx->saved_data["w"].toTensor();
+    const int64_t rows = ctx->saved_data["rows"].toInt();
+    const at::Tensor g = dy[0].reshape({-1, dy[0].size(-1)});
+    const auto* slots = reinterpret_cast<const WeightGradSlots*>(ctx->saved_data["slots"].toInt());
+    std::optional<lf::backend::GradInto> into;
+    if (g.scalar_type() == at::kFloat && w.scalar_type() == at::kFloat) into = slots->weight_grad_slot(w);
+    if (into && into->dw.defined()) {
+      LF_CHECK(into->dw.sizes() == w.sizes() && into->dw.scalar_type() == at::kFloat && into->dw.is_contiguous(),
+               "embedding: the weight-gradient slot ", into->dw.sizes(), " ", into->dw.scalar_type(),
+               " is not a contiguous fp32 tensor of the weight's shape ", w.sizes());
+      if (!into->accumulate) into->dw.zero_();
+      into->dw.index_add_(0, ids, g);
+      return {at::Tensor(), at::Tensor(), at::Tensor()};
+    }
+    return {at::Tensor(), at::embedding_backward(dy[0], ctx->get_saved_variables()[0], rows, -1, false, false),
+            at::Tensor()};
+  }
+};
+
 struct SdpaFn : torch::autograd::Function<SdpaFn> {
   static at::Tensor forward(AutogradContext* ctx, const DeviceBackend* be, const at::Tensor& q,
                             const at::Tensor& k, const at::Tensor& v, int64_t mask_kind,
@@ -422,6 +455,11 @@ at::Tensor gelu(const DeviceBackend& be, const at::Tensor& x) {
 at::Tensor gelu_tanh(const DeviceBackend& be, const at::Tensor& x) {
   RECORD_USER_SCOPE("lf::gelu_tanh");
   return GeluTanhFn::apply(&be, x);
+}
+
+at::Tensor embedding(const at::Tensor& w, const at::Tensor& ids, const WeightGradSlots* slots) {
+  if (slots == nullptr || !at::GradMode::is_enabled() || !w.requires_grad()) return at::embedding(w, ids);
+  return EmbeddingFn::apply(slots, w, ids);
 }
 
 at::Tensor linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b, const WeightGradSlots* slots) {

@@ -279,5 +279,47 @@ TEST(LinearGradientFusion, TheBackwardWritesOrAddsIntoTheSlot) {
   EXPECT_EQ(bf16.slot->dw.abs().sum().item<double>(), 0.0);
 }
 
+// lf::ops::embedding's gradient-accumulation fusion: the backward scatters w's gradient (repeated
+// ids included) into the slot, zeroing it first unless it already holds gradient this step, and
+// autograd gets none for w. Without a slot, or in bf16, w's gradient is at::embedding's.
+TEST(EmbeddingGradientFusion, TheBackwardScattersIntoTheSlot) {
+  const auto w0 = at::randn({6, 5});
+  const auto ids = at::tensor(std::vector<int64_t>{4, 1, 4, 0, 4, 2}).view({2, 3});
+  const auto dy = at::randn({2, 3, 5});
+  auto w = w0.clone().requires_grad_();
+  at::embedding(w, ids).backward(dy);
+  const auto dw_ref = w.grad();
+  for (const bool accumulate : {false, true}) {
+    FakeSlots slots;
+    const auto start = at::randn({6, 5});
+    slots.slot = backend::GradInto{start.clone(), 1.0, accumulate};
+    auto wf = w0.clone().requires_grad_();
+    auto y = lf::ops::embedding(wf, ids, &slots);
+    EXPECT_TRUE(at::equal(y, at::embedding(w0, ids)));
+    y.backward(dy);
+    EXPECT_EQ(slots.asked, 1);
+    EXPECT_FALSE(wf.grad().defined()) << "the gradient went to the slot, not to autograd";
+    const auto want = accumulate ? start + dw_ref : dw_ref;
+    EXPECT_TRUE(at::allclose(slots.slot->dw, want, 1e-6, 1e-6)) << "accumulate " << accumulate;
+  }
+  FakeSlots none;
+  auto wn = w0.clone().requires_grad_();
+  lf::ops::embedding(wn, ids, &none).backward(dy);
+  EXPECT_EQ(none.asked, 1);
+  EXPECT_TRUE(at::allclose(wn.grad(), dw_ref, 1e-6, 1e-6));
+  FakeSlots bf16;
+  bf16.slot = backend::GradInto{at::zeros({6, 5}), 1.0, false};
+  auto wb = w0.to(at::kBFloat16).requires_grad_();
+  lf::ops::embedding(wb, ids, &bf16).backward(dy.to(at::kBFloat16));
+  EXPECT_EQ(bf16.asked, 0);
+  EXPECT_TRUE(wb.grad().defined());
+  EXPECT_EQ(bf16.slot->dw.abs().sum().item<double>(), 0.0);
+  // No grad mode (evaluation): a plain lookup, the sink is not asked.
+  FakeSlots eval;
+  at::NoGradGuard no_grad;
+  EXPECT_TRUE(at::equal(lf::ops::embedding(w0.clone().requires_grad_(), ids, &eval), at::embedding(w0, ids)));
+  EXPECT_EQ(eval.asked, 0);
+}
+
 }  // namespace
 }  // namespace lf::testing

@@ -1,4 +1,5 @@
-// The GEMMs of the op wrappers' linear layers (functional.cpp's LinearFn): ATen's, except that on
+// The GEMMs of the op wrappers' linear layers (functional.cpp's LinearFn) and of the CPU backend's
+// fused output layer + cross entropy (backends/cpu/cpu_train_ops.cpp): ATen's, except that on
 // the CPU an fp32 product of at least kOneDnnMinMacs multiply-adds over plain row- or
 // column-major operands goes to oneDNN's matmul (the `mkldnn_matmul` libtorch_cpu exports)
 // instead of ATen's BLAS (MKL in the x86 wheel). Measured on the bench's shapes (1 thread, AMD

@@ -144,10 +144,10 @@ SelfAttention::SelfAttention(ParamBuilder& b, const std::string& prefix, const A
 
 at::Tensor SelfAttention::forward(const lf::backend::DeviceBackend& be, const lf::parallel::TensorParallel& tp,
                                   const at::Tensor& x, const AttentionInputs& in, size_t i,
-                                  const LoraInputs* lora) const {
+                                  const LoraInputs* lora, const lf::ops::WeightGradSlots* slots) const {
   const int64_t d = c_.head_dim, groups = c_.num_groups / tp.size(), per_group = c_.num_heads / c_.num_groups,
                 nq = groups * per_group;  // this rank's heads
-  auto qkv = lf::parallel::column_parallel_linear(x, qkv_, qkv_bias_, tp);  // [s, b, groups (pg+2) d]
+  auto qkv = lf::parallel::column_parallel_linear(x, qkv_, qkv_bias_, tp, false, slots);  // [s, b, groups (pg+2) d]
   const int64_t s = qkv.size(0), b = qkv.size(1);
   qkv = qkv.view({s, b, groups, per_group + 2, d});
   auto q = qkv.narrow(3, 0, per_group).reshape({s, b, nq, d});
@@ -195,7 +195,7 @@ at::Tensor SelfAttention::forward(const lf::backend::DeviceBackend& be, const lf
   } else {
     o = core(q, k, v);
   }
-  auto out = lf::parallel::row_parallel_linear(o, proj_, proj_bias_, tp);
+  auto out = lf::parallel::row_parallel_linear(o, proj_, proj_bias_, tp, slots);
   if (ad && (*ad)[LoraModule::o_proj].on()) out = out + (*ad)[LoraModule::o_proj].forward(tp, o, lora->row_gen(tp));
   return out;
 }

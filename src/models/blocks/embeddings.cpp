@@ -16,10 +16,11 @@ TokenEmbedding::TokenEmbedding(ParamBuilder& b, const std::string& name, const a
   weight_ = b.add(name, full, Sharding::vocabulary(), false);
 }
 
-at::Tensor TokenEmbedding::forward(const lf::parallel::TensorParallel& tp, const at::Tensor& tokens, bool scatter) const {
+at::Tensor TokenEmbedding::forward(const lf::parallel::TensorParallel& tp, const at::Tensor& tokens, bool scatter,
+                                   const lf::ops::WeightGradSlots* slots) const {
   lf::parallel::TensorParallel t = tp;
   if (!scatter) t.sequence_parallel = false;
-  return lf::parallel::vocab_parallel_embedding(tokens.t().contiguous(), weight_, t);
+  return lf::parallel::vocab_parallel_embedding(tokens.t().contiguous(), weight_, t, slots);
 }
 
 ReplicatedLinear::ReplicatedLinear(ParamBuilder& b, const std::string& prefix, int64_t in, int64_t out, double std,

@@ -18,8 +18,9 @@ Mlp::Mlp(ParamBuilder& b, const std::string& prefix, const MlpConfig& c) : c_(c)
 }
 
 at::Tensor Mlp::forward(const lf::backend::DeviceBackend& be, const lf::parallel::TensorParallel& tp,
-                        const at::Tensor& x, bool selective_recompute, const LoraInputs* lora) const {
-  auto fc1 = lf::parallel::column_parallel_linear(x, fc1_, fc1_bias_, tp);  // [s, b, (2) f / tp]
+                        const at::Tensor& x, bool selective_recompute, const LoraInputs* lora,
+                        const lf::ops::WeightGradSlots* slots) const {
+  auto fc1 = lf::parallel::column_parallel_linear(x, fc1_, fc1_bias_, tp, false, slots);  // [s, b, (2) f / tp]
   const LayerLora* ad = lora ? lora->adapters : nullptr;
   if (ad && ((*ad)[LoraModule::gate_proj].on() || (*ad)[LoraModule::up_proj].on())) {
     // fc1 is [gate_r; up_r] on this rank: PEFT's gate_proj / up_proj adapters add to each half.
@@ -39,7 +40,7 @@ at::Tensor Mlp::forward(const lf::backend::DeviceBackend& be, const lf::parallel
   at::Tensor a = selective_recompute
                      ? lf::models::recompute([act](const std::vector<at::Tensor>& t) { return act(t[0]); }, {fc1})
                      : act(fc1);
-  auto out = lf::parallel::row_parallel_linear(a, fc2_, fc2_bias_, tp);
+  auto out = lf::parallel::row_parallel_linear(a, fc2_, fc2_bias_, tp, slots);
   if (ad && (*ad)[LoraModule::down_proj].on()) out = out + (*ad)[LoraModule::down_proj].forward(tp, a, lora->row_gen(tp));
   return out;
 }

@@ -40,12 +40,12 @@ at::Tensor TransformerLayer::forward(const at::Tensor& x, const AttentionInputs&
   const LoraInputs* lp = lora_.any() ? &lora : nullptr;
   auto normed_in = input_norm_(be, x);
   auto attn = c_.mla ? mla_.forward(be, *lc.tp, normed_in, a, layer, lc.moe, lc.training)
-                     : attention_.forward(be, *lc.tp, normed_in, a, layer, lp);
+                     : attention_.forward(be, *lc.tp, normed_in, a, layer, lp, lc.slots);
   auto y = x + hidden_dropout(attn, c_.hidden_dropout, lc);
   auto normed = pre_mlp_norm_(be, y);
   auto mlp = c_.moe ? moe_.forward(be, *lc.tp, normed, lc.training, a.selective_recompute, lc.moe, moe_index_,
                                    lc.moe_layers, a.cp)
-                    : mlp_.forward(be, *lc.tp, normed, a.selective_recompute, lp);
+                    : mlp_.forward(be, *lc.tp, normed, a.selective_recompute, lp, lc.slots);
   return y + hidden_dropout(mlp, c_.hidden_dropout, lc);
 }
 

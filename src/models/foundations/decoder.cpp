@@ -251,7 +251,7 @@ at::Tensor Decoder::mtp_forward(size_t k, const at::Tensor& hidden, const at::Te
     x = at::matmul(joined, m.eh_proj.t());
   }
   AttentionInputs a = attention_inputs(in);
-  LayerContext lc{&backend_, &tp_, &rng_, training_, recompute_, &moe_step_, moe_layers_};
+  LayerContext lc{&backend_, &tp_, &rng_, training_, recompute_, &moe_step_, moe_layers_, slots_};
   return lf::models::run_layers({m.layer}, 0, 1, x, a, lc);
 }
 
@@ -283,10 +283,10 @@ at::Tensor Decoder::embed_with(const TokenEmbedding& table, const at::Tensor& to
            " is not divisible by the tensor-model-parallel size ", tp_.size(),
            lf::hint("pick --seq-length as a multiple of the TP size"));
   // [s(/tp), b, h]: the sequence chunk under SP. Megatron's embedding dropout uses hidden_dropout.
-  auto x = table.forward(tp_, tokens, scatter);
+  auto x = table.forward(tp_, tokens, scatter, slots_);
   lf::parallel::TensorParallel layout = tp_;
   if (!scatter) layout.sequence_parallel = false;
-  LayerContext lc{&backend_, &layout, &rng_, training_, recompute_};
+  LayerContext lc{&backend_, &layout, &rng_, training_, recompute_, nullptr, 0, slots_};
   return hidden_dropout(x, config_.hidden_dropout, lc);
 }
 
@@ -425,7 +425,7 @@ at::Tensor Decoder::run_layers(at::Tensor x, const DecoderInputs& in, size_t lo,
     in.chunk->k.assign(layers_.size(), at::Tensor());
     in.chunk->v.assign(layers_.size(), at::Tensor());
   }
-  LayerContext lc{&backend_, &tp_, &rng_, training_, recompute_, &moe_step_, moe_layers_};
+  LayerContext lc{&backend_, &tp_, &rng_, training_, recompute_, &moe_step_, moe_layers_, slots_};
   x = lf::models::run_layers(layers_, lo, hi, x, a, lc);
   if (in.cache) in.cache->length += in.seq;
   return x;

@@ -39,14 +39,14 @@ at::Tensor row_parallel_linear(const at::Tensor& x, const at::Tensor& weight_sha
 }
 
 at::Tensor vocab_parallel_embedding(const at::Tensor& tokens, const at::Tensor& weight_shard,
-                                    const TensorParallel& tp) {
-  if (tp.size() == 1) return at::embedding(weight_shard, tokens);
+                                    const TensorParallel& tp, const lf::ops::WeightGradSlots* slots) {
+  if (tp.size() == 1) return lf::ops::embedding(weight_shard, tokens, slots);
   const int64_t rows = weight_shard.size(0), start = tp.rank() * rows;
   // Ids of other ranks look up row 0 and are zeroed; the sum over ranks then has exactly one
   // non-zero term per token.
   at::Tensor outside = (tokens < start).logical_or(tokens >= start + rows);
   at::Tensor local = (tokens - start).masked_fill(outside, 0);
-  at::Tensor partial = at::embedding(weight_shard, local).masked_fill(outside.unsqueeze(-1), 0.0);
+  at::Tensor partial = lf::ops::embedding(weight_shard, local, slots).masked_fill(outside.unsqueeze(-1), 0.0);
   return tp.sequence_parallel ? reduce_scatter_to_sequence_parallel(partial, *tp.tp)
                               : reduce_from_tp(partial, *tp.tp);
 }

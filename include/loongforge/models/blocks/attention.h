@@ -18,6 +18,10 @@
 #include "loongforge/parallel/context/context_parallel.h"
 #include "loongforge/parallel/pipeline/chunk_attention.h"
 
+namespace lf::ops {
+class WeightGradSlots;  // backend/functional.h
+}
+
 namespace lf::models {
 
 // Keys and values of the tokens seen so far, per layer, for incremental decoding. k, v:
@@ -91,9 +95,11 @@ class SelfAttention {
   // prefix.q_layernorm / k_layernorm [d], prefix.linear_proj.weight [h, nq d] (+ .bias).
   SelfAttention(ParamBuilder& b, const std::string& prefix, const AttentionConfig& c);
   // x: [s(/tp), b, h] -> the branch output [s(/tp), b, h] (before the residual add). `layer`:
-  // the index into in.cache / in.chunk. lora: adapters on q/k/v/o_proj (null: none).
+  // the index into in.cache / in.chunk. lora: adapters on q/k/v/o_proj (null: none). slots:
+  // gradient-accumulation fusion for linear_qkv and linear_proj (lf::ops::linear), or null.
   at::Tensor forward(const lf::backend::DeviceBackend& be, const lf::parallel::TensorParallel& tp, const at::Tensor& x,
-                     const AttentionInputs& in, size_t layer, const LoraInputs* lora = nullptr) const;
+                     const AttentionInputs& in, size_t layer, const LoraInputs* lora = nullptr,
+                     const lf::ops::WeightGradSlots* slots = nullptr) const;
   const AttentionConfig& config() const { return c_; }
 
  private:

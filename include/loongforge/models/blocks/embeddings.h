@@ -9,6 +9,10 @@
 
 #include "loongforge/models/blocks/param_builder.h"
 
+namespace lf::ops {
+class WeightGradSlots;  // backend/functional.h
+}
+
 namespace lf::models {
 
 // The vocabulary rows are drawn for the real vocabulary only and padded with zeros, so the draw
@@ -24,8 +28,10 @@ class TokenEmbedding {
   explicit TokenEmbedding(at::Tensor weight) : weight_(std::move(weight)) {}
   // tokens: [b, s] int64 -> [s, b, h], or this rank's sequence chunk [s / tp, b, h] with
   // sequence parallelism when `scatter` (false: the whole sequence on every rank, for a
-  // composite that splices other embeddings in before scattering).
-  at::Tensor forward(const lf::parallel::TensorParallel& tp, const at::Tensor& tokens, bool scatter = true) const;
+  // composite that splices other embeddings in before scattering). slots: gradient-accumulation
+  // fusion for the table (lf::ops::embedding), or null.
+  at::Tensor forward(const lf::parallel::TensorParallel& tp, const at::Tensor& tokens, bool scatter = true,
+                     const lf::ops::WeightGradSlots* slots = nullptr) const;
   const at::Tensor& weight() const { return weight_; }
 
  private:

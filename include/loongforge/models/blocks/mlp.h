@@ -11,6 +11,10 @@
 #include "loongforge/models/blocks/lora.h"
 #include "loongforge/models/blocks/param_builder.h"
 
+namespace lf::ops {
+class WeightGradSlots;  // backend/functional.h
+}
+
 namespace lf::models {
 
 struct MlpConfig {
@@ -30,8 +34,10 @@ class Mlp {
   Mlp(ParamBuilder& b, const std::string& prefix, const MlpConfig& c);
   // x: [s(/tp), b, h] -> [s(/tp), b, out]. selective_recompute: the activation is recomputed in
   // backward instead of kept. lora: adapters on gate/up/down_proj (null: none; SwiGLU only).
+  // slots: gradient-accumulation fusion for linear_fc1 and linear_fc2 (lf::ops::linear), or null.
   at::Tensor forward(const lf::backend::DeviceBackend& be, const lf::parallel::TensorParallel& tp, const at::Tensor& x,
-                     bool selective_recompute = false, const LoraInputs* lora = nullptr) const;
+                     bool selective_recompute = false, const LoraInputs* lora = nullptr,
+                     const lf::ops::WeightGradSlots* slots = nullptr) const;
 
  private:
   MlpConfig c_;

@@ -51,6 +51,8 @@ struct LayerContext {
   RecomputeOptions recompute;
   MoeStep* moe = nullptr;     // the MoE layers' routing statistics and auxiliary-loss weights
   size_t moe_layers = 0;      // this rank's MoE layers (the size of moe's load table)
+  // Gradient-accumulation fusion for the dense attention's and MLP's linear layers (null: none).
+  const lf::ops::WeightGradSlots* slots = nullptr;
 };
 
 class TransformerLayer {

@@ -68,7 +68,10 @@ class CausalLm : public Model {
   double flops_per_sample(int64_t seq_length) const override;
   void set_training(bool training) override { foundation_.set_training(training); }
   void set_recompute(const RecomputeOptions& r) override { foundation_.set_recompute(r); }
-  void set_gradient_sink(const GradientSink* sink) override { head_.set_gradient_sink(sink, "lm loss"); }
+  void set_gradient_sink(const GradientSink* sink) override {
+    head_.set_gradient_sink(sink, "lm loss");
+    foundation_.set_weight_grad_slots(sink);
+  }
   void set_loss_weights(const std::map<std::string, double>* w) override { foundation_.moe_step().set_weights(w); }
   std::map<std::string, double> internal_loss_sums() const override { return foundation_.moe_step().loss_sums(); }
   at::Tensor expert_load() const override;

@@ -121,6 +121,9 @@ class Decoder {
   void set_training(bool training) { training_ = training; }
   bool training() const { return training_; }
   void set_recompute(const RecomputeOptions& r) { recompute_ = r; }
+  // Gradient-accumulation fusion (null: none): the token embedding's and the dense layers' linear
+  // weight gradients go straight into the slots this names (lf::ops::embedding / linear).
+  void set_weight_grad_slots(const lf::ops::WeightGradSlots* slots) { slots_ = slots; }
   const RecomputeOptions& recompute() const { return recompute_; }
   lf::parallel::RngTracker& rng() const { return rng_; }
   const DecoderConfig& config() const { return config_; }
@@ -165,6 +168,7 @@ class Decoder {
   Norm final_norm_;
   bool training_ = true;
   RecomputeOptions recompute_;
+  const lf::ops::WeightGradSlots* slots_ = nullptr;
   mutable lf::parallel::RngTracker rng_;
   size_t moe_layers_ = 0;
   mutable MoeStep moe_step_;

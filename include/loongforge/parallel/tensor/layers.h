@@ -53,8 +53,9 @@ at::Tensor row_parallel_linear(const at::Tensor& x, const at::Tensor& weight_sha
 // rows [rank * v / tp, (rank + 1) * v / tp). Ids outside this rank's range look up zeros, then the
 // ranks' partial results are summed.
 //   tokens: [s, b] int64 global ids  ->  [s, b, h], or [s / tp, b, h] with SP
+// slots: gradient-accumulation fusion for the table shard (lf::ops::embedding), or null.
 at::Tensor vocab_parallel_embedding(const at::Tensor& tokens, const at::Tensor& weight_shard,
-                                    const TensorParallel& tp);
+                                    const TensorParallel& tp, const lf::ops::WeightGradSlots* slots = nullptr);
 
 // Sharding of full tensors (rank `rank` of `size`), as copies:
 // the rank-th of `size` equal contiguous chunks along dim.

@@ -1,8 +1,9 @@
 // The flow_matching composite (the wan foundation) through loongforge-train as users run it, on mock
 // latents and text embeddings: TP 2, TP 2 + SP, DP 2 with ZeRO-1, Ulysses CP 2, CP 2 x TP 2 + SP and
-// full recomputation each equal the single process (fp32, 10 steps; per-step loss relative 1e-5,
-// final parameters max-abs 1e-5, gradient norms relative 1e-4, as every equivalence test in
-// pp_training.h: the same ops in another summation order); the I2V layout and first-frame
+// full recomputation each equal the single process, and gradient-accumulation fusion equals
+// autograd's path (fp32, 10 steps; per-step loss relative 1e-5, final parameters max-abs 1e-5,
+// gradient norms relative 1e-4, as every equivalence test in pp_training.h: the same ops in
+// another summation order); the I2V layout and first-frame
 // conditioning train; a checkpoint resumes exactly; bf16 trains; layouts and keys it cannot take are
 // configuration errors naming the key.
 #include <gtest/gtest.h>
@@ -58,6 +59,17 @@ TEST(WanTraining, FullRecomputationEqualsNone) {
       single(), run(1, {"--recompute-granularity", "full", "--recompute-method", "block", "--recompute-num-layers", "1"},
                     "recompute_block"),
       "wan: recompute block 1");
+}
+
+// Gradient-accumulation fusion (the default: the DiT's linear layers write their fp32 weight
+// gradients straight into the gradient buffer's slots, and their GEMMs take lf::ops::gemm) trains
+// as autograd's path does (--no-gradient-accumulation-fusion: at::linear, the hooks' copies), over
+// 2 micro-batches a step (the first writes the slots, the second adds) and with TP 2 + SP.
+TEST(WanTraining, GradientAccumulationFusionEqualsAutograd) {
+  const auto off = run(1, {"--no-gradient-accumulation-fusion"}, "gaf-off");
+  lf::testing::expect_same_training(off, single(), "wan: fusion on vs off");
+  lf::testing::expect_same_training(off, run(2, {"--tensor-model-parallel-size", "2", "--sequence-parallel"}, "gaf-sp2"),
+                                    "wan: fusion, tp 2 + sp vs off, one process");
 }
 
 // Image-to-video (image embeddings through the image embedder and the added key/value projections),

@@ -68,8 +68,6 @@ at::Tensor wan_timestep_embedding(const at::Tensor& t, int64_t dim) {
 
 namespace {
 
-at::Tensor linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b) { return at::linear(x, w, b); }
-
 at::Tensor layer_norm(const at::Tensor& x, double eps, const at::Tensor& w = {}, const at::Tensor& b = {}) {
   return at::layer_norm(x.to(at::kFloat), {x.size(-1)}, w.defined() ? w.to(at::kFloat) : w,
                         b.defined() ? b.to(at::kFloat) : b, eps);
@@ -188,6 +186,10 @@ WanDit::WanDit(const WanConfig& c, const lf::backend::DeviceBackend& backend, Pa
                      Sharding::replicated(), true);
 }
 
+at::Tensor WanDit::linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b) const {
+  return lf::ops::linear(x, w, b, slots_);
+}
+
 at::Tensor WanDit::head_rms_norm(const at::Tensor& x, const at::Tensor& w) const {
   // torch.nn.RMSNorm over the full width in x's dtype; the width's squares summed over the TP ranks'
   // heads (forward all-reduce; backward all-reduce too, each rank's heads using the same sum).
@@ -201,11 +203,11 @@ at::Tensor WanDit::self_attention(const Attention& a, const at::Tensor& x, const
                                   const at::Tensor& sin) const {
   using lf::parallel::column_parallel_linear;
   const int64_t b = x.size(1), n = c_.num_attention_heads / tp_.size(), d = c_.attention_head_dim;
-  auto q = head_rms_norm(column_parallel_linear(x, a.q, a.q_bias, tp_), a.norm_q);
+  auto q = head_rms_norm(column_parallel_linear(x, a.q, a.q_bias, tp_, false, slots_), a.norm_q);
   const int64_t s = q.size(0);  // the whole (CP-local) sequence, gathered under SP
   q = q.view({s, b, n, d});
-  auto k = head_rms_norm(column_parallel_linear(x, a.k, a.k_bias, tp_), a.norm_k).view({s, b, n, d});
-  auto v = column_parallel_linear(x, a.v, a.v_bias, tp_).view({s, b, n, d});
+  auto k = head_rms_norm(column_parallel_linear(x, a.k, a.k_bias, tp_, false, slots_), a.norm_k).view({s, b, n, d});
+  auto v = column_parallel_linear(x, a.v, a.v_bias, tp_, false, slots_).view({s, b, n, d});
   q = apply_rope_pairs(q, cos, sin);
   k = apply_rope_pairs(k, cos, sin);
   auto perm = [](const at::Tensor& t) { return t.permute({1, 2, 0, 3}); };  // [b, n, s, d]
@@ -221,7 +223,7 @@ at::Tensor WanDit::self_attention(const Attention& a, const at::Tensor& x, const
     o = lf::ops::sdpa(backend_, perm(q), perm(k), perm(v), lf::backend::AttentionMask::none());
   }
   o = o.permute({2, 0, 1, 3}).reshape({s, b, n * d});
-  return lf::parallel::row_parallel_linear(o, a.out, a.out_bias, tp_);
+  return lf::parallel::row_parallel_linear(o, a.out, a.out_bias, tp_, slots_);
 }
 
 at::Tensor WanDit::cross_attention(const Attention& a, const at::Tensor& x, const at::Tensor& text,
@@ -237,9 +239,9 @@ at::Tensor WanDit::cross_attention(const Attention& a, const at::Tensor& x, cons
     if (tp_.sequence_parallel && tp_.size() > 1) return at::linear(t, w, bias);
     lf::parallel::TensorParallel plain = tp_;
     plain.sequence_parallel = false;
-    return column_parallel_linear(t, w, bias, plain);
+    return column_parallel_linear(t, w, bias, plain, false, slots_);
   };
-  auto q = head_rms_norm(column_parallel_linear(x, a.q, a.q_bias, tp_), a.norm_q);
+  auto q = head_rms_norm(column_parallel_linear(x, a.q, a.q_bias, tp_, false, slots_), a.norm_q);
   const int64_t s = q.size(0);
   q = heads(q);
   auto k = heads(head_rms_norm(context(text, a.k, a.k_bias), a.norm_k));
@@ -251,7 +253,7 @@ at::Tensor WanDit::cross_attention(const Attention& a, const at::Tensor& x, cons
     o = o + lf::ops::sdpa(backend_, q, ki, vi, lf::backend::AttentionMask::none());
   }
   o = o.permute({2, 0, 1, 3}).reshape({s, b, n * d});
-  return lf::parallel::row_parallel_linear(o, a.out, a.out_bias, tp_);
+  return lf::parallel::row_parallel_linear(o, a.out, a.out_bias, tp_, slots_);
 }
 
 at::Tensor WanDit::block_forward(const Block& blk, const at::Tensor& x, const at::Tensor& mod, const at::Tensor& text,
@@ -266,8 +268,8 @@ at::Tensor WanDit::block_forward(const Block& blk, const at::Tensor& x, const at
   auto n2 = c_.cross_attn_norm ? layer_norm(h, c_.eps, blk.norm2_w, blk.norm2_b).to(dt) : h;
   h = h + cross_attention(blk.cross, n2, text, image);
   auto n3 = at::addcmul(c_shift, layer_norm(h, c_.eps), c_scale + 1).to(dt);
-  auto f = lf::parallel::column_parallel_linear(n3, blk.ffn_in, blk.ffn_in_bias, tp_);
-  f = lf::parallel::row_parallel_linear(lf::ops::gelu_tanh(backend_, f), blk.ffn_out, blk.ffn_out_bias, tp_);
+  auto f = lf::parallel::column_parallel_linear(n3, blk.ffn_in, blk.ffn_in_bias, tp_, false, slots_);
+  f = lf::parallel::row_parallel_linear(lf::ops::gelu_tanh(backend_, f), blk.ffn_out, blk.ffn_out_bias, tp_, slots_);
   return at::addcmul(h.to(at::kFloat), f.to(at::kFloat), c_gate).to(dt);
 }
 

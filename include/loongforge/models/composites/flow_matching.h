@@ -78,6 +78,7 @@ class FlowMatching : public Model {
   double flops_per_sample(int64_t seq_length) const override;
   void set_training(bool training) override { dit_.set_training(training); }
   void set_recompute(const RecomputeOptions& r) override { dit_.set_recompute(r); }
+  void set_gradient_sink(const GradientSink* sink) override { dit_.set_weight_grad_slots(sink); }
   void end_step(const at::Tensor&) override { ++step_; }
   std::map<std::string, at::Tensor> rng_state() const override;
   void set_rng_state(const std::map<std::string, at::Tensor>& s) override;

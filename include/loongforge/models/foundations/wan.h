@@ -114,6 +114,9 @@ class WanDit {
 
   void set_training(bool t) { training_ = t; }
   void set_recompute(const RecomputeOptions& r) { recompute_ = r; }
+  // Gradient-accumulation fusion (null: none): the linear layers' weight gradients go straight
+  // into the slots this names (lf::ops::linear).
+  void set_weight_grad_slots(const lf::ops::WeightGradSlots* slots) { slots_ = slots; }
   lf::parallel::RngTracker& rng() const { return rng_; }
   const WanConfig& config() const { return c_; }
 
@@ -132,6 +135,8 @@ class WanDit {
   // RMSNorm over all heads' channels (each TP rank holds its heads: the sum of squares is
   // all-reduced).
   at::Tensor head_rms_norm(const at::Tensor& x, const at::Tensor& w) const;
+  // lf::ops::linear with this model's weight-gradient slots.
+  at::Tensor linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b) const;
   // x [s, b, h] -> the branch output [s, b, h]. rope: cos/sin [s, d/2] (self-attention); context
   // [t, b, h] (cross); image [ti, b, h] (I2V).
   at::Tensor self_attention(const Attention& a, const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) const;
@@ -153,6 +158,7 @@ class WanDit {
   lf::parallel::ContextParallel cp_;
   bool training_ = true;
   RecomputeOptions recompute_;
+  const lf::ops::WeightGradSlots* slots_ = nullptr;
   mutable lf::parallel::RngTracker rng_;
 };
 

@@ -365,28 +365,40 @@ def train_hf_vlm(args):
 
 
 def peak(args):
-    # The best of a few large square matmuls: what this machine's BLAS reaches for the dtype.
+    # The best of a few large square matmuls: what this machine's GEMM libraries reach for the
+    # dtype. On the CPU both that libtorch carries: torch.mm (MKL's sgemm for fp32 on x86) and
+    # oneDNN's matmul (which LoongForge's fp32 linear layers and output layer use from 16M
+    # multiply-adds up: src/backend/gemm.cpp); on some CPUs one is far ahead of the other.
     dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float32
-    best = 0.0
     sizes = (1024, 2048) if args.device == "cpu" else (4096, 8192)
-    for n in sizes:
-        a, b = torch.randn(n, n).to(dtype).to(args.device), torch.randn(n, n).to(dtype).to(args.device)
-        torch.mm(a, b)
+
+    def rate(fn, n):
+        fn()
         if args.device != "cpu":
             torch.cuda.synchronize()
         reps, start = 0, time.perf_counter()
         while reps < 3 or time.perf_counter() - start < 1.0:
-            torch.mm(a, b)
+            fn()
             if args.device != "cpu":
                 torch.cuda.synchronize()
             reps += 1
             if time.perf_counter() - start > 5.0:  # a slow path (bf16 without native support)
                 break
-        best = max(best, 2.0 * n ** 3 * reps / (time.perf_counter() - start))
-        if best < 5e9:  # a larger size will not change the verdict, only take minutes
+        return 2.0 * n ** 3 * reps / (time.perf_counter() - start)
+
+    libraries = {}
+    for n in sizes:
+        a, b = torch.randn(n, n).to(dtype).to(args.device), torch.randn(n, n).to(dtype).to(args.device)
+        libraries["torch.mm"] = max(libraries.get("torch.mm", 0.0), rate(lambda: torch.mm(a, b), n))
+        if args.device == "cpu" and torch.backends.mkldnn.is_available():
+            am, wm = a.to_mkldnn(), b.t().contiguous().to_mkldnn()  # a b = a (b^T)^T, as a linear layer
+            libraries["oneDNN"] = max(libraries.get("oneDNN", 0.0),
+                                      rate(lambda: torch._C._nn.mkldnn_linear(am, wm), n))
+        if max(libraries.values()) < 5e9:  # a larger size will not change the verdict, only take minutes
             break
-    print(json.dumps({"dtype": args.dtype, "flops_per_sec": best,
-                      "threads": torch.get_num_threads()}))
+    best = max(libraries, key=libraries.get)
+    print(json.dumps({"dtype": args.dtype, "flops_per_sec": libraries[best], "library": best,
+                      "libraries": libraries, "threads": torch.get_num_threads()}))
 
 
 def train_diffusers_wan(args):

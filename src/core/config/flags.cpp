@@ -55,7 +55,7 @@ const std::vector<FlagSpec> kTable = {
   {"--recompute-method", "training.recompute_method", K::value, "uniform|block", ""},
   {"--recompute-num-layers", "training.recompute_num_layers", K::value, "N", ""},
   {"--deterministic-mode", "training.deterministic_mode", K::store_true, "", ""},
-  {"--gradient-accumulation-fusion", "training.gradient_accumulation_fusion", K::store_true, "", "Weight gradients straight into the gradient buffer: the fused output layer's, the decoder's and pi05's linear layers', the token embedding's (the default)"},
+  {"--gradient-accumulation-fusion", "training.gradient_accumulation_fusion", K::store_true, "", "Weight gradients straight into the gradient buffer: the fused output layer's, the decoder's, Wan's and pi05's linear layers', the token embedding's (the default)"},
   {"--no-gradient-accumulation-fusion", "training.gradient_accumulation_fusion", K::store_false, "", "Weight gradients through autograd (the output layer's held from forward to backward)"},
   {"--eval-interval", "training.eval_interval", K::value, "N", ""},
   {"--eval-iters", "training.eval_iters", K::value, "N", ""},

@@ -156,8 +156,8 @@ struct TrainingConfig {
       "Skip the optimizer step when the loss or gradient norm is NaN/Inf (false: stop the run)");
     v("gradient_accumulation_fusion", gradient_accumulation_fusion,
       "Weight gradients straight into the gradient buffer (Megatron's gradient-accumulation fusion): the fused "
-      "output layer's in the forward (with cross_entropy_loss_fusion on); the dense decoder layers' and a pi05 "
-      "policy's linear layers' in their backward's GEMM, and the token embedding's as a scatter-add (fp32); "
+      "output layer's in the forward (with cross_entropy_loss_fusion on); the linear layers' of dense decoder "
+      "layers, the Wan DiT and a pi05 policy in their backward's GEMM, and the token embedding's as a scatter-add (fp32); "
       "the other weights' gradients (norms, MoE experts, MLA, bf16 layers) go through autograd");
     v("eval_interval", eval_interval, "Iterations between evaluations on the validation set", Min{1});
     v("eval_iters", eval_iters, "Iterations per evaluation", Min{0});

@@ -179,6 +179,20 @@ struct LinearCrossEntropyFn : torch::autograd::Function<LinearCrossEntropyFn> {
   }
 };
 
+// The slot the sink names for w's fp32 gradient (gradient-accumulation fusion), or nullopt: no
+// sink slot, or a gradient that is not fp32 (`fp32` false). A slot must be a contiguous fp32
+// tensor of w's shape. `op` names the layer in the error.
+std::optional<lf::backend::GradInto> fp32_grad_slot(const WeightGradSlots* slots, const at::Tensor& w, bool fp32,
+                                                    const char* op) {
+  if (!fp32) return std::nullopt;
+  auto into = slots->weight_grad_slot(w);
+  if (!into || !into->dw.defined()) return std::nullopt;
+  LF_CHECK(into->dw.sizes() == w.sizes() && into->dw.scalar_type() == at::kFloat && into->dw.is_contiguous(), op,
+           ": the weight-gradient slot ", into->dw.sizes(), " ", into->dw.scalar_type(),
+           " is not a contiguous fp32 tensor of the weight's shape ", w.sizes());
+  return into;
+}
+
 struct LinearFn : torch::autograd::Function<LinearFn> {
   // b: an optional (undefined tensors cannot be a custom function's inputs).
   static at::Tensor forward(AutogradContext* ctx, const WeightGradSlots* slots, const at::Tensor& x, const at::Tensor& w,
@@ -200,12 +214,9 @@ struct LinearFn : torch::autograd::Function<LinearFn> {
     if (ctx->saved_data["w_grad"].toBool()) {
       const auto x2 = x.reshape({-1, in});
       const auto* slots = reinterpret_cast<const WeightGradSlots*>(ctx->saved_data["slots"].toInt());
-      std::optional<lf::backend::GradInto> into;
-      if (d2.scalar_type() == at::kFloat && x2.scalar_type() == at::kFloat) into = slots->weight_grad_slot(w);
-      if (into && into->dw.defined()) {
-        LF_CHECK(into->dw.sizes() == w.sizes() && into->dw.scalar_type() == at::kFloat && into->dw.is_contiguous(),
-                 "linear: the weight-gradient slot ", into->dw.sizes(), " ", into->dw.scalar_type(),
-                 " is not a contiguous fp32 tensor of the weight's shape ", w.sizes());
+      auto into = fp32_grad_slot(
+          slots, w, d2.scalar_type() == at::kFloat && x2.scalar_type() == at::kFloat, "linear");
+      if (into) {
         gemm::mm_into(into->dw, d2.t(), x2, into->accumulate);
       } else {
         dw = gemm::mm(d2.t(), x2);
@@ -234,12 +245,9 @@ struct EmbeddingFn : torch::autograd::Function<EmbeddingFn> {
     const int64_t rows = ctx->saved_data["rows"].toInt();
     const at::Tensor g = dy[0].reshape({-1, dy[0].size(-1)});
     const auto* slots = reinterpret_cast<const WeightGradSlots*>(ctx->saved_data["slots"].toInt());
-    std::optional<lf::backend::GradInto> into;
-    if (g.scalar_type() == at::kFloat && w.scalar_type() == at::kFloat) into = slots->weight_grad_slot(w);
-    if (into && into->dw.defined()) {
-      LF_CHECK(into->dw.sizes() == w.sizes() && into->dw.scalar_type() == at::kFloat && into->dw.is_contiguous(),
-               "embedding: the weight-gradient slot ", into->dw.sizes(), " ", into->dw.scalar_type(),
-               " is not a contiguous fp32 tensor of the weight's shape ", w.sizes());
+    auto into =
+        fp32_grad_slot(slots, w, g.scalar_type() == at::kFloat && w.scalar_type() == at::kFloat, "embedding");
+    if (into) {
       if (!into->accumulate) into->dw.zero_();
       into->dw.index_add_(0, ids, g);
       return {at::Tensor(), at::Tensor(), at::Tensor()};

@@ -5,6 +5,9 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <gtest/gtest.h>
 
+#include <map>
+#include <set>
+
 #include "loongforge/backend/registry.h"
 #include "loongforge/core/config/config_error.h"
 #include "loongforge/core/config/yaml.h"
@@ -153,6 +156,73 @@ TEST(Decoder, FusedLossOverTheCountedTokensEqualsTheUnfusedHead) {
   for (size_t i = 0; i < fused.size(); ++i) {
     const double scale = std::max(1e-12, plain[i].abs().max().item<double>());
     EXPECT_LE((fused[i] - plain[i]).abs().max().item<double>(), 1e-5 * scale) << "tensor " << i;
+  }
+}
+
+// Gradient-accumulation fusion's wiring (the trainer's gradient sink, here a recording one): in a
+// training step the token embedding and every dense layer's linear_qkv, linear_proj, linear_fc1
+// and linear_fc2 weight ask the sink for their slot and write their gradient there (autograd gets
+// none); norms and the output layer (whose take() gives no slot here) keep autograd's path. What
+// ends up in the slots plus .grad equals the step without a sink (1e-5 relative), tied and untied.
+struct RecordingSink final : lf::models::GradientSink {
+  std::map<const void*, at::Tensor> slots;  // by parameter: its slot, zeroed before the step
+  mutable std::map<const void*, int> asked;  // by parameter: how often it asked
+  std::optional<lf::backend::GradInto> take(const at::Tensor&, const std::string&) const override { return std::nullopt; }
+  std::optional<lf::backend::GradInto> weight_grad_slot(const at::Tensor& w) const override {
+    auto it = slots.find(w.unsafeGetTensorImpl());
+    if (it == slots.end()) return std::nullopt;
+    const bool written = asked[w.unsafeGetTensorImpl()]++ > 0;
+    return lf::backend::GradInto{it->second, 1.0, written};
+  }
+};
+
+TEST(Decoder, GradientSinkTakesTheLinearAndEmbeddingWeightGradients) {
+  for (const bool untie : {false, true}) {
+    auto c = tiny();
+    c.untie_embeddings_and_output_weights = untie;
+    auto step = [&](lf::models::CausalLm& m) {
+      auto gen = at::make_generator<at::CPUGeneratorImpl>(3);
+      auto tokens = at::randint(0, c.vocab_size, {2, 16}, gen);
+      lf::data::Batch batch;
+      batch.set("tokens", tokens, 1);
+      batch.set("labels", at::roll(tokens, -1, 1), 1);
+      batch.set("loss_mask", at::ones({2, 16}, at::kFloat), 1);
+      m.forward_step(batch, lf::models::Pass::train).losses.at(0).sum.backward();
+    };
+    lf::models::CausalLm ref(c, lf::backend::cpu_backend(), 5, at::kFloat);
+    step(ref);
+    lf::models::CausalLm m(c, lf::backend::cpu_backend(), 5, at::kFloat);
+    RecordingSink sink;
+    std::set<std::string> fused;
+    for (const auto& p : m.parameters()) {
+      const bool linear = p.name.find(".linear_") != std::string::npos && p.name.size() > 7 &&
+                          p.name.compare(p.name.size() - 7, 7, ".weight") == 0;
+      if (linear || p.name == "embedding.word_embeddings.weight") {
+        sink.slots[p.tensor.unsafeGetTensorImpl()] = at::zeros_like(p.tensor);
+        fused.insert(p.name);
+      }
+    }
+    ASSERT_EQ(fused.size(), 1 + 4 * static_cast<size_t>(c.num_layers));
+    m.set_gradient_sink(&sink);
+    step(m);
+    m.set_gradient_sink(nullptr);
+    for (size_t i = 0; i < m.parameters().size(); ++i) {
+      const auto& p = m.parameters()[i];
+      const auto* key = p.tensor.unsafeGetTensorImpl();
+      const bool into = fused.count(p.name) > 0;
+      at::Tensor got = p.tensor.grad().defined() ? p.tensor.grad().clone() : at::zeros_like(p.tensor);
+      if (into) {
+        EXPECT_GE(sink.asked[key], 1) << p.name << " never asked for its slot";
+        EXPECT_EQ(p.tensor.grad().defined(), untie ? false : p.name == "embedding.word_embeddings.weight")
+            << p.name << ": only a tied embedding also gets the output layer's gradient through autograd";
+        got += sink.slots.at(key);
+      } else {
+        EXPECT_EQ(sink.asked.count(key), 0u) << p.name;
+      }
+      const auto& want = ref.parameters()[i].tensor.grad();
+      const double scale = std::max(1e-12, want.abs().max().item<double>());
+      EXPECT_LE((got - want).abs().max().item<double>(), 1e-5 * scale) << p.name << " untie " << untie;
+    }
   }
 }
 

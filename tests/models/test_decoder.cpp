@@ -14,6 +14,7 @@
 #include "loongforge/core/error.h"
 #include "loongforge/models/composites/causal_lm.h"
 #include "loongforge/models/composites/causal_lm.h"
+#include "recording_sink.h"
 #include "tiny_decoder.h"
 
 namespace {
@@ -164,18 +165,6 @@ TEST(Decoder, FusedLossOverTheCountedTokensEqualsTheUnfusedHead) {
 // and linear_fc2 weight ask the sink for their slot and write their gradient there (autograd gets
 // none); norms and the output layer (whose take() gives no slot here) keep autograd's path. What
 // ends up in the slots plus .grad equals the step without a sink (1e-5 relative), tied and untied.
-struct RecordingSink final : lf::models::GradientSink {
-  std::map<const void*, at::Tensor> slots;  // by parameter: its slot, zeroed before the step
-  mutable std::map<const void*, int> asked;  // by parameter: how often it asked
-  std::optional<lf::backend::GradInto> take(const at::Tensor&, const std::string&) const override { return std::nullopt; }
-  std::optional<lf::backend::GradInto> weight_grad_slot(const at::Tensor& w) const override {
-    auto it = slots.find(w.unsafeGetTensorImpl());
-    if (it == slots.end()) return std::nullopt;
-    const bool written = asked[w.unsafeGetTensorImpl()]++ > 0;
-    return lf::backend::GradInto{it->second, 1.0, written};
-  }
-};
-
 TEST(Decoder, GradientSinkTakesTheLinearAndEmbeddingWeightGradients) {
   for (const bool untie : {false, true}) {
     auto c = tiny();
@@ -192,7 +181,7 @@ TEST(Decoder, GradientSinkTakesTheLinearAndEmbeddingWeightGradients) {
     lf::models::CausalLm ref(c, lf::backend::cpu_backend(), 5, at::kFloat);
     step(ref);
     lf::models::CausalLm m(c, lf::backend::cpu_backend(), 5, at::kFloat);
-    RecordingSink sink;
+    lf::testing::RecordingSink sink;
     std::set<std::string> fused;
     for (const auto& p : m.parameters()) {
       const bool linear = p.name.find(".linear_") != std::string::npos && p.name.size() > 7 &&

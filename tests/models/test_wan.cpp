@@ -7,6 +7,7 @@
 // with and without first-frame conditioning (relative 1e-5). The sigma schedule and the timestep
 // boundaries; malformed directories are errors naming the file and tensor.
 #include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -20,6 +21,7 @@
 #include "loongforge/models/composites/flow_matching.h"
 #include "loongforge/models/wan_diffusers.h"
 #include "multiprocess.h"
+#include "recording_sink.h"
 
 namespace {
 namespace fs = std::filesystem;
@@ -108,6 +110,62 @@ void expect_loss_matches(const std::string& dir, const std::string& file, bool f
   std::printf("[wan loss] %s: ours (%.7g, %.7g), Python (%.7g, %.7g), max relative difference %.3g\n", file.c_str(),
               losses[0].item<double>(), losses[1].item<double>(), want[0].item<double>(), want[1].item<double>(), rel);
   EXPECT_LE(rel, 1e-5) << losses << "\n" << want;
+}
+
+// Gradient-accumulation fusion's wiring in the DiT: with the trainer's gradient sink (here a
+// recording one) every 2-D weight (attention, FFN, timestep / text embedders, proj_out) writes its
+// gradient into its slot and autograd gets none; the norms, the modulation tables and the patch
+// embedding (used through a reshape, not the parameter itself) keep autograd's path. Slots plus
+// .grad equal the step without a sink (1e-5 relative).
+TEST(Wan, GradientSinkTakesTheLinearWeightGradients) {
+  lf::models::WanConfig c;
+  c.num_attention_heads = 2;
+  c.attention_head_dim = 8;
+  c.in_channels = 4;
+  c.text_dim = 16;
+  c.freq_dim = 16;
+  c.ffn_dim = 32;
+  c.num_layers = 2;
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(4);
+  WanInputs in;
+  in.latents = at::randn({2, 4, 2, 4, 4}, gen);
+  in.timestep = at::tensor(std::vector<float>{3.0f, 700.0f});
+  in.text = at::randn({2, 5, 16}, gen);
+  const auto step = [&](const FlowMatching& m) {
+    const auto pred = m.dit().forward(in);
+    (pred * at::linspace(-1, 1, pred.numel()).view(pred.sizes())).sum().backward();
+  };
+  FlowMatching ref(c, {}, lf::backend::cpu_backend(), 7, at::kFloat, nullptr);
+  step(ref);
+  FlowMatching m(c, {}, lf::backend::cpu_backend(), 7, at::kFloat, nullptr);
+  lf::testing::RecordingSink sink;
+  const auto linear = [](const lf::models::Parameter& p) {
+    return p.tensor.dim() == 2 && p.name.size() > 7 && p.name.compare(p.name.size() - 7, 7, ".weight") == 0;
+  };
+  int linears = 0;
+  for (const auto& p : m.parameters())
+    if (linear(p)) {
+      sink.slots[p.tensor.unsafeGetTensorImpl()] = at::zeros_like(p.tensor);
+      ++linears;
+    }
+  EXPECT_GE(linears, 2 * 10);  // per block: q, k, v, out of two attentions, ffn in and out
+  m.set_gradient_sink(&sink);
+  step(m);
+  m.set_gradient_sink(nullptr);
+  for (size_t i = 0; i < m.parameters().size(); ++i) {
+    const auto& p = m.parameters()[i];
+    const auto* key = p.tensor.unsafeGetTensorImpl();
+    at::Tensor got = p.tensor.grad().defined() ? p.tensor.grad().clone() : at::zeros_like(p.tensor);
+    if (linear(p)) {
+      EXPECT_EQ(sink.asked[key], 1) << p.name;
+      EXPECT_FALSE(p.tensor.grad().defined()) << p.name;
+      got += sink.slots.at(key);
+    }
+    const auto& want = ref.parameters()[i].tensor.grad();
+    ASSERT_TRUE(want.defined()) << p.name;
+    const double scale = std::max(1e-12, want.abs().max().item<double>());
+    EXPECT_LE((got - want).abs().max().item<double>(), 1e-5 * scale) << p.name;
+  }
 }
 
 TEST(FlowMatching, StepLossEqualsPythonReference) {

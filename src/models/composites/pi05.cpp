@@ -368,7 +368,7 @@ Pi05::Prefix Pi05::embed_prefix(const Pi05Inputs& in, bool skip_missing) const {
   auto img_pad = in.img_masks.to(dev).transpose(0, 1).unsqueeze(-1).expand({b, cams, t}).reshape({b, cams * t});
   // Gemma scales its token embeddings by sqrt(width), in the embedding's dtype.
   const double scale = static_cast<double>(static_cast<float>(std::sqrt(static_cast<double>(vlm_.width))));
-  auto lang = lf::parallel::vocab_parallel_embedding(in.tokens.to(dev), embed_, tp_, sink_) * scale;
+  auto lang = lf::parallel::vocab_parallel_embedding(in.tokens.to(dev), embed_, tp_) * scale;
   Prefix p{at::cat({img.to(lang.scalar_type()), lang}, 1), at::cat({img_pad, in.masks.to(dev)}, 1), {}};
   if (in.ar_mask.defined()) {
     LF_CHECK(in.ar_mask.sizes() == in.tokens.sizes(), "pi05: prompt_ar_mask must be [b, L] = ", in.tokens.sizes(),

@@ -466,7 +466,10 @@ at::Tensor gelu_tanh(const DeviceBackend& be, const at::Tensor& x) {
 }
 
 at::Tensor embedding(const at::Tensor& w, const at::Tensor& ids, const WeightGradSlots* slots) {
-  if (slots == nullptr || !at::GradMode::is_enabled() || !w.requires_grad()) return at::embedding(w, ids);
+  // CPU only: CUDA's index_add_ accumulates with atomics (run-to-run different sums), where its
+  // embedding backward is deterministic.
+  if (slots == nullptr || !at::GradMode::is_enabled() || !w.requires_grad() || !w.device().is_cpu())
+    return at::embedding(w, ids);
   return EmbeddingFn::apply(slots, w, ids);
 }
 

@@ -68,8 +68,8 @@ class WeightGradSlots {
 // post-accumulate-grad hook still runs, with no gradient); without a slot, or in another dtype, it
 // is returned as usual.
 at::Tensor linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b, const WeightGradSlots* slots);
-// w[ids] (at::embedding): ids [...] int64, w [rows, h] -> [..., h]. slots null: at::embedding.
-// Else, for fp32 w and gradient, w's gradient is scattered (index_add over the ids, in their
+// w[ids] (at::embedding): ids [...] int64, w [rows, h] -> [..., h]. slots null, or w not on the
+// CPU (CUDA's index_add_ is not deterministic): at::embedding. Else, for fp32 w and gradient, w's gradient is scattered (index_add over the ids, in their
 // order) straight into the slot slots->weight_grad_slot(w) names, zeroed first unless it already
 // holds gradient this step, and autograd gets none for w; without a slot it is returned as usual.
 at::Tensor embedding(const at::Tensor& w, const at::Tensor& ids, const WeightGradSlots* slots);

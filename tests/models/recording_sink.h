@@ -6,6 +6,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <algorithm>
 #include <map>
 #include <optional>
 #include <string>
@@ -24,6 +25,24 @@ struct RecordingSink final : lf::models::GradientSink {
     const bool written = asked[w.unsafeGetTensorImpl()]++ > 0;
     return lf::backend::GradInto{it->second, 1.0, written};
   }
+  // Runs `step` (a forward and backward of `model`) with this sink given to the model.
+  template <class Model, class Step>
+  void run(Model& model, Step&& step) {
+    model.set_gradient_sink(this);
+    step();
+    model.set_gradient_sink(nullptr);
+  }
+  // What parameter p got in the step: its slot (if it has one) plus its .grad.
+  at::Tensor total_grad(const at::Tensor& p) const {
+    at::Tensor g = p.grad().defined() ? p.grad().clone() : at::zeros_like(p);
+    auto it = slots.find(p.unsafeGetTensorImpl());
+    return it == slots.end() ? g : g + it->second;
+  }
 };
+
+// |got - want| <= rel * max|want| (fp32 sums in another order).
+inline double relative_max_difference(const at::Tensor& got, const at::Tensor& want) {
+  return (got - want).abs().max().item<double>() / std::max(1e-12, want.abs().max().item<double>());
+}
 
 }  // namespace lf::testing

@@ -255,8 +255,8 @@ bool char_after_is(const std::shared_ptr<const CompiledRegex>& re, std::string_v
   if (begin >= text.size()) return false;
   size_t e = begin;
   uint32_t cp = 0;
-  unicode::decode_utf8(text, e, cp);
-  return char_before_is(re, text, e) && e > begin;
+  unicode::decode_utf8(text, e, cp);  // e: the end of the character that starts at begin
+  return char_before_is(re, text, e);
 }
 const std::shared_ptr<const CompiledRegex>& word_char() {
   static const auto re = std::make_shared<const CompiledRegex>("[\\p{Alphabetic}\\p{M}\\p{Nd}\\p{Pc}\\p{Join_Control}]", false,

@@ -7,6 +7,8 @@
 #include <c10/core/CPUAllocator.h>
 #include <c10/core/impl/alloc_cpu.h>
 
+#include <sys/mman.h>
+
 #include <atomic>
 #include <chrono>
 #include <cstdlib>
@@ -43,15 +45,20 @@ namespace {
 // step then took 823 page faults (its [448, 512] fp32 activations are 896 KiB), 136 with 64 KiB,
 // and ~86 -> ~82.5 ms a step at 1 thread; llama_10m's step and peak RSS (+1.8%) barely move.
 //
-// glibc's own retention is left as it is: its mmap threshold grows to 32 MiB as large blocks are
-// freed, after which blocks up to that size come from its heap and may stay there when freed.
-// Fixing the threshold at 1 MiB (mallopt) took 32 MiB off llama_100m's peak RSS but cost 20-30
-// ms of page faults per step (system time 0.6 -> 0.85 s over 10 llama_10m steps): not worth it.
+// Cached capacities of 1 MiB and more are mapped (mmap) and unmapped by the allocator itself, not
+// taken from glibc: glibc's mmap threshold grows to 32 MiB as large blocks are freed, after which
+// blocks up to that size come from its heap, and what the cache gave back stayed there
+// (fragments, or a free top below the 64 MiB trim threshold). Mapping them took 27 MB off
+// llama_100m's peak RSS (1948 -> 1920 MB) and 17 off llama_10m's, with the same page faults: the
+// cache keeps the blocks a step reuses. Fixing glibc's threshold instead (mallopt; 128 KiB or 1
+// MiB) returned 21-32 MiB but faulted blocks the cache does not hold in every step (llama_10m:
+// system time 0.5 -> 0.86 s over 20 steps, -5% tokens/s).
 class CountingCpuAllocator final : public c10::Allocator {
  public:
   // A multiple of c10's alignment (64), so the data keeps alloc_cpu's alignment.
   static constexpr size_t kHeader = 64;
   static constexpr size_t kCacheMin = size_t{1} << 16;
+  static constexpr size_t kMapMin = size_t{1} << 20;
 
   CountingCpuAllocator() {
     const char* env = std::getenv("LOONGFORGE_CPU_ALLOCATOR_CACHE_MB");
@@ -68,7 +75,7 @@ class CountingCpuAllocator final : public c10::Allocator {
   c10::DataPtr allocate(size_t n) override {
     const size_t cap = capacity(n);
     char* base = cap ? take_cached(cap) : nullptr;
-    if (!base) base = fresh(cap ? cap : n);
+    if (!base) base = fresh(cap ? cap : n, cap);
     auto* header = reinterpret_cast<int64_t*>(base);
     header[0] = static_cast<int64_t>(n);
     header[1] = static_cast<int64_t>(cap);
@@ -95,7 +102,7 @@ class CountingCpuAllocator final : public c10::Allocator {
   void empty_cache() {
     std::lock_guard<std::mutex> lock(mutex_);
     for (auto& [cap, blocks] : free_) {
-      for (char* b : blocks) c10::free_cpu(b);
+      for (char* b : blocks) release(b, cap);
       cached_ -= cap * blocks.size();
       blocks.clear();
     }
@@ -121,13 +128,25 @@ class CountingCpuAllocator final : public c10::Allocator {
     cached_ -= cap;
     return b;
   }
-  char* fresh(size_t bytes) {
+  // Blocks of capacity >= kMapMin: their own mapping (see above); the rest: c10's alloc_cpu.
+  static char* map(size_t bytes) {
+    void* p = mmap(nullptr, bytes + kHeader, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) throw std::bad_alloc();
+    return static_cast<char*>(p);
+  }
+  static void release(char* base, size_t cap) {
+    if (cap >= kMapMin)
+      munmap(base, cap + kHeader);
+    else
+      c10::free_cpu(base);
+  }
+  char* fresh(size_t bytes, size_t cap) {
     make_room(bytes);
     try {
-      return static_cast<char*>(c10::alloc_cpu(bytes + kHeader));
-    } catch (const c10::Error&) {
+      return cap >= kMapMin ? map(cap) : static_cast<char*>(c10::alloc_cpu(bytes + kHeader));
+    } catch (const std::exception&) {
       empty_cache();
-      return static_cast<char*>(c10::alloc_cpu(bytes + kHeader));
+      return cap >= kMapMin ? map(cap) : static_cast<char*>(c10::alloc_cpu(bytes + kHeader));
     }
   }
   // Frees cached blocks until live + cached + bytes is within the highest live total (or, when the
@@ -149,7 +168,7 @@ class CountingCpuAllocator final : public c10::Allocator {
       }
       if (pick == free_.end()) pick = largest;
       if (pick == free_.end()) break;
-      c10::free_cpu(pick->second.back());
+      release(pick->second.back(), pick->first);
       pick->second.pop_back();
       cached_ -= pick->first;
     }
@@ -189,7 +208,7 @@ void CountingCpuAllocator::free_block(void* data) {
   const auto* header = reinterpret_cast<const int64_t*>(base);
   auto& a = counting_allocator();
   a.allocated_.fetch_sub(header[0]);
-  if (!a.keep(base, static_cast<size_t>(header[1]))) c10::free_cpu(base);
+  if (!a.keep(base, static_cast<size_t>(header[1]))) a.release(base, static_cast<size_t>(header[1]));
 }
 
 class CpuEvent final : public Event {

@@ -8,7 +8,10 @@
 #include <ATen/Functions.h>
 #include <ATen/TensorOperators.h>
 
+#include <unistd.h>
+
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <optional>
 #include <sstream>
@@ -277,6 +280,44 @@ LF_WORKER_CASE(cpu_cache_holds_blocks_from_64_kib) {
   EXPECT_EQ(again.data_ptr(), p) << "the freed 256 KiB block serves the next request of its size";
   { auto small = at::empty({int64_t{1} << 13}, at::kFloat); }  // 32 KiB: glibc's
   EXPECT_EQ(cached(), base);
+}
+
+// Resident set size in bytes (/proc/self/statm's second field, in pages).
+int64_t resident_bytes() {
+  std::ifstream statm("/proc/self/statm");
+  int64_t size = 0, resident = 0;
+  statm >> size >> resident;
+  return resident * sysconf(_SC_PAGESIZE);
+}
+
+// Blocks of 1 MiB and more that the cache gives back leave the process. glibc would keep them:
+// once a 30 MiB block has been freed its mmap threshold is above 2 MiB, so 2 MiB blocks come from
+// its heap, and 32 MiB of them freed stay below its trim threshold (twice the mmap threshold).
+LF_WORKER_CASE(cpu_cache_returns_large_blocks_to_the_system) {
+  const auto& be = backend::cpu_backend();
+  // Through a volatile pointer, so the compiler cannot drop the pair.
+  void* volatile big = std::malloc(size_t{30} << 20);
+  std::memset(big, 1, size_t{30} << 20);
+  std::free(big);  // glibc's threshold rises, as it does in any long run
+  const auto cached = [&] { return be.memory_stats().reserved_bytes - be.memory_stats().allocated_bytes; };
+  const int64_t base = cached();
+  {
+    std::vector<at::Tensor> blocks;
+    for (int i = 0; i < 16; ++i) blocks.push_back(at::ones({int64_t{1} << 19}, at::kFloat));  // 2 MiB each, touched
+  }
+  const int64_t with_blocks = resident_bytes();
+  ASSERT_EQ(cached() - base, int64_t{32} << 20) << "the 16 freed blocks are cached";
+  // A new peak: the cache is emptied before it is allocated (and it is not touched).
+  auto peak = at::empty({int64_t{10} << 20}, at::kFloat);
+  EXPECT_EQ(cached(), 0);
+  EXPECT_GE(with_blocks - resident_bytes(), int64_t{28} << 20)
+      << "the 32 MiB given back left the process: " << with_blocks << " -> " << resident_bytes() << " bytes resident";
+}
+
+TEST(CpuBackend, LargeBlocksTheCacheGivesBackLeaveTheProcess) {
+  SpawnOptions opt;
+  opt.world_size = 1;
+  expect_all_ok(run_workers("cpu_cache_returns_large_blocks_to_the_system", opt));
 }
 
 TEST(CpuBackend, BlocksFrom64KiBAreCached) {

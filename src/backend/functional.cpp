@@ -180,17 +180,26 @@ struct LinearCrossEntropyFn : torch::autograd::Function<LinearCrossEntropyFn> {
 };
 
 // The slot the sink names for w's fp32 gradient (gradient-accumulation fusion), or nullopt: no
-// sink slot, or a gradient that is not fp32 (`fp32` false). A slot must be a contiguous fp32
+// sink (slots null), no slot, or a gradient that is not fp32 (`fp32` false). A slot must be a contiguous fp32
 // tensor of w's shape. `op` names the layer in the error.
 std::optional<lf::backend::GradInto> fp32_grad_slot(const WeightGradSlots* slots, const at::Tensor& w, bool fp32,
                                                     const char* op) {
-  if (!fp32) return std::nullopt;
+  if (!fp32 || slots == nullptr) return std::nullopt;
   auto into = slots->weight_grad_slot(w);
   if (!into || !into->dw.defined()) return std::nullopt;
   LF_CHECK(into->dw.sizes() == w.sizes() && into->dw.scalar_type() == at::kFloat && into->dw.is_contiguous(), op,
            ": the weight-gradient slot ", into->dw.sizes(), " ", into->dw.scalar_type(),
            " is not a contiguous fp32 tensor of the weight's shape ", w.sizes());
   return into;
+}
+
+// w's gradient d2^T x2 for linear layers: into the sink's slot (returns undefined) or returned.
+at::Tensor linear_weight_grad(const WeightGradSlots* slots, const at::Tensor& w, const at::Tensor& d2,
+                              const at::Tensor& x2) {
+  auto into = fp32_grad_slot(slots, w, d2.scalar_type() == at::kFloat && x2.scalar_type() == at::kFloat, "linear");
+  if (!into) return gemm::mm(d2.t(), x2);
+  gemm::mm_into(into->dw, d2.t(), x2, into->accumulate);
+  return at::Tensor();
 }
 
 struct LinearFn : torch::autograd::Function<LinearFn> {
@@ -211,19 +220,102 @@ struct LinearFn : torch::autograd::Function<LinearFn> {
     const auto d2 = dy[0].reshape({-1, out});
     at::Tensor dx, dw, db;
     if (ctx->saved_data["x_grad"].toBool()) dx = gemm::mm(d2, w).view(x.sizes());
-    if (ctx->saved_data["w_grad"].toBool()) {
-      const auto x2 = x.reshape({-1, in});
-      const auto* slots = reinterpret_cast<const WeightGradSlots*>(ctx->saved_data["slots"].toInt());
-      auto into = fp32_grad_slot(
-          slots, w, d2.scalar_type() == at::kFloat && x2.scalar_type() == at::kFloat, "linear");
-      if (into) {
-        gemm::mm_into(into->dw, d2.t(), x2, into->accumulate);
-      } else {
-        dw = gemm::mm(d2.t(), x2);
-      }
-    }
+    if (ctx->saved_data["w_grad"].toBool())
+      dw = linear_weight_grad(reinterpret_cast<const WeightGradSlots*>(ctx->saved_data["slots"].toInt()), w, d2,
+                              x.reshape({-1, in}));
     if (ctx->saved_data["b_grad"].toBool()) db = d2.sum(0);
     return {at::Tensor(), dx, dw, db};
+  }
+};
+
+at::Tensor activation_fwd(const DeviceBackend& be, Activation act, const at::Tensor& pre) {
+  switch (act) {
+    case Activation::swiglu: return be.ops().swiglu_fwd(pre);
+    case Activation::gelu: return be.ops().gelu_fwd(pre);
+    case Activation::gelu_tanh: return be.ops().gelu_tanh_fwd(pre);
+  }
+  LF_FAIL("activated_linear: unknown activation ", static_cast<int>(act));
+}
+
+at::Tensor activation_bwd(const DeviceBackend& be, Activation act, const at::Tensor& dy, const at::Tensor& pre) {
+  switch (act) {
+    case Activation::swiglu: return be.ops().swiglu_bwd(dy, pre);
+    case Activation::gelu: return be.ops().gelu_bwd(dy, pre);
+    case Activation::gelu_tanh: return be.ops().gelu_tanh_bwd(dy, pre);
+  }
+  LF_FAIL("activated_linear: unknown activation ", static_cast<int>(act));
+}
+
+// y = rms_norm(x, g) w^T (+ b) saving x, g, rstd and w: backward recomputes the normed input for
+// w's gradient and runs the norm's backward on its gradient, so the normed input never outlives
+// the forward. The same kernels as rms_norm() then linear() with a sink: the same results.
+struct RmsNormLinearFn : torch::autograd::Function<RmsNormLinearFn> {
+  static at::Tensor forward(AutogradContext* ctx, const DeviceBackend* be, const WeightGradSlots* slots,
+                            const at::Tensor& x, const at::Tensor& g, double eps, const at::Tensor& w,
+                            const std::optional<at::Tensor>& b) {
+    save_backend(ctx, be);
+    ctx->saved_data["slots"] = reinterpret_cast<int64_t>(slots);
+    ctx->saved_data["eps"] = eps;
+    ctx->saved_data["norm_grad"] = x.requires_grad() || g.requires_grad();
+    ctx->saved_data["w_grad"] = w.requires_grad();
+    ctx->saved_data["b_grad"] = b.has_value() && b->requires_grad();
+    auto r = be->ops().rms_norm_fwd(x, g, eps);
+    ctx->save_for_backward({x, g, r.rstd, w});
+    return gemm::linear(r.y, w, b);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list dy) {
+    auto s = ctx->get_saved_variables();
+    const at::Tensor &x = s[0], &g = s[1], &rstd = s[2], &w = s[3];
+    const auto& be = saved_backend(ctx);
+    const int64_t out = w.size(0), in = w.size(1);
+    const auto d2 = dy[0].reshape({-1, out});
+    const at::Tensor normed = be.ops().rms_norm_fwd(x, g, ctx->saved_data["eps"].toDouble()).y;
+    at::Tensor dw, db;
+    if (ctx->saved_data["w_grad"].toBool())
+      dw = linear_weight_grad(reinterpret_cast<const WeightGradSlots*>(ctx->saved_data["slots"].toInt()), w, d2,
+                              normed.reshape({-1, in}));
+    if (ctx->saved_data["b_grad"].toBool()) db = d2.sum(0);
+    // The norm's backward whenever x or g wants a gradient (the op computes both).
+    at::Tensor dx, dg;
+    if (ctx->saved_data["norm_grad"].toBool()) {
+      auto gn = be.ops().rms_norm_bwd(gemm::mm(d2, w).view(normed.sizes()), x, g, rstd);
+      dx = gn.dx, dg = gn.dw;
+    }
+    return {at::Tensor(), at::Tensor(), dx, dg, at::Tensor(), dw, db};
+  }
+};
+
+// y = act(pre) w^T (+ b) saving pre and w only: backward recomputes a = act(pre) for w's gradient
+// and runs the activation's backward on a's gradient, so a never outlives the forward. The same
+// kernels as activation() then linear(), in the same order: the results are those of the pair.
+struct ActivatedLinearFn : torch::autograd::Function<ActivatedLinearFn> {
+  static at::Tensor forward(AutogradContext* ctx, const DeviceBackend* be, int64_t act, const WeightGradSlots* slots,
+                            const at::Tensor& pre, const at::Tensor& w, const std::optional<at::Tensor>& b) {
+    save_backend(ctx, be);
+    ctx->saved_data["act"] = act;
+    ctx->saved_data["slots"] = reinterpret_cast<int64_t>(slots);
+    ctx->saved_data["pre_grad"] = pre.requires_grad();
+    ctx->saved_data["w_grad"] = w.requires_grad();
+    ctx->saved_data["b_grad"] = b.has_value() && b->requires_grad();
+    ctx->save_for_backward({pre, w});
+    return gemm::linear(activation_fwd(*be, static_cast<Activation>(act), pre), w, b);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list dy) {
+    auto s = ctx->get_saved_variables();
+    const at::Tensor &pre = s[0], &w = s[1];
+    const auto& be = saved_backend(ctx);
+    const auto act = static_cast<Activation>(ctx->saved_data["act"].toInt());
+    const int64_t out = w.size(0), in = w.size(1);
+    const auto d2 = dy[0].reshape({-1, out});
+    const at::Tensor a = activation_fwd(be, act, pre);
+    at::Tensor dpre, dw, db;
+    if (ctx->saved_data["w_grad"].toBool())
+      dw = linear_weight_grad(reinterpret_cast<const WeightGradSlots*>(ctx->saved_data["slots"].toInt()), w, d2,
+                              a.reshape({-1, in}));
+    if (ctx->saved_data["pre_grad"].toBool())
+      dpre = activation_bwd(be, act, gemm::mm(d2, w).view(a.sizes()), pre);
+    if (ctx->saved_data["b_grad"].toBool()) db = d2.sum(0);
+    return {at::Tensor(), at::Tensor(), at::Tensor(), dpre, dw, db};
   }
 };
 
@@ -476,6 +568,33 @@ at::Tensor embedding(const at::Tensor& w, const at::Tensor& ids, const WeightGra
 at::Tensor linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b, const WeightGradSlots* slots) {
   if (slots == nullptr || !at::GradMode::is_enabled() || !w.requires_grad()) return at::linear(x, w, b);
   return LinearFn::apply(slots, x, w, b.defined() ? std::optional<at::Tensor>(b) : std::nullopt);
+}
+
+at::Tensor activation(const DeviceBackend& be, Activation act, const at::Tensor& pre) {
+  switch (act) {
+    case Activation::swiglu: return swiglu(be, pre);
+    case Activation::gelu: return gelu(be, pre);
+    case Activation::gelu_tanh: return gelu_tanh(be, pre);
+  }
+  LF_FAIL("activation: unknown activation ", static_cast<int>(act));
+}
+
+at::Tensor activated_linear(const DeviceBackend& be, Activation act, const at::Tensor& pre, const at::Tensor& w,
+                            const at::Tensor& b, const WeightGradSlots* slots) {
+  if (!at::GradMode::is_enabled() || !(pre.requires_grad() || w.requires_grad() || (b.defined() && b.requires_grad())))
+    return linear(activation(be, act, pre), w, b, slots);
+  RECORD_USER_SCOPE("lf::activated_linear");
+  return ActivatedLinearFn::apply(&be, static_cast<int64_t>(act), slots, pre, w,
+                                  b.defined() ? std::optional<at::Tensor>(b) : std::nullopt);
+}
+
+at::Tensor rms_norm_linear(const DeviceBackend& be, const at::Tensor& x, const at::Tensor& g, double eps,
+                           const at::Tensor& w, const at::Tensor& b, const WeightGradSlots* slots) {
+  if (!at::GradMode::is_enabled() ||
+      !(x.requires_grad() || g.requires_grad() || w.requires_grad() || (b.defined() && b.requires_grad())))
+    return linear(rms_norm(be, x, g, eps), w, b, slots);
+  RECORD_USER_SCOPE("lf::rms_norm_linear");
+  return RmsNormLinearFn::apply(&be, slots, x, g, eps, w, b.defined() ? std::optional<at::Tensor>(b) : std::nullopt);
 }
 
 at::Tensor geglu_tanh(const DeviceBackend& be, const at::Tensor& gate, const at::Tensor& up) {

@@ -40,7 +40,8 @@ std::string scope_category(const std::string& n) {
   if (contains(n, "lf::grad")) return "gradient buffer (accumulate, reduce, zero)";
   if (contains(n, "CrossEntropy") || contains(n, "cross_entropy")) return "cross entropy over the vocabulary";
   if (contains(n, "Sdpa") || contains(n, "sdpa") || contains(n, "attention")) return "attention";
-  for (const char* k : {"RmsNorm", "rms_norm", "LayerNorm", "layer_norm", "Swiglu", "swiglu", "Rope", "rope", "Gelu", "gelu"})
+  for (const char* k : {"RmsNorm", "rms_norm", "LayerNorm", "layer_norm", "Swiglu", "swiglu", "Rope", "rope", "Gelu", "gelu",
+                        "ActivatedLinear", "activated_linear"})
     if (contains(n, k)) return "norms, activations, RoPE";
   return "";
 }

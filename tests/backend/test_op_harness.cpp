@@ -279,6 +279,101 @@ TEST(LinearGradientFusion, TheBackwardWritesOrAddsIntoTheSlot) {
   EXPECT_EQ(bf16.slot->dw.abs().sum().item<double>(), 0.0);
 }
 
+// lf::ops::activated_linear: the activation then linear with a sink (the same GEMMs), for each
+// activation, with and without a slot, with and without bias; and the activation's output is not
+// held between forward and backward (the graph keeps pre, not act(pre)).
+TEST(ActivatedLinear, EqualsTheActivationThenTheLinearAndHoldsOnlyItsInput) {
+  const auto& be = backend::cpu_backend();
+  using lf::ops::Activation;
+  for (const auto act : {Activation::swiglu, Activation::gelu, Activation::gelu_tanh}) {
+    const int64_t in = 64, out = 48, pre_width = act == Activation::swiglu ? 2 * in : in;
+    const auto pre0 = at::randn({5, 3, pre_width}), w0 = at::randn({out, in}), b0 = at::randn({out});
+    const auto dy = at::randn({5, 3, out});
+    for (const bool bias : {true, false}) {
+      for (const bool slot : {false, true}) {
+        // The reference: the activation, then linear with a sink that has no slot (lf::ops::gemm's GEMMs).
+        FakeSlots none;
+        auto pr = pre0.clone().requires_grad_(), wr = w0.clone().requires_grad_(), br = b0.clone().requires_grad_();
+        auto yr = lf::ops::linear(lf::ops::activation(be, act, pr), wr, bias ? br : at::Tensor(), &none);
+        yr.backward(dy);
+        FakeSlots slots;
+        if (slot) slots.slot = backend::GradInto{at::zeros({out, in}), 1.0, false};
+        auto pf = pre0.clone().requires_grad_(), wf = w0.clone().requires_grad_(), bf = b0.clone().requires_grad_();
+        const int64_t live = be.memory_stats().allocated_bytes;
+        auto yf = lf::ops::activated_linear(be, act, pf, wf, bias ? bf : at::Tensor(), &slots);
+        // Held after forward: y only (pre and w are the caller's); act(pre) is [5, 3, 64] fp32.
+        EXPECT_EQ(be.memory_stats().allocated_bytes - live, yf.nbytes()) << "act(pre) is not kept";
+        EXPECT_TRUE(at::equal(yf, yr));
+        yf.backward(dy);
+        const auto dw = slot ? slots.slot->dw : wf.grad();
+        EXPECT_EQ(wf.grad().defined(), !slot);
+        EXPECT_TRUE(at::equal(dw, wr.grad())) << static_cast<int>(act) << " slot " << slot;
+        EXPECT_TRUE(at::equal(pf.grad(), pr.grad())) << static_cast<int>(act);
+        if (bias) {
+          EXPECT_TRUE(at::equal(bf.grad(), br.grad()));
+        } else {
+          EXPECT_FALSE(bf.grad().defined());
+        }
+      }
+    }
+    // No sink at all (slots null): w's gradient is returned.
+    auto wn = w0.clone().requires_grad_(), wr = w0.clone().requires_grad_();
+    lf::ops::activated_linear(be, act, pre0, wn, {}, nullptr).backward(dy);
+    at::linear(lf::ops::activation(be, act, pre0), wr).backward(dy);
+    EXPECT_TRUE(at::allclose(wn.grad(), wr.grad(), 1e-5, 1e-5));
+    // No gradient needed: activation() then linear(), no graph.
+    at::NoGradGuard no_grad;
+    FakeSlots eval;
+    EXPECT_TRUE(at::equal(lf::ops::activated_linear(be, act, pre0, w0, b0, &eval),
+                          at::linear(lf::ops::activation(be, act, pre0), w0, b0)));
+    EXPECT_EQ(eval.asked, 0);
+  }
+}
+
+// lf::ops::rms_norm_linear: rms_norm then linear with a sink (the same kernels), with and without a
+// slot and bias; the graph keeps x, g and the per-row rstd, not the normed input.
+TEST(RmsNormLinear, EqualsTheNormThenTheLinearAndHoldsOnlyItsInput) {
+  const auto& be = backend::cpu_backend();
+  const int64_t h = 64, out = 40;
+  const auto x0 = at::randn({5, 3, h}), g0 = at::randn({h}), w0 = at::randn({out, h}), b0 = at::randn({out});
+  const auto dy = at::randn({5, 3, out});
+  for (const bool bias : {true, false}) {
+    for (const bool slot : {false, true}) {
+      FakeSlots none;
+      auto xr = x0.clone().requires_grad_(), gr = g0.clone().requires_grad_(), wr = w0.clone().requires_grad_(),
+           br = b0.clone().requires_grad_();
+      lf::ops::linear(lf::ops::rms_norm(be, xr, gr, 1e-6), wr, bias ? br : at::Tensor(), &none).backward(dy);
+      FakeSlots slots;
+      if (slot) slots.slot = backend::GradInto{at::zeros({out, h}), 1.0, false};
+      auto xf = x0.clone().requires_grad_(), gf = g0.clone().requires_grad_(), wf = w0.clone().requires_grad_(),
+           bf = b0.clone().requires_grad_();
+      const int64_t live = be.memory_stats().allocated_bytes;
+      auto yf = lf::ops::rms_norm_linear(be, xf, gf, 1e-6, wf, bias ? bf : at::Tensor(), &slots);
+      // Held after forward: y and rstd (one fp32 per row); the normed [5, 3, 64] is not kept.
+      EXPECT_EQ(be.memory_stats().allocated_bytes - live, yf.nbytes() + 15 * 4) << "the normed input is not kept";
+      EXPECT_TRUE(at::equal(yf, lf::ops::linear(lf::ops::rms_norm(be, x0, g0, 1e-6), w0, bias ? b0 : at::Tensor(), &none)));
+      yf.backward(dy);
+      EXPECT_EQ(wf.grad().defined(), !slot);
+      EXPECT_TRUE(at::equal(slot ? slots.slot->dw : wf.grad(), wr.grad())) << "slot " << slot;
+      EXPECT_TRUE(at::equal(xf.grad(), xr.grad()));
+      EXPECT_TRUE(at::equal(gf.grad(), gr.grad()));
+      if (bias) {
+        EXPECT_TRUE(at::equal(bf.grad(), br.grad()));
+      } else {
+        EXPECT_FALSE(bf.grad().defined());
+      }
+    }
+  }
+  // Only the norm's weight trains (the linear frozen, as under LoRA): its gradient still arrives.
+  auto gf = g0.clone().requires_grad_(), gr = g0.clone().requires_grad_();
+  lf::ops::rms_norm_linear(be, x0, gf, 1e-6, w0, {}, nullptr).backward(dy);
+  at::linear(lf::ops::rms_norm(be, x0, gr, 1e-6), w0).backward(dy);
+  EXPECT_TRUE(at::allclose(gf.grad(), gr.grad(), 1e-5, 1e-5));
+  at::NoGradGuard no_grad;
+  EXPECT_TRUE(at::equal(lf::ops::rms_norm_linear(be, x0, g0, 1e-6, w0, b0, nullptr),
+                        at::linear(lf::ops::rms_norm(be, x0, g0, 1e-6), w0, b0)));
+}
+
 // lf::ops::embedding's gradient-accumulation fusion: the backward scatters w's gradient (repeated
 // ids included) into the slot, zeroing it first unless it already holds gradient this step, and
 // autograd gets none for w. Without a slot, or in bf16, w's gradient is at::embedding's.

@@ -4,6 +4,7 @@
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 #include <gtest/gtest.h>
+#include <torch/csrc/autograd/function.h>
 
 #include <map>
 #include <set>
@@ -12,7 +13,6 @@
 #include "loongforge/core/config/config_error.h"
 #include "loongforge/core/config/yaml.h"
 #include "loongforge/core/error.h"
-#include "loongforge/models/composites/causal_lm.h"
 #include "loongforge/models/composites/causal_lm.h"
 #include "recording_sink.h"
 #include "tiny_decoder.h"
@@ -208,6 +208,49 @@ TEST(Decoder, GradientSinkTakesTheLinearAndEmbeddingWeightGradients) {
           << p.name << " untie " << untie;
     }
   }
+}
+
+// How many autograd nodes reachable from t's grad_fn have `part` in their name.
+int count_nodes(const at::Tensor& t, const std::string& part) {
+  std::set<torch::autograd::Node*> seen;
+  std::vector<torch::autograd::Node*> todo{t.grad_fn().get()};
+  int n = 0;
+  while (!todo.empty()) {
+    auto* f = todo.back();
+    todo.pop_back();
+    if (f == nullptr || !seen.insert(f).second) continue;
+    if (f->name().find(part) != std::string::npos) ++n;
+    for (const auto& e : f->next_edges()) todo.push_back(e.function.get());
+  }
+  return n;
+}
+
+// The dense layers hold neither their norms' outputs nor the MLP's activation for backward: the
+// input and pre-MLP RMSNorms are fused into linear_qkv and linear_fc1 (lf::ops::rms_norm_linear),
+// the activation into linear_fc2 (lf::ops::activated_linear). A LayerNorm stays a node of its own.
+TEST(Decoder, DenseLayersFuseTheirNormsAndActivationIntoTheLinears) {
+  auto loss_of = [](lf::models::CausalLm& m) {
+    auto tokens = at::randint(0, 50, {2, 16}, at::make_generator<at::CPUGeneratorImpl>(3));
+    lf::data::Batch batch;
+    batch.set("tokens", tokens, 1);
+    batch.set("labels", at::roll(tokens, -1, 1), 1);
+    batch.set("loss_mask", at::ones({2, 16}, at::kFloat), 1);
+    return m.forward_step(batch, lf::models::Pass::train).losses.at(0).sum;
+  };
+  auto c = tiny();
+  const int layers = static_cast<int>(c.num_layers);
+  lf::models::CausalLm m(c, lf::backend::cpu_backend(), 5, at::kFloat);
+  const auto loss = loss_of(m);
+  EXPECT_EQ(count_nodes(loss, "RmsNormLinearFn"), 2 * layers);
+  EXPECT_EQ(count_nodes(loss, "ActivatedLinearFn"), layers);
+  EXPECT_EQ(count_nodes(loss, "SwigluFn"), 0);
+  EXPECT_EQ(count_nodes(loss, "RmsNormFn"), 1) << "the final norm, before the output layer";
+  c.normalization = "LayerNorm";
+  lf::models::CausalLm ln(c, lf::backend::cpu_backend(), 5, at::kFloat);
+  const auto ln_loss = loss_of(ln);
+  EXPECT_EQ(count_nodes(ln_loss, "RmsNormLinearFn"), 0);
+  EXPECT_EQ(count_nodes(ln_loss, "LayerNormFn"), 2 * layers + 1);
+  EXPECT_EQ(count_nodes(ln_loss, "ActivatedLinearFn"), layers);
 }
 
 TEST(Decoder, ParameterCountMatchesFormula) {

@@ -68,6 +68,25 @@ class WeightGradSlots {
 // post-accumulate-grad hook still runs, with no gradient); without a slot, or in another dtype, it
 // is returned as usual.
 at::Tensor linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b, const WeightGradSlots* slots);
+// The activation between an MLP's two linear layers: swiglu (pre = [gate; up] on the last dim,
+// silu(gate) * up), gelu (erf form) or gelu_tanh.
+enum class Activation { swiglu, gelu, gelu_tanh };
+// swiglu(), gelu() or gelu_tanh() by name.
+at::Tensor activation(const DeviceBackend& be, Activation act, const at::Tensor& pre);
+// activation(be, act, pre) then linear(.., w, b, slots), keeping only pre and w for backward: the
+// activation's output [.., in] is recomputed there instead of being held from forward to backward
+// (in an MLP, one [tokens, ffn] tensor per layer less at the peak). The GEMMs are lf::ops::gemm's
+// (those of linear() with a sink; slots may be null, w's gradient is then returned); without
+// gradients (no grad mode, or no input needs one) it is exactly activation() then linear().
+// pre: [.., 2 in] for swiglu, [.., in] otherwise; w [out, in]; b [out] or undefined.
+at::Tensor activated_linear(const DeviceBackend& be, Activation act, const at::Tensor& pre, const at::Tensor& w,
+                            const at::Tensor& b, const WeightGradSlots* slots);
+// linear(rms_norm(be, x, g, eps), w, b, slots) keeping x, g, the norm's rstd and w for backward:
+// the normed input is recomputed there instead of being held from forward to backward (a layer's
+// linear_qkv and linear_fc1: one [tokens, h] tensor each less at the peak). GEMMs and the
+// no-gradient case as activated_linear.
+at::Tensor rms_norm_linear(const DeviceBackend& be, const at::Tensor& x, const at::Tensor& g, double eps,
+                           const at::Tensor& w, const at::Tensor& b, const WeightGradSlots* slots);
 // w[ids] (at::embedding): ids [...] int64, w [rows, h] -> [..., h]. slots null, or w not on the
 // CPU (CUDA's index_add_ is not deterministic): at::embedding. Else, for fp32 w and gradient, w's gradient is scattered (index_add over the ids, in their
 // order) straight into the slot slots->weight_grad_slot(w) names, zeroed first unless it already

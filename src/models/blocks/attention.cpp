@@ -144,10 +144,16 @@ SelfAttention::SelfAttention(ParamBuilder& b, const std::string& prefix, const A
 
 at::Tensor SelfAttention::forward(const lf::backend::DeviceBackend& be, const lf::parallel::TensorParallel& tp,
                                   const at::Tensor& x, const AttentionInputs& in, size_t i,
-                                  const LoraInputs* lora, const lf::ops::WeightGradSlots* slots) const {
+                                  const LoraInputs* lora, const lf::ops::WeightGradSlots* slots,
+                                  const Norm* pre_norm) const {
   const int64_t d = c_.head_dim, groups = c_.num_groups / tp.size(), per_group = c_.num_heads / c_.num_groups,
                 nq = groups * per_group;  // this rank's heads
-  auto qkv = lf::parallel::column_parallel_linear(x, qkv_, qkv_bias_, tp, false, slots);  // [s, b, groups (pg+2) d]
+  const LayerLora* ad = lora ? lora->adapters : nullptr;
+  // The normed input as a tensor only where something besides linear_qkv reads it (the adapters).
+  const bool fused = pre_norm && !ad && pre_norm->fuses_into_linear(tp);
+  const at::Tensor xn = pre_norm && !fused ? (*pre_norm)(be, x) : x;
+  auto qkv = fused ? pre_norm->first_linear(be, tp, x, qkv_, qkv_bias_, slots)
+                   : lf::parallel::column_parallel_linear(xn, qkv_, qkv_bias_, tp, false, slots);  // [s, b, groups (pg+2) d]
   const int64_t s = qkv.size(0), b = qkv.size(1);
   qkv = qkv.view({s, b, groups, per_group + 2, d});
   auto q = qkv.narrow(3, 0, per_group).reshape({s, b, nq, d});
@@ -155,10 +161,9 @@ at::Tensor SelfAttention::forward(const lf::backend::DeviceBackend& be, const lf
   // A copy, not a view: attention saves v for backward, and a view would keep all of qkv alive
   // (q and k are copies already), (nq + 2 nkv) / nkv times the bytes v needs.
   auto v = qkv.select(3, per_group + 1).contiguous();
-  const LayerLora* ad = lora ? lora->adapters : nullptr;
   if (ad) {
     // PEFT's q_proj/k_proj/v_proj: this rank's heads of each, added to the split projection.
-    const auto dqkv = LoraAdapter::column_group(tp, x, lora->column_gen(tp),
+    const auto dqkv = LoraAdapter::column_group(tp, xn, lora->column_gen(tp),
                                                 {&(*ad)[LoraModule::q_proj], &(*ad)[LoraModule::k_proj],
                                                  &(*ad)[LoraModule::v_proj]});
     if (dqkv[0].defined()) q = q + dqkv[0].view({s, b, nq, d});

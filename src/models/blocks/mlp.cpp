@@ -19,12 +19,16 @@ Mlp::Mlp(ParamBuilder& b, const std::string& prefix, const MlpConfig& c) : c_(c)
 
 at::Tensor Mlp::forward(const lf::backend::DeviceBackend& be, const lf::parallel::TensorParallel& tp,
                         const at::Tensor& x, bool selective_recompute, const LoraInputs* lora,
-                        const lf::ops::WeightGradSlots* slots) const {
-  auto fc1 = lf::parallel::column_parallel_linear(x, fc1_, fc1_bias_, tp, false, slots);  // [s, b, (2) f / tp]
+                        const lf::ops::WeightGradSlots* slots, const Norm* pre_norm) const {
   const LayerLora* ad = lora ? lora->adapters : nullptr;
+  // The normed input as a tensor only where something besides linear_fc1 reads it (the adapters).
+  const bool fused = pre_norm && !ad && pre_norm->fuses_into_linear(tp);
+  const at::Tensor xn = pre_norm && !fused ? (*pre_norm)(be, x) : x;
+  auto fc1 = fused ? pre_norm->first_linear(be, tp, x, fc1_, fc1_bias_, slots)
+                   : lf::parallel::column_parallel_linear(xn, fc1_, fc1_bias_, tp, false, slots);  // [s, b, (2) f / tp]
   if (ad && ((*ad)[LoraModule::gate_proj].on() || (*ad)[LoraModule::up_proj].on())) {
     // fc1 is [gate_r; up_r] on this rank: PEFT's gate_proj / up_proj adapters add to each half.
-    const auto d = LoraAdapter::column_group(tp, x, lora->column_gen(tp),
+    const auto d = LoraAdapter::column_group(tp, xn, lora->column_gen(tp),
                                              {&(*ad)[LoraModule::gate_proj], &(*ad)[LoraModule::up_proj]});
     const int64_t half = fc1.size(-1) / 2;
     if (d[0].defined() && d[1].defined())
@@ -34,15 +38,18 @@ at::Tensor Mlp::forward(const lf::backend::DeviceBackend& be, const lf::parallel
     else
       fc1 = at::cat({fc1.narrow(-1, 0, half), fc1.narrow(-1, half, half) + d[1]}, -1);
   }
-  const bool swiglu = c_.swiglu;
+  const auto kind = c_.swiglu ? lf::ops::Activation::swiglu : lf::ops::Activation::gelu;
+  // Without a down_proj adapter nothing else reads the activation: fc2 recomputes it in backward
+  // (what selective recompute would do for it), so only fc1's output is held.
+  if (!(ad && (*ad)[LoraModule::down_proj].on()))
+    return lf::parallel::row_parallel_activated_linear(be, kind, fc1, fc2_, fc2_bias_, tp, slots);
   const lf::backend::DeviceBackend* bep = &be;  // the lambda may run again in backward
-  auto act = [bep, swiglu](const at::Tensor& t) { return swiglu ? lf::ops::swiglu(*bep, t) : lf::ops::gelu(*bep, t); };
+  auto act = [bep, kind](const at::Tensor& t) { return lf::ops::activation(*bep, kind, t); };
   at::Tensor a = selective_recompute
                      ? lf::models::recompute([act](const std::vector<at::Tensor>& t) { return act(t[0]); }, {fc1})
                      : act(fc1);
-  auto out = lf::parallel::row_parallel_linear(a, fc2_, fc2_bias_, tp, slots);
-  if (ad && (*ad)[LoraModule::down_proj].on()) out = out + (*ad)[LoraModule::down_proj].forward(tp, a, lora->row_gen(tp));
-  return out;
+  return lf::parallel::row_parallel_linear(a, fc2_, fc2_bias_, tp, slots) +
+         (*ad)[LoraModule::down_proj].forward(tp, a, lora->row_gen(tp));
 }
 
 }  // namespace lf::models

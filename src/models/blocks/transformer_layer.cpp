@@ -38,14 +38,13 @@ at::Tensor TransformerLayer::forward(const at::Tensor& x, const AttentionInputs&
   a.selective_recompute = lc.recompute.granularity == RecomputeOptions::Granularity::selective;
   LoraInputs lora{&lora_, lc.rng, lc.training};
   const LoraInputs* lp = lora_.any() ? &lora : nullptr;
-  auto normed_in = input_norm_(be, x);
-  auto attn = c_.mla ? mla_.forward(be, *lc.tp, normed_in, a, layer, lc.moe, lc.training)
-                     : attention_.forward(be, *lc.tp, normed_in, a, layer, lp, lc.slots);
+  // The dense blocks take the un-normed input and their norm, to fuse it into their first linear.
+  auto attn = c_.mla ? mla_.forward(be, *lc.tp, input_norm_(be, x), a, layer, lc.moe, lc.training)
+                     : attention_.forward(be, *lc.tp, x, a, layer, lp, lc.slots, &input_norm_);
   auto y = x + hidden_dropout(attn, c_.hidden_dropout, lc);
-  auto normed = pre_mlp_norm_(be, y);
-  auto mlp = c_.moe ? moe_.forward(be, *lc.tp, normed, lc.training, a.selective_recompute, lc.moe, moe_index_,
-                                   lc.moe_layers, a.cp)
-                    : mlp_.forward(be, *lc.tp, normed, a.selective_recompute, lp, lc.slots);
+  auto mlp = c_.moe ? moe_.forward(be, *lc.tp, pre_mlp_norm_(be, y), lc.training, a.selective_recompute, lc.moe,
+                                   moe_index_, lc.moe_layers, a.cp)
+                    : mlp_.forward(be, *lc.tp, y, a.selective_recompute, lp, lc.slots, &pre_mlp_norm_);
   return y + hidden_dropout(mlp, c_.hidden_dropout, lc);
 }
 

@@ -28,14 +28,28 @@ at::Tensor column_parallel_linear(const at::Tensor& x, const at::Tensor& weight_
   return gather_output ? gather_from_tp(y, *tp.tp) : y;
 }
 
+namespace {
+// Leaving the TP region: the ranks' partial sums [s, b, out] are all-reduced (or reduce-scattered
+// along the sequence with SP), then the replicated bias is added once.
+at::Tensor reduce_row_parallel(const at::Tensor& partial, const at::Tensor& bias, const TensorParallel& tp) {
+  at::Tensor y = tp.sequence_parallel ? reduce_scatter_to_sequence_parallel(partial, *tp.tp)
+                                      : reduce_from_tp(partial, *tp.tp);
+  return bias.defined() ? y + bias : y;
+}
+}  // namespace
+
 at::Tensor row_parallel_linear(const at::Tensor& x, const at::Tensor& weight_shard,
                                const at::Tensor& bias, const TensorParallel& tp,
                                const lf::ops::WeightGradSlots* slots) {
   if (tp.size() == 1) return lf::ops::linear(x, weight_shard, bias, slots);
-  at::Tensor partial = lf::ops::linear(x, weight_shard, {}, slots);  // [s, b, out]: this rank's partial sum
-  at::Tensor y = tp.sequence_parallel ? reduce_scatter_to_sequence_parallel(partial, *tp.tp)
-                                      : reduce_from_tp(partial, *tp.tp);
-  return bias.defined() ? y + bias : y;
+  return reduce_row_parallel(lf::ops::linear(x, weight_shard, {}, slots), bias, tp);
+}
+
+at::Tensor row_parallel_activated_linear(const lf::backend::DeviceBackend& be, lf::ops::Activation act,
+                                         const at::Tensor& pre, const at::Tensor& weight_shard, const at::Tensor& bias,
+                                         const TensorParallel& tp, const lf::ops::WeightGradSlots* slots) {
+  if (tp.size() == 1) return lf::ops::activated_linear(be, act, pre, weight_shard, bias, slots);
+  return reduce_row_parallel(lf::ops::activated_linear(be, act, pre, weight_shard, {}, slots), bias, tp);
 }
 
 at::Tensor vocab_parallel_embedding(const at::Tensor& tokens, const at::Tensor& weight_shard,

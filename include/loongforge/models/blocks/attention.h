@@ -14,6 +14,7 @@
 
 #include "loongforge/backend/device_backend.h"
 #include "loongforge/models/blocks/lora.h"
+#include "loongforge/models/blocks/norms.h"
 #include "loongforge/models/blocks/param_builder.h"
 #include "loongforge/parallel/context/context_parallel.h"
 #include "loongforge/parallel/pipeline/chunk_attention.h"
@@ -97,9 +98,11 @@ class SelfAttention {
   // x: [s(/tp), b, h] -> the branch output [s(/tp), b, h] (before the residual add). `layer`:
   // the index into in.cache / in.chunk. lora: adapters on q/k/v/o_proj (null: none). slots:
   // gradient-accumulation fusion for linear_qkv and linear_proj (lf::ops::linear), or null.
+  // pre_norm: x is the un-normed input and this norm comes first (Norm::first_linear fuses it into
+  // linear_qkv where it can, unless adapters read the normed input); null: x is the input.
   at::Tensor forward(const lf::backend::DeviceBackend& be, const lf::parallel::TensorParallel& tp, const at::Tensor& x,
                      const AttentionInputs& in, size_t layer, const LoraInputs* lora = nullptr,
-                     const lf::ops::WeightGradSlots* slots = nullptr) const;
+                     const lf::ops::WeightGradSlots* slots = nullptr, const Norm* pre_norm = nullptr) const;
   const AttentionConfig& config() const { return c_; }
 
  private:

@@ -9,6 +9,7 @@
 
 #include "loongforge/backend/device_backend.h"
 #include "loongforge/models/blocks/lora.h"
+#include "loongforge/models/blocks/norms.h"
 #include "loongforge/models/blocks/param_builder.h"
 
 namespace lf::ops {
@@ -32,12 +33,15 @@ class Mlp {
   // Registers prefix.linear_fc1.weight [2 f, h] (swiglu) or [f, h] (+ .bias), then
   // prefix.linear_fc2.weight [out, f] (+ .bias [out], replicated, added after the reduction).
   Mlp(ParamBuilder& b, const std::string& prefix, const MlpConfig& c);
-  // x: [s(/tp), b, h] -> [s(/tp), b, out]. selective_recompute: the activation is recomputed in
-  // backward instead of kept. lora: adapters on gate/up/down_proj (null: none; SwiGLU only).
+  // x: [s(/tp), b, h] -> [s(/tp), b, out]. The activation is recomputed in backward, not kept
+  // (lf::ops::activated_linear), unless a down_proj adapter reads it; then selective_recompute
+  // recomputes it. lora: adapters on gate/up/down_proj (null: none; SwiGLU only).
   // slots: gradient-accumulation fusion for linear_fc1 and linear_fc2 (lf::ops::linear), or null.
+  // pre_norm: x is the un-normed input and this norm comes first (Norm::first_linear fuses it into
+  // linear_fc1 where it can, unless adapters read the normed input); null: x is the input.
   at::Tensor forward(const lf::backend::DeviceBackend& be, const lf::parallel::TensorParallel& tp, const at::Tensor& x,
                      bool selective_recompute = false, const LoraInputs* lora = nullptr,
-                     const lf::ops::WeightGradSlots* slots = nullptr) const;
+                     const lf::ops::WeightGradSlots* slots = nullptr, const Norm* pre_norm = nullptr) const;
 
  private:
   MlpConfig c_;

@@ -12,6 +12,13 @@
 #include "loongforge/backend/device_backend.h"
 #include "loongforge/models/blocks/param_builder.h"
 
+namespace lf::ops {
+class WeightGradSlots;  // backend/functional.h
+}
+namespace lf::parallel {
+struct TensorParallel;  // parallel/tensor/layers.h
+}
+
 namespace lf::models {
 
 struct NormSpec {
@@ -29,6 +36,15 @@ struct Norm {
   Norm(ParamBuilder& b, const std::string& prefix, int64_t h, NormSpec spec);
   // x: [.., h] -> [.., h]
   at::Tensor operator()(const lf::backend::DeviceBackend& be, const at::Tensor& x) const;
+  // Whether first_linear fuses the norm into the linear: an RMSNorm on one TP rank (inside the TP
+  // region each rank's weight gradient would be only its own columns' part).
+  bool fuses_into_linear(const lf::parallel::TensorParallel& tp) const;
+  // A block's first linear over the normed input: column_parallel_linear((*this)(be, x), w, b, tp,
+  // false, slots). Where fuses_into_linear, lf::ops::rms_norm_linear: the normed input is recomputed
+  // in backward instead of held.
+  at::Tensor first_linear(const lf::backend::DeviceBackend& be, const lf::parallel::TensorParallel& tp,
+                          const at::Tensor& x, const at::Tensor& w, const at::Tensor& b,
+                          const lf::ops::WeightGradSlots* slots) const;
 };
 
 // x: [.., h] -> the norm without a learned scale or bias.

@@ -49,6 +49,13 @@ at::Tensor row_parallel_linear(const at::Tensor& x, const at::Tensor& weight_sha
                                const at::Tensor& bias, const TensorParallel& tp,
                                const lf::ops::WeightGradSlots* slots = nullptr);
 
+// row_parallel_linear(lf::ops::activation(be, act, pre), ...) where the activation's output is
+// not kept for backward (lf::ops::activated_linear): pre [s, b, (2) in / tp] is this rank's shard
+// of the MLP's first linear.
+at::Tensor row_parallel_activated_linear(const lf::backend::DeviceBackend& be, lf::ops::Activation act,
+                                         const at::Tensor& pre, const at::Tensor& weight_shard, const at::Tensor& bias,
+                                         const TensorParallel& tp, const lf::ops::WeightGradSlots* slots = nullptr);
+
 // Embedding over a vocabulary split into tp contiguous row ranges: weight_shard [v / tp, h] holds
 // rows [rank * v / tp, (rank + 1) * v / tp). Ids outside this rank's range look up zeros, then the
 // ranks' partial results are summed.

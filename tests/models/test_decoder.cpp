@@ -227,7 +227,8 @@ int count_nodes(const at::Tensor& t, const std::string& part) {
 
 // The dense layers hold neither their norms' outputs nor the MLP's activation for backward: the
 // input and pre-MLP RMSNorms are fused into linear_qkv and linear_fc1 (lf::ops::rms_norm_linear),
-// the activation into linear_fc2 (lf::ops::activated_linear). A LayerNorm stays a node of its own.
+// the activation into linear_fc2 (lf::ops::activated_linear). A LayerNorm stays a node of its own,
+// and so does a norm or activation that LoRA adapters read as well (q/k/v, gate/up, down_proj).
 TEST(Decoder, DenseLayersFuseTheirNormsAndActivationIntoTheLinears) {
   auto loss_of = [](lf::models::CausalLm& m) {
     auto tokens = at::randint(0, 50, {2, 16}, at::make_generator<at::CPUGeneratorImpl>(3));
@@ -251,6 +252,21 @@ TEST(Decoder, DenseLayersFuseTheirNormsAndActivationIntoTheLinears) {
   EXPECT_EQ(count_nodes(ln_loss, "RmsNormLinearFn"), 0);
   EXPECT_EQ(count_nodes(ln_loss, "LayerNormFn"), 2 * layers + 1);
   EXPECT_EQ(count_nodes(ln_loss, "ActivatedLinearFn"), layers);
+  // With LoRA the base is frozen: what comes before layer 0's first adapter needs no gradient and
+  // leaves no node, so layer 0 counts only from its adapters on.
+  c.normalization = "RMSNorm";
+  lf::models::CausalLm qv(c, lf::backend::cpu_backend(), 5, at::kFloat);
+  qv.add_lora(lf::models::LoraSpec::from(2, 4, 0, false, {"q_proj", "v_proj"}), 5);
+  const auto qv_loss = loss_of(qv);
+  EXPECT_EQ(count_nodes(qv_loss, "RmsNormLinearFn"), layers) << "every pre-MLP norm, fused";
+  EXPECT_EQ(count_nodes(qv_loss, "RmsNormFn"), (layers - 1) + 1) << "the input norms the adapters read, the final";
+  EXPECT_EQ(count_nodes(qv_loss, "ActivatedLinearFn"), layers);
+  lf::models::CausalLm down(c, lf::backend::cpu_backend(), 5, at::kFloat);
+  down.add_lora(lf::models::LoraSpec::from(2, 4, 0, false, {"down_proj"}), 5);
+  const auto down_loss = loss_of(down);
+  EXPECT_EQ(count_nodes(down_loss, "RmsNormLinearFn"), 2 * (layers - 1));
+  EXPECT_EQ(count_nodes(down_loss, "ActivatedLinearFn"), 0);
+  EXPECT_EQ(count_nodes(down_loss, "SwigluFn"), layers - 1) << "down_proj's adapter reads the activation";
 }
 
 TEST(Decoder, ParameterCountMatchesFormula) {

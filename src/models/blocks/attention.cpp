@@ -149,11 +149,14 @@ at::Tensor SelfAttention::forward(const lf::backend::DeviceBackend& be, const lf
   const int64_t d = c_.head_dim, groups = c_.num_groups / tp.size(), per_group = c_.num_heads / c_.num_groups,
                 nq = groups * per_group;  // this rank's heads
   const LayerLora* ad = lora ? lora->adapters : nullptr;
-  // The normed input as a tensor only where something besides linear_qkv reads it (the adapters).
-  const bool fused = pre_norm && !ad && pre_norm->fuses_into_linear(tp);
-  const at::Tensor xn = pre_norm && !fused ? (*pre_norm)(be, x) : x;
-  auto qkv = fused ? pre_norm->first_linear(be, tp, x, qkv_, qkv_bias_, slots)
-                   : lf::parallel::column_parallel_linear(xn, qkv_, qkv_bias_, tp, false, slots);  // [s, b, groups (pg+2) d]
+  const bool adapters_read_x = ad && ((*ad)[LoraModule::q_proj].on() || (*ad)[LoraModule::k_proj].on() ||
+                                      (*ad)[LoraModule::v_proj].on());
+  // The normed input is a tensor of its own only when q/k/v adapters read it too; otherwise the
+  // norm goes into linear_qkv (Norm::first_linear).
+  const at::Tensor xn = pre_norm && adapters_read_x ? (*pre_norm)(be, x) : x;
+  auto qkv = pre_norm && !adapters_read_x
+                 ? pre_norm->first_linear(be, tp, x, qkv_, qkv_bias_, slots)
+                 : lf::parallel::column_parallel_linear(xn, qkv_, qkv_bias_, tp, false, slots);  // [s, b, groups (pg+2) d]
   const int64_t s = qkv.size(0), b = qkv.size(1);
   qkv = qkv.view({s, b, groups, per_group + 2, d});
   auto q = qkv.narrow(3, 0, per_group).reshape({s, b, nq, d});
@@ -161,7 +164,7 @@ at::Tensor SelfAttention::forward(const lf::backend::DeviceBackend& be, const lf
   // A copy, not a view: attention saves v for backward, and a view would keep all of qkv alive
   // (q and k are copies already), (nq + 2 nkv) / nkv times the bytes v needs.
   auto v = qkv.select(3, per_group + 1).contiguous();
-  if (ad) {
+  if (adapters_read_x) {
     // PEFT's q_proj/k_proj/v_proj: this rank's heads of each, added to the split projection.
     const auto dqkv = LoraAdapter::column_group(tp, xn, lora->column_gen(tp),
                                                 {&(*ad)[LoraModule::q_proj], &(*ad)[LoraModule::k_proj],
@@ -191,7 +194,9 @@ at::Tensor SelfAttention::forward(const lf::backend::DeviceBackend& be, const lf
     // [s, b, n, d] -> [b, n, s, d]
     auto o = attend(be, qn.permute({1, 2, 0, 3}), kn.permute({1, 2, 0, 3}), v0.permute({1, 2, 0, 3}), mask, cache,
                     chunk, i, std::nullopt, docs, cp);  // [b, nq, s, d]
-    return o.permute({2, 0, 1, 3}).reshape({s, b, nq * d});
+    // A view of attention's sequence-major output when b is 1 (linear_proj then saves no copy of
+    // its own); otherwise [s, b, ..] is not its memory order, and a copy keeps the layout canonical.
+    return o.permute({2, 0, 1, 3}).reshape({s, b, nq * d}).contiguous();
   };
   at::Tensor o;
   if (in.selective_recompute && !cache && !chunk) {
@@ -232,7 +237,7 @@ at::Tensor CrossAttention::forward(const lf::backend::DeviceBackend& be, const l
   auto kv5 = kv.view({t, b, groups, 2, d});
   auto kr = kv5.select(3, 0).permute({1, 2, 0, 3});
   auto vr = kv5.select(3, 1).permute({1, 2, 0, 3});
-  auto o = lf::ops::sdpa(be, qr, kr, vr, mask).permute({2, 0, 1, 3}).reshape({s, b, nq * d});
+  auto o = lf::ops::sdpa(be, qr, kr, vr, mask).permute({2, 0, 1, 3}).reshape({s, b, nq * d}).contiguous();
   return lf::parallel::row_parallel_linear(o, proj_, proj_bias_, tp);
 }
 

@@ -21,12 +21,14 @@ at::Tensor Mlp::forward(const lf::backend::DeviceBackend& be, const lf::parallel
                         const at::Tensor& x, bool selective_recompute, const LoraInputs* lora,
                         const lf::ops::WeightGradSlots* slots, const Norm* pre_norm) const {
   const LayerLora* ad = lora ? lora->adapters : nullptr;
-  // The normed input as a tensor only where something besides linear_fc1 reads it (the adapters).
-  const bool fused = pre_norm && !ad && pre_norm->fuses_into_linear(tp);
-  const at::Tensor xn = pre_norm && !fused ? (*pre_norm)(be, x) : x;
-  auto fc1 = fused ? pre_norm->first_linear(be, tp, x, fc1_, fc1_bias_, slots)
-                   : lf::parallel::column_parallel_linear(xn, fc1_, fc1_bias_, tp, false, slots);  // [s, b, (2) f / tp]
-  if (ad && ((*ad)[LoraModule::gate_proj].on() || (*ad)[LoraModule::up_proj].on())) {
+  const bool adapters_read_x = ad && ((*ad)[LoraModule::gate_proj].on() || (*ad)[LoraModule::up_proj].on());
+  // The normed input is a tensor of its own only when gate/up adapters read it too; otherwise the
+  // norm goes into linear_fc1 (Norm::first_linear).
+  const at::Tensor xn = pre_norm && adapters_read_x ? (*pre_norm)(be, x) : x;
+  auto fc1 = pre_norm && !adapters_read_x
+                 ? pre_norm->first_linear(be, tp, x, fc1_, fc1_bias_, slots)
+                 : lf::parallel::column_parallel_linear(xn, fc1_, fc1_bias_, tp, false, slots);  // [s, b, (2) f / tp]
+  if (adapters_read_x) {
     // fc1 is [gate_r; up_r] on this rank: PEFT's gate_proj / up_proj adapters add to each half.
     const auto d = LoraAdapter::column_group(tp, xn, lora->column_gen(tp),
                                              {&(*ad)[LoraModule::gate_proj], &(*ad)[LoraModule::up_proj]});

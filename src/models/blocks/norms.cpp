@@ -18,12 +18,10 @@ at::Tensor Norm::operator()(const lf::backend::DeviceBackend& be, const at::Tens
   return spec.layer_norm ? lf::ops::layer_norm(be, x, weight, bias, spec.eps) : lf::ops::rms_norm(be, x, weight, spec.eps);
 }
 
-bool Norm::fuses_into_linear(const lf::parallel::TensorParallel& tp) const { return !spec.layer_norm && tp.size() == 1; }
-
 at::Tensor Norm::first_linear(const lf::backend::DeviceBackend& be, const lf::parallel::TensorParallel& tp,
                               const at::Tensor& x, const at::Tensor& w, const at::Tensor& b,
                               const lf::ops::WeightGradSlots* slots) const {
-  if (fuses_into_linear(tp)) return lf::ops::rms_norm_linear(be, x, weight, spec.eps, w, b, slots);
+  if (!spec.layer_norm && tp.size() == 1) return lf::ops::rms_norm_linear(be, x, weight, spec.eps, w, b, slots);
   return lf::parallel::column_parallel_linear((*this)(be, x), w, b, tp, false, slots);
 }
 

@@ -36,12 +36,10 @@ struct Norm {
   Norm(ParamBuilder& b, const std::string& prefix, int64_t h, NormSpec spec);
   // x: [.., h] -> [.., h]
   at::Tensor operator()(const lf::backend::DeviceBackend& be, const at::Tensor& x) const;
-  // Whether first_linear fuses the norm into the linear: an RMSNorm on one TP rank (inside the TP
-  // region each rank's weight gradient would be only its own columns' part).
-  bool fuses_into_linear(const lf::parallel::TensorParallel& tp) const;
   // A block's first linear over the normed input: column_parallel_linear((*this)(be, x), w, b, tp,
-  // false, slots). Where fuses_into_linear, lf::ops::rms_norm_linear: the normed input is recomputed
-  // in backward instead of held.
+  // false, slots). For an RMSNorm on one TP rank, lf::ops::rms_norm_linear: the normed input is
+  // recomputed in backward instead of held. (Under TP the norm stays outside the TP region: inside
+  // it each rank's norm-weight gradient would be only its own columns' part.)
   at::Tensor first_linear(const lf::backend::DeviceBackend& be, const lf::parallel::TensorParallel& tp,
                           const at::Tensor& x, const at::Tensor& w, const at::Tensor& b,
                           const lf::ops::WeightGradSlots* slots) const;

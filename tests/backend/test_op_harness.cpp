@@ -374,6 +374,27 @@ TEST(RmsNormLinear, EqualsTheNormThenTheLinearAndHoldsOnlyItsInput) {
                         at::linear(lf::ops::rms_norm(be, x0, g0, 1e-6), w0, b0)));
 }
 
+// lf::ops::sdpa returns its output in sequence-major memory, so going back to [b, s, nq dv] or the
+// decoder's [s, b, nq dv] is a view: what an output projection saves is the storage attention
+// saved, not a second copy. Values and gradients are the head-major kernel's.
+TEST(SdpaOutput, IsSequenceMajorSoTheProjectionInputIsAView) {
+  const auto& be = backend::cpu_backend();
+  const auto q0 = at::randn({2, 4, 8, 16}), k0 = at::randn({2, 2, 8, 16}), v0 = at::randn({2, 2, 8, 16});
+  auto q = q0.clone().requires_grad_(), k = k0.clone().requires_grad_(), v = v0.clone().requires_grad_();
+  const auto o = lf::ops::sdpa(be, q, k, v, backend::AttentionMask::causal());
+  EXPECT_TRUE(o.transpose(1, 2).is_contiguous());
+  EXPECT_EQ(o.transpose(1, 2).reshape({2, 8, 64}).data_ptr(), o.data_ptr());
+  EXPECT_EQ(o.permute({2, 0, 1, 3}).reshape({8, 2, 64}).data_ptr(), o.data_ptr());
+  const auto r = be.ops().sdpa_fwd(q0, k0, v0, backend::AttentionMask::causal(), 1.0 / 4.0);
+  EXPECT_TRUE(at::equal(o, r.o));
+  const auto dy = at::randn({2, 4, 8, 16});
+  o.backward(dy);
+  const auto g = be.ops().sdpa_bwd(dy, q0, k0, v0, r.o, r.lse, backend::AttentionMask::causal(), 1.0 / 4.0);
+  EXPECT_TRUE(at::equal(q.grad(), g.dq));
+  EXPECT_TRUE(at::equal(k.grad(), g.dk));
+  EXPECT_TRUE(at::equal(v.grad(), g.dv));
+}
+
 // lf::ops::embedding's gradient-accumulation fusion: the backward scatters w's gradient (repeated
 // ids included) into the slot, zeroing it first unless it already holds gradient this step, and
 // autograd gets none for w. Without a slot, or in bf16, w's gradient is at::embedding's.

@@ -207,7 +207,7 @@ at::Tensor MlaAttention::forward(const lf::backend::DeviceBackend& be, const lf:
     auto kf = at::cat({kn, kr.expand({s, b, nq, dr})}, -1);        // the rotary key shared by the heads
     auto o = attend(be, qf.permute({1, 2, 0, 3}), kf.permute({1, 2, 0, 3}), v0.permute({1, 2, 0, 3}), mask, cache,
                     chunk, i, scale, docs, cp);  // [b, nq, s, dv]
-    return o.permute({2, 0, 1, 3}).reshape({s, b, nq * dv});
+    return o.permute({2, 0, 1, 3}).reshape({s, b, nq * dv}).contiguous();  // a view when b is 1
   };
   at::Tensor o;
   if (in.selective_recompute && !cache && !chunk) {

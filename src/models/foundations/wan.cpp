@@ -222,7 +222,7 @@ at::Tensor WanDit::self_attention(const Attention& a, const at::Tensor& x, const
   } else {
     o = lf::ops::sdpa(backend_, perm(q), perm(k), perm(v), lf::backend::AttentionMask::none());
   }
-  o = o.permute({2, 0, 1, 3}).reshape({s, b, n * d});
+  o = o.permute({2, 0, 1, 3}).reshape({s, b, n * d}).contiguous();  // a view when b is 1
   return lf::parallel::row_parallel_linear(o, a.out, a.out_bias, tp_, slots_);
 }
 
@@ -252,7 +252,7 @@ at::Tensor WanDit::cross_attention(const Attention& a, const at::Tensor& x, cons
     auto vi = heads(context(image, a.add_v, a.add_v_bias));
     o = o + lf::ops::sdpa(backend_, q, ki, vi, lf::backend::AttentionMask::none());
   }
-  o = o.permute({2, 0, 1, 3}).reshape({s, b, n * d});
+  o = o.permute({2, 0, 1, 3}).reshape({s, b, n * d}).contiguous();  // a view when b is 1
   return lf::parallel::row_parallel_linear(o, a.out, a.out_bias, tp_, slots_);
 }
 

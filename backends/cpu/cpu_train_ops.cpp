@@ -29,13 +29,15 @@
 namespace lf::backend {
 namespace {
 
-// Logit rows per chunk: about 16 MiB of fp32 logits, at least 16 rows. Fewer rows make the three
+// Logit rows per chunk: about 8 MiB of fp32 logits, at least 16 rows. Fewer rows make the three
 // GEMMs thin (K = rows for dw): measured on 2 cores at h 256 / v 16K (llama_10m), the head's
 // GEMMs take 1.40-1.49x the time of the layers' GEMMs at 64 rows, 1.16-1.21x at 128, 1.09-1.15x
-// at 256 and 512 (a ratio within one profiled run, so it holds under the machine's noise). 16 MiB
-// is 262 rows at 16K and 131 at 32K (llama_100m's 256 tokens: 2 chunks): 16 MiB less peak than
-// 32 MiB, tokens/s within the noise at both sizes (8 MiB cost ~5% at 32K).
-int64_t default_chunk(int64_t v) { return std::max<int64_t>(16, (int64_t{16} << 20) / (4 * std::max<int64_t>(1, v))); }
+// at 256 and 512 (a ratio within one profiled run, so it holds under the machine's noise). The
+// chunk is what the output layer adds to the step's peak (at its forward, every layer's
+// activations are held): 32 MiB at first, then 16 (131 rows at 32K, 262 at 16K; tokens/s
+// within the noise), now 8 (65 / 131 rows): llama_100m's peak 8 MiB lower for ~2-3% of tokens/s
+// at both bench sizes (3 alternating runs each), the price of its 0.7x memory target.
+int64_t default_chunk(int64_t v) { return std::max<int64_t>(16, (int64_t{8} << 20) / (4 * std::max<int64_t>(1, v))); }
 
 bool contiguous_cpu(at::TensorList ts, at::ScalarType dtype) {
   for (const auto& t : ts)

@@ -29,15 +29,20 @@
 namespace lf::backend {
 namespace {
 
-// Logit rows per chunk: about 8 MiB of fp32 logits, at least 16 rows. Fewer rows make the three
+// Logit rows per chunk: about 8 MiB of fp32 logits for fp32 (32 MiB for bf16), at least 16 rows. Fewer rows make the three
 // GEMMs thin (K = rows for dw): measured on 2 cores at h 256 / v 16K (llama_10m), the head's
 // GEMMs take 1.40-1.49x the time of the layers' GEMMs at 64 rows, 1.16-1.21x at 128, 1.09-1.15x
 // at 256 and 512 (a ratio within one profiled run, so it holds under the machine's noise). The
 // chunk is what the output layer adds to the step's peak (at its forward, every layer's
 // activations are held): 32 MiB at first, then 16 (131 rows at 32K, 262 at 16K; tokens/s
 // within the noise), now 8 (65 / 131 rows): llama_100m's peak 8 MiB lower for ~2-3% of tokens/s
-// at both bench sizes (3 alternating runs each), the price of its 0.7x memory target.
-int64_t default_chunk(int64_t v) { return std::max<int64_t>(16, (int64_t{8} << 20) / (4 * std::max<int64_t>(1, v))); }
+// at both bench sizes (3 alternating runs each), the price of its 0.7x memory target. bf16 keeps
+// 32 MiB: its chunks' weight gradients are separate [v, h] products added into the fp32
+// accumulator, and 8 MiB chunks cost it 20-25% of tokens/s (tools/bench, 10M and 100M).
+int64_t default_chunk(int64_t v, at::ScalarType dtype) {
+  const int64_t bytes = dtype == at::kFloat ? int64_t{8} << 20 : int64_t{32} << 20;
+  return std::max<int64_t>(16, bytes / (4 * std::max<int64_t>(1, v)));
+}
 
 bool contiguous_cpu(at::TensorList ts, at::ScalarType dtype) {
   for (const auto& t : ts)
@@ -61,7 +66,7 @@ LinearCrossEntropyFwd CpuOps::linear_cross_entropy(const at::Tensor& x0, const a
   const int64_t n = x.size(0), h = x.size(1), v = w.size(0);
   const int64_t valid = shard.valid < 0 ? v : shard.valid;
   const at::Tensor wv = w.narrow(0, 0, valid);  // padding rows take no probability and get no gradient
-  const int64_t chunk = std::min<int64_t>(std::max<int64_t>(1, n), chunk_tokens > 0 ? chunk_tokens : default_chunk(valid));
+  const int64_t chunk = std::min<int64_t>(std::max<int64_t>(1, n), chunk_tokens > 0 ? chunk_tokens : default_chunk(valid, dtype));
   const auto f32 = x.options().dtype(at::kFloat);
 
   const auto targets = shard_targets(target, shard, valid, ignore_index);

@@ -143,9 +143,10 @@ Forward forward(const at::Tensor& q0, const at::Tensor& k0, const at::Tensor& v0
   const at::Tensor q = unit_rows(q0), k = k0.contiguous(), v = v0.contiguous();
   const Shape sh = shape_of(q, k, v, causal);
   const MaskRows mr(mask, sh);
-  // Outputs are head-major and contiguous whatever the inputs' layout: what follows them (and its
-  // rounding) does not depend on how the caller laid out q.
-  at::Tensor o = at::empty({sh.b, sh.hq, sh.s, sh.dv}, q.options());
+  // o is [b, hq, s, dv] in sequence-major memory ([b, s, hq, dv], what ATen's flash kernels return
+  // and lf::ops::sdpa hands on) whatever the inputs' layout: what follows it (and its rounding)
+  // does not depend on how the caller laid out q.
+  at::Tensor o = at::empty({sh.b, sh.s, sh.hq, sh.dv}, q.options()).transpose(1, 2);
   at::Tensor lse = at::empty({sh.b, sh.hq, sh.s}, q.options());
   const Rows qr(q), orow(o);
   const float *kp = k.data_ptr<float>(), *vp = v.data_ptr<float>();

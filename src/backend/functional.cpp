@@ -355,8 +355,8 @@ struct SdpaFn : torch::autograd::Function<SdpaFn> {
                             const std::optional<at::Tensor>& mask, double scale) {
     AttentionMask m{static_cast<backend::MaskKind>(mask_kind), mask.value_or(at::Tensor())};
     auto r = be->ops().sdpa_fwd(q, k, v, m, scale);
-    // The output in sequence-major memory ([b, s, nq, dv] seen as [b, nq, s, dv]), as ATen's own
-    // flash kernels return it (a no-op for those): callers go back to [s, b, nq dv] or [b, s, nq dv]
+    // The output in sequence-major memory ([b, s, nq, dv] seen as [b, nq, s, dv]), as ATen's flash
+    // kernels and the CPU backend's own return it (a no-op for those): callers go back to [s, b, nq dv] or [b, s, nq dv]
     // with a view, so the input their output projection saves for backward is this storage, not a
     // second copy of it (at llama_100m, 12 x 0.75 MiB).
     const at::Tensor o = r.o.transpose(1, 2).contiguous().transpose(1, 2);

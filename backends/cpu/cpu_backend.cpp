@@ -17,7 +17,7 @@
 #include <vector>
 #include <mutex>
 
-#include "loongforge/backend/c10d_communicator.h"
+#include "loongforge/backend/shm_communicator.h"
 #include "cpu_ops.h"
 #include "loongforge/backend/registry.h"
 #include "loongforge/core/error.h"
@@ -297,7 +297,7 @@ class CpuBackend final : public DeviceBackend {
   }
 
   std::unique_ptr<Communicator> create_communicator(const CommunicatorSpec& spec) const override {
-    return make_gloo_communicator(spec);
+    return make_cpu_communicator(spec);
   }
   const OpTable& ops() const override { return ops_; }
 

@@ -36,11 +36,7 @@ std::string seconds(std::chrono::milliseconds t) {
   } catch (const std::exception& e) {
     message = e.what();
   }
-  LF_FAIL(what_op, " failed: ", message,
-          lf::hint("a peer of this group may have died or skipped this operation (every member "
-                   "must issue the same collectives in the same order), or the timeout (" +
-                   seconds(timeout) +
-                   ", --distributed-timeout-minutes) is too small; read the other ranks' logs"));
+  LF_FAIL(what_op, " failed: ", message, lf::hint(collective_failure_hint(timeout)));
 }
 
 c10d::ReduceOp to_c10d(ReduceOp op, bool native_avg) {
@@ -90,6 +86,19 @@ class C10dWork final : public Work {
 
 }  // namespace
 
+std::string describe_group_op(const char* op, const std::string& name,
+                              const std::vector<int>& ranks, int group_rank) {
+  return lf::str(op, " on group '", name, "' (ranks ", join(ranks), ", this rank's index ",
+                 group_rank, ")");
+}
+
+std::string collective_failure_hint(std::chrono::milliseconds timeout) {
+  return "a peer of this group may have died or skipped this operation (every member must issue "
+         "the same collectives in the same order), or the timeout (" +
+         seconds(timeout) +
+         ", --distributed-timeout-minutes) is too small; read the other ranks' logs";
+}
+
 const char* to_string(ReduceOp op) {
   switch (op) {
     case ReduceOp::sum: return "sum";
@@ -120,8 +129,7 @@ C10dCommunicator::C10dCommunicator(const CommunicatorSpec& spec,
 C10dCommunicator::~C10dCommunicator() = default;
 
 std::string C10dCommunicator::describe_op(const char* op) const {
-  return lf::str(op, " on group '", name_, "' (ranks ", join(ranks_), ", this rank's index ",
-                 group_rank_, ")");
+  return describe_group_op(op, name_, ranks_, group_rank_);
 }
 
 std::shared_ptr<Work> C10dCommunicator::run(

@@ -8,7 +8,7 @@
 
 #include <algorithm>
 
-#include "loongforge/backend/c10d_communicator.h"
+#include "loongforge/backend/shm_communicator.h"
 #include "loongforge/core/error.h"
 #include "loongforge/dist/rendezvous.h"
 
@@ -31,7 +31,7 @@ ParallelContext::ParallelContext(const Rendezvous& rendezvous, ParallelLayout la
                           backend::GlooOptions gloo;
                           gloo.master_addr = rendezvous.env().master_addr;
                           options.factory = [gloo](const backend::CommunicatorSpec& spec) {
-                            return backend::make_gloo_communicator(spec, gloo);
+                            return backend::make_cpu_communicator(spec, gloo);
                           };
                         }
                         return std::move(options);
@@ -64,7 +64,7 @@ ParallelContext::ParallelContext(int global_rank, int global_world_size,
 
   CommunicatorFactory factory = options.factory;
   if (!factory) factory = [](const backend::CommunicatorSpec& s) {
-    return backend::make_gloo_communicator(s);
+    return backend::make_cpu_communicator(s);
   };
   std::vector<GroupKind> kinds = options.kinds;
   if (kinds.empty()) kinds.assign(kAllGroupKinds.begin(), kAllGroupKinds.end());

@@ -9,6 +9,7 @@
 #include <string>
 
 #include "loongforge/backend/c10d_communicator.h"
+#include "loongforge/backend/shm_communicator.h"
 #include "loongforge/core/error.h"
 #include "loongforge/dist/parallel_context.h"
 #include "loongforge/dist/rendezvous.h"
@@ -168,8 +169,9 @@ LF_WORKER_CASE(all_groups) {
     const auto& R = ctx.embedding().ranks();
     EXPECT_EQ(values(e)[0], (R.front() + 1.0) + (R.size() > 1 ? R.back() + 1.0 : 0.0));
   }
-  std::printf("rank %d tp %d cp %d dp %d pp %d checked %d kinds ok\n", g, ctx.tp_rank(),
-              ctx.cp_rank(), ctx.dp_rank(), ctx.pp_rank(), checked);
+  std::printf("rank %d tp %d cp %d dp %d pp %d checked %d kinds ok (shared memory %d)\n", g,
+              ctx.tp_rank(), ctx.cp_rank(), ctx.dp_rank(), ctx.pp_rank(), checked,
+              static_cast<int>(backend::uses_shared_memory(ctx.world())));
 }
 
 // Hand-written results for TP=2 x PP=2 (rank = tp + 2 * pp): tp groups [0,1] [2,3], pp groups
@@ -236,8 +238,19 @@ TEST(DistCollectives, FourRanksTp2Pp2EveryGroup) {
                                                      .timeout = std::chrono::seconds(90),
                                                      .args = {"tp=2", "pp=2"}});
   lf::testing::expect_all_ok(res);
-  EXPECT_NE(res[3].output.find("rank 3 tp 1 cp 0 dp 0 pp 1 checked 13 kinds ok"), std::string::npos)
-      << res[3].output;
+  EXPECT_NE(res[3].output.find("rank 3 tp 1 cp 0 dp 0 pp 1 checked 13 kinds ok (shared memory 1)"),
+            std::string::npos) << res[3].output;
+}
+
+// The same with shared memory turned off: every collective on Gloo's sockets.
+TEST(DistCollectives, FourRanksTp2Pp2EveryGroupOnGlooAlone) {
+  auto res = lf::testing::run_workers("all_groups", {.world_size = 4,
+                                                     .timeout = std::chrono::seconds(90),
+                                                     .env = {{"LOONGFORGE_SHM_COLLECTIVES", "0"}},
+                                                     .args = {"tp=2", "pp=2"}});
+  lf::testing::expect_all_ok(res);
+  EXPECT_NE(res[3].output.find("rank 3 tp 1 cp 0 dp 0 pp 1 checked 13 kinds ok (shared memory 0)"),
+            std::string::npos) << res[3].output;
 }
 
 TEST(DistCollectives, FourRanksTp2Pp2Literal) {
@@ -251,8 +264,8 @@ TEST(DistCollectives, EightRanksTp2Cp2Dp2EveryGroup) {
                                                      .args = {"tp=2", "cp=2", "ep=2"}});
   lf::testing::expect_all_ok(res);
   // rank 6 = tp 0 + 2 * cp 1 + 4 * dp 1.
-  EXPECT_NE(res[6].output.find("rank 6 tp 0 cp 1 dp 1 pp 0 checked 13 kinds ok"), std::string::npos)
-      << res[6].output;
+  EXPECT_NE(res[6].output.find("rank 6 tp 0 cp 1 dp 1 pp 0 checked 13 kinds ok (shared memory 1)"),
+            std::string::npos) << res[6].output;
 }
 
 TEST(DistCollectives, TwoContextsOverDifferentRanks) {

@@ -58,6 +58,9 @@ TEST(DistFailures, SkippedCollectiveTimesOutNamingOpGroupAndRanks) {
   EXPECT_NE(out.find("HINT: a peer of this group may have died or skipped this operation"),
             std::string::npos) << out;
   EXPECT_NE(out.find("--distributed-timeout-minutes"), std::string::npos) << out;
+  // The group is on one host, so the op ran over shared memory; it names whom it waited for.
+  EXPECT_NE(out.find("timed out after 2 s in shared memory waiting for global rank(s) [1]"),
+            std::string::npos) << out;
 }
 
 // Rank 1 dies right after the group is built; rank 0's collective must fail, not hang.
@@ -85,6 +88,10 @@ TEST(DistFailures, DeadPeerIsAnErrorNamingTheGroup) {
   EXPECT_NE(res[0].output.find("all_reduce on group 'world' (ranks [0, 1], this rank's index 0) "
                                "failed"),
             std::string::npos) << res[0].output;
+  // Over shared memory the dead peer is noticed by its pid, long before the 20 s timeout.
+  EXPECT_NE(res[0].output.find("group rank 1 (global rank 1, pid "), std::string::npos)
+      << res[0].output;
+  EXPECT_NE(res[0].output.find(") has exited"), std::string::npos) << res[0].output;
 }
 
 TEST(DistFailures, RendezvousWithoutRankZeroNamesAddressRankAndTimeout) {

@@ -85,6 +85,13 @@ struct GlooOptions {
 std::unique_ptr<Communicator> make_gloo_communicator(const CommunicatorSpec& spec,
                                                      const GlooOptions& options = {});
 
+// "<op> on group '<name>' (ranks [..], this rank's index k)": how every communicator names a
+// collective in its errors.
+std::string describe_group_op(const char* op, const std::string& name,
+                              const std::vector<int>& ranks, int group_rank);
+// The remedy every communicator prints with a failed or timed-out collective.
+std::string collective_failure_hint(std::chrono::milliseconds timeout);
+
 // The local IPv4 address the kernel would use to reach `host` (no packet is sent); "127.0.0.1"
 // for a loopback host. Throws lf::Error if `host` does not resolve.
 std::string local_address_towards(const std::string& host);

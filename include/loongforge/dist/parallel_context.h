@@ -28,7 +28,8 @@ struct ParallelContextOptions {
   // Global ranks that form this context's world, in layout-rank order; empty: all ranks.
   std::vector<int> world_ranks;
   std::chrono::milliseconds timeout{std::chrono::minutes(10)};
-  // Builds one group's communicator; empty: Gloo (backend::make_gloo_communicator).
+  // Builds one group's communicator; empty: Gloo with shared-memory collectives among the
+  // ranks of one host (backend::make_cpu_communicator).
   CommunicatorFactory factory;
   // Group kinds to create; empty: all of kAllGroupKinds. Only created kinds can be accessed.
   std::vector<GroupKind> kinds;

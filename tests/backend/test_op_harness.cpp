@@ -397,7 +397,8 @@ TEST(SdpaOutput, IsSequenceMajorSoTheProjectionInputIsAView) {
 
 // lf::ops::embedding's gradient-accumulation fusion: the backward scatters w's gradient (repeated
 // ids included) into the slot, zeroing it first unless it already holds gradient this step, and
-// autograd gets none for w. Without a slot, or in bf16, w's gradient is at::embedding's.
+// autograd gets none for w. Without a slot w's gradient is at::embedding's. In bf16 the slot
+// (fp32) takes the rows converted: no dense bf16 [vocab, h] gradient is made.
 TEST(EmbeddingGradientFusion, TheBackwardScattersIntoTheSlot) {
   const auto w0 = at::randn({6, 5});
   const auto ids = at::tensor(std::vector<int64_t>{4, 1, 4, 0, 4, 2}).view({2, 3});
@@ -424,12 +425,15 @@ TEST(EmbeddingGradientFusion, TheBackwardScattersIntoTheSlot) {
   EXPECT_EQ(none.asked, 1);
   EXPECT_TRUE(at::allclose(wn.grad(), dw_ref, 1e-6, 1e-6));
   FakeSlots bf16;
-  bf16.slot = backend::GradInto{at::zeros({6, 5}), 1.0, false};
+  bf16.slot = backend::GradInto{at::full({6, 5}, 7.0), 1.0, false};
   auto wb = w0.to(at::kBFloat16).requires_grad_();
-  lf::ops::embedding(wb, ids, &bf16).backward(dy.to(at::kBFloat16));
-  EXPECT_EQ(bf16.asked, 0);
-  EXPECT_TRUE(wb.grad().defined());
-  EXPECT_EQ(bf16.slot->dw.abs().sum().item<double>(), 0.0);
+  const auto dyb = dy.to(at::kBFloat16);
+  lf::ops::embedding(wb, ids, &bf16).backward(dyb);
+  EXPECT_EQ(bf16.asked, 1);
+  EXPECT_FALSE(wb.grad().defined()) << "the bf16 gradient went to the fp32 slot, not to autograd";
+  auto wr = w0.clone().requires_grad_();
+  at::embedding(wr, ids).backward(dyb.to(at::kFloat));  // the same rows, summed in fp32
+  EXPECT_TRUE(at::allclose(bf16.slot->dw, wr.grad(), 1e-6, 1e-6));
   // No grad mode (evaluation): a plain lookup, the sink is not asked.
   FakeSlots eval;
   at::NoGradGuard no_grad;

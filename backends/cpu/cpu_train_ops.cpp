@@ -24,6 +24,7 @@
 #include "cpu_math.h"
 #include "cpu_ops.h"
 #include "loongforge/backend/gemm.h"
+#include "loongforge/backend/mixed_add.h"
 #include "loongforge/core/error.h"
 
 namespace lf::backend {
@@ -140,7 +141,7 @@ LinearCrossEntropyFwd CpuOps::linear_cross_entropy(const at::Tensor& x0, const a
       if (write)
         dwv.copy_(part);
       else
-        dwv.add_(part);
+        lf::ops::add_converted(dwv, part);
       dwv.index_add_(0, st, direct ? xf * (hit * gscale) : xf * hit, -1.0);
     }
   }

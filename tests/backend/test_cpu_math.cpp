@@ -5,13 +5,14 @@
 // is timing-dependent: here 2 to 10 of every 100 processes at two threads. The check is therefore
 // statistical: 64 fresh processes, one at a time, each picking the backend as the engine's
 // programs do and then making its first VML call through two threads; without the initialisation
-// at least one of them fails with probability about 0.7 to 0.999.
+// at least one of them fails with probability about 0.7 to 0.999. And lf::ops::add_converted.
 #include <gtest/gtest.h>
 
 #include <ATen/Functions.h>
 #include <ATen/Parallel.h>
 #include <ATen/TensorOperators.h>
 
+#include "loongforge/backend/mixed_add.h"
 #include "loongforge/backend/registry.h"
 #include "multiprocess.h"
 
@@ -61,6 +62,23 @@ TEST(CpuMath, OwnKernelsUseTheWholeOpenMpTeam) {
   o.world_size = 1;
   o.env = {{"OMP_NUM_THREADS", "2"}, {"MKL_NUM_THREADS", "2"}, {"LOONGFORGE_DEVICE", "cpu"}};
   expect_all_ok(run_workers("intra_op_team", o));
+}
+
+// The blocked conversion equals ATen's mixed-dtype add_ bit for bit, across block boundaries and a
+// short last block, for bf16 and fp16 gradients; an fp32 gradient is a plain add.
+TEST(AddConverted, ConvertsInBlocksWithTheSameValuesAsAtenAdd) {
+  at::manual_seed(3);
+  for (auto dtype : {at::kBFloat16, at::kHalf, at::kFloat}) {
+    const at::Tensor main = at::randn({37, 11});
+    const at::Tensor g = at::randn({37, 11}).to(dtype);
+    at::Tensor want = main.clone();
+    want.add_(g);
+    for (int64_t block : {int64_t{7}, int64_t{64}, int64_t{1} << 18}) {
+      at::Tensor got = main.clone();
+      lf::ops::add_converted(got, g, block);
+      EXPECT_TRUE(at::equal(got, want)) << dtype << " block " << block;
+    }
+  }
 }
 
 }  // namespace

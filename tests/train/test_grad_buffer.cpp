@@ -12,7 +12,6 @@
 
 namespace {
 using namespace lf::testing;
-using lf::parallel::add_to_main_grad;
 using lf::parallel::GradBuffer;
 using lf::parallel::GradBufferOptions;
 
@@ -123,23 +122,6 @@ TEST(GradBuffer, Zero1ReduceScatterShardsMatchAllReduce) {
 }
 TEST(GradBuffer, Zero1OverThreeRanksPadsBuckets) {
   expect_all_ok(run_workers("buckets_match_all_reduce", {.world_size = 3, .args = {"zero=1"}}));
-}
-
-// The blocked conversion equals ATen's mixed-dtype add_ bit for bit, across block boundaries and a
-// short last block, for bf16 and fp16 gradients; an fp32 gradient is a plain add.
-TEST(GradBuffer, AddToMainGradConvertsInBlocksWithTheSameValues) {
-  at::manual_seed(3);
-  for (auto dtype : {at::kBFloat16, at::kHalf, at::kFloat}) {
-    const at::Tensor main = at::randn({37, 11});
-    const at::Tensor g = at::randn({37, 11}).to(dtype);
-    at::Tensor want = main.clone();
-    want.add_(g);
-    for (int64_t block : {int64_t{7}, int64_t{64}, int64_t{1} << 18}) {
-      at::Tensor got = main.clone();
-      add_to_main_grad(got, g, block);
-      EXPECT_TRUE(at::equal(got, want)) << dtype << " block " << block;
-    }
-  }
 }
 
 // Single process: bf16 parameters accumulate into fp32 main grads across micro-batches.

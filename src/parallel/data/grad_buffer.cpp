@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <limits>
 
+#include "loongforge/backend/mixed_add.h"
 #include "loongforge/core/error.h"
 
 namespace lf::parallel {
@@ -134,26 +135,6 @@ at::Tensor GradBuffer::slot_view(int i) const {
   return buffer_.narrow(0, s.offset, s.numel).view(params_[static_cast<size_t>(i)].tensor.sizes());
 }
 
-void add_to_main_grad(const at::Tensor& main_grad, const at::Tensor& g, int64_t block) {
-  if (g.scalar_type() == main_grad.scalar_type() || !g.device().is_cpu() || g.numel() <= block) {
-    main_grad.add_(g);
-    return;
-  }
-  LF_CHECK(main_grad.is_contiguous() && main_grad.sizes() == g.sizes() && block > 0,
-           "add_to_main_grad: a contiguous main grad ", main_grad.sizes(), " and a gradient of its shape ",
-           g.sizes(), " (block ", block, ")");
-  at::Tensor dst = main_grad.view({-1});
-  const at::Tensor src = g.reshape({-1});
-  const int64_t n = src.numel();
-  at::Tensor tmp = at::empty({block}, main_grad.options());
-  for (int64_t a = 0; a < n; a += block) {
-    const int64_t c = std::min(block, n - a);
-    at::Tensor t = tmp.narrow(0, 0, c);
-    t.copy_(src.narrow(0, a, c));
-    dst.narrow(0, a, c).add_(t);
-  }
-}
-
 void GradBuffer::begin_micro_batch(bool is_last) {
   std::lock_guard<std::mutex> lock(mutex_);
   last_micro_batch_ = is_last;
@@ -181,7 +162,7 @@ void GradBuffer::on_grad_ready(int i) {
       if (stale_[static_cast<size_t>(i)])
         slot_view(i).copy_(g);  // fp32 = param-dtype gradient
       else
-        add_to_main_grad(slot_view(i), g);  // fp32 += param-dtype gradient
+        lf::ops::add_converted(slot_view(i), g);  // fp32 += param-dtype gradient
       stale_[static_cast<size_t>(i)] = false;
       p.mutable_grad() = at::Tensor();
     }

@@ -157,8 +157,8 @@ struct TrainingConfig {
     v("gradient_accumulation_fusion", gradient_accumulation_fusion,
       "Weight gradients straight into the gradient buffer (Megatron's gradient-accumulation fusion): the fused "
       "output layer's in the forward (with cross_entropy_loss_fusion on); the linear layers' of dense decoder "
-      "layers, the Wan DiT and a pi05 policy in their backward's GEMM, and the token embedding's as a scatter-add (fp32); "
-      "the other weights' gradients (norms, MoE experts, MLA, bf16 layers) go through autograd");
+      "layers, the Wan DiT and a pi05 policy in their backward's GEMM, and the token embedding's as a scatter-add (fp32 and bf16); "
+      "the other weights' gradients (norms, MoE experts, MLA, bf16 linear layers) go through autograd");
     v("eval_interval", eval_interval, "Iterations between evaluations on the validation set", Min{1});
     v("eval_iters", eval_iters, "Iterations per evaluation", Min{0});
     v("exit_interval", exit_interval, "Exit after the iteration that is a multiple of this", Min{1});

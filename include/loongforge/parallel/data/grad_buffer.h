@@ -66,13 +66,6 @@ struct OwnedPiece {
   int64_t numel = 0;
 };
 
-// main_grad (fp32, contiguous) += g, a gradient of main_grad's shape in any floating dtype. A bf16 /
-// fp16 gradient on the CPU is converted `block` elements at a time into a small fp32 buffer and
-// added from there: ATen's mixed-dtype add_ makes a full-size fp32 copy of g first and adds it in a
-// second pass (a [32000, 768] bf16 gradient: 30 ms against 5.6 on 2 threads here, and 96 MiB
-// faulted in whenever the allocator's cache cannot keep that copy). The same values either way.
-void add_to_main_grad(const at::Tensor& main_grad, const at::Tensor& g, int64_t block = int64_t{1} << 18);
-
 class GradBuffer {
  public:
   // dp: the data-parallel group (null or size 1: no reduction). tp: the tensor-parallel group,

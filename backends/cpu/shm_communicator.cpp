@@ -538,8 +538,7 @@ std::unique_ptr<Communicator> with_shared_memory(std::unique_ptr<Communicator> i
   LF_CHECK(options.slot_bytes >= 64 * n * 8 && options.slot_bytes % 64 == 0, what,
            ": slot_bytes ", options.slot_bytes, " must be a multiple of 64 and >= ", 64 * n * 8);
   const int64_t bytes = data_offset(n) + 2 * n * options.slot_bytes;
-  const std::string segment_key = "lf-shm/segment";
-  std::string why, shm_name;
+  std::string why, shm_name, keys_prefix;
   uint64_t token = 0;
   int fd = -1;
   char* base = nullptr;
@@ -549,6 +548,11 @@ std::unique_ptr<Communicator> with_shared_memory(std::unique_ptr<Communicator> i
     else base = static_cast<char*>(p);
   };
   try {
+    // The handshake's keys: each member draws a ticket, so the members of one handshake share
+    // (ticket - 1) / n and a group set up again on the same store never reads the last one's keys.
+    const int64_t ticket = spec.store->add("lf-shm/tickets", 1);
+    keys_prefix = lf::str("lf-shm/", (ticket - 1) / n, "/");
+    const std::string segment_key = keys_prefix + "segment";
     if (me == 0) {
       std::random_device rd;
       token = (static_cast<uint64_t>(rd()) << 32) ^ rd() ^ static_cast<uint64_t>(getpid());
@@ -598,9 +602,9 @@ std::unique_ptr<Communicator> with_shared_memory(std::unique_ptr<Communicator> i
       l.pid = static_cast<int32_t>(getpid());
       l.pid_ns = pid_namespace();
     }
-    spec.store->set(lf::str("lf-shm/ok/", me), why.empty() ? std::string("ok") : why);
+    spec.store->set(lf::str(keys_prefix, "ok/", me), why.empty() ? std::string("ok") : why);
     std::vector<std::string> keys;
-    for (int r = 0; r < n; ++r) keys.push_back(lf::str("lf-shm/ok/", r));
+    for (int r = 0; r < n; ++r) keys.push_back(lf::str(keys_prefix, "ok/", r));
     spec.store->wait(keys, spec.timeout);
     std::string reasons;
     for (int r = 0; r < n; ++r) {

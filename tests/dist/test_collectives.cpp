@@ -14,6 +14,7 @@
 #include "loongforge/dist/parallel_context.h"
 #include "loongforge/dist/rendezvous.h"
 #include "multiprocess.h"
+#include "tensor_values.h"
 
 namespace lf::dist {
 namespace {
@@ -21,10 +22,7 @@ namespace {
 using backend::Communicator;
 using backend::ReduceOp;
 
-std::vector<double> values(const at::Tensor& t) {
-  at::Tensor d = t.to(at::kDouble).contiguous();
-  return std::vector<double>(d.data_ptr<double>(), d.data_ptr<double>() + d.numel());
-}
+using lf::testing::values;
 
 int arg_int(const std::string& key, int fallback) {
   for (const auto& a : lf::testing::worker_args())

@@ -2,8 +2,8 @@
 // dtype and every reduce op over sizes that span many small slots and split unevenly over 3
 // ranks; reduce_scatter, all_gather (also in place), async ops in flight with Gloo ops between;
 // bit-equality with Gloo's all-reduce for 2 ranks; the fallback when the segment cannot be
-// reserved, and the environment switch. Failures (timeouts, dead peers) are in test_failures.cpp,
-// whose groups now run over shared memory.
+// reserved, the environment switch, and a second handshake on the same store. Failures
+// (timeouts, dead peers) are in test_failures.cpp, whose groups now run over shared memory.
 #include <ATen/Functions.h>
 #include <gtest/gtest.h>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
@@ -17,6 +17,7 @@
 #include "loongforge/core/error.h"
 #include "loongforge/dist/rendezvous.h"
 #include "multiprocess.h"
+#include "tensor_values.h"
 
 namespace lf::dist {
 namespace {
@@ -24,10 +25,7 @@ namespace {
 using backend::Communicator;
 using backend::ReduceOp;
 
-std::vector<double> values(const at::Tensor& t) {
-  at::Tensor d = t.to(at::kDouble).contiguous();
-  return std::vector<double>(d.data_ptr<double>(), d.data_ptr<double>() + d.numel());
-}
+using lf::testing::values;
 
 backend::CommunicatorSpec spec_for(const Rendezvous& rdzv, const std::string& name) {
   backend::CommunicatorSpec spec;
@@ -186,6 +184,14 @@ LF_WORKER_CASE(shm_two_ranks) {
     gloo->all_reduce(b, op);
     EXPECT_TRUE(at::equal(a, b)) << backend::to_string(op);
   }
+  // The same group's handshake again on the same store (a context rebuilt under its name): fresh
+  // keys, so the members agree again instead of one of them reading the last handshake's.
+  auto again = backend::with_shared_memory(backend::make_gloo_communicator(spec_for(rdzv, "again")),
+                                           shm_spec);
+  ASSERT_TRUE(backend::uses_shared_memory(*again));
+  t = at::full({5}, rdzv.rank() + 1.0, at::kFloat);
+  again->all_reduce(t);
+  EXPECT_EQ(values(t), std::vector<double>(5, 3.0));
   std::printf("rank %d fallback and gloo equality ok\n", rdzv.rank());
 }
 

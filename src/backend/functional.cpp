@@ -180,11 +180,12 @@ struct LinearCrossEntropyFn : torch::autograd::Function<LinearCrossEntropyFn> {
 };
 
 // The slot the sink names for w's fp32 gradient (gradient-accumulation fusion), or nullopt: no
-// sink (slots null), no slot, or a gradient that is not fp32 (`fp32` false). A slot must be a contiguous fp32
-// tensor of w's shape. `op` names the layer in the error.
-std::optional<lf::backend::GradInto> fp32_grad_slot(const WeightGradSlots* slots, const at::Tensor& w, bool fp32,
+// sink (slots null), no slot, or a gradient the caller cannot write there (`writable` false: the
+// linear layers write only fp32 GEMM results, the embedding also bf16/fp16 rows it converts). A
+// slot must be a contiguous fp32 tensor of w's shape. `op` names the layer in the error.
+std::optional<lf::backend::GradInto> fp32_grad_slot(const WeightGradSlots* slots, const at::Tensor& w, bool writable,
                                                     const char* op) {
-  if (!fp32 || slots == nullptr) return std::nullopt;
+  if (!writable || slots == nullptr) return std::nullopt;
   auto into = slots->weight_grad_slot(w);
   if (!into || !into->dw.defined()) return std::nullopt;
   LF_CHECK(into->dw.sizes() == w.sizes() && into->dw.scalar_type() == at::kFloat && into->dw.is_contiguous(), op,

@@ -214,6 +214,41 @@ TEST(Qwen25Vl, MultimodalStoreTrainsAndLayoutsEqualOneProcess) {
                                               "--enable-encoder-hetero-dp", "--dry-run"});
   EXPECT_NE(text_model.exit_code, 0) << text_model.output;
   EXPECT_NE(text_model.output.find("has no vision tower"), std::string::npos) << text_model.output;
+  // --use-vit-dp-balance: at DP 2 each micro-batch's media (images of different sizes) are spread
+  // over the two ranks by cost before the tower and their features sent home after it; the first
+  // exchange is logged, and training equals one process (the DP split alone is DP 2's test).
+  std::vector<std::string> vit = data;
+  vit.push_back("--use-vit-dp-balance");
+  auto balanced = run(2, cfg, vit, "vlm_store_vit_balance");
+  EXPECT_NE(balanced.output.find("--use-vit-dp-balance: first exchange: "), std::string::npos) << balanced.output;
+  lf::testing::expect_same_training(one, balanced, "qwen2_5_vl store: dp 2, media balanced over it before the tower");
+  // With foundation TP 2 both TP replicas of the tower balance over their DP group and each still
+  // contributes 1 / tp of the tower's gradient.
+  std::vector<std::string> vit_tp = vit;
+  vit_tp.insert(vit_tp.end(), {"--tensor-model-parallel-size", "2"});
+  lf::testing::expect_same_training(one, run(4, cfg, vit_tp, "vlm_store_vit_balance_tp2"),
+                                    "qwen2_5_vl store: tp 2 x dp 2, media balanced over dp before the tower");
+  for (const auto& [extra, key] : std::vector<std::pair<std::vector<std::string>, std::string>>{
+           {{"--use-vit-dp-balance"}, "the data-parallel size is 1"},
+           {{"--use-vit-dp-balance", "--tensor-model-parallel-size", "2", "--enable-encoder-hetero-dp"}, "not combined"}}) {
+    std::vector<std::string> a = {bin("loongforge-run"), "--standalone", "--nproc-per-node", "2", bin("loongforge-train"),
+                                  "--config-file", cfg, "--dry-run"};
+    if (key == "the data-parallel size is 1") a = {bin("loongforge-train"), "--config-file", cfg, "--dry-run"};
+    a.insert(a.end(), extra.begin(), extra.end());
+    auto refused = lf::testing::run_command(a);
+    EXPECT_NE(refused.exit_code, 0) << refused.output;
+    EXPECT_NE(refused.output.find("parallel.use_vit_dp_balance"), std::string::npos) << refused.output;
+    EXPECT_NE(refused.output.find(key), std::string::npos) << refused.output;
+  }
+  auto vit_dry = lf::testing::run_command({bin("loongforge-run"), "--standalone", "--nproc-per-node", "2",
+                                           bin("loongforge-train"), "--config-file", cfg, "--use-vit-dp-balance",
+                                           "--dry-run"});
+  EXPECT_EQ(vit_dry.exit_code, 0) << vit_dry.output;
+  EXPECT_NE(vit_dry.output.find("media balanced over the DP ranks before it"), std::string::npos) << vit_dry.output;
+  auto vit_text = lf::testing::run_command({bin("loongforge-train"), "--config-file", config("examples/spliced_lm_tiny.yaml"),
+                                            "--use-vit-dp-balance", "--dry-run"});
+  EXPECT_NE(vit_text.exit_code, 0) << vit_text.output;
+  EXPECT_NE(vit_text.output.find("has no vision tower"), std::string::npos) << vit_text.output;
   std::vector<std::string> pp = data;
   pp.insert(pp.end(), {"--pipeline-model-parallel-size", "2"});
   const std::string dir = lf::testing::make_temp_dir("ml-vlm-store-pp2");

@@ -410,6 +410,9 @@ TEST(TruthPass, EveryFlagActsOrIsRefused) {
       {"--enable-encoder-hetero-dp",
        "Qwen25Vl.MultimodalStoreTrainsAndLayoutsEqualOneProcess (TP 2 with the tower data-parallel over it equals one "
        "process; --dry-run line; refusals)"},
+      {"--use-vit-dp-balance",
+       "Qwen25Vl.MultimodalStoreTrainsAndLayoutsEqualOneProcess (DP 2 with the media balanced before the tower equals "
+       "one process; log line; --dry-run line; refusals)"},
       {"--vlm-dp-balance-warmup-iters", "VlmDpBalance.BalancedTrainingEqualsMegatronsSplit (fitted), VlmDpBalance.Flags*"},
       {"--vlm-dp-balance-cost", "VlmDpBalance.BalancedTrainingEqualsMegatronsSplit (given), VlmDpBalance.Flags*"},
       {"--pretrained-checkpoint", "LoraTraining.*, LoraPeft.*"},

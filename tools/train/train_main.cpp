@@ -66,6 +66,11 @@ void check_job(const lf::config::JobConfig& job, const lf::config::Node& resolve
                "--enable-encoder-hetero-dp spreads a vision tower's media over the foundation's TP group; model type " +
                    plan.config().type + " has no vision tower",
                "drop --enable-encoder-hetero-dp");
+  if (job.parallel.use_vit_dp_balance && !needs.media)
+    errors.add("parallel.use_vit_dp_balance", origin_of(resolved, "parallel.use_vit_dp_balance"),
+               "--use-vit-dp-balance spreads a vision tower's media over the data-parallel ranks; model type " +
+                   plan.config().type + " has no vision tower",
+               "drop --use-vit-dp-balance");
   if (needs.media && !job.data.mock_data && job.training.training_phase != "sft")
     errors.add("training.training_phase", origin_of(resolved, "training.training_phase"),
                "model type " + plan.config().type +

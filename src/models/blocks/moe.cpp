@@ -39,34 +39,6 @@ struct AttachAuxLoss : torch::autograd::Function<AttachAuxLoss> {
   }
 };
 
-// Rows to the members of `group`: in_splits[i] rows of x go to member i, out_splits[i] rows come
-// from member i. Backward sends the gradients back the same way.
-at::Tensor exchange_rows(const at::Tensor& x, lf::backend::Communicator& group, const std::vector<int64_t>& out_splits,
-                         const std::vector<int64_t>& in_splits) {
-  int64_t rows = 0;
-  for (int64_t n : out_splits) rows += n;
-  auto sizes = x.sizes().vec();
-  sizes[0] = rows;
-  at::Tensor out = at::empty(sizes, x.options());
-  group.all_to_all(out, x.contiguous(), out_splits, in_splits);
-  return out;
-}
-
-struct AllToAllRows : torch::autograd::Function<AllToAllRows> {
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, lf::backend::Communicator* group,
-                            const std::vector<int64_t>& out_splits, const std::vector<int64_t>& in_splits) {
-    ctx->saved_data["group"] = reinterpret_cast<int64_t>(group);
-    ctx->saved_data["out"] = out_splits;
-    ctx->saved_data["in"] = in_splits;
-    return exchange_rows(x, *group, out_splits, in_splits);
-  }
-  static variable_list backward(AutogradContext* ctx, variable_list g) {
-    auto* group = reinterpret_cast<lf::backend::Communicator*>(ctx->saved_data["group"].toInt());
-    return {exchange_rows(g[0], *group, ctx->saved_data["in"].toIntVector(), ctx->saved_data["out"].toIntVector()),
-            at::Tensor(), at::Tensor(), at::Tensor()};
-  }
-};
-
 // The regrouping of rows received from every expert-parallel rank ([source][local expert] blocks)
 // into [local expert][source] order: order[i] is the received row placed at i, inverse its inverse,
 // per_expert the rows per local expert (CPU int64).
@@ -487,11 +459,11 @@ at::Tensor MoeLayer::dispatch_alltoall(const lf::backend::DeviceBackend& be, lf:
   std::vector<int64_t> send(static_cast<size_t>(ranks), 0), recv(static_cast<size_t>(ranks), 0);
   for (int64_t d = 0; d < ranks; ++d)
     for (int64_t l = 0; l < local; ++l) send[d] += cs[d * local + l], recv[d] += gs[d * local + l];
-  at::Tensor rows = AllToAllRows::apply(perm.rows, &ep, recv, send);
+  at::Tensor rows = lf::parallel::all_to_all_rows(perm.rows, ep, recv, send);
   // Received: [source][local expert][rows]; regroup as [local expert][source][rows].
   const Regroup g = regroup(gs, ranks, local, x2d.device());
   at::Tensor y = experts(rows.index_select(0, g.order), g.per_expert).index_select(0, g.inverse);
-  at::Tensor back = AllToAllRows::apply(y, &ep, send, recv);
+  at::Tensor back = lf::parallel::all_to_all_rows(y, ep, send, recv);
   return lf::ops::moe_unpermute(be, back, perm.position, r.probs);
 }
 

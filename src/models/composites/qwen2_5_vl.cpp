@@ -11,8 +11,10 @@
 
 #include "causal_lm_plan.h"
 #include "vlm_hf.h"
+#include "vision_balance.h"
 #include "vlm_plan.h"
 #include "loongforge/core/error.h"
+#include "loongforge/core/logging.h"
 #include "loongforge/dist/parallel_context.h"
 #include "loongforge/models/hf_adapter.h"
 #include "loongforge/media/qwen_vision_input.h"
@@ -219,6 +221,14 @@ at::Tensor Qwen25Vl::position_ids(const at::Tensor& tokens, const Qwen25VlMedia&
   return qwen2_5_vl_position_ids(tokens, media.image_grid_thw, media.video_grid_thw, seconds, config_, merge, documents);
 }
 
+// An empty [0, width] block still tied to the tower (zero gradients, not none), for a rank that
+// encodes no medium while others do.
+at::Tensor Qwen25Vl::tied_empty_features(at::ScalarType dtype) const {
+  at::Tensor tie = at::zeros({}, at::TensorOptions().dtype(dtype).device(backend_.device()));
+  for (const auto& p : encoder_params_) tie = tie + p.tensor.sum() * 0.0;
+  return at::zeros({0, encoder_->config().out_hidden_size}, tie.options()) + tie;
+}
+
 at::Tensor Qwen25Vl::embed_with_media(const at::Tensor& tokens, const Qwen25VlMedia& media) const {
   LF_CHECK(encoder_ != nullptr, "qwen2_5_vl: images are encoded on the first pipeline stage; this one holds ",
            describe_stage());
@@ -266,13 +276,34 @@ at::Tensor Qwen25Vl::embed_with_media(const at::Tensor& tokens, const Qwen25VlMe
     grids.push_back(g);
     counts.push_back(count);
   }
-  if (pixels.empty()) return x;
-  const at::Tensor all_pixels = pixels.size() == 1 ? pixels[0] : at::cat(pixels);
-  const at::Tensor all_grids = at::cat(grids);
   const auto dtype = encoder_params_.front().tensor.scalar_type();
+  const bool balance = vision_balance_ && vision_context_ && vision_context_->dp_size() > 1;
+  if (pixels.empty() && !balance) return x;
+  const at::Tensor all_pixels = pixels.empty() ? at::Tensor() : pixels.size() == 1 ? pixels[0] : at::cat(pixels);
+  const at::Tensor all_grids = pixels.empty() ? at::Tensor() : at::cat(grids);
   const int64_t shares = vision_context_ ? vision_context_->cp_size() : 1;
   at::Tensor encoded;
-  if (encoder_data_parallel_ && shares > 1) {
+  if (balance) {
+    VisionBalanceArgs args;
+    args.pixel_options = at::TensorOptions().dtype(dtype).device(backend_.device());
+    if (all_pixels.defined()) args.pixels = all_pixels.to(backend_.device(), dtype), args.grids = all_grids;
+    args.patch_dim = encoder_->config().patch_dim();
+    args.merge = merge;
+    args.encode = [this](const at::Tensor& rows, const at::Tensor& g) { return encoder_->forward(rows, g); };
+    args.empty_features = [this, dtype] { return tied_empty_features(dtype); };
+    VisionBalanceResult r = encode_balanced(vision_context_->dp(), args);
+    if (r.exchanged && !vision_balance_reported_) {
+      vision_balance_reported_ = true;
+      if (vision_context_->dp_rank() == 0 && vision_context_->cp_rank() == 0)
+        LF_INFO("--use-vit-dp-balance: first exchange: ", r.report);
+    }
+    if (pixels.empty()) {
+      // No media here, but the exchange's backward must run on this rank too.
+      if (r.features.defined() && r.features.requires_grad()) x = x + r.features.sum().to(x.scalar_type()) * 0.0;
+      return x;
+    }
+    encoded = r.features;
+  } else if (encoder_data_parallel_ && shares > 1) {
     // Medium k (images then videos) is encoded by share rank k mod shares; the gathered features
     // come in rank order and are put back in media order.
     const int64_t me = vision_context_->cp_rank(), media = all_grids.size(0);
@@ -292,10 +323,7 @@ at::Tensor Qwen25Vl::embed_with_media(const at::Tensor& tokens, const Qwen25VlMe
     if (!my_pixels.empty()) {
       mine = encoder_->forward(at::cat(my_pixels).to(backend_.device(), dtype), at::cat(my_grids));
     } else {
-      // No medium for this rank: an empty block still tied to the tower (zero gradients, not none).
-      at::Tensor tie = at::zeros({}, at::TensorOptions().dtype(dtype).device(backend_.device()));
-      for (const auto& p : encoder_params_) tie = tie + p.tensor.sum() * 0.0;
-      mine = at::zeros({0, encoder_->config().out_hidden_size}, tie.options()) + tie;
+      mine = tied_empty_features(dtype);  // no medium for this rank
     }
     const at::Tensor gathered = lf::parallel::gather_rows_from_shares(mine, vision_context_->cp());
     std::vector<int64_t> block_at(static_cast<size_t>(shares + 1), 0);  // where each rank's block starts
@@ -314,9 +342,12 @@ at::Tensor Qwen25Vl::embed_with_media(const at::Tensor& tokens, const Qwen25VlMe
     encoded = at::cat(ordered);
   } else {
     encoded = encoder_->forward(all_pixels.to(backend_.device(), dtype), all_grids);
-    // Every rank of a foundation TP x CP group encodes the same media. The TP ranks receive the
-    // same whole gradient, the CP ranks each their tokens' part; the trainer sums the tower's
-    // gradients over its share axis (those ranks) and DP, so each TP replica contributes 1 / tp.
+  }
+  if (!(encoder_data_parallel_ && shares > 1)) {
+    // Every rank of a foundation TP x CP group encodes the same media (balanced over DP or not).
+    // The TP ranks receive the same whole gradient, the CP ranks each their tokens' part; the
+    // trainer sums the tower's gradients over its share axis (those ranks) and DP, so each TP
+    // replica contributes 1 / tp.
     const int64_t replicas = shares / context_parallel().size();
     if (replicas > 1 && encoded.requires_grad())
       encoded.register_hook([replicas](const at::Tensor& g) { return g / static_cast<double>(replicas); });
@@ -415,6 +446,7 @@ class Qwen25VlPlan : public VlmPlan<Qwen25VisionConfig, Qwen25VlConfig> {
                                             job_.parallel.sequence_parallel, stage, !frozen_, std::move(enc),
                                             !vision_frozen_);
     model->set_encoder_data_parallel(job_.parallel.enable_encoder_hetero_dp);
+    model->set_vision_balance(job_.parallel.use_vit_dp_balance);
     apply_context_parallel(*model, ctx);
     return model;
   }

@@ -311,6 +311,10 @@ class Qwen3VlPlan : public VlmPlan<Qwen3VisionConfig, Qwen3VlConfig> {
                  "--enable-encoder-hetero-dp is built for qwen2_5_vl; qwen3_vl's DeepStack features are not gathered "
                  "yet",
                  "drop --enable-encoder-hetero-dp");
+    if (job_.parallel.use_vit_dp_balance)
+      errors.add("parallel.use_vit_dp_balance", origin(args, "parallel.use_vit_dp_balance"),
+                 "--use-vit-dp-balance is built for qwen2_5_vl; qwen3_vl's DeepStack features are not exchanged yet",
+                 "drop --use-vit-dp-balance");
     if (foundation_.mrope_section.size() != 3 || !foundation_.mrope_interleaved)
       errors.add("model.foundation.mrope_interleaved", origin(args, "model.foundation.mrope_interleaved"),
                  "qwen3_vl needs interleaved M-RoPE in its foundation",

@@ -68,6 +68,16 @@ class VlmPlan : public CausalLmPlan {
       errors.add("parallel.chunkpipe_chunk_size", origin(args, "parallel.chunkpipe_chunk_size"),
                  type_ + " does not run under ChunkPipe (its vision tower splices whole sequences)",
                  "drop --chunkpipe-chunk-size");
+    if (job_.parallel.use_vit_dp_balance && job_.parallel.enable_encoder_hetero_dp)
+      errors.add("parallel.use_vit_dp_balance", origin(args, "parallel.use_vit_dp_balance"),
+                 "--use-vit-dp-balance (media spread over the DP ranks) and --enable-encoder-hetero-dp (media spread "
+                 "over the TP group) are not combined",
+                 "drop one of them");
+    else if (job_.parallel.use_vit_dp_balance && layout_.size(lf::dist::Axis::dp) == 1)
+      errors.add("parallel.use_vit_dp_balance", origin(args, "parallel.use_vit_dp_balance"),
+                 "--use-vit-dp-balance spreads the vision tower's media over the data-parallel ranks, but the "
+                 "data-parallel size is 1: it would do nothing",
+                 "drop --use-vit-dp-balance, or run with more ranks than tensor x pipeline x context parallel");
     if (job_.parallel.enable_encoder_hetero_dp && layout_.size(lf::dist::Axis::tp) == 1)
       errors.add("parallel.enable_encoder_hetero_dp", origin(args, "parallel.enable_encoder_hetero_dp"),
                  "--enable-encoder-hetero-dp spreads the vision tower's media over the foundation's TP group, but "
@@ -146,6 +156,7 @@ class VlmPlan : public CausalLmPlan {
       os << "(same media; each CP rank's tokens' gradient, 1 / " << layout_.size(lf::dist::Axis::tp) << " per TP replica)";
     else
       os << "(same media, 1 / " << shares_ << " of the gradient each)";
+    if (job_.parallel.use_vit_dp_balance) os << ", media balanced over the DP ranks before it";
     os << ", over the " << vision_ranks_.size() << " ranks of pipeline stage 0" << (vision_frozen_ ? " | frozen" : "")
        << "\n";
     return os.str();

@@ -50,6 +50,17 @@ at::Tensor split(const at::Tensor& x, Communicator& tp, int64_t dim) {
   const int64_t n = x.size(dim) / tp.size();
   return x.narrow(dim, tp.rank() * n, n).contiguous();
 }
+
+at::Tensor all_to_all_rows(const at::Tensor& x, Communicator& group, const std::vector<int64_t>& out_splits,
+                           const std::vector<int64_t>& in_splits) {
+  int64_t rows = 0;
+  for (int64_t n : out_splits) rows += n;
+  auto sizes = x.sizes().vec();
+  sizes[0] = rows;
+  at::Tensor out = at::empty(sizes, x.options());
+  group.all_to_all(out, x.contiguous(), out_splits, in_splits);
+  return out;
+}
 }  // namespace comm
 
 namespace {
@@ -160,7 +171,28 @@ struct GatherFromShares : torch::autograd::Function<GatherFromShares> {
     return {comm::split(dy[0], saved_comm(ctx), 0), at::Tensor()};
   }
 };
+
+// Adjoint of an all-to-all with splits (out, in) is the all-to-all with splits (in, out).
+struct AllToAllRows : torch::autograd::Function<AllToAllRows> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, Communicator* c,
+                            const std::vector<int64_t>& out_splits, const std::vector<int64_t>& in_splits) {
+    save_comm(ctx, c);
+    ctx->saved_data["out"] = out_splits;
+    ctx->saved_data["in"] = in_splits;
+    return comm::all_to_all_rows(x, *c, out_splits, in_splits);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list g) {
+    return {comm::all_to_all_rows(g[0], saved_comm(ctx), ctx->saved_data["in"].toIntVector(),
+                                  ctx->saved_data["out"].toIntVector()),
+            at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
 }  // namespace
+
+at::Tensor all_to_all_rows(const at::Tensor& x, Communicator& group, const std::vector<int64_t>& out_splits,
+                           const std::vector<int64_t>& in_splits) {
+  return AllToAllRows::apply(x, &group, out_splits, in_splits);
+}
 
 at::Tensor gather_from_shares(const at::Tensor& x, Communicator& group) {
   return group.size() == 1 ? x : GatherFromShares::apply(x, &group);

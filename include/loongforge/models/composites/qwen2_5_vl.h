@@ -122,6 +122,11 @@ class Qwen25Vl : public CausalLm {
   // each medium is encoded once, so its gradient is not scaled. Off: every rank encodes every
   // medium, each contributing 1 / shares of the gradient.
   void set_encoder_data_parallel(bool on) { encoder_data_parallel_ = on; }
+  // --use-vit-dp-balance: before the tower, the media of the tower's DP group are spread over its
+  // ranks by cost (len^2, len = patches) and their features sent home after it
+  // (models/composites/vision_balance.h). Every DP rank then runs the exchange for every
+  // micro-batch, media or not.
+  void set_vision_balance(bool on) { vision_balance_ = on; }
 
   const Qwen25VisionEncoder& vision_encoder() const { return *encoder_; }  // first pipeline stage only
   const Qwen25VlConfig& own_config() const { return config_; }  // image / video ids, tokens_per_second
@@ -133,6 +138,7 @@ class Qwen25Vl : public CausalLm {
  private:
   // [b, s] tokens + the media -> [s, b, h] embeddings, placeholders replaced (not scattered).
   at::Tensor embed_with_media(const at::Tensor& tokens, const Qwen25VlMedia& media) const;
+  at::Tensor tied_empty_features(at::ScalarType dtype) const;
 
   Qwen25VlConfig config_;
   std::unique_ptr<lf::dist::ParallelContext> vision_context_;
@@ -140,6 +146,8 @@ class Qwen25Vl : public CausalLm {
   std::unique_ptr<Qwen25VisionEncoder> encoder_;
   std::vector<Parameter> encoder_params_;
   bool encoder_data_parallel_ = false;
+  bool vision_balance_ = false;
+  mutable bool vision_balance_reported_ = false;
 };
 
 void register_qwen2_5_vl(Registry& r);

@@ -8,6 +8,8 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <vector>
+
 #include "loongforge/backend/communicator.h"
 
 namespace lf::parallel {
@@ -38,6 +40,12 @@ at::Tensor gather_from_shares(const at::Tensor& x, Communicator& group);
 // The same with shares of different row counts (a rank's media differ in size): x: [n_r, ...] ->
 // [sum n_r, ...] in rank order; padded to the largest share for the all-gather, the padding cut.
 at::Tensor gather_rows_from_shares(const at::Tensor& x, Communicator& group);
+// Rows to the members of `group` (an uneven all-to-all along dim 0): in_splits[i] rows of x go to
+// member i, out_splits[i] rows come from member i, in member order. Backward sends the gradient
+// rows back the same way (splits swapped). Used by MoE dispatch and the vision tower's image
+// balancing (--use-vit-dp-balance).
+at::Tensor all_to_all_rows(const at::Tensor& x, Communicator& group, const std::vector<int64_t>& out_splits,
+                           const std::vector<int64_t>& in_splits);
 
 // Plain (non-autograd) helpers the mappings are made of; tensors need not be contiguous.
 namespace comm {
@@ -46,6 +54,9 @@ at::Tensor all_gather(const at::Tensor& x, Communicator& tp, int64_t dim);
 at::Tensor reduce_scatter(const at::Tensor& x, Communicator& tp, int64_t dim);
 // This rank's chunk of x along dim (a copy); the size must divide by tp.
 at::Tensor split(const at::Tensor& x, Communicator& tp, int64_t dim);
+// all_to_all_rows without autograd.
+at::Tensor all_to_all_rows(const at::Tensor& x, Communicator& group, const std::vector<int64_t>& out_splits,
+                           const std::vector<int64_t>& in_splits);
 }  // namespace comm
 
 }  // namespace lf::parallel

@@ -228,6 +228,10 @@ TEST(Qwen25Vl, MultimodalStoreTrainsAndLayoutsEqualOneProcess) {
   vit_tp.insert(vit_tp.end(), {"--tensor-model-parallel-size", "2"});
   lf::testing::expect_same_training(one, run(4, cfg, vit_tp, "vlm_store_vit_balance_tp2"),
                                     "qwen2_5_vl store: tp 2 x dp 2, media balanced over dp before the tower");
+  std::vector<std::string> vit_cp = vit;
+  vit_cp.insert(vit_cp.end(), {"--context-parallel-size", "2"});
+  lf::testing::expect_same_training(one, run(4, cfg, vit_cp, "vlm_store_vit_balance_cp2"),
+                                    "qwen2_5_vl store: cp 2 x dp 2, media balanced over dp before the tower");
   for (const auto& [extra, key] : std::vector<std::pair<std::vector<std::string>, std::string>>{
            {{"--use-vit-dp-balance"}, "the data-parallel size is 1"},
            {{"--use-vit-dp-balance", "--tensor-model-parallel-size", "2", "--enable-encoder-hetero-dp"}, "not combined"}}) {

@@ -411,8 +411,8 @@ TEST(TruthPass, EveryFlagActsOrIsRefused) {
        "Qwen25Vl.MultimodalStoreTrainsAndLayoutsEqualOneProcess (TP 2 with the tower data-parallel over it equals one "
        "process; --dry-run line; refusals)"},
       {"--use-vit-dp-balance",
-       "Qwen25Vl.MultimodalStoreTrainsAndLayoutsEqualOneProcess (DP 2 with the media balanced before the tower equals "
-       "one process; log line; --dry-run line; refusals)"},
+       "Qwen25Vl.MultimodalStoreTrainsAndLayoutsEqualOneProcess (DP 2, TP 2 x DP 2 and CP 2 x DP 2 with the media "
+       "balanced before the tower equal one process; log line; --dry-run line; refusals)"},
       {"--vlm-dp-balance-warmup-iters", "VlmDpBalance.BalancedTrainingEqualsMegatronsSplit (fitted), VlmDpBalance.Flags*"},
       {"--vlm-dp-balance-cost", "VlmDpBalance.BalancedTrainingEqualsMegatronsSplit (given), VlmDpBalance.Flags*"},
       {"--pretrained-checkpoint", "LoraTraining.*, LoraPeft.*"},

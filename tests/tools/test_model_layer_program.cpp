@@ -232,17 +232,26 @@ TEST(Qwen25Vl, MultimodalStoreTrainsAndLayoutsEqualOneProcess) {
   vit_cp.insert(vit_cp.end(), {"--context-parallel-size", "2"});
   lf::testing::expect_same_training(one, run(4, cfg, vit_cp, "vlm_store_vit_balance_cp2"),
                                     "qwen2_5_vl store: cp 2 x dp 2, media balanced over dp before the tower");
-  for (const auto& [extra, key] : std::vector<std::pair<std::vector<std::string>, std::string>>{
-           {{"--use-vit-dp-balance"}, "the data-parallel size is 1"},
-           {{"--use-vit-dp-balance", "--tensor-model-parallel-size", "2", "--enable-encoder-hetero-dp"}, "not combined"}}) {
-    std::vector<std::string> a = {bin("loongforge-run"), "--standalone", "--nproc-per-node", "2", bin("loongforge-train"),
-                                  "--config-file", cfg, "--dry-run"};
-    if (key == "the data-parallel size is 1") a = {bin("loongforge-train"), "--config-file", cfg, "--dry-run"};
-    a.insert(a.end(), extra.begin(), extra.end());
+  // Refusals, each naming the key: DP 1 (nothing to balance), with --enable-encoder-hetero-dp, and
+  // for qwen3_vl (DeepStack features not exchanged).
+  const std::vector<std::string> two = {bin("loongforge-run"), "--standalone", "--nproc-per-node", "2"};
+  struct Refusal {
+    std::vector<std::string> launch;
+    std::string config;
+    std::vector<std::string> extra;
+    std::string why;
+  };
+  for (const Refusal& r : std::vector<Refusal>{
+           {{}, cfg, {}, "the data-parallel size is 1"},
+           {two, cfg, {"--tensor-model-parallel-size", "2", "--enable-encoder-hetero-dp"}, "not combined"},
+           {two, config("examples/qwen3_vl_tiny.yaml"), {}, "DeepStack features are not exchanged"}}) {
+    std::vector<std::string> a = r.launch;
+    a.insert(a.end(), {bin("loongforge-train"), "--config-file", r.config, "--dry-run", "--use-vit-dp-balance"});
+    a.insert(a.end(), r.extra.begin(), r.extra.end());
     auto refused = lf::testing::run_command(a);
     EXPECT_NE(refused.exit_code, 0) << refused.output;
     EXPECT_NE(refused.output.find("parallel.use_vit_dp_balance"), std::string::npos) << refused.output;
-    EXPECT_NE(refused.output.find(key), std::string::npos) << refused.output;
+    EXPECT_NE(refused.output.find(r.why), std::string::npos) << refused.output;
   }
   auto vit_dry = lf::testing::run_command({bin("loongforge-run"), "--standalone", "--nproc-per-node", "2",
                                            bin("loongforge-train"), "--config-file", cfg, "--use-vit-dp-balance",

@@ -105,6 +105,7 @@ double Trainer::Impl::forward_backward() {
   } model_weights(model, &weights);
   std::map<std::string, double> sums;
   for (const auto& [name, w] : weights) sums[name] = 0;
+  model.begin_step(batches);
   if (job.parallel.chunkpipe_chunk_size) return forward_backward_chunkpipe(batches, weights, sums);
   if (exchange) return forward_backward_pipelined(batches, weights, sums);
   for (int64_t m = 0; m < micro_batches; ++m) {
@@ -176,6 +177,7 @@ double Trainer::Impl::forward_backward_chunkpipe(const std::vector<lf::data::Bat
 }
 
 double Trainer::Impl::finish_step(std::map<std::string, double>& sums, const std::map<std::string, double>& weights) {
+  model.end_backward();  // the backward of what begin_step ran, before any gradient is reduced
   train_data->report_compute_seconds(
       std::chrono::duration<double>(std::chrono::steady_clock::now() - compute_start).count());
   // Tied embeddings over pipeline stages: the first stage's embedding and the last stage's copy

@@ -146,20 +146,45 @@ TEST(Qwen25Vl, BackboneSwapIsOneYamlLine) {
 // preprocessed by `loongforge-data preprocess --multimodal`, trained with --training-phase sft: the
 // batches carry pixel_values / image_grid_thw cut per sample, and foundation TP 2 and PP 2 (vision
 // tower at TP 1) equal one process.
-TEST(Qwen25Vl, MultimodalStoreTrainsAndLayoutsEqualOneProcess) {
-  const std::string o = lf::testing::cached_oracle(lf::testing::source_dir() + "/tests/data/vlm_data_oracle.py",
-                                                   "vlm_data", "done");
-  if (o.empty()) GTEST_SKIP() << "Python oracle unavailable (.venv missing)";
-  const std::string d = lf::testing::make_temp_dir("ml-vlm-store");
+// The oracle's conversations (images of several sizes) preprocessed into a multimodal store in a
+// fresh directory, and the flags that train qwen2_5_vl_tiny on it; empty oracle: no .venv.
+struct VlmStore {
+  std::string oracle, dir;
+  std::vector<std::string> data;
+};
+VlmStore make_vlm_store(const std::string& tag) {
+  VlmStore v;
+  v.oracle = lf::testing::cached_oracle(lf::testing::source_dir() + "/tests/data/vlm_data_oracle.py", "vlm_data", "done");
+  if (v.oracle.empty()) return v;
+  v.dir = lf::testing::make_temp_dir(tag);
   auto pre = lf::testing::run_command({bin("loongforge-data"), "preprocess", "--multimodal", "--tokenizer-model",
-                                       o + "/tok", "--input", o + "/conversations.jsonl", "--output-prefix",
-                                       d + "/store"});
-  ASSERT_EQ(pre.exit_code, 0) << pre.output;
+                                       v.oracle + "/tok", "--input", v.oracle + "/conversations.jsonl", "--output-prefix",
+                                       v.dir + "/store"});
+  EXPECT_EQ(pre.exit_code, 0) << pre.output;
+  v.data = {"--training-phase", "sft", "--data-path", v.dir + "/store", "data.mock_data=false",
+            "--split", "100,0,0", "--tokenizer-type", "HuggingFaceTokenizer",
+            "--tokenizer-model", v.oracle + "/tok", "model.foundation.vocab_size=1280",
+            "model.image_token_id=1208", "model.video_token_id=1209", "--seq-length", "96"};
+  return v;
+}
+
+// A pipelined run's parameters: every stage's dump merged (a later stage's copy of a tensor, such as
+// the vision tower's replica under --enable-full-hetero-dp, replaces the earlier one's).
+TrainRun run_pipelined(int procs, int stages, const std::string& cfg, const std::vector<std::string>& extra,
+                       const std::string& tag) {
+  const std::string dir = lf::testing::make_temp_dir("ml-" + tag);
+  TrainRun r = run(procs, cfg, extra, tag, dir);
+  for (int k = 0; k < stages && r.exit_code == 0; ++k)
+    for (auto& [name, v] : lf::testing::read_params(dir + "/p.safetensors.pp" + std::to_string(k))) r.params[name] = v;
+  return r;
+}
+
+TEST(Qwen25Vl, MultimodalStoreTrainsAndLayoutsEqualOneProcess) {
+  const VlmStore store = make_vlm_store("ml-vlm-store");
+  if (store.oracle.empty()) GTEST_SKIP() << "Python oracle unavailable (.venv missing)";
+  const std::string &o = store.oracle, &d = store.dir;
   const std::string cfg = config("examples/qwen2_5_vl_tiny.yaml");
-  const std::vector<std::string> data = {"--training-phase", "sft", "--data-path", d + "/store", "data.mock_data=false",
-                                         "--split", "100,0,0", "--tokenizer-type", "HuggingFaceTokenizer",
-                                         "--tokenizer-model", o + "/tok", "model.foundation.vocab_size=1280",
-                                         "model.image_token_id=1208", "model.video_token_id=1209", "--seq-length", "96"};
+  const std::vector<std::string>& data = store.data;
   std::vector<std::string> save = data;
   save.insert(save.end(), {"--save", d + "/ckpt"});
   auto one = run(1, cfg, save, "vlm_store1");
@@ -264,11 +289,7 @@ TEST(Qwen25Vl, MultimodalStoreTrainsAndLayoutsEqualOneProcess) {
   EXPECT_NE(vit_text.output.find("has no vision tower"), std::string::npos) << vit_text.output;
   std::vector<std::string> pp = data;
   pp.insert(pp.end(), {"--pipeline-model-parallel-size", "2"});
-  const std::string dir = lf::testing::make_temp_dir("ml-vlm-store-pp2");
-  auto pp2 = run(2, cfg, pp, "vlm_store_pp2", dir);
-  for (int k = 0; k < 2; ++k)
-    for (auto& [name, v] : lf::testing::read_params(dir + "/p.safetensors.pp" + std::to_string(k))) pp2.params[name] = v;
-  lf::testing::expect_same_training(one, pp2, "qwen2_5_vl store: foundation pp 2");
+  lf::testing::expect_same_training(one, run_pipelined(2, 2, cfg, pp, "vlm_store_pp2"), "qwen2_5_vl store: foundation pp 2");
   // --packing-sft-data: several conversations with their images per row (M-RoPE positions restart
   // per conversation; tests/models/test_qwen2_5_vl.cpp checks packed == each in its own row); the
   // packed rows under CP 2 (documents and images crossing the chunks) equal one process.
@@ -291,6 +312,85 @@ TEST(Qwen25Vl, MultimodalStoreTrainsAndLayoutsEqualOneProcess) {
   auto no_sft = run(1, cfg, {"--data-path", d + "/store", "data.mock_data=false"}, "vlm_store_nosft");
   EXPECT_NE(no_sft.exit_code, 0);
   EXPECT_NE(no_sft.output.find("--training-phase sft"), std::string::npos) << no_sft.output;
+}
+
+// --enable-full-hetero-dp: a tower replica on every rank; before the pipeline runs, the step's media
+// (2 micro-batches of conversations with images of several sizes) are scattered over the
+// foundation's TP x PP (x CP) ranks and their features sent to the first stage; the tower's backward
+// runs after the step's last backward. PP 2, TP 2 x PP 2 (with ZeRO-1 and overlapped reduction) and
+// CP 2 x PP 2 equal one process (the
+// tower's parameters compared from the last stage's replica); --dry-run shows the layout and the
+// tower's memory on every stage; the refusals name the key.
+TEST(Qwen25Vl, FullHeteroDpEqualsOneProcess) {
+  const VlmStore store = make_vlm_store("ml-vlm-full-hetero");
+  if (store.oracle.empty()) GTEST_SKIP() << "Python oracle unavailable (.venv missing)";
+  const std::string cfg = config("examples/qwen2_5_vl_tiny.yaml");
+  auto one = run(1, cfg, store.data, "vlm_full1");
+  ASSERT_EQ(one.exit_code, 0) << one.output;
+  struct Layout {
+    int procs;
+    std::vector<std::string> flags;
+    std::string what;
+  };
+  int case_index = 0;
+  for (const Layout& l : std::vector<Layout>{
+           {2, {"--pipeline-model-parallel-size", "2"}, "pp 2"},
+           {4,
+            {"--use-distributed-optimizer", "--overlap-grad-reduce", "--tensor-model-parallel-size", "2",
+             "--pipeline-model-parallel-size", "2"},
+            "tp 2 x pp 2, ZeRO-1 (the tower's optimizer over all 4 ranks), overlapped reduction"},
+           {4, {"--pipeline-model-parallel-size", "2", "--context-parallel-size", "2"}, "cp 2 x pp 2"}}) {
+    std::vector<std::string> a = store.data;
+    a.insert(a.end(), l.flags.begin(), l.flags.end());
+    a.push_back("--enable-full-hetero-dp");
+    auto r = run_pipelined(l.procs, 2, cfg, a, "vlm_full_" + std::to_string(case_index++));
+    EXPECT_NE(r.output.find("--enable-full-hetero-dp: the first step's media: "), std::string::npos) << r.output;
+    const std::string what = "qwen2_5_vl store: " + l.what + ", tower over every rank";
+    lf::testing::expect_same_training(one, r, what.c_str());
+  }
+  const std::vector<std::string> four = {bin("loongforge-run"), "--standalone", "--nproc-per-node", "4"};
+  std::vector<std::string> dry = four;
+  dry.insert(dry.end(), {bin("loongforge-train"), "--config-file", cfg, "--tensor-model-parallel-size", "2",
+                         "--pipeline-model-parallel-size", "2", "--enable-full-hetero-dp", "--dry-run"});
+  auto shown = lf::testing::run_command(dry);
+  EXPECT_EQ(shown.exit_code, 0) << shown.output;
+  EXPECT_NE(shown.output.find("4 replica(s) per foundation DP rank, one on every rank of its TP x PP group"),
+            std::string::npos)
+      << shown.output;
+  const size_t stage1 = shown.output.find("  stage 1:\n");  // the estimates' section
+  ASSERT_NE(stage1, std::string::npos) << shown.output;
+  EXPECT_NE(shown.output.find("    vision_encoder  ", stage1), std::string::npos) << shown.output;
+  EXPECT_NE(shown.output.find("the step's 2 micro-batches' media / 4 ranks", stage1), std::string::npos) << shown.output;
+  // Without it the tower's memory shows on the first stage only.
+  dry.pop_back(), dry.pop_back();
+  dry.push_back("--dry-run");
+  auto plain = lf::testing::run_command(dry);
+  EXPECT_EQ(plain.exit_code, 0) << plain.output;
+  const size_t plain1 = plain.output.find("  stage 1:\n");
+  ASSERT_NE(plain1, std::string::npos) << plain.output;
+  EXPECT_NE(plain.output.rfind("    vision_encoder  ", plain1), std::string::npos) << plain.output;
+  EXPECT_EQ(plain.output.find("    vision_encoder  ", plain1), std::string::npos) << plain.output;
+  const std::vector<std::string> two = {bin("loongforge-run"), "--standalone", "--nproc-per-node", "2"};
+  struct Refusal {
+    std::vector<std::string> launch;
+    std::string config;
+    std::vector<std::string> extra;
+    std::string why;
+  };
+  for (const Refusal& r : std::vector<Refusal>{
+           {{}, cfg, {}, "it would do nothing"},
+           {two, cfg, {"--tensor-model-parallel-size", "2", "--enable-encoder-hetero-dp"}, "not combined"},
+           {two, cfg, {"--tensor-model-parallel-size", "2", "--use-vit-dp-balance"}, "not combined"},
+           {two, config("examples/qwen3_vl_tiny.yaml"), {"--pipeline-model-parallel-size", "2"}, "DeepStack"},
+           {{}, config("examples/spliced_lm_tiny.yaml"), {}, "has no vision tower"}}) {
+    std::vector<std::string> a = r.launch;
+    a.insert(a.end(), {bin("loongforge-train"), "--config-file", r.config, "--dry-run", "--enable-full-hetero-dp"});
+    a.insert(a.end(), r.extra.begin(), r.extra.end());
+    auto refused = lf::testing::run_command(a);
+    EXPECT_NE(refused.exit_code, 0) << refused.output;
+    EXPECT_NE(refused.output.find("parallel.enable_full_hetero_dp"), std::string::npos) << refused.output;
+    EXPECT_NE(refused.output.find(r.why), std::string::npos) << refused.output;
+  }
 }
 
 // Frozen encoder: no gradients, no optimizer state; its weights stay as initialised (a run at

@@ -66,6 +66,11 @@ void check_job(const lf::config::JobConfig& job, const lf::config::Node& resolve
                "--enable-encoder-hetero-dp spreads a vision tower's media over the foundation's TP group; model type " +
                    plan.config().type + " has no vision tower",
                "drop --enable-encoder-hetero-dp");
+  if (job.parallel.enable_full_hetero_dp && !needs.media)
+    errors.add("parallel.enable_full_hetero_dp", origin_of(resolved, "parallel.enable_full_hetero_dp"),
+               "--enable-full-hetero-dp spreads a vision tower's media over the foundation's TP x PP ranks; model type " +
+                   plan.config().type + " has no vision tower",
+               "drop --enable-full-hetero-dp");
   if (job.parallel.use_vit_dp_balance && !needs.media)
     errors.add("parallel.use_vit_dp_balance", origin_of(resolved, "parallel.use_vit_dp_balance"),
                "--use-vit-dp-balance spreads a vision tower's media over the data-parallel ranks; model type " +

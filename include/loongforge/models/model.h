@@ -114,6 +114,14 @@ class Model {
   virtual StageOutput chunk_forward(const Batch& chunk, const TensorMap& input, int64_t start, ChunkAttention& kv,
                                     bool with_head, Pass pass);
 
+  // A training step's work that spans its micro-batches and ranks the pipeline schedule keeps apart
+  // (--enable-full-hetero-dp: a vision tower on every stage encodes the step's media here, before
+  // the first forward, and runs its backward after the last backward). Every rank calls begin_step
+  // with the step's micro-batches in order before the schedule, and end_backward after the
+  // schedule's last backward, before the gradient reduction. Collective; nothing by default.
+  virtual void begin_step(const std::vector<Batch>& /*micro_batches*/) {}
+  virtual void end_backward() {}
+
   // The metrics stage_forward(.., Pass::eval) reports on the last stage (every stage knows them).
   virtual std::vector<std::string> eval_metrics() const = 0;
   // Batch fields the model reads, for messages ("tokens, labels, loss_mask").

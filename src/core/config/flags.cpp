@@ -20,6 +20,7 @@ const std::vector<FlagSpec> kTable = {
   {"--pipeline-model-parallel-size", "parallel.pipeline_model_parallel_size", K::value, "N", ""},
   {"--sequence-parallel", "parallel.sequence_parallel", K::store_true, "", ""},
   {"--enable-encoder-hetero-dp", "parallel.enable_encoder_hetero_dp", K::store_true, "", ""},
+  {"--enable-full-hetero-dp", "parallel.enable_full_hetero_dp", K::store_true, "", ""},
   {"--use-vit-dp-balance", "parallel.use_vit_dp_balance", K::store_true, "", ""},
   {"--context-parallel-size", "parallel.context_parallel_size", K::value, "N", ""},
   {"--cp-comm-type", "parallel.cp_comm_type", K::value, "p2p|a2a", ""},

@@ -358,6 +358,7 @@ std::string CausalLmPlan::estimates() const {
       act_note = "one chunk of " + std::to_string(*chunk) + " tokens" +
                  (cp > 1 ? " (" + std::to_string(*chunk / cp) + " per CP rank)" : "") + " + the sequence's keys/values";
     }
+    const ComponentEstimate e = component_estimate(k, micro_batches);
     const std::string pad = pp > 1 ? "    " : "  ";
     if (pp > 1) os << "  stage " << k << ":\n";
     os << pad << "parameters      " << static_cast<int64_t>(params) << " of " << m.num_parameters() << " (/ tp " << tp
@@ -377,8 +378,15 @@ std::string CausalLmPlan::estimates() const {
                                    : std::string(" (sharded over dp)"))
                : std::string())
        << "\n"
-       << pad << "activations     " << human_bytes(act) << " (" << act_note << ")\n"
-       << pad << "total           " << human_bytes(weight_bytes + grad_bytes + optim_bytes + act) << "\n";
+       << pad << "activations     " << human_bytes(act) << " (" << act_note << ")\n";
+    if (!e.what.empty())
+      os << pad << e.what << std::string(e.what.size() < 16 ? 16 - e.what.size() : 1, ' ')
+         << static_cast<int64_t>(e.params) << " parameters: weights "
+         << human_bytes(e.weights) << ", gradients " << human_bytes(e.grads) << ", optimizer " << human_bytes(e.optimizer)
+         << ", activations " << human_bytes(e.activations) << " (" << e.note << ")\n";
+    os << pad << "total           "
+       << human_bytes(weight_bytes + grad_bytes + optim_bytes + act + e.weights + e.grads + e.optimizer + e.activations)
+       << "\n";
   }
   os << "  model FLOPs     " << std::setprecision(4) << m.flops_per_token(job.training.seq_length)
      << " per token (training)\n";
@@ -386,6 +394,8 @@ std::string CausalLmPlan::estimates() const {
 }
 
 std::string CausalLmPlan::describe_components() const { return ""; }
+
+CausalLmPlan::ComponentEstimate CausalLmPlan::component_estimate(size_t, int64_t) const { return {}; }
 
 std::string CausalLmPlan::describe() const {
   std::ostringstream os;

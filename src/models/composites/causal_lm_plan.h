@@ -43,6 +43,14 @@ class CausalLmPlan : public ModelPlan {
     std::string extra;   // what besides layers
   };
   std::vector<StageCount> stage_counts() const;
+  // What the components besides the foundation add to a rank of pipeline stage k (bytes), for
+  // estimates(); `what` names them (empty: nothing).
+  struct ComponentEstimate {
+    std::string what;
+    double params = 0, weights = 0, grads = 0, optimizer = 0, activations = 0;
+    std::string note;  // how the activations were counted
+  };
+  virtual ComponentEstimate component_estimate(size_t stage, int64_t micro_batches) const;
   std::string stage_assignment() const;
   std::string estimates() const;
 

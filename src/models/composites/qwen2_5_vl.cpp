@@ -12,6 +12,7 @@
 #include "causal_lm_plan.h"
 #include "vlm_hf.h"
 #include "vision_balance.h"
+#include "vision_spread.h"
 #include "vlm_plan.h"
 #include "loongforge/core/error.h"
 #include "loongforge/core/logging.h"
@@ -125,7 +126,9 @@ Qwen25Vl::Qwen25Vl(const DecoderConfig& foundation, const Qwen25VisionConfig& vi
   LF_CHECK(CausalLm::config().mrope_section.size() == 3, "qwen2_5_vl: the foundation needs M-RoPE: set model.foundation."
            "mrope_section (3 sections summing to head_dim / 2; Qwen2.5-VL: [16, 24, 24]); multi-latent or "
            "interleaved RoPE does not take it");
-  if (!stage.first) return;  // the vision tower lives on the first pipeline stage
+  // The vision tower lives on the first pipeline stage (on every stage when the plan gives the
+  // others a vision context: --enable-full-hetero-dp).
+  if (!stage.first && !vision_context_) return;
   ParamBuilder b(at::make_generator<at::CPUGeneratorImpl>(component_seed(seed, "vision_encoder")), dtype,
                  backend.device(), tensor_parallel_of(nullptr, false), vision_trainable);
   Qwen25VisionConfig v = vision;
@@ -277,6 +280,13 @@ at::Tensor Qwen25Vl::embed_with_media(const at::Tensor& tokens, const Qwen25VlMe
     counts.push_back(count);
   }
   const auto dtype = encoder_params_.front().tensor.scalar_type();
+  if (spread_) {  // --enable-full-hetero-dp: this step's micro-batch, encoded in begin_step
+    const auto it = spread_micro_batch_.find(tokens.unsafeGetTensorImpl());
+    if (it != spread_micro_batch_.end()) {
+      if (pixels.empty()) return x;
+      return splice(x, masks, counts, spread_->features(it->second));
+    }
+  }
   const bool balance = vision_balance_ && vision_context_ && vision_context_->dp_size() > 1;
   if (pixels.empty() && !balance) return x;
   const at::Tensor all_pixels = pixels.empty() ? at::Tensor() : pixels.size() == 1 ? pixels[0] : at::cat(pixels);
@@ -352,6 +362,12 @@ at::Tensor Qwen25Vl::embed_with_media(const at::Tensor& tokens, const Qwen25VlMe
     if (replicas > 1 && encoded.requires_grad())
       encoded.register_hook([replicas](const at::Tensor& g) { return g / static_cast<double>(replicas); });
   }
+  return splice(x, masks, counts, encoded);
+}
+
+// Each kind's (images', videos') features replace its placeholders (masks [b, s]) in order.
+at::Tensor Qwen25Vl::splice(const at::Tensor& x, const std::vector<at::Tensor>& masks,
+                            const std::vector<int64_t>& counts, const at::Tensor& encoded) {
   at::Tensor xb = x.transpose(0, 1);  // [b, s, h]
   int64_t offset = 0;
   for (size_t k = 0; k < 2; ++k) {
@@ -361,6 +377,51 @@ at::Tensor Qwen25Vl::embed_with_media(const at::Tensor& tokens, const Qwen25VlMe
     offset += counts[k];
   }
   return xb.transpose(0, 1).contiguous();
+}
+
+void Qwen25Vl::begin_step(const std::vector<Batch>& micro_batches) {
+  spread_.reset();
+  spread_micro_batch_.clear();
+  if (spread_first_stage_ranks_ == 0) return;
+  LF_CHECK(encoder_ && vision_context_, "--enable-full-hetero-dp: this rank holds no vision tower (",
+           describe_stage(), ")");
+  SpreadEncodingArgs a;
+  const auto dtype = encoder_params_.front().tensor.scalar_type();
+  a.pixel_options = at::TensorOptions().dtype(dtype).device(backend_.device());
+  a.merge = encoder_->config().spatial_merge_size;
+  a.first_stage_ranks = spread_first_stage_ranks_;
+  a.encode = [this](const at::Tensor& rows, const at::Tensor& g) { return encoder_->forward(rows, g); };
+  a.empty_features = [this, dtype] { return tied_empty_features(dtype); };
+  for (size_t m = 0; m < micro_batches.size(); ++m) {
+    const Qwen25VlMedia media = media_of(micro_batches[m]);
+    std::vector<at::Tensor> pixels, grids;  // images then videos, as embed_with_media splices them
+    for (const auto& [p, g] : {std::pair{media.pixel_values, media.image_grid_thw},
+                               std::pair{media.pixel_values_videos, media.video_grid_thw}}) {
+      if (!p.defined()) continue;
+      LF_CHECK(g.defined() && g.dim() == 2 && g.size(1) == 3, "micro-batch ", m,
+               ": media pixels come with a [num, 3] grid (image_grid_thw / video_grid_thw)");
+      pixels.push_back(p);
+      grids.push_back(g.to(at::kCPU, at::kLong));
+    }
+    a.pixels.push_back(pixels.empty() ? at::Tensor() : at::cat(pixels));
+    a.grids.push_back(grids.empty() ? at::Tensor() : at::cat(grids));
+    spread_micro_batch_[micro_batches[m].at("tokens").unsafeGetTensorImpl()] = m;
+  }
+  spread_ = std::make_unique<SpreadEncoding>(spread_encoding(vision_context_->cp(), a));
+  if (spread_->active && !spread_reported_) {
+    spread_reported_ = true;
+    if (vision_context_->dp_rank() == 0 && vision_context_->cp_rank() == 0)
+      LF_INFO("--enable-full-hetero-dp: the first step's media: ", spread_->report);
+  }
+}
+
+void Qwen25Vl::end_backward() {
+  if (!spread_) return;
+  // The foundation's TP ranks of the first stage each hold the whole gradient of every feature
+  // (its CP ranks each their tokens' part): the all-to-all's backward sums them, so 1 / TP each.
+  finish_spread_encoding(*spread_, 1.0 / static_cast<double>(tp_size()));
+  spread_.reset();
+  spread_micro_batch_.clear();
 }
 
 at::Tensor Qwen25Vl::embed_inputs(const Batch& batch) const {
@@ -441,12 +502,14 @@ class Qwen25VlPlan : public VlmPlan<Qwen25VisionConfig, Qwen25VlConfig> {
     const auto& ctx = *args.context;
     const auto stage = lf::parallel::pipeline::pipeline_stage(foundation_.num_layers, ctx.pp_size(), ctx.pp_rank(), stage_split());
     std::unique_ptr<lf::dist::ParallelContext> enc;
-    if (stage.first) enc = args.make_context("vision_encoder", vision_layout(), vision_ranks_);
+    if (stage.first || job_.parallel.enable_full_hetero_dp)
+      enc = args.make_context("vision_encoder", vision_layout(), vision_ranks_);
     auto model = std::make_unique<Qwen25Vl>(foundation_, vision_, own_, *args.backend, args.seed, args.dtype, &ctx,
                                             job_.parallel.sequence_parallel, stage, !frozen_, std::move(enc),
                                             !vision_frozen_);
     model->set_encoder_data_parallel(job_.parallel.enable_encoder_hetero_dp);
     model->set_vision_balance(job_.parallel.use_vit_dp_balance);
+    if (job_.parallel.enable_full_hetero_dp) model->set_full_hetero_dp(first_stage_shares_);
     apply_context_parallel(*model, ctx);
     return model;
   }

@@ -311,6 +311,11 @@ class Qwen3VlPlan : public VlmPlan<Qwen3VisionConfig, Qwen3VlConfig> {
                  "--enable-encoder-hetero-dp is built for qwen2_5_vl; qwen3_vl's DeepStack features are not gathered "
                  "yet",
                  "drop --enable-encoder-hetero-dp");
+    if (job_.parallel.enable_full_hetero_dp)
+      errors.add("parallel.enable_full_hetero_dp", origin(args, "parallel.enable_full_hetero_dp"),
+                 "--enable-full-hetero-dp is built for qwen2_5_vl; qwen3_vl's DeepStack features are not sent to the "
+                 "first stage yet",
+                 "drop --enable-full-hetero-dp");
     if (job_.parallel.use_vit_dp_balance)
       errors.add("parallel.use_vit_dp_balance", origin(args, "parallel.use_vit_dp_balance"),
                  "--use-vit-dp-balance is built for qwen2_5_vl; qwen3_vl's DeepStack features are not exchanged yet",

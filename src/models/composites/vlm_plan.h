@@ -78,22 +78,41 @@ class VlmPlan : public CausalLmPlan {
                  "--use-vit-dp-balance spreads the vision tower's media over the data-parallel ranks, but the "
                  "data-parallel size is 1: it would do nothing",
                  "drop --use-vit-dp-balance, or run with more ranks than tensor x pipeline x context parallel");
+    const bool full = job_.parallel.enable_full_hetero_dp;
+    if (full && job_.parallel.enable_encoder_hetero_dp)
+      errors.add("parallel.enable_full_hetero_dp", origin(args, "parallel.enable_full_hetero_dp"),
+                 "--enable-full-hetero-dp spreads the vision tower over the foundation's TP x PP ranks, which includes "
+                 "--enable-encoder-hetero-dp's TP group; the two are not combined",
+                 "drop --enable-encoder-hetero-dp");
+    if (full && job_.parallel.use_vit_dp_balance)
+      errors.add("parallel.enable_full_hetero_dp", origin(args, "parallel.enable_full_hetero_dp"),
+                 "--enable-full-hetero-dp (the step's media spread over the TP x PP ranks of each DP index) and "
+                 "--use-vit-dp-balance (each micro-batch's media spread over the DP ranks) are not combined",
+                 "drop one of them");
+    if (full && layout_.size(lf::dist::Axis::tp) * layout_.size(lf::dist::Axis::pp) * layout_.size(lf::dist::Axis::cp) == 1)
+      errors.add("parallel.enable_full_hetero_dp", origin(args, "parallel.enable_full_hetero_dp"),
+                 "--enable-full-hetero-dp spreads the vision tower over the foundation's TP x PP (x CP) ranks, but "
+                 "tensor, pipeline and context parallel sizes are all 1: it would do nothing",
+                 "drop --enable-full-hetero-dp, or use --tensor-model-parallel-size or "
+                 "--pipeline-model-parallel-size > 1");
     if (job_.parallel.enable_encoder_hetero_dp && layout_.size(lf::dist::Axis::tp) == 1)
       errors.add("parallel.enable_encoder_hetero_dp", origin(args, "parallel.enable_encoder_hetero_dp"),
                  "--enable-encoder-hetero-dp spreads the vision tower's media over the foundation's TP group, but "
                  "tensor_model_parallel_size is 1: it would do nothing",
                  "drop --enable-encoder-hetero-dp, or use --tensor-model-parallel-size > 1");
-    // The first stage's ranks ordered (foundation DP index, CP index, TP index): the tower's share
-    // groups (cp) are the foundation's TP x CP groups, its DP the foundation's.
-    const int tp = layout_.size(lf::dist::Axis::tp);
-    std::vector<std::pair<std::pair<int, int>, int>> first;
+    // The tower's ranks ordered (foundation DP index, PP stage, CP index, TP index): its share groups
+    // (cp) are the foundation's TP x CP groups of the first stage, its DP the foundation's; with
+    // --enable-full-hetero-dp every stage's, the first stage's ranks first in each share group.
+    const int tp = layout_.size(lf::dist::Axis::tp), cp = layout_.size(lf::dist::Axis::cp);
+    std::vector<std::pair<std::pair<int, int>, int>> ranks;
     for (int r = 0; r < layout_.world_size(); ++r) {
       const auto c = layout_.coords(r);
-      if (c.pp == 0) first.push_back({{c.dp, c.cp * tp + c.tp}, r});
+      if (c.pp == 0 || full) ranks.push_back({{c.dp, (c.pp * cp + c.cp) * tp + c.tp}, r});
     }
-    std::sort(first.begin(), first.end());
-    for (const auto& f : first) vision_ranks_.push_back(f.second);
-    shares_ = tp * layout_.size(lf::dist::Axis::cp);
+    std::sort(ranks.begin(), ranks.end());
+    for (const auto& f : ranks) vision_ranks_.push_back(f.second);
+    first_stage_shares_ = tp * cp;
+    shares_ = first_stage_shares_ * (full ? layout_.size(lf::dist::Axis::pp) : 1);
   }
 
   std::string summary() const override {
@@ -145,11 +164,61 @@ class VlmPlan : public CausalLmPlan {
     s.cp = shares_;
     return lf::dist::ParallelLayout(static_cast<int>(vision_ranks_.size()), s);
   }
+  // The tower's weights, gradients, optimizer state and activations on a rank of stage k: its
+  // parameters whole (TP 1) wherever it has a replica; ZeRO-1 shards its optimizer over all of
+  // its ranks (dp x share axis). Activations by Megatron's 34 bytes per patch and width unit per
+  // block (16-bit; doubled in fp32) over the patches a rank holds: --mock-data's images exactly,
+  // else at most seq_length x merge^2 patches a sample (every token a placeholder). Held for the
+  // micro-batches in flight on the first stage; with --enable-full-hetero-dp for the whole step's
+  // media, spread over the share group, on every stage.
+  ComponentEstimate component_estimate(size_t stage, int64_t micro_batches) const override {
+    const bool full = job_.parallel.enable_full_hetero_dp;
+    ComponentEstimate e;
+    if (stage != 0 && !full) return e;
+    const bool half = job_.training.bf16 || job_.training.fp16;
+    const double p = static_cast<double>(vision_.num_parameters()), b = job_.training.micro_batch_size;
+    const int pp = layout_.size(lf::dist::Axis::pp);
+    e.what = "vision_encoder";
+    e.params = p;
+    e.weights = p * (half ? 2 : 4);
+    if (!vision_frozen_) {
+      e.grads = p * 4;
+      const double per_param = 8 + (half ? 4 : 0);
+      e.optimizer = per_param * p / (job_.optimizer.use_distributed_optimizer ? static_cast<double>(vision_ranks_.size()) : 1.0);
+    }
+    const int64_t m = vision_.spatial_merge_size;
+    const double patches = job_.data.mock_data ? b * static_cast<double>(mock_side() * mock_side())
+                                               : b * static_cast<double>(job_.training.seq_length * m * m);
+    const double per_patch = static_cast<double>(vision_.depth * vision_.hidden_size) * 34 * (half ? 1 : 2);
+    const std::string which = job_.data.mock_data ? "--mock-data's images" : "at most seq_length x merge^2 patches a sample";
+    if (full) {
+      e.activations = per_patch * patches * static_cast<double>(micro_batches) / shares_;
+      e.note = "the step's " + std::to_string(micro_batches) + " micro-batches' media / " + std::to_string(shares_) +
+               " ranks, " + which;
+    } else {
+      const int64_t in_flight = pp > 1 ? std::min<int64_t>(pp, micro_batches) : 1;
+      const double split = job_.parallel.enable_encoder_hetero_dp ? layout_.size(lf::dist::Axis::tp) : 1;
+      e.activations = per_patch * patches * static_cast<double>(in_flight) / split;
+      e.note = std::to_string(in_flight) + " micro-batch(es) in flight" +
+               (split > 1 ? ", / " + std::to_string(static_cast<int>(split)) + " TP ranks" : std::string()) + ", " + which;
+    }
+    return e;
+  }
+
   std::string describe_components() const override {
     std::ostringstream os;
     os << "  vision_encoder  " << config_->component("vision_encoder").type << ", " << vision_.num_parameters()
-       << " parameters | tp 1, " << shares_ << " replica(s) per foundation TP"
-       << (layout_.size(lf::dist::Axis::cp) > 1 ? " x CP" : "") << " group ";
+       << " parameters | tp 1, ";
+    if (job_.parallel.enable_full_hetero_dp) {
+      os << shares_ << " replica(s) per foundation DP rank, one on every rank of its TP x PP"
+         << (layout_.size(lf::dist::Axis::cp) > 1 ? " x CP" : "")
+         << " group (data-parallel over them: the step's media scattered before the pipeline runs, the features "
+            "sent to the first stage), over all "
+         << vision_ranks_.size() << " ranks" << (vision_frozen_ ? " | frozen" : "") << "\n";
+      return os.str();
+    }
+    os << shares_ << " replica(s) per foundation TP" << (layout_.size(lf::dist::Axis::cp) > 1 ? " x CP" : "")
+       << " group ";
     if (job_.parallel.enable_encoder_hetero_dp)
       os << "(data-parallel: each encodes its share of the media, features all-gathered)";
     else if (layout_.size(lf::dist::Axis::cp) > 1)
@@ -167,7 +236,8 @@ class VlmPlan : public CausalLmPlan {
   Own own_;
   bool vision_frozen_;
   std::vector<int> vision_ranks_;
-  int shares_ = 1;
+  int shares_ = 1;             // the tower's share group: ranks of one foundation DP index encoding its media
+  int first_stage_shares_ = 1; // of those, the first pipeline stage's (the first in the group)
 };
 
 }  // namespace lf::models

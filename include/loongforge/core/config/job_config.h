@@ -37,6 +37,7 @@ struct ParallelConfig {
   std::optional<int64_t> moe_overlap_num_chunks;  // null: 2
   bool overlap_param_gather = false;
   bool enable_encoder_hetero_dp = false;
+  bool enable_full_hetero_dp = false;
   bool use_vit_dp_balance = false;
   std::optional<int64_t> ddp_bucket_size;  // null: 40M elements
   std::optional<std::string> pipeline_trace;
@@ -87,6 +88,10 @@ struct ParallelConfig {
     v("enable_encoder_hetero_dp", enable_encoder_hetero_dp,
       "VLMs: the vision tower (TP 1) is data-parallel over the foundation's TP group: each TP rank encodes its "
       "share of the micro-batch's media, the features all-gathered (variable sizes)");
+    v("enable_full_hetero_dp", enable_full_hetero_dp,
+      "VLMs: the vision tower (TP 1, a replica on every rank) is data-parallel over the foundation's TP x PP (x CP) "
+      "ranks: before the pipeline runs, the step's media are scattered over them by cost, the features sent to the "
+      "first stage; the tower's backward runs after the step's last backward");
     v("use_vit_dp_balance", use_vit_dp_balance,
       "VLMs at DP > 1: before the vision tower, each micro-batch's images and videos are spread over the DP ranks "
       "by cost (patches^2) and their features sent back after it (the loss and the update are unchanged)");

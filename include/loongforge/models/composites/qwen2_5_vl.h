@@ -75,6 +75,8 @@ struct Qwen25VlMedia {
   std::vector<double> second_per_grid_ts;          // per video; empty: 1.0 each
 };
 
+struct SpreadEncoding;
+
 class Qwen25Vl : public CausalLm {
  public:
   // vision: its out_hidden_size 0 becomes the foundation's hidden size. The encoder's parameters
@@ -127,8 +129,17 @@ class Qwen25Vl : public CausalLm {
   // (models/composites/vision_balance.h). Every DP rank then runs the exchange for every
   // micro-batch, media or not.
   void set_vision_balance(bool on) { vision_balance_ = on; }
+  // --enable-full-hetero-dp (models/composites/vision_spread.h): the tower has a replica on every
+  // rank (the plan gives every stage a vision context: its share group the foundation's TP x PP x CP
+  // ranks of one DP index, the first stage's first_stage_ranks of them first); begin_step encodes
+  // the step's media spread over them, end_backward runs the tower's backward. Evaluation and
+  // generation encode on the first stage as without it.
+  void set_full_hetero_dp(int first_stage_ranks) { spread_first_stage_ranks_ = first_stage_ranks; }
+  void begin_step(const std::vector<Batch>& micro_batches) override;
+  void end_backward() override;
 
-  const Qwen25VisionEncoder& vision_encoder() const { return *encoder_; }  // first pipeline stage only
+  // The first pipeline stage only (every stage with --enable-full-hetero-dp).
+  const Qwen25VisionEncoder& vision_encoder() const { return *encoder_; }
   const Qwen25VlConfig& own_config() const { return config_; }  // image / video ids, tokens_per_second
   const std::vector<Parameter>& vision_parameters() const { return encoder_params_; }
 
@@ -139,6 +150,8 @@ class Qwen25Vl : public CausalLm {
   // [b, s] tokens + the media -> [s, b, h] embeddings, placeholders replaced (not scattered).
   at::Tensor embed_with_media(const at::Tensor& tokens, const Qwen25VlMedia& media) const;
   at::Tensor tied_empty_features(at::ScalarType dtype) const;
+  static at::Tensor splice(const at::Tensor& x, const std::vector<at::Tensor>& masks, const std::vector<int64_t>& counts,
+                           const at::Tensor& encoded);
 
   Qwen25VlConfig config_;
   std::unique_ptr<lf::dist::ParallelContext> vision_context_;
@@ -148,6 +161,10 @@ class Qwen25Vl : public CausalLm {
   bool encoder_data_parallel_ = false;
   bool vision_balance_ = false;
   mutable bool vision_balance_reported_ = false;
+  int spread_first_stage_ranks_ = 0;  // > 0: --enable-full-hetero-dp
+  std::unique_ptr<SpreadEncoding> spread_;  // this step's, between begin_step and end_backward
+  std::map<const void*, size_t> spread_micro_batch_;  // a step micro-batch's tokens -> its index
+  bool spread_reported_ = false;
 };
 
 void register_qwen2_5_vl(Registry& r);

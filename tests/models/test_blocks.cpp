@@ -180,6 +180,35 @@ TEST(Rope, MultiSectionWithEqualAxesIsOneDimensional) {
   EXPECT_THROW(mrope_tables(spec, at::stack({t, h, w}), {2, 3, 4}, at::kFloat), lf::Error);
 }
 
+// M-RoPE on DeepSeek's decoupled RoPE dims: the tables follow the spec (pairs layout, YaRN's
+// frequencies and attention factor), so equal axes are exactly the 1D tables, and each pair of
+// dims (2i, 2i+1) turns by its frequency's section's axis.
+TEST(Rope, MultiSectionFollowsTheSpecsPairsLayoutAndYarn) {
+  RopeSpec spec{8, 10000};
+  spec.interleaved = true;
+  spec.yarn = true;
+  spec.yarn_factor = 4;
+  spec.original_max_position = 32;
+  spec.mscale = 0.7;
+  spec.mscale_all_dim = 1.0;
+  ASSERT_NE(rope_attention_factor(spec), 1.0);
+  auto pos = at::arange(0, 6, at::kLong);
+  auto [c1, s1] = rope_tables_at(spec, pos, at::kFloat);
+  for (bool interleaved_sections : {false, true}) {
+    auto [cm, sm] = mrope_tables(spec, at::stack({pos, pos, pos}), {1, 1, 2}, at::kFloat, interleaved_sections);
+    EXPECT_TRUE(at::equal(c1, cm) && at::equal(s1, sm)) << interleaved_sections;
+  }
+  auto t = at::zeros({6}, at::kLong), h = pos, w = pos * 2;
+  auto [c3, s3] = mrope_tables(spec, at::stack({t, h, w}), {1, 1, 2}, at::kFloat);
+  const auto inv = rope_inv_freq(spec);
+  const double a = rope_attention_factor(spec);
+  for (int64_t i = 0; i < 4; ++i) {
+    const double p = i < 1 ? 0.0 : i < 2 ? 4.0 : 8.0;  // position 4 on each axis
+    for (int64_t j : {2 * i, 2 * i + 1})
+      EXPECT_NEAR(s3[4][j].item<double>(), a * std::sin(p * inv[i].item<double>()), 1e-6) << i << " " << j;
+  }
+}
+
 TEST(Rope, NdTablesGiveEachAxisItsOwnFrequencies) {
   auto rows = at::arange(0, 4, at::kLong), cols = at::arange(10, 14, at::kLong);
   // One axis is 1D RoPE.

@@ -292,7 +292,7 @@ TEST(Qwen25Vl, LoadsFromYaml) {
         "  num_attention_heads: 4\n  vocab_size: 200\n  max_position_embeddings: 256\n  mrope_section: [2, 3, 2]\n",
         {}))->fields<lf::models::DecoderConfig>("foundation");
   });
-  EXPECT_NE(bad.find("summing to head_dim / 2 = 8"), std::string::npos) << bad;
+  EXPECT_NE(bad.find("summing to the rotary head_dim / 2 = 8"), std::string::npos) << bad;
 }
 
 LF_WORKER_CASE(vlm_parity_tp2) {
@@ -398,7 +398,7 @@ TEST(Qwen25Vl, PlaceholderAndGridMismatchesAreErrors) {
             (std::vector<int64_t>{1, 1, 2}));
   text.mrope_section = {2, 2, 2};
   m = error_of([&] { Qwen25Vl(text, v, ids, lf::backend::cpu_backend(), 1, at::kFloat, nullptr, false, {}); });
-  EXPECT_NE(m.find("summing to head_dim / 2 = 4"), std::string::npos) << m;
+  EXPECT_NE(m.find("summing to the rotary head_dim / 2 = 4"), std::string::npos) << m;
   text.mrope_section = {2, 1, 1};
   Qwen25Vl model(text, v, ids, lf::backend::cpu_backend(), 1, at::kFloat, nullptr, false, {});
   const auto pixels = at::randn({16, v.patch_dim()});

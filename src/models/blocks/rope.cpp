@@ -102,7 +102,7 @@ std::pair<at::Tensor, at::Tensor> mrope_tables(const RopeSpec& spec, const at::T
       if (i % 3 == 1 && i < 3 * sections[1]) axis[static_cast<size_t>(i)] = 1;
       else if (i % 3 == 2 && i < 3 * sections[2]) axis[static_cast<size_t>(i)] = 2;
     auto pick = at::tensor(axis, at::kLong).view({1, 1, half}).expand({1, all.size(1), half});
-    return tables_of(all.gather(0, pick).squeeze(0), options);
+    return spec_tables(spec, all.gather(0, pick).squeeze(0), options);
   }
   std::vector<at::Tensor> parts;
   int64_t at_ = 0;
@@ -110,7 +110,7 @@ std::pair<at::Tensor, at::Tensor> mrope_tables(const RopeSpec& spec, const at::T
     parts.push_back(all[static_cast<int64_t>(a)].narrow(-1, at_, sections[a]));
     at_ += sections[a];
   }
-  return tables_of(at::cat(parts, -1), options);
+  return spec_tables(spec, at::cat(parts, -1), options);
 }
 
 std::pair<at::Tensor, at::Tensor> rope_nd_tables(double base, const std::vector<int64_t>& axis_dims,

@@ -37,9 +37,10 @@ std::vector<std::array<int64_t, 3>> grids_of(const at::Tensor& g, const char* fi
 }  // namespace
 
 DecoderConfig qwen2_5_vl_foundation(DecoderConfig foundation) {
-  if (foundation.mrope_section.empty() && !foundation.multi_latent_attention && !foundation.rotary_interleaved &&
-      foundation.head_dim() >= 8) {
-    const int64_t half = foundation.head_dim() / 2, t = half / 4;
+  // The rotary dims: the head's, or multi-latent attention's decoupled RoPE dims.
+  const int64_t rotary = foundation.multi_latent_attention ? foundation.qk_pos_emb_head_dim : foundation.head_dim();
+  if (foundation.mrope_section.empty() && rotary >= 8) {
+    const int64_t half = rotary / 2, t = half / 4;
     foundation.mrope_section = {t, (half - t) / 2, half - t - (half - t) / 2};
   }
   return foundation;
@@ -124,8 +125,7 @@ Qwen25Vl::Qwen25Vl(const DecoderConfig& foundation, const Qwen25VisionConfig& vi
     LF_CHECK(id < foundation.vocab_size, "model.", field, " ", id, " is outside the vocabulary of ",
              foundation.vocab_size, " tokens");
   LF_CHECK(CausalLm::config().mrope_section.size() == 3, "qwen2_5_vl: the foundation needs M-RoPE: set model.foundation."
-           "mrope_section (3 sections summing to head_dim / 2; Qwen2.5-VL: [16, 24, 24]); multi-latent or "
-           "interleaved RoPE does not take it");
+           "mrope_section (3 sections summing to the rotary head_dim / 2; Qwen2.5-VL: [16, 24, 24])");
   // The vision tower lives on the first pipeline stage (on every stage when the plan gives the
   // others a vision context: --enable-full-hetero-dp).
   if (!stage.first && !vision_context_) return;
@@ -482,12 +482,10 @@ class Qwen25VlPlan : public VlmPlan<Qwen25VisionConfig, Qwen25VlConfig> {
     foundation_ = qwen2_5_vl_foundation(foundation_);
     if (foundation_.mrope_section.size() != 3)
       errors.add("model.foundation.mrope_section", origin(args, "model.foundation.mrope_section"),
-                 std::string("qwen2_5_vl needs M-RoPE in its foundation") +
-                     (foundation_.multi_latent_attention ? " (multi-latent attention's decoupled RoPE does not take "
-                                                            "M-RoPE sections yet)"
-                                                          : ""),
-                 "set model.foundation.mrope_section to 3 sections summing to head_dim / 2 (Qwen2.5-VL: [16, 24, 24]), "
-                 "or use a foundation with standard attention");
+                 "qwen2_5_vl needs M-RoPE in its foundation, and its rotary dims are too few (< 8) for the default "
+                 "sections",
+                 "set model.foundation.mrope_section to 3 sections summing to the rotary head_dim / 2 (Qwen2.5-VL: "
+                 "[16, 24, 24])");
   }
 
   DataNeeds data_needs() const override {

@@ -75,10 +75,9 @@ Decoder::Decoder(const DecoderConfig& c, const lf::backend::DeviceBackend& backe
   if (!c.mrope_section.empty()) {
     int64_t sum = 0;
     for (int64_t v : c.mrope_section) sum += v;
-    LF_CHECK(c.mrope_section.size() == 3 && sum == rope_spec(c).head_dim / 2 && !c.multi_latent_attention &&
-                 !c.rotary_interleaved,
-             "model mrope_section must be 3 sections (temporal, height, width) summing to head_dim / 2 = ",
-             rope_spec(c).head_dim / 2, " (halves-layout RoPE, no MLA); got ", c.mrope_section.size(), " summing to ", sum,
+    LF_CHECK(c.mrope_section.size() == 3 && sum == rope_spec(c).head_dim / 2,
+             "model mrope_section must be 3 sections (temporal, height, width) summing to the rotary head_dim / 2 = ",
+             rope_spec(c).head_dim / 2, "; got ", c.mrope_section.size(), " summing to ", sum,
              lf::hint("Qwen2.5-VL uses [16, 24, 24] for head_dim 128"));
   }
   LF_CHECK(!c.mrope_interleaved || !c.mrope_section.empty(), "model mrope_interleaved needs mrope_section",

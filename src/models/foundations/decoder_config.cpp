@@ -292,11 +292,15 @@ void DecoderConfig::validate(const lf::config::Node& tree, const std::string& pr
   if (!mrope_section.empty()) {
     int64_t sum = 0;
     for (int64_t v : mrope_section) sum += v;
-    const int64_t half = (kv_channels > 0 ? kv_channels : num_attention_heads > 0 ? hidden_size / num_attention_heads : 0) / 2;
-    if (mrope_section.size() != 3 || sum != half || multi_latent_attention || rotary_interleaved)
+    // The rotary dims: the head's, or multi-latent attention's decoupled RoPE dims.
+    const int64_t half = (multi_latent_attention ? qk_pos_emb_head_dim
+                          : kv_channels > 0     ? kv_channels
+                          : num_attention_heads > 0 ? hidden_size / num_attention_heads
+                                                    : 0) / 2;
+    if (mrope_section.size() != 3 || sum != half)
       errors.add(key("mrope_section"), origin("mrope_section"),
-                 "mrope_section must be 3 sections (temporal, height, width) summing to head_dim / 2 = " +
-                     std::to_string(half) + " (halves-layout RoPE, no multi-latent attention); got " +
+                 "mrope_section must be 3 sections (temporal, height, width) summing to the rotary head_dim / 2 = " +
+                     std::to_string(half) + (multi_latent_attention ? " (qk_pos_emb_head_dim / 2)" : "") + "; got " +
                      std::to_string(mrope_section.size()) + " summing to " + std::to_string(sum),
                  "Qwen2.5-VL uses [16, 24, 24] for head_dim 128; leave it empty for 1D RoPE");
   }

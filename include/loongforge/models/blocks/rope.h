@@ -60,7 +60,9 @@ std::pair<at::Tensor, at::Tensor> rope_tables_at(const RopeSpec& spec, const at:
 // frequencies (their sum is d/2): frequency i takes the position of the axis whose section
 // holds it. With the three rows equal this is 1D RoPE (text tokens). interleaved (Qwen3-VL's
 // apply_interleaved_mrope): frequency i takes the height row when i % 3 == 1 and i < 3 sections[1],
-// the width row when i % 3 == 2 and i < 3 sections[2], else the temporal row.
+// the width row when i % 3 == 2 and i < 3 sections[2], else the temporal row. The tables follow the
+// spec like rope_tables (the pairs layout of spec.interleaved, YaRN's frequencies and attention
+// factor), so M-RoPE also applies to DeepSeek's decoupled RoPE dims.
 std::pair<at::Tensor, at::Tensor> mrope_tables(const RopeSpec& spec, const at::Tensor& positions,
                                                const std::vector<int64_t>& sections,
                                                const at::TensorOptions& options, bool interleaved = false);

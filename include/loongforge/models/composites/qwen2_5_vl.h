@@ -49,9 +49,9 @@ struct Qwen25VlConfig {
 };
 
 // The foundation as qwen2_5_vl runs it: an unset mrope_section takes Qwen2.5-VL's proportions of
-// head_dim / 2 (a quarter temporal, the rest split between height and width: [16, 24, 24] at
-// head_dim 128, [2, 3, 3] at 16), so that swapping the backbone preset is one YAML line; unchanged
-// when set, or for multi-latent / interleaved RoPE (which M-RoPE does not take).
+// the rotary head_dim / 2 (a quarter temporal, the rest split between height and width: [16, 24, 24]
+// at head_dim 128, [2, 3, 3] at 16; multi-latent attention: of its decoupled RoPE dims,
+// qk_pos_emb_head_dim), so that swapping the backbone preset is one YAML line; unchanged when set.
 DecoderConfig qwen2_5_vl_foundation(DecoderConfig foundation);
 
 // transformers' Qwen2_5_VLModel.get_rope_index: input_ids [b, s] int64 -> position ids [3, b, s]

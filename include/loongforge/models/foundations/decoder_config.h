@@ -54,7 +54,8 @@ struct DecoderConfig {
   double beta_slow = 1;
   bool rotary_interleaved = false;
   // M-RoPE (Qwen2-VL / Qwen2.5-VL; HF's rope_scaling.mrope_section): 3 sections (temporal, height,
-  // width) of the head_dim / 2 rotary frequencies; empty: 1D RoPE. Set, the decoder takes position
+  // width) of the head_dim / 2 rotary frequencies (multi-latent attention: of qk_pos_emb_head_dim / 2,
+  // its decoupled RoPE dims, in their pairs layout and YaRN scaling); empty: 1D RoPE. Set, the decoder takes position
   // ids [3, b, s] (or [b, s] / none: all three axes equal, which is 1D RoPE).
   std::vector<int64_t> mrope_section;
   // Interleaved M-RoPE (Qwen3-VL; HF's rope_parameters.mrope_interleaved): frequency j takes the

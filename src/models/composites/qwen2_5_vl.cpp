@@ -11,8 +11,7 @@
 
 #include "causal_lm_plan.h"
 #include "vlm_hf.h"
-#include "vision_balance.h"
-#include "vision_spread.h"
+#include "vision_modes.h"
 #include "vlm_plan.h"
 #include "loongforge/core/error.h"
 #include "loongforge/core/logging.h"
@@ -138,9 +137,27 @@ Qwen25Vl::Qwen25Vl(const DecoderConfig& foundation, const Qwen25VisionConfig& vi
            lf::hint("the merger's outputs replace token embeddings: set out_hidden_size 0 (the foundation's width)"));
   encoder_ = std::make_unique<Qwen25VisionEncoder>(v, backend, b, "vision_encoder");
   encoder_params_ = b.take();
+  VisionTower tower;
+  tower.encode = [this](const at::Tensor& rows, const at::Tensor& g) { return encoder_->forward(rows, g); };
+  const auto tower_dtype = encoder_params_.front().tensor.scalar_type();
+  tower.empty_features = [this, tower_dtype] { return tied_empty_features(tower_dtype); };
+  tower.pixel_options = at::TensorOptions().dtype(tower_dtype).device(backend.device());
+  tower.patch_dim = v.patch_dim();
+  tower.merge = v.spatial_merge_size;
+  modes_ = std::make_unique<VisionModes>(vision_context_.get(), parallel ? parallel->cp_size() : 1, std::move(tower));
 }
 
 Qwen25Vl::~Qwen25Vl() = default;
+
+void Qwen25Vl::set_encoder_data_parallel(bool on) {
+  if (modes_) modes_->set_encoder_data_parallel(on);
+}
+void Qwen25Vl::set_vision_balance(bool on) {
+  if (modes_) modes_->set_balance(on);
+}
+void Qwen25Vl::set_full_hetero_dp(int first_stage_ranks) {
+  if (modes_) modes_->set_full_hetero_dp(first_stage_ranks);
+}
 
 const std::string& Qwen25Vl::type() const { return kType; }
 
@@ -279,88 +296,13 @@ at::Tensor Qwen25Vl::embed_with_media(const at::Tensor& tokens, const Qwen25VlMe
     grids.push_back(g);
     counts.push_back(count);
   }
-  const auto dtype = encoder_params_.front().tensor.scalar_type();
-  if (spread_) {  // --enable-full-hetero-dp: this step's micro-batch, encoded in begin_step
-    const auto it = spread_micro_batch_.find(tokens.unsafeGetTensorImpl());
-    if (it != spread_micro_batch_.end()) {
-      if (pixels.empty()) return x;
-      return splice(x, masks, counts, spread_->features(it->second));
-    }
-  }
-  const bool balance = vision_balance_ && vision_context_ && vision_context_->dp_size() > 1;
-  if (pixels.empty() && !balance) return x;
   const at::Tensor all_pixels = pixels.empty() ? at::Tensor() : pixels.size() == 1 ? pixels[0] : at::cat(pixels);
   const at::Tensor all_grids = pixels.empty() ? at::Tensor() : at::cat(grids);
-  const int64_t shares = vision_context_ ? vision_context_->cp_size() : 1;
-  at::Tensor encoded;
-  if (balance) {
-    VisionBalanceArgs args;
-    args.pixel_options = at::TensorOptions().dtype(dtype).device(backend_.device());
-    if (all_pixels.defined()) args.pixels = all_pixels.to(backend_.device(), dtype), args.grids = all_grids;
-    args.patch_dim = encoder_->config().patch_dim();
-    args.merge = merge;
-    args.encode = [this](const at::Tensor& rows, const at::Tensor& g) { return encoder_->forward(rows, g); };
-    args.empty_features = [this, dtype] { return tied_empty_features(dtype); };
-    VisionBalanceResult r = encode_balanced(vision_context_->dp(), args);
-    if (r.exchanged && !vision_balance_reported_) {
-      vision_balance_reported_ = true;
-      if (vision_context_->dp_rank() == 0 && vision_context_->cp_rank() == 0)
-        LF_INFO("--use-vit-dp-balance: first exchange: ", r.report);
-    }
-    if (pixels.empty()) {
-      // No media here, but the exchange's backward must run on this rank too.
-      if (r.features.defined() && r.features.requires_grad()) x = x + r.features.sum().to(x.scalar_type()) * 0.0;
-      return x;
-    }
-    encoded = r.features;
-  } else if (encoder_data_parallel_ && shares > 1) {
-    // Medium k (images then videos) is encoded by share rank k mod shares; the gathered features
-    // come in rank order and are put back in media order.
-    const int64_t me = vision_context_->cp_rank(), media = all_grids.size(0);
-    std::vector<int64_t> row_at(static_cast<size_t>(media + 1), 0), feature_rows(static_cast<size_t>(media), 0);
-    for (int64_t k = 0; k < media; ++k) {
-      const int64_t patches = all_grids[k][0].item<int64_t>() * all_grids[k][1].item<int64_t>() *
-                              all_grids[k][2].item<int64_t>();
-      row_at[size_t(k + 1)] = row_at[size_t(k)] + patches;
-      feature_rows[size_t(k)] = patches / (merge * merge);
-    }
-    std::vector<at::Tensor> my_pixels, my_grids;
-    for (int64_t k = me; k < media; k += shares) {
-      my_pixels.push_back(all_pixels.narrow(0, row_at[size_t(k)], row_at[size_t(k + 1)] - row_at[size_t(k)]));
-      my_grids.push_back(all_grids.narrow(0, k, 1));
-    }
-    at::Tensor mine;
-    if (!my_pixels.empty()) {
-      mine = encoder_->forward(at::cat(my_pixels).to(backend_.device(), dtype), at::cat(my_grids));
-    } else {
-      mine = tied_empty_features(dtype);  // no medium for this rank
-    }
-    const at::Tensor gathered = lf::parallel::gather_rows_from_shares(mine, vision_context_->cp());
-    std::vector<int64_t> block_at(static_cast<size_t>(shares + 1), 0);  // where each rank's block starts
-    for (int64_t r = 0; r < shares; ++r) {
-      int64_t n = 0;
-      for (int64_t k = r; k < media; k += shares) n += feature_rows[size_t(k)];
-      block_at[size_t(r + 1)] = block_at[size_t(r)] + n;
-    }
-    std::vector<int64_t> within(static_cast<size_t>(shares), 0);
-    std::vector<at::Tensor> ordered;
-    for (int64_t k = 0; k < media; ++k) {
-      const int64_t r = k % shares;
-      ordered.push_back(gathered.narrow(0, block_at[size_t(r)] + within[size_t(r)], feature_rows[size_t(k)]));
-      within[size_t(r)] += feature_rows[size_t(k)];
-    }
-    encoded = at::cat(ordered);
-  } else {
-    encoded = encoder_->forward(all_pixels.to(backend_.device(), dtype), all_grids);
-  }
-  if (!(encoder_data_parallel_ && shares > 1)) {
-    // Every rank of a foundation TP x CP group encodes the same media (balanced over DP or not).
-    // The TP ranks receive the same whole gradient, the CP ranks each their tokens' part; the
-    // trainer sums the tower's gradients over its share axis (those ranks) and DP, so each TP
-    // replica contributes 1 / tp.
-    const int64_t replicas = shares / context_parallel().size();
-    if (replicas > 1 && encoded.requires_grad())
-      encoded.register_hook([replicas](const at::Tensor& g) { return g / static_cast<double>(replicas); });
+  const at::Tensor encoded = modes_->encode(tokens, all_pixels, all_grids);
+  if (pixels.empty()) {
+    // --use-vit-dp-balance: no media here, but the exchange's backward must run on this rank too.
+    if (encoded.defined() && encoded.requires_grad()) x = x + encoded.sum().to(x.scalar_type()) * 0.0;
+    return x;
   }
   return splice(x, masks, counts, encoded);
 }
@@ -380,48 +322,30 @@ at::Tensor Qwen25Vl::splice(const at::Tensor& x, const std::vector<at::Tensor>& 
 }
 
 void Qwen25Vl::begin_step(const std::vector<Batch>& micro_batches) {
-  spread_.reset();
-  spread_micro_batch_.clear();
-  if (spread_first_stage_ranks_ == 0) return;
-  LF_CHECK(encoder_ && vision_context_, "--enable-full-hetero-dp: this rank holds no vision tower (",
-           describe_stage(), ")");
-  SpreadEncodingArgs a;
-  const auto dtype = encoder_params_.front().tensor.scalar_type();
-  a.pixel_options = at::TensorOptions().dtype(dtype).device(backend_.device());
-  a.merge = encoder_->config().spatial_merge_size;
-  a.first_stage_ranks = spread_first_stage_ranks_;
-  a.encode = [this](const at::Tensor& rows, const at::Tensor& g) { return encoder_->forward(rows, g); };
-  a.empty_features = [this, dtype] { return tied_empty_features(dtype); };
+  if (!modes_ || !modes_->full_hetero_dp()) return;
+  std::vector<at::Tensor> pixels, grids, keys;
   for (size_t m = 0; m < micro_batches.size(); ++m) {
     const Qwen25VlMedia media = media_of(micro_batches[m]);
-    std::vector<at::Tensor> pixels, grids;  // images then videos, as embed_with_media splices them
-    for (const auto& [p, g] : {std::pair{media.pixel_values, media.image_grid_thw},
-                               std::pair{media.pixel_values_videos, media.video_grid_thw}}) {
-      if (!p.defined()) continue;
-      LF_CHECK(g.defined() && g.dim() == 2 && g.size(1) == 3, "micro-batch ", m,
+    std::vector<at::Tensor> p, g;  // images then videos, as embed_with_media splices them
+    for (const auto& [rows, grid] : {std::pair{media.pixel_values, media.image_grid_thw},
+                                     std::pair{media.pixel_values_videos, media.video_grid_thw}}) {
+      if (!rows.defined()) continue;
+      LF_CHECK(grid.defined() && grid.dim() == 2 && grid.size(1) == 3, "micro-batch ", m,
                ": media pixels come with a [num, 3] grid (image_grid_thw / video_grid_thw)");
-      pixels.push_back(p);
-      grids.push_back(g.to(at::kCPU, at::kLong));
+      p.push_back(rows);
+      g.push_back(grid.to(at::kCPU, at::kLong));
     }
-    a.pixels.push_back(pixels.empty() ? at::Tensor() : at::cat(pixels));
-    a.grids.push_back(grids.empty() ? at::Tensor() : at::cat(grids));
-    spread_micro_batch_[micro_batches[m].at("tokens").unsafeGetTensorImpl()] = m;
+    pixels.push_back(p.empty() ? at::Tensor() : at::cat(p));
+    grids.push_back(g.empty() ? at::Tensor() : at::cat(g));
+    keys.push_back(micro_batches[m].at("tokens"));
   }
-  spread_ = std::make_unique<SpreadEncoding>(spread_encoding(vision_context_->cp(), a));
-  if (spread_->active && !spread_reported_) {
-    spread_reported_ = true;
-    if (vision_context_->dp_rank() == 0 && vision_context_->cp_rank() == 0)
-      LF_INFO("--enable-full-hetero-dp: the first step's media: ", spread_->report);
-  }
+  modes_->begin_step(pixels, grids, keys);
 }
 
 void Qwen25Vl::end_backward() {
-  if (!spread_) return;
   // The foundation's TP ranks of the first stage each hold the whole gradient of every feature
   // (its CP ranks each their tokens' part): the all-to-all's backward sums them, so 1 / TP each.
-  finish_spread_encoding(*spread_, 1.0 / static_cast<double>(tp_size()));
-  spread_.reset();
-  spread_micro_batch_.clear();
+  if (modes_) modes_->end_backward(1.0 / static_cast<double>(tp_size()));
 }
 
 at::Tensor Qwen25Vl::embed_inputs(const Batch& batch) const {

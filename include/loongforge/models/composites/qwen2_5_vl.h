@@ -75,7 +75,7 @@ struct Qwen25VlMedia {
   std::vector<double> second_per_grid_ts;          // per video; empty: 1.0 each
 };
 
-struct SpreadEncoding;
+class VisionModes;
 
 class Qwen25Vl : public CausalLm {
  public:
@@ -119,22 +119,18 @@ class Qwen25Vl : public CausalLm {
   // rank's shards. Every tensor must be used.
   void load_hf_state(const std::map<std::string, at::Tensor>& tensors);
 
-  // --enable-encoder-hetero-dp: the ranks of the tower's share group (a foundation TP group) encode
-  // media k with k mod shares == their share rank, and all-gather the features (variable sizes);
-  // each medium is encoded once, so its gradient is not scaled. Off: every rank encodes every
-  // medium, each contributing 1 / shares of the gradient.
-  void set_encoder_data_parallel(bool on) { encoder_data_parallel_ = on; }
-  // --use-vit-dp-balance: before the tower, the media of the tower's DP group are spread over its
-  // ranks by cost (len^2, len = patches) and their features sent home after it
-  // (models/composites/vision_balance.h). Every DP rank then runs the exchange for every
-  // micro-batch, media or not.
-  void set_vision_balance(bool on) { vision_balance_ = on; }
-  // --enable-full-hetero-dp (models/composites/vision_spread.h): the tower has a replica on every
-  // rank (the plan gives every stage a vision context: its share group the foundation's TP x PP x CP
-  // ranks of one DP index, the first stage's first_stage_ranks of them first); begin_step encodes
-  // the step's media spread over them, end_backward runs the tower's backward. Evaluation and
-  // generation encode on the first stage as without it.
-  void set_full_hetero_dp(int first_stage_ranks) { spread_first_stage_ranks_ = first_stage_ranks; }
+  // The tower's modes (models/composites/vision_modes.h): --enable-encoder-hetero-dp (the ranks of
+  // the tower's share group, a foundation TP group, encode alternate media and all-gather the
+  // features), --use-vit-dp-balance (the DP group's media spread by cost before the tower, the
+  // features sent home after it; every DP rank then joins the exchange for every micro-batch), and
+  // --enable-full-hetero-dp (the tower on every rank: the plan gives every stage a vision context,
+  // its share group the foundation's TP x PP x CP ranks of one DP index, the first stage's
+  // first_stage_ranks of them first; begin_step encodes the step's media spread over them,
+  // end_backward runs the tower's backward; evaluation and generation encode on the first stage).
+  // No-ops on a stage without the tower.
+  void set_encoder_data_parallel(bool on);
+  void set_vision_balance(bool on);
+  void set_full_hetero_dp(int first_stage_ranks);
   void begin_step(const std::vector<Batch>& micro_batches) override;
   void end_backward() override;
 
@@ -158,13 +154,7 @@ class Qwen25Vl : public CausalLm {
   bool vision_trainable_;
   std::unique_ptr<Qwen25VisionEncoder> encoder_;
   std::vector<Parameter> encoder_params_;
-  bool encoder_data_parallel_ = false;
-  bool vision_balance_ = false;
-  mutable bool vision_balance_reported_ = false;
-  int spread_first_stage_ranks_ = 0;  // > 0: --enable-full-hetero-dp
-  std::unique_ptr<SpreadEncoding> spread_;  // this step's, between begin_step and end_backward
-  std::map<const void*, size_t> spread_micro_batch_;  // a step micro-batch's tokens -> its index
-  bool spread_reported_ = false;
+  std::unique_ptr<VisionModes> modes_;  // with the tower
 };
 
 void register_qwen2_5_vl(Registry& r);

@@ -575,7 +575,7 @@ TEST(Qwen3Vl, ConfigAndInputErrors) {
   const auto pixels = at::randn({16, v.patch_dim()});
   const auto five = at::tensor({1, 7, 7, 7, 7, 7, 2}, at::kLong).view({1, 7});
   m = error_of([&] { model.logits(five, pixels, grid); });
-  EXPECT_NE(m.find("the tokens hold 5 image placeholders (model.image_token_id 7) but the vision tower made 4 "
+  EXPECT_NE(m.find("the tokens hold 5 image placeholders (model.image_token_id 7) but the vision tower makes 4 "
                    "embeddings from the 1 grid(s) of image_grid_thw"), std::string::npos) << m;
   const auto four = at::tensor({1, 7, 7, 7, 7, 2}, at::kLong).view({1, 6});
   EXPECT_EQ(model.logits(four, pixels, grid).sizes(), (std::vector<int64_t>{6, 1, 20}));
@@ -584,7 +584,7 @@ TEST(Qwen3Vl, ConfigAndInputErrors) {
             std::string::npos) << m;
   const auto video = at::tensor({1, 8, 8, 8, 8, 2}, at::kLong).view({1, 6});
   m = error_of([&] { model.logits(video, {}, {}, at::randn({24, v.patch_dim()}), at::tensor({1, 4, 6}, at::kLong).view({1, 3})); });
-  EXPECT_NE(m.find("the tokens hold 4 video placeholders (model.video_token_id 8) but the vision tower made 6"),
+  EXPECT_NE(m.find("the tokens hold 4 video placeholders (model.video_token_id 8) but the vision tower makes 6"),
             std::string::npos) << m;
   m = error_of([&] { lf::models::qwen3_vl_position_ids(video, {}, at::tensor({1, 4, 6}, at::kLong).view({1, 3}), ids, 2); });
   EXPECT_NE(m.find("video 0 frame 0 (grid 1x4x6, merge 2) needs 6 consecutive placeholder tokens, the sequence holds 4"),

@@ -10,6 +10,7 @@
 #include <fstream>
 #include <regex>
 
+#include "loongforge/media/video.h"
 #include "oracle_cache.h"
 #include "pp_training.h"
 
@@ -252,8 +253,7 @@ TEST(Qwen25Vl, MultimodalStoreTrainsAndLayoutsEqualOneProcess) {
   vit_cp.insert(vit_cp.end(), {"--context-parallel-size", "2"});
   lf::testing::expect_same_training(one, run(4, cfg, vit_cp, "vlm_store_vit_balance_cp2"),
                                     "qwen2_5_vl store: cp 2 x dp 2, media balanced over dp before the tower");
-  // Refusals, each naming the key: DP 1 (nothing to balance), with --enable-encoder-hetero-dp, and
-  // for qwen3_vl (DeepStack features not exchanged).
+  // Refusals, each naming the key: DP 1 (nothing to balance), with --enable-encoder-hetero-dp.
   const std::vector<std::string> two = {bin("loongforge-run"), "--standalone", "--nproc-per-node", "2"};
   struct Refusal {
     std::vector<std::string> launch;
@@ -263,8 +263,7 @@ TEST(Qwen25Vl, MultimodalStoreTrainsAndLayoutsEqualOneProcess) {
   };
   for (const Refusal& r : std::vector<Refusal>{
            {{}, cfg, {}, "the data-parallel size is 1"},
-           {two, cfg, {"--tensor-model-parallel-size", "2", "--enable-encoder-hetero-dp"}, "not combined"},
-           {two, config("examples/qwen3_vl_tiny.yaml"), {}, "DeepStack features are not exchanged"}}) {
+           {two, cfg, {"--tensor-model-parallel-size", "2", "--enable-encoder-hetero-dp"}, "not combined"}}) {
     std::vector<std::string> a = r.launch;
     a.insert(a.end(), {bin("loongforge-train"), "--config-file", r.config, "--dry-run", "--use-vit-dp-balance"});
     a.insert(a.end(), r.extra.begin(), r.extra.end());
@@ -376,7 +375,6 @@ TEST(Qwen25Vl, FullHeteroDpEqualsOneProcess) {
            {{}, cfg, {}, "it would do nothing"},
            {two, cfg, {"--tensor-model-parallel-size", "2", "--enable-encoder-hetero-dp"}, "not combined"},
            {two, cfg, {"--tensor-model-parallel-size", "2", "--use-vit-dp-balance"}, "not combined"},
-           {two, config("examples/qwen3_vl_tiny.yaml"), {"--pipeline-model-parallel-size", "2"}, "DeepStack"},
            {{}, config("examples/spliced_lm_tiny.yaml"), {}, "has no vision tower"}}) {
     std::vector<std::string> a = r.launch;
     a.insert(a.end(), {bin("loongforge-train"), "--config-file", r.config, "--dry-run", "--enable-full-hetero-dp"});
@@ -386,6 +384,68 @@ TEST(Qwen25Vl, FullHeteroDpEqualsOneProcess) {
     EXPECT_NE(refused.output.find("parallel.enable_full_hetero_dp"), std::string::npos) << refused.output;
     EXPECT_NE(refused.output.find(r.why), std::string::npos) << refused.output;
   }
+}
+
+// Qwen3-VL on the multimodal store (images cut with the tower's patch 14; the DeepStack rows ride
+// beside the merged features in every exchange): foundation TP 2 with the tower data-parallel over
+// it, DP 2 with the media balanced before the tower, and TP 2 x PP 2 with the tower over every rank
+// equal one process. A store cut with another patch size and a store with a video are refused,
+// naming the store and the key.
+TEST(Qwen3Vl, MultimodalStoreAndVisionTowerModesEqualOneProcess) {
+  VlmStore store = make_vlm_store("ml-qwen3vl-store");
+  if (store.oracle.empty()) GTEST_SKIP() << "Python oracle unavailable (.venv missing)";
+  const std::string cfg = config("examples/qwen3_vl_tiny.yaml");
+  std::vector<std::string> data = store.data;
+  data.push_back("++model.vision_encoder.patch_size=14");
+  auto one = run(1, cfg, data, "qwen3vl_store1");
+  ASSERT_EQ(one.exit_code, 0) << one.output;
+  EXPECT_NE(one.output.find("SFT multimodal data"), std::string::npos) << one.output;
+  auto with = [&](std::vector<std::string> extra) {
+    extra.insert(extra.begin(), data.begin(), data.end());
+    return extra;
+  };
+  lf::testing::expect_same_training(
+      one, run(2, cfg, with({"--tensor-model-parallel-size", "2", "--enable-encoder-hetero-dp"}), "qwen3vl_hetero"),
+      "qwen3_vl store: tp 2, the tower data-parallel over it");
+  auto balanced = run(2, cfg, with({"--use-vit-dp-balance"}), "qwen3vl_vit_balance");
+  EXPECT_NE(balanced.output.find("--use-vit-dp-balance: first exchange: "), std::string::npos) << balanced.output;
+  lf::testing::expect_same_training(one, balanced, "qwen3_vl store: dp 2, media balanced before the tower");
+  auto full = run_pipelined(4, 2, cfg,
+                            with({"--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "2",
+                                  "--enable-full-hetero-dp"}),
+                            "qwen3vl_full");
+  EXPECT_NE(full.output.find("--enable-full-hetero-dp: the first step's media: "), std::string::npos) << full.output;
+  lf::testing::expect_same_training(one, full, "qwen3_vl store: tp 2 x pp 2, the tower over every rank");
+  // The tower's default patch 16 against the store's 14.
+  auto patch = run(1, cfg, store.data, "qwen3vl_store_patch");
+  EXPECT_NE(patch.exit_code, 0);
+  EXPECT_NE(patch.output.find("cut its media with patch_size 14 but model.vision_encoder.patch_size is 16"),
+            std::string::npos)
+      << patch.output;
+  // A video: Qwen3-VL's processor renders each frame after its timestamp, the store one run.
+  std::vector<lf::media::Image> frames;
+  for (int t = 0; t < 4; ++t) {
+    lf::media::Image im{56, 56, std::vector<uint8_t>(56 * 56 * 3)};
+    for (size_t i = 0; i < im.rgb.size(); ++i) im.rgb[i] = uint8_t((i * 7 + t * 40) % 256);
+    frames.push_back(std::move(im));
+  }
+  lf::media::write_video(frames, 2.0, store.dir + "/clip.mkv");
+  std::ofstream(store.dir + "/v.jsonl") << R"({"messages": [{"role": "user", "content": "<video>What moves?"}, )"
+                                        << R"({"role": "assistant", "content": "Nothing."}], "videos": [")"
+                                        << store.dir << R"(/clip.mkv"]})" << "\n";
+  auto pre = lf::testing::run_command({bin("loongforge-data"), "preprocess", "--multimodal", "--tokenizer-model",
+                                       store.oracle + "/tok", "--input", store.dir + "/v.jsonl", "--output-prefix",
+                                       store.dir + "/videos", "--video-min-pixels", "3136", "--video-max-pixels",
+                                       "6272"});
+  ASSERT_EQ(pre.exit_code, 0) << pre.output;
+  std::vector<std::string> videos = data;
+  videos[3] = store.dir + "/videos";  // --data-path
+  ASSERT_EQ(data[2], "--data-path");
+  auto refused = run(1, cfg, videos, "qwen3vl_store_video");
+  EXPECT_NE(refused.exit_code, 0);
+  EXPECT_NE(refused.output.find("holds a video, but qwen3_vl reads a video as one run of placeholders per frame"),
+            std::string::npos)
+      << refused.output;
 }
 
 // Frozen encoder: no gradients, no optimizer state; its weights stay as initialised (a run at

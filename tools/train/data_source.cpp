@@ -9,6 +9,8 @@
 #include <limits>
 #include <random>
 #include <sstream>
+#include <tuple>
+#include <utility>
 
 #include "loongforge/core/error.h"
 #include "loongforge/core/logging.h"
@@ -198,8 +200,9 @@ class SftConversations final : public ConversationStore {
 // patch rows here, in the micro-batch's row order.
 class MultimodalConversations final : public ConversationStore {
  public:
-  MultimodalConversations(const std::string& prefix, int64_t vocab_size, int64_t seq_length)
-      : data_(prefix), prefix_(prefix), vocab_(vocab_size) {
+  // videos_why: non-empty when the model cannot take the store's videos (why).
+  MultimodalConversations(const std::string& prefix, int64_t vocab_size, int64_t seq_length, std::string videos_why)
+      : data_(prefix), prefix_(prefix), vocab_(vocab_size), videos_why_(std::move(videos_why)) {
     for (int64_t i = 0; i < data_.size(); ++i) {
       if (data_.length(i) <= seq_length + 1) kept_.push_back(i);
       else ++dropped_;
@@ -222,7 +225,12 @@ class MultimodalConversations final : public ConversationStore {
   void add_media(const std::vector<int64_t>& conversations, lf::data::Batch& batch) const override {
     std::vector<lf::data::MediaRecord> media;
     for (int64_t c : conversations)
-      for (auto& m : data_.read(kept_.at(static_cast<size_t>(c))).media) media.push_back(std::move(m));
+      for (auto& m : data_.read(kept_.at(static_cast<size_t>(c))).media) {
+        LF_CHECK(m.kind != lf::data::MediaRecord::kVideo || videos_why_.empty(), "multimodal store ", prefix_,
+                 ": sample ", kept_.at(static_cast<size_t>(c)), " holds a video, but ", videos_why_,
+                 lf::hint("train this model on conversations with images only"));
+        media.push_back(std::move(m));
+      }
     lf::models::Qwen25Vl::set_media_fields(lf::models::Qwen25Vl::media_of_records(media, data_.info().vision), batch);
   }
 
@@ -230,6 +238,7 @@ class MultimodalConversations final : public ConversationStore {
   lf::data::MultimodalDataset data_;
   std::string prefix_;
   int64_t vocab_;
+  std::string videos_why_;
   std::vector<int64_t> kept_;
   int64_t dropped_ = 0;
 };
@@ -552,13 +561,22 @@ DataSources make_sft_sources(const SftOptions& o) {
                                : "preprocess the conversations with `loongforge-data preprocess --multimodal`"));
   std::shared_ptr<const ConversationStore> data;
   if (multimodal) {
-    auto mm = std::make_shared<const MultimodalConversations>(o.prefix, o.vocab_size, o.seq_length);
+    auto mm = std::make_shared<const MultimodalConversations>(o.prefix, o.vocab_size, o.seq_length, o.videos_why);
     LF_CHECK(o.image_token_id < 0 || mm->info().image_token_id == o.image_token_id, "multimodal store ", o.prefix,
              " uses image token id ", mm->info().image_token_id, " but model.image_token_id is ", o.image_token_id,
              lf::hint("set model.image_token_id (and video_token_id) to the tokenizer's ids"));
     LF_CHECK(o.video_token_id < 0 || mm->info().video_token_id == o.video_token_id, "multimodal store ", o.prefix,
              " uses video token id ", mm->info().video_token_id, " but model.video_token_id is ", o.video_token_id,
              lf::hint("set model.video_token_id to the tokenizer's id"));
+    const auto& v = mm->info().vision;
+    for (const auto& [what, store, model] : {std::tuple{"patch_size", v.patch_size, o.patch_size},
+                                             std::tuple{"temporal_patch_size", v.temporal_patch_size, o.temporal_patch_size},
+                                             std::tuple{"spatial_merge_size", v.merge_size, o.merge_size}})
+      LF_CHECK(model == 0 || store == model, "multimodal store ", o.prefix, " cut its media with ", what, " ", store,
+               " but model.vision_encoder.", what, " is ", model,
+               lf::hint("preprocess the conversations again with the model's preprocessor_config.json "
+                        "(loongforge-data preprocess --multimodal --tokenizer-model DIR), or set the model's " +
+                        std::string(what)));
     LF_CHECK(mm->size() > 0, "multimodal store ", o.prefix, ": all ", mm->dropped(),
              " samples are longer than --seq-length + 1 = ", o.seq_length + 1, " tokens",
              lf::hint("raise --seq-length, or lower --max-pixels when preprocessing"));
@@ -644,6 +662,10 @@ DataSources make_sft_sources_for(const lf::config::JobConfig& job, const lf::mod
   o.media = needs.media;
   o.image_token_id = needs.image_token_id;
   o.video_token_id = needs.video_token_id;
+  o.patch_size = needs.patch_size;
+  o.temporal_patch_size = needs.temporal_patch_size;
+  o.merge_size = needs.merge_size;
+  o.videos_why = needs.store_videos_why;
   if (d.use_vlm_dp_balance) {
     o.balance = true;
     o.balance_cost = d.vlm_dp_balance_cost;

@@ -53,6 +53,8 @@ struct SftOptions {
   // pixel_values / image_grid_thw and pixel_values_videos / video_grid_thw / second_per_grid_ts.
   bool media = false;
   int64_t image_token_id = -1, video_token_id = -1;
+  int64_t patch_size = 0, temporal_patch_size = 0, merge_size = 0;  // the tower's (0: unchecked)
+  std::string videos_why;  // non-empty: the store's videos are refused, for this reason
   // --use-vlm-dp-balance (the train split; multimodal stores, unpacked, dp_size > 1): each
   // iteration's global_batch samples (consumed .. consumed + global_batch, the ones Megatron's
   // sampler hands the DP ranks) are planned by lf::data::plan_balance on their token lengths, and

@@ -61,17 +61,17 @@ void check_job(const lf::config::JobConfig& job, const lf::config::Node& resolve
                origin_of(resolved, job.data.mock_data ? "data.data_path" : "data.mock_data"),
                "model type " + plan.config().type + " trains on --mock-data only: " + needs.mock_only_why,
                "pass --mock-data (and no --data-path)");
-  if (job.parallel.enable_encoder_hetero_dp && !needs.media)
+  if (job.parallel.enable_encoder_hetero_dp && !needs.vision_tower)
     errors.add("parallel.enable_encoder_hetero_dp", origin_of(resolved, "parallel.enable_encoder_hetero_dp"),
                "--enable-encoder-hetero-dp spreads a vision tower's media over the foundation's TP group; model type " +
                    plan.config().type + " has no vision tower",
                "drop --enable-encoder-hetero-dp");
-  if (job.parallel.enable_full_hetero_dp && !needs.media)
+  if (job.parallel.enable_full_hetero_dp && !needs.vision_tower)
     errors.add("parallel.enable_full_hetero_dp", origin_of(resolved, "parallel.enable_full_hetero_dp"),
                "--enable-full-hetero-dp spreads a vision tower's media over the foundation's TP x PP ranks; model type " +
                    plan.config().type + " has no vision tower",
                "drop --enable-full-hetero-dp");
-  if (job.parallel.use_vit_dp_balance && !needs.media)
+  if (job.parallel.use_vit_dp_balance && !needs.vision_tower)
     errors.add("parallel.use_vit_dp_balance", origin_of(resolved, "parallel.use_vit_dp_balance"),
                "--use-vit-dp-balance spreads a vision tower's media over the data-parallel ranks; model type " +
                    plan.config().type + " has no vision tower",

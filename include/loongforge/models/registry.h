@@ -184,6 +184,12 @@ struct DataNeeds {
   // --mock-data; the store's placeholder ids must be these.
   bool media = false;
   int64_t image_token_id = -1, video_token_id = -1;
+  // The vision tower's patch geometry (0: unchecked): the store's patch rows must be cut alike.
+  int64_t patch_size = 0, temporal_patch_size = 0, merge_size = 0;
+  std::string store_videos_why;  // non-empty: a store's videos are refused, for this reason
+  // Has a vision tower: the VLM parallel flags (--enable-encoder-hetero-dp, --enable-full-hetero-dp,
+  // --use-vit-dp-balance) apply.
+  bool vision_tower = false;
   // A VLA policy (pi05): reads VLA samples (--data-path: a reach demo store, loongforge-data
   // make-demo-reach) or --mock-data; images of image_size, chunks of chunk x action_dim padded to
   // max_action_dim, prompts below vocab_size.

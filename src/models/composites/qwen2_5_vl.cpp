@@ -415,6 +415,10 @@ class Qwen25VlPlan : public VlmPlan<Qwen25VisionConfig, Qwen25VlConfig> {
   DataNeeds data_needs() const override {
     DataNeeds d = CausalLmPlan::data_needs();
     d.media = true;
+    d.vision_tower = true;
+    d.patch_size = vision_.patch_size;
+    d.temporal_patch_size = vision_.temporal_patch_size;
+    d.merge_size = vision_.spatial_merge_size;
     d.image_token_id = own_.image_token_id;
     d.video_token_id = own_.video_token_id;
     return d;

@@ -12,6 +12,7 @@
 #include "causal_lm_plan.h"
 #include "vlm_hf.h"
 #include "vlm_plan.h"
+#include "vision_modes.h"
 #include "loongforge/core/error.h"
 #include "loongforge/dist/parallel_context.h"
 #include "loongforge/models/hf_adapter.h"
@@ -118,12 +119,17 @@ Qwen3Vl::Qwen3Vl(const DecoderConfig& foundation, const Qwen3VisionConfig& visio
   const auto k = static_cast<int64_t>(vision.deepstack_visual_indexes.size());
   LF_CHECK(k <= foundation.num_layers, "qwen3_vl: the vision tower's ", k, " DeepStack entries feed the decoder's "
            "first ", k, " layers, but it has ", foundation.num_layers);
-  if (!this->foundation().stage().first) return;  // the vision tower lives on the first pipeline stage
-  const auto& first = this->foundation().stage().chunks.front();
-  LF_CHECK(first.begin == 0 && first.end >= k, "qwen3_vl: DeepStack adds vision features after decoder layers 0..",
-           k - 1, ", which must all lie on the first pipeline stage's first model chunk; it holds ", describe_stage(),
-           lf::hint("give the first stage at least " + std::to_string(k) +
-                    " layers (--decoder-first-pipeline-num-layers) or use fewer pipeline stages"));
+  // The vision tower lives on the first pipeline stage (on every stage when the plan gives the
+  // others a vision context: --enable-full-hetero-dp).
+  const bool first_stage = this->foundation().stage().first;
+  if (!first_stage && !vision_context_) return;
+  if (first_stage) {
+    const auto& first = this->foundation().stage().chunks.front();
+    LF_CHECK(first.begin == 0 && first.end >= k, "qwen3_vl: DeepStack adds vision features after decoder layers 0..",
+             k - 1, ", which must all lie on the first pipeline stage's first model chunk; it holds ", describe_stage(),
+             lf::hint("give the first stage at least " + std::to_string(k) +
+                      " layers (--decoder-first-pipeline-num-layers) or use fewer pipeline stages"));
+  }
   ParamBuilder b(at::make_generator<at::CPUGeneratorImpl>(component_seed(seed, "vision_encoder")), dtype,
                  backend.device(), tensor_parallel_of(nullptr, false), vision_trainable);
   Qwen3VisionConfig v = vision;
@@ -133,6 +139,63 @@ Qwen3Vl::Qwen3Vl(const DecoderConfig& foundation, const Qwen3VisionConfig& visio
            lf::hint("the mergers' outputs replace token embeddings: set out_hidden_size 0 (the foundation's width)"));
   encoder_ = std::make_unique<Qwen3VisionEncoder>(v, backend, b, "vision_encoder");
   encoder_params_ = b.take();
+  // The tower's outputs packed side by side for the modes' exchanges: [features, h (1 + DeepStack)].
+  VisionTower tower;
+  tower.encode = [this](const at::Tensor& rows, const at::Tensor& g) {
+    Qwen3VisionOutput o = encoder_->forward(rows, g);
+    std::vector<at::Tensor> parts = {o.merged};
+    parts.insert(parts.end(), o.deepstack.begin(), o.deepstack.end());
+    return parts.size() == 1 ? parts[0] : at::cat(parts, 1);
+  };
+  const auto tower_dtype = encoder_params_.front().tensor.scalar_type();
+  const int64_t width = v.out_hidden_size * (1 + k);
+  tower.empty_features = [this, tower_dtype, width] {
+    at::Tensor tie = at::zeros({}, at::TensorOptions().dtype(tower_dtype).device(backend_.device()));
+    for (const auto& p : encoder_params_) tie = tie + p.tensor.sum() * 0.0;
+    return at::zeros({0, width}, tie.options()) + tie;
+  };
+  tower.pixel_options = at::TensorOptions().dtype(tower_dtype).device(backend.device());
+  tower.patch_dim = v.in_channels * v.temporal_patch_size * v.patch_size * v.patch_size;
+  tower.merge = v.spatial_merge_size;
+  modes_ = std::make_unique<VisionModes>(vision_context_.get(), parallel ? parallel->cp_size() : 1, std::move(tower));
+}
+
+void Qwen3Vl::set_encoder_data_parallel(bool on) {
+  if (modes_) modes_->set_encoder_data_parallel(on);
+}
+void Qwen3Vl::set_vision_balance(bool on) {
+  if (modes_) modes_->set_balance(on);
+}
+void Qwen3Vl::set_full_hetero_dp(int first_stage_ranks) {
+  if (modes_) modes_->set_full_hetero_dp(first_stage_ranks);
+}
+
+void Qwen3Vl::begin_step(const std::vector<Batch>& micro_batches) {
+  if (!modes_ || !modes_->full_hetero_dp()) return;
+  std::vector<at::Tensor> pixels, grids, keys;
+  for (size_t m = 0; m < micro_batches.size(); ++m) {
+    const Batch& b = micro_batches[m];
+    std::vector<at::Tensor> p, g;  // images then videos, as embed_with_media splices them
+    for (const auto& [rows_field, grid_field] : {std::pair{"pixel_values", "image_grid_thw"},
+                                                 std::pair{"pixel_values_videos", "video_grid_thw"}}) {
+      const at::Tensor* rows = b.find(rows_field);
+      if (!rows) continue;
+      const at::Tensor* grid = b.find(grid_field);
+      LF_CHECK(grid && grid->dim() == 2 && grid->size(1) == 3, "micro-batch ", m, ": ", rows_field, " come with ",
+               grid_field, " [num, 3]");
+      p.push_back(*rows);
+      g.push_back(grid->to(at::kCPU, at::kLong));
+    }
+    pixels.push_back(p.empty() ? at::Tensor() : at::cat(p));
+    grids.push_back(g.empty() ? at::Tensor() : at::cat(g));
+    keys.push_back(b.at("tokens"));
+  }
+  modes_->begin_step(pixels, grids, keys);
+}
+
+void Qwen3Vl::end_backward() {
+  // As Qwen25Vl: the first stage's TP ranks each hold the whole gradient, so 1 / TP each.
+  if (modes_) modes_->end_backward(1.0 / static_cast<double>(tp_size()));
 }
 
 Qwen3Vl::~Qwen3Vl() = default;
@@ -167,63 +230,72 @@ Qwen3Vl::Embedded Qwen3Vl::embed_with_media(const at::Tensor& tokens, const at::
   Embedded out;
   at::Tensor x = foundation().embed(tokens, 0, /*scatter=*/false).transpose(0, 1);  // [b, s, h]
   const auto device = x.device();
-  const int64_t shares = vision_context_ ? vision_context_->cp_size() : 1;
-  struct Media {
+  const int64_t merge = encoder_->config().spatial_merge_size;
+  struct Kind {
+    const char* what;
+    int64_t id;
+    const at::Tensor& pixels;
+    const at::Tensor& grid;
+    const char *pixels_field, *grid_field;
     at::Tensor mask;  // [b, s] bool
-    Qwen3VisionOutput encoded;
+    int64_t count = 0;
   };
-  auto encode = [&](const at::Tensor& pixels, const at::Tensor& grid, int64_t id, const char* kind,
-                    const char* pixels_field, const char* grid_field) {
-    Media m;
-    m.mask = tokens.eq(id).to(device);
-    const int64_t count = m.mask.sum().item<int64_t>();
-    if (!pixels.defined()) {
-      LF_CHECK(count == 0, "the tokens hold ", count, " ", kind, " placeholders (model.", kind, "_token_id ", id,
-               ") but the batch has no ", pixels_field, " / ", grid_field);
-      return m;
+  Kind kinds[2] = {{"image", config_.image_token_id, pixel_values, image_grid_thw, "pixel_values", "image_grid_thw", {}, 0},
+                   {"video", config_.video_token_id, pixel_values_videos, video_grid_thw, "pixel_values_videos",
+                    "video_grid_thw", {}, 0}};
+  // One tower call (or exchange, vision_modes.h) over the images then the videos.
+  std::vector<at::Tensor> pixels, grids;
+  for (Kind& k : kinds) {
+    k.mask = tokens.eq(k.id).to(device);
+    k.count = k.mask.sum().item<int64_t>();
+    if (!k.pixels.defined()) {
+      LF_CHECK(k.count == 0, "the tokens hold ", k.count, " ", k.what, " placeholders (model.", k.what, "_token_id ",
+               k.id, ") but the batch has no ", k.pixels_field, " / ", k.grid_field);
+      continue;
     }
-    LF_CHECK(grid.defined(), pixels_field, " come with ", grid_field, " [num_", kind, "s, 3]");
-    m.encoded = encoder_->forward(pixels.to(device, encoder_params_.front().tensor.scalar_type()), grid);
-    LF_CHECK(count == m.encoded.merged.size(0), "the tokens hold ", count, " ", kind, " placeholders (model.", kind,
-             "_token_id ", id, ") but the vision tower made ", m.encoded.merged.size(0), " embeddings from the ",
-             grid.size(0), " grid(s) of ", grid_field,
-             lf::hint(std::string("each ") + kind + " needs t h w / spatial_merge_size^2 placeholder tokens"));
-    // Every rank of a foundation TP x CP group encodes the same media. The TP ranks receive the
-    // same whole gradient, the CP ranks each their tokens' part; the trainer sums the tower's
-    // gradients over its share axis, so each TP replica contributes 1 / tp.
-    const int64_t replicas = shares / context_parallel().size();
-    auto share = [replicas](at::Tensor& t) {
-      if (replicas > 1 && t.requires_grad())
-        t.register_hook([replicas](const at::Tensor& g) { return g / static_cast<double>(replicas); });
-    };
-    share(m.encoded.merged);
-    for (auto& d : m.encoded.deepstack) share(d);
-    x = x.masked_scatter(m.mask.unsqueeze(-1), m.encoded.merged.to(x.scalar_type()));
-    return m;
-  };
-  const Media image = encode(pixel_values, image_grid_thw, config_.image_token_id, "image", "pixel_values",
-                             "image_grid_thw");
-  const Media video = encode(pixel_values_videos, video_grid_thw, config_.video_token_id, "video",
-                             "pixel_values_videos", "video_grid_thw");
-  out.hidden = x.transpose(0, 1).contiguous();
-  const bool has_image = image.encoded.merged.defined(), has_video = video.encoded.merged.defined();
-  if (!has_image && !has_video) return out;
-  // DeepStack: layer k's rows at every visual position, images' and videos' rows in sequence order.
-  const at::Tensor visual = has_image && has_video ? image.mask.logical_or(video.mask)
-                                                   : (has_image ? image.mask : video.mask);
-  const int64_t n = visual.sum().item<int64_t>(), h = x.size(2);
+    LF_CHECK(k.grid.defined() && k.grid.dim() == 2 && k.grid.size(1) == 3, k.pixels_field, " come with ",
+             k.grid_field, " [num_", k.what, "s, 3]");
+    const at::Tensor g = k.grid.to(at::kCPU, at::kLong);
+    const int64_t made = (g.select(1, 0) * g.select(1, 1) * g.select(1, 2)).sum().item<int64_t>() / (merge * merge);
+    LF_CHECK(k.count == made, "the tokens hold ", k.count, " ", k.what, " placeholders (model.", k.what, "_token_id ",
+             k.id, ") but the vision tower makes ", made, " embeddings from the ", g.size(0), " grid(s) of ",
+             k.grid_field, lf::hint(std::string("each ") + k.what + " needs t h w / spatial_merge_size^2 placeholder tokens"));
+    pixels.push_back(k.pixels);
+    grids.push_back(g);
+  }
+  const at::Tensor packed = modes_->encode(tokens, pixels.empty() ? at::Tensor() : at::cat(pixels),
+                                           pixels.empty() ? at::Tensor() : at::cat(grids));
+  if (pixels.empty()) {
+    // --use-vit-dp-balance: no media here, but the exchange's backward must run on this rank too.
+    if (packed.defined() && packed.requires_grad()) x = x + packed.sum().to(x.scalar_type()) * 0.0;
+    out.hidden = x.transpose(0, 1).contiguous();
+    return out;
+  }
+  // The packed columns: the merged features, then each DeepStack layer's.
+  const int64_t h = x.size(2);
   const size_t layers = encoder_->config().deepstack_visual_indexes.size();
+  const auto column = [&](size_t c) { return packed.narrow(1, static_cast<int64_t>(c) * h, h).to(x.scalar_type()); };
+  const at::Tensor merged = column(0);
+  int64_t offset = 0;
+  for (const Kind& k : kinds) {
+    if (k.count == 0) continue;
+    x = x.masked_scatter(k.mask.unsqueeze(-1), merged.narrow(0, offset, k.count));
+    offset += k.count;
+  }
+  out.hidden = x.transpose(0, 1).contiguous();
+  // DeepStack: layer k's rows at every visual position, images' and videos' rows in sequence order.
+  const bool has_image = kinds[0].count > 0, has_video = kinds[1].count > 0;
+  const at::Tensor visual = has_image && has_video ? kinds[0].mask.logical_or(kinds[1].mask)
+                                                   : (has_image ? kinds[0].mask : kinds[1].mask);
+  const int64_t n = kinds[0].count + kinds[1].count;
   for (size_t k = 0; k < layers; ++k) {
-    at::Tensor values;
-    if (has_image && has_video) {
+    const at::Tensor rows = column(k + 1);
+    at::Tensor values = rows;
+    if (has_image && has_video)
       values = at::zeros({n, h}, x.options())
-                   .masked_scatter(image.mask.masked_select(visual).unsqueeze(-1),
-                                   image.encoded.deepstack[k].to(x.scalar_type()))
-                   .masked_scatter(video.mask.masked_select(visual).unsqueeze(-1),
-                                   video.encoded.deepstack[k].to(x.scalar_type()));
-    } else {
-      values = (has_image ? image : video).encoded.deepstack[k].to(x.scalar_type());
-    }
+                   .masked_scatter(kinds[0].mask.masked_select(visual).unsqueeze(-1), rows.narrow(0, 0, kinds[0].count))
+                   .masked_scatter(kinds[1].mask.masked_select(visual).unsqueeze(-1),
+                                   rows.narrow(0, kinds[0].count, kinds[1].count));
     out.injections.push_back(HiddenInjection{static_cast<int64_t>(k), visual, values});
   }
   return out;
@@ -306,20 +378,6 @@ class Qwen3VlPlan : public VlmPlan<Qwen3VisionConfig, Qwen3VlConfig> {
  public:
   Qwen3VlPlan(std::shared_ptr<const ModelConfig> config, const PlanArgs& args, lf::config::ErrorList& errors)
       : VlmPlan(config, args, errors, "qwen3_vl") {
-    if (job_.parallel.enable_encoder_hetero_dp)
-      errors.add("parallel.enable_encoder_hetero_dp", origin(args, "parallel.enable_encoder_hetero_dp"),
-                 "--enable-encoder-hetero-dp is built for qwen2_5_vl; qwen3_vl's DeepStack features are not gathered "
-                 "yet",
-                 "drop --enable-encoder-hetero-dp");
-    if (job_.parallel.enable_full_hetero_dp)
-      errors.add("parallel.enable_full_hetero_dp", origin(args, "parallel.enable_full_hetero_dp"),
-                 "--enable-full-hetero-dp is built for qwen2_5_vl; qwen3_vl's DeepStack features are not sent to the "
-                 "first stage yet",
-                 "drop --enable-full-hetero-dp");
-    if (job_.parallel.use_vit_dp_balance)
-      errors.add("parallel.use_vit_dp_balance", origin(args, "parallel.use_vit_dp_balance"),
-                 "--use-vit-dp-balance is built for qwen2_5_vl; qwen3_vl's DeepStack features are not exchanged yet",
-                 "drop --use-vit-dp-balance");
     if (foundation_.mrope_section.size() != 3 || !foundation_.mrope_interleaved)
       errors.add("model.foundation.mrope_interleaved", origin(args, "model.foundation.mrope_interleaved"),
                  "qwen3_vl needs interleaved M-RoPE in its foundation",
@@ -344,7 +402,18 @@ class Qwen3VlPlan : public VlmPlan<Qwen3VisionConfig, Qwen3VlConfig> {
 
   DataNeeds data_needs() const override {
     DataNeeds d = CausalLmPlan::data_needs();
-    d.mock_only_why = "qwen3_vl's images come from --mock-data until multimodal records arrive";
+    // Images from a multimodal store (cut with the tower's patch geometry); a video's frames each
+    // need their own run of placeholders (Qwen3-VL's timestamps), which the store does not render.
+    d.media = true;
+    d.vision_tower = true;
+    d.image_token_id = own_.image_token_id;
+    d.video_token_id = own_.video_token_id;
+    d.patch_size = vision_.patch_size;
+    d.temporal_patch_size = vision_.temporal_patch_size;
+    d.merge_size = vision_.spatial_merge_size;
+    d.store_videos_why = "qwen3_vl reads a video as one run of placeholders per frame, each after its timestamp "
+                         "text (Qwen3-VL's processor), and `loongforge-data preprocess --multimodal` renders a video "
+                         "as one run (Qwen2.5-VL's)";
     return d;
   }
 
@@ -353,10 +422,14 @@ class Qwen3VlPlan : public VlmPlan<Qwen3VisionConfig, Qwen3VlConfig> {
     const auto stage =
         lf::parallel::pipeline::pipeline_stage(foundation_.num_layers, ctx.pp_size(), ctx.pp_rank(), stage_split());
     std::unique_ptr<lf::dist::ParallelContext> enc;
-    if (stage.first) enc = args.make_context("vision_encoder", vision_layout(), vision_ranks_);
+    if (stage.first || job_.parallel.enable_full_hetero_dp)
+      enc = args.make_context("vision_encoder", vision_layout(), vision_ranks_);
     auto model = std::make_unique<Qwen3Vl>(foundation_, vision_, own_, *args.backend, args.seed, args.dtype, &ctx,
                                            job_.parallel.sequence_parallel, stage, !frozen_, std::move(enc),
                                            !vision_frozen_);
+    model->set_encoder_data_parallel(job_.parallel.enable_encoder_hetero_dp);
+    model->set_vision_balance(job_.parallel.use_vit_dp_balance);
+    if (job_.parallel.enable_full_hetero_dp) model->set_full_hetero_dp(first_stage_shares_);
     apply_context_parallel(*model, ctx);
     return model;
   }

@@ -48,6 +48,8 @@ at::Tensor qwen3_vl_position_ids(const at::Tensor& input_ids, const at::Tensor& 
                                  const at::Tensor& video_grid_thw, const Qwen3VlConfig& ids,
                                  int64_t spatial_merge_size);
 
+class VisionModes;
+
 class Qwen3Vl : public CausalLm {
  public:
   // vision: its out_hidden_size 0 becomes the foundation's hidden size; its DeepStack entries
@@ -83,6 +85,16 @@ class Qwen3Vl : public CausalLm {
   // model.language_model.*, lm_head.weight) -> this rank's shards. Every tensor must be used.
   void load_hf_state(const std::map<std::string, at::Tensor>& tensors);
 
+  // The tower's modes, as Qwen25Vl's (models/composites/vision_modes.h): --enable-encoder-hetero-dp,
+  // --use-vit-dp-balance, --enable-full-hetero-dp. The exchanges carry the merged features and the
+  // DeepStack rows side by side. No-ops on a stage without the tower.
+  void set_encoder_data_parallel(bool on);
+  void set_vision_balance(bool on);
+  void set_full_hetero_dp(int first_stage_ranks);
+  void begin_step(const std::vector<Batch>& micro_batches) override;
+  void end_backward() override;
+
+  // The first pipeline stage only (every stage with --enable-full-hetero-dp).
   const Qwen3VisionEncoder& vision_encoder() const { return *encoder_; }
   const std::vector<Parameter>& vision_parameters() const { return encoder_params_; }
 
@@ -104,6 +116,7 @@ class Qwen3Vl : public CausalLm {
   bool vision_trainable_;
   std::unique_ptr<Qwen3VisionEncoder> encoder_;
   std::vector<Parameter> encoder_params_;
+  std::unique_ptr<VisionModes> modes_;  // with the tower
 };
 
 void register_qwen3_vl(Registry& r);

@@ -31,11 +31,14 @@ struct VlmArchitecture {
   const char* text_architecture;  // the decoder mapping (configs/models/*/hf.yaml) of the language model
   const char* text_model_type;
   const char* vision_model_type;
+  const char* vision_component;  // our registered vision_encoder type
 };
 
 constexpr VlmArchitecture kVlms[] = {
     {"Qwen2_5_VLForConditionalGeneration", "qwen2_5_vl", "qwen2_5_vl", "Qwen2ForCausalLM", "qwen2_5_vl_text",
-     "qwen2_5_vl_vision"},
+     "qwen2_5_vl_vision", "qwen2_5_vl_vision"},
+    {"Qwen3VLForConditionalGeneration", "qwen3_vl", "qwen3_vl", "Qwen3ForCausalLM", "qwen3_vl_text", "qwen3_vl",
+     "qwen3_vl_vision"},
 };
 
 const VlmArchitecture* by_hf(const std::string& architecture, const std::string& model_type) {
@@ -194,6 +197,164 @@ json vision_to_json(const Qwen25VisionConfig& c, const Qwen25VlConfig& own, cons
               {"rope_parameters", {{"rope_theta", c.rope_theta}, {"rope_type", "axial"}}}};
 }
 
+// --- the Qwen3-VL tower (encoders/qwen3_vl_vision.h: qwen3_vision_from_hf and its inverse here) ---
+
+std::vector<std::pair<std::string, std::vector<int64_t>>> vision3_tensors(const Qwen3VisionConfig& c) {
+  const int64_t h = c.hidden_size, f = c.intermediate_size, m = c.merged_size(), o = c.out_hidden_size;
+  std::vector<std::pair<std::string, std::vector<int64_t>>> out{
+      {"patch_embed.weight", {h, c.patch_dim()}}, {"patch_embed.bias", {h}}, {"pos_embed.weight", {c.num_position_embeddings, h}}};
+  for (int64_t i = 0; i < c.depth; ++i) {
+    const std::string p = "blocks." + std::to_string(i) + ".";
+    for (const char* norm : {"norm1", "norm2"}) {
+      out.push_back({p + norm + ".weight", {h}});
+      out.push_back({p + norm + ".bias", {h}});
+    }
+    out.push_back({p + "attention.linear_qkv.weight", {3 * h, h}});
+    out.push_back({p + "attention.linear_qkv.bias", {3 * h}});
+    out.push_back({p + "attention.linear_proj.weight", {h, h}});
+    out.push_back({p + "attention.linear_proj.bias", {h}});
+    out.push_back({p + "mlp.linear_fc1.weight", {f, h}});
+    out.push_back({p + "mlp.linear_fc1.bias", {f}});
+    out.push_back({p + "mlp.linear_fc2.weight", {h, f}});
+    out.push_back({p + "mlp.linear_fc2.bias", {h}});
+  }
+  auto merger = [&](const std::string& ours, int64_t norm_width) {
+    out.push_back({ours + "norm.weight", {norm_width}});
+    out.push_back({ours + "norm.bias", {norm_width}});
+    out.push_back({ours + "linear_fc1.weight", {m, m}});
+    out.push_back({ours + "linear_fc1.bias", {m}});
+    out.push_back({ours + "linear_fc2.weight", {o, m}});
+    out.push_back({ours + "linear_fc2.bias", {o}});
+  };
+  merger("merger.", h);
+  for (size_t k = 0; k < c.deepstack_visual_indexes.size(); ++k) merger("deepstack_merger." + std::to_string(k) + ".", m);
+  return out;
+}
+
+NamedTensors vision3_to_hf(const Qwen3VisionConfig& c, const std::map<std::string, at::Tensor>& ours,
+                           const std::string& prefix) {
+  const int64_t h = c.hidden_size, d = c.head_dim(), nh = c.num_heads;
+  auto get = [&](const std::string& name) { return ours.at(name).detach().cpu(); };
+  NamedTensors out;
+  out.emplace_back(prefix + "patch_embed.proj.weight",
+                   get("patch_embed.weight").reshape({h, c.in_channels, c.temporal_patch_size, c.patch_size, c.patch_size}));
+  out.emplace_back(prefix + "patch_embed.proj.bias", get("patch_embed.bias"));
+  out.emplace_back(prefix + "pos_embed.weight", get("pos_embed.weight"));
+  for (int64_t i = 0; i < c.depth; ++i) {
+    const std::string p = "blocks." + std::to_string(i) + ".", hp = prefix + p;
+    for (const char* norm : {"norm1", "norm2"})
+      for (const char* part : {".weight", ".bias"}) out.emplace_back(hp + norm + part, get(p + norm + part));
+    // Ours per head (q, k, v) x d; HF's (q | k | v) x heads x d.
+    out.emplace_back(hp + "attn.qkv.weight",
+                     get(p + "attention.linear_qkv.weight").view({nh, 3, d, h}).transpose(0, 1).reshape({3 * h, h}));
+    out.emplace_back(hp + "attn.qkv.bias",
+                     get(p + "attention.linear_qkv.bias").view({nh, 3, d}).transpose(0, 1).reshape({3 * h}));
+    out.emplace_back(hp + "attn.proj.weight", get(p + "attention.linear_proj.weight"));
+    out.emplace_back(hp + "attn.proj.bias", get(p + "attention.linear_proj.bias"));
+    for (const char* name : {"mlp.linear_fc1.weight", "mlp.linear_fc1.bias", "mlp.linear_fc2.weight", "mlp.linear_fc2.bias"})
+      out.emplace_back(hp + name, get(p + name));
+  }
+  auto merger = [&](const std::string& ours, const std::string& hf) {
+    for (const char* name : {"norm.weight", "norm.bias", "linear_fc1.weight", "linear_fc1.bias", "linear_fc2.weight",
+                             "linear_fc2.bias"})
+      out.emplace_back(prefix + hf + name, get(ours + name));
+  };
+  merger("merger.", "merger.");
+  for (size_t k = 0; k < c.deepstack_visual_indexes.size(); ++k)
+    merger("deepstack_merger." + std::to_string(k) + ".", "deepstack_merger_list." + std::to_string(k) + ".");
+  for (auto& [name, t] : out) t = t.contiguous();
+  return out;
+}
+
+// vision_config -> ours; transformers' Qwen3VLVisionConfig defaults for absent keys.
+Qwen3VisionConfig vision3_from_json(const json& v, const std::string& src) {
+  LF_CHECK(v.is_object(), src, ": vision_config must be an object");
+  auto integer = [&](const char* key, int64_t fallback) {
+    if (!v.contains(key) || v[key].is_null()) return fallback;
+    LF_CHECK(v[key].is_number_integer(), src, ": vision_config.", key, " must be an integer, got ", v[key].dump());
+    return v[key].get<int64_t>();
+  };
+  Qwen3VisionConfig c;
+  c.depth = integer("depth", 27);
+  c.hidden_size = integer("hidden_size", 1152);
+  c.intermediate_size = integer("intermediate_size", 4304);
+  c.num_heads = integer("num_heads", 16);
+  c.in_channels = integer("in_channels", 3);
+  c.patch_size = integer("patch_size", 16);
+  c.spatial_merge_size = integer("spatial_merge_size", 2);
+  c.temporal_patch_size = integer("temporal_patch_size", 2);
+  c.out_hidden_size = integer("out_hidden_size", 3584);
+  c.num_position_embeddings = integer("num_position_embeddings", 2304);
+  if (v.contains("deepstack_visual_indexes")) {
+    LF_CHECK(v["deepstack_visual_indexes"].is_array(), src, ": vision_config.deepstack_visual_indexes must be a list");
+    c.deepstack_visual_indexes = v["deepstack_visual_indexes"].get<std::vector<int64_t>>();
+  }
+  c.hidden_act = v.value("hidden_act", std::string("gelu_pytorch_tanh"));
+  LF_CHECK(c.hidden_act == "gelu_pytorch_tanh" || c.hidden_act == "gelu", src, ": vision_config.hidden_act '",
+           c.hidden_act, "' is not supported (gelu_pytorch_tanh, gelu)");
+  if (v.contains("initializer_range") && v["initializer_range"].is_number())
+    c.initializer_range = v["initializer_range"].get<double>();
+  LF_CHECK(c.num_heads > 0 && c.hidden_size % c.num_heads == 0, src, ": vision_config.hidden_size ", c.hidden_size,
+           " is not a multiple of num_heads ", c.num_heads);
+  return c;
+}
+
+json vision3_to_json(const Qwen3VisionConfig& c, const VlmArchitecture& a) {
+  return json{{"model_type", a.vision_model_type},
+              {"depth", c.depth},
+              {"hidden_size", c.hidden_size},
+              {"intermediate_size", c.intermediate_size},
+              {"num_heads", c.num_heads},
+              {"in_channels", c.in_channels},
+              {"patch_size", c.patch_size},
+              {"spatial_merge_size", c.spatial_merge_size},
+              {"temporal_patch_size", c.temporal_patch_size},
+              {"out_hidden_size", c.out_hidden_size},
+              {"num_position_embeddings", c.num_position_embeddings},
+              {"deepstack_visual_indexes", c.deepstack_visual_indexes},
+              {"hidden_act", c.hidden_act},
+              {"initializer_range", c.initializer_range}};
+}
+
+// The tower's tensor table and HF form of either composite.
+std::vector<std::pair<std::string, std::vector<int64_t>>> tower_tensors(const VlmConfig& c) {
+  return c.qwen3() ? vision3_tensors(c.vision3) : vision_tensors(c.vision);
+}
+json tower_json(const VlmConfig& c, const VlmArchitecture& a) {
+  return c.qwen3() ? vision3_to_json(c.vision3, a) : vision_to_json(c.vision, c.own, a);
+}
+
+// Copies the tower's full tensors into its parameters (this rank's shards); erases what it used
+// from `names`.
+void load_tower(const std::vector<Parameter>& params, const std::map<std::string, at::Tensor>& full,
+                std::set<std::string>& names) {
+  at::NoGradGuard no_grad;
+  for (const auto& p : params) {
+    auto it = full.find(p.name);
+    LF_CHECK(it != full.end(), "the weights lack the vision tower's ", p.name,
+             lf::hint("the weights belong to another model (or a text-only one)"));
+    const at::Tensor shard = p.sharding.shard(it->second, p.tp_rank, p.tp_size);
+    LF_CHECK(shard.sizes() == p.tensor.sizes(), "parameter ", p.name, ": the given tensor has shape ",
+             it->second.sizes(), ", the model needs ", p.tensor.sizes());
+    p.tensor.copy_(shard);
+    names.erase(p.name);
+  }
+  LF_CHECK(names.empty(), "tensor ", names.empty() ? "" : *names.begin(), " is not a parameter of this model's vision tower",
+           lf::hint("the weights belong to a model with a different vision configuration (depth)"));
+}
+
+template <class Model>
+void load_full(Model& model, const std::map<std::string, at::Tensor>& full) {
+  std::map<std::string, at::Tensor> lm;
+  std::set<std::string> vision_names;
+  for (const auto& [name, t] : full)
+    if (name.rfind(kVision, 0) == 0) vision_names.insert(name);
+    else lm.emplace(name, t);
+  model.load_full_parameters(lm);
+  if (model.vision_parameters().empty()) return;  // a stage without the tower
+  load_tower(model.vision_parameters(), full, vision_names);
+}
+
 }  // namespace
 
 bool is_vlm_hf_dir(const std::string& dir) {
@@ -221,12 +382,18 @@ VlmConfig read_vlm_hf_config(const std::string& hf_dir) {
   const bool tied = j.value("tie_word_embeddings", false) || t.value("tie_word_embeddings", false);
   t["tie_word_embeddings"] = tied;
   std::vector<int64_t> mrope;
+  bool interleaved = false;
   for (const char* key : {"rope_parameters", "rope_scaling"}) {
     if (!t.contains(key) || !t[key].is_object() || !t[key].contains("mrope_section")) continue;
     LF_CHECK(t[key]["mrope_section"].is_array(), src, ": ", key, ".mrope_section must be a list");
     mrope = t[key]["mrope_section"].get<std::vector<int64_t>>();
     json& r = t[key];
     r.erase("mrope_section");
+    if (r.contains("mrope_interleaved")) {
+      LF_CHECK(r["mrope_interleaved"].is_boolean(), src, ": ", key, ".mrope_interleaved must be true or false");
+      interleaved = r["mrope_interleaved"].get<bool>();
+      r.erase("mrope_interleaved");
+    }
     const std::string kind = r.value("rope_type", r.value("type", std::string("default")));
     if (kind == "mrope" || kind == "default") {
       if (std::string(key) == "rope_scaling") {
@@ -243,14 +410,21 @@ VlmConfig read_vlm_hf_config(const std::string& hf_dir) {
            lf::hint("a Qwen2.5-VL config.json has rope_parameters.mrope_section, e.g. [16, 24, 24]"));
   out.foundation = config_from_json(t, text_mapping(*a).impl(), src + " (language model)");
   out.foundation.mrope_section = mrope;
+  out.foundation.mrope_interleaved = interleaved;
+  LF_CHECK(interleaved == out.qwen3(), src, ": ", a->architecture, out.qwen3() ? " needs" : " does not take",
+           " interleaved M-RoPE (rope_parameters.mrope_interleaved)");
   int64_t sum = 0;
   for (auto s : mrope) sum += s;
   LF_CHECK(2 * sum == out.foundation.head_dim(), src, ": mrope_section sums to ", sum, ", the head dim ",
            out.foundation.head_dim(), " needs ", out.foundation.head_dim() / 2);
   LF_CHECK(j.contains("vision_config"), src, ": no vision_config");
-  out.vision = vision_from_json(j["vision_config"], src);
-  LF_CHECK(out.vision.out_hidden_size == out.foundation.hidden_size, src, ": vision_config.out_hidden_size ",
-           out.vision.out_hidden_size, " differs from the language model's hidden_size ", out.foundation.hidden_size);
+  if (out.qwen3())
+    out.vision3 = vision3_from_json(j["vision_config"], src);
+  else
+    out.vision = vision_from_json(j["vision_config"], src);
+  const int64_t tower_width = out.qwen3() ? out.vision3.out_hidden_size : out.vision.out_hidden_size;
+  LF_CHECK(tower_width == out.foundation.hidden_size, src, ": vision_config.out_hidden_size ", tower_width,
+           " differs from the language model's hidden_size ", out.foundation.hidden_size);
   const json& v = j["vision_config"];
   auto id = [&](const char* key, int64_t fallback) {
     const json* where = j.contains(key) ? &j : t.contains(key) ? &t : nullptr;
@@ -258,10 +432,11 @@ VlmConfig read_vlm_hf_config(const std::string& hf_dir) {
     LF_CHECK((*where)[key].is_number_integer(), src, ": ", key, " must be an integer, got ", (*where)[key].dump());
     return (*where)[key].get<int64_t>();
   };
-  out.own.image_token_id = id("image_token_id", 151655);
-  out.own.video_token_id = id("video_token_id", 151656);
-  out.own.tokens_per_second = v.contains("tokens_per_second") ? v["tokens_per_second"].get<int64_t>()
-                                                               : j.value("tokens_per_second", int64_t{4});
+  out.own.image_token_id = out.own3.image_token_id = id("image_token_id", 151655);
+  out.own.video_token_id = out.own3.video_token_id = id("video_token_id", 151656);
+  if (!out.qwen3())
+    out.own.tokens_per_second = v.contains("tokens_per_second") ? v["tokens_per_second"].get<int64_t>()
+                                                                 : j.value("tokens_per_second", int64_t{4});
   for (const auto& [key, value] : {std::pair<const char*, int64_t>{"image_token_id", out.own.image_token_id},
                                    {"video_token_id", out.own.video_token_id}})
     LF_CHECK(value >= 0 && value < out.foundation.vocab_size, src, ": ", key, " ", value,
@@ -287,8 +462,13 @@ VlmHfModel read_vlm_hf(const std::string& hf_dir, const ReadOptions& options) {
              " is neither the vision tower's (", visual, "*) nor a tensor of the language model (",
              out.config.foundation.num_layers, " layers, ", a.text_architecture, " mapping)",
              lf::hint("config.json may not match the weights (e.g. num_hidden_layers)"));
-  for (auto& [name, t] : qwen25_vision_from_hf(out.config.vision, tensors, visual))
-    out.tensors.emplace_back(kVision + name, t.contiguous());
+  if (out.config.qwen3()) {
+    for (auto& [name, t] : qwen3_vision_from_hf(out.config.vision3, tensors, visual))
+      out.tensors.emplace_back(kVision + name, t.contiguous());
+  } else {
+    for (auto& [name, t] : qwen25_vision_from_hf(out.config.vision, tensors, visual))
+      out.tensors.emplace_back(kVision + name, t.contiguous());
+  }
   return out;
 }
 
@@ -304,17 +484,19 @@ void write_vlm_hf(const std::string& out_dir, const VlmConfig& config, const Nam
     const std::string key = name.rfind(kVision, 0) == 0 ? name.substr(kVision.size()) : name;
     LF_CHECK(into.emplace(key, t).second, "tensor '", name, "' given twice");
   }
-  for (const auto& [name, shape] : vision_tensors(config.vision)) {
+  const auto table = tower_tensors(config);
+  for (const auto& [name, shape] : table) {
     auto it = vision.find(name);
     LF_CHECK(it != vision.end(), "the model lacks tensor '", kVision + name, "' of the vision tower");
     LF_CHECK(it->second.sizes().vec() == shape, "tensor '", kVision + name, "' has shape ",
              shape_text(it->second.sizes().vec()), ", but the configuration implies ", shape_text(shape));
   }
-  LF_CHECK(vision.size() == vision_tensors(config.vision).size(), "the vision tower holds ", vision.size(),
-           " tensors, its configuration (depth ", config.vision.depth, ") ", vision_tensors(config.vision).size());
+  LF_CHECK(vision.size() == table.size(), "the vision tower holds ", vision.size(), " tensors, its configuration ",
+           table.size());
   const Mapping mapping = text_mapping(*a);
   std::vector<std::string> used;
-  NamedTensors hf_tensors = vision_to_hf(config.vision, vision, "model.visual.");
+  NamedTensors hf_tensors = config.qwen3() ? vision3_to_hf(config.vision3, vision, "model.visual.")
+                                           : vision_to_hf(config.vision, vision, "model.visual.");
   for (auto& e : decoder_to_hf_tensors(config.foundation, mapping, lm, "model.language_model.", &used))
     hf_tensors.push_back(std::move(e));
   const std::set<std::string> read(used.begin(), used.end());
@@ -326,11 +508,13 @@ void write_vlm_hf(const std::string& out_dir, const VlmConfig& config, const Nam
   // config.json, transformers 5's layout.
   DecoderConfig text = config.foundation;
   text.mrope_section.clear();  // the decoder mapping has no M-RoPE; written below
+  text.mrope_interleaved = false;
   json t = config_to_json(text, mapping.impl(), options.dtype);
   json rope = {{"rope_type", "default"}, {"rope_theta", t["rope_theta"]}};
   if (t.contains("rope_scaling") && t["rope_scaling"].is_object())
     for (const auto& [k, v] : t["rope_scaling"].items()) rope[k] = v;
   rope["mrope_section"] = config.foundation.mrope_section;
+  if (config.foundation.mrope_interleaved) rope["mrope_interleaved"] = true;
   for (const char* k : {"architectures", "torch_dtype", "rope_scaling", "rope_theta"}) t.erase(k);
   t["model_type"] = a->text_model_type;
   t["rope_parameters"] = rope;
@@ -342,7 +526,7 @@ void write_vlm_hf(const std::string& out_dir, const VlmConfig& config, const Nam
             {"video_token_id", config.own.video_token_id},
             {"tie_word_embeddings", !config.foundation.untie_embeddings_and_output_weights},
             {"text_config", t},
-            {"vision_config", vision_to_json(config.vision, config.own, *a)}};
+            {"vision_config", tower_json(config, *a)}};
   write_hf_files(out_dir, j.dump(2) + "\n", hf_tensors, options.dtype, options.max_shard_bytes);
 }
 
@@ -352,10 +536,11 @@ std::string vlm_model_section_yaml(const VlmConfig& config) {
   LF_CHECK(a != nullptr, "model type ", config.type, " is not a vision-language composite");
   Node model = Node::map();
   model.set("type", Node::scalar(config.type));
-  const Node own = lf::config::to_node(config.own), tower = lf::config::to_node(config.vision);
+  const Node own = config.qwen3() ? lf::config::to_node(config.own3) : lf::config::to_node(config.own),
+             tower = config.qwen3() ? lf::config::to_node(config.vision3) : lf::config::to_node(config.vision);
   for (const auto& field : own.children()) model.set(field.key(), field);
   Node vision = Node::map();
-  vision.set("type", Node::scalar(a->vision_model_type));
+  vision.set("type", Node::scalar(a->vision_component));
   for (const auto& field : tower.children()) vision.set(field.key(), field);
   model.set("vision_encoder", std::move(vision));
   model.set("foundation", lf::config::to_node(config.foundation));
@@ -374,6 +559,15 @@ std::optional<VlmConfig> vlm_config_from_model_section(const std::string& yaml_t
   const auto mc = load_model_config(*model);
   VlmConfig out;
   out.type = mc->type;
+  if (out.qwen3()) {
+    out.foundation = mc->fields<DecoderConfig>("foundation");
+    out.vision3 = mc->fields<Qwen3VisionConfig>("vision_encoder");
+    if (out.vision3.out_hidden_size == 0) out.vision3.out_hidden_size = out.foundation.hidden_size;
+    out.own3 = mc->own_fields<Qwen3VlConfig>();
+    out.own.image_token_id = out.own3.image_token_id;
+    out.own.video_token_id = out.own3.video_token_id;
+    return out;
+  }
   out.foundation = qwen2_5_vl_foundation(mc->fields<DecoderConfig>("foundation"));
   out.vision = mc->fields<Qwen25VisionConfig>("vision_encoder");
   if (out.vision.out_hidden_size == 0) out.vision.out_hidden_size = out.foundation.hidden_size;
@@ -383,59 +577,42 @@ std::optional<VlmConfig> vlm_config_from_model_section(const std::string& yaml_t
 
 std::map<std::string, lf::parallel::Sharding> vlm_shardings(const VlmConfig& config) {
   auto out = causal_lm_shardings(config.foundation);
-  for (const auto& [name, shape] : vision_tensors(config.vision)) out[kVision + name] = lf::parallel::Sharding::replicated();
+  for (const auto& [name, shape] : tower_tensors(config)) out[kVision + name] = lf::parallel::Sharding::replicated();
   return out;
 }
 
-void load_full_vlm(Qwen25Vl& model, const std::map<std::string, at::Tensor>& full) {
-  std::map<std::string, at::Tensor> lm;
-  std::set<std::string> vision_names;
-  for (const auto& [name, t] : full)
-    if (name.rfind(kVision, 0) == 0) vision_names.insert(name);
-    else lm.emplace(name, t);
-  model.load_full_parameters(lm);
-  if (model.vision_parameters().empty()) return;  // a later pipeline stage: no tower here
-  at::NoGradGuard no_grad;
-  for (const auto& p : model.vision_parameters()) {
-    auto it = full.find(p.name);
-    LF_CHECK(it != full.end(), "the weights lack the vision tower's ", p.name,
-             lf::hint("the weights belong to another model (or a text-only one)"));
-    const at::Tensor shard = p.sharding.shard(it->second, p.tp_rank, p.tp_size);
-    LF_CHECK(shard.sizes() == p.tensor.sizes(), "parameter ", p.name, ": the given tensor has shape ",
-             it->second.sizes(), ", the model needs ", p.tensor.sizes());
-    p.tensor.copy_(shard);
-    vision_names.erase(p.name);
-  }
-  LF_CHECK(vision_names.empty(), "tensor ", vision_names.empty() ? "" : *vision_names.begin(),
-           " is not a parameter of this model's vision tower",
-           lf::hint("the weights belong to a model with a different vision configuration (depth)"));
-}
+void load_full_vlm(Qwen25Vl& model, const std::map<std::string, at::Tensor>& full) { load_full(model, full); }
+void load_full_vlm(Qwen3Vl& model, const std::map<std::string, at::Tensor>& full) { load_full(model, full); }
 
 DecoderConfig load_vlm_hf_into(CausalLm& model, const std::string& hf_dir) {
   const VlmConfig have = read_vlm_hf_config(hf_dir);
   const VlmArchitecture& a = *by_composite(have.type);
-  auto* vlm = dynamic_cast<Qwen25Vl*>(&model);
-  LF_CHECK(vlm != nullptr && model.type() == have.type, "the HF model in ", hf_dir, " is a ", a.architecture, " (",
-           have.type, "); the configured model is ", model.type(),
+  auto* v25 = dynamic_cast<Qwen25Vl*>(&model);
+  auto* v3 = dynamic_cast<Qwen3Vl*>(&model);
+  LF_CHECK((have.qwen3() ? v3 != nullptr : v25 != nullptr) && model.type() == have.type, "the HF model in ", hf_dir,
+           " is a ", a.architecture, " (", have.type, "); the configured model is ", model.type(),
            lf::hint("set model.type " + have.type + " with its vision_encoder (e.g. configs/examples/" + have.type +
                     "_tiny.yaml), or convert with loongforge-convert hf2lf and read the config.yaml it writes"));
   // Checked before the weights are read.
   std::string list;
   for (const auto& d : model_differences(model.config(), have.foundation))
     list += "\n  foundation." + d.field + ": model " + d.ours + ", config.json " + d.theirs;
-  if (!vlm->vision_parameters().empty()) {
-    json ours = vision_to_json(vlm->vision_encoder().config(), vlm->own_config(), a),
-         theirs = vision_to_json(have.vision, have.own, a);
+  const bool tower_here = have.qwen3() ? !v3->vision_parameters().empty() : !v25->vision_parameters().empty();
+  if (tower_here) {
+    json ours = have.qwen3() ? vision3_to_json(v3->vision_encoder().config(), a)
+                             : vision_to_json(v25->vision_encoder().config(), v25->own_config(), a),
+         theirs = tower_json(have, a);
     for (const char* skip : {"initializer_range", "tokens_per_second"}) ours.erase(skip), theirs.erase(skip);
     for (const auto& [key, value] : ours.items())
       if (theirs[key] != value)
         list += "\n  vision_encoder." + key + ": model " + value.dump() + ", config.json " + theirs[key].dump();
   }
-  const auto& own = vlm->own_config();
-  for (const auto& [key, ours, theirs] :
-       {std::tuple<const char*, int64_t, int64_t>{"image_token_id", own.image_token_id, have.own.image_token_id},
-        {"video_token_id", own.video_token_id, have.own.video_token_id},
-        {"tokens_per_second", own.tokens_per_second, have.own.tokens_per_second}})
+  const int64_t image = have.qwen3() ? v3->own_config().image_token_id : v25->own_config().image_token_id,
+                video = have.qwen3() ? v3->own_config().video_token_id : v25->own_config().video_token_id;
+  std::vector<std::tuple<const char*, int64_t, int64_t>> ids = {{"image_token_id", image, have.own.image_token_id},
+                                                                {"video_token_id", video, have.own.video_token_id}};
+  if (!have.qwen3()) ids.emplace_back("tokens_per_second", v25->own_config().tokens_per_second, have.own.tokens_per_second);
+  for (const auto& [key, ours, theirs] : ids)
     if (ours != theirs) list += lf::str("\n  ", key, ": model ", ours, ", config.json ", theirs);
   if (!list.empty())
     LF_FAIL("the HF model in ", hf_dir, " is not the configured model:", list,
@@ -444,7 +621,11 @@ DecoderConfig load_vlm_hf_into(CausalLm& model, const std::string& hf_dir) {
   ReadOptions options;
   options.vocab_tp = model.tp_size();
   VlmHfModel m = read_vlm_hf(hf_dir, options);
-  load_full_vlm(*vlm, {m.tensors.begin(), m.tensors.end()});
+  const std::map<std::string, at::Tensor> full(m.tensors.begin(), m.tensors.end());
+  if (have.qwen3())
+    load_full_vlm(*v3, full);
+  else
+    load_full_vlm(*v25, full);
   return m.config.foundation;
 }
 

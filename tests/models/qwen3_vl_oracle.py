@@ -11,6 +11,7 @@ Python is a test oracle only; LoongForge never runs it.
       needs torchvision); grids as the processor would give them.
         OUT/config.json          {"text": the LLM's fields, "vision": the tower's, ids}
         OUT/weights.safetensors  the model's state dict (model.visual.*, model.language_model.*, lm_head.weight)
+        OUT/hf/                  the same model as save_pretrained writes it (config.json, model.safetensors)
         OUT/io.safetensors
           vision_pixel_values [120, 1536], vision_grid [3, 3] (images 4x6, 8x8 and a 2x4x4 video in one
             call); vision_merged [30, 64], vision_deepstack_0/1 [30, 64]: the tower's outputs;
@@ -135,6 +136,7 @@ def make(out):
                     "video_position_ids": video_positions, "video_logits": video_logits})
 
     save_file({k: v.contiguous() for k, v in model.state_dict().items()}, os.path.join(out, "weights.safetensors"))
+    model.save_pretrained(os.path.join(out, "hf"))
     save_file({k: v.detach().contiguous() for k, v in tensors.items()}, os.path.join(out, "io.safetensors"))
     with open(os.path.join(out, "config.json"), "w") as f:
         json.dump({"text": TEXT, "vision": VISION, **IDS}, f, indent=1)

@@ -24,6 +24,7 @@
 #include "loongforge/models/composites/qwen3_vl.h"
 #include "loongforge/models/encoders/qwen3_vl_vision.h"
 #include "loongforge/models/hf_adapter.h"
+#include "loongforge/models/hf_vlm.h"
 #include "loongforge/models/registry.h"
 #include "cached_oracle.h"
 #include "error_message.h"
@@ -311,6 +312,77 @@ TEST(Qwen3Vl, LogitsMatchTransformers) {
   RecordProperty("tp1_max_abs_diff", std::to_string(diff));
   EXPECT_LE(diff, kTolerance);
   EXPECT_GT(deepstack, 0.1);
+}
+
+// HF conversion: the directory transformers' save_pretrained writes reads as a qwen3_vl
+// (config.json's text_config with interleaved M-RoPE, vision_config with DeepStack) whose tensors,
+// loaded into the composite, give transformers' logits; written back (lf2hf) every tensor is bit for
+// bit the original and config.json carries the same model; the online load (loongforge-train --load
+// HF_DIR) gives the same logits.
+TEST(Qwen3Vl, HfConversionKeepsTheLogitsAndRoundTripsBitExact) {
+  REQUIRE_ORACLE();
+  namespace hf = lf::models::hf;
+  const std::string dir = oracle_dir() + "/hf";
+  ASSERT_TRUE(hf::is_vlm_hf_dir(dir));
+  const hf::VlmHfModel m = hf::read_vlm_hf(dir);
+  EXPECT_EQ(m.config.type, "qwen3_vl");
+  EXPECT_EQ(m.architecture, "Qwen3VLForConditionalGeneration");
+  const auto want = read_configs(oracle_dir() + "/config.json");
+  EXPECT_EQ(m.config.foundation.mrope_section, want.text.mrope_section);
+  EXPECT_TRUE(m.config.foundation.mrope_interleaved);
+  EXPECT_TRUE(m.config.foundation.qk_layernorm);
+  EXPECT_EQ(m.config.vision3.deepstack_visual_indexes, want.vision.deepstack_visual_indexes);
+  EXPECT_EQ(m.config.vision3.num_position_embeddings, want.vision.num_position_embeddings);
+  EXPECT_EQ(m.config.own3.image_token_id, want.own.image_token_id);
+  Qwen3Vl model(m.config.foundation, m.config.vision3, m.config.own3, lf::backend::cpu_backend(), 5, at::kFloat, nullptr,
+                false, {});
+  const std::map<std::string, at::Tensor> full(m.tensors.begin(), m.tensors.end());
+  hf::load_full_vlm(model, full);
+  auto io = read_all(oracle_dir() + "/io.safetensors");
+  at::NoGradGuard no_grad;
+  const double diff = logits_difference(model.logits(io.at("input_ids"), io.at("pixel_values"), io.at("image_grid_thw")),
+                                        io.at("logits"));
+  std::printf("[qwen3_vl conversion] hf2lf tensors: max |logits - transformers| = %.3g\n", diff);
+  EXPECT_LE(diff, kTolerance);
+  // lf2hf(hf2lf(x)): the same tensor names, bit for bit.
+  const std::string out = lf::testing::make_temp_dir("qwen3vl-lf2hf");
+  hf::WriteOptions fp32;
+  fp32.dtype = at::kFloat;  // the oracle's dtype (lf2hf writes bf16 unless told)
+  hf::write_vlm_hf(out, m.config, m.tensors, fp32);
+  const auto original = read_all(dir + "/model.safetensors"), written = read_all(out + "/model.safetensors");
+  EXPECT_EQ(original.size(), written.size());
+  for (const auto& [name, t] : original) {
+    auto it = written.find(name);
+    ASSERT_NE(it, written.end()) << name;
+    EXPECT_TRUE(at::equal(t, it->second)) << name;
+  }
+  // The written config.json reads as the same model.
+  const hf::VlmConfig again = hf::read_vlm_hf_config(out);
+  EXPECT_EQ(again.type, "qwen3_vl");
+  EXPECT_TRUE(again.foundation.mrope_interleaved);
+  EXPECT_TRUE(lf::models::hf::model_differences(again.foundation, m.config.foundation).empty());
+  EXPECT_EQ(again.vision3.deepstack_visual_indexes, m.config.vision3.deepstack_visual_indexes);
+  EXPECT_EQ(again.vision3.hidden_act, m.config.vision3.hidden_act);
+  // The online load.
+  Qwen3Vl online(m.config.foundation, m.config.vision3, m.config.own3, lf::backend::cpu_backend(), 9, at::kFloat,
+                 nullptr, false, {});
+  hf::load_vlm_hf_into(online, dir);
+  EXPECT_LE(logits_difference(online.logits(io.at("input_ids"), io.at("pixel_values"), io.at("image_grid_thw")),
+                              io.at("logits")),
+            kTolerance);
+  // A qwen2_5_vl configuration refuses the Qwen3-VL directory, naming both.
+  const auto e = error_of([&] {
+    lf::models::Qwen25VisionConfig tower{2, 32, 48, 2};
+    tower.fullatt_block_indexes = {1};
+    lf::models::Qwen25VlConfig ids;
+    ids.image_token_id = 192, ids.video_token_id = 193;
+    lf::models::Qwen25Vl wrong(m.config.foundation, tower, ids, lf::backend::cpu_backend(), 1, at::kFloat, nullptr,
+                               false, {});
+    hf::load_vlm_hf_into(wrong, dir);
+  });
+  EXPECT_NE(e.find("is a Qwen3VLForConditionalGeneration (qwen3_vl); the configured model is qwen2_5_vl"),
+            std::string::npos)
+      << e;
 }
 
 TEST(Qwen3Vl, ImageAndVideoMatchTransformers) {

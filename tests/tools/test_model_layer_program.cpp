@@ -448,6 +448,35 @@ TEST(Qwen3Vl, MultimodalStoreAndVisionTowerModesEqualOneProcess) {
       << refused.output;
 }
 
+// loongforge-convert on a Qwen3-VL directory (transformers' save_pretrained of the tiny random
+// model of tests/models/qwen3_vl_oracle.py): hf2lf into a TP 2 checkpoint, lf2hf back in fp32 gives
+// every tensor bit for bit, and config.json the same interleaved M-RoPE and DeepStack taps.
+TEST(Qwen3Vl, ConvertHfToTp2CheckpointAndBackIsBitExact) {
+  const std::string o = lf::testing::cached_oracle(lf::testing::source_dir() + "/tests/models/qwen3_vl_oracle.py",
+                                                   "qwen3_vl_oracle", "io.safetensors");
+  if (o.empty()) GTEST_SKIP() << "Python oracle unavailable (.venv missing)";
+  const std::string d = lf::testing::make_temp_dir("ml-qwen3vl-convert");
+  auto in = lf::testing::run_command({bin("loongforge-convert"), "hf2lf", "--hf-dir", o + "/hf", "--out", d + "/lf",
+                                      "--tp", "2"});
+  ASSERT_EQ(in.exit_code, 0) << in.output;
+  EXPECT_NE(in.output.find("Qwen3VLForConditionalGeneration (qwen3_vl"), std::string::npos) << in.output;
+  EXPECT_NE(lf::testing::read_file(d + "/lf/iter_0000000/config.yaml").find("type: qwen3_vl_vision"), std::string::npos);
+  auto out = lf::testing::run_command({bin("loongforge-convert"), "lf2hf", "--load", d + "/lf", "--out", d + "/hf",
+                                       "--dtype", "fp32"});
+  ASSERT_EQ(out.exit_code, 0) << out.output;
+  const Params want = lf::testing::read_params(o + "/hf/model.safetensors"),
+               got = lf::testing::read_params(d + "/hf/model.safetensors");
+  EXPECT_EQ(want.size(), got.size());
+  for (const auto& [name, v] : want) {
+    auto it = got.find(name);
+    ASSERT_NE(it, got.end()) << name;
+    EXPECT_EQ(v, it->second) << name;
+  }
+  const std::string config = lf::testing::read_file(d + "/hf/config.json");
+  EXPECT_NE(config.find("\"mrope_interleaved\": true"), std::string::npos) << config;
+  EXPECT_NE(config.find("\"deepstack_visual_indexes\""), std::string::npos) << config;
+}
+
 // Frozen encoder: no gradients, no optimizer state; its weights stay as initialised (a run at
 // lr 0 shows them) while the foundation trains, and the heterogeneous layout still equals one
 // process.

@@ -2,9 +2,10 @@
 // safetensors sharded or not) <-> LoongForge's multimodal composites: the configuration of the
 // composite (its foundation DecoderConfig, vision tower and own fields) and the full, unsharded
 // tensors under our parameter names. A table of architectures (hf_vlm.cpp) says which HF class
-// maps to which composite; today one entry: Qwen2_5_VLForConditionalGeneration <-> qwen2_5_vl
-// (its language model through the qwen2 decoder mapping, configs/models/qwen2/hf.yaml; its tower
-// through encoders/qwen2_5_vl_vision.h). Programs (loongforge-convert hf2lf / lf2hf,
+// maps to which composite: Qwen2_5_VLForConditionalGeneration <-> qwen2_5_vl (its language model
+// through the qwen2 decoder mapping, configs/models/qwen2/hf.yaml; its tower through
+// encoders/qwen2_5_vl_vision.h) and Qwen3VLForConditionalGeneration <-> qwen3_vl (the qwen3 mapping
+// with interleaved M-RoPE; encoders/qwen3_vl_vision.h, DeepStack mergers included). Programs (loongforge-convert hf2lf / lf2hf,
 // loongforge-generate) ask is_vlm_hf_dir / vlm_config_from_model_section first and fall back to
 // the decoder path of hf_adapter.h.
 #pragma once
@@ -16,17 +17,22 @@
 #include <string>
 
 #include "loongforge/models/composites/qwen2_5_vl.h"
+#include "loongforge/models/composites/qwen3_vl.h"
 #include "loongforge/models/hf_adapter.h"
 #include "loongforge/parallel/sharding.h"
 
 namespace lf::models::hf {
 
-// A multimodal composite's configuration: `type` names the composite (qwen2_5_vl).
+// A multimodal composite's configuration: `type` names the composite (qwen2_5_vl or qwen3_vl);
+// the tower and own fields of that type are the ones set (out_hidden_size resolved, > 0).
 struct VlmConfig {
   std::string type;
-  DecoderConfig foundation;  // M-RoPE (mrope_section set)
-  Qwen25VisionConfig vision;  // out_hidden_size resolved (> 0)
+  DecoderConfig foundation;  // M-RoPE (mrope_section set; qwen3_vl: mrope_interleaved)
+  Qwen25VisionConfig vision;  // qwen2_5_vl
   Qwen25VlConfig own;
+  Qwen3VisionConfig vision3;  // qwen3_vl
+  Qwen3VlConfig own3;
+  bool qwen3() const { return type == "qwen3_vl"; }
 };
 
 // True when dir is an HF model directory (is_hf_model_dir) whose config.json names an
@@ -66,10 +72,10 @@ std::optional<VlmConfig> vlm_config_from_model_section(const std::string& yaml_t
 std::map<std::string, lf::parallel::Sharding> vlm_shardings(const VlmConfig& config);
 
 // Copies full tensors under our names into a built model (this rank's shards): the language model
-// through CausalLm::load_full_parameters, the tower's parameters by name (on the first pipeline
-// stage; other stages skip the tower's tensors). Every parameter must be given and every tensor
-// used.
+// through CausalLm::load_full_parameters, the tower's parameters by name (on the stages that hold
+// it; others skip the tower's tensors). Every parameter must be given and every tensor used.
 void load_full_vlm(Qwen25Vl& model, const std::map<std::string, at::Tensor>& full);
+void load_full_vlm(Qwen3Vl& model, const std::map<std::string, at::Tensor>& full);
 
 // The online form of hf2lf for a VLM (load_hf_into calls it for a directory of the table, so
 // loongforge-train --load / --pretrained-checkpoint HF_DIR work): `model` must be the composite

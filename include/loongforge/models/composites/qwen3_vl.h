@@ -97,6 +97,7 @@ class Qwen3Vl : public CausalLm {
   // The first pipeline stage only (every stage with --enable-full-hetero-dp).
   const Qwen3VisionEncoder& vision_encoder() const { return *encoder_; }
   const std::vector<Parameter>& vision_parameters() const { return encoder_params_; }
+  const Qwen3VlConfig& own_config() const { return config_; }  // image / video ids
 
  protected:
   // Not used: stage_forward embeds (the DeepStack rows go to the layers, not the embeddings).

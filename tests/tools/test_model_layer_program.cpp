@@ -477,6 +477,39 @@ TEST(Qwen3Vl, ConvertHfToTp2CheckpointAndBackIsBitExact) {
   EXPECT_NE(config.find("\"deepstack_visual_indexes\""), std::string::npos) << config;
 }
 
+// InternVL (configs/examples/internvl_tiny.yaml: an InternViT tower with its pixel-shuffle projector
+// and a qwen2 foundation, one 56 x 56 tile per sample from --mock-data) under foundation TP 2 with
+// the tower data-parallel over it, PP 2, and TP 2 x PP 2 with the tower over every rank equals one
+// process; its backbone swaps to qwen3 and llama by the defaults line.
+TEST(InternVl, LayoutsAndTowerModesEqualOneProcess) {
+  const std::string cfg = config("examples/internvl_tiny.yaml");
+  auto one = run(1, cfg, {}, "internvl1");
+  ASSERT_EQ(one.exit_code, 0) << one.output;
+  lf::testing::expect_same_training(
+      one, run(2, cfg, {"--tensor-model-parallel-size", "2", "--enable-encoder-hetero-dp"}, "internvl_tp2"),
+      "internvl: tp 2, the tower data-parallel over it");
+  lf::testing::expect_same_training(one, run_pipelined(2, 2, cfg, {"--pipeline-model-parallel-size", "2"}, "internvl_pp2"),
+                                    "internvl: pp 2");
+  auto full = run_pipelined(4, 2, cfg,
+                            {"--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "2",
+                             "--enable-full-hetero-dp"},
+                            "internvl_full");
+  EXPECT_NE(full.output.find("--enable-full-hetero-dp: the first step's media: "), std::string::npos) << full.output;
+  lf::testing::expect_same_training(one, full, "internvl: tp 2 x pp 2, the tower over every rank");
+  const std::string base = lf::testing::read_file(cfg), line = "/models/qwen2@model.foundation: tiny";
+  ASSERT_NE(base.find(line), std::string::npos);
+  const std::string d = lf::testing::make_temp_dir("ml-internvl-swap");
+  for (const std::string preset : {"qwen3", "llama"}) {
+    std::string text = base;
+    text.replace(text.find(line), line.size(), "/models/" + preset + "@model.foundation: tiny");
+    std::ofstream(d + "/" + preset + ".yaml") << text;
+    auto r = lf::testing::run_command({bin("loongforge-train"), "--config-file", d + "/" + preset + ".yaml",
+                                       "--train-iters", "3", "--eval-iters", "0", "--lr-warmup-iters", "1"});
+    EXPECT_EQ(r.exit_code, 0) << preset << "\n" << r.output;
+    EXPECT_NE(r.output.find("done: 3 iterations"), std::string::npos) << preset << "\n" << r.output;
+  }
+}
+
 // Frozen encoder: no gradients, no optimizer state; its weights stay as initialised (a run at
 // lr 0 shows them) while the foundation trains, and the heterogeneous layout still equals one
 // process.

@@ -18,8 +18,24 @@
 #include <vector>
 
 #include "causal_lm_plan.h"
+#include "loongforge/models/composites/internvl.h"
 
 namespace lf::models {
+
+// What the plan reads of a tower's and a composite's fields, whatever their names.
+template <class V>
+int64_t vision_merge(const V& v) { return v.spatial_merge_size; }
+inline int64_t vision_merge(const InternVisionConfig& v) { return v.merge(); }
+template <class V>
+int64_t vision_depth(const V& v) { return v.depth; }
+inline int64_t vision_depth(const InternVisionConfig& v) { return v.num_hidden_layers; }
+template <class O>
+std::vector<std::pair<std::string, int64_t>> media_token_ids(const O& o) {
+  return {{"image_token_id", o.image_token_id}, {"video_token_id", o.video_token_id}};
+}
+inline std::vector<std::pair<std::string, int64_t>> media_token_ids(const InternVlConfig& o) {
+  return {{"image_token_id", o.image_token_id}};
+}
 
 template <class Vision, class Own>
 class VlmPlan : public CausalLmPlan {
@@ -44,8 +60,7 @@ class VlmPlan : public CausalLmPlan {
                  "the merger's out_hidden_size " + std::to_string(vision_.out_hidden_size) +
                      " differs from the foundation's hidden_size " + std::to_string(foundation_.hidden_size),
                  "leave out_hidden_size at 0 (the foundation's width)");
-    for (const auto& [field, id] : {std::pair<std::string, int64_t>{"image_token_id", own_.image_token_id},
-                                    {"video_token_id", own_.video_token_id}})
+    for (const auto& [field, id] : media_token_ids(own_))
       if (id >= foundation_.vocab_size)
         errors.add("model." + field, origin(args, "model." + field),
                    "model." + field + " " + std::to_string(id) + " is outside the vocabulary of " +
@@ -125,11 +140,11 @@ class VlmPlan : public CausalLmPlan {
   void add_mock_fields(Batch& batch, uint64_t seed) const override {
     at::Tensor tokens = batch.at("tokens").clone(), labels = batch.at("labels").clone();
     at::Tensor mask = batch.find("loss_mask") ? batch.at("loss_mask").clone() : at::ones(tokens.sizes(), at::kFloat);
-    const int64_t m = vision_.spatial_merge_size, side = mock_side();
+    const int64_t m = vision_merge(vision_), side = mock_side();
     LF_CHECK(side % m == 0, "model.mock_image_patches ", side, " is not a multiple of spatial_merge_size ", m);
     const int64_t n = (side / m) * (side / m), id = own_.image_token_id;
     LF_CHECK(tokens.size(1) > n, "training.seq_length ", tokens.size(1), " leaves no text after ", n, " placeholders");
-    for (int64_t special : {own_.image_token_id, own_.video_token_id}) {
+    for (const auto& [field, special] : media_token_ids(own_)) {
       tokens.masked_fill_(tokens.eq(special), (special + 2) % foundation_.vocab_size);
       labels.masked_fill_(labels.eq(special), (special + 2) % foundation_.vocab_size);
     }
@@ -156,7 +171,7 @@ class VlmPlan : public CausalLmPlan {
     return n ? n->origin() : lf::config::Origin::from_default();
   }
   // --mock-data's image side in patches (default 2 x merge: 4 merged tokens).
-  virtual int64_t mock_side() const { return 2 * vision_.spatial_merge_size; }
+  virtual int64_t mock_side() const { return 2 * vision_merge(vision_); }
   // TP 1; each foundation TP group's ranks are one share group (cp), the foundation's DP the tower's.
   lf::dist::ParallelLayout vision_layout() const {
     lf::dist::ParallelSizes s;
@@ -186,10 +201,10 @@ class VlmPlan : public CausalLmPlan {
       const double per_param = 8 + (half ? 4 : 0);
       e.optimizer = per_param * p / (job_.optimizer.use_distributed_optimizer ? static_cast<double>(vision_ranks_.size()) : 1.0);
     }
-    const int64_t m = vision_.spatial_merge_size;
+    const int64_t m = vision_merge(vision_);
     const double patches = job_.data.mock_data ? b * static_cast<double>(mock_side() * mock_side())
                                                : b * static_cast<double>(job_.training.seq_length * m * m);
-    const double per_patch = static_cast<double>(vision_.depth * vision_.hidden_size) * 34 * (half ? 1 : 2);
+    const double per_patch = static_cast<double>(vision_depth(vision_) * vision_.hidden_size) * 34 * (half ? 1 : 2);
     const std::string which = job_.data.mock_data ? "--mock-data's images" : "at most seq_length x merge^2 patches a sample";
     if (full) {
       e.activations = per_patch * patches * static_cast<double>(micro_batches) / shares_;

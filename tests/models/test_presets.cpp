@@ -8,10 +8,15 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <tuple>
 
 #include "loongforge/core/config/compose.h"
 #include "loongforge/core/config/job_config.h"
 #include "loongforge/models/composites/causal_lm.h"
+#include "loongforge/models/composites/internvl.h"
+#include "loongforge/models/composites/qwen2_5_vl.h"
+#include "loongforge/models/composites/qwen3_vl.h"
+#include "loongforge/models/registry.h"
 #include "loongforge/models/hf_adapter.h"
 #include "multiprocess.h"
 
@@ -202,4 +207,55 @@ TEST(ModelPresets, EveryPresetLoadsAndTinyOnesAreTiny) {
   EXPECT_GE(n, 14);
 }
 
+// The vision tower presets (configs/models/<tower>/) in a VLM job beside a foundation preset, as
+// loongforge-train composes them. Qwen2.5-VL-7B-Instruct and Qwen3-VL-8B-Instruct: the release's
+// safetensors total / 2; InternViT-300M with InternVL's projector: transformers'
+// InternVLForConditionalGeneration built from the same fields on the meta device (its vision_tower
+// and multi_modal_projector parameters) at the projector widths 896 and 3584.
+std::shared_ptr<const lf::models::ModelConfig> load_vlm(const std::string& type, const std::string& tower,
+                                                         const std::string& preset, const std::string& family,
+                                                         const std::string& foundation, const std::string& extra = "") {
+  static const std::string dir = lf::testing::make_temp_dir("vlm-presets");
+  const std::string path = dir + "/" + tower + "_" + preset + "_" + foundation + ".yaml";
+  std::ofstream(path) << "defaults:\n  - /train/base@_global_\n  - /models/" << tower << "@model.vision_encoder: " << preset
+                      << "\n  - /models/" << family << "@model.foundation: " << foundation
+                      << "\n  - _self_\nmodel:\n  type: " << type << "\n" << extra
+                      << "training:\n  train_iters: 1\n  seq_length: 64\ndata:\n  mock_data: true\n";
+  lf::config::ComposeOptions o;
+  o.config_root = configs();
+  o.config_file = path;
+  return lf::models::load_model_config(lf::config::load_job(o).job.model);
+}
+
+TEST(ModelPresets, VisionTowersGiveThePublishedCounts) {
+  {
+    const auto m = load_vlm("qwen2_5_vl", "qwen2_5_vl_vision", "qwen2_5_vl_7b", "qwen2", "qwen2.5_7b");
+    const auto text = lf::models::qwen2_5_vl_foundation(m->fields<DecoderConfig>("foundation"));
+    auto tower = m->fields<lf::models::Qwen25VisionConfig>("vision_encoder");
+    tower.out_hidden_size = text.hidden_size;
+    EXPECT_EQ(tower.num_parameters(), 676'550'144);
+    EXPECT_EQ(text.num_parameters() + tower.num_parameters(), 8'292'166'656);  // Qwen2.5-VL-7B-Instruct
+    EXPECT_EQ(text.mrope_section, (std::vector<int64_t>{16, 24, 24}));
+  }
+  {
+    const auto m = load_vlm("qwen3_vl", "qwen3_vl_vision", "qwen3_vl_8b", "qwen3", "qwen3_8b",
+                            "  foundation:\n    mrope_section: [24, 20, 20]\n    mrope_interleaved: true\n");
+    const auto& text = m->fields<DecoderConfig>("foundation");
+    auto tower = m->fields<lf::models::Qwen3VisionConfig>("vision_encoder");
+    tower.out_hidden_size = text.hidden_size;
+    EXPECT_EQ(tower.num_parameters(), 576'388'336);
+    EXPECT_EQ(text.num_parameters() + tower.num_parameters(), 8'767'123'696);  // Qwen3-VL-8B-Instruct
+  }
+  for (const auto& [foundation, width, want] : {std::tuple<std::string, int64_t, int64_t>{"qwen2.5_7b", 3584, 331'552'768}}) {
+    const auto m = load_vlm("internvl", "intern_vit", "internvit_300m_448px", "qwen2", foundation);
+    auto tower = m->fields<lf::models::InternVisionConfig>("vision_encoder");
+    tower.out_hidden_size = width;
+    EXPECT_EQ(tower.num_parameters(), want);
+    tower.out_hidden_size = 896;  // InternVL3-1B's Qwen2.5-0.5B
+    EXPECT_EQ(tower.num_parameters(), 308'495'104);
+    EXPECT_EQ((tower.grid() / tower.merge()) * (tower.grid() / tower.merge()), 256);  // placeholders a tile
+  }
+}
+
 }  // namespace
+

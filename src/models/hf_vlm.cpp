@@ -39,6 +39,8 @@ constexpr VlmArchitecture kVlms[] = {
      "qwen2_5_vl_vision", "qwen2_5_vl_vision"},
     {"Qwen3VLForConditionalGeneration", "qwen3_vl", "qwen3_vl", "Qwen3ForCausalLM", "qwen3_vl_text", "qwen3_vl",
      "qwen3_vl_vision"},
+    // The language model's family is its text_config's (qwen2, qwen3, llama ...): text_mapping_of.
+    {"InternVLForConditionalGeneration", "internvl", "internvl", "", "", "internvl_vision", "intern_vit"},
 };
 
 const VlmArchitecture* by_hf(const std::string& architecture, const std::string& model_type) {
@@ -63,6 +65,31 @@ std::string known_list() {
 }
 
 Mapping text_mapping(const VlmArchitecture& a) { return mapping_for_architecture(a.text_architecture); }
+// The language model's mapping of a read config (InternVL: by text_config.model_type) or of a
+// foundation to write (InternVL: the family able to express it).
+Mapping text_mapping_of(const VlmArchitecture& a, const std::string& text_model_type) {
+  return *a.text_architecture ? text_mapping(a) : mapping_for_architecture("", text_model_type);
+}
+Mapping text_mapping_for(const VlmArchitecture& a, const DecoderConfig& foundation) {
+  return *a.text_architecture ? text_mapping(a) : mapping_for_config(foundation);
+}
+const std::string kInternVision = "model.vision_tower.", kInternProjector = "model.multi_modal_projector.";
+
+// InternVL's files keep the original checkpoint's names (transformers maps them on load and back
+// on save): language_model.model.* / language_model.lm_head.weight / vision_tower.* /
+// multi_modal_projector.* on disk, model.language_model.* / lm_head.weight / model.vision_tower.* /
+// model.multi_modal_projector.* in memory. Names already in memory form pass unchanged.
+const std::pair<const char*, const char*> kInternDiskNames[] = {{"language_model.model.", "model.language_model."},
+                                                                  {"language_model.lm_head.", "lm_head."},
+                                                                  {"vision_tower.", "model.vision_tower."},
+                                                                  {"multi_modal_projector.", "model.multi_modal_projector."}};
+std::string intern_name(const std::string& name, bool to_disk) {
+  for (const auto& [disk, memory] : kInternDiskNames) {
+    const std::string from = to_disk ? memory : disk, to = to_disk ? disk : memory;
+    if (name.rfind(from, 0) == 0) return to + name.substr(from.size());
+  }
+  return name;
+}
 
 std::pair<std::string, std::string> architecture_of(const json& j) {
   std::string arch, type = j.value("model_type", std::string());
@@ -316,11 +343,83 @@ json vision3_to_json(const Qwen3VisionConfig& c, const VlmArchitecture& a) {
               {"initializer_range", c.initializer_range}};
 }
 
-// The tower's tensor table and HF form of either composite.
+// --- InternVL's tower (encoders/intern_vit.h): vision_config plus the projector's top-level fields ---
+
+// vision_config (j_v) and the top-level projector fields (j) -> ours; transformers' defaults.
+InternVisionConfig intern_from_json(const json& j, const json& v, const std::string& src) {
+  LF_CHECK(v.is_object(), src, ": vision_config must be an object");
+  auto side = [&](const char* key, int64_t fallback) {  // an int or a square [n, n]
+    if (!v.contains(key)) return fallback;
+    if (v[key].is_array()) {
+      const auto a = v[key].get<std::vector<int64_t>>();
+      LF_CHECK(a.size() == 2 && a[0] == a[1], src, ": vision_config.", key, " ", v[key].dump(),
+               " is not square (non-square tiles are not supported)");
+      return a[0];
+    }
+    LF_CHECK(v[key].is_number_integer(), src, ": vision_config.", key, " must be an integer, got ", v[key].dump());
+    return v[key].get<int64_t>();
+  };
+  InternVisionConfig c;
+  c.hidden_size = v.value("hidden_size", int64_t{1024});
+  c.num_hidden_layers = v.value("num_hidden_layers", int64_t{24});
+  c.num_attention_heads = v.value("num_attention_heads", int64_t{16});
+  c.intermediate_size = v.value("intermediate_size", int64_t{4096});
+  c.num_channels = v.value("num_channels", int64_t{3});
+  c.image_size = side("image_size", 448);
+  c.patch_size = side("patch_size", 14);
+  c.attention_bias = v.value("attention_bias", false);
+  c.use_qk_norm = v.value("use_qk_norm", false);
+  c.hidden_act = v.value("hidden_act", std::string("gelu"));
+  c.norm_type = v.value("norm_type", std::string("layer_norm"));
+  c.layer_norm_eps = v.value("layer_norm_eps", 1e-6);
+  c.layer_scale_init_value = v.value("layer_scale_init_value", 0.1);
+  c.use_absolute_position_embeddings = v.value("use_absolute_position_embeddings", true);
+  c.use_mean_pooling = v.value("use_mean_pooling", true);
+  c.initializer_range = v.value("initializer_range", 0.02);
+  c.downsample_ratio = j.value("downsample_ratio", 0.5);
+  c.projector_hidden_act = j.value("projector_hidden_act", std::string("gelu"));
+  LF_CHECK(!j.contains("vision_feature_layer") || j["vision_feature_layer"].is_number_integer(), src,
+           ": vision_feature_layer ", j.value("vision_feature_layer", json()).dump(),
+           " is not one layer (a list of layers is not supported)");
+  c.vision_feature_layer = j.value("vision_feature_layer", int64_t{-1});
+  c.vision_feature_select_strategy = j.value("vision_feature_select_strategy", std::string("default"));
+  for (const auto& [key, value, allowed] :
+       {std::tuple<const char*, std::string, std::vector<std::string>>{"vision_config.hidden_act", c.hidden_act, {"gelu"}},
+        {"vision_config.norm_type", c.norm_type, {"layer_norm", "rms_norm"}},
+        {"projector_hidden_act", c.projector_hidden_act, {"gelu"}},
+        {"vision_feature_select_strategy", c.vision_feature_select_strategy, {"default"}}})
+    LF_CHECK(std::find(allowed.begin(), allowed.end(), value) != allowed.end(), src, ": ", key, " '", value,
+             "' is not supported");
+  return c;
+}
+
+json intern_vision_json(const InternVisionConfig& c, const VlmArchitecture& a) {
+  return json{{"model_type", a.vision_model_type},
+              {"hidden_size", c.hidden_size},
+              {"num_hidden_layers", c.num_hidden_layers},
+              {"num_attention_heads", c.num_attention_heads},
+              {"intermediate_size", c.intermediate_size},
+              {"num_channels", c.num_channels},
+              {"image_size", {c.image_size, c.image_size}},
+              {"patch_size", {c.patch_size, c.patch_size}},
+              {"attention_bias", c.attention_bias},
+              {"use_qk_norm", c.use_qk_norm},
+              {"hidden_act", c.hidden_act},
+              {"norm_type", c.norm_type},
+              {"layer_norm_eps", c.layer_norm_eps},
+              {"layer_scale_init_value", c.layer_scale_init_value},
+              {"use_absolute_position_embeddings", c.use_absolute_position_embeddings},
+              {"use_mean_pooling", c.use_mean_pooling},
+              {"initializer_range", c.initializer_range}};
+}
+
+// The tower's tensor table and HF form of each composite.
 std::vector<std::pair<std::string, std::vector<int64_t>>> tower_tensors(const VlmConfig& c) {
+  if (c.intern()) return intern_vision_tensors(c.vision_intern);
   return c.qwen3() ? vision3_tensors(c.vision3) : vision_tensors(c.vision);
 }
 json tower_json(const VlmConfig& c, const VlmArchitecture& a) {
+  if (c.intern()) return intern_vision_json(c.vision_intern, a);
   return c.qwen3() ? vision3_to_json(c.vision3, a) : vision_to_json(c.vision, c.own, a);
 }
 
@@ -381,6 +480,19 @@ VlmConfig read_vlm_hf_config(const std::string& hf_dir) {
   json t = j.contains("text_config") && j["text_config"].is_object() ? j["text_config"] : j;
   const bool tied = j.value("tie_word_embeddings", false) || t.value("tie_word_embeddings", false);
   t["tie_word_embeddings"] = tied;
+  if (out.intern()) {
+    LF_CHECK(j.contains("vision_config"), src, ": no vision_config");
+    const std::string text_type = t.value("model_type", std::string("qwen2"));
+    out.foundation = config_from_json(t, text_mapping_of(*a, text_type).impl(), src + " (language model)");
+    out.vision_intern = intern_from_json(j, j["vision_config"], src);
+    out.vision_intern.out_hidden_size = out.foundation.hidden_size;
+    out.own_intern.image_token_id = j.value("image_token_id", int64_t{151667});
+    out.own.image_token_id = out.own_intern.image_token_id;
+    LF_CHECK(out.own_intern.image_token_id >= 0 && out.own_intern.image_token_id < out.foundation.vocab_size, src,
+             ": image_token_id ", out.own_intern.image_token_id, " is outside the vocabulary of ",
+             out.foundation.vocab_size, " tokens");
+    return out;
+  }
   std::vector<int64_t> mrope;
   bool interleaved = false;
   for (const char* key : {"rope_parameters", "rope_scaling"}) {
@@ -449,20 +561,29 @@ VlmHfModel read_vlm_hf(const std::string& hf_dir, const ReadOptions& options) {
   out.config = read_vlm_hf_config(hf_dir);
   const VlmArchitecture& a = *by_composite(out.config.type);
   out.architecture = a.architecture;
-  const auto tensors = read_hf_weights(hf_dir, options.dtype);
+  std::map<std::string, at::Tensor> tensors;
+  for (auto& [name, t] : read_hf_weights(hf_dir, options.dtype))
+    tensors.emplace(out.config.intern() ? intern_name(name, false) : name, std::move(t));
   // transformers 5: model.visual.*, model.language_model.*; transformers 4: visual.*, model.*.
   const bool v5 = std::any_of(tensors.begin(), tensors.end(),
                               [](const auto& e) { return e.first.rfind("model.language_model.", 0) == 0; });
-  const std::string visual = v5 ? "model.visual." : "visual.", lm = v5 ? "model.language_model." : "model.";
+  const bool intern = out.config.intern();
+  const std::string visual = intern ? kInternVision : v5 ? "model.visual." : "visual.",
+                    lm = v5 ? "model.language_model." : "model.";
+  const Mapping mapping = text_mapping_for(a, out.config.foundation);
   std::vector<std::string> used;
-  out.tensors = decoder_from_hf_tensors(out.config.foundation, text_mapping(a), tensors, lm, options.vocab_tp, &used);
+  out.tensors = decoder_from_hf_tensors(out.config.foundation, mapping, tensors, lm, options.vocab_tp, &used);
   const std::set<std::string> read(used.begin(), used.end());
   for (const auto& [name, t] : tensors)
-    LF_CHECK(name.rfind(visual, 0) == 0 || read.count(name), "HF tensor '", name, "' in ", hf_dir,
-             " is neither the vision tower's (", visual, "*) nor a tensor of the language model (",
-             out.config.foundation.num_layers, " layers, ", a.text_architecture, " mapping)",
+    LF_CHECK(name.rfind(visual, 0) == 0 || (intern && name.rfind(kInternProjector, 0) == 0) || read.count(name),
+             "HF tensor '", name, "' in ", hf_dir, " is neither the vision tower's (", visual, "*",
+             intern ? ", " + kInternProjector + "*" : std::string(), ") nor a tensor of the language model (",
+             out.config.foundation.num_layers, " layers, ", mapping.model_type(), " mapping)",
              lf::hint("config.json may not match the weights (e.g. num_hidden_layers)"));
-  if (out.config.qwen3()) {
+  if (intern) {
+    for (auto& [name, t] : intern_vision_from_hf(out.config.vision_intern, tensors, kInternVision, kInternProjector))
+      out.tensors.emplace_back(kVision + name, t.contiguous());
+  } else if (out.config.qwen3()) {
     for (auto& [name, t] : qwen3_vision_from_hf(out.config.vision3, tensors, visual))
       out.tensors.emplace_back(kVision + name, t.contiguous());
   } else {
@@ -493,10 +614,12 @@ void write_vlm_hf(const std::string& out_dir, const VlmConfig& config, const Nam
   }
   LF_CHECK(vision.size() == table.size(), "the vision tower holds ", vision.size(), " tensors, its configuration ",
            table.size());
-  const Mapping mapping = text_mapping(*a);
+  const Mapping mapping = text_mapping_for(*a, config.foundation);
   std::vector<std::string> used;
-  NamedTensors hf_tensors = config.qwen3() ? vision3_to_hf(config.vision3, vision, "model.visual.")
-                                           : vision_to_hf(config.vision, vision, "model.visual.");
+  NamedTensors hf_tensors = config.intern()
+                                 ? intern_vision_to_hf(config.vision_intern, vision, kInternVision, kInternProjector)
+                             : config.qwen3() ? vision3_to_hf(config.vision3, vision, "model.visual.")
+                                              : vision_to_hf(config.vision, vision, "model.visual.");
   for (auto& e : decoder_to_hf_tensors(config.foundation, mapping, lm, "model.language_model.", &used))
     hf_tensors.push_back(std::move(e));
   const std::set<std::string> read(used.begin(), used.end());
@@ -513,20 +636,31 @@ void write_vlm_hf(const std::string& out_dir, const VlmConfig& config, const Nam
   json rope = {{"rope_type", "default"}, {"rope_theta", t["rope_theta"]}};
   if (t.contains("rope_scaling") && t["rope_scaling"].is_object())
     for (const auto& [k, v] : t["rope_scaling"].items()) rope[k] = v;
-  rope["mrope_section"] = config.foundation.mrope_section;
+  if (!config.foundation.mrope_section.empty()) rope["mrope_section"] = config.foundation.mrope_section;
   if (config.foundation.mrope_interleaved) rope["mrope_interleaved"] = true;
   for (const char* k : {"architectures", "torch_dtype", "rope_scaling", "rope_theta"}) t.erase(k);
-  t["model_type"] = a->text_model_type;
+  t["model_type"] = *a->text_model_type ? std::string(a->text_model_type) : mapping.model_type();
   t["rope_parameters"] = rope;
   const char* dtype = options.dtype == at::kBFloat16 ? "bfloat16" : options.dtype == at::kHalf ? "float16" : "float32";
   json j = {{"architectures", json::array({a->architecture})},
             {"model_type", a->model_type},
             {"dtype", dtype},
-            {"image_token_id", config.own.image_token_id},
-            {"video_token_id", config.own.video_token_id},
+            {"image_token_id", config.intern() ? config.own_intern.image_token_id : config.own.image_token_id},
             {"tie_word_embeddings", !config.foundation.untie_embeddings_and_output_weights},
             {"text_config", t},
             {"vision_config", tower_json(config, *a)}};
+  if (config.intern()) {
+    const auto& v = config.vision_intern;
+    j["downsample_ratio"] = v.downsample_ratio;
+    j["projector_hidden_act"] = v.projector_hidden_act;
+    j["vision_feature_layer"] = v.vision_feature_layer;
+    j["vision_feature_select_strategy"] = v.vision_feature_select_strategy;
+    j["image_seq_length"] = (v.grid() / v.merge()) * (v.grid() / v.merge());
+  } else {
+    j["video_token_id"] = config.own.video_token_id;
+  }
+  if (config.intern())
+    for (auto& [name, t] : hf_tensors) name = intern_name(name, true);
   write_hf_files(out_dir, j.dump(2) + "\n", hf_tensors, options.dtype, options.max_shard_bytes);
 }
 
@@ -536,8 +670,12 @@ std::string vlm_model_section_yaml(const VlmConfig& config) {
   LF_CHECK(a != nullptr, "model type ", config.type, " is not a vision-language composite");
   Node model = Node::map();
   model.set("type", Node::scalar(config.type));
-  const Node own = config.qwen3() ? lf::config::to_node(config.own3) : lf::config::to_node(config.own),
-             tower = config.qwen3() ? lf::config::to_node(config.vision3) : lf::config::to_node(config.vision);
+  const Node own = config.intern()  ? lf::config::to_node(config.own_intern)
+                   : config.qwen3() ? lf::config::to_node(config.own3)
+                                    : lf::config::to_node(config.own),
+             tower = config.intern()  ? lf::config::to_node(config.vision_intern)
+                     : config.qwen3() ? lf::config::to_node(config.vision3)
+                                      : lf::config::to_node(config.vision);
   for (const auto& field : own.children()) model.set(field.key(), field);
   Node vision = Node::map();
   vision.set("type", Node::scalar(a->vision_component));
@@ -559,6 +697,14 @@ std::optional<VlmConfig> vlm_config_from_model_section(const std::string& yaml_t
   const auto mc = load_model_config(*model);
   VlmConfig out;
   out.type = mc->type;
+  if (out.intern()) {
+    out.foundation = mc->fields<DecoderConfig>("foundation");
+    out.vision_intern = mc->fields<InternVisionConfig>("vision_encoder");
+    if (out.vision_intern.out_hidden_size == 0) out.vision_intern.out_hidden_size = out.foundation.hidden_size;
+    out.own_intern = mc->own_fields<InternVlConfig>();
+    out.own.image_token_id = out.own_intern.image_token_id;
+    return out;
+  }
   if (out.qwen3()) {
     out.foundation = mc->fields<DecoderConfig>("foundation");
     out.vision3 = mc->fields<Qwen3VisionConfig>("vision_encoder");
@@ -583,35 +729,52 @@ std::map<std::string, lf::parallel::Sharding> vlm_shardings(const VlmConfig& con
 
 void load_full_vlm(Qwen25Vl& model, const std::map<std::string, at::Tensor>& full) { load_full(model, full); }
 void load_full_vlm(Qwen3Vl& model, const std::map<std::string, at::Tensor>& full) { load_full(model, full); }
+void load_full_vlm(InternVl& model, const std::map<std::string, at::Tensor>& full) { load_full(model, full); }
 
 DecoderConfig load_vlm_hf_into(CausalLm& model, const std::string& hf_dir) {
   const VlmConfig have = read_vlm_hf_config(hf_dir);
   const VlmArchitecture& a = *by_composite(have.type);
   auto* v25 = dynamic_cast<Qwen25Vl*>(&model);
   auto* v3 = dynamic_cast<Qwen3Vl*>(&model);
-  LF_CHECK((have.qwen3() ? v3 != nullptr : v25 != nullptr) && model.type() == have.type, "the HF model in ", hf_dir,
-           " is a ", a.architecture, " (", have.type, "); the configured model is ", model.type(),
+  auto* vi = dynamic_cast<InternVl*>(&model);
+  const bool right = have.intern() ? vi != nullptr : have.qwen3() ? v3 != nullptr : v25 != nullptr;
+  LF_CHECK(right && model.type() == have.type, "the HF model in ", hf_dir, " is a ", a.architecture, " (", have.type,
+           "); the configured model is ", model.type(),
            lf::hint("set model.type " + have.type + " with its vision_encoder (e.g. configs/examples/" + have.type +
                     "_tiny.yaml), or convert with loongforge-convert hf2lf and read the config.yaml it writes"));
   // Checked before the weights are read.
   std::string list;
   for (const auto& d : model_differences(model.config(), have.foundation))
     list += "\n  foundation." + d.field + ": model " + d.ours + ", config.json " + d.theirs;
-  const bool tower_here = have.qwen3() ? !v3->vision_parameters().empty() : !v25->vision_parameters().empty();
+  const bool tower_here = have.intern()  ? !vi->vision_parameters().empty()
+                          : have.qwen3() ? !v3->vision_parameters().empty()
+                                         : !v25->vision_parameters().empty();
   if (tower_here) {
-    json ours = have.qwen3() ? vision3_to_json(v3->vision_encoder().config(), a)
-                             : vision_to_json(v25->vision_encoder().config(), v25->own_config(), a),
+    json ours = have.intern()  ? intern_vision_json(vi->vision_encoder().config(), a)
+                : have.qwen3() ? vision3_to_json(v3->vision_encoder().config(), a)
+                               : vision_to_json(v25->vision_encoder().config(), v25->own_config(), a),
          theirs = tower_json(have, a);
     for (const char* skip : {"initializer_range", "tokens_per_second"}) ours.erase(skip), theirs.erase(skip);
+    if (have.intern()) {  // the projector's fields, ours on the tower
+      const auto& mine = vi->vision_encoder().config();
+      const auto& want = have.vision_intern;
+      ours["downsample_ratio"] = mine.downsample_ratio, theirs["downsample_ratio"] = want.downsample_ratio;
+      ours["vision_feature_layer"] = mine.vision_feature_layer, theirs["vision_feature_layer"] = want.vision_feature_layer;
+    }
     for (const auto& [key, value] : ours.items())
       if (theirs[key] != value)
         list += "\n  vision_encoder." + key + ": model " + value.dump() + ", config.json " + theirs[key].dump();
   }
-  const int64_t image = have.qwen3() ? v3->own_config().image_token_id : v25->own_config().image_token_id,
-                video = have.qwen3() ? v3->own_config().video_token_id : v25->own_config().video_token_id;
-  std::vector<std::tuple<const char*, int64_t, int64_t>> ids = {{"image_token_id", image, have.own.image_token_id},
-                                                                {"video_token_id", video, have.own.video_token_id}};
-  if (!have.qwen3()) ids.emplace_back("tokens_per_second", v25->own_config().tokens_per_second, have.own.tokens_per_second);
+  std::vector<std::tuple<const char*, int64_t, int64_t>> ids;
+  if (have.intern()) {
+    ids.emplace_back("image_token_id", vi->own_config().image_token_id, have.own_intern.image_token_id);
+  } else {
+    const int64_t image = have.qwen3() ? v3->own_config().image_token_id : v25->own_config().image_token_id,
+                  video = have.qwen3() ? v3->own_config().video_token_id : v25->own_config().video_token_id;
+    ids = {{"image_token_id", image, have.own.image_token_id}, {"video_token_id", video, have.own.video_token_id}};
+    if (!have.qwen3())
+      ids.emplace_back("tokens_per_second", v25->own_config().tokens_per_second, have.own.tokens_per_second);
+  }
   for (const auto& [key, ours, theirs] : ids)
     if (ours != theirs) list += lf::str("\n  ", key, ": model ", ours, ", config.json ", theirs);
   if (!list.empty())
@@ -622,7 +785,9 @@ DecoderConfig load_vlm_hf_into(CausalLm& model, const std::string& hf_dir) {
   options.vocab_tp = model.tp_size();
   VlmHfModel m = read_vlm_hf(hf_dir, options);
   const std::map<std::string, at::Tensor> full(m.tensors.begin(), m.tensors.end());
-  if (have.qwen3())
+  if (have.intern())
+    load_full_vlm(*vi, full);
+  else if (have.qwen3())
     load_full_vlm(*v3, full);
   else
     load_full_vlm(*v25, full);

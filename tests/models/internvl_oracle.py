@@ -10,6 +10,7 @@ Python is a test oracle only; LoongForge never runs it.
         OUT/config.json          {"text": the LLM's fields, "vision": the tower's, the projector's fields, ids}
         OUT/weights.safetensors  the model's state dict (model.vision_tower.*, model.multi_modal_projector.*,
                                  model.language_model.*, lm_head.weight)
+        OUT/hf/                  the same model as save_pretrained writes it (config.json, model.safetensors)
         OUT/io.safetensors
           input_ids [2, 22] (sample 0 holds two tiles of one image, 8 placeholders, sample 1 one tile, 4),
           pixel_values [3, 3, 56, 56]; logits [2, 22, 200]; logits_layer_m2 (vision_feature_layer -2: the
@@ -69,6 +70,7 @@ def make(out):
     tensors = {"input_ids": input_ids, "pixel_values": pixel_values, "logits": logits, "logits_layer_m2": logits_m2,
                "text_ids": text_ids, "text_logits": text_logits}
     save_file({k: v.contiguous() for k, v in model.state_dict().items()}, os.path.join(out, "weights.safetensors"))
+    model.save_pretrained(os.path.join(out, "hf"))
     save_file({k: v.detach().contiguous() for k, v in tensors.items()}, os.path.join(out, "io.safetensors"))
     with open(os.path.join(out, "config.json"), "w") as f:
         json.dump({"text": TEXT, "vision": VISION, **TOP, **IDS}, f, indent=1)

@@ -16,6 +16,7 @@
 #include "loongforge/core/error.h"
 #include "loongforge/dist/parallel_context.h"
 #include "loongforge/models/composites/internvl.h"
+#include "loongforge/models/hf_vlm.h"
 #include "cached_oracle.h"
 
 namespace {
@@ -114,6 +115,61 @@ TEST(InternVl, LogitsMatchTransformers) {
   EXPECT_LE(layer, kTolerance);
   EXPECT_LE(text, kTolerance);
   EXPECT_GT(apart, 0.01);
+}
+
+// HF conversion: save_pretrained's directory reads as an internvl (the qwen2 language model by its
+// text_config, the tower with the projector's top-level fields) whose tensors give transformers'
+// logits; lf2hf writes every tensor bit for bit and a config.json that reads as the same model; the
+// online load gives the same logits.
+TEST(InternVl, HfConversionKeepsTheLogitsAndRoundTripsBitExact) {
+  REQUIRE_ORACLE();
+  namespace hf = lf::models::hf;
+  const std::string dir = oracle_dir() + "/hf";
+  ASSERT_TRUE(hf::is_vlm_hf_dir(dir));
+  const hf::VlmHfModel m = hf::read_vlm_hf(dir);
+  EXPECT_EQ(m.config.type, "internvl");
+  EXPECT_TRUE(m.config.vision_intern.use_qk_norm);
+  EXPECT_FALSE(m.config.vision_intern.use_mean_pooling);
+  EXPECT_EQ(m.config.vision_intern.image_size, 56);
+  EXPECT_EQ(m.config.own_intern.image_token_id, 190);
+  EXPECT_TRUE(m.config.foundation.add_qkv_bias);  // qwen2, by text_config.model_type
+  InternVl model(m.config.foundation, m.config.vision_intern, m.config.own_intern, lf::backend::cpu_backend(), 5,
+                 at::kFloat, nullptr, false, {});
+  hf::load_full_vlm(model, {m.tensors.begin(), m.tensors.end()});
+  auto io = lf::testing::read_safetensors(oracle_dir() + "/io.safetensors");
+  at::NoGradGuard no_grad;
+  const double diff = difference(model.logits(io.at("input_ids"), io.at("pixel_values")), io.at("logits"));
+  std::printf("[internvl conversion] hf2lf tensors: max |logits - transformers| = %.3g\n", diff);
+  EXPECT_LE(diff, kTolerance);
+  const std::string out = lf::testing::make_temp_dir("internvl-lf2hf");
+  hf::WriteOptions fp32;
+  fp32.dtype = at::kFloat;
+  hf::write_vlm_hf(out, m.config, m.tensors, fp32);
+  const auto original = lf::testing::read_safetensors(dir + "/model.safetensors"),
+             written = lf::testing::read_safetensors(out + "/model.safetensors");
+  EXPECT_EQ(original.size(), written.size());
+  for (const auto& [name, t] : original) {
+    auto it = written.find(name);
+    ASSERT_NE(it, written.end()) << name;
+    EXPECT_TRUE(at::equal(t, it->second)) << name;
+  }
+  const hf::VlmConfig again = hf::read_vlm_hf_config(out);
+  EXPECT_EQ(again.type, "internvl");
+  EXPECT_TRUE(hf::model_differences(again.foundation, m.config.foundation).empty());
+  EXPECT_EQ(again.vision_intern.num_hidden_layers, m.config.vision_intern.num_hidden_layers);
+  EXPECT_EQ(again.vision_intern.use_qk_norm, m.config.vision_intern.use_qk_norm);
+  EXPECT_DOUBLE_EQ(again.vision_intern.downsample_ratio, m.config.vision_intern.downsample_ratio);
+  InternVl online(m.config.foundation, m.config.vision_intern, m.config.own_intern, lf::backend::cpu_backend(), 9,
+                  at::kFloat, nullptr, false, {});
+  hf::load_vlm_hf_into(online, dir);
+  EXPECT_LE(difference(online.logits(io.at("input_ids"), io.at("pixel_values")), io.at("logits")), kTolerance);
+  // A tower configured otherwise is named before any weight is read.
+  auto other = m.config.vision_intern;
+  other.use_qk_norm = false;
+  InternVl wrong(m.config.foundation, other, m.config.own_intern, lf::backend::cpu_backend(), 9, at::kFloat, nullptr,
+                 false, {});
+  const auto e = error_of([&] { hf::load_vlm_hf_into(wrong, dir); });
+  EXPECT_NE(e.find("vision_encoder.use_qk_norm: model false, config.json true"), std::string::npos) << e;
 }
 
 TEST(InternVl, PlaceholderAndTileMismatchesAreErrors) {

@@ -96,7 +96,9 @@ void run_hf2lf_vlm(const Hf2LfArgs& a, const hf::ReadOptions& options) {
   std::printf("converted %s (%s: %lld values, %lld layers, vision depth %lld) from %s to %s (tp %d, pp %d)\n",
               m.architecture.c_str(), m.config.type.c_str(), static_cast<long long>(count(m.tensors)),
               static_cast<long long>(m.config.foundation.num_layers),
-              static_cast<long long>(m.config.qwen3() ? m.config.vision3.depth : m.config.vision.depth),
+              static_cast<long long>(m.config.intern()  ? m.config.vision_intern.num_hidden_layers
+                                     : m.config.qwen3() ? m.config.vision3.depth
+                                                        : m.config.vision.depth),
               a.hf_dir.c_str(), a.out.c_str(), a.tp, a.pp);
 }
 

@@ -314,10 +314,10 @@ void check_placeholders(const std::vector<int64_t>& ids, const Qwen25VlMedia& m,
 // whole sequence (and its M-RoPE positions) each step.
 int run_vlm(Options& o, Loaded& loaded, lf::data::Tokenizer* tok) {
   const auto& v = *loaded.vlm;
-  LF_CHECK(!v.qwen3(), "loongforge-generate runs qwen2_5_vl models; ", v.type,
-           " (DeepStack, per-frame video timestamps) is not built into it yet",
-           lf::hint("evaluate a qwen3_vl checkpoint with loongforge-train's validation (--eval-iters) or the "
-                    "library's Qwen3Vl::logits"));
+  LF_CHECK(v.type == "qwen2_5_vl", "loongforge-generate runs qwen2_5_vl models; ", v.type,
+           " is not built into it yet",
+           lf::hint("evaluate such a checkpoint with loongforge-train's validation (--eval-iters), or call its "
+                    "composite's logits() from the library"));
   LF_CHECK(o.lora_adapter.empty(), "--lora-adapter: LoRA adapters are built for causal_lm models, not ", v.type);
   const auto t0 = std::chrono::steady_clock::now();
   const auto& be = lf::backend::select_backend();

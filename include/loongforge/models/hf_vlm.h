@@ -4,8 +4,10 @@
 // tensors under our parameter names. A table of architectures (hf_vlm.cpp) says which HF class
 // maps to which composite: Qwen2_5_VLForConditionalGeneration <-> qwen2_5_vl (its language model
 // through the qwen2 decoder mapping, configs/models/qwen2/hf.yaml; its tower through
-// encoders/qwen2_5_vl_vision.h) and Qwen3VLForConditionalGeneration <-> qwen3_vl (the qwen3 mapping
-// with interleaved M-RoPE; encoders/qwen3_vl_vision.h, DeepStack mergers included). Programs (loongforge-convert hf2lf / lf2hf,
+// encoders/qwen2_5_vl_vision.h), Qwen3VLForConditionalGeneration <-> qwen3_vl (the qwen3 mapping
+// with interleaved M-RoPE; encoders/qwen3_vl_vision.h, DeepStack mergers included) and
+// InternVLForConditionalGeneration <-> internvl (the language model's mapping by its text_config
+// model_type, 1D RoPE; encoders/intern_vit.h with the projector). Programs (loongforge-convert hf2lf / lf2hf,
 // loongforge-generate) ask is_vlm_hf_dir / vlm_config_from_model_section first and fall back to
 // the decoder path of hf_adapter.h.
 #pragma once
@@ -17,13 +19,14 @@
 #include <string>
 
 #include "loongforge/models/composites/qwen2_5_vl.h"
+#include "loongforge/models/composites/internvl.h"
 #include "loongforge/models/composites/qwen3_vl.h"
 #include "loongforge/models/hf_adapter.h"
 #include "loongforge/parallel/sharding.h"
 
 namespace lf::models::hf {
 
-// A multimodal composite's configuration: `type` names the composite (qwen2_5_vl or qwen3_vl);
+// A multimodal composite's configuration: `type` names the composite (qwen2_5_vl, qwen3_vl, internvl);
 // the tower and own fields of that type are the ones set (out_hidden_size resolved, > 0).
 struct VlmConfig {
   std::string type;
@@ -32,7 +35,10 @@ struct VlmConfig {
   Qwen25VlConfig own;
   Qwen3VisionConfig vision3;  // qwen3_vl
   Qwen3VlConfig own3;
+  InternVisionConfig vision_intern;  // internvl (the projector's fields with the tower's)
+  InternVlConfig own_intern;
   bool qwen3() const { return type == "qwen3_vl"; }
+  bool intern() const { return type == "internvl"; }
 };
 
 // True when dir is an HF model directory (is_hf_model_dir) whose config.json names an
@@ -76,6 +82,7 @@ std::map<std::string, lf::parallel::Sharding> vlm_shardings(const VlmConfig& con
 // it; others skip the tower's tensors). Every parameter must be given and every tensor used.
 void load_full_vlm(Qwen25Vl& model, const std::map<std::string, at::Tensor>& full);
 void load_full_vlm(Qwen3Vl& model, const std::map<std::string, at::Tensor>& full);
+void load_full_vlm(InternVl& model, const std::map<std::string, at::Tensor>& full);
 
 // The online form of hf2lf for a VLM (load_hf_into calls it for a directory of the table, so
 // loongforge-train --load / --pretrained-checkpoint HF_DIR work): `model` must be the composite

@@ -231,6 +231,91 @@ std::map<std::string, at::Tensor> intern_vision_from_hf(const InternVisionConfig
   return out;
 }
 
+std::vector<std::pair<std::string, std::vector<int64_t>>> intern_vision_tensors(const InternVisionConfig& c) {
+  const int64_t h = c.hidden_size, f = c.intermediate_size, s = c.shuffled_size(), o = c.out_hidden_size;
+  std::vector<std::pair<std::string, std::vector<int64_t>>> out{
+      {"patch_embed.weight", {h, c.patch_dim()}}, {"patch_embed.bias", {h}}, {"cls_token", {h}}};
+  if (c.use_absolute_position_embeddings) out.push_back({"pos_embed.weight", {c.grid() * c.grid() + 1, h}});
+  const bool layer_norm = c.norm_type == "layer_norm";
+  for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
+    const std::string p = "blocks." + std::to_string(i) + ".";
+    auto norm = [&](const std::string& n) {
+      out.push_back({p + n + ".weight", {h}});
+      if (layer_norm) out.push_back({p + n + ".bias", {h}});
+    };
+    norm("norm1");
+    for (const char* x : {"q", "k", "v"}) {
+      out.push_back({p + "attention.linear_" + x + ".weight", {h, h}});
+      if (c.attention_bias) out.push_back({p + "attention.linear_" + x + ".bias", {h}});
+    }
+    if (c.use_qk_norm) {
+      out.push_back({p + "attention.q_norm.weight", {h}});
+      out.push_back({p + "attention.k_norm.weight", {h}});
+    }
+    out.push_back({p + "attention.linear_proj.weight", {h, h}});
+    out.push_back({p + "attention.linear_proj.bias", {h}});
+    out.push_back({p + "ls1", {h}});
+    out.push_back({p + "ls2", {h}});
+    norm("norm2");
+    out.push_back({p + "mlp.linear_fc1.weight", {f, h}});
+    out.push_back({p + "mlp.linear_fc1.bias", {f}});
+    out.push_back({p + "mlp.linear_fc2.weight", {h, f}});
+    out.push_back({p + "mlp.linear_fc2.bias", {h}});
+  }
+  if (!c.use_mean_pooling) {
+    out.push_back({"final_norm.weight", {h}});
+    out.push_back({"final_norm.bias", {h}});
+  }
+  out.push_back({"projector.norm.weight", {s}});
+  out.push_back({"projector.norm.bias", {s}});
+  out.push_back({"projector.linear_fc1.weight", {o, s}});
+  out.push_back({"projector.linear_fc1.bias", {o}});
+  out.push_back({"projector.linear_fc2.weight", {o, o}});
+  out.push_back({"projector.linear_fc2.bias", {o}});
+  return out;
+}
+
+std::vector<std::pair<std::string, at::Tensor>> intern_vision_to_hf(const InternVisionConfig& c,
+                                                                    const std::map<std::string, at::Tensor>& ours,
+                                                                    const std::string& vp, const std::string& pp) {
+  // The names as intern_vision_from_hf reads them, and transformers' shapes.
+  const int64_t h = c.hidden_size, p = c.patch_size;
+  std::map<std::string, std::pair<std::string, std::vector<int64_t>>> hf;  // ours -> (HF name, HF shape)
+  hf["patch_embed.weight"] = {vp + "embeddings.patch_embeddings.projection.weight", {h, c.num_channels, p, p}};
+  hf["patch_embed.bias"] = {vp + "embeddings.patch_embeddings.projection.bias", {h}};
+  hf["cls_token"] = {vp + "embeddings.cls_token", {1, 1, h}};
+  hf["pos_embed.weight"] = {vp + "embeddings.position_embeddings", {1, c.grid() * c.grid() + 1, h}};
+  for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
+    const std::string hp = vp + "encoder.layer." + std::to_string(i) + ".", o = "blocks." + std::to_string(i) + ".";
+    for (const char* part : {".weight", ".bias"}) {
+      hf[o + "norm1" + part] = {hp + "layernorm_before" + part, {h}};
+      hf[o + "norm2" + part] = {hp + "layernorm_after" + part, {h}};
+      hf[o + "attention.linear_proj" + part] = {hp + "attention.projection_layer" + part, {}};
+      hf[o + "mlp.linear_fc1" + part] = {hp + "mlp.fc1" + part, {}};
+      hf[o + "mlp.linear_fc2" + part] = {hp + "mlp.fc2" + part, {}};
+      for (const char* x : {"q", "k", "v"})
+        hf[o + "attention.linear_" + x + part] = {hp + "attention." + x + "_proj" + part, {}};
+    }
+    hf[o + "attention.q_norm.weight"] = {hp + "attention.q_norm.weight", {}};
+    hf[o + "attention.k_norm.weight"] = {hp + "attention.k_norm.weight", {}};
+    hf[o + "ls1"] = {hp + "lambda_1", {}};
+    hf[o + "ls2"] = {hp + "lambda_2", {}};
+  }
+  for (const char* part : {".weight", ".bias"}) {
+    hf[std::string("final_norm") + part] = {vp + "layernorm" + part, {}};
+    hf[std::string("projector.norm") + part] = {pp + "layer_norm" + part, {}};
+    hf[std::string("projector.linear_fc1") + part] = {pp + "linear_1" + part, {}};
+    hf[std::string("projector.linear_fc2") + part] = {pp + "linear_2" + part, {}};
+  }
+  std::vector<std::pair<std::string, at::Tensor>> out;
+  for (const auto& [name, shape] : intern_vision_tensors(c)) {
+    const auto& [hf_name, hf_shape] = hf.at(name);
+    const at::Tensor t = ours.at(name).detach().cpu();
+    out.emplace_back(hf_name, (hf_shape.empty() ? t : t.reshape(hf_shape)).contiguous());
+  }
+  return out;
+}
+
 void InternVisionEncoder::load_hf_state(const std::map<std::string, at::Tensor>& tensors, const std::string& vp,
                                         const std::string& pp) {
   const auto full = intern_vision_from_hf(c_, tensors, vp, pp);

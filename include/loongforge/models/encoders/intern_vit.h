@@ -143,6 +143,15 @@ std::map<std::string, at::Tensor> intern_vision_from_hf(const InternVisionConfig
                                                         const std::string& vision_prefix,
                                                         const std::string& projector_prefix);
 
+// The parameter names (relative to the encoder) and full shapes, in registration order.
+std::vector<std::pair<std::string, std::vector<int64_t>>> intern_vision_tensors(const InternVisionConfig& config);
+// Our full tensors (relative names) -> transformers' (prefixed names and shapes): the inverse of
+// intern_vision_from_hf, a rearrangement (bit for bit).
+std::vector<std::pair<std::string, at::Tensor>> intern_vision_to_hf(const InternVisionConfig& config,
+                                                                    const std::map<std::string, at::Tensor>& ours,
+                                                                    const std::string& vision_prefix,
+                                                                    const std::string& projector_prefix);
+
 void register_intern_vision(Registry& r);
 
 }  // namespace lf::models

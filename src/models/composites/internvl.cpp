@@ -44,11 +44,8 @@ InternVl::InternVl(const DecoderConfig& foundation, const InternVisionConfig& vi
   tower.encode = [this](const at::Tensor& rows, const at::Tensor& g) { return encoder_->forward(rows, g); };
   const auto tower_dtype = encoder_params_.front().tensor.scalar_type();
   const int64_t width = v.out_hidden_size;
-  tower.empty_features = [this, tower_dtype, width] {
-    at::Tensor tie = at::zeros({}, at::TensorOptions().dtype(tower_dtype).device(backend_.device()));
-    for (const auto& p : encoder_params_) tie = tie + p.tensor.sum() * 0.0;
-    return at::zeros({0, width}, tie.options()) + tie;
-  };
+  tower.params = &encoder_params_;
+  tower.width = width;
   tower.pixel_options = at::TensorOptions().dtype(tower_dtype).device(backend.device());
   tower.patch_dim = v.patch_dim();
   tower.merge = v.merge();
@@ -84,17 +81,7 @@ void InternVl::set_full_hetero_dp(int first_stage_ranks) {
 }
 
 void InternVl::begin_step(const std::vector<Batch>& micro_batches) {
-  if (!modes_ || !modes_->full_hetero_dp()) return;
-  std::vector<at::Tensor> pixels, grids, keys;
-  for (const Batch& b : micro_batches) {
-    const at::Tensor* rows = b.find("pixel_values");
-    const at::Tensor* grid = b.find("image_grid_thw");
-    LF_CHECK(!rows || grid, "internvl: pixel_values come with image_grid_thw");
-    pixels.push_back(rows ? *rows : at::Tensor());
-    grids.push_back(rows ? grid->to(at::kCPU, at::kLong) : at::Tensor());
-    keys.push_back(b.at("tokens"));
-  }
-  modes_->begin_step(pixels, grids, keys);
+  if (modes_) modes_->begin_step(micro_batches, {{"pixel_values", "image_grid_thw"}});
 }
 
 void InternVl::end_backward() {
@@ -195,22 +182,7 @@ class InternVlPlan : public VlmPlan<InternVisionConfig, InternVlConfig> {
     return d;
   }
 
-  std::unique_ptr<Model> build(const BuildArgs& args) const override {
-    const auto& ctx = *args.context;
-    const auto stage =
-        lf::parallel::pipeline::pipeline_stage(foundation_.num_layers, ctx.pp_size(), ctx.pp_rank(), stage_split());
-    std::unique_ptr<lf::dist::ParallelContext> enc;
-    if (stage.first || job_.parallel.enable_full_hetero_dp)
-      enc = args.make_context("vision_encoder", vision_layout(), vision_ranks_);
-    auto model = std::make_unique<InternVl>(foundation_, vision_, own_, *args.backend, args.seed, args.dtype, &ctx,
-                                            job_.parallel.sequence_parallel, stage, !frozen_, std::move(enc),
-                                            !vision_frozen_);
-    model->set_encoder_data_parallel(job_.parallel.enable_encoder_hetero_dp);
-    model->set_vision_balance(job_.parallel.use_vit_dp_balance);
-    if (job_.parallel.enable_full_hetero_dp) model->set_full_hetero_dp(first_stage_shares_);
-    apply_context_parallel(*model, ctx);
-    return model;
-  }
+  std::unique_ptr<Model> build(const BuildArgs& args) const override { return build_vlm<InternVl>(args); }
 
  protected:
   int64_t mock_side() const override { return vision_.grid(); }  // one tile per sample

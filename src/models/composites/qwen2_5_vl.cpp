@@ -140,7 +140,8 @@ Qwen25Vl::Qwen25Vl(const DecoderConfig& foundation, const Qwen25VisionConfig& vi
   VisionTower tower;
   tower.encode = [this](const at::Tensor& rows, const at::Tensor& g) { return encoder_->forward(rows, g); };
   const auto tower_dtype = encoder_params_.front().tensor.scalar_type();
-  tower.empty_features = [this, tower_dtype] { return tied_empty_features(tower_dtype); };
+  tower.params = &encoder_params_;
+  tower.width = v.out_hidden_size;
   tower.pixel_options = at::TensorOptions().dtype(tower_dtype).device(backend.device());
   tower.patch_dim = v.patch_dim();
   tower.merge = v.spatial_merge_size;
@@ -241,14 +242,6 @@ at::Tensor Qwen25Vl::position_ids(const at::Tensor& tokens, const Qwen25VlMedia&
   return qwen2_5_vl_position_ids(tokens, media.image_grid_thw, media.video_grid_thw, seconds, config_, merge, documents);
 }
 
-// An empty [0, width] block still tied to the tower (zero gradients, not none), for a rank that
-// encodes no medium while others do.
-at::Tensor Qwen25Vl::tied_empty_features(at::ScalarType dtype) const {
-  at::Tensor tie = at::zeros({}, at::TensorOptions().dtype(dtype).device(backend_.device()));
-  for (const auto& p : encoder_params_) tie = tie + p.tensor.sum() * 0.0;
-  return at::zeros({0, encoder_->config().out_hidden_size}, tie.options()) + tie;
-}
-
 at::Tensor Qwen25Vl::embed_with_media(const at::Tensor& tokens, const Qwen25VlMedia& media) const {
   LF_CHECK(encoder_ != nullptr, "qwen2_5_vl: images are encoded on the first pipeline stage; this one holds ",
            describe_stage());
@@ -322,24 +315,7 @@ at::Tensor Qwen25Vl::splice(const at::Tensor& x, const std::vector<at::Tensor>& 
 }
 
 void Qwen25Vl::begin_step(const std::vector<Batch>& micro_batches) {
-  if (!modes_ || !modes_->full_hetero_dp()) return;
-  std::vector<at::Tensor> pixels, grids, keys;
-  for (size_t m = 0; m < micro_batches.size(); ++m) {
-    const Qwen25VlMedia media = media_of(micro_batches[m]);
-    std::vector<at::Tensor> p, g;  // images then videos, as embed_with_media splices them
-    for (const auto& [rows, grid] : {std::pair{media.pixel_values, media.image_grid_thw},
-                                     std::pair{media.pixel_values_videos, media.video_grid_thw}}) {
-      if (!rows.defined()) continue;
-      LF_CHECK(grid.defined() && grid.dim() == 2 && grid.size(1) == 3, "micro-batch ", m,
-               ": media pixels come with a [num, 3] grid (image_grid_thw / video_grid_thw)");
-      p.push_back(rows);
-      g.push_back(grid.to(at::kCPU, at::kLong));
-    }
-    pixels.push_back(p.empty() ? at::Tensor() : at::cat(p));
-    grids.push_back(g.empty() ? at::Tensor() : at::cat(g));
-    keys.push_back(micro_batches[m].at("tokens"));
-  }
-  modes_->begin_step(pixels, grids, keys);
+  if (modes_) modes_->begin_step(micro_batches, {{"pixel_values", "image_grid_thw"}, {"pixel_values_videos", "video_grid_thw"}});
 }
 
 void Qwen25Vl::end_backward() {
@@ -424,21 +400,7 @@ class Qwen25VlPlan : public VlmPlan<Qwen25VisionConfig, Qwen25VlConfig> {
     return d;
   }
 
-  std::unique_ptr<Model> build(const BuildArgs& args) const override {
-    const auto& ctx = *args.context;
-    const auto stage = lf::parallel::pipeline::pipeline_stage(foundation_.num_layers, ctx.pp_size(), ctx.pp_rank(), stage_split());
-    std::unique_ptr<lf::dist::ParallelContext> enc;
-    if (stage.first || job_.parallel.enable_full_hetero_dp)
-      enc = args.make_context("vision_encoder", vision_layout(), vision_ranks_);
-    auto model = std::make_unique<Qwen25Vl>(foundation_, vision_, own_, *args.backend, args.seed, args.dtype, &ctx,
-                                            job_.parallel.sequence_parallel, stage, !frozen_, std::move(enc),
-                                            !vision_frozen_);
-    model->set_encoder_data_parallel(job_.parallel.enable_encoder_hetero_dp);
-    model->set_vision_balance(job_.parallel.use_vit_dp_balance);
-    if (job_.parallel.enable_full_hetero_dp) model->set_full_hetero_dp(first_stage_shares_);
-    apply_context_parallel(*model, ctx);
-    return model;
-  }
+  std::unique_ptr<Model> build(const BuildArgs& args) const override { return build_vlm<Qwen25Vl>(args); }
 
  protected:
   // model.mock_image_patches (0: 2 x merge).

@@ -149,11 +149,8 @@ Qwen3Vl::Qwen3Vl(const DecoderConfig& foundation, const Qwen3VisionConfig& visio
   };
   const auto tower_dtype = encoder_params_.front().tensor.scalar_type();
   const int64_t width = v.out_hidden_size * (1 + k);
-  tower.empty_features = [this, tower_dtype, width] {
-    at::Tensor tie = at::zeros({}, at::TensorOptions().dtype(tower_dtype).device(backend_.device()));
-    for (const auto& p : encoder_params_) tie = tie + p.tensor.sum() * 0.0;
-    return at::zeros({0, width}, tie.options()) + tie;
-  };
+  tower.params = &encoder_params_;
+  tower.width = width;
   tower.pixel_options = at::TensorOptions().dtype(tower_dtype).device(backend.device());
   tower.patch_dim = v.in_channels * v.temporal_patch_size * v.patch_size * v.patch_size;
   tower.merge = v.spatial_merge_size;
@@ -171,26 +168,7 @@ void Qwen3Vl::set_full_hetero_dp(int first_stage_ranks) {
 }
 
 void Qwen3Vl::begin_step(const std::vector<Batch>& micro_batches) {
-  if (!modes_ || !modes_->full_hetero_dp()) return;
-  std::vector<at::Tensor> pixels, grids, keys;
-  for (size_t m = 0; m < micro_batches.size(); ++m) {
-    const Batch& b = micro_batches[m];
-    std::vector<at::Tensor> p, g;  // images then videos, as embed_with_media splices them
-    for (const auto& [rows_field, grid_field] : {std::pair{"pixel_values", "image_grid_thw"},
-                                                 std::pair{"pixel_values_videos", "video_grid_thw"}}) {
-      const at::Tensor* rows = b.find(rows_field);
-      if (!rows) continue;
-      const at::Tensor* grid = b.find(grid_field);
-      LF_CHECK(grid && grid->dim() == 2 && grid->size(1) == 3, "micro-batch ", m, ": ", rows_field, " come with ",
-               grid_field, " [num, 3]");
-      p.push_back(*rows);
-      g.push_back(grid->to(at::kCPU, at::kLong));
-    }
-    pixels.push_back(p.empty() ? at::Tensor() : at::cat(p));
-    grids.push_back(g.empty() ? at::Tensor() : at::cat(g));
-    keys.push_back(b.at("tokens"));
-  }
-  modes_->begin_step(pixels, grids, keys);
+  if (modes_) modes_->begin_step(micro_batches, {{"pixel_values", "image_grid_thw"}, {"pixel_values_videos", "video_grid_thw"}});
 }
 
 void Qwen3Vl::end_backward() {
@@ -417,22 +395,7 @@ class Qwen3VlPlan : public VlmPlan<Qwen3VisionConfig, Qwen3VlConfig> {
     return d;
   }
 
-  std::unique_ptr<Model> build(const BuildArgs& args) const override {
-    const auto& ctx = *args.context;
-    const auto stage =
-        lf::parallel::pipeline::pipeline_stage(foundation_.num_layers, ctx.pp_size(), ctx.pp_rank(), stage_split());
-    std::unique_ptr<lf::dist::ParallelContext> enc;
-    if (stage.first || job_.parallel.enable_full_hetero_dp)
-      enc = args.make_context("vision_encoder", vision_layout(), vision_ranks_);
-    auto model = std::make_unique<Qwen3Vl>(foundation_, vision_, own_, *args.backend, args.seed, args.dtype, &ctx,
-                                           job_.parallel.sequence_parallel, stage, !frozen_, std::move(enc),
-                                           !vision_frozen_);
-    model->set_encoder_data_parallel(job_.parallel.enable_encoder_hetero_dp);
-    model->set_vision_balance(job_.parallel.use_vit_dp_balance);
-    if (job_.parallel.enable_full_hetero_dp) model->set_full_hetero_dp(first_stage_shares_);
-    apply_context_parallel(*model, ctx);
-    return model;
-  }
+  std::unique_ptr<Model> build(const BuildArgs& args) const override { return build_vlm<Qwen3Vl>(args); }
 
 };
 

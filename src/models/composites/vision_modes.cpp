@@ -18,6 +18,13 @@ VisionModes::VisionModes(const lf::dist::ParallelContext* context, int64_t found
 
 VisionModes::~VisionModes() = default;
 
+at::Tensor VisionModes::empty_features() const {
+  LF_CHECK(tower_.params && !tower_.params->empty(), "vision modes: the tower's parameters are not set");
+  at::Tensor tie = at::zeros({}, tower_.pixel_options);
+  for (const auto& p : *tower_.params) tie = tie + p.tensor.sum() * 0.0;
+  return at::zeros({0, tower_.width}, tie.options()) + tie;
+}
+
 at::Tensor VisionModes::encode(const at::Tensor& key, const at::Tensor& pixels, const at::Tensor& grids) const {
   const bool any = pixels.defined() && grids.defined() && grids.size(0) > 0;
   if (spread_) {  // --enable-full-hetero-dp: this step's micro-batch, encoded in begin_step
@@ -36,7 +43,7 @@ at::Tensor VisionModes::encode(const at::Tensor& key, const at::Tensor& pixels, 
     args.patch_dim = tower_.patch_dim;
     args.merge = tower_.merge;
     args.encode = tower_.encode;
-    args.empty_features = tower_.empty_features;
+    args.empty_features = [this] { return empty_features(); };
     VisionBalanceResult r = encode_balanced(context_->dp(), args);
     if (r.exchanged && !balance_reported_) {
       balance_reported_ = true;
@@ -61,7 +68,7 @@ at::Tensor VisionModes::encode(const at::Tensor& key, const at::Tensor& pixels, 
       my_rows.push_back(rows.narrow(0, row_at[size_t(k)], row_at[size_t(k + 1)] - row_at[size_t(k)]));
       my_grids.push_back(g.narrow(0, k, 1));
     }
-    const at::Tensor mine = my_rows.empty() ? tower_.empty_features() : tower_.encode(at::cat(my_rows), at::cat(my_grids));
+    const at::Tensor mine = my_rows.empty() ? empty_features() : tower_.encode(at::cat(my_rows), at::cat(my_grids));
     const at::Tensor gathered = lf::parallel::gather_rows_from_shares(mine, context_->cp());
     std::vector<int64_t> block_at(static_cast<size_t>(shares + 1), 0);  // where each rank's block starts
     for (int64_t r = 0; r < shares; ++r) {
@@ -89,20 +96,35 @@ at::Tensor VisionModes::encode(const at::Tensor& key, const at::Tensor& pixels, 
   return encoded;
 }
 
-void VisionModes::begin_step(const std::vector<at::Tensor>& pixels, const std::vector<at::Tensor>& grids,
-                             const std::vector<at::Tensor>& keys) {
+void VisionModes::begin_step(const std::vector<lf::data::Batch>& micro_batches,
+                             const std::vector<std::pair<std::string, std::string>>& fields) {
   spread_.reset();
   spread_micro_batch_.clear();
   if (spread_first_stage_ranks_ == 0) return;
   LF_CHECK(context_ != nullptr, "--enable-full-hetero-dp: this rank holds no vision tower context");
   SpreadEncodingArgs a;
-  a.pixels = pixels;
-  a.grids = grids;
+  std::vector<at::Tensor> keys;
+  for (size_t m = 0; m < micro_batches.size(); ++m) {
+    const auto& b = micro_batches[m];
+    std::vector<at::Tensor> rows, grids;
+    for (const auto& [rows_field, grid_field] : fields) {
+      const at::Tensor* r = b.find(rows_field);
+      if (!r) continue;
+      const at::Tensor* g = b.find(grid_field);
+      LF_CHECK(g && g->dim() == 2 && g->size(1) == 3, "micro-batch ", m, ": ", rows_field, " come with ", grid_field,
+               " [num, 3]");
+      rows.push_back(*r);
+      grids.push_back(g->to(at::kCPU, at::kLong));
+    }
+    a.pixels.push_back(rows.empty() ? at::Tensor() : rows.size() == 1 ? rows[0] : at::cat(rows));
+    a.grids.push_back(grids.empty() ? at::Tensor() : at::cat(grids));
+    keys.push_back(b.at("tokens"));
+  }
   a.pixel_options = tower_.pixel_options;
   a.merge = tower_.merge;
   a.first_stage_ranks = spread_first_stage_ranks_;
   a.encode = tower_.encode;
-  a.empty_features = tower_.empty_features;
+  a.empty_features = [this] { return empty_features(); };
   for (size_t m = 0; m < keys.size(); ++m) spread_micro_batch_[keys[m].unsafeGetTensorImpl()] = m;
   spread_ = std::make_unique<SpreadEncoding>(spread_encoding(context_->cp(), a));
   if (spread_->active && !spread_reported_) {

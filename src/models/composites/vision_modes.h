@@ -23,6 +23,9 @@
 #include <memory>
 #include <vector>
 
+#include "loongforge/data/batch.h"
+#include "loongforge/parallel/sharding.h"
+
 namespace lf::dist {
 class ParallelContext;
 }
@@ -33,8 +36,11 @@ struct SpreadEncoding;
 
 struct VisionTower {
   std::function<at::Tensor(const at::Tensor& rows, const at::Tensor& grids)> encode;
-  std::function<at::Tensor()> empty_features;  // [0, width] tied to the tower's parameters
-  at::TensorOptions pixel_options;             // the tower's dtype and device
+  // The tower's parameters: a rank that encodes no medium while others do ties an empty [0, width]
+  // block to them (zero gradients, not none), so that its backward joins the exchanges.
+  const std::vector<lf::parallel::Parameter>* params = nullptr;
+  int64_t width = 0;                // the encode function's output width
+  at::TensorOptions pixel_options;  // the tower's dtype and device
   int64_t patch_dim = 0;
   int64_t merge = 2;  // spatial_merge_size: t h w / merge^2 features per medium
 };
@@ -58,13 +64,17 @@ class VisionModes {
   // output (x + f.sum() * 0) so that the exchange's backward runs on this rank too.
   at::Tensor encode(const at::Tensor& key, const at::Tensor& pixels, const at::Tensor& grids) const;
 
-  // --enable-full-hetero-dp (a no-op otherwise): the step's micro-batches' media and keys.
-  void begin_step(const std::vector<at::Tensor>& pixels, const std::vector<at::Tensor>& grids,
-                  const std::vector<at::Tensor>& keys);
+  // --enable-full-hetero-dp (a no-op otherwise): the step's micro-batches; `fields` the (pixel rows,
+  // grid) field pairs of each medium kind in the order encode() takes them (images, then videos);
+  // the keys are the micro-batches' tokens.
+  void begin_step(const std::vector<lf::data::Batch>& micro_batches,
+                  const std::vector<std::pair<std::string, std::string>>& fields);
   // scale: 1 / the foundation's TP size.
   void end_backward(double scale);
 
  private:
+  at::Tensor empty_features() const;  // the tied [0, width] block
+
   const lf::dist::ParallelContext* context_;
   int64_t foundation_cp_;
   VisionTower tower_;

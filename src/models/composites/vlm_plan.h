@@ -166,6 +166,25 @@ class VlmPlan : public CausalLmPlan {
   }
 
  protected:
+  // The composite M on this rank: the tower's context on the stages that hold it (every stage with
+  // --enable-full-hetero-dp), the tower's modes, context parallelism.
+  template <class M>
+  std::unique_ptr<Model> build_vlm(const BuildArgs& args) const {
+    const auto& ctx = *args.context;
+    const auto stage =
+        lf::parallel::pipeline::pipeline_stage(foundation_.num_layers, ctx.pp_size(), ctx.pp_rank(), stage_split());
+    std::unique_ptr<lf::dist::ParallelContext> enc;
+    if (stage.first || job_.parallel.enable_full_hetero_dp)
+      enc = args.make_context("vision_encoder", vision_layout(), vision_ranks_);
+    auto model = std::make_unique<M>(foundation_, vision_, own_, *args.backend, args.seed, args.dtype, &ctx,
+                                     job_.parallel.sequence_parallel, stage, !frozen_, std::move(enc), !vision_frozen_);
+    model->set_encoder_data_parallel(job_.parallel.enable_encoder_hetero_dp);
+    model->set_vision_balance(job_.parallel.use_vit_dp_balance);
+    if (job_.parallel.enable_full_hetero_dp) model->set_full_hetero_dp(first_stage_shares_);
+    apply_context_parallel(*model, ctx);
+    return model;
+  }
+
   static lf::config::Origin origin(const PlanArgs& args, const std::string& path) {
     const auto* n = args.resolved->find_path(path);
     return n ? n->origin() : lf::config::Origin::from_default();

@@ -145,7 +145,6 @@ class Qwen25Vl : public CausalLm {
  private:
   // [b, s] tokens + the media -> [s, b, h] embeddings, placeholders replaced (not scattered).
   at::Tensor embed_with_media(const at::Tensor& tokens, const Qwen25VlMedia& media) const;
-  at::Tensor tied_empty_features(at::ScalarType dtype) const;
   static at::Tensor splice(const at::Tensor& x, const std::vector<at::Tensor>& masks, const std::vector<int64_t>& counts,
                            const at::Tensor& encoded);
 

@@ -311,8 +311,8 @@ TEST(Qwen25Vl, MultimodalStoreTrainsAndLayoutsEqualOneProcess) {
 // --enable-full-hetero-dp: a tower replica on every rank; before the pipeline runs, the step's media
 // (2 micro-batches of conversations with images of several sizes) are scattered over the
 // foundation's TP x PP (x CP) ranks and their features sent to the first stage; the tower's backward
-// runs after the step's last backward. PP 2, TP 2 x PP 2 (with ZeRO-1 and overlapped reduction) and
-// CP 2 x PP 2 equal one process (the
+// runs after the step's last backward. PP 2, TP 2 x PP 2 (with ZeRO-1 and overlapped reduction),
+// CP 2 x PP 2 and DP 2 x PP 2 equal one process (the
 // tower's parameters compared from the last stage's replica); --dry-run shows the layout and the
 // tower's memory on every stage; the refusals name the key.
 TEST(Qwen25Vl, FullHeteroDpEqualsOneProcess) {
@@ -333,7 +333,8 @@ TEST(Qwen25Vl, FullHeteroDpEqualsOneProcess) {
             {"--use-distributed-optimizer", "--overlap-grad-reduce", "--tensor-model-parallel-size", "2",
              "--pipeline-model-parallel-size", "2"},
             "tp 2 x pp 2, ZeRO-1 (the tower's optimizer over all 4 ranks), overlapped reduction"},
-           {4, {"--pipeline-model-parallel-size", "2", "--context-parallel-size", "2"}, "cp 2 x pp 2"}}) {
+           {4, {"--pipeline-model-parallel-size", "2", "--context-parallel-size", "2"}, "cp 2 x pp 2"},
+           {4, {"--pipeline-model-parallel-size", "2"}, "dp 2 x pp 2 (a share group per DP rank)"}}) {
     std::vector<std::string> a = store.data;
     a.insert(a.end(), l.flags.begin(), l.flags.end());
     a.push_back("--enable-full-hetero-dp");

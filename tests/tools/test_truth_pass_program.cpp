@@ -411,8 +411,8 @@ TEST(TruthPass, EveryFlagActsOrIsRefused) {
        "Qwen25Vl.MultimodalStoreTrainsAndLayoutsEqualOneProcess (TP 2 with the tower data-parallel over it equals one "
        "process; --dry-run line; refusals)"},
       {"--enable-full-hetero-dp",
-       "Qwen25Vl.FullHeteroDpEqualsOneProcess (PP 2, TP 2 x PP 2 and CP 2 x PP 2 with the tower over every rank equal "
-       "one process; log line; --dry-run layout and memory; refusals)"},
+       "Qwen25Vl.FullHeteroDpEqualsOneProcess (PP 2, TP 2 x PP 2, CP 2 x PP 2 and DP 2 x PP 2 with the tower over "
+       "every rank equal one process; log line; --dry-run layout and memory; refusals)"},
       {"--use-vit-dp-balance",
        "Qwen25Vl.MultimodalStoreTrainsAndLayoutsEqualOneProcess (DP 2, TP 2 x DP 2 and CP 2 x DP 2 with the media "
        "balanced before the tower equal one process; log line; --dry-run line; refusals)"},

@@ -10,6 +10,7 @@
 #include <fstream>
 #include <regex>
 
+#include "loongforge/core/safetensors.h"
 #include "loongforge/media/video.h"
 #include "oracle_cache.h"
 #include "pp_training.h"
@@ -449,6 +450,22 @@ TEST(Qwen3Vl, MultimodalStoreAndVisionTowerModesEqualOneProcess) {
       << refused.output;
 }
 
+// The raw bytes of an oracle's tensors (F32 / I64), by name: what a --vision-inputs file is cut from.
+struct RawTensor {
+  lf::safetensors::DType dtype;
+  std::vector<int64_t> shape;
+  std::vector<char> bytes;
+};
+std::map<std::string, RawTensor> read_raw(const std::string& file) {
+  const auto r = lf::safetensors::Reader::open(file);
+  std::map<std::string, RawTensor> out;
+  for (const auto& info : r.tensors()) {
+    const char* p = reinterpret_cast<const char*>(r.data(info));
+    out[info.name] = {info.dtype, info.shape, std::vector<char>(p, p + (info.end - info.begin))};
+  }
+  return out;
+}
+
 // loongforge-convert on the directories transformers' save_pretrained writes for the tiny random
 // Qwen3-VL (tests/models/qwen3_vl_oracle.py) and InternVL (tests/models/internvl_oracle.py; its files
 // keep the original checkpoint's names, language_model.model.* ...): hf2lf into a TP 2 checkpoint,
@@ -485,6 +502,42 @@ TEST(VlmConversion, HfToTp2CheckpointAndBackIsBitExact) {
     }
     const std::string config = lf::testing::read_file(d + "/hf/config.json");
     EXPECT_NE(config.find(f.field), std::string::npos) << config;
+    // loongforge-generate on the TP 2 checkpoint: sample 0's ids and media as --vision-inputs (the
+    // processor's tensors: Qwen3-VL's first image's 24 patch rows and grid, InternVL's first two
+    // tiles), its logits equal transformers'.
+    auto io = read_raw(o + "/io.safetensors");
+    const RawTensor &ids = io.at("input_ids"), &pixels = io.at("pixel_values");
+    const auto* id = reinterpret_cast<const int64_t*>(ids.bytes.data());
+    std::string ids_text;
+    for (int64_t i = 0; i < ids.shape[1]; ++i) ids_text += (i ? "," : "") + std::to_string(id[i]);
+    lf::safetensors::Writer w;
+    const bool qwen3 = f.name == "qwen3_vl_oracle";
+    const int64_t rows = qwen3 ? 24 : 2;  // sample 0's media
+    std::vector<int64_t> shape = pixels.shape;
+    shape[0] = rows;
+    w.add("pixel_values", pixels.dtype, shape, pixels.bytes.data());
+    if (qwen3) w.add("image_grid_thw", io.at("image_grid_thw").dtype, {1, 3}, io.at("image_grid_thw").bytes.data());
+    w.write(d + "/inputs.safetensors");
+    auto gen = lf::testing::run_command({bin("loongforge-generate"), "--load", d + "/lf", "--input-ids", ids_text,
+                                         "--vision-inputs", d + "/inputs.safetensors", "--dump-logits",
+                                         d + "/logits.safetensors"});
+    ASSERT_EQ(gen.exit_code, 0) << gen.output;
+    const auto want_logits = read_raw(o + "/io.safetensors").at("logits"),
+               got_logits = read_raw(d + "/logits.safetensors").at("logits");
+    const auto* a = reinterpret_cast<const float*>(got_logits.bytes.data());
+    const auto* b = reinterpret_cast<const float*>(want_logits.bytes.data());  // [2, s, v]: sample 0 first
+    const size_t n = got_logits.bytes.size() / sizeof(float);
+    ASSERT_EQ(got_logits.shape[0], ids.shape[1]) << f.name;
+    double worst = 0;
+    for (size_t i = 0; i < n; ++i) worst = std::max(worst, static_cast<double>(std::abs(a[i] - b[i])));
+    std::printf("%s: loongforge-generate on the TP 2 checkpoint, max |logits - transformers| = %.3g\n", f.name.c_str(),
+                worst);
+    EXPECT_LE(worst, 1e-4) << f.name;
+    // --image is qwen2_5_vl's preprocessing: refused for these, naming the flag.
+    auto image = lf::testing::run_command({bin("loongforge-generate"), "--load", d + "/lf", "--input-ids", ids_text,
+                                           "--image", o + "/io.safetensors"});
+    EXPECT_NE(image.exit_code, 0);
+    EXPECT_NE(image.output.find("--image is built for qwen2_5_vl models"), std::string::npos) << image.output;
   }
 }
 

@@ -58,6 +58,7 @@
 #include "denoise.h"
 #include "policy.h"
 #include "sample.h"
+#include "vlm_tensors.h"
 
 namespace {
 
@@ -312,12 +313,32 @@ void check_placeholders(const std::vector<int64_t>& ids, const Qwen25VlMedia& m,
 
 // A vision-language model: logits of the ids with the media, or generation that recomputes the
 // whole sequence (and its M-RoPE positions) each step.
+// qwen3_vl and internvl: the processor's tensors (vlm_tensors.h).
+int run_tensor_vlm(Options& o, Loaded& loaded, lf::data::Tokenizer* tok) {
+  const auto& v = *loaded.vlm;
+  for (const auto& [flag, given] : {std::pair<const char*, bool>{"--image", !o.images.empty()},
+                                    {"--eval-file", !o.eval_file.empty()}, {"--lora-adapter", !o.lora_adapter.empty()}})
+    LF_CHECK(!given, flag, " is built for qwen2_5_vl models; a ", v.type, " model takes its processor's tensors",
+             lf::hint("give --vision-inputs FILE.safetensors (the processor's pixel_values ...) with --input-ids"));
+  lf::tools::generate::TensorVlm model(v, loaded.tensors, o.bf16, o.vision_inputs);
+  const auto ids = !o.input_ids.empty() ? parse_ids(o.input_ids) : prompt_ids(*tok, o.prompt, o.add_special_tokens);
+  for (int64_t id : ids)
+    LF_CHECK(id >= 0 && id < v.foundation.vocab_size, "token ", id, " is outside the vocabulary [0, ",
+             v.foundation.vocab_size, ")");
+  if (!o.dump_logits.empty()) {
+    write_logits(model.logits(ids), ids, o.dump_logits);
+    return 0;
+  }
+  const auto out = model.continue_ids(ids, o.gen);
+  for (size_t i = 0; i < out.size(); ++i) std::printf("%s%lld", i ? "," : "", static_cast<long long>(out[i]));
+  std::printf("\n");
+  if (tok) std::printf("%s\n", tok->decode(to32(out)).c_str());
+  return 0;
+}
+
 int run_vlm(Options& o, Loaded& loaded, lf::data::Tokenizer* tok) {
   const auto& v = *loaded.vlm;
-  LF_CHECK(v.type == "qwen2_5_vl", "loongforge-generate runs qwen2_5_vl models; ", v.type,
-           " is not built into it yet",
-           lf::hint("evaluate such a checkpoint with loongforge-train's validation (--eval-iters), or call its "
-                    "composite's logits() from the library"));
+  if (v.type != "qwen2_5_vl") return run_tensor_vlm(o, loaded, tok);
   LF_CHECK(o.lora_adapter.empty(), "--lora-adapter: LoRA adapters are built for causal_lm models, not ", v.type);
   const auto t0 = std::chrono::steady_clock::now();
   const auto& be = lf::backend::select_backend();

@@ -168,7 +168,8 @@ void Qwen3Vl::set_full_hetero_dp(int first_stage_ranks) {
 }
 
 void Qwen3Vl::begin_step(const std::vector<Batch>& micro_batches) {
-  if (modes_) modes_->begin_step(micro_batches, {{"pixel_values", "image_grid_thw"}, {"pixel_values_videos", "video_grid_thw"}});
+  if (modes_)
+    modes_->begin_step(micro_batches, {{"pixel_values", "image_grid_thw"}, {"pixel_values_videos", "video_grid_thw"}});
 }
 
 void Qwen3Vl::end_backward() {
@@ -218,9 +219,10 @@ Qwen3Vl::Embedded Qwen3Vl::embed_with_media(const at::Tensor& tokens, const at::
     at::Tensor mask;  // [b, s] bool
     int64_t count = 0;
   };
-  Kind kinds[2] = {{"image", config_.image_token_id, pixel_values, image_grid_thw, "pixel_values", "image_grid_thw", {}, 0},
-                   {"video", config_.video_token_id, pixel_values_videos, video_grid_thw, "pixel_values_videos",
-                    "video_grid_thw", {}, 0}};
+  Kind kinds[2] = {
+      {"image", config_.image_token_id, pixel_values, image_grid_thw, "pixel_values", "image_grid_thw", {}, 0},
+      {"video", config_.video_token_id, pixel_values_videos, video_grid_thw, "pixel_values_videos", "video_grid_thw",
+       {}, 0}};
   // One tower call (or exchange, vision_modes.h) over the images then the videos.
   std::vector<at::Tensor> pixels, grids;
   for (Kind& k : kinds) {

@@ -176,6 +176,26 @@ TrainRun run_pipelined(int procs, int stages, const std::string& cfg, const std:
   return r;
 }
 
+// A --dry-run of `flag` with `extra` on `config` (launch: loongforge-run's argv for several
+// processes, or none) fails naming `key` and saying `why`.
+struct Refusal {
+  std::vector<std::string> launch;
+  std::string config;
+  std::vector<std::string> extra;
+  std::string why;
+};
+void expect_refused(const std::string& flag, const std::string& key, const std::vector<Refusal>& cases) {
+  for (const Refusal& r : cases) {
+    std::vector<std::string> a = r.launch;
+    a.insert(a.end(), {bin("loongforge-train"), "--config-file", r.config, "--dry-run", flag});
+    a.insert(a.end(), r.extra.begin(), r.extra.end());
+    auto refused = lf::testing::run_command(a);
+    EXPECT_NE(refused.exit_code, 0) << refused.output;
+    EXPECT_NE(refused.output.find(key), std::string::npos) << refused.output;
+    EXPECT_NE(refused.output.find(r.why), std::string::npos) << refused.output;
+  }
+}
+
 TEST(Qwen25Vl, MultimodalStoreTrainsAndLayoutsEqualOneProcess) {
   const VlmStore store = make_vlm_store("ml-vlm-store");
   if (store.oracle.empty()) GTEST_SKIP() << "Python oracle unavailable (.venv missing)";
@@ -256,23 +276,9 @@ TEST(Qwen25Vl, MultimodalStoreTrainsAndLayoutsEqualOneProcess) {
                                     "qwen2_5_vl store: cp 2 x dp 2, media balanced over dp before the tower");
   // Refusals, each naming the key: DP 1 (nothing to balance), with --enable-encoder-hetero-dp.
   const std::vector<std::string> two = {bin("loongforge-run"), "--standalone", "--nproc-per-node", "2"};
-  struct Refusal {
-    std::vector<std::string> launch;
-    std::string config;
-    std::vector<std::string> extra;
-    std::string why;
-  };
-  for (const Refusal& r : std::vector<Refusal>{
-           {{}, cfg, {}, "the data-parallel size is 1"},
-           {two, cfg, {"--tensor-model-parallel-size", "2", "--enable-encoder-hetero-dp"}, "not combined"}}) {
-    std::vector<std::string> a = r.launch;
-    a.insert(a.end(), {bin("loongforge-train"), "--config-file", r.config, "--dry-run", "--use-vit-dp-balance"});
-    a.insert(a.end(), r.extra.begin(), r.extra.end());
-    auto refused = lf::testing::run_command(a);
-    EXPECT_NE(refused.exit_code, 0) << refused.output;
-    EXPECT_NE(refused.output.find("parallel.use_vit_dp_balance"), std::string::npos) << refused.output;
-    EXPECT_NE(refused.output.find(r.why), std::string::npos) << refused.output;
-  }
+  expect_refused("--use-vit-dp-balance", "parallel.use_vit_dp_balance",
+                 {{{}, cfg, {}, "the data-parallel size is 1"},
+                  {two, cfg, {"--tensor-model-parallel-size", "2", "--enable-encoder-hetero-dp"}, "not combined"}});
   auto vit_dry = lf::testing::run_command({bin("loongforge-run"), "--standalone", "--nproc-per-node", "2",
                                            bin("loongforge-train"), "--config-file", cfg, "--use-vit-dp-balance",
                                            "--dry-run"});
@@ -367,25 +373,11 @@ TEST(Qwen25Vl, FullHeteroDpEqualsOneProcess) {
   EXPECT_NE(plain.output.rfind("    vision_encoder  ", plain1), std::string::npos) << plain.output;
   EXPECT_EQ(plain.output.find("    vision_encoder  ", plain1), std::string::npos) << plain.output;
   const std::vector<std::string> two = {bin("loongforge-run"), "--standalone", "--nproc-per-node", "2"};
-  struct Refusal {
-    std::vector<std::string> launch;
-    std::string config;
-    std::vector<std::string> extra;
-    std::string why;
-  };
-  for (const Refusal& r : std::vector<Refusal>{
-           {{}, cfg, {}, "it would do nothing"},
-           {two, cfg, {"--tensor-model-parallel-size", "2", "--enable-encoder-hetero-dp"}, "not combined"},
-           {two, cfg, {"--tensor-model-parallel-size", "2", "--use-vit-dp-balance"}, "not combined"},
-           {{}, config("examples/spliced_lm_tiny.yaml"), {}, "has no vision tower"}}) {
-    std::vector<std::string> a = r.launch;
-    a.insert(a.end(), {bin("loongforge-train"), "--config-file", r.config, "--dry-run", "--enable-full-hetero-dp"});
-    a.insert(a.end(), r.extra.begin(), r.extra.end());
-    auto refused = lf::testing::run_command(a);
-    EXPECT_NE(refused.exit_code, 0) << refused.output;
-    EXPECT_NE(refused.output.find("parallel.enable_full_hetero_dp"), std::string::npos) << refused.output;
-    EXPECT_NE(refused.output.find(r.why), std::string::npos) << refused.output;
-  }
+  expect_refused("--enable-full-hetero-dp", "parallel.enable_full_hetero_dp",
+                 {{{}, cfg, {}, "it would do nothing"},
+                  {two, cfg, {"--tensor-model-parallel-size", "2", "--enable-encoder-hetero-dp"}, "not combined"},
+                  {two, cfg, {"--tensor-model-parallel-size", "2", "--use-vit-dp-balance"}, "not combined"},
+                  {{}, config("examples/spliced_lm_tiny.yaml"), {}, "has no vision tower"}});
 }
 
 // Qwen3-VL on the multimodal store (images cut with the tower's patch 14; the DeepStack rows ride

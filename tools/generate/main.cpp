@@ -224,19 +224,6 @@ Qwen25VlMedia media_of_images(const std::vector<std::string>& files, const lf::m
   return m;
 }
 
-at::Tensor tensor_of(const lf::safetensors::Reader& r, const lf::safetensors::TensorInfo& info) {
-  using lf::safetensors::DType;
-  static const std::map<DType, at::ScalarType> types{{DType::F32, at::kFloat}, {DType::F16, at::kHalf},
-                                                     {DType::BF16, at::kBFloat16}, {DType::F64, at::kDouble},
-                                                     {DType::I64, at::kLong}, {DType::I32, at::kInt}};
-  auto it = types.find(info.dtype);
-  LF_CHECK(it != types.end(), "--vision-inputs ", r.source(), ": tensor ", info.name, " has dtype ",
-           lf::safetensors::dtype_name(info.dtype), lf::hint("floats (F32, F16, BF16, F64) or I64 / I32 grids"));
-  at::Tensor t = at::empty(info.shape, it->second);
-  std::memcpy(t.data_ptr(), r.data(info), info.end - info.begin);
-  return t;
-}
-
 // --vision-inputs: the tensors transformers' processor returns (pixel_values + image_grid_thw,
 // pixel_values_videos + video_grid_thw, second_per_grid_ts); its input_ids / attention_mask /
 // mm_token_type_ids are ignored (--input-ids gives the ids).
@@ -250,7 +237,7 @@ Qwen25VlMedia media_of_file(const std::string& file, const lf::models::Qwen25Vis
                                              "second_per_grid_ts"};
     LF_CHECK(known.count(info.name), "--vision-inputs ", file, ": unknown tensor '", info.name, "'",
              lf::hint("pixel_values + image_grid_thw, pixel_values_videos + video_grid_thw, second_per_grid_ts"));
-    t[info.name] = tensor_of(r, info);
+    t[info.name] = lf::tools::generate::tensor_of(r, info);
   }
   Qwen25VlMedia m;
   for (const auto& [pix, grid, out_pix, out_grid] :

@@ -4,6 +4,8 @@
 #include <ATen/Functions.h>
 
 #include <algorithm>
+#include <cstring>
+#include <map>
 #include <set>
 
 #include "loongforge/backend/registry.h"
@@ -15,9 +17,9 @@
 namespace lf::tools::generate {
 namespace {
 
-// Every tensor of the file by name, in float (pixels) or int64 (grids) as the file holds them.
+// The file's tensors by name (the processor's input_ids / attention_mask / mm_token_type_ids ignored:
+// --input-ids gives the ids); another name is an error listing the known ones.
 std::map<std::string, at::Tensor> read_inputs(const std::string& file, const std::set<std::string>& known) {
-  using lf::safetensors::DType;
   const auto r = lf::safetensors::Reader::open(file);
   std::map<std::string, at::Tensor> out;
   for (const auto& info : r.tensors()) {
@@ -26,23 +28,25 @@ std::map<std::string, at::Tensor> read_inputs(const std::string& file, const std
     std::string names;
     for (const auto& k : known) names += (names.empty() ? "" : ", ") + k;
     LF_CHECK(known.count(info.name), "--vision-inputs ", file, ": unknown tensor '", info.name, "'", lf::hint(names));
-    at::ScalarType dtype;
-    switch (info.dtype) {
-      case DType::F32: dtype = at::kFloat; break;
-      case DType::BF16: dtype = at::kBFloat16; break;
-      case DType::F16: dtype = at::kHalf; break;
-      case DType::I64: dtype = at::kLong; break;
-      case DType::I32: dtype = at::kInt; break;
-      default: LF_FAIL("--vision-inputs ", file, ": tensor '", info.name, "' has an unsupported dtype");
-    }
-    auto t = at::empty(info.shape, at::TensorOptions().dtype(dtype));
-    std::memcpy(t.data_ptr(), r.data(info), info.end - info.begin);
-    out[info.name] = t;
+    out[info.name] = tensor_of(r, info);
   }
   return out;
 }
 
 }  // namespace
+
+at::Tensor tensor_of(const lf::safetensors::Reader& r, const lf::safetensors::TensorInfo& info) {
+  using lf::safetensors::DType;
+  static const std::map<DType, at::ScalarType> types{{DType::F32, at::kFloat}, {DType::F16, at::kHalf},
+                                                     {DType::BF16, at::kBFloat16}, {DType::F64, at::kDouble},
+                                                     {DType::I64, at::kLong}, {DType::I32, at::kInt}};
+  auto it = types.find(info.dtype);
+  LF_CHECK(it != types.end(), "--vision-inputs ", r.source(), ": tensor ", info.name, " has dtype ",
+           lf::safetensors::dtype_name(info.dtype), lf::hint("floats (F32, F16, BF16, F64) or I64 / I32 grids"));
+  at::Tensor t = at::empty(info.shape, it->second);
+  std::memcpy(t.data_ptr(), r.data(info), info.end - info.begin);
+  return t;
+}
 
 TensorVlm::TensorVlm(const lf::models::hf::VlmConfig& c, std::map<std::string, at::Tensor>& tensors, bool bf16,
                      const std::string& vision_inputs)

@@ -13,11 +13,16 @@
 #include <string>
 #include <vector>
 
+#include "loongforge/core/safetensors.h"
 #include "loongforge/models/composites/causal_lm.h"
 #include "loongforge/models/generation.h"
 #include "loongforge/models/hf_vlm.h"
 
 namespace lf::tools::generate {
+
+// One tensor of a --vision-inputs file: floats (F32, F16, BF16, F64) or I64 / I32 grids, as stored;
+// another dtype is an error naming the file and the tensor.
+at::Tensor tensor_of(const lf::safetensors::Reader& r, const lf::safetensors::TensorInfo& info);
 
 class TensorVlm {
  public:

@@ -7,7 +7,6 @@
 #include <set>
 
 #include "causal_lm_plan.h"
-#include "vision_modes.h"
 #include "vlm_plan.h"
 #include "loongforge/core/error.h"
 #include "loongforge/dist/parallel_context.h"
@@ -25,68 +24,34 @@ InternVl::InternVl(const DecoderConfig& foundation, const InternVisionConfig& vi
                    const lf::dist::ParallelContext* parallel, bool sequence_parallel, const PipelineStage& stage,
                    bool foundation_trainable, std::unique_ptr<lf::dist::ParallelContext> vision_context,
                    bool vision_trainable)
-    : CausalLm(foundation, backend, seed, dtype, parallel, sequence_parallel, stage, foundation_trainable),
-      config_(config), vision_context_(std::move(vision_context)), vision_trainable_(vision_trainable) {
+    : VisionLm(foundation, backend, seed, dtype, parallel, sequence_parallel, stage,
+               foundation_trainable, std::move(vision_context), vision_trainable),
+      config_(config) {
   LF_CHECK(config.image_token_id < foundation.vocab_size, "model.image_token_id ", config.image_token_id,
            " is outside the vocabulary of ", foundation.vocab_size, " tokens");
   // The tower lives on the first pipeline stage (every stage with --enable-full-hetero-dp).
-  if (!stage.first && !vision_context_) return;
-  ParamBuilder b(at::make_generator<at::CPUGeneratorImpl>(component_seed(seed, "vision_encoder")), dtype,
-                 backend.device(), tensor_parallel_of(nullptr, false), vision_trainable);
+  if (!holds_tower(stage)) return;
+  ParamBuilder b = tower_builder(seed, dtype);
   InternVisionConfig v = vision;
   if (v.out_hidden_size == 0) v.out_hidden_size = foundation.hidden_size;
   LF_CHECK(v.out_hidden_size == foundation.hidden_size, "model.vision_encoder.out_hidden_size ", v.out_hidden_size,
            " differs from the foundation's hidden_size ", foundation.hidden_size,
            lf::hint("the projector's outputs replace token embeddings: set out_hidden_size 0 (the foundation's width)"));
   encoder_ = std::make_unique<InternVisionEncoder>(v, backend, b, "vision_encoder");
-  encoder_params_ = b.take();
-  VisionTower tower;
-  tower.encode = [this](const at::Tensor& rows, const at::Tensor& g) { return encoder_->forward(rows, g); };
-  const auto tower_dtype = encoder_params_.front().tensor.scalar_type();
-  const int64_t width = v.out_hidden_size;
-  tower.params = &encoder_params_;
-  tower.width = width;
-  tower.pixel_options = at::TensorOptions().dtype(tower_dtype).device(backend.device());
-  tower.patch_dim = v.patch_dim();
-  tower.merge = v.merge();
-  modes_ = std::make_unique<VisionModes>(vision_context_.get(), parallel ? parallel->cp_size() : 1, std::move(tower));
+  attach_tower(
+      b.take(), [this](const at::Tensor& rows, const at::Tensor& g) { return encoder_->forward(rows, g); },
+      v.out_hidden_size, v.patch_dim(), v.merge());
 }
 
 InternVl::~InternVl() = default;
 
 const std::string& InternVl::type() const { return kType; }
 
-std::vector<ParameterGroup> InternVl::parameter_groups() const {
-  auto groups = CausalLm::parameter_groups();
-  if (encoder_)
-    groups.push_back(ParameterGroup{"vision_encoder", encoder_params_, vision_context_.get(), vision_trainable_});
-  return groups;
-}
-
 std::vector<std::string> InternVl::batch_fields() const {
   auto f = CausalLm::batch_fields();
   f.push_back("pixel_values");
   f.push_back("image_grid_thw");
   return f;
-}
-
-void InternVl::set_encoder_data_parallel(bool on) {
-  if (modes_) modes_->set_encoder_data_parallel(on);
-}
-void InternVl::set_vision_balance(bool on) {
-  if (modes_) modes_->set_balance(on);
-}
-void InternVl::set_full_hetero_dp(int first_stage_ranks) {
-  if (modes_) modes_->set_full_hetero_dp(first_stage_ranks);
-}
-
-void InternVl::begin_step(const std::vector<Batch>& micro_batches) {
-  if (modes_) modes_->begin_step(micro_batches, {{"pixel_values", "image_grid_thw"}});
-}
-
-void InternVl::end_backward() {
-  // As Qwen25Vl: the first stage's TP ranks each hold the whole gradient, so 1 / TP each.
-  if (modes_) modes_->end_backward(1.0 / static_cast<double>(tp_size()));
 }
 
 at::Tensor InternVl::embed_with_media(const at::Tensor& tokens, const at::Tensor& rows, const at::Tensor& grid) const {
@@ -107,7 +72,7 @@ at::Tensor InternVl::embed_with_media(const at::Tensor& tokens, const at::Tensor
              per_tile, " each)", lf::hint("each tile needs (image_size / patch_size x downsample_ratio)^2 = " +
                                           std::to_string(per_tile) + " placeholder tokens"));
   }
-  const at::Tensor encoded = modes_->encode(tokens, rows, rows.defined() ? grid.to(at::kCPU, at::kLong) : at::Tensor());
+  const at::Tensor encoded = encode_media(tokens, rows, rows.defined() ? grid.to(at::kCPU, at::kLong) : at::Tensor());
   if (!rows.defined()) {
     // --use-vit-dp-balance: no media here, but the exchange's backward must run on this rank too.
     if (encoded.defined() && encoded.requires_grad()) x = x + encoded.sum().to(x.scalar_type()) * 0.0;

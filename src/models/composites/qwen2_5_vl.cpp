@@ -11,7 +11,6 @@
 
 #include "causal_lm_plan.h"
 #include "vlm_hf.h"
-#include "vision_modes.h"
 #include "vlm_plan.h"
 #include "loongforge/core/error.h"
 #include "loongforge/core/logging.h"
@@ -116,9 +115,9 @@ Qwen25Vl::Qwen25Vl(const DecoderConfig& foundation, const Qwen25VisionConfig& vi
                    const lf::dist::ParallelContext* parallel, bool sequence_parallel, const PipelineStage& stage,
                    bool foundation_trainable, std::unique_ptr<lf::dist::ParallelContext> vision_context,
                    bool vision_trainable)
-    : CausalLm(qwen2_5_vl_foundation(foundation), backend, seed, dtype, parallel, sequence_parallel, stage,
-               foundation_trainable),
-      config_(config), vision_context_(std::move(vision_context)), vision_trainable_(vision_trainable) {
+    : VisionLm(qwen2_5_vl_foundation(foundation), backend, seed, dtype, parallel, sequence_parallel, stage,
+               foundation_trainable, std::move(vision_context), vision_trainable),
+      config_(config) {
   for (const auto& [field, id] : {std::pair<const char*, int64_t>{"image_token_id", config.image_token_id},
                                   {"video_token_id", config.video_token_id}})
     LF_CHECK(id < foundation.vocab_size, "model.", field, " ", id, " is outside the vocabulary of ",
@@ -127,47 +126,22 @@ Qwen25Vl::Qwen25Vl(const DecoderConfig& foundation, const Qwen25VisionConfig& vi
            "mrope_section (3 sections summing to the rotary head_dim / 2; Qwen2.5-VL: [16, 24, 24])");
   // The vision tower lives on the first pipeline stage (on every stage when the plan gives the
   // others a vision context: --enable-full-hetero-dp).
-  if (!stage.first && !vision_context_) return;
-  ParamBuilder b(at::make_generator<at::CPUGeneratorImpl>(component_seed(seed, "vision_encoder")), dtype,
-                 backend.device(), tensor_parallel_of(nullptr, false), vision_trainable);
+  if (!holds_tower(stage)) return;
+  ParamBuilder b = tower_builder(seed, dtype);
   Qwen25VisionConfig v = vision;
   if (v.out_hidden_size == 0) v.out_hidden_size = foundation.hidden_size;
   LF_CHECK(v.out_hidden_size == foundation.hidden_size, "model.vision_encoder.out_hidden_size ", v.out_hidden_size,
            " differs from the foundation's hidden_size ", foundation.hidden_size,
            lf::hint("the merger's outputs replace token embeddings: set out_hidden_size 0 (the foundation's width)"));
   encoder_ = std::make_unique<Qwen25VisionEncoder>(v, backend, b, "vision_encoder");
-  encoder_params_ = b.take();
-  VisionTower tower;
-  tower.encode = [this](const at::Tensor& rows, const at::Tensor& g) { return encoder_->forward(rows, g); };
-  const auto tower_dtype = encoder_params_.front().tensor.scalar_type();
-  tower.params = &encoder_params_;
-  tower.width = v.out_hidden_size;
-  tower.pixel_options = at::TensorOptions().dtype(tower_dtype).device(backend.device());
-  tower.patch_dim = v.patch_dim();
-  tower.merge = v.spatial_merge_size;
-  modes_ = std::make_unique<VisionModes>(vision_context_.get(), parallel ? parallel->cp_size() : 1, std::move(tower));
+  attach_tower(
+      b.take(), [this](const at::Tensor& rows, const at::Tensor& g) { return encoder_->forward(rows, g); },
+      v.out_hidden_size, v.patch_dim(), v.spatial_merge_size);
 }
 
 Qwen25Vl::~Qwen25Vl() = default;
 
-void Qwen25Vl::set_encoder_data_parallel(bool on) {
-  if (modes_) modes_->set_encoder_data_parallel(on);
-}
-void Qwen25Vl::set_vision_balance(bool on) {
-  if (modes_) modes_->set_balance(on);
-}
-void Qwen25Vl::set_full_hetero_dp(int first_stage_ranks) {
-  if (modes_) modes_->set_full_hetero_dp(first_stage_ranks);
-}
-
 const std::string& Qwen25Vl::type() const { return kType; }
-
-std::vector<ParameterGroup> Qwen25Vl::parameter_groups() const {
-  auto groups = CausalLm::parameter_groups();
-  if (encoder_)
-    groups.push_back(ParameterGroup{"vision_encoder", encoder_params_, vision_context_.get(), vision_trainable_});
-  return groups;
-}
 
 std::vector<std::string> Qwen25Vl::batch_fields() const {
   auto f = CausalLm::batch_fields();
@@ -291,7 +265,7 @@ at::Tensor Qwen25Vl::embed_with_media(const at::Tensor& tokens, const Qwen25VlMe
   }
   const at::Tensor all_pixels = pixels.empty() ? at::Tensor() : pixels.size() == 1 ? pixels[0] : at::cat(pixels);
   const at::Tensor all_grids = pixels.empty() ? at::Tensor() : at::cat(grids);
-  const at::Tensor encoded = modes_->encode(tokens, all_pixels, all_grids);
+  const at::Tensor encoded = encode_media(tokens, all_pixels, all_grids);
   if (pixels.empty()) {
     // --use-vit-dp-balance: no media here, but the exchange's backward must run on this rank too.
     if (encoded.defined() && encoded.requires_grad()) x = x + encoded.sum().to(x.scalar_type()) * 0.0;
@@ -312,16 +286,6 @@ at::Tensor Qwen25Vl::splice(const at::Tensor& x, const std::vector<at::Tensor>& 
     offset += counts[k];
   }
   return xb.transpose(0, 1).contiguous();
-}
-
-void Qwen25Vl::begin_step(const std::vector<Batch>& micro_batches) {
-  if (modes_) modes_->begin_step(micro_batches, {{"pixel_values", "image_grid_thw"}, {"pixel_values_videos", "video_grid_thw"}});
-}
-
-void Qwen25Vl::end_backward() {
-  // The foundation's TP ranks of the first stage each hold the whole gradient of every feature
-  // (its CP ranks each their tokens' part): the all-to-all's backward sums them, so 1 / TP each.
-  if (modes_) modes_->end_backward(1.0 / static_cast<double>(tp_size()));
 }
 
 at::Tensor Qwen25Vl::embed_inputs(const Batch& batch) const {

@@ -12,7 +12,6 @@
 #include "causal_lm_plan.h"
 #include "vlm_hf.h"
 #include "vlm_plan.h"
-#include "vision_modes.h"
 #include "loongforge/core/error.h"
 #include "loongforge/dist/parallel_context.h"
 #include "loongforge/models/hf_adapter.h"
@@ -107,8 +106,9 @@ Qwen3Vl::Qwen3Vl(const DecoderConfig& foundation, const Qwen3VisionConfig& visio
                  const lf::dist::ParallelContext* parallel, bool sequence_parallel, const PipelineStage& stage,
                  bool foundation_trainable, std::unique_ptr<lf::dist::ParallelContext> vision_context,
                  bool vision_trainable)
-    : CausalLm(foundation, backend, seed, dtype, parallel, sequence_parallel, stage, foundation_trainable),
-      config_(config), vision_context_(std::move(vision_context)), vision_trainable_(vision_trainable) {
+    : VisionLm(foundation, backend, seed, dtype, parallel, sequence_parallel, stage,
+               foundation_trainable, std::move(vision_context), vision_trainable),
+      config_(config) {
   for (const auto& [field, id] : {std::pair<const char*, int64_t>{"image_token_id", config.image_token_id},
                                   {"video_token_id", config.video_token_id}})
     LF_CHECK(id < foundation.vocab_size, "model.", field, " ", id, " is outside the vocabulary of ",
@@ -122,7 +122,7 @@ Qwen3Vl::Qwen3Vl(const DecoderConfig& foundation, const Qwen3VisionConfig& visio
   // The vision tower lives on the first pipeline stage (on every stage when the plan gives the
   // others a vision context: --enable-full-hetero-dp).
   const bool first_stage = this->foundation().stage().first;
-  if (!first_stage && !vision_context_) return;
+  if (!holds_tower(this->foundation().stage())) return;
   if (first_stage) {
     const auto& first = this->foundation().stage().chunks.front();
     LF_CHECK(first.begin == 0 && first.end >= k, "qwen3_vl: DeepStack adds vision features after decoder layers 0..",
@@ -130,63 +130,28 @@ Qwen3Vl::Qwen3Vl(const DecoderConfig& foundation, const Qwen3VisionConfig& visio
              lf::hint("give the first stage at least " + std::to_string(k) +
                       " layers (--decoder-first-pipeline-num-layers) or use fewer pipeline stages"));
   }
-  ParamBuilder b(at::make_generator<at::CPUGeneratorImpl>(component_seed(seed, "vision_encoder")), dtype,
-                 backend.device(), tensor_parallel_of(nullptr, false), vision_trainable);
+  ParamBuilder b = tower_builder(seed, dtype);
   Qwen3VisionConfig v = vision;
   if (v.out_hidden_size == 0) v.out_hidden_size = foundation.hidden_size;
   LF_CHECK(v.out_hidden_size == foundation.hidden_size, "model.vision_encoder.out_hidden_size ", v.out_hidden_size,
            " differs from the foundation's hidden_size ", foundation.hidden_size,
            lf::hint("the mergers' outputs replace token embeddings: set out_hidden_size 0 (the foundation's width)"));
   encoder_ = std::make_unique<Qwen3VisionEncoder>(v, backend, b, "vision_encoder");
-  encoder_params_ = b.take();
   // The tower's outputs packed side by side for the modes' exchanges: [features, h (1 + DeepStack)].
-  VisionTower tower;
-  tower.encode = [this](const at::Tensor& rows, const at::Tensor& g) {
-    Qwen3VisionOutput o = encoder_->forward(rows, g);
-    std::vector<at::Tensor> parts = {o.merged};
-    parts.insert(parts.end(), o.deepstack.begin(), o.deepstack.end());
-    return parts.size() == 1 ? parts[0] : at::cat(parts, 1);
-  };
-  const auto tower_dtype = encoder_params_.front().tensor.scalar_type();
-  const int64_t width = v.out_hidden_size * (1 + k);
-  tower.params = &encoder_params_;
-  tower.width = width;
-  tower.pixel_options = at::TensorOptions().dtype(tower_dtype).device(backend.device());
-  tower.patch_dim = v.in_channels * v.temporal_patch_size * v.patch_size * v.patch_size;
-  tower.merge = v.spatial_merge_size;
-  modes_ = std::make_unique<VisionModes>(vision_context_.get(), parallel ? parallel->cp_size() : 1, std::move(tower));
-}
-
-void Qwen3Vl::set_encoder_data_parallel(bool on) {
-  if (modes_) modes_->set_encoder_data_parallel(on);
-}
-void Qwen3Vl::set_vision_balance(bool on) {
-  if (modes_) modes_->set_balance(on);
-}
-void Qwen3Vl::set_full_hetero_dp(int first_stage_ranks) {
-  if (modes_) modes_->set_full_hetero_dp(first_stage_ranks);
-}
-
-void Qwen3Vl::begin_step(const std::vector<Batch>& micro_batches) {
-  if (modes_)
-    modes_->begin_step(micro_batches, {{"pixel_values", "image_grid_thw"}, {"pixel_values_videos", "video_grid_thw"}});
-}
-
-void Qwen3Vl::end_backward() {
-  // As Qwen25Vl: the first stage's TP ranks each hold the whole gradient, so 1 / TP each.
-  if (modes_) modes_->end_backward(1.0 / static_cast<double>(tp_size()));
+  attach_tower(
+      b.take(),
+      [this](const at::Tensor& rows, const at::Tensor& g) {
+        Qwen3VisionOutput o = encoder_->forward(rows, g);
+        std::vector<at::Tensor> parts = {o.merged};
+        parts.insert(parts.end(), o.deepstack.begin(), o.deepstack.end());
+        return parts.size() == 1 ? parts[0] : at::cat(parts, 1);
+      },
+      v.out_hidden_size * (1 + k), v.patch_dim(), v.spatial_merge_size);
 }
 
 Qwen3Vl::~Qwen3Vl() = default;
 
 const std::string& Qwen3Vl::type() const { return kType; }
-
-std::vector<ParameterGroup> Qwen3Vl::parameter_groups() const {
-  auto groups = CausalLm::parameter_groups();
-  if (encoder_)
-    groups.push_back(ParameterGroup{"vision_encoder", encoder_params_, vision_context_.get(), vision_trainable_});
-  return groups;
-}
 
 std::vector<std::string> Qwen3Vl::batch_fields() const {
   auto f = CausalLm::batch_fields();
@@ -243,7 +208,7 @@ Qwen3Vl::Embedded Qwen3Vl::embed_with_media(const at::Tensor& tokens, const at::
     pixels.push_back(k.pixels);
     grids.push_back(g);
   }
-  const at::Tensor packed = modes_->encode(tokens, pixels.empty() ? at::Tensor() : at::cat(pixels),
+  const at::Tensor packed = encode_media(tokens, pixels.empty() ? at::Tensor() : at::cat(pixels),
                                            pixels.empty() ? at::Tensor() : at::cat(grids));
   if (pixels.empty()) {
     // --use-vit-dp-balance: no media here, but the exchange's backward must run on this rank too.
@@ -398,7 +363,6 @@ class Qwen3VlPlan : public VlmPlan<Qwen3VisionConfig, Qwen3VlConfig> {
   }
 
   std::unique_ptr<Model> build(const BuildArgs& args) const override { return build_vlm<Qwen3Vl>(args); }
-
 };
 
 std::unique_ptr<ModelPlan> plan_qwen3_vl(std::shared_ptr<const ModelConfig> c, const PlanArgs& a,

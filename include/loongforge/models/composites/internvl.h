@@ -18,7 +18,7 @@
 #include <vector>
 
 #include "loongforge/core/config/schema.h"
-#include "loongforge/models/composites/causal_lm.h"
+#include "loongforge/models/composites/vision_lm.h"
 #include "loongforge/models/encoders/intern_vit.h"
 
 namespace lf::models {
@@ -34,9 +34,7 @@ struct InternVlConfig {
   }
 };
 
-class VisionModes;
-
-class InternVl : public CausalLm {
+class InternVl : public VisionLm {
  public:
   // vision: its out_hidden_size 0 becomes the foundation's hidden size; drawn from
   // component_seed(seed, "vision_encoder") at TP 1; vision_context as Qwen25Vl's.
@@ -48,7 +46,6 @@ class InternVl : public CausalLm {
   ~InternVl() override;
 
   const std::string& type() const override;
-  std::vector<ParameterGroup> parameter_groups() const override;
   std::vector<std::string> batch_fields() const override;
   bool supports_chunkpipe() const override { return false; }
 
@@ -61,18 +58,13 @@ class InternVl : public CausalLm {
   // Every tensor must be used.
   void load_hf_state(const std::map<std::string, at::Tensor>& tensors, const std::string& text_architecture);
 
-  // The tower's modes, as Qwen25Vl's. No-ops on a stage without the tower.
-  void set_encoder_data_parallel(bool on);
-  void set_vision_balance(bool on);
-  void set_full_hetero_dp(int first_stage_ranks);
-  void begin_step(const std::vector<Batch>& micro_batches) override;
-  void end_backward() override;
-
   const InternVisionEncoder& vision_encoder() const { return *encoder_; }
   const InternVlConfig& own_config() const { return config_; }
-  const std::vector<Parameter>& vision_parameters() const { return encoder_params_; }
 
  protected:
+  std::vector<std::pair<std::string, std::string>> media_fields() const override {
+    return {{"pixel_values", "image_grid_thw"}};
+  }
   at::Tensor embed_inputs(const Batch& batch) const override;
 
  private:
@@ -80,11 +72,7 @@ class InternVl : public CausalLm {
   at::Tensor embed_with_media(const at::Tensor& tokens, const at::Tensor& rows, const at::Tensor& grid) const;
 
   InternVlConfig config_;
-  std::unique_ptr<lf::dist::ParallelContext> vision_context_;
-  bool vision_trainable_;
   std::unique_ptr<InternVisionEncoder> encoder_;
-  std::vector<Parameter> encoder_params_;
-  std::unique_ptr<VisionModes> modes_;
 };
 
 void register_internvl(Registry& r);

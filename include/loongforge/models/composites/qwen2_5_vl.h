@@ -22,7 +22,7 @@
 
 #include "loongforge/core/config/schema.h"
 #include "loongforge/data/multimodal.h"
-#include "loongforge/models/composites/causal_lm.h"
+#include "loongforge/models/composites/vision_lm.h"
 #include "loongforge/models/encoders/qwen2_5_vl_vision.h"
 
 namespace lf::models {
@@ -75,9 +75,7 @@ struct Qwen25VlMedia {
   std::vector<double> second_per_grid_ts;          // per video; empty: 1.0 each
 };
 
-class VisionModes;
-
-class Qwen25Vl : public CausalLm {
+class Qwen25Vl : public VisionLm {
  public:
   // vision: its out_hidden_size 0 becomes the foundation's hidden size. The encoder's parameters
   // are drawn from component_seed(seed, "vision_encoder") at TP 1; vision_context: the context
@@ -91,7 +89,6 @@ class Qwen25Vl : public CausalLm {
   ~Qwen25Vl() override;
 
   const std::string& type() const override;
-  std::vector<ParameterGroup> parameter_groups() const override;
   std::vector<std::string> batch_fields() const override;
   bool supports_chunkpipe() const override { return false; }
   StageOutput stage_forward(const Batch& batch, const TensorMap& input, int64_t chunk, Pass pass) override;
@@ -119,27 +116,14 @@ class Qwen25Vl : public CausalLm {
   // rank's shards. Every tensor must be used.
   void load_hf_state(const std::map<std::string, at::Tensor>& tensors);
 
-  // The tower's modes (models/composites/vision_modes.h): --enable-encoder-hetero-dp (the ranks of
-  // the tower's share group, a foundation TP group, encode alternate media and all-gather the
-  // features), --use-vit-dp-balance (the DP group's media spread by cost before the tower, the
-  // features sent home after it; every DP rank then joins the exchange for every micro-batch), and
-  // --enable-full-hetero-dp (the tower on every rank: the plan gives every stage a vision context,
-  // its share group the foundation's TP x PP x CP ranks of one DP index, the first stage's
-  // first_stage_ranks of them first; begin_step encodes the step's media spread over them,
-  // end_backward runs the tower's backward; evaluation and generation encode on the first stage).
-  // No-ops on a stage without the tower.
-  void set_encoder_data_parallel(bool on);
-  void set_vision_balance(bool on);
-  void set_full_hetero_dp(int first_stage_ranks);
-  void begin_step(const std::vector<Batch>& micro_batches) override;
-  void end_backward() override;
-
   // The first pipeline stage only (every stage with --enable-full-hetero-dp).
   const Qwen25VisionEncoder& vision_encoder() const { return *encoder_; }
   const Qwen25VlConfig& own_config() const { return config_; }  // image / video ids, tokens_per_second
-  const std::vector<Parameter>& vision_parameters() const { return encoder_params_; }
 
  protected:
+  std::vector<std::pair<std::string, std::string>> media_fields() const override {
+    return {{"pixel_values", "image_grid_thw"}, {"pixel_values_videos", "video_grid_thw"}};
+  }
   at::Tensor embed_inputs(const Batch& batch) const override;
 
  private:
@@ -149,11 +133,7 @@ class Qwen25Vl : public CausalLm {
                            const at::Tensor& encoded);
 
   Qwen25VlConfig config_;
-  std::unique_ptr<lf::dist::ParallelContext> vision_context_;
-  bool vision_trainable_;
   std::unique_ptr<Qwen25VisionEncoder> encoder_;
-  std::vector<Parameter> encoder_params_;
-  std::unique_ptr<VisionModes> modes_;  // with the tower
 };
 
 void register_qwen2_5_vl(Registry& r);

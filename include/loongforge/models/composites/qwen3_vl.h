@@ -19,7 +19,7 @@
 #include <vector>
 
 #include "loongforge/core/config/schema.h"
-#include "loongforge/models/composites/causal_lm.h"
+#include "loongforge/models/composites/vision_lm.h"
 #include "loongforge/models/encoders/qwen3_vl_vision.h"
 
 namespace lf::models {
@@ -48,9 +48,7 @@ at::Tensor qwen3_vl_position_ids(const at::Tensor& input_ids, const at::Tensor& 
                                  const at::Tensor& video_grid_thw, const Qwen3VlConfig& ids,
                                  int64_t spatial_merge_size);
 
-class VisionModes;
-
-class Qwen3Vl : public CausalLm {
+class Qwen3Vl : public VisionLm {
  public:
   // vision: its out_hidden_size 0 becomes the foundation's hidden size; its DeepStack entries
   // feed the foundation's first layers (at most num_layers, all on the first pipeline stage's
@@ -64,7 +62,6 @@ class Qwen3Vl : public CausalLm {
   ~Qwen3Vl() override;
 
   const std::string& type() const override;
-  std::vector<ParameterGroup> parameter_groups() const override;
   std::vector<std::string> batch_fields() const override;
   bool supports_chunkpipe() const override { return false; }
   StageOutput stage_forward(const Batch& batch, const TensorMap& input, int64_t chunk, Pass pass) override;
@@ -85,21 +82,14 @@ class Qwen3Vl : public CausalLm {
   // model.language_model.*, lm_head.weight) -> this rank's shards. Every tensor must be used.
   void load_hf_state(const std::map<std::string, at::Tensor>& tensors);
 
-  // The tower's modes, as Qwen25Vl's (models/composites/vision_modes.h): --enable-encoder-hetero-dp,
-  // --use-vit-dp-balance, --enable-full-hetero-dp. The exchanges carry the merged features and the
-  // DeepStack rows side by side. No-ops on a stage without the tower.
-  void set_encoder_data_parallel(bool on);
-  void set_vision_balance(bool on);
-  void set_full_hetero_dp(int first_stage_ranks);
-  void begin_step(const std::vector<Batch>& micro_batches) override;
-  void end_backward() override;
-
   // The first pipeline stage only (every stage with --enable-full-hetero-dp).
   const Qwen3VisionEncoder& vision_encoder() const { return *encoder_; }
-  const std::vector<Parameter>& vision_parameters() const { return encoder_params_; }
   const Qwen3VlConfig& own_config() const { return config_; }  // image / video ids
 
  protected:
+  std::vector<std::pair<std::string, std::string>> media_fields() const override {
+    return {{"pixel_values", "image_grid_thw"}, {"pixel_values_videos", "video_grid_thw"}};
+  }
   // Not used: stage_forward embeds (the DeepStack rows go to the layers, not the embeddings).
   at::Tensor embed_inputs(const Batch& batch) const override;
 
@@ -113,11 +103,7 @@ class Qwen3Vl : public CausalLm {
                             const at::Tensor& video_grid_thw) const;
 
   Qwen3VlConfig config_;
-  std::unique_ptr<lf::dist::ParallelContext> vision_context_;
-  bool vision_trainable_;
   std::unique_ptr<Qwen3VisionEncoder> encoder_;
-  std::vector<Parameter> encoder_params_;
-  std::unique_ptr<VisionModes> modes_;  // with the tower
 };
 
 void register_qwen3_vl(Registry& r);

@@ -143,24 +143,28 @@ at::Tensor ReferenceOps::grouped_gemm_fwd(const at::Tensor& x, const at::Tensor&
 }
 
 GroupedGemmBwd ReferenceOps::grouped_gemm_bwd(const at::Tensor& dy, const at::Tensor& x, const at::Tensor& w,
-                                              const at::Tensor& counts) const {
+                                              const at::Tensor& counts, GemmGrads want) const {
   check_grouped_gemm_args(x, w, counts);
   LF_CHECK(dy.dim() == 2 && dy.size(0) == x.size(0) && dy.size(1) == w.size(1), "grouped_gemm_bwd: dy must be [",
            x.size(0), ", ", w.size(1), "], got ", dy.sizes());
   GroupedGemmBwd r;
   auto d = dy.to(x.scalar_type()).contiguous();
-  r.dx = at::empty_like(x, at::MemoryFormat::Contiguous);
-  r.dw = at::zeros_like(w, at::MemoryFormat::Contiguous);
+  if (want.dx) r.dx = at::empty_like(x, at::MemoryFormat::Contiguous);
+  if (want.dw) r.dw = at::zeros_like(w, at::MemoryFormat::Contiguous);
   int64_t row = 0;
   const auto c = host_counts(counts);
   for (size_t g = 0; g < c.size(); ++g) {
     if (c[g] == 0) continue;
     const auto gi = static_cast<int64_t>(g);
     auto dyg = d.narrow(0, row, c[g]);
-    auto dx = r.dx.narrow(0, row, c[g]);
-    at::mm_out(dx, dyg, w[gi]);
-    auto dw = r.dw[gi];
-    at::mm_out(dw, dyg.t(), x.narrow(0, row, c[g]));
+    if (want.dx) {
+      auto dx = r.dx.narrow(0, row, c[g]);
+      at::mm_out(dx, dyg, w[gi]);
+    }
+    if (want.dw) {
+      auto dw = r.dw[gi];
+      at::mm_out(dw, dyg.t(), x.narrow(0, row, c[g]));
+    }
     row += c[g];
   }
   return r;

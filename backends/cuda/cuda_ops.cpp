@@ -61,19 +61,21 @@ at::Tensor CudaOps::grouped_gemm_fwd(const at::Tensor& x, const at::Tensor& w, c
 }
 
 GroupedGemmBwd CudaOps::grouped_gemm_bwd(const at::Tensor& dy, const at::Tensor& x, const at::Tensor& w,
-                                         const at::Tensor& counts) const {
+                                         const at::Tensor& counts, GemmGrads want) const {
   check_grouped_gemm_args(x, w, counts);
   if (!grouped_mm_applies(x, w) || dy.scalar_type() != at::kBFloat16)
-    return ReferenceOps::grouped_gemm_bwd(dy, x, w, counts);
+    return ReferenceOps::grouped_gemm_bwd(dy, x, w, counts, want);
   const c10::cuda::CUDAGuard guard(x.device());
   const at::Tensor ends = group_ends(counts, x), d = dy.contiguous();
   GroupedGemmBwd r;
-  r.dx = at::_grouped_mm(d, w.contiguous(), ends).contiguous();  // dx_g = dy_g w_g
-  // dw_g = dy_g^T x_g: the groups split the contraction (2-D x 2-D with offsets).
-  r.dw = at::_grouped_mm(d.t(), x.contiguous(), ends).contiguous();
-  // A group without rows contracts nothing: the kernel may leave its block unwritten.
-  const at::Tensor empty = counts.eq(0).nonzero().squeeze(1);
-  if (empty.numel() > 0) r.dw.index_fill_(0, empty.to(r.dw.device()), 0);
+  if (want.dx) r.dx = at::_grouped_mm(d, w.contiguous(), ends).contiguous();  // dx_g = dy_g w_g
+  if (want.dw) {
+    // dw_g = dy_g^T x_g: the groups split the contraction (2-D x 2-D with offsets).
+    r.dw = at::_grouped_mm(d.t(), x.contiguous(), ends).contiguous();
+    // A group without rows contracts nothing: the kernel may leave its block unwritten.
+    const at::Tensor empty = counts.eq(0).nonzero().squeeze(1);
+    if (empty.numel() > 0) r.dw.index_fill_(0, empty.to(r.dw.device()), 0);
+  }
   return r;
 }
 

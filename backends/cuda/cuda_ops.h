@@ -15,7 +15,7 @@ class CudaOps final : public ReferenceOps {
   at::Tensor swiglu_bwd(const at::Tensor& dy, const at::Tensor& gate_up) const override;
   at::Tensor grouped_gemm_fwd(const at::Tensor& x, const at::Tensor& w, const at::Tensor& counts) const override;
   GroupedGemmBwd grouped_gemm_bwd(const at::Tensor& dy, const at::Tensor& x, const at::Tensor& w,
-                                  const at::Tensor& counts) const override;
+                                  const at::Tensor& counts, GemmGrads want) const override;
 };
 
 }  // namespace lf::backend::cuda

@@ -262,8 +262,8 @@ class PluginOps final : public OpTable {
     return ref_.grouped_gemm_fwd(x, w, c);
   }
   GroupedGemmBwd grouped_gemm_bwd(const at::Tensor& dy, const at::Tensor& x, const at::Tensor& w,
-                                  const at::Tensor& c) const override {
-    return ref_.grouped_gemm_bwd(dy, x, w, c);
+                                  const at::Tensor& c, GemmGrads want) const override {
+    return ref_.grouped_gemm_bwd(dy, x, w, c, want);
   }
   at::Tensor dsa_indexer_topk(const at::Tensor& qi, const at::Tensor& ki, const at::Tensor& w, double scale,
                               int64_t topk) const override {

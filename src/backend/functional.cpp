@@ -450,7 +450,9 @@ struct GroupedGemmFn : torch::autograd::Function<GroupedGemmFn> {
   }
   static variable_list backward(AutogradContext* ctx, variable_list d) {
     auto s = ctx->get_saved_variables();
-    auto g = saved_backend(ctx).ops().grouped_gemm_bwd(d[0], s[0], s[1], s[2]);
+    // A frozen weight (or input) gets no gradient computed (edges count the tensor arguments: x 0, w 1).
+    auto g = saved_backend(ctx).ops().grouped_gemm_bwd(
+        d[0], s[0], s[1], s[2], lf::backend::GemmGrads{ctx->needs_input_grad(0), ctx->needs_input_grad(1)});
     return {at::Tensor(), g.dx, g.dw, at::Tensor()};
   }
 };

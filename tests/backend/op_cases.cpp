@@ -463,7 +463,7 @@ void add_moe_cases(std::vector<OpCase>& cases) {
                        auto out = ops.moe_unpermute_fwd(y24, p.position, in[3]);
                        auto ub = ops.moe_unpermute_bwd(in[4], y24, p.position, in[3]);
                        auto dy = ub.dy.narrow(1, 0, 20) + at::pad(ub.dy.narrow(1, 20, 4), {0, 16});
-                       auto gb = ops.grouped_gemm_bwd(dy, p.permuted, in[2], p.tokens_per_expert);
+                       auto gb = ops.grouped_gemm_bwd(dy, p.permuted, in[2], p.tokens_per_expert, {});
                        auto dx = ops.moe_permute_bwd(gb.dx, p.source, 13);
                        return NamedTensors{{"permuted", p.permuted}, {"position", p.position},
                                            {"tokens_per_expert", p.tokens_per_expert}, {"y", y},
@@ -483,8 +483,15 @@ void add_moe_cases(std::vector<OpCase>& cases) {
                    [](const OpTable& ops, const std::vector<at::Tensor>& in) {
                      const at::Tensor counts = at::tensor({5, 0, 9, 5}, at::TensorOptions().dtype(at::kLong));
                      auto y = ops.grouped_gemm_fwd(in[0], in[1], counts);
-                     auto gb = ops.grouped_gemm_bwd(in[2], in[0], in[1], counts);
-                     return NamedTensors{{"y", y}, {"dx", gb.dx}, {"dw", gb.dw}};
+                     auto gb = ops.grouped_gemm_bwd(in[2], in[0], in[1], counts, {});
+                     // Each gradient alone (--delay-wgrad-compute's split; a frozen weight): the
+                     // other is not computed, and the one that is equals the joint call's.
+                     auto dx_only = ops.grouped_gemm_bwd(in[2], in[0], in[1], counts, {true, false});
+                     auto dw_only = ops.grouped_gemm_bwd(in[2], in[0], in[1], counts, {false, true});
+                     LF_CHECK(!dx_only.dw.defined() && !dw_only.dx.defined(),
+                              "grouped_gemm_bwd computed a gradient it was not asked for");
+                     return NamedTensors{{"y", y},           {"dx", gb.dx},           {"dw", gb.dw},
+                                         {"dx_alone", dx_only.dx}, {"dw_alone", dw_only.dw}};
                    }});
 }
 

@@ -131,7 +131,8 @@ TEST(MoeTraining, ExactResumeKeepsTheExpertBias) {
 // (also with ZeRO-1 over both the dense and the expert-DP group and overlapped reduction), EP = 2
 // x TP = 2 with SP (world 4: the EP groups are the TP groups, each TP rank routes its own sequence
 // chunk), EP = 4 spanning TP = 2 x DP = 2, EP = 2 x PP = 2, and the all-to-all overlapped with the
-// experts' computation (CCT: token chunks in a pipeline, forward and backward). Same tolerance as the layouts
+// experts' computation (CCT: token chunks in a pipeline, forward and backward; with 3 chunks also the
+// weight gradients delayed behind the input gradients' all-to-alls, --delay-wgrad-compute). Same tolerance as the layouts
 // above (the experts' GEMMs see the rows of several ranks at once: other summation order only).
 TEST(MoeTraining, ExpertParallelEqualsSingleProcess) {
   const std::string d = lf::testing::make_temp_dir("moe_ep");
@@ -169,8 +170,8 @@ TEST(MoeTraining, ExpertParallelEqualsSingleProcess) {
                     train(4, d + "/ep4_cct", with_tp({"--expert-model-parallel-size", "4", "--moe-token-dispatcher-type",
                                                       "alltoall", "--overlap-moe-expert-parallel-comm",
                                                       "--moe-overlap-num-chunks", "3", "--recompute-granularity",
-                                                      "selective"})),
-                    "EP=4 over TP=2 x DP=2, overlapped in 3 chunks, selective recomputation");
+                                                      "selective", "--delay-wgrad-compute"})),
+                    "EP=4 over TP=2 x DP=2, overlapped in 3 chunks, delayed weight gradients, selective recomputation");
   expect_equivalent(one,
                     train(4, d + "/ep2pp2", ep({"--expert-model-parallel-size", "2", "--pipeline-model-parallel-size", "2",
                                                 "--moe-token-dispatcher-type", "alltoall"})),
@@ -395,6 +396,8 @@ TEST(MoeTraining, LayoutsNotBuiltForMoeAreRefusedWithTheKey) {
       {2, {"--expert-model-parallel-size", "2", "--overlap-moe-expert-parallel-comm"},
        "parallel.overlap_moe_expert_parallel_comm"},  // the all-gather dispatcher has nothing to overlap
       {1, {"--moe-overlap-num-chunks", "4"}, "parallel.moe_overlap_num_chunks"},
+      {2, {"--expert-model-parallel-size", "2", "--moe-token-dispatcher-type", "alltoall", "--delay-wgrad-compute"},
+       "parallel.delay_wgrad_compute"},  // without the overlap there is nothing to delay behind
       {1, {"--moe-router-num-groups", "3", "--moe-router-group-topk", "1"}, "model.foundation.moe_router_num_groups"},
   };
   {  // the dry run of a valid MoE job states the parameters a token passes through

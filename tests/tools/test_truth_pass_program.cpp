@@ -381,7 +381,7 @@ TEST(TruthPass, EveryFlagActsOrIsRefused) {
       {"--moe-token-dispatcher-type", "MoeTraining.ExpertParallelEqualsSingleProcess"},
       {"--overlap-moe-expert-parallel-comm", "MoeTraining.ExpertParallelEqualsSingleProcess"},
       {"--moe-overlap-num-chunks", "MoeTraining.ExpertParallelEqualsSingleProcess"},
-      {"--delay-wgrad-compute", "refused"}, {"--mtp-num-layers", "MoeTraining.MultiTokenPrediction*, HfParity.DeepseekV3Mtp*"},
+      {"--delay-wgrad-compute", "MoeTraining.ExpertParallelEqualsSingleProcess"}, {"--mtp-num-layers", "MoeTraining.MultiTokenPrediction*, HfParity.DeepseekV3Mtp*"},
       {"--mtp-loss-scaling-factor", "MoeTraining.MultiTokenPrediction* (0.1 x cross entropy), refused without MTP"},
       {"--multi-latent-attention", "HfParity.DeepseekV3MlaBlock*, MlaDecoder.*, TpDecoder.*"},
       {"--q-lora-rank", "HfParity.DeepseekV3MlaBlock*, MlaDecoder.*"}, {"--kv-lora-rank", "HfParity.DeepseekV3MlaBlock*"},
@@ -437,7 +437,7 @@ TEST(TruthPass, EveryFlagActsOrIsRefused) {
       {{"--moe-token-dispatcher-type", "alltoall"}, "moe_token_dispatcher_type"},  // dense: nothing to dispatch
       {{"--expert-tensor-parallel-size", "1"}, "expert_tensor_parallel_size"},     // dense: no experts
       {{"--overlap-moe-expert-parallel-comm"}, "overlap_moe_expert_parallel_comm"},  // dense: nothing to overlap
-      {{"--delay-wgrad-compute"}, "--delay-wgrad-compute"},
+      {{"--delay-wgrad-compute"}, "parallel.delay_wgrad_compute"},  // without the overlap: nothing to delay
       {{"--multi-latent-attention"}, "kv_lora_rank"},
       {{"--experimental-attention-variant", "dsa"}, "experimental_attention_variant"},  // DSA without MLA
       {{"--num-experts", "3", "--moe-router-topk", "4"}, "moe_router_topk"},

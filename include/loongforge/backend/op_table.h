@@ -131,6 +131,10 @@ struct MoeUnpermuteBwd {
   at::Tensor dy;      // [m, h] y's dtype
   at::Tensor dprobs;  // [n, k] probs' dtype (0 at dropped slots)
 };
+// Which gradients of a GEMM's backward to compute.
+struct GemmGrads {
+  bool dx = true, dw = true;
+};
 struct GroupedGemmBwd {
   at::Tensor dx;  // [m, k_in] x's dtype
   at::Tensor dw;  // [G, n_out, k_in] w's dtype (0 for empty groups)
@@ -256,9 +260,12 @@ class OpTable {
   // (bf16: fp32 accumulation) like the model's dense linear layers; x and w share a dtype.
   virtual at::Tensor grouped_gemm_fwd(const at::Tensor& x, const at::Tensor& w,
                                       const at::Tensor& counts) const = 0;
-  // dy: [m, n_out] -> dx_g = dy_g w_g, dw_g = dy_g^T x_g.
+  // dy: [m, n_out] -> dx_g = dy_g w_g, dw_g = dy_g^T x_g. Only the wanted ones are computed (the
+  // other left undefined): the input's gradient alone, or the weights' alone later
+  // (--delay-wgrad-compute), or a frozen weight's never.
   virtual GroupedGemmBwd grouped_gemm_bwd(const at::Tensor& dy, const at::Tensor& x,
-                                          const at::Tensor& w, const at::Tensor& counts) const = 0;
+                                          const at::Tensor& w, const at::Tensor& counts,
+                                          GemmGrads want) const = 0;
 
   // DSA (see DsaAttentionFwd). The indexer's top-k: qi [b, sq, nh, di], ki [b, sk, di], w [b, sq,
   // nh] -> indices [b, sq, topk] int64 (1 <= topk <= sk). Not differentiable.

@@ -60,7 +60,7 @@ class ReferenceOps : public OpTable {
                                     const at::Tensor& probs) const override;
   at::Tensor grouped_gemm_fwd(const at::Tensor& x, const at::Tensor& w, const at::Tensor& counts) const override;
   GroupedGemmBwd grouped_gemm_bwd(const at::Tensor& dy, const at::Tensor& x, const at::Tensor& w,
-                                  const at::Tensor& counts) const override;
+                                  const at::Tensor& counts, GemmGrads want) const override;
   // reference_dsa_ops.cpp: dense [b, sq, sk] index scores and [b, nq, sq, sk] attention under the
   // selection's mask (the sdpa reference with an explicit mask); the top-k by a stable sort.
   at::Tensor dsa_indexer_topk(const at::Tensor& qi, const at::Tensor& ki, const at::Tensor& w, double scale,

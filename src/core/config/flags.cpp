@@ -38,6 +38,7 @@ const std::vector<FlagSpec> kTable = {
   {"--overlap-grad-reduce", "parallel.overlap_grad_reduce", K::store_true, "", ""},
   {"--overlap-moe-expert-parallel-comm", "parallel.overlap_moe_expert_parallel_comm", K::store_true, "", ""},
   {"--moe-overlap-num-chunks", "parallel.moe_overlap_num_chunks", K::value, "N", ""},
+  {"--delay-wgrad-compute", "parallel.delay_wgrad_compute", K::store_true, "", ""},
   {"--overlap-param-gather", "parallel.overlap_param_gather", K::store_true, "", ""},
   {"--ddp-bucket-size", "parallel.ddp_bucket_size", K::value, "N", ""},
   // training
@@ -208,9 +209,7 @@ const std::vector<FlagSpec> kTable = {
 struct Refused {
   std::string_view flag, metavar, why;
 };
-const std::vector<Refused> kRefused = {
-    {"--delay-wgrad-compute", "", "delayed weight gradients come with the MoE communication overlap (CCT, issue 14), not built yet"},
-};
+const std::vector<Refused> kRefused = {};
 
 struct Switch {
   std::string_view flag, metavar, help;

@@ -71,11 +71,13 @@ Regroup regroup(const int64_t* got, int64_t ranks, int64_t local, c10::Device de
 }
 
 // What the overlapped dispatch needs besides tensors: the group, the chunks' splits and
-// regroupings (filled by forward), the experts' computation on rows grouped by local expert.
+// regroupings (filled by forward), how the experts compute.
 struct OverlapPlan {
   lf::backend::Communicator* ep = nullptr;
-  std::function<at::Tensor(const at::Tensor& rows, const at::Tensor& w1, const at::Tensor& w2, const at::Tensor& counts)>
-      experts;
+  const lf::backend::DeviceBackend* be = nullptr;
+  bool swiglu = true;
+  bool recompute = false;    // selective recompute: the activation's output recomputed in backward
+  bool delay_wgrad = false;  // --delay-wgrad-compute
   std::vector<int64_t> rows;                      // per chunk: rows this rank sends in all
   std::vector<std::vector<int64_t>> send, recv;  // per chunk: rows to / from each rank
   std::vector<Regroup> groups;                    // per chunk
@@ -86,15 +88,19 @@ struct OverlapPlan {
 // its rows have arrived while the later chunks are in flight, and launches chunk c's combine
 // before computing chunk c + 1. Backward mirrors it: the combines' gradients go out for every
 // chunk at once, each chunk's expert backward runs as its gradient arrives, and its rows'
-// gradient returns while the next chunk computes. The experts' graph of each chunk is built in
-// forward (on aliases of the weights) and backpropagated chunk by chunk in backward; the weights'
-// gradients are summed over the chunks and handed back once.
+// gradient returns while the next chunk computes. The experts' forward and backward are the
+// backend's grouped GEMM and activation ops called directly (per chunk: x -> fc1 -> act -> fc2),
+// so backward can split each GEMM's gradients: with --delay-wgrad-compute every chunk's input
+// gradient is computed and sent first, and the expert weights' gradients of all chunks are
+// computed after the last send, while those all-to-alls are in flight (Megatron's delayed wgrad;
+// the same values, summed over the chunks in the same order).
 struct OverlappedExperts : torch::autograd::Function<OverlappedExperts> {
   // all_rows: every chunk's rows one after the other (plan->rows: each chunk's count); returns
   // every chunk's combined rows the same way.
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& all_rows, const at::Tensor& fc1,
                             const at::Tensor& fc2, std::shared_ptr<OverlapPlan> plan) {
     auto& ep = *plan->ep;
+    const auto& ops = plan->be->ops();
     const variable_list rows = all_rows.split_with_sizes(plan->rows, 0);
     const size_t chunks = rows.size();
     std::vector<at::Tensor> arrived(chunks), back(chunks);
@@ -106,69 +112,83 @@ struct OverlappedExperts : torch::autograd::Function<OverlappedExperts> {
       arrived[c] = at::empty(sizes, rows[c].options());
       dispatch[c] = ep.all_to_all(arrived[c], rows[c].contiguous(), plan->recv[c], plan->send[c], true);
     }
-    at::AutoGradMode grad(true);
-    at::Tensor w1 = fc1.detach().requires_grad_(fc1.requires_grad());
-    at::Tensor w2 = fc2.detach().requires_grad_(fc2.requires_grad());
-    variable_list inputs, outputs;
+    variable_list saved;  // per chunk: the experts' input, fc1's output, the activation's (or undefined)
     for (size_t c = 0; c < chunks; ++c) {
       dispatch[c]->wait();
       const Regroup& g = plan->groups[c];
-      at::Tensor in = arrived[c].index_select(0, g.order).detach().requires_grad_(true);
-      at::Tensor y = plan->experts(in, w1, w2, g.per_expert);
-      inputs.push_back(in);
-      outputs.push_back(y);
-      at::Tensor y_src = y.detach().index_select(0, g.inverse).contiguous();
+      at::Tensor in = arrived[c].index_select(0, g.order);
+      at::Tensor h1 = ops.grouped_gemm_fwd(in, fc1, g.per_expert);
+      at::Tensor a = activation(*plan, h1);
+      at::Tensor y = ops.grouped_gemm_fwd(a, fc2, g.per_expert);
+      saved.insert(saved.end(), {in, h1, plan->recompute ? at::Tensor() : a});
+      at::Tensor y_src = y.index_select(0, g.inverse).contiguous();
       back[c] = combined.narrow(0, offset_of(plan->rows, c), plan->rows[c]);
       combine[c] = ep.all_to_all(back[c], y_src, plan->send[c], plan->recv[c], true);
     }
     for (auto& w : combine) w->wait();
     ctx->saved_data["plan"] = c10::IValue::make_capsule(c10::make_intrusive<PlanHolder>(plan));
-    ctx->saved_data["inputs"] = inputs;
-    ctx->saved_data["outputs"] = outputs;
-    ctx->saved_data["w1"] = w1;
-    ctx->saved_data["w2"] = w2;
+    ctx->saved_data["chunks"] = saved;
+    ctx->save_for_backward({fc1, fc2});
     return combined;
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grad_out) {
     auto plan = static_cast<PlanHolder*>(ctx->saved_data["plan"].toCapsule().get())->plan;
+    const auto& ops = plan->be->ops();
     const at::Tensor grad_all = grad_out[0].contiguous();
     const variable_list grads = grad_all.split_with_sizes(plan->rows, 0);
     at::Tensor rows_all = at::empty_like(grad_all);  // the rows' gradients land in their slices
     auto& ep = *plan->ep;
-    auto inputs = ctx->saved_data["inputs"].toTensorVector();
-    auto outputs = ctx->saved_data["outputs"].toTensorVector();
-    at::Tensor w1 = ctx->saved_data["w1"].toTensor(), w2 = ctx->saved_data["w2"].toTensor();
-    const size_t chunks = inputs.size();
+    const auto saved = ctx->saved_data["chunks"].toTensorVector();
+    const auto weights = ctx->get_saved_variables();
+    const at::Tensor &w1 = weights[0], &w2 = weights[1];
+    const bool want_w1 = ctx->needs_input_grad(1), want_w2 = ctx->needs_input_grad(2);
+    const size_t chunks = grads.size();
     std::vector<at::Tensor> arrived(chunks), rows_grad(chunks);
     std::vector<std::shared_ptr<lf::backend::Work>> dispatch(chunks), combine(chunks);
     for (size_t c = 0; c < chunks; ++c) {  // the combines' gradients back to the experts' ranks
-      at::Tensor g = grads[c].contiguous();
-      arrived[c] = at::empty_like(outputs[c]);
-      combine[c] = ep.all_to_all(arrived[c], g, plan->recv[c], plan->send[c], true);
+      arrived[c] = at::empty({saved[3 * c].size(0), grads[c].size(1)}, grads[c].options());
+      combine[c] = ep.all_to_all(arrived[c], grads[c].contiguous(), plan->recv[c], plan->send[c], true);
     }
     at::Tensor dw1, dw2;
+    // Per chunk, for the delayed weight gradients: fc2's output gradient and input, fc1's output gradient.
+    std::vector<at::Tensor> gy(chunks), act_out(chunks), dh1(chunks);
+    const lf::backend::GemmGrads now2{true, want_w2 && !plan->delay_wgrad}, now1{true, want_w1 && !plan->delay_wgrad};
     for (size_t c = 0; c < chunks; ++c) {
       combine[c]->wait();
       const Regroup& g = plan->groups[c];
-      at::Tensor gy = arrived[c].index_select(0, g.order);
-      variable_list wrt{inputs[c]};
-      if (w1.requires_grad()) wrt.push_back(w1);
-      if (w2.requires_grad()) wrt.push_back(w2);
-      auto d = torch::autograd::grad({outputs[c]}, wrt, {gy}, /*retain_graph=*/false, /*create_graph=*/false,
-                                     /*allow_unused=*/true);
-      size_t i = 1;
-      if (w1.requires_grad()) dw1 = add_grad(dw1, d[i++], w1);
-      if (w2.requires_grad()) dw2 = add_grad(dw2, d[i++], w2);
-      at::Tensor gin = d[0].defined() ? d[0] : at::zeros_like(inputs[c]);
-      at::Tensor to_src = gin.index_select(0, g.inverse).contiguous();
+      const at::Tensor &in = saved[3 * c], &h1 = saved[3 * c + 1];
+      gy[c] = arrived[c].index_select(0, g.order);
+      act_out[c] = saved[3 * c + 2].defined() ? saved[3 * c + 2] : activation(*plan, h1);
+      auto g2 = ops.grouped_gemm_bwd(gy[c], act_out[c], w2, g.per_expert, now2);
+      dh1[c] = plan->swiglu ? ops.swiglu_bwd(g2.dx, h1) : ops.gelu_bwd(g2.dx, h1);
+      auto g1 = ops.grouped_gemm_bwd(dh1[c], in, w1, g.per_expert, now1);
+      if (now2.dw) dw2 = dw2.defined() ? dw2 + g2.dw : g2.dw;
+      if (now1.dw) dw1 = dw1.defined() ? dw1 + g1.dw : g1.dw;
+      at::Tensor to_src = g1.dx.index_select(0, g.inverse).contiguous();
       rows_grad[c] = rows_all.narrow(0, offset_of(plan->rows, c), plan->rows[c]);
       dispatch[c] = ep.all_to_all(rows_grad[c], to_src, plan->send[c], plan->recv[c], true);
+      if (!plan->delay_wgrad) gy[c] = act_out[c] = dh1[c] = at::Tensor();
     }
+    if (plan->delay_wgrad)  // every chunk's input gradient is on its way: the weights' gradients now
+      for (size_t c = 0; c < chunks; ++c) {
+        const Regroup& g = plan->groups[c];
+        if (want_w2) {
+          auto d = ops.grouped_gemm_bwd(gy[c], act_out[c], w2, g.per_expert, {false, true}).dw;
+          dw2 = dw2.defined() ? dw2 + d : d;
+        }
+        if (want_w1) {
+          auto d = ops.grouped_gemm_bwd(dh1[c], saved[3 * c], w1, g.per_expert, {false, true}).dw;
+          dw1 = dw1.defined() ? dw1 + d : d;
+        }
+      }
     for (auto& w : dispatch) w->wait();
     return {rows_all, dw1, dw2, at::Tensor()};
   }
 
+  static at::Tensor activation(const OverlapPlan& plan, const at::Tensor& h1) {
+    return plan.swiglu ? plan.be->ops().swiglu_fwd(h1) : plan.be->ops().gelu_fwd(h1);
+  }
   static int64_t offset_of(const std::vector<int64_t>& rows, size_t c) {
     return std::accumulate(rows.begin(), rows.begin() + static_cast<std::ptrdiff_t>(c), int64_t{0});
   }
@@ -176,10 +196,6 @@ struct OverlappedExperts : torch::autograd::Function<OverlappedExperts> {
     explicit PlanHolder(std::shared_ptr<OverlapPlan> p) : plan(std::move(p)) {}
     std::shared_ptr<OverlapPlan> plan;
   };
-  static at::Tensor add_grad(const at::Tensor& sum, const at::Tensor& g, const at::Tensor& like) {
-    if (!g.defined()) return sum.defined() ? sum : at::zeros_like(like);
-    return sum.defined() ? sum + g : g;
-  }
 };
 
 // Sum of a statistic (no gradient) over the ranks a sequence's tokens are split over.
@@ -351,7 +367,8 @@ at::Tensor MoeLayer::forward(const lf::backend::DeviceBackend& be, const lf::par
   } else if (tp.ep_allgather) {
     out = dispatch_allgather(be, *tp.ep, x2d, r, experts);
   } else if (tp.ep_overlap_chunks > 1) {
-    out = dispatch_alltoall_overlapped(be, *tp.ep, x2d, r, tp.ep_overlap_chunks, selective_recompute);
+    out = dispatch_alltoall_overlapped(be, *tp.ep, x2d, r, tp.ep_overlap_chunks, selective_recompute,
+                                       tp.ep_delay_wgrad);
   } else {
     out = dispatch_alltoall(be, *tp.ep, x2d, r, experts);
   }
@@ -472,7 +489,7 @@ at::Tensor MoeLayer::dispatch_alltoall(const lf::backend::DeviceBackend& be, lf:
 // every chunk's counts, then OverlappedExperts moves and computes the chunks in a pipeline.
 at::Tensor MoeLayer::dispatch_alltoall_overlapped(const lf::backend::DeviceBackend& be, lf::backend::Communicator& ep,
                                                   const at::Tensor& x2d, const Routing& r, int chunks,
-                                                  bool selective_recompute) const {
+                                                  bool selective_recompute, bool delay_wgrad) const {
   const int64_t e = c_.num_experts, local = e / ep_size_, ranks = ep_size_, t = x2d.size(0);
   const int64_t n = std::max<int64_t>(1, std::min<int64_t>(chunks, t));
   // One permutation for every chunk: token j of chunk c goes to "expert" c * E + its expert, so the
@@ -491,17 +508,10 @@ at::Tensor MoeLayer::dispatch_alltoall_overlapped(const lf::backend::DeviceBacke
   }
   auto plan = std::make_shared<OverlapPlan>();
   plan->ep = &ep;
-  const bool swiglu = c_.swiglu;
-  const lf::backend::DeviceBackend* bep = &be;
-  plan->experts = [bep, swiglu, selective_recompute](const at::Tensor& rows, const at::Tensor& w1, const at::Tensor& w2,
-                                                      const at::Tensor& per_expert) {
-    auto act = [bep, swiglu](const at::Tensor& a) { return swiglu ? lf::ops::swiglu(*bep, a) : lf::ops::gelu(*bep, a); };
-    auto fc1 = lf::ops::grouped_gemm(*bep, rows, w1, per_expert);
-    at::Tensor a = selective_recompute
-                       ? lf::models::recompute([act](const std::vector<at::Tensor>& v) { return act(v[0]); }, {fc1})
-                       : act(fc1);
-    return lf::ops::grouped_gemm(*bep, a, w2, per_expert);
-  };
+  plan->be = &be;
+  plan->swiglu = c_.swiglu;
+  plan->recompute = selective_recompute;
+  plan->delay_wgrad = delay_wgrad;
   const int64_t* cs = counts.data_ptr<int64_t>();
   const int64_t* gs = got.data_ptr<int64_t>();
   for (int64_t c = 0; c < n; ++c) {

@@ -50,6 +50,7 @@ ParamBuilder builder_for(uint64_t seed, at::ScalarType dtype, const lf::backend:
     tp.ep = &experts.context->tp();
     tp.ep_allgather = experts.allgather;
     tp.ep_overlap_chunks = experts.overlap_chunks;
+    tp.ep_delay_wgrad = experts.delay_wgrad;
   }
   return ParamBuilder(at::make_generator<at::CPUGeneratorImpl>(seed), dtype, backend.device(), tp, trainable);
 }

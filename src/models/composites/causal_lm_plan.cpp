@@ -62,6 +62,12 @@ CausalLmPlan::CausalLmPlan(std::shared_ptr<const ModelConfig> config, const Plan
                      std::string(!expert_parallel_ || ep == 1 ? "no expert parallelism (ep 1)" : "the all-gather dispatcher"),
                  "use --expert-model-parallel-size N (N > 1) with --moe-token-dispatcher-type alltoall, or drop "
                  "--overlap-moe-expert-parallel-comm");
+    if (par.delay_wgrad_compute && !par.overlap_moe_expert_parallel_comm)
+      errors.add("parallel.delay_wgrad_compute", origin("parallel.delay_wgrad_compute"),
+                 "--delay-wgrad-compute reorders the overlapped MoE backward (as in Megatron, it needs the all-to-all "
+                 "overlap), and the overlap is off",
+                 "add --overlap-moe-expert-parallel-comm (with --expert-model-parallel-size N > 1), or drop "
+                 "--delay-wgrad-compute");
     if (par.moe_overlap_num_chunks && !par.overlap_moe_expert_parallel_comm)
       errors.add("parallel.moe_overlap_num_chunks", origin("parallel.moe_overlap_num_chunks"),
                  "--moe-overlap-num-chunks is set but the MoE communication overlap is off",
@@ -201,7 +207,8 @@ std::unique_ptr<Model> CausalLmPlan::build(const BuildArgs& args) const {
                                           ExpertPlacement{experts.get(), job_.parallel.moe_token_dispatcher_type == "allgather",
                                                           job_.parallel.overlap_moe_expert_parallel_comm
                                                               ? static_cast<int>(job_.parallel.moe_overlap_num_chunks.value_or(2))
-                                                              : 0});
+                                                              : 0,
+                                                          job_.parallel.delay_wgrad_compute});
   model->keep_context(std::move(experts));
   apply_context_parallel(*model, ctx);
   model->add_lora(lora_spec(), args.seed);

@@ -35,6 +35,7 @@ struct ParallelConfig {
   bool overlap_grad_reduce = false;
   bool overlap_moe_expert_parallel_comm = false;
   std::optional<int64_t> moe_overlap_num_chunks;  // null: 2
+  bool delay_wgrad_compute = false;
   bool overlap_param_gather = false;
   bool enable_encoder_hetero_dp = false;
   bool enable_full_hetero_dp = false;
@@ -100,6 +101,10 @@ struct ParallelConfig {
       "and combine, forward and backward, in flight while another's experts compute); all-to-all dispatcher, ep > 1");
     v("moe_overlap_num_chunks", moe_overlap_num_chunks,
       "Token chunks of the overlapped MoE all-to-all (null: 2)", Min{2});
+    v("delay_wgrad_compute", delay_wgrad_compute,
+      "With --overlap-moe-expert-parallel-comm: the experts' backward computes every chunk's input gradient first "
+      "(each sent back at once) and the expert weights' gradients after the last one, while those all-to-alls are "
+      "in flight");
     v("pipeline_trace", pipeline_trace,
       "Write a Chrome trace of every pipeline stage's forwards/backwards to PATH.stage<k>.json and print the bubble");
     v("chunkpipe_chunk_size", chunkpipe_chunk_size,

@@ -128,7 +128,7 @@ class MoeLayer {
                                const at::Tensor& x2d, const Routing& r, const ExpertFn& experts) const;
   at::Tensor dispatch_alltoall_overlapped(const lf::backend::DeviceBackend& be, lf::backend::Communicator& ep,
                                           const at::Tensor& x2d, const Routing& r, int chunks,
-                                          bool selective_recompute) const;
+                                          bool selective_recompute, bool delay_wgrad) const;
 
   MoeConfig c_;
   int ep_size_ = 1, ep_rank_ = 0;  // expert parallelism: this rank holds experts [rank, rank + 1) * E / size

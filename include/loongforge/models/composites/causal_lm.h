@@ -26,6 +26,7 @@ struct ExpertPlacement {
   const lf::dist::ParallelContext* context = nullptr;
   bool allgather = true;  // else all-to-all
   int overlap_chunks = 0;  // all-to-all: > 1 overlaps the dispatch of that many token chunks (CCT)
+  bool delay_wgrad = false;  // overlapped: the expert weights' gradients after every chunk's input gradient
 };
 
 class CausalLm : public Model {

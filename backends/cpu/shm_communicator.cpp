@@ -315,7 +315,15 @@ class SharedMemoryCommunicator final : public Communicator {
                                    const std::vector<int64_t>& output_splits,
                                    const std::vector<int64_t>& input_splits,
                                    bool async) override {
-    return inner_->all_to_all(output, input, output_splits, input_splits, async);
+    std::vector<int64_t> send, recv;  // bytes to / from each member
+    if (!on_cpu(output) || !on_cpu(input) || input.scalar_type() != output.scalar_type() ||
+        !byte_splits(input, input_splits, send) || !byte_splits(output, output_splits, recv) ||
+        send[me_] != recv[me_] || overlaps(output, input))
+      return inner_->all_to_all(output, input, output_splits, input_splits, async);
+    at::Tensor out = output, in = input;
+    return dispatch(async, [this, out, in, send = std::move(send), recv = std::move(recv)] {
+      run_all_to_all(out, in, send, recv);
+    });
   }
   std::shared_ptr<Work> send(const at::Tensor& tensor, int dst, int tag, bool async) override {
     return inner_->send(tensor, dst, tag, async);
@@ -469,6 +477,69 @@ class SharedMemoryCommunicator final : public Communicator {
       for (int s = 0; s < n_; ++s)
         srcs[s] = s == me_ ? src + (me_ * m + a) * es : slot(set, s) + me_ * c * es;
       reduce(out.scalar_type(), dst + a * es, srcs.data(), n_, c, op);
+    }
+  }
+
+  // The bytes of each member's rows of `t` (split along dim 0 by `splits`, or evenly when empty);
+  // false when they do not add up (the wrapped communicator then reports it).
+  bool byte_splits(const at::Tensor& t, const std::vector<int64_t>& splits, std::vector<int64_t>& bytes) const {
+    if (t.dim() < 1) return false;
+    const int64_t rows = t.size(0);
+    int64_t row_bytes = t.element_size();
+    for (int64_t d = 1; d < t.dim(); ++d) row_bytes *= t.size(d);
+    if (splits.empty()) {
+      if (rows % n_ != 0) return false;
+      bytes.assign(static_cast<size_t>(n_), rows / n_ * row_bytes);
+      return true;
+    }
+    if (static_cast<int>(splits.size()) != n_) return false;
+    int64_t total = 0;
+    for (int64_t s : splits) {
+      if (s < 0) return false;
+      total += s;
+      bytes.push_back(s * row_bytes);
+    }
+    return total == rows;
+  }
+
+  // Uneven all-to-all: each member's slot holds one piece per destination (slot / n bytes each);
+  // rounds move up to that much of every pair's data, as many rounds as the largest pair needs
+  // (agreed in a first step: each member knows only its own pairs' sizes). Its own rows are copied
+  // directly.
+  void run_all_to_all(const at::Tensor& out, const at::Tensor& in, const std::vector<int64_t>& send,
+                      const std::vector<int64_t>& recv) {
+    const char* name = "all_to_all";
+    check_usable(name);
+    const auto start = Clock::now();
+    const int64_t piece = slot_bytes_ / n_ / 64 * 64;
+    LF_CHECK(piece > 0, "shared-memory all_to_all: slots of ", slot_bytes_, " bytes are too small for ", n_, " members");
+    std::vector<int64_t> send_at(static_cast<size_t>(n_), 0), recv_at(static_cast<size_t>(n_), 0);
+    int64_t mine = 0;
+    for (int s = 1; s < n_; ++s) send_at[s] = send_at[s - 1] + send[s - 1], recv_at[s] = recv_at[s - 1] + recv[s - 1];
+    for (int s = 0; s < n_; ++s)
+      if (s != me_) mine = std::max({mine, (send[s] + piece - 1) / piece, (recv[s] + piece - 1) / piece});
+    const char* src = static_cast<const char*>(in.data_ptr());
+    char* dst = static_cast<char*>(out.data_ptr());
+    if (send[me_] > 0) std::memcpy(dst + recv_at[me_], src + send_at[me_], static_cast<size_t>(send[me_]));
+    int set = static_cast<int>(chunk_++ & 1);
+    std::memcpy(slot(set, me_), &mine, sizeof mine);
+    sync(name, start);
+    int64_t rounds = 0;
+    for (int s = 0; s < n_; ++s) {
+      int64_t r = 0;
+      std::memcpy(&r, slot(set, s), sizeof r);
+      rounds = std::max(rounds, r);
+    }
+    for (int64_t r = 0; r < rounds; ++r) {
+      set = static_cast<int>(chunk_++ & 1);
+      const int64_t at = r * piece;
+      for (int d = 0; d < n_; ++d)
+        if (d != me_ && send[d] > at)
+          std::memcpy(slot(set, me_) + d * piece, src + send_at[d] + at, static_cast<size_t>(std::min(piece, send[d] - at)));
+      sync(name, start);
+      for (int s = 0; s < n_; ++s)
+        if (s != me_ && recv[s] > at)
+          std::memcpy(dst + recv_at[s] + at, slot(set, s) + me_ * piece, static_cast<size_t>(std::min(piece, recv[s] - at)));
     }
   }
 

@@ -1,6 +1,7 @@
 // Shared-memory collectives (backend/shm_communicator.h) across real processes: every reducible
 // dtype and every reduce op over sizes that span many small slots and split unevenly over 3
-// ranks; reduce_scatter, all_gather (also in place), async ops in flight with Gloo ops between;
+// ranks; reduce_scatter, all_gather (also in place), all_to_all (uneven, empty and equal splits),
+// async ops in flight with Gloo ops between;
 // bit-equality with Gloo's all-reduce for 2 ranks; the fallback when the segment cannot be
 // reserved, the environment switch, and a second handshake on the same store. Failures
 // (timeouts, dead peers) are in test_failures.cpp, whose groups now run over shared memory.
@@ -113,6 +114,44 @@ LF_WORKER_CASE(shm_three_ranks) {
     EXPECT_EQ(values(rows), (std::vector<double>{0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2}));
   }
 
+  // all_to_all with uneven splits (MoE's dispatch): rank k sends (k + d) * m rows of width 3 to
+  // rank d, each row tagged (source, destination, row); with m = 0 every piece but none is empty,
+  // with m = 200 the pieces span many 1344-byte slot pieces (4 KiB slot / 3 members, 64-aligned);
+  // one member's own rows are copied directly. Also equal splits (empty split vectors), int64 rows.
+  for (int64_t m : {0, 1, 200}) {
+    SCOPED_TRACE(::testing::Message() << "all_to_all m=" << m);
+    std::vector<int64_t> in_splits, out_splits;
+    std::vector<at::Tensor> pieces;
+    for (int d = 0; d < 3; ++d) {
+      const int64_t rows = (k + d) * m;
+      in_splits.push_back(rows);
+      out_splits.push_back((d + k) * m);
+      at::Tensor p = at::empty({rows, 3}, at::kFloat);
+      if (rows > 0) {
+        p.select(1, 0).fill_(k);
+        p.select(1, 1).fill_(d);
+        p.select(1, 2).copy_(at::arange(rows, at::kFloat));
+      }
+      pieces.push_back(p);
+    }
+    const at::Tensor in = at::cat(pieces);
+    int64_t total = 0;
+    for (int64_t v : out_splits) total += v;
+    at::Tensor out = at::full({total, 3}, -1.0, at::kFloat);
+    c->all_to_all(out, in, out_splits, in_splits);
+    std::vector<double> want;
+    for (int s = 0; s < 3; ++s)
+      for (int64_t i = 0; i < (s + k) * m; ++i) want.insert(want.end(), {double(s), double(k), double(i)});
+    EXPECT_EQ(values(out), want);
+  }
+  {
+    at::Tensor in = at::arange(6, at::kLong) + 100 * k, out = at::full({6}, -1, at::kLong);
+    c->all_to_all(out, in, {}, {});
+    std::vector<double> want;
+    for (int s = 0; s < 3; ++s) want.insert(want.end(), {100.0 * s + 2 * k, 100.0 * s + 2 * k + 1});
+    EXPECT_EQ(values(out), want);
+  }
+
   // Async ops in flight, a Gloo broadcast and a blocking shared-memory op between them: all run
   // in issue order and complete.
   std::vector<at::Tensor> ts;
@@ -124,6 +163,8 @@ LF_WORKER_CASE(shm_three_ranks) {
   }
   at::Tensor rs_in = contribution(3 * 900, k, at::kFloat), rs_out = at::empty({900}, at::kFloat);
   works.push_back(c->reduce_scatter(rs_out, rs_in, ReduceOp::sum, /*async=*/true));
+  at::Tensor a2a_in = at::arange(3 * 700, at::kFloat) + 10000.0 * k, a2a_out = at::empty({3 * 700}, at::kFloat);
+  works.push_back(c->all_to_all(a2a_out, a2a_in, {}, {}, /*async=*/true));
   at::Tensor b = at::full({3}, k == 2 ? 42.0 : 0.0, at::kFloat);
   c->broadcast(b, 2);
   EXPECT_EQ(values(b), std::vector<double>(3, 42.0));
@@ -133,6 +174,8 @@ LF_WORKER_CASE(shm_three_ranks) {
   for (auto& w : works) w->wait();
   for (int j = 0; j < 4; ++j) EXPECT_EQ(values(ts[j]), expected(5000 + j, ReduceOp::sum));
   EXPECT_EQ(values(rs_out), expected(900, ReduceOp::sum, k * 900));
+  for (int s = 0; s < 3; ++s)  // source s's rows [700 k, 700 (k + 1)) of its arange
+    EXPECT_TRUE(at::equal(a2a_out.narrow(0, 700 * s, 700), at::arange(700 * k, 700 * (k + 1), at::kFloat) + 10000.0 * s));
   EXPECT_TRUE(works.front()->is_completed());
   c->barrier();
   std::printf("rank %d shared-memory collectives ok\n", k);
@@ -183,6 +226,19 @@ LF_WORKER_CASE(shm_two_ranks) {
     shm->all_reduce(a, op);
     gloo->all_reduce(b, op);
     EXPECT_TRUE(at::equal(a, b)) << backend::to_string(op);
+  }
+  // all_to_all equals Gloo's over many default-sized slot pieces (128 KiB each for two members).
+  {
+    const std::vector<int64_t> in_splits = rdzv.rank() == 0 ? std::vector<int64_t>{3000, 70001}
+                                                             : std::vector<int64_t>{5, 0};
+    const std::vector<int64_t> out_splits = rdzv.rank() == 0 ? std::vector<int64_t>{3000, 5}
+                                                              : std::vector<int64_t>{70001, 0};
+    const int64_t rows_in = in_splits[0] + in_splits[1], rows_out = out_splits[0] + out_splits[1];
+    const at::Tensor in = at::randn({rows_in, 4}, at::kFloat);
+    at::Tensor a = at::empty({rows_out, 4}, at::kFloat), b = at::empty({rows_out, 4}, at::kFloat);
+    shm->all_to_all(a, in, out_splits, in_splits);
+    gloo->all_to_all(b, in, out_splits, in_splits);
+    EXPECT_TRUE(at::equal(a, b)) << "all_to_all";
   }
   // The same group's handshake again on the same store (a context rebuilt under its name): fresh
   // keys, so the members agree again instead of one of them reading the last handshake's.

@@ -2,7 +2,7 @@
 // sockets and over shared memory (backend/shm_communicator.h) at several slot sizes. Run under
 // loongforge-run with one process per rank (tools/bench --collectives does); every rank times
 // all_reduce, reduce_scatter and all_gather of --numel fp32 elements (default: llama_10m's
-// gradient, 40 MB), each call after a barrier, the transports in alternating rounds so that the
+// gradient, 40 MB) and an all_to_all of the same buffer (equal splits: MoE's token dispatch), each call after a barrier, the transports in alternating rounds so that the
 // machine's drift hits them alike; rank 0 prints the best and median milliseconds per call.
 // Numbers, not a test (tests/dist/test_shm_collectives.cpp checks the values).
 #include <ATen/ATen.h>
@@ -29,7 +29,7 @@ using lf::backend::Communicator;
 struct Transport {
   std::string name;
   std::unique_ptr<Communicator> comm;
-  std::vector<double> ms[3];  // all_reduce, reduce_scatter, all_gather
+  std::vector<double> ms[4];  // all_reduce, reduce_scatter, all_gather, all_to_all
 };
 
 double median(std::vector<double> v) {
@@ -79,14 +79,16 @@ int main(int argc, char** argv) {
     at::Tensor grad = at::randn({numel});
     at::Tensor shard = at::empty({numel / n});
     at::Tensor gathered = at::empty({numel});
+    at::Tensor exchanged = at::empty({numel});
     for (int it = -1; it < iters; ++it)  // -1: warm-up (first touch of every page)
       for (auto& t : transports)
-        for (int op = 0; op < 3; ++op) {
+        for (int op = 0; op < 4; ++op) {
           t.comm->barrier();
           const auto t0 = std::chrono::steady_clock::now();
           if (op == 0) t.comm->all_reduce(grad);
           else if (op == 1) t.comm->reduce_scatter(shard, grad);
-          else t.comm->all_gather(gathered, shard);
+          else if (op == 2) t.comm->all_gather(gathered, shard);
+          else t.comm->all_to_all(exchanged, grad, {}, {});
           const double ms =
               std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
           if (it >= 0) t.ms[op].push_back(ms);
@@ -96,8 +98,8 @@ int main(int argc, char** argv) {
       std::printf("collectives of %d ranks, %lld fp32 elements (%.1f MB), %d calls each; "
                   "best / median ms per call\n",
                   n, static_cast<long long>(numel), numel * 4 / 1e6, iters);
-      std::printf("  %-22s %17s %17s %17s\n", "transport", "all_reduce", "reduce_scatter",
-                  "all_gather");
+      std::printf("  %-22s %17s %17s %17s %17s\n", "transport", "all_reduce", "reduce_scatter",
+                  "all_gather", "all_to_all");
       for (auto& t : transports) {
         std::printf("  %-22s", t.name.c_str());
         for (auto& v : t.ms)

@@ -1,7 +1,7 @@
 // Collectives over shared memory for the members of a group that share one host: all_reduce,
-// reduce_scatter and all_gather of CPU tensors go through a segment every member maps (POSIX
-// shm), everything else (broadcast, all_to_all, send/recv, barrier, other devices and dtypes) to
-// the communicator it wraps (Gloo). Loopback TCP copies every byte through the kernel several
+// reduce_scatter, all_gather and all_to_all (uneven splits: MoE's token dispatch) of contiguous CPU
+// tensors go through a segment every member maps (POSIX shm), everything else (broadcast,
+// send/recv, barrier, other devices and dtypes) to the communicator it wraps (Gloo). Loopback TCP copies every byte through the kernel several
 // times; here each rank copies its data in once, sums its 1/N of every chunk in place, and copies
 // the result out: 22-27 ms -> ~4 ms for the 40 MB gradient all-reduce of two ranks, 38-49 -> ~4
 // for its reduce-scatter (loongforge-bench-collectives, docs/performance.md).
@@ -44,7 +44,7 @@ std::unique_ptr<Communicator> with_shared_memory(std::unique_ptr<Communicator> i
 std::unique_ptr<Communicator> make_cpu_communicator(const CommunicatorSpec& spec,
                                                     const GlooOptions& gloo = {});
 
-// True when `c` runs its all_reduce / reduce_scatter / all_gather over shared memory.
+// True when `c` runs its all_reduce / reduce_scatter / all_gather / all_to_all over shared memory.
 bool uses_shared_memory(const Communicator& c);
 
 }  // namespace lf::backend

@@ -130,6 +130,7 @@ Trainer::Impl::Impl(const lf::config::JobConfig& j, lf::models::Model& m, const 
   if (j.logging.tensorboard_dir && c.global_rank() == 0)
     tensorboard = std::make_unique<TensorBoardWriter>(*j.logging.tensorboard_dir);
   // Last: a constructor that throws after this would leave the model pointing at a freed sink.
+  if (trace) m.set_trace(&trace->spans);
   if (j.training.gradient_accumulation_fusion && !buffers.empty()) {
     sink = std::make_unique<BufferGradientSink>(buffers);
     m.set_gradient_sink(sink.get());

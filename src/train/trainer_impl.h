@@ -47,6 +47,7 @@ struct Trainer::Impl {
        std::unique_ptr<BatchSource> valid_data, TrainerHooks hooks);
   ~Impl() {
     if (sink) model.set_gradient_sink(nullptr);  // the model outlives the trainer
+    if (trace) model.set_trace(nullptr);
   }
 
   const lf::config::JobConfig& job;

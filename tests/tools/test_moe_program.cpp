@@ -13,6 +13,8 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <map>
+#include <nlohmann/json.hpp>
 #include <fstream>
 #include <regex>
 
@@ -176,6 +178,44 @@ TEST(MoeTraining, ExpertParallelEqualsSingleProcess) {
                     train(4, d + "/ep2pp2", ep({"--expert-model-parallel-size", "2", "--pipeline-model-parallel-size", "2",
                                                 "--moe-token-dispatcher-type", "alltoall"})),
                     "EP=2 x PP=2");
+}
+
+// --pipeline-trace shows the overlapped all-to-all (CCT): each stage's trace gains the rows "MoE
+// all-to-all" and "MoE experts". In a forward, chunk 1's dispatch is in flight (launched before,
+// seen complete after) while chunk 0's experts compute; with --delay-wgrad-compute every expert
+// weight-gradient span runs while the last chunk's input gradient is on its way back.
+TEST(MoeTraining, PipelineTraceShowsTheOverlappedAllToAll) {
+  const std::string d = lf::testing::make_temp_dir("moe_trace");
+  auto r = train(4, d + "/run", {"--micro-batch-size", "2", "--expert-model-parallel-size", "2",
+                                 "--pipeline-model-parallel-size", "2", "--moe-token-dispatcher-type", "alltoall",
+                                 "--overlap-moe-expert-parallel-comm", "--delay-wgrad-compute", "--pipeline-trace",
+                                 d + "/trace"},
+                 3);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  // demo_moe: layer 0 dense, layers 1-3 MoE; stage 1 holds MoE layers, its first local one is L0.
+  std::ifstream in(d + "/trace.stage1.json");
+  ASSERT_TRUE(in.good());
+  const auto trace = nlohmann::json::parse(in);
+  std::map<std::string, std::pair<double, double>> first;  // span name -> [start, end) of its first occurrence
+  std::map<int, std::string> rows;
+  for (const auto& e : trace.at("traceEvents")) {
+    if (e.at("ph") == "M" && e.at("name") == "thread_name") rows[e.at("tid").get<int>()] = e.at("args").at("name");
+    if (e.at("ph") != "X" || !e.contains("cat")) continue;
+    const double ts = e.at("ts").get<double>();
+    first.emplace(e.at("name").get<std::string>(), std::pair{ts, ts + e.at("dur").get<double>()});
+  }
+  std::vector<std::string> row_names;
+  for (const auto& [tid, name] : rows) row_names.push_back(name);
+  EXPECT_EQ(row_names, (std::vector<std::string>{"MoE all-to-all", "MoE experts"}));
+  auto within = [&](const std::string& outer, const std::string& inner) {
+    ASSERT_TRUE(first.count(outer) && first.count(inner)) << outer << " / " << inner;
+    EXPECT_LE(first[outer].first, first[inner].first) << outer << " starts after " << inner;
+    EXPECT_GE(first[outer].second, first[inner].second) << outer << " ends before " << inner;
+  };
+  within("L0 dispatch 1", "L0 experts 0");
+  within("L0 dispatch grad 1", "L0 experts wgrad 0");
+  within("L0 dispatch grad 1", "L0 experts wgrad 1");
+  EXPECT_LE(first["L0 experts dgrad 1"].second, first["L0 experts wgrad 0"].first);
 }
 
 // Context parallelism: each rank routes its tokens of the sequences; the load-balancing losses'

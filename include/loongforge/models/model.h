@@ -17,6 +17,7 @@
 
 #include "loongforge/backend/functional.h"
 #include "loongforge/backend/op_table.h"
+#include "loongforge/core/trace_spans.h"
 #include "loongforge/data/batch.h"
 #include "loongforge/models/blocks/attention.h"
 #include "loongforge/models/blocks/transformer_layer.h"
@@ -133,6 +134,10 @@ class Model {
   virtual void set_recompute(const RecomputeOptions&) {}
   // Training steps' gradient destinations (null: none); the model must not outlive the sink.
   virtual void set_gradient_sink(const GradientSink*) {}
+  // Where the model records spans of its work inside forwards and backwards (--pipeline-trace;
+  // null: nowhere). What a model records, if anything, is its own (MoE: the overlapped
+  // all-to-alls and expert computation); the sink must outlive the model's training.
+  virtual void set_trace(lf::TraceSpans*) {}
   // Loss terms that arise inside the layers of any pipeline stage (MoE's load-balancing loss and
   // z-loss, one unit per micro-batch in loss_counts): their gradient enters in backward at the
   // layer that computes them, scaled by the weight the trainer gives the term (the step's weights,

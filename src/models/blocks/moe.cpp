@@ -78,6 +78,8 @@ struct OverlapPlan {
   bool swiglu = true;
   bool recompute = false;    // selective recompute: the activation's output recomputed in backward
   bool delay_wgrad = false;  // --delay-wgrad-compute
+  lf::TraceSpans* trace = nullptr;  // --pipeline-trace: spans of the exchanges and the experts
+  std::string layer;                // the spans' prefix ("L<moe layer> ")
   std::vector<int64_t> rows;                      // per chunk: rows this rank sends in all
   std::vector<std::vector<int64_t>> send, recv;  // per chunk: rows to / from each rank
   std::vector<Regroup> groups;                    // per chunk
@@ -95,6 +97,15 @@ struct OverlapPlan {
 // computed after the last send, while those all-to-alls are in flight (Megatron's delayed wgrad;
 // the same values, summed over the chunks in the same order).
 struct OverlappedExperts : torch::autograd::Function<OverlappedExperts> {
+  static constexpr const char* kCommRow = "MoE all-to-all";
+  static constexpr const char* kExpertRow = "MoE experts";
+  // Records a span [start, now) of chunk c when the step is traced (an exchange's span ends when
+  // its wait returned: launched -> seen complete).
+  static void span(const OverlapPlan& plan, const char* what, size_t c, const char* row, double start) {
+    if (plan.trace) plan.trace->add(plan.layer + what + " " + std::to_string(c), row, start, lf::TraceSpans::now_us());
+  }
+  static double now(const OverlapPlan& plan) { return plan.trace ? lf::TraceSpans::now_us() : 0; }
+
   // all_rows: every chunk's rows one after the other (plan->rows: each chunk's count); returns
   // every chunk's combined rows the same way.
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& all_rows, const at::Tensor& fc1,
@@ -106,15 +117,19 @@ struct OverlappedExperts : torch::autograd::Function<OverlappedExperts> {
     std::vector<at::Tensor> arrived(chunks), back(chunks);
     at::Tensor combined = at::empty_like(all_rows);  // the chunks' results land in their slices
     std::vector<std::shared_ptr<lf::backend::Work>> dispatch(chunks), combine(chunks);
+    std::vector<double> sent(chunks), back_sent(chunks);
     for (size_t c = 0; c < chunks; ++c) {
       auto sizes = rows[c].sizes().vec();
       sizes[0] = std::accumulate(plan->recv[c].begin(), plan->recv[c].end(), int64_t{0});
       arrived[c] = at::empty(sizes, rows[c].options());
+      sent[c] = now(*plan);
       dispatch[c] = ep.all_to_all(arrived[c], rows[c].contiguous(), plan->recv[c], plan->send[c], true);
     }
     variable_list saved;  // per chunk: the experts' input, fc1's output, the activation's (or undefined)
     for (size_t c = 0; c < chunks; ++c) {
       dispatch[c]->wait();
+      span(*plan, "dispatch", c, kCommRow, sent[c]);
+      const double computing = now(*plan);
       const Regroup& g = plan->groups[c];
       at::Tensor in = arrived[c].index_select(0, g.order);
       at::Tensor h1 = ops.grouped_gemm_fwd(in, fc1, g.per_expert);
@@ -122,10 +137,15 @@ struct OverlappedExperts : torch::autograd::Function<OverlappedExperts> {
       at::Tensor y = ops.grouped_gemm_fwd(a, fc2, g.per_expert);
       saved.insert(saved.end(), {in, h1, plan->recompute ? at::Tensor() : a});
       at::Tensor y_src = y.index_select(0, g.inverse).contiguous();
+      span(*plan, "experts", c, kExpertRow, computing);
       back[c] = combined.narrow(0, offset_of(plan->rows, c), plan->rows[c]);
+      back_sent[c] = now(*plan);
       combine[c] = ep.all_to_all(back[c], y_src, plan->send[c], plan->recv[c], true);
     }
-    for (auto& w : combine) w->wait();
+    for (size_t c = 0; c < chunks; ++c) {
+      combine[c]->wait();
+      span(*plan, "combine", c, kCommRow, back_sent[c]);
+    }
     ctx->saved_data["plan"] = c10::IValue::make_capsule(c10::make_intrusive<PlanHolder>(plan));
     ctx->saved_data["chunks"] = saved;
     ctx->save_for_backward({fc1, fc2});
@@ -146,8 +166,10 @@ struct OverlappedExperts : torch::autograd::Function<OverlappedExperts> {
     const size_t chunks = grads.size();
     std::vector<at::Tensor> arrived(chunks), rows_grad(chunks);
     std::vector<std::shared_ptr<lf::backend::Work>> dispatch(chunks), combine(chunks);
+    std::vector<double> sent(chunks), back_sent(chunks);
     for (size_t c = 0; c < chunks; ++c) {  // the combines' gradients back to the experts' ranks
       arrived[c] = at::empty({saved[3 * c].size(0), grads[c].size(1)}, grads[c].options());
+      sent[c] = now(*plan);
       combine[c] = ep.all_to_all(arrived[c], grads[c].contiguous(), plan->recv[c], plan->send[c], true);
     }
     at::Tensor dw1, dw2;
@@ -156,6 +178,8 @@ struct OverlappedExperts : torch::autograd::Function<OverlappedExperts> {
     const lf::backend::GemmGrads now2{true, want_w2 && !plan->delay_wgrad}, now1{true, want_w1 && !plan->delay_wgrad};
     for (size_t c = 0; c < chunks; ++c) {
       combine[c]->wait();
+      span(*plan, "combine grad", c, kCommRow, sent[c]);
+      const double computing = now(*plan);
       const Regroup& g = plan->groups[c];
       const at::Tensor &in = saved[3 * c], &h1 = saved[3 * c + 1];
       gy[c] = arrived[c].index_select(0, g.order);
@@ -166,12 +190,15 @@ struct OverlappedExperts : torch::autograd::Function<OverlappedExperts> {
       if (now2.dw) dw2 = dw2.defined() ? dw2 + g2.dw : g2.dw;
       if (now1.dw) dw1 = dw1.defined() ? dw1 + g1.dw : g1.dw;
       at::Tensor to_src = g1.dx.index_select(0, g.inverse).contiguous();
+      span(*plan, plan->delay_wgrad ? "experts dgrad" : "experts backward", c, kExpertRow, computing);
       rows_grad[c] = rows_all.narrow(0, offset_of(plan->rows, c), plan->rows[c]);
+      back_sent[c] = now(*plan);
       dispatch[c] = ep.all_to_all(rows_grad[c], to_src, plan->send[c], plan->recv[c], true);
       if (!plan->delay_wgrad) gy[c] = act_out[c] = dh1[c] = at::Tensor();
     }
     if (plan->delay_wgrad)  // every chunk's input gradient is on its way: the weights' gradients now
       for (size_t c = 0; c < chunks; ++c) {
+        const double computing = now(*plan);
         const Regroup& g = plan->groups[c];
         if (want_w2) {
           auto d = ops.grouped_gemm_bwd(gy[c], act_out[c], w2, g.per_expert, {false, true}).dw;
@@ -181,8 +208,12 @@ struct OverlappedExperts : torch::autograd::Function<OverlappedExperts> {
           auto d = ops.grouped_gemm_bwd(dh1[c], saved[3 * c], w1, g.per_expert, {false, true}).dw;
           dw1 = dw1.defined() ? dw1 + d : d;
         }
+        span(*plan, "experts wgrad", c, kExpertRow, computing);
       }
-    for (auto& w : dispatch) w->wait();
+    for (size_t c = 0; c < chunks; ++c) {
+      dispatch[c]->wait();
+      span(*plan, "dispatch grad", c, kCommRow, back_sent[c]);
+    }
     return {rows_all, dw1, dw2, at::Tensor()};
   }
 
@@ -368,7 +399,7 @@ at::Tensor MoeLayer::forward(const lf::backend::DeviceBackend& be, const lf::par
     out = dispatch_allgather(be, *tp.ep, x2d, r, experts);
   } else if (tp.ep_overlap_chunks > 1) {
     out = dispatch_alltoall_overlapped(be, *tp.ep, x2d, r, tp.ep_overlap_chunks, selective_recompute,
-                                       tp.ep_delay_wgrad);
+                                       tp.ep_delay_wgrad, step ? step->trace() : nullptr, moe_index);
   } else {
     out = dispatch_alltoall(be, *tp.ep, x2d, r, experts);
   }
@@ -489,7 +520,8 @@ at::Tensor MoeLayer::dispatch_alltoall(const lf::backend::DeviceBackend& be, lf:
 // every chunk's counts, then OverlappedExperts moves and computes the chunks in a pipeline.
 at::Tensor MoeLayer::dispatch_alltoall_overlapped(const lf::backend::DeviceBackend& be, lf::backend::Communicator& ep,
                                                   const at::Tensor& x2d, const Routing& r, int chunks,
-                                                  bool selective_recompute, bool delay_wgrad) const {
+                                                  bool selective_recompute, bool delay_wgrad,
+                                                  lf::TraceSpans* trace, size_t moe_index) const {
   const int64_t e = c_.num_experts, local = e / ep_size_, ranks = ep_size_, t = x2d.size(0);
   const int64_t n = std::max<int64_t>(1, std::min<int64_t>(chunks, t));
   // One permutation for every chunk: token j of chunk c goes to "expert" c * E + its expert, so the
@@ -512,6 +544,8 @@ at::Tensor MoeLayer::dispatch_alltoall_overlapped(const lf::backend::DeviceBacke
   plan->swiglu = c_.swiglu;
   plan->recompute = selective_recompute;
   plan->delay_wgrad = delay_wgrad;
+  plan->trace = trace;
+  if (trace) plan->layer = "L" + std::to_string(moe_index) + " ";
   const int64_t* cs = counts.data_ptr<int64_t>();
   const int64_t* gs = got.data_ptr<int64_t>();
   for (int64_t c = 0; c < n; ++c) {

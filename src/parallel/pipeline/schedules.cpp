@@ -9,6 +9,7 @@
 #include <deque>
 #include <fstream>
 #include <iomanip>
+#include <map>
 
 #include "loongforge/core/error.h"
 
@@ -150,6 +151,15 @@ void ScheduleTrace::write_chrome_trace(const std::string& path, int stage) const
         << (e.chunk > 0 ? "." + std::to_string(e.chunk) : std::string()) << "\", \"cat\": \""
         << (e.kind == 'F' ? "forward" : "backward") << "\", \"ph\": \"X\", \"pid\": " << stage
         << ", \"tid\": 1, \"ts\": " << e.start_us << ", \"dur\": " << e.duration_us << "}";
+  std::map<std::string, int> rows;  // the spans' rows: tid 2, 3, .. in order of first appearance
+  for (const auto& s : spans.spans) {
+    auto [it, fresh] = rows.emplace(s.row, static_cast<int>(rows.size()) + 2);
+    if (fresh)
+      out << ",\n{\"name\": \"thread_name\", \"ph\": \"M\", \"pid\": " << stage << ", \"tid\": " << it->second
+          << ", \"args\": {\"name\": \"" << s.row << "\"}}";
+    out << ",\n{\"name\": \"" << s.name << "\", \"cat\": \"" << s.row << "\", \"ph\": \"X\", \"pid\": " << stage
+        << ", \"tid\": " << it->second << ", \"ts\": " << s.start_us << ", \"dur\": " << s.duration_us << "}";
+  }
   out << "\n], \"displayTimeUnit\": \"ms\", \"otherData\": {\"stage\": " << stage
       << ", \"bubble_fraction\": " << std::setprecision(4) << bubble_fraction() << "}}\n";
   LF_CHECK(out.good(), "writing the pipeline trace ", path, " failed");

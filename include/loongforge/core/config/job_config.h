@@ -106,7 +106,8 @@ struct ParallelConfig {
       "(each sent back at once) and the expert weights' gradients after the last one, while those all-to-alls are "
       "in flight");
     v("pipeline_trace", pipeline_trace,
-      "Write a Chrome trace of every pipeline stage's forwards/backwards to PATH.stage<k>.json and print the bubble");
+      "Write a Chrome trace of every pipeline stage's forwards/backwards (with the MoE all-to-all overlap: its "
+      "exchanges and expert computation per chunk) to PATH.stage<k>.json and print the bubble");
     v("chunkpipe_chunk_size", chunkpipe_chunk_size,
       "ChunkPipe: split each sequence into chunks of N tokens that flow through the pipeline as "
       "consecutive micro-batches (activation memory bounded by the chunk, not the sequence)",

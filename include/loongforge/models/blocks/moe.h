@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "loongforge/backend/device_backend.h"
+#include "loongforge/core/trace_spans.h"
 #include "loongforge/models/blocks/mlp.h"
 #include "loongforge/models/blocks/param_builder.h"
 #include "loongforge/parallel/context/context_parallel.h"
@@ -79,9 +80,13 @@ class MoeStep {
   const at::Tensor& load() const { return load_; }
   const std::map<std::string, double>& loss_sums() const { return sums_; }
   void clear();
+  // Where the overlapped all-to-all dispatcher records its spans (--pipeline-trace; null: nowhere).
+  void set_trace(lf::TraceSpans* spans) { trace_ = spans; }
+  lf::TraceSpans* trace() const { return trace_; }
 
  private:
   const std::map<std::string, double>* weights_ = nullptr;
+  lf::TraceSpans* trace_ = nullptr;
   at::Tensor load_;
   std::map<std::string, double> sums_;
 };
@@ -128,7 +133,8 @@ class MoeLayer {
                                const at::Tensor& x2d, const Routing& r, const ExpertFn& experts) const;
   at::Tensor dispatch_alltoall_overlapped(const lf::backend::DeviceBackend& be, lf::backend::Communicator& ep,
                                           const at::Tensor& x2d, const Routing& r, int chunks,
-                                          bool selective_recompute, bool delay_wgrad) const;
+                                          bool selective_recompute, bool delay_wgrad, lf::TraceSpans* trace,
+                                          size_t moe_index) const;
 
   MoeConfig c_;
   int ep_size_ = 1, ep_rank_ = 0;  // expert parallelism: this rank holds experts [rank, rank + 1) * E / size

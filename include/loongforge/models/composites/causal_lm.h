@@ -75,6 +75,7 @@ class CausalLm : public Model {
   }
   void set_loss_weights(const std::map<std::string, double>* w) override { foundation_.moe_step().set_weights(w); }
   std::map<std::string, double> internal_loss_sums() const override { return foundation_.moe_step().loss_sums(); }
+  void set_trace(lf::TraceSpans* spans) override { foundation_.moe_step().set_trace(spans); }
   at::Tensor expert_load() const override;
   void end_step(const at::Tensor& global_expert_load) override;
   std::map<std::string, at::Tensor> rng_state() const override;

@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "loongforge/core/trace_spans.h"
 #include "loongforge/parallel/pipeline/p2p.h"
 
 namespace lf::parallel::pipeline {
@@ -80,12 +81,15 @@ struct ScheduleTrace {
   };
   std::vector<Event> events;
   std::vector<std::pair<double, double>> steps;  // [start, end) of each traced step
+  // Work inside the forwards and backwards that the model records (Model::set_trace), each
+  // drawn on its own named row below the schedule's.
+  lf::TraceSpans spans;
 
   // Idle share of this stage over the traced steps: 1 - compute time / step time. For equal
   // stages of fixed cost 1F1B gives (p - 1) / (m + p - 1).
   double bubble_fraction() const;
   // Chrome trace JSON (chrome://tracing, Perfetto): one complete event per forward/backward on
-  // row `stage`, plus one per step.
+  // row `stage`, plus one per step, plus the model's spans on their named rows.
   void write_chrome_trace(const std::string& path, int stage) const;
 };
 

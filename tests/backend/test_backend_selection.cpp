@@ -255,12 +255,47 @@ LF_WORKER_CASE(cpu_cache_gives_back_the_smallest_covering_block) {
   const auto cached = [&] { return be.memory_stats().reserved_bytes - be.memory_stats().allocated_bytes; };
   EXPECT_EQ(cached(), int64_t{44} << 20);
   {
-    // 2 MiB more than the cache leaves room for: the 4 MiB block covers that, the 40 MiB one stays.
-    auto other = at::empty({int64_t{1} << 19}, at::kFloat);
+    // 1.5 MiB more than the cache leaves room for (and less than half of either cached block, so
+    // neither serves it): the 4 MiB block covers that, the 40 MiB one stays.
+    auto other = at::empty({int64_t{3} << 17}, at::kFloat);
     EXPECT_EQ(cached(), int64_t{40} << 20);
   }
   auto again = at::empty({int64_t{10} << 20}, at::kFloat);
   EXPECT_EQ(again.data_ptr(), big_ptr) << "the big block stayed cached and serves its size again";
+}
+
+// A request with no cached block of its capacity takes the smallest cached one up to twice its
+// size (MoE's expert-parallel rows vary from step to step); the unused part counts as reserved.
+// A request less than half the size of every cached block gets a fresh one.
+LF_WORKER_CASE(cpu_cache_serves_a_smaller_request) {
+  const auto& be = backend::cpu_backend();
+  const auto held = [&] { return be.memory_stats().reserved_bytes - be.memory_stats().allocated_bytes; };
+  const int64_t base = held();
+  void* p = nullptr;
+  {
+    auto large = at::empty({int64_t{4} << 20}, at::kFloat);  // 16 MiB
+    auto t = at::empty({int64_t{1} << 20}, at::kFloat);      // 4 MiB, live at the same time: peak 20
+    p = t.data_ptr();
+  }
+  EXPECT_EQ(held(), base + (int64_t{20} << 20));
+  {
+    auto t = at::empty({int64_t{3} << 18}, at::kFloat);  // 3 MiB
+    EXPECT_EQ(t.data_ptr(), p) << "the 4 MiB block serves 3 MiB";
+    EXPECT_EQ(held(), base + (int64_t{17} << 20)) << "16 MiB cached, and the 4 MiB block's unused MiB";
+  }
+  EXPECT_EQ(held(), base + (int64_t{20} << 20)) << "back in the cache whole";
+  {
+    // 1.5 MiB: under half of either block, so a fresh one; 1.5 more than the peak leaves room for,
+    // so the 4 MiB block is given back (nothing held as slack).
+    auto t = at::empty({int64_t{3} << 17}, at::kFloat);
+    EXPECT_EQ(held(), base + (int64_t{16} << 20));
+  }
+}
+
+TEST(CpuBackend, ALargerCachedBlockServesASmallerRequest) {
+  SpawnOptions opt;
+  opt.world_size = 1;
+  expect_all_ok(run_workers("cpu_cache_serves_a_smaller_request", opt));
 }
 
 // Blocks from 64 KiB are cached (pi05's [448, 512] fp32 activations are 896 KiB: below the old 1

@@ -187,8 +187,8 @@ struct OverlappedExperts : torch::autograd::Function<OverlappedExperts> {
       auto g2 = ops.grouped_gemm_bwd(gy[c], act_out[c], w2, g.per_expert, now2);
       dh1[c] = plan->swiglu ? ops.swiglu_bwd(g2.dx, h1) : ops.gelu_bwd(g2.dx, h1);
       auto g1 = ops.grouped_gemm_bwd(dh1[c], in, w1, g.per_expert, now1);
-      if (now2.dw) dw2 = dw2.defined() ? dw2 + g2.dw : g2.dw;
-      if (now1.dw) dw1 = dw1.defined() ? dw1 + g1.dw : g1.dw;
+      if (now2.dw) accumulate(dw2, g2.dw);
+      if (now1.dw) accumulate(dw1, g1.dw);
       at::Tensor to_src = g1.dx.index_select(0, g.inverse).contiguous();
       span(*plan, plan->delay_wgrad ? "experts dgrad" : "experts backward", c, kExpertRow, computing);
       rows_grad[c] = rows_all.narrow(0, offset_of(plan->rows, c), plan->rows[c]);
@@ -201,12 +201,10 @@ struct OverlappedExperts : torch::autograd::Function<OverlappedExperts> {
         const double computing = now(*plan);
         const Regroup& g = plan->groups[c];
         if (want_w2) {
-          auto d = ops.grouped_gemm_bwd(gy[c], act_out[c], w2, g.per_expert, {false, true}).dw;
-          dw2 = dw2.defined() ? dw2 + d : d;
+          accumulate(dw2, ops.grouped_gemm_bwd(gy[c], act_out[c], w2, g.per_expert, {false, true}).dw);
         }
         if (want_w1) {
-          auto d = ops.grouped_gemm_bwd(dh1[c], saved[3 * c], w1, g.per_expert, {false, true}).dw;
-          dw1 = dw1.defined() ? dw1 + d : d;
+          accumulate(dw1, ops.grouped_gemm_bwd(dh1[c], saved[3 * c], w1, g.per_expert, {false, true}).dw);
         }
         span(*plan, "experts wgrad", c, kExpertRow, computing);
       }
@@ -217,6 +215,13 @@ struct OverlappedExperts : torch::autograd::Function<OverlappedExperts> {
     return {rows_all, dw1, dw2, at::Tensor()};
   }
 
+  // sum += d, in place after the first chunk (d is the backend's fresh tensor: the first one is kept).
+  static void accumulate(at::Tensor& sum, const at::Tensor& d) {
+    if (sum.defined())
+      sum.add_(d);
+    else
+      sum = d;
+  }
   static at::Tensor activation(const OverlapPlan& plan, const at::Tensor& h1) {
     return plan.swiglu ? plan.be->ops().swiglu_fwd(h1) : plan.be->ops().gelu_fwd(h1);
   }

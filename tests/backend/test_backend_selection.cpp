@@ -298,6 +298,26 @@ TEST(CpuBackend, ALargerCachedBlockServesASmallerRequest) {
   expect_all_ok(run_workers("cpu_cache_serves_a_smaller_request", opt));
 }
 
+// A request larger than every cached block (a new peak here) takes the largest cached mapped block
+// and grows it in place of the kernel (mremap): its pages, and so its old contents, stay; a fresh
+// mapping would read zeros.
+LF_WORKER_CASE(cpu_cache_grows_a_smaller_block) {
+  const auto& be = backend::cpu_backend();
+  const auto held = [&] { return be.memory_stats().reserved_bytes - be.memory_stats().allocated_bytes; };
+  const int64_t base = held();
+  { auto t = at::full({int64_t{5} << 20}, 7.0, at::kFloat); }  // 20 MiB of 7s, then cached
+  EXPECT_EQ(held(), base + (int64_t{20} << 20));
+  auto grown = at::empty({int64_t{12} << 20}, at::kFloat);  // 48 MiB
+  EXPECT_EQ(held(), base) << "it left the cache";
+  EXPECT_TRUE(at::all(grown.narrow(0, 0, int64_t{5} << 20).eq(7.0)).item<bool>()) << "the 20 MiB block was grown";
+}
+
+TEST(CpuBackend, ALargerRequestGrowsACachedBlock) {
+  SpawnOptions opt;
+  opt.world_size = 1;
+  expect_all_ok(run_workers("cpu_cache_grows_a_smaller_block", opt));
+}
+
 // Blocks from 64 KiB are cached (pi05's [448, 512] fp32 activations are 896 KiB: below the old 1
 // MiB minimum they went to glibc, which unmapped or trimmed them, 823 page faults a step); smaller
 // ones are not.

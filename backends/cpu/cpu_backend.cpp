@@ -33,17 +33,17 @@ namespace {
 // The cache: glibc serves blocks above its mmap threshold (at most 32 MiB) with a fresh mmap and
 // unmaps them on free (or trims its heap), so every large tensor of every step (the logits,
 // activations, gradients) is faulted in page by page and zeroed by the kernel again. Blocks of at
-// least 64 KiB are
-// rounded up to 1/16 of their power of two and kept on free, by capacity, for the next request of
-// that capacity (or, when none of it is cached, of up to half of it: take_cached), up to LOONGFORGE_CPU_ALLOCATOR_CACHE_MB (default 1024; 0 turns the cache off).
-// Live plus cached bytes stay within the highest live total seen so far: a block is kept only if
-// it fits under that mark, and before a fresh allocation the cache gives back what the new block
-// would push above it (the smallest block that covers the overshoot, else the largest first), so the cache never makes the process larger
-// than its own peak of live tensors (a cache that only checked on free held ~170 MiB above the
-// peak at llama_100m: blocks of one size kept while the peak was reached with other sizes).
-// A failed allocation empties the cache and tries once more. The minimum was 1 MiB; pi05's bench
-// step then took 823 page faults (its [448, 512] fp32 activations are 896 KiB), 136 with 64 KiB,
-// and ~86 -> ~82.5 ms a step at 1 thread; llama_10m's step and peak RSS (+1.8%) barely move.
+// least 64 KiB are rounded up to 1/16 of their power of two and kept on free, by capacity, for the
+// next request of that capacity (or, when none of it is cached, of up to half of it: take_cached),
+// up to LOONGFORGE_CPU_ALLOCATOR_CACHE_MB (default 1024; 0 turns the cache off). Live plus cached
+// bytes stay within the highest live total seen so far: a block is kept only if it fits under that
+// mark, and before a fresh allocation the cache gives back what the new block would push above it
+// (the smallest block that covers the overshoot, else the largest first), so the cache never makes
+// the process larger than its own peak of live tensors (a cache that only checked on free held ~170
+// MiB above the peak at llama_100m: blocks of one size kept while the peak was reached with other
+// sizes). A failed allocation empties the cache and tries once more. The minimum was 1 MiB; pi05's
+// bench step then took 823 page faults (its [448, 512] fp32 activations are 896 KiB), 136 with 64
+// KiB, and ~86 -> ~82.5 ms a step at 1 thread; llama_10m's step and peak RSS (+1.8%) barely move.
 //
 // Cached capacities of 1 MiB and more are mapped (mmap) and unmapped by the allocator itself, not
 // taken from glibc: glibc's mmap threshold grows to 32 MiB as large blocks are freed, after which

@@ -512,7 +512,8 @@ class SharedMemoryCommunicator final : public Communicator {
     check_usable(name);
     const auto start = Clock::now();
     const int64_t piece = slot_bytes_ / n_ / 64 * 64;
-    LF_CHECK(piece > 0, "shared-memory all_to_all: slots of ", slot_bytes_, " bytes are too small for ", n_, " members");
+    LF_CHECK(piece > 0, "shared-memory all_to_all: slots of ", slot_bytes_, " bytes are too small for ", n_,
+             " members");
     std::vector<int64_t> send_at(static_cast<size_t>(n_), 0), recv_at(static_cast<size_t>(n_), 0);
     int64_t mine = 0;
     for (int s = 1; s < n_; ++s) send_at[s] = send_at[s - 1] + send[s - 1], recv_at[s] = recv_at[s - 1] + recv[s - 1];
@@ -535,11 +536,13 @@ class SharedMemoryCommunicator final : public Communicator {
       const int64_t at = r * piece;
       for (int d = 0; d < n_; ++d)
         if (d != me_ && send[d] > at)
-          std::memcpy(slot(set, me_) + d * piece, src + send_at[d] + at, static_cast<size_t>(std::min(piece, send[d] - at)));
+          std::memcpy(slot(set, me_) + d * piece, src + send_at[d] + at,
+                      static_cast<size_t>(std::min(piece, send[d] - at)));
       sync(name, start);
       for (int s = 0; s < n_; ++s)
         if (s != me_ && recv[s] > at)
-          std::memcpy(dst + recv_at[s] + at, slot(set, s) + me_ * piece, static_cast<size_t>(std::min(piece, recv[s] - at)));
+          std::memcpy(dst + recv_at[s] + at, slot(set, s) + me_ * piece,
+                      static_cast<size_t>(std::min(piece, recv[s] - at)));
     }
   }
 

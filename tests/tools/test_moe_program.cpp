@@ -130,12 +130,13 @@ TEST(MoeTraining, ExactResumeKeepsTheExpertBias) {
 
 // Expert parallelism (each EP rank holds num_experts / ep experts whole, expert TP 1), with both
 // token dispatchers, equals the single process over the same micro-batches: EP = 2 over DP = 2
-// (also with ZeRO-1 over both the dense and the expert-DP group and overlapped reduction), EP = 2
-// x TP = 2 with SP (world 4: the EP groups are the TP groups, each TP rank routes its own sequence
+// (also with ZeRO-1 over both the dense and the expert-DP group and overlapped reduction), EP = 2 x
+// TP = 2 with SP (world 4: the EP groups are the TP groups, each TP rank routes its own sequence
 // chunk), EP = 4 spanning TP = 2 x DP = 2, EP = 2 x PP = 2, and the all-to-all overlapped with the
-// experts' computation (CCT: token chunks in a pipeline, forward and backward; with 3 chunks also the
-// weight gradients delayed behind the input gradients' all-to-alls, --delay-wgrad-compute). Same tolerance as the layouts
-// above (the experts' GEMMs see the rows of several ranks at once: other summation order only).
+// experts' computation (CCT: token chunks in a pipeline, forward and backward; with 3 chunks also
+// the weight gradients delayed behind the input gradients' all-to-alls, --delay-wgrad-compute).
+// Same tolerance as the layouts above (the experts' GEMMs see the rows of several ranks at once:
+// other summation order only).
 TEST(MoeTraining, ExpertParallelEqualsSingleProcess) {
   const std::string d = lf::testing::make_temp_dir("moe_ep");
   const MoeRun one = train(1, d + "/one", {"--micro-batch-size", "2"});

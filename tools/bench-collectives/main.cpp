@@ -2,9 +2,10 @@
 // sockets and over shared memory (backend/shm_communicator.h) at several slot sizes. Run under
 // loongforge-run with one process per rank (tools/bench --collectives does); every rank times
 // all_reduce, reduce_scatter and all_gather of --numel fp32 elements (default: llama_10m's
-// gradient, 40 MB) and an all_to_all of the same buffer (equal splits: MoE's token dispatch), each call after a barrier, the transports in alternating rounds so that the
-// machine's drift hits them alike; rank 0 prints the best and median milliseconds per call.
-// Numbers, not a test (tests/dist/test_shm_collectives.cpp checks the values).
+// gradient, 40 MB) and an all_to_all of the same buffer (equal splits: MoE's token dispatch), each
+// call after a barrier, the transports in alternating rounds so that the machine's drift hits them
+// alike; rank 0 prints the best and median milliseconds per call. Numbers, not a test
+// (tests/dist/test_shm_collectives.cpp checks the values).
 #include <ATen/ATen.h>
 #include <CLI/CLI.hpp>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>

@@ -1,10 +1,11 @@
 // Collectives over shared memory for the members of a group that share one host: all_reduce,
 // reduce_scatter, all_gather and all_to_all (uneven splits: MoE's token dispatch) of contiguous CPU
 // tensors go through a segment every member maps (POSIX shm), everything else (broadcast,
-// send/recv, barrier, other devices and dtypes) to the communicator it wraps (Gloo). Loopback TCP copies every byte through the kernel several
-// times; here each rank copies its data in once, sums its 1/N of every chunk in place, and copies
-// the result out: 22-27 ms -> ~4 ms for the 40 MB gradient all-reduce of two ranks, 38-49 -> ~4
-// for its reduce-scatter (loongforge-bench-collectives, docs/performance.md).
+// send/recv, barrier, other devices and dtypes) to the communicator it wraps (Gloo). Loopback TCP
+// copies every byte through the kernel several times; here each rank copies its data in once, sums
+// its 1/N of every chunk in place, and copies the result out: 22-27 ms -> ~4 ms for the 40 MB
+// gradient all-reduce of two ranks, 38-49 -> ~4 for its reduce-scatter
+// (loongforge-bench-collectives, docs/performance.md).
 //
 // Whether the members can share memory is found out, not assumed: group rank 0 creates the
 // segment, every member opens it and checks a token written through it, and the group uses it

@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <fstream>
 #include <map>
 #include <tuple>
 
@@ -481,6 +482,34 @@ TEST(PipelineDecoder, Pp2EqualsSingleProcess) {
 }
 TEST(PipelineDecoder, Pp4EqualsSingleProcess) {
   lf::testing::expect_all_ok(lf::testing::run_workers("pp_decoder", {.world_size = 4}));
+}
+
+// The Chrome trace writes the model's spans on named rows (one thread_name per row, tids after
+// the schedule's), and a span list cut at its limit says so.
+TEST(PipelineTrace, SpansGoOnNamedRowsAndTheLimitIsReported) {
+  pl::ScheduleTrace trace;
+  trace.steps.emplace_back(0.0, 100.0);
+  trace.events.push_back({'F', 0, 1.0, 10.0});
+  trace.spans.add("L0 dispatch 0", "MoE all-to-all", 2.0, 5.0);
+  trace.spans.add("L0 experts 0", "MoE experts", 5.0, 9.0);
+  trace.spans.add("L0 combine 0", "MoE all-to-all", 9.0, 10.0);
+  const std::string path = lf::testing::make_temp_dir("trace-spans") + "/t.json";
+  trace.write_chrome_trace(path, 1);
+  std::ifstream in(path);
+  const std::string json((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  for (const char* s : {"\"tid\": 2, \"args\": {\"name\": \"MoE all-to-all\"}", "\"tid\": 3, \"args\": {\"name\": \"MoE experts\"}",
+                        "\"name\": \"L0 combine 0\", \"cat\": \"MoE all-to-all\", \"ph\": \"X\", \"pid\": 1, \"tid\": 2, \"ts\": 9.0, \"dur\": 1.0"})
+    EXPECT_NE(json.find(s), std::string::npos) << s << "\n" << json;
+  EXPECT_EQ(json.find("spans_truncated_after"), std::string::npos);
+  lf::TraceSpans many;
+  for (size_t i = 0; i <= lf::TraceSpans::kLimit; ++i) many.add("s", "row", 0.0, 1.0);
+  EXPECT_EQ(many.spans.size(), lf::TraceSpans::kLimit);
+  EXPECT_TRUE(many.truncated);
+  trace.spans = std::move(many);
+  trace.write_chrome_trace(path, 1);
+  std::ifstream again(path);
+  const std::string cut((std::istreambuf_iterator<char>(again)), std::istreambuf_iterator<char>());
+  EXPECT_NE(cut.find("\"spans_truncated_after\": 200000"), std::string::npos);
 }
 
 }  // namespace

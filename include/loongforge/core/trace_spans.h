@@ -5,6 +5,7 @@
 #pragma once
 
 #include <chrono>
+#include <cstddef>
 #include <string>
 #include <utility>
 #include <vector>
@@ -18,12 +19,20 @@ struct TraceSpan {
 };
 
 struct TraceSpans {
+  // The first this many spans are kept (a long run under --pipeline-trace must not grow without
+  // bound: ~100 bytes a span, a few hundred a step); later ones only set `truncated`.
+  static constexpr size_t kLimit = 200000;
   std::vector<TraceSpan> spans;
+  bool truncated = false;
 
   static double now_us() {
     return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now().time_since_epoch()).count();
   }
   void add(std::string name, std::string row, double start_us, double end_us) {
+    if (spans.size() >= kLimit) {
+      truncated = true;
+      return;
+    }
     spans.push_back({std::move(name), std::move(row), start_us, end_us - start_us});
   }
 };

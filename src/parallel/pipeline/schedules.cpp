@@ -161,7 +161,9 @@ void ScheduleTrace::write_chrome_trace(const std::string& path, int stage) const
         << ", \"tid\": " << it->second << ", \"ts\": " << s.start_us << ", \"dur\": " << s.duration_us << "}";
   }
   out << "\n], \"displayTimeUnit\": \"ms\", \"otherData\": {\"stage\": " << stage
-      << ", \"bubble_fraction\": " << std::setprecision(4) << bubble_fraction() << "}}\n";
+      << ", \"bubble_fraction\": " << std::setprecision(4) << bubble_fraction()
+      << (spans.truncated ? ", \"spans_truncated_after\": " + std::to_string(lf::TraceSpans::kLimit) : std::string())
+      << "}}\n";
   LF_CHECK(out.good(), "writing the pipeline trace ", path, " failed");
 }
 

@@ -352,17 +352,7 @@ class Qwen25VlPlan : public VlmPlan<Qwen25VisionConfig, Qwen25VlConfig> {
                  "[16, 24, 24])");
   }
 
-  DataNeeds data_needs() const override {
-    DataNeeds d = CausalLmPlan::data_needs();
-    d.media = true;
-    d.vision_tower = true;
-    d.patch_size = vision_.patch_size;
-    d.temporal_patch_size = vision_.temporal_patch_size;
-    d.merge_size = vision_.spatial_merge_size;
-    d.image_token_id = own_.image_token_id;
-    d.video_token_id = own_.video_token_id;
-    return d;
-  }
+  DataNeeds data_needs() const override { return store_media_needs(); }
 
   std::unique_ptr<Model> build(const BuildArgs& args) const override { return build_vlm<Qwen25Vl>(args); }
 

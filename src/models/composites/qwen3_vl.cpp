@@ -346,16 +346,9 @@ class Qwen3VlPlan : public VlmPlan<Qwen3VisionConfig, Qwen3VlConfig> {
   }
 
   DataNeeds data_needs() const override {
-    DataNeeds d = CausalLmPlan::data_needs();
     // Images from a multimodal store (cut with the tower's patch geometry); a video's frames each
     // need their own run of placeholders (Qwen3-VL's timestamps), which the store does not render.
-    d.media = true;
-    d.vision_tower = true;
-    d.image_token_id = own_.image_token_id;
-    d.video_token_id = own_.video_token_id;
-    d.patch_size = vision_.patch_size;
-    d.temporal_patch_size = vision_.temporal_patch_size;
-    d.merge_size = vision_.spatial_merge_size;
+    DataNeeds d = store_media_needs();
     d.store_videos_why = "qwen3_vl reads a video as one run of placeholders per frame, each after its timestamp "
                          "text (Qwen3-VL's processor), and `loongforge-data preprocess --multimodal` renders a video "
                          "as one run (Qwen2.5-VL's)";

@@ -189,6 +189,19 @@ class VlmPlan : public CausalLmPlan {
     const auto* n = args.resolved->find_path(path);
     return n ? n->origin() : lf::config::Origin::from_default();
   }
+  // What a tower fed from a multimodal store needs of the data (the store's patch geometry checked
+  // against the tower's; the media placeholders' ids). Towers with Qwen's patch fields only.
+  DataNeeds store_media_needs() const {
+    DataNeeds d = CausalLmPlan::data_needs();
+    d.media = true;
+    d.vision_tower = true;
+    d.patch_size = vision_.patch_size;
+    d.temporal_patch_size = vision_.temporal_patch_size;
+    d.merge_size = vision_.spatial_merge_size;
+    d.image_token_id = own_.image_token_id;
+    d.video_token_id = own_.video_token_id;
+    return d;
+  }
   // --mock-data's image side in patches (default 2 x merge: 4 merged tokens).
   virtual int64_t mock_side() const { return 2 * vision_merge(vision_); }
   // TP 1; each foundation TP group's ranks are one share group (cp), the foundation's DP the tower's.

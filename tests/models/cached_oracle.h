@@ -3,6 +3,7 @@
 #pragma once
 
 #include <ATen/ATen.h>
+#include <gtest/gtest.h>
 
 #include <cstring>
 #include <map>
@@ -28,6 +29,18 @@ inline std::map<std::string, at::Tensor> read_safetensors(const std::string& fil
     out[info.name] = t;
   }
   return out;
+}
+
+// The tensors of `got_file` are those of `want_file`: the same names, each bit for bit
+// (lf2hf(hf2lf(x)) round trips).
+inline void expect_same_safetensors(const std::string& want_file, const std::string& got_file) {
+  const auto want = read_safetensors(want_file), got = read_safetensors(got_file);
+  EXPECT_EQ(want.size(), got.size()) << got_file;
+  for (const auto& [name, t] : want) {
+    auto it = got.find(name);
+    ASSERT_NE(it, got.end()) << name << " is missing from " << got_file;
+    EXPECT_TRUE(at::equal(t, it->second)) << name;
+  }
 }
 
 }  // namespace lf::testing

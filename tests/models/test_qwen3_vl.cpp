@@ -349,13 +349,7 @@ TEST(Qwen3Vl, HfConversionKeepsTheLogitsAndRoundTripsBitExact) {
   hf::WriteOptions fp32;
   fp32.dtype = at::kFloat;  // the oracle's dtype (lf2hf writes bf16 unless told)
   hf::write_vlm_hf(out, m.config, m.tensors, fp32);
-  const auto original = read_all(dir + "/model.safetensors"), written = read_all(out + "/model.safetensors");
-  EXPECT_EQ(original.size(), written.size());
-  for (const auto& [name, t] : original) {
-    auto it = written.find(name);
-    ASSERT_NE(it, written.end()) << name;
-    EXPECT_TRUE(at::equal(t, it->second)) << name;
-  }
+  lf::testing::expect_same_safetensors(dir + "/model.safetensors", out + "/model.safetensors");
   // The written config.json reads as the same model.
   const hf::VlmConfig again = hf::read_vlm_hf_config(out);
   EXPECT_EQ(again.type, "qwen3_vl");

@@ -48,6 +48,7 @@ struct Trainer::Impl {
   ~Impl() {
     if (sink) model.set_gradient_sink(nullptr);  // the model outlives the trainer
     if (trace) model.set_trace(nullptr);
+    if (pair_micro_batches) model.set_streams(nullptr);
   }
 
   const lf::config::JobConfig& job;
@@ -73,6 +74,11 @@ struct Trainer::Impl {
   std::unique_ptr<lf::parallel::pipeline::StageExchange> exchange;
   std::unique_ptr<lf::parallel::pipeline::ScheduleTrace> trace;  // --pipeline-trace
   std::unique_ptr<TensorBoardWriter> tensorboard;                // --tensorboard-dir, rank 0
+  // The MoE overlap across micro-batches (--overlap-moe-expert-parallel-comm at pp 1): the forward
+  // of micro-batch m + 1 and the backward of m as two streams taking turns at the all-to-alls.
+  lf::StreamPair streams;
+  bool pair_micro_batches = false;
+  bool pairing_logged = false;
 
   // The loss of the last step per term (normalised over the global batch), in term order.
   std::vector<std::pair<std::string, double>> last_terms;
@@ -102,6 +108,10 @@ struct Trainer::Impl {
 
   // One forward/backward over the step, gradients reduced; returns the step's total loss.
   double forward_backward();
+  // pp 1, the MoE overlap across micro-batches: forward 0, then forward m + 1 paired with
+  // backward m, then the last backward.
+  void forward_backward_paired(const std::vector<lf::data::Batch>& batches,
+                               const std::map<std::string, double>& weights, std::map<std::string, double>& sums);
   double forward_backward_pipelined(const std::vector<lf::data::Batch>& batches,
                                     const std::map<std::string, double>& weights, std::map<std::string, double>& sums);
   double forward_backward_chunkpipe(const std::vector<lf::data::Batch>& batches,

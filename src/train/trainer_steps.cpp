@@ -2,9 +2,12 @@
 // ChunkPipe), the global-batch normalisation of the loss terms, and evaluation of one batch.
 #include <ATen/Functions.h>
 #include <ATen/TensorOperators.h>
+#include <ATen/Parallel.h>
+#include <ATen/ThreadLocalState.h>
 #include <ATen/core/grad_mode.h>
 
 #include "loongforge/core/error.h"
+#include "loongforge/core/logging.h"
 #include "loongforge/parallel/pipeline/chunkpipe.h"
 #include "trainer_impl.h"
 
@@ -108,6 +111,10 @@ double Trainer::Impl::forward_backward() {
   model.begin_step(batches);
   if (job.parallel.chunkpipe_chunk_size) return forward_backward_chunkpipe(batches, weights, sums);
   if (exchange) return forward_backward_pipelined(batches, weights, sums);
+  if (pair_micro_batches) {
+    forward_backward_paired(batches, weights, sums);
+    return finish_step(sums, weights);
+  }
   for (int64_t m = 0; m < micro_batches; ++m) {
     auto out = model.forward_step(batches[static_cast<size_t>(m)], lf::models::Pass::train);
     at::Tensor loss = objective(out.losses, weights, sums);
@@ -115,6 +122,41 @@ double Trainer::Impl::forward_backward() {
     loss.backward();
   }
   return finish_step(sums, weights);
+}
+
+void Trainer::Impl::forward_backward_paired(const std::vector<lf::data::Batch>& batches,
+                                            const std::map<std::string, double>& weights,
+                                            std::map<std::string, double>& sums) {
+  auto forward = [&](int64_t m) {
+    auto out = model.forward_step(batches[static_cast<size_t>(m)], lf::models::Pass::train);
+    return objective(out.losses, weights, sums);
+  };
+  auto backward = [&](int64_t m, at::Tensor& loss) {
+    begin_micro_batch(m == micro_batches - 1);
+    loss.backward();
+    loss = at::Tensor();  // the graph's last reference
+  };
+  // The backward stream's thread starts with this thread's ATen state (grad mode, thread count).
+  const at::ThreadLocalState state;
+  int64_t switches = 0;
+  at::Tensor done = forward(0);
+  for (int64_t m = 1; m < micro_batches; ++m) {
+    at::Tensor next;
+    streams.run([&] { next = forward(m); },
+                [&] {
+                  at::ThreadLocalStateGuard guard(state);
+                  at::init_num_threads();
+                  backward(m - 1, done);
+                });
+    switches += streams.switches();
+    done = std::move(next);
+  }
+  backward(micro_batches - 1, done);
+  if (!pairing_logged) {
+    pairing_logged = true;
+    LF_INFO("MoE overlap across micro-batches: the forward of micro-batch m + 1 ran with the backward of m (",
+            micro_batches - 1, " pairs, ", switches, " hand-overs at all-to-all waits in the first step)");
+  }
 }
 
 // pp > 1: this stage's part of the step under 1F1B, or interleaved 1F1B over its model chunks.

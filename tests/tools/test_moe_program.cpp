@@ -181,6 +181,44 @@ TEST(MoeTraining, ExpertParallelEqualsSingleProcess) {
                     "EP=2 x PP=2");
 }
 
+// The overlap across micro-batches (--overlap-moe-expert-parallel-comm at pp 1, on by default with
+// 2 or more micro-batches a step): the forward of micro-batch m + 1 and the backward of m take
+// turns at each all-to-all wait. Both orders of work are fixed by the program, every backward
+// accumulates in micro-batch order and the output layer's gradient (written in its forward)
+// too, so with untied embeddings the run equals the unpaired one (--no-moe-overlap-micro-batches)
+// bit for bit, and the single process within the tolerance above. The log's hand-over count shows
+// the streams switched at the all-to-all waits (none: the overlap did not happen).
+TEST(MoeTraining, OverlapAcrossMicroBatchesEqualsOneMicroBatchAtATime) {
+  const std::string d = lf::testing::make_temp_dir("moe_pairs");
+  const std::vector<std::string> base{"--micro-batch-size", "1", "--untie-embeddings-and-output-weights"};
+  auto with = [&](std::vector<std::string> a) {
+    a.insert(a.begin(), base.begin(), base.end());
+    return a;
+  };
+  const MoeRun one = train(1, d + "/one", with({}), 6);
+  ASSERT_EQ(one.exit_code, 0) << one.output;
+  const std::vector<std::string> cct{"--expert-model-parallel-size", "2", "--moe-token-dispatcher-type", "alltoall",
+                                     "--overlap-moe-expert-parallel-comm", "--delay-wgrad-compute"};
+  const MoeRun paired = train(2, d + "/paired", with(cct), 6);
+  auto unpaired_args = cct;
+  unpaired_args.push_back("--no-moe-overlap-micro-batches");
+  const MoeRun unpaired = train(2, d + "/unpaired", with(unpaired_args), 6);
+  expect_equivalent(one, paired, "EP=2, CCT paired over micro-batches");
+  ASSERT_EQ(unpaired.exit_code, 0) << unpaired.output;
+  // 8 sequences over DP 2 at micro-batch 1: 4 micro-batches a step, 3 pairs.
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(paired.output, m, std::regex(R"(across micro-batches.*\((\d+) pairs, (\d+) hand-overs)")))
+      << paired.output;
+  EXPECT_EQ(std::stoi(m[1]), 3);
+  EXPECT_GT(std::stoi(m[2]), 0);
+  EXPECT_EQ(unpaired.output.find("across micro-batches"), std::string::npos) << unpaired.output;
+  ASSERT_EQ(paired.steps.size(), unpaired.steps.size());
+  for (size_t i = 0; i < paired.steps.size(); ++i)
+    for (const char* key : {"loss", "load balancing loss", "z loss", "expert_load_max_over_mean", "grad_norm"})
+      EXPECT_EQ(paired.steps[i].at(key), unpaired.steps[i].at(key)) << "step " << i + 1 << " " << key;
+  EXPECT_EQ(lf::testing::max_abs_diff(dumped(paired.params_path), dumped(unpaired.params_path)), 0.0);
+}
+
 // --pipeline-trace shows the overlapped all-to-all (CCT): each stage's trace gains the rows "MoE
 // all-to-all" and "MoE experts". In a forward, chunk 1's dispatch is in flight (launched before,
 // seen complete after) while chunk 0's experts compute; with --delay-wgrad-compute every expert
@@ -439,6 +477,9 @@ TEST(MoeTraining, LayoutsNotBuiltForMoeAreRefusedWithTheKey) {
       {1, {"--moe-overlap-num-chunks", "4"}, "parallel.moe_overlap_num_chunks"},
       {2, {"--expert-model-parallel-size", "2", "--moe-token-dispatcher-type", "alltoall", "--delay-wgrad-compute"},
        "parallel.delay_wgrad_compute"},  // without the overlap there is nothing to delay behind
+      {4, {"--expert-model-parallel-size", "2", "--pipeline-model-parallel-size", "2", "--moe-token-dispatcher-type",
+           "alltoall", "--overlap-moe-expert-parallel-comm", "parallel.moe_overlap_micro_batches=true"},
+       "parallel.moe_overlap_micro_batches"},  // the overlap across micro-batches is built for pp 1
       {1, {"--moe-router-num-groups", "3", "--moe-router-group-topk", "1"}, "model.foundation.moe_router_num_groups"},
   };
   {  // the dry run of a valid MoE job states the parameters a token passes through

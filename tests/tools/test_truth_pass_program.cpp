@@ -381,7 +381,8 @@ TEST(TruthPass, EveryFlagActsOrIsRefused) {
       {"--moe-token-dispatcher-type", "MoeTraining.ExpertParallelEqualsSingleProcess"},
       {"--overlap-moe-expert-parallel-comm", "MoeTraining.ExpertParallelEqualsSingleProcess"},
       {"--moe-overlap-num-chunks", "MoeTraining.ExpertParallelEqualsSingleProcess"},
-      {"--delay-wgrad-compute", "MoeTraining.ExpertParallelEqualsSingleProcess"}, {"--mtp-num-layers", "MoeTraining.MultiTokenPrediction*, HfParity.DeepseekV3Mtp*"},
+      {"--delay-wgrad-compute", "MoeTraining.ExpertParallelEqualsSingleProcess"},
+      {"--no-moe-overlap-micro-batches", "MoeTraining.OverlapAcrossMicroBatches*"}, {"--mtp-num-layers", "MoeTraining.MultiTokenPrediction*, HfParity.DeepseekV3Mtp*"},
       {"--mtp-loss-scaling-factor", "MoeTraining.MultiTokenPrediction* (0.1 x cross entropy), refused without MTP"},
       {"--multi-latent-attention", "HfParity.DeepseekV3MlaBlock*, MlaDecoder.*, TpDecoder.*"},
       {"--q-lora-rank", "HfParity.DeepseekV3MlaBlock*, MlaDecoder.*"}, {"--kv-lora-rank", "HfParity.DeepseekV3MlaBlock*"},
@@ -438,6 +439,7 @@ TEST(TruthPass, EveryFlagActsOrIsRefused) {
       {{"--expert-tensor-parallel-size", "1"}, "expert_tensor_parallel_size"},     // dense: no experts
       {{"--overlap-moe-expert-parallel-comm"}, "overlap_moe_expert_parallel_comm"},  // dense: nothing to overlap
       {{"--delay-wgrad-compute"}, "parallel.delay_wgrad_compute"},  // without the overlap: nothing to delay
+      {{"--no-moe-overlap-micro-batches"}, "parallel.moe_overlap_micro_batches"},  // the overlap is off
       {{"--multi-latent-attention"}, "kv_lora_rank"},
       {{"--experimental-attention-variant", "dsa"}, "experimental_attention_variant"},  // DSA without MLA
       {{"--num-experts", "3", "--moe-router-topk", "4"}, "moe_router_topk"},

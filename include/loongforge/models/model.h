@@ -17,6 +17,7 @@
 
 #include "loongforge/backend/functional.h"
 #include "loongforge/backend/op_table.h"
+#include "loongforge/core/stream_pair.h"
 #include "loongforge/core/trace_spans.h"
 #include "loongforge/data/batch.h"
 #include "loongforge/models/blocks/attention.h"
@@ -138,6 +139,10 @@ class Model {
   // null: nowhere). What a model records, if anything, is its own (MoE: the overlapped
   // all-to-alls and expert computation); the sink must outlive the model's training.
   virtual void set_trace(lf::TraceSpans*) {}
+  // The streams of the MoE overlap across micro-batches (null: none): the model yields to the
+  // other stream where it waits for communication. Returns whether it does (false: the trainer
+  // runs each micro-batch's forward and backward in turn); the pair must outlive its use.
+  virtual bool set_streams(lf::StreamPair*) { return false; }
   // Loss terms that arise inside the layers of any pipeline stage (MoE's load-balancing loss and
   // z-loss, one unit per micro-batch in loss_counts): their gradient enters in backward at the
   // layer that computes them, scaled by the weight the trainer gives the term (the step's weights,

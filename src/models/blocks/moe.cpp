@@ -79,6 +79,9 @@ struct OverlapPlan {
   bool recompute = false;    // selective recompute: the activation's output recomputed in backward
   bool delay_wgrad = false;  // --delay-wgrad-compute
   lf::TraceSpans* trace = nullptr;  // --pipeline-trace: spans of the exchanges and the experts
+  // The overlap across micro-batches: before each wait for an all-to-all, the other micro-batch's
+  // stream (a forward's or a backward's) runs until it waits for one of its own (null: none).
+  lf::StreamPair* streams = nullptr;
   std::string layer;                // the spans' prefix ("L<moe layer> ")
   std::vector<int64_t> rows;                      // per chunk: rows this rank sends in all
   std::vector<std::vector<int64_t>> send, recv;  // per chunk: rows to / from each rank
@@ -105,6 +108,10 @@ struct OverlappedExperts : torch::autograd::Function<OverlappedExperts> {
     if (plan.trace) plan.trace->add(plan.layer + what + " " + std::to_string(c), row, start, lf::TraceSpans::now_us());
   }
   static double now(const OverlapPlan& plan) { return plan.trace ? lf::TraceSpans::now_us() : 0; }
+  // Before a wait: the other micro-batch's stream runs while this exchange is in flight.
+  static void hand_over(const OverlapPlan& plan) {
+    if (plan.streams) plan.streams->yield();
+  }
 
   // all_rows: every chunk's rows one after the other (plan->rows: each chunk's count); returns
   // every chunk's combined rows the same way.
@@ -127,6 +134,7 @@ struct OverlappedExperts : torch::autograd::Function<OverlappedExperts> {
     }
     variable_list saved;  // per chunk: the experts' input, fc1's output, the activation's (or undefined)
     for (size_t c = 0; c < chunks; ++c) {
+      hand_over(*plan);
       dispatch[c]->wait();
       span(*plan, "dispatch", c, kCommRow, sent[c]);
       const double computing = now(*plan);
@@ -143,6 +151,7 @@ struct OverlappedExperts : torch::autograd::Function<OverlappedExperts> {
       combine[c] = ep.all_to_all(back[c], y_src, plan->send[c], plan->recv[c], true);
     }
     for (size_t c = 0; c < chunks; ++c) {
+      hand_over(*plan);
       combine[c]->wait();
       span(*plan, "combine", c, kCommRow, back_sent[c]);
     }
@@ -177,6 +186,7 @@ struct OverlappedExperts : torch::autograd::Function<OverlappedExperts> {
     std::vector<at::Tensor> gy(chunks), act_out(chunks), dh1(chunks);
     const lf::backend::GemmGrads now2{true, want_w2 && !plan->delay_wgrad}, now1{true, want_w1 && !plan->delay_wgrad};
     for (size_t c = 0; c < chunks; ++c) {
+      hand_over(*plan);
       combine[c]->wait();
       span(*plan, "combine grad", c, kCommRow, sent[c]);
       const double computing = now(*plan);
@@ -209,6 +219,7 @@ struct OverlappedExperts : torch::autograd::Function<OverlappedExperts> {
         span(*plan, "experts wgrad", c, kExpertRow, computing);
       }
     for (size_t c = 0; c < chunks; ++c) {
+      hand_over(*plan);
       dispatch[c]->wait();
       span(*plan, "dispatch grad", c, kCommRow, back_sent[c]);
     }
@@ -404,7 +415,8 @@ at::Tensor MoeLayer::forward(const lf::backend::DeviceBackend& be, const lf::par
     out = dispatch_allgather(be, *tp.ep, x2d, r, experts);
   } else if (tp.ep_overlap_chunks > 1) {
     out = dispatch_alltoall_overlapped(be, *tp.ep, x2d, r, tp.ep_overlap_chunks, selective_recompute,
-                                       tp.ep_delay_wgrad, step ? step->trace() : nullptr, moe_index);
+                                       tp.ep_delay_wgrad, step ? step->trace() : nullptr,
+                                       step ? step->streams() : nullptr, moe_index);
   } else {
     out = dispatch_alltoall(be, *tp.ep, x2d, r, experts);
   }
@@ -526,7 +538,8 @@ at::Tensor MoeLayer::dispatch_alltoall(const lf::backend::DeviceBackend& be, lf:
 at::Tensor MoeLayer::dispatch_alltoall_overlapped(const lf::backend::DeviceBackend& be, lf::backend::Communicator& ep,
                                                   const at::Tensor& x2d, const Routing& r, int chunks,
                                                   bool selective_recompute, bool delay_wgrad,
-                                                  lf::TraceSpans* trace, size_t moe_index) const {
+                                                  lf::TraceSpans* trace, lf::StreamPair* streams,
+                                                  size_t moe_index) const {
   const int64_t e = c_.num_experts, local = e / ep_size_, ranks = ep_size_, t = x2d.size(0);
   const int64_t n = std::max<int64_t>(1, std::min<int64_t>(chunks, t));
   // One permutation for every chunk: token j of chunk c goes to "expert" c * E + its expert, so the
@@ -550,6 +563,7 @@ at::Tensor MoeLayer::dispatch_alltoall_overlapped(const lf::backend::DeviceBacke
   plan->recompute = selective_recompute;
   plan->delay_wgrad = delay_wgrad;
   plan->trace = trace;
+  plan->streams = streams;
   if (trace) plan->layer = "L" + std::to_string(moe_index) + " ";
   const int64_t* cs = counts.data_ptr<int64_t>();
   const int64_t* gs = got.data_ptr<int64_t>();

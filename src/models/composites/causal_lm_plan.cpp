@@ -68,6 +68,16 @@ CausalLmPlan::CausalLmPlan(std::shared_ptr<const ModelConfig> config, const Plan
                  "overlap), and the overlap is off",
                  "add --overlap-moe-expert-parallel-comm (with --expert-model-parallel-size N > 1), or drop "
                  "--delay-wgrad-compute");
+    const bool given_pairing = origin("parallel.moe_overlap_micro_batches").kind != lf::config::Origin::Kind::default_;
+    if (given_pairing && !par.overlap_moe_expert_parallel_comm)
+      errors.add("parallel.moe_overlap_micro_batches", origin("parallel.moe_overlap_micro_batches"),
+                 "parallel.moe_overlap_micro_batches is set but the MoE communication overlap is off",
+                 "add --overlap-moe-expert-parallel-comm, or drop parallel.moe_overlap_micro_batches");
+    if (given_pairing && par.moe_overlap_micro_batches && layout_.size(lf::dist::Axis::pp) > 1)
+      errors.add("parallel.moe_overlap_micro_batches", origin("parallel.moe_overlap_micro_batches"),
+                 "the overlap across micro-batches is built for pp 1 (under pipelining the chunks of each "
+                 "micro-batch still overlap); pp is " + std::to_string(layout_.size(lf::dist::Axis::pp)),
+                 "drop parallel.moe_overlap_micro_batches, or use --pipeline-model-parallel-size 1");
     if (par.moe_overlap_num_chunks && !par.overlap_moe_expert_parallel_comm)
       errors.add("parallel.moe_overlap_num_chunks", origin("parallel.moe_overlap_num_chunks"),
                  "--moe-overlap-num-chunks is set but the MoE communication overlap is off",

@@ -36,6 +36,7 @@ struct ParallelConfig {
   bool overlap_moe_expert_parallel_comm = false;
   std::optional<int64_t> moe_overlap_num_chunks;  // null: 2
   bool delay_wgrad_compute = false;
+  bool moe_overlap_micro_batches = true;
   bool overlap_param_gather = false;
   bool enable_encoder_hetero_dp = false;
   bool enable_full_hetero_dp = false;
@@ -101,6 +102,10 @@ struct ParallelConfig {
       "and combine, forward and backward, in flight while another's experts compute); all-to-all dispatcher, ep > 1");
     v("moe_overlap_num_chunks", moe_overlap_num_chunks,
       "Token chunks of the overlapped MoE all-to-all (null: 2)", Min{2});
+    v("moe_overlap_micro_batches", moe_overlap_micro_batches,
+      "With --overlap-moe-expert-parallel-comm at pp 1 and 2 or more micro-batches a step: the forward of "
+      "micro-batch m + 1 and the backward of micro-batch m take turns (DualPipe-style), each running while the "
+      "other's all-to-all is in flight; false: each micro-batch's forward and backward in turn");
     v("delay_wgrad_compute", delay_wgrad_compute,
       "With --overlap-moe-expert-parallel-comm: the experts' backward computes every chunk's input gradient first "
       "(each sent back at once) and the expert weights' gradients after the last one, while those all-to-alls are "

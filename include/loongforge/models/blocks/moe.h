@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "loongforge/backend/device_backend.h"
+#include "loongforge/core/stream_pair.h"
 #include "loongforge/core/trace_spans.h"
 #include "loongforge/models/blocks/mlp.h"
 #include "loongforge/models/blocks/param_builder.h"
@@ -83,10 +84,16 @@ class MoeStep {
   // Where the overlapped all-to-all dispatcher records its spans (--pipeline-trace; null: nowhere).
   void set_trace(lf::TraceSpans* spans) { trace_ = spans; }
   lf::TraceSpans* trace() const { return trace_; }
+  // The streams of the overlap across micro-batches (the trainer's, during a paired forward and
+  // backward; null otherwise): the overlapped dispatcher yields to the other stream before it
+  // waits for an all-to-all.
+  void set_streams(lf::StreamPair* streams) { streams_ = streams; }
+  lf::StreamPair* streams() const { return streams_; }
 
  private:
   const std::map<std::string, double>* weights_ = nullptr;
   lf::TraceSpans* trace_ = nullptr;
+  lf::StreamPair* streams_ = nullptr;
   at::Tensor load_;
   std::map<std::string, double> sums_;
 };
@@ -134,7 +141,7 @@ class MoeLayer {
   at::Tensor dispatch_alltoall_overlapped(const lf::backend::DeviceBackend& be, lf::backend::Communicator& ep,
                                           const at::Tensor& x2d, const Routing& r, int chunks,
                                           bool selective_recompute, bool delay_wgrad, lf::TraceSpans* trace,
-                                          size_t moe_index) const;
+                                          lf::StreamPair* streams, size_t moe_index) const;
 
   MoeConfig c_;
   int ep_size_ = 1, ep_rank_ = 0;  // expert parallelism: this rank holds experts [rank, rank + 1) * E / size

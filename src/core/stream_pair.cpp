@@ -1,0 +1,94 @@
+#include "loongforge/core/stream_pair.h"
+
+#include "loongforge/core/error.h"
+
+namespace lf {
+
+void StreamPair::run(const std::function<void()>& first, const std::function<void()>& second) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    LF_CHECK(!running_, "StreamPair::run: a run is already in progress (one pair runs one pair of streams)");
+    running_ = true;
+    done_[0] = done_[1] = false;
+    turn_ = 0;
+    switches_ = 0;
+    error_ = nullptr;
+    ids_[0] = std::this_thread::get_id();
+    ids_[1] = std::thread::id();
+  }
+  std::thread helper;
+  try {
+    helper = std::thread([&] {
+    std::exception_ptr error;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [&] { return turn_ == 1; });
+    }
+    try {
+      second();
+    } catch (...) {
+      error = std::current_exception();
+    }
+    finish(1, error);
+    });
+  } catch (...) {  // no thread: nothing ran
+    std::lock_guard<std::mutex> lock(mu_);
+    running_ = false;
+    throw;
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    ids_[1] = helper.get_id();
+  }
+  std::exception_ptr error;
+  try {
+    first();
+  } catch (...) {
+    error = std::current_exception();
+  }
+  finish(0, error);
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [&] { return done_[1]; });
+  }
+  helper.join();
+  std::exception_ptr thrown;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    running_ = false;
+    thrown = error_;
+  }
+  if (thrown) std::rethrow_exception(thrown);
+}
+
+void StreamPair::finish(int me, std::exception_ptr error) {
+  std::lock_guard<std::mutex> lock(mu_);
+  done_[me] = true;
+  if (error && !error_) error_ = error;
+  if (!done_[1 - me]) turn_ = 1 - me;
+  cv_.notify_all();
+}
+
+void StreamPair::yield() {
+  std::unique_lock<std::mutex> lock(mu_);
+  if (!running_) return;
+  const auto id = std::this_thread::get_id();
+  const int me = id == ids_[0] ? 0 : (id == ids_[1] ? 1 : -1);
+  if (me < 0 || done_[1 - me]) return;
+  turn_ = 1 - me;
+  ++switches_;
+  cv_.notify_all();
+  cv_.wait(lock, [&] { return turn_ == me; });
+}
+
+int64_t StreamPair::switches() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return switches_;
+}
+
+bool StreamPair::running() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return running_;
+}
+
+}  // namespace lf

@@ -5,6 +5,7 @@
 #include <ATen/Parallel.h>
 #include <ATen/ThreadLocalState.h>
 #include <ATen/core/grad_mode.h>
+#include <c10/core/DeviceGuard.h>
 
 #include "loongforge/core/error.h"
 #include "loongforge/core/logging.h"
@@ -136,7 +137,8 @@ void Trainer::Impl::forward_backward_paired(const std::vector<lf::data::Batch>& 
     loss.backward();
     loss = at::Tensor();  // the graph's last reference
   };
-  // The backward stream's thread starts with this thread's ATen state (grad mode, thread count).
+  // The backward stream's thread starts with this thread's ATen state (grad mode), device and
+  // intra-op thread count.
   const at::ThreadLocalState state;
   int64_t switches = 0;
   at::Tensor done = forward(0);
@@ -144,7 +146,8 @@ void Trainer::Impl::forward_backward_paired(const std::vector<lf::data::Batch>& 
     at::Tensor next;
     streams.run([&] { next = forward(m); },
                 [&] {
-                  at::ThreadLocalStateGuard guard(state);
+                  const at::ThreadLocalStateGuard guard(state);
+                  const c10::DeviceGuard device(backend.device());  // a GPU rank's own device
                   at::init_num_threads();
                   backward(m - 1, done);
                 });

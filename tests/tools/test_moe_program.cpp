@@ -204,6 +204,12 @@ TEST(MoeTraining, OverlapAcrossMicroBatchesEqualsOneMicroBatchAtATime) {
   unpaired_args.push_back("--no-moe-overlap-micro-batches");
   const MoeRun unpaired = train(2, d + "/unpaired", with(unpaired_args), 6);
   expect_equivalent(one, paired, "EP=2, CCT paired over micro-batches");
+  // One chunk: the all-to-all overlaps only with the other micro-batch of the pair.
+  auto one_chunk = cct;
+  one_chunk.insert(one_chunk.end(), {"--moe-overlap-num-chunks", "1"});
+  const MoeRun single_chunk = train(2, d + "/one_chunk", with(one_chunk), 6);
+  expect_equivalent(one, single_chunk, "EP=2, CCT paired over micro-batches, 1 chunk");
+  EXPECT_NE(single_chunk.output.find("across micro-batches"), std::string::npos) << single_chunk.output;
   ASSERT_EQ(unpaired.exit_code, 0) << unpaired.output;
   // 8 sequences over DP 2 at micro-batch 1: 4 micro-batches a step, 3 pairs.
   std::smatch m;
@@ -480,6 +486,12 @@ TEST(MoeTraining, LayoutsNotBuiltForMoeAreRefusedWithTheKey) {
       {4, {"--expert-model-parallel-size", "2", "--pipeline-model-parallel-size", "2", "--moe-token-dispatcher-type",
            "alltoall", "--overlap-moe-expert-parallel-comm", "parallel.moe_overlap_micro_batches=true"},
        "parallel.moe_overlap_micro_batches"},  // the overlap across micro-batches is built for pp 1
+      {2, {"--expert-model-parallel-size", "2", "--moe-token-dispatcher-type", "alltoall",
+           "--overlap-moe-expert-parallel-comm", "--moe-overlap-num-chunks", "1", "--no-moe-overlap-micro-batches"},
+       "parallel.moe_overlap_num_chunks"},  // one chunk and no pairs: nothing would overlap
+      {2, {"--expert-model-parallel-size", "2", "--moe-token-dispatcher-type", "alltoall", "--global-batch-size", "4",
+           "--overlap-moe-expert-parallel-comm", "--moe-overlap-num-chunks", "1"},
+       "one micro-batch a step"},
       {1, {"--moe-router-num-groups", "3", "--moe-router-group-topk", "1"}, "model.foundation.moe_router_num_groups"},
   };
   {  // the dry run of a valid MoE job states the parameters a token passes through

@@ -413,7 +413,7 @@ at::Tensor MoeLayer::forward(const lf::backend::DeviceBackend& be, const lf::par
     out = lf::ops::moe_unpermute(be, experts(perm.rows, perm.tokens_per_expert), perm.position, r.probs);
   } else if (tp.ep_allgather) {
     out = dispatch_allgather(be, *tp.ep, x2d, r, experts);
-  } else if (tp.ep_overlap_chunks > 1) {
+  } else if (tp.ep_overlap_chunks > 0) {
     out = dispatch_alltoall_overlapped(be, *tp.ep, x2d, r, tp.ep_overlap_chunks, selective_recompute,
                                        tp.ep_delay_wgrad, step ? step->trace() : nullptr,
                                        step ? step->streams() : nullptr, moe_index);
@@ -553,7 +553,9 @@ at::Tensor MoeLayer::dispatch_alltoall_overlapped(const lf::backend::DeviceBacke
   at::Tensor got;
   {
     at::Tensor cd = counts.to(x2d.device()), gd = at::empty_like(cd);
-    ep.all_to_all(gd, cd, {}, {});
+    auto work = ep.all_to_all(gd, cd, {}, {}, true);
+    if (streams) streams->yield();  // the overlap across micro-batches: the other stream runs meanwhile
+    work->wait();
     got = gd.cpu().contiguous();
   }
   auto plan = std::make_shared<OverlapPlan>();

@@ -78,6 +78,21 @@ CausalLmPlan::CausalLmPlan(std::shared_ptr<const ModelConfig> config, const Plan
                  "the overlap across micro-batches is built for pp 1 (under pipelining the chunks of each "
                  "micro-batch still overlap); pp is " + std::to_string(layout_.size(lf::dist::Axis::pp)),
                  "drop parallel.moe_overlap_micro_batches, or use --pipeline-model-parallel-size 1");
+    if (par.overlap_moe_expert_parallel_comm && par.moe_overlap_num_chunks == 1) {
+      // One chunk overlaps only with the other micro-batch of a pair.
+      const int dp = layout_.size(lf::dist::Axis::dp);
+      const int64_t per_step = job_.training.micro_batch_size * dp;
+      const int64_t micro_batches = job_.training.global_batch_size.value_or(per_step) / per_step;
+      if (!par.moe_overlap_micro_batches || layout_.size(lf::dist::Axis::pp) > 1 || micro_batches < 2)
+        errors.add("parallel.moe_overlap_num_chunks", origin("parallel.moe_overlap_num_chunks"),
+                   "one chunk overlaps the all-to-all only with the other micro-batch of a forward/backward pair, "
+                   "and this job pairs none (" +
+                       std::string(!par.moe_overlap_micro_batches ? "the overlap across micro-batches is off"
+                                   : micro_batches < 2 ? "one micro-batch a step"
+                                                       : "pp > 1") +
+                       ")",
+                   "use --moe-overlap-num-chunks 2 or more, or pp 1 with 2 or more micro-batches a step");
+    }
     if (par.moe_overlap_num_chunks && !par.overlap_moe_expert_parallel_comm)
       errors.add("parallel.moe_overlap_num_chunks", origin("parallel.moe_overlap_num_chunks"),
                  "--moe-overlap-num-chunks is set but the MoE communication overlap is off",

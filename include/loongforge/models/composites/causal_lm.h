@@ -25,7 +25,7 @@ namespace lf::models {
 struct ExpertPlacement {
   const lf::dist::ParallelContext* context = nullptr;
   bool allgather = true;  // else all-to-all
-  int overlap_chunks = 0;  // all-to-all: > 1 overlaps the dispatch of that many token chunks (CCT)
+  int overlap_chunks = 0;  // all-to-all: > 0 overlaps the dispatch of that many token chunks (CCT)
   bool delay_wgrad = false;  // overlapped: the expert weights' gradients after every chunk's input gradient
 };
 

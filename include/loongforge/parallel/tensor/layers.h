@@ -27,7 +27,7 @@ struct TensorParallel {
   // (possibly of size 1); null: every rank holds every expert, split over tp like the dense MLP.
   Communicator* ep = nullptr;
   bool ep_allgather = true;  // the token dispatcher: all-gather (else all-to-all)
-  int ep_overlap_chunks = 0;  // all-to-all: > 1 overlaps the dispatch of that many token chunks with the experts (CCT)
+  int ep_overlap_chunks = 0;  // all-to-all: > 0 overlaps the dispatch of that many token chunks with the experts (CCT)
   bool ep_delay_wgrad = false;  // overlapped: the expert weights' gradients after every chunk's input gradient
   int size() const;
   int rank() const;

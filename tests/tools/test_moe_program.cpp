@@ -167,7 +167,7 @@ TEST(MoeTraining, ExpertParallelEqualsSingleProcess) {
                     "EP=4 over TP=2 x DP=2 (expert TP 1), all-gather");
   expect_equivalent(one,
                     train(2, d + "/ep2_cct", ep({"--expert-model-parallel-size", "2", "--moe-token-dispatcher-type", "alltoall",
-                                                 "--overlap-moe-expert-parallel-comm"})),
+                                                 "--overlap-moe-expert-parallel-comm", "--moe-overlap-num-chunks", "2"})),
                     "EP=2 all-to-all overlapped with the experts (CCT, 2 chunks)");
   expect_equivalent(one,
                     train(4, d + "/ep4_cct", with_tp({"--expert-model-parallel-size", "4", "--moe-token-dispatcher-type",
@@ -187,29 +187,24 @@ TEST(MoeTraining, ExpertParallelEqualsSingleProcess) {
 // accumulates in micro-batch order and the output layer's gradient (written in its forward)
 // too, so with untied embeddings the run equals the unpaired one (--no-moe-overlap-micro-batches)
 // bit for bit, and the single process within the tolerance above. The log's hand-over count shows
-// the streams switched at the all-to-all waits (none: the overlap did not happen).
+// the streams switched at the all-to-all waits (none: the overlap did not happen). Where pairs
+// run, the token chunks default to 1 (the same run as --moe-overlap-num-chunks 1).
 TEST(MoeTraining, OverlapAcrossMicroBatchesEqualsOneMicroBatchAtATime) {
   const std::string d = lf::testing::make_temp_dir("moe_pairs");
   const std::vector<std::string> base{"--micro-batch-size", "1", "--untie-embeddings-and-output-weights"};
-  auto with = [&](std::vector<std::string> a) {
+  auto with = [&](std::vector<std::string> a, std::vector<std::string> more = {}) {
     a.insert(a.begin(), base.begin(), base.end());
+    a.insert(a.end(), more.begin(), more.end());
     return a;
   };
   const MoeRun one = train(1, d + "/one", with({}), 6);
   ASSERT_EQ(one.exit_code, 0) << one.output;
   const std::vector<std::string> cct{"--expert-model-parallel-size", "2", "--moe-token-dispatcher-type", "alltoall",
                                      "--overlap-moe-expert-parallel-comm", "--delay-wgrad-compute"};
-  const MoeRun paired = train(2, d + "/paired", with(cct), 6);
-  auto unpaired_args = cct;
-  unpaired_args.push_back("--no-moe-overlap-micro-batches");
-  const MoeRun unpaired = train(2, d + "/unpaired", with(unpaired_args), 6);
-  expect_equivalent(one, paired, "EP=2, CCT paired over micro-batches");
-  // One chunk: the all-to-all overlaps only with the other micro-batch of the pair.
-  auto one_chunk = cct;
-  one_chunk.insert(one_chunk.end(), {"--moe-overlap-num-chunks", "1"});
-  const MoeRun single_chunk = train(2, d + "/one_chunk", with(one_chunk), 6);
-  expect_equivalent(one, single_chunk, "EP=2, CCT paired over micro-batches, 1 chunk");
-  EXPECT_NE(single_chunk.output.find("across micro-batches"), std::string::npos) << single_chunk.output;
+  const std::vector<std::string> two{"--moe-overlap-num-chunks", "2"};
+  const MoeRun paired = train(2, d + "/paired", with(cct, two), 6);
+  const MoeRun unpaired = train(2, d + "/unpaired", with(cct, {"--moe-overlap-num-chunks", "2", "--no-moe-overlap-micro-batches"}), 6);
+  expect_equivalent(one, paired, "EP=2, CCT in 2 chunks, paired over micro-batches");
   ASSERT_EQ(unpaired.exit_code, 0) << unpaired.output;
   // 8 sequences over DP 2 at micro-batch 1: 4 micro-batches a step, 3 pairs.
   std::smatch m;
@@ -218,11 +213,21 @@ TEST(MoeTraining, OverlapAcrossMicroBatchesEqualsOneMicroBatchAtATime) {
   EXPECT_EQ(std::stoi(m[1]), 3);
   EXPECT_GT(std::stoi(m[2]), 0);
   EXPECT_EQ(unpaired.output.find("across micro-batches"), std::string::npos) << unpaired.output;
-  ASSERT_EQ(paired.steps.size(), unpaired.steps.size());
-  for (size_t i = 0; i < paired.steps.size(); ++i)
-    for (const char* key : {"loss", "load balancing loss", "z loss", "expert_load_max_over_mean", "grad_norm"})
-      EXPECT_EQ(paired.steps[i].at(key), unpaired.steps[i].at(key)) << "step " << i + 1 << " " << key;
-  EXPECT_EQ(lf::testing::max_abs_diff(dumped(paired.params_path), dumped(unpaired.params_path)), 0.0);
+  auto expect_same = [](const MoeRun& a, const MoeRun& b, const std::string& what) {
+    ASSERT_EQ(a.steps.size(), b.steps.size()) << what;
+    for (size_t i = 0; i < a.steps.size(); ++i)
+      for (const char* key : {"loss", "load balancing loss", "z loss", "expert_load_max_over_mean", "grad_norm"})
+        EXPECT_EQ(a.steps[i].at(key), b.steps[i].at(key)) << what << " step " << i + 1 << " " << key;
+    EXPECT_EQ(lf::testing::max_abs_diff(dumped(a.params_path), dumped(b.params_path)), 0.0) << what;
+  };
+  expect_same(paired, unpaired, "paired against unpaired, 2 chunks");
+  // Where pairs run the chunks default to 1: the all-to-all overlaps only with the other micro-batch.
+  const MoeRun by_default = train(2, d + "/default", with(cct), 6);
+  expect_equivalent(one, by_default, "EP=2, CCT paired over micro-batches, chunks by default");
+  EXPECT_NE(by_default.output.find("across micro-batches"), std::string::npos) << by_default.output;
+  const MoeRun one_chunk = train(2, d + "/one_chunk", with(cct, {"--moe-overlap-num-chunks", "1"}), 6);
+  ASSERT_EQ(one_chunk.exit_code, 0) << one_chunk.output;
+  expect_same(by_default, one_chunk, "chunks by default against 1 chunk");
 }
 
 // --pipeline-trace shows the overlapped all-to-all (CCT): each stage's trace gains the rows "MoE

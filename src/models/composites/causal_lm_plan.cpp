@@ -78,20 +78,19 @@ CausalLmPlan::CausalLmPlan(std::shared_ptr<const ModelConfig> config, const Plan
                  "the overlap across micro-batches is built for pp 1 (under pipelining the chunks of each "
                  "micro-batch still overlap); pp is " + std::to_string(layout_.size(lf::dist::Axis::pp)),
                  "drop parallel.moe_overlap_micro_batches, or use --pipeline-model-parallel-size 1");
-    if (par.overlap_moe_expert_parallel_comm && par.moe_overlap_num_chunks == 1) {
+    if (par.overlap_moe_expert_parallel_comm && par.moe_overlap_num_chunks == 1 && !pairs_micro_batches()) {
       // One chunk overlaps only with the other micro-batch of a pair.
       const int dp = layout_.size(lf::dist::Axis::dp);
       const int64_t per_step = job_.training.micro_batch_size * dp;
       const int64_t micro_batches = job_.training.global_batch_size.value_or(per_step) / per_step;
-      if (!par.moe_overlap_micro_batches || layout_.size(lf::dist::Axis::pp) > 1 || micro_batches < 2)
-        errors.add("parallel.moe_overlap_num_chunks", origin("parallel.moe_overlap_num_chunks"),
-                   "one chunk overlaps the all-to-all only with the other micro-batch of a forward/backward pair, "
-                   "and this job pairs none (" +
-                       std::string(!par.moe_overlap_micro_batches ? "the overlap across micro-batches is off"
-                                   : micro_batches < 2 ? "one micro-batch a step"
-                                                       : "pp > 1") +
-                       ")",
-                   "use --moe-overlap-num-chunks 2 or more, or pp 1 with 2 or more micro-batches a step");
+      errors.add("parallel.moe_overlap_num_chunks", origin("parallel.moe_overlap_num_chunks"),
+                 "one chunk overlaps the all-to-all only with the other micro-batch of a forward/backward pair, "
+                 "and this job pairs none (" +
+                     std::string(!par.moe_overlap_micro_batches ? "the overlap across micro-batches is off"
+                                 : micro_batches < 2 ? "one micro-batch a step"
+                                                     : "pp > 1") +
+                     ")",
+                 "use --moe-overlap-num-chunks 2 or more, or pp 1 with 2 or more micro-batches a step");
     }
     if (par.moe_overlap_num_chunks && !par.overlap_moe_expert_parallel_comm)
       errors.add("parallel.moe_overlap_num_chunks", origin("parallel.moe_overlap_num_chunks"),
@@ -230,9 +229,7 @@ std::unique_ptr<Model> CausalLmPlan::build(const BuildArgs& args) const {
   auto model = std::make_unique<CausalLm>(foundation_, *args.backend, args.seed, args.dtype, &ctx,
                                           job_.parallel.sequence_parallel, stage, !frozen_,
                                           ExpertPlacement{experts.get(), job_.parallel.moe_token_dispatcher_type == "allgather",
-                                                          job_.parallel.overlap_moe_expert_parallel_comm
-                                                              ? static_cast<int>(job_.parallel.moe_overlap_num_chunks.value_or(2))
-                                                              : 0,
+                                                          overlap_chunks(),
                                                           job_.parallel.delay_wgrad_compute});
   model->keep_context(std::move(experts));
   apply_context_parallel(*model, ctx);
@@ -242,6 +239,19 @@ std::unique_ptr<Model> CausalLmPlan::build(const BuildArgs& args) const {
 
 void CausalLmPlan::apply_context_parallel(CausalLm& model, const lf::dist::ParallelContext& ctx) const {
   if (ctx.cp_size() > 1) model.set_context_parallel(lf::parallel::parse_cp_comm_type(job_.parallel.cp_comm_type));
+}
+
+bool CausalLmPlan::pairs_micro_batches() const {
+  const auto& par = job_.parallel;
+  const int64_t per_step = job_.training.micro_batch_size * layout_.size(lf::dist::Axis::dp);
+  const int64_t micro_batches = job_.training.global_batch_size.value_or(per_step) / per_step;
+  return par.overlap_moe_expert_parallel_comm && par.moe_overlap_micro_batches &&
+         layout_.size(lf::dist::Axis::pp) == 1 && micro_batches >= 2 && !par.chunkpipe_chunk_size;
+}
+
+int CausalLmPlan::overlap_chunks() const {
+  if (!job_.parallel.overlap_moe_expert_parallel_comm) return 0;
+  return static_cast<int>(job_.parallel.moe_overlap_num_chunks.value_or(pairs_micro_batches() ? 1 : 2));
 }
 
 std::unique_ptr<lf::dist::ParallelContext> CausalLmPlan::make_expert_context(const BuildArgs& args) const {

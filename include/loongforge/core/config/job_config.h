@@ -34,7 +34,7 @@ struct ParallelConfig {
   std::string distributed_backend = "auto";
   bool overlap_grad_reduce = false;
   bool overlap_moe_expert_parallel_comm = false;
-  std::optional<int64_t> moe_overlap_num_chunks;  // null: 2
+  std::optional<int64_t> moe_overlap_num_chunks;  // null: 1 with pairs of micro-batches, else 2
   bool delay_wgrad_compute = false;
   bool moe_overlap_micro_batches = true;
   bool overlap_param_gather = false;
@@ -101,8 +101,8 @@ struct ParallelConfig {
       "CCT: overlap the MoE all-to-all with the experts' computation (the tokens in chunks: one chunk's dispatch "
       "and combine, forward and backward, in flight while another's experts compute); all-to-all dispatcher, ep > 1");
     v("moe_overlap_num_chunks", moe_overlap_num_chunks,
-      "Token chunks of the overlapped MoE all-to-all (null: 2); 1: no chunks, only the overlap across "
-      "micro-batches (pp 1, 2 or more micro-batches a step)", Min{1});
+      "Token chunks of the overlapped MoE all-to-all (null: 1 where the overlap pairs micro-batches, else 2); 1: "
+      "no chunks, only the overlap across micro-batches (pp 1, 2 or more micro-batches a step)", Min{1});
     v("moe_overlap_micro_batches", moe_overlap_micro_batches,
       "With --overlap-moe-expert-parallel-comm at pp 1 and 2 or more micro-batches a step: the forward of "
       "micro-batch m + 1 and the backward of micro-batch m take turns (DualPipe-style), each running while the "

@@ -125,10 +125,15 @@ struct OverlappedExperts : torch::autograd::Function<OverlappedExperts> {
     at::Tensor combined = at::empty_like(all_rows);  // the chunks' results land in their slices
     std::vector<std::shared_ptr<lf::backend::Work>> dispatch(chunks), combine(chunks);
     std::vector<double> sent(chunks), back_sent(chunks);
+    // Every chunk's arriving rows in one buffer (one allocation of a size the cache serves again,
+    // not one per chunk of sizes that change with the routing every step).
+    std::vector<int64_t> arriving(chunks);
+    for (size_t c = 0; c < chunks; ++c)
+      arriving[c] = std::accumulate(plan->recv[c].begin(), plan->recv[c].end(), int64_t{0});
+    const auto arrived_all =
+        at::empty({std::accumulate(arriving.begin(), arriving.end(), int64_t{0}), all_rows.size(1)}, all_rows.options());
     for (size_t c = 0; c < chunks; ++c) {
-      auto sizes = rows[c].sizes().vec();
-      sizes[0] = std::accumulate(plan->recv[c].begin(), plan->recv[c].end(), int64_t{0});
-      arrived[c] = at::empty(sizes, rows[c].options());
+      arrived[c] = arrived_all.narrow(0, offset_of(arriving, c), arriving[c]);
       sent[c] = now(*plan);
       dispatch[c] = ep.all_to_all(arrived[c], rows[c].contiguous(), plan->recv[c], plan->send[c], true);
     }
@@ -176,8 +181,12 @@ struct OverlappedExperts : torch::autograd::Function<OverlappedExperts> {
     std::vector<at::Tensor> arrived(chunks), rows_grad(chunks);
     std::vector<std::shared_ptr<lf::backend::Work>> dispatch(chunks), combine(chunks);
     std::vector<double> sent(chunks), back_sent(chunks);
+    std::vector<int64_t> arriving(chunks);  // one buffer for every chunk, as in forward
+    for (size_t c = 0; c < chunks; ++c) arriving[c] = saved[3 * c].size(0);
+    const auto arrived_all =
+        at::empty({std::accumulate(arriving.begin(), arriving.end(), int64_t{0}), grad_all.size(1)}, grad_all.options());
     for (size_t c = 0; c < chunks; ++c) {  // the combines' gradients back to the experts' ranks
-      arrived[c] = at::empty({saved[3 * c].size(0), grads[c].size(1)}, grads[c].options());
+      arrived[c] = arrived_all.narrow(0, offset_of(arriving, c), arriving[c]);
       sent[c] = now(*plan);
       combine[c] = ep.all_to_all(arrived[c], grads[c].contiguous(), plan->recv[c], plan->send[c], true);
     }

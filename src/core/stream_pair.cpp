@@ -10,6 +10,7 @@ void StreamPair::run(const std::function<void()>& first, const std::function<voi
     LF_CHECK(!running_, "StreamPair::run: a run is already in progress (one pair runs one pair of streams)");
     running_ = true;
     done_[0] = done_[1] = false;
+    held_[0] = held_[1] = 0;
     turn_ = 0;
     switches_ = 0;
     error_ = nullptr;
@@ -69,16 +70,33 @@ void StreamPair::finish(int me, std::exception_ptr error) {
   cv_.notify_all();
 }
 
+int StreamPair::stream_of_caller() const {
+  if (!running_) return -1;
+  const auto id = std::this_thread::get_id();
+  return id == ids_[0] ? 0 : (id == ids_[1] ? 1 : -1);
+}
+
 void StreamPair::yield() {
   std::unique_lock<std::mutex> lock(mu_);
-  if (!running_) return;
-  const auto id = std::this_thread::get_id();
-  const int me = id == ids_[0] ? 0 : (id == ids_[1] ? 1 : -1);
-  if (me < 0 || done_[1 - me]) return;
+  const int me = stream_of_caller();
+  if (me < 0 || done_[1 - me] || held_[me] > 0) return;
   turn_ = 1 - me;
   ++switches_;
   cv_.notify_all();
   cv_.wait(lock, [&] { return turn_ == me; });
+}
+
+StreamPair::Hold::Hold(StreamPair* pair) : pair_(pair) {
+  if (!pair_) return;
+  std::lock_guard<std::mutex> lock(pair_->mu_);
+  stream_ = pair_->stream_of_caller();
+  if (stream_ >= 0) ++pair_->held_[stream_];
+}
+
+StreamPair::Hold::~Hold() {
+  if (!pair_ || stream_ < 0) return;
+  std::lock_guard<std::mutex> lock(pair_->mu_);
+  if (pair_->running_) --pair_->held_[stream_];
 }
 
 int64_t StreamPair::switches() const {

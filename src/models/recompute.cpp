@@ -6,9 +6,11 @@
 #include <torch/csrc/autograd/custom_function.h>
 
 #include <map>
+#include <optional>
 #include <string>
 
 #include "loongforge/core/error.h"
+#include "loongforge/core/stream_pair.h"
 #include "loongforge/parallel/tensor/random.h"
 
 namespace lf::models {
@@ -25,6 +27,7 @@ struct Replay : torch::CustomClassHolder {
   std::vector<bool> needs_grad;
   lf::parallel::RngTracker* rng = nullptr;
   std::map<std::string, at::Tensor> rng_state;
+  lf::StreamPair* streams = nullptr;
 };
 
 struct RecomputeFunction : torch::autograd::Function<RecomputeFunction> {
@@ -58,6 +61,9 @@ struct RecomputeFunction : torch::autograd::Function<RecomputeFunction> {
       }
       leaves.push_back(leaf);
     }
+    // The generator is the replay's until it is set back: no hand-over to the other stream before.
+    std::optional<lf::StreamPair::Hold> hold;
+    if (replay->rng) hold.emplace(replay->streams);
     std::map<std::string, at::Tensor> now;
     if (replay->rng) {
       now = replay->rng->state();
@@ -69,6 +75,7 @@ struct RecomputeFunction : torch::autograd::Function<RecomputeFunction> {
       out = replay->fn(leaves);
     }
     if (replay->rng) replay->rng->set_state(now);
+    hold.reset();
     variable_list grads(saved.size() + 1);  // [0]: the Replay argument
     if (out.requires_grad()) {
       // Reentrant backward over the recomputed graph: parameters fn reads directly (leaves of
@@ -85,7 +92,7 @@ struct RecomputeFunction : torch::autograd::Function<RecomputeFunction> {
 }  // namespace
 
 at::Tensor recompute(RecomputeFn fn, const std::vector<at::Tensor>& inputs,
-                     lf::parallel::RngTracker* rng) {
+                     lf::parallel::RngTracker* rng, lf::StreamPair* streams) {
   bool any = false;
   for (const auto& t : inputs) any = any || (t.defined() && t.requires_grad());
   if (!at::GradMode::is_enabled() || !any) return fn(inputs);
@@ -95,6 +102,7 @@ at::Tensor recompute(RecomputeFn fn, const std::vector<at::Tensor>& inputs,
   auto replay = c10::make_intrusive<Replay>();
   replay->fn = std::move(fn);
   replay->rng = rng;
+  replay->streams = streams;
   return RecomputeFunction::apply(replay, at::TensorList(inputs));
 }
 

@@ -72,6 +72,35 @@ TEST(StreamPair, YieldOutsideARunOrFromAnotherThreadReturnsAtOnce) {
   EXPECT_EQ(pair.switches(), 0);
 }
 
+TEST(StreamPair, AHeldStreamKeepsRunningThroughItsYields) {
+  lf::StreamPair pair;
+  std::vector<std::string> log;
+  lf::StreamPair::Hold nothing(nullptr);  // a null pair: no effect
+  pair.run(
+      [&] {
+        log.push_back("a1");
+        pair.yield();
+        log.push_back("a2");
+      },
+      [&] {
+        {
+          lf::StreamPair::Hold hold(&pair);
+          {
+            lf::StreamPair::Hold nested(&pair);
+            log.push_back("b1");
+            pair.yield();  // held: no hand-over
+          }
+          log.push_back("b2");
+          pair.yield();  // still held
+        }
+        log.push_back("b3");
+        pair.yield();  // released: a2 runs
+        log.push_back("b4");
+      });
+  EXPECT_EQ(log, (std::vector<std::string>{"a1", "b1", "b2", "b3", "a2", "b4"}));
+  EXPECT_EQ(pair.switches(), 2);
+}
+
 TEST(StreamPair, AnErrorComesBackAfterBothStreamsEnded) {
   lf::StreamPair pair;
   std::vector<std::string> log;

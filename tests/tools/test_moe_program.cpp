@@ -228,6 +228,20 @@ TEST(MoeTraining, OverlapAcrossMicroBatchesEqualsOneMicroBatchAtATime) {
   const MoeRun one_chunk = train(2, d + "/one_chunk", with(cct, {"--moe-overlap-num-chunks", "1"}), 6);
   ASSERT_EQ(one_chunk.exit_code, 0) << one_chunk.output;
   expect_same(by_default, one_chunk, "chunks by default against 1 chunk");
+  // Full recomputation with dropout: the backward's stream replays the dropout generator while it
+  // recomputes a layer group (MoE layers inside, so all-to-all waits inside); it holds its turn
+  // until the generator is set back, so both streams draw exactly what they draw unpaired.
+  const std::vector<std::string> drop{"--hidden-dropout", "0.1", "--recompute-granularity", "full",
+                                      "--recompute-method", "uniform", "--recompute-num-layers", "2"};
+  auto dropout_cct = cct;
+  dropout_cct.insert(dropout_cct.end(), drop.begin(), drop.end());
+  const MoeRun drop_paired = train(2, d + "/drop_paired", with(dropout_cct, two), 6);
+  const MoeRun drop_unpaired =
+      train(2, d + "/drop_unpaired", with(dropout_cct, {"--moe-overlap-num-chunks", "2", "--no-moe-overlap-micro-batches"}), 6);
+  ASSERT_EQ(drop_paired.exit_code, 0) << drop_paired.output;
+  ASSERT_EQ(drop_unpaired.exit_code, 0) << drop_unpaired.output;
+  EXPECT_NE(drop_paired.output.find("across micro-batches"), std::string::npos) << drop_paired.output;
+  expect_same(drop_paired, drop_unpaired, "paired against unpaired, dropout and full recomputation");
 }
 
 // --pipeline-trace shows the overlapped all-to-all (CCT): each stage's trace gains the rows "MoE

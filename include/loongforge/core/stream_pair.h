@@ -36,6 +36,22 @@ class StreamPair {
   // returns when it is the caller's turn again. From any other thread, or outside run(): returns.
   void yield();
 
+  // While a Hold made on a stream of a run lives, that stream's yield() returns at once: for a
+  // stretch in which it has swapped state the other stream must not see (recomputation replaying
+  // the dropout generator). Holds nest; one made on any other thread, or with a null pair, does
+  // nothing. Which yields are skipped is again fixed by the program, the same on every rank.
+  class Hold {
+   public:
+    explicit Hold(StreamPair* pair);
+    ~Hold();
+    Hold(const Hold&) = delete;
+    Hold& operator=(const Hold&) = delete;
+
+   private:
+    StreamPair* pair_;
+    int stream_ = -1;
+  };
+
   // Hand-overs in the last run() (or the one in progress).
   int64_t switches() const;
   // Whether a run() is in progress.
@@ -44,11 +60,14 @@ class StreamPair {
  private:
   // Ends stream `me` (0: first, 1: second): the other runs on.
   void finish(int me, std::exception_ptr error);
+  // The calling thread's stream in the run in progress, or -1 (call with mu_ held).
+  int stream_of_caller() const;
 
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::thread::id ids_[2];
   bool done_[2] = {false, false};
+  int held_[2] = {0, 0};
   int turn_ = 0;
   bool running_ = false;
   int64_t switches_ = 0;

@@ -75,7 +75,7 @@ at::Tensor run_layers(const std::vector<TransformerLayer>& layers, size_t lo, si
             for (size_t j = i; j < i + group; ++j) y = layers[j].forward(y, plain, lc, j);
             return y;
           },
-          inputs, lc.rng);
+          inputs, lc.rng, lc.moe ? lc.moe->streams() : nullptr);
       i += group;
     } else {
       x = layers[i].forward(x, in, lc, i);

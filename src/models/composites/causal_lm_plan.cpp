@@ -80,9 +80,7 @@ CausalLmPlan::CausalLmPlan(std::shared_ptr<const ModelConfig> config, const Plan
                  "drop parallel.moe_overlap_micro_batches, or use --pipeline-model-parallel-size 1");
     if (par.overlap_moe_expert_parallel_comm && par.moe_overlap_num_chunks == 1 && !pairs_micro_batches()) {
       // One chunk overlaps only with the other micro-batch of a pair.
-      const int dp = layout_.size(lf::dist::Axis::dp);
-      const int64_t per_step = job_.training.micro_batch_size * dp;
-      const int64_t micro_batches = job_.training.global_batch_size.value_or(per_step) / per_step;
+      const int64_t micro_batches = micro_batches_per_step();
       errors.add("parallel.moe_overlap_num_chunks", origin("parallel.moe_overlap_num_chunks"),
                  "one chunk overlaps the all-to-all only with the other micro-batch of a forward/backward pair, "
                  "and this job pairs none (" +
@@ -161,12 +159,10 @@ CausalLmPlan::CausalLmPlan(std::shared_ptr<const ModelConfig> config, const Plan
            "ChunkPipe runs one model chunk per pipeline rank, parallel.pipeline_model_parallel_layout '",
            job_.parallel.pipeline_model_parallel_layout.value_or(""), "' gives ", counts.front().chunks.size(),
            lf::hint("list exactly pp stages in the layout with --chunkpipe-chunk-size"));
-  const int pp = layout_.size(lf::dist::Axis::pp), dp = layout_.size(lf::dist::Axis::dp);
-  if (counts.front().chunks.size() > 1) {
-    const int64_t per_step = job_.training.micro_batch_size * dp;
-    const int64_t m = job_.training.global_batch_size.value_or(per_step) / per_step;
-    lf::parallel::pipeline::interleaved_1f1b_order(0, pp, static_cast<int>(counts.front().chunks.size()), m);
-  }
+  const int pp = layout_.size(lf::dist::Axis::pp);
+  if (counts.front().chunks.size() > 1)
+    lf::parallel::pipeline::interleaved_1f1b_order(0, pp, static_cast<int>(counts.front().chunks.size()),
+                                                   micro_batches_per_step());
 }
 
 double CausalLmPlan::lora_parameters_per_rank(int64_t layers) const {
@@ -241,12 +237,16 @@ void CausalLmPlan::apply_context_parallel(CausalLm& model, const lf::dist::Paral
   if (ctx.cp_size() > 1) model.set_context_parallel(lf::parallel::parse_cp_comm_type(job_.parallel.cp_comm_type));
 }
 
+int64_t CausalLmPlan::micro_batches_per_step() const {
+  const int64_t per_step = job_.training.micro_batch_size * layout_.size(lf::dist::Axis::dp);
+  return job_.training.global_batch_size.value_or(per_step) / per_step;
+}
+
+// The trainer pairs under the same condition (Trainer::Impl, pair_micro_batches).
 bool CausalLmPlan::pairs_micro_batches() const {
   const auto& par = job_.parallel;
-  const int64_t per_step = job_.training.micro_batch_size * layout_.size(lf::dist::Axis::dp);
-  const int64_t micro_batches = job_.training.global_batch_size.value_or(per_step) / per_step;
   return par.overlap_moe_expert_parallel_comm && par.moe_overlap_micro_batches &&
-         layout_.size(lf::dist::Axis::pp) == 1 && micro_batches >= 2 && !par.chunkpipe_chunk_size;
+         layout_.size(lf::dist::Axis::pp) == 1 && micro_batches_per_step() >= 2 && !par.chunkpipe_chunk_size;
 }
 
 int CausalLmPlan::overlap_chunks() const {
@@ -348,8 +348,7 @@ std::string CausalLmPlan::estimates() const {
       return std::ceil(l / n) * layer_input + n * act_per_layer;  // group inputs + one group recomputing
     return n * layer_input + (l - n) * act_per_layer + act_per_layer;  // block: the first n layers
   };
-  const int64_t per_step = job.training.micro_batch_size * dp;
-  const int64_t micro_batches = job.training.global_batch_size.value_or(per_step) / per_step;
+  const int64_t micro_batches = micro_batches_per_step();
   std::ostringstream os;
   os << "per-rank estimates" << (pp > 1 ? " by pipeline stage" : "") << " (every rank of a pipeline stage is alike):\n";
   const auto counts = stage_counts();

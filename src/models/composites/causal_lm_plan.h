@@ -61,6 +61,8 @@ class CausalLmPlan : public ModelPlan {
   // overlap on, its pairing on, pp 1, 2 or more micro-batches a step), and the token chunks of the
   // overlapped all-to-all (--moe-overlap-num-chunks; unset: 1 with pairs, else 2; 0: no overlap).
   bool pairs_micro_batches() const;
+  // global batch / (micro-batch size x dp), as the trainer counts them.
+  int64_t micro_batches_per_step() const;
   int overlap_chunks() const;
   std::unique_ptr<lf::dist::ParallelContext> make_expert_context(const BuildArgs& args) const;
   // Context parallelism (--context-parallel-size > 1, --cp-comm-type) on a built model.

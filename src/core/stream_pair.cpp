@@ -20,17 +20,17 @@ void StreamPair::run(const std::function<void()>& first, const std::function<voi
   std::thread helper;
   try {
     helper = std::thread([&] {
-    std::exception_ptr error;
-    {
-      std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait(lock, [&] { return turn_ == 1; });
-    }
-    try {
-      second();
-    } catch (...) {
-      error = std::current_exception();
-    }
-    finish(1, error);
+      std::exception_ptr error;
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        cv_.wait(lock, [&] { return turn_ == 1; });
+      }
+      try {
+        second();
+      } catch (...) {
+        error = std::current_exception();
+      }
+      finish(1, error);
     });
   } catch (...) {  // no thread: nothing ran
     std::lock_guard<std::mutex> lock(mu_);

@@ -82,6 +82,7 @@ void StreamPair::yield() {
   if (me < 0 || done_[1 - me] || held_[me] > 0) return;
   turn_ = 1 - me;
   ++switches_;
+  ++total_switches_;
   cv_.notify_all();
   cv_.wait(lock, [&] { return turn_ == me; });
 }
@@ -102,6 +103,11 @@ StreamPair::Hold::~Hold() {
 int64_t StreamPair::switches() const {
   std::lock_guard<std::mutex> lock(mu_);
   return switches_;
+}
+
+int64_t StreamPair::total_switches() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return total_switches_;
 }
 
 bool StreamPair::running() const {

@@ -74,11 +74,17 @@ struct Trainer::Impl {
   std::unique_ptr<lf::parallel::pipeline::StageExchange> exchange;
   std::unique_ptr<lf::parallel::pipeline::ScheduleTrace> trace;  // --pipeline-trace
   std::unique_ptr<TensorBoardWriter> tensorboard;                // --tensorboard-dir, rank 0
-  // The MoE overlap across micro-batches (--overlap-moe-expert-parallel-comm at pp 1): the forward
-  // of micro-batch m + 1 and the backward of m as two streams taking turns at the all-to-alls.
+  // The MoE overlap across micro-batches (--overlap-moe-expert-parallel-comm; pp 1, or 1F1B with
+  // more micro-batches than stages): the forward of one micro-batch and the backward of another as
+  // two streams taking turns at the all-to-alls.
   lf::StreamPair streams;
   bool pair_micro_batches = false;
   bool pairing_logged = false;
+  int64_t pairs_run = 0;
+  // Runs forward on this thread and backward as the other stream of `streams`.
+  void run_pair(const std::function<void()>& forward, const std::function<void()>& backward);
+  // After the first step with pairs: how many ran and how often the streams switched.
+  void log_pairing();
 
   // The loss of the last step per term (normalised over the global batch), in term order.
   std::vector<std::pair<std::string, double>> last_terms;

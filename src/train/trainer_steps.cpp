@@ -125,6 +125,26 @@ double Trainer::Impl::forward_backward() {
   return finish_step(sums, weights);
 }
 
+void Trainer::Impl::run_pair(const std::function<void()>& forward, const std::function<void()>& backward) {
+  // The backward stream's thread starts with this thread's ATen state (grad mode), device and
+  // intra-op thread count.
+  const at::ThreadLocalState state;
+  streams.run(forward, [&] {
+    const at::ThreadLocalStateGuard guard(state);
+    const c10::DeviceGuard device(backend.device());  // a GPU rank's own device
+    at::init_num_threads();
+    backward();
+  });
+  ++pairs_run;
+}
+
+void Trainer::Impl::log_pairing() {
+  if (pairing_logged || !pair_micro_batches) return;
+  pairing_logged = true;
+  LF_INFO("MoE overlap across micro-batches: the forward of one micro-batch ran with the backward of another (",
+          pairs_run, " pairs, ", streams.total_switches(), " hand-overs at all-to-all waits in the first step)");
+}
+
 void Trainer::Impl::forward_backward_paired(const std::vector<lf::data::Batch>& batches,
                                             const std::map<std::string, double>& weights,
                                             std::map<std::string, double>& sums) {
@@ -137,29 +157,14 @@ void Trainer::Impl::forward_backward_paired(const std::vector<lf::data::Batch>& 
     loss.backward();
     loss = at::Tensor();  // the graph's last reference
   };
-  // The backward stream's thread starts with this thread's ATen state (grad mode), device and
-  // intra-op thread count.
-  const at::ThreadLocalState state;
-  int64_t switches = 0;
   at::Tensor done = forward(0);
   for (int64_t m = 1; m < micro_batches; ++m) {
     at::Tensor next;
-    streams.run([&] { next = forward(m); },
-                [&] {
-                  const at::ThreadLocalStateGuard guard(state);
-                  const c10::DeviceGuard device(backend.device());  // a GPU rank's own device
-                  at::init_num_threads();
-                  backward(m - 1, done);
-                });
-    switches += streams.switches();
+    run_pair([&] { next = forward(m); }, [&] { backward(m - 1, done); });
     done = std::move(next);
   }
   backward(micro_batches - 1, done);
-  if (!pairing_logged) {
-    pairing_logged = true;
-    LF_INFO("MoE overlap across micro-batches: the forward of micro-batch m + 1 ran with the backward of m (",
-            micro_batches - 1, " pairs, ", switches, " hand-overs at all-to-all waits in the first step)");
-  }
+  log_pairing();
 }
 
 // pp > 1: this stage's part of the step under 1F1B, or interleaved 1F1B over its model chunks.
@@ -187,7 +192,9 @@ double Trainer::Impl::forward_backward_pipelined(const std::vector<lf::data::Bat
     pl::StageStep step;
     step.forward = [&](int64_t m, const TensorMap& input) { return run(0, m, input); };
     step.before_backward = [&](int64_t m) { begin_micro_batch(m == micro_batches - 1); };
+    if (pair_micro_batches) step.run_pair = [this](const auto& f, const auto& b) { run_pair(f, b); };
     pl::run_1f1b(*exchange, micro_batches, step, trace.get());
+    log_pairing();
   }
   return finish_step(sums, weights);
 }

@@ -37,6 +37,7 @@ TEST(StreamPair, TheStreamsTakeTurnsAtEachYield) {
         });
     EXPECT_EQ(log, (std::vector<std::string>{"a1", "b1", "a2", "b2", "a3", "a4"})) << "round " << round;
     EXPECT_EQ(pair.switches(), 3);
+    EXPECT_EQ(pair.total_switches(), 3 * (round + 1));
     EXPECT_FALSE(pair.running());
     EXPECT_EQ(first_id, std::this_thread::get_id());
     EXPECT_NE(second_id, first_id);

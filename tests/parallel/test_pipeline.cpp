@@ -6,15 +6,18 @@
 // micro-batches of different sequence lengths (tied and untied embeddings, uneven split).
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
+#include <ATen/ThreadLocalState.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <functional>
 #include <fstream>
 #include <map>
 #include <tuple>
 
 #include "loongforge/backend/registry.h"
 #include "loongforge/core/error.h"
+#include "loongforge/core/stream_pair.h"
 #include "error_message.h"
 #include "loongforge/dist/launch_env.h"
 #include "loongforge/dist/parallel_context.h"
@@ -349,12 +352,15 @@ constexpr double kRel = 1e-5;
 
 // virtual_layers: interleaved 1F1B with that many layers per virtual stage (the model then has
 // 8 layers: v = 2 at PP 4).
+// paired: 1F1B with StageStep::run_pair (the MoE overlap across micro-batches): each forward
+// hands over to the paired backward twice, as an MoE layer's all-to-all waits would.
 void check_pipeline(lf::dist::ParallelContext& ctx, bool untied, bool one_f_one_b,
                     std::optional<int64_t> first = {}, std::optional<int64_t> last = {},
-                    std::optional<int64_t> virtual_layers = {}, std::optional<std::string> layout = {}) {
+                    std::optional<int64_t> virtual_layers = {}, std::optional<std::string> layout = {},
+                    bool paired = false) {
   SCOPED_TRACE(std::string(untied ? "untied" : "tied") + (one_f_one_b ? " 1F1B" : " no pipelining") +
                (first || last ? " uneven" : "") + (virtual_layers ? " interleaved" : "") +
-               (layout ? " layout " + *layout : ""));
+               (layout ? " layout " + *layout : "") + (paired ? " paired" : ""));
   const auto& be = lf::backend::cpu_backend();
   auto c = tiny(untied);
   if (virtual_layers) c.num_layers = 8;
@@ -394,9 +400,22 @@ void check_pipeline(lf::dist::ParallelContext& ctx, bool untied, bool one_f_one_
 
   pl::StageExchange ex(ctx.pp(), be.device());
   pl::StageStep step;
+  lf::StreamPair pair;
+  int64_t pairs = 0;
+  if (paired)
+    step.run_pair = [&](const std::function<void()>& f, const std::function<void()>& b) {
+      const at::ThreadLocalState state;
+      pair.run(f, [&] {
+        const at::ThreadLocalStateGuard guard(state);
+        b();
+      });
+      ++pairs;
+    };
   step.forward = [&](int64_t m, const pl::TensorMap& input) {
     auto [tokens, labels] = micro_batch(m, c.vocab_size);
+    if (paired) pair.yield();
     auto out = part.stage_forward(stage.first ? tokens : input.at("hidden_states"), labels);
+    if (paired) pair.yield();
     pl::StageResult r;
     if (stage.last)
       r.loss = scaled(out);
@@ -429,6 +448,9 @@ void check_pipeline(lf::dist::ParallelContext& ctx, bool untied, bool one_f_one_
   } else {
     loss = one_f_one_b ? pl::run_1f1b(ex, kMicroBatches, step) : pl::run_without_pipelining(ex, kMicroBatches, step);
     EXPECT_EQ(next_backward, kMicroBatches);
+    // One more warm-up forward than 1F1B, then pairs: m - min(pp - stage, m).
+    if (paired)
+      EXPECT_EQ(pairs, kMicroBatches - std::min<int64_t>(ctx.pp_size() - ctx.pp_rank(), kMicroBatches));
   }
   auto t = at::full({1}, loss, at::kDouble);
   ctx.pp().broadcast(t, ctx.pp_size() - 1);
@@ -466,6 +488,10 @@ LF_WORKER_CASE(pp_decoder) {
     // layers 0..2 and the head (checked with the virtual-stage schedule below via the layout).
     check_pipeline(*ctx, true, true, {}, {}, {}, std::string("E|t*3|t|L"));
   }
+  // 1F1B with the forward of micro-batch i + warm-up paired with the backward of i (PP 4: the
+  // first stage has no pairs, the last three: 1, 2, 3).
+  check_pipeline(*ctx, false, true, {}, {}, {}, {}, true);
+  check_pipeline(*ctx, true, true, {}, {}, {}, {}, true);
   // Interleaved, v = 2 (8 layers): PP 2 with 2 layers per virtual stage, PP 4 with 1.
   check_pipeline(*ctx, false, true, {}, {}, ctx->pp_size() == 2 ? 2 : 1);
   check_pipeline(*ctx, true, true, {}, {}, ctx->pp_size() == 2 ? 2 : 1);
@@ -486,6 +512,19 @@ TEST(PipelineDecoder, Pp4EqualsSingleProcess) {
 
 // The Chrome trace writes the model's spans on named rows (one thread_name per row, tids after
 // the schedule's), and a span list cut at its limit says so.
+// Paired micro-batches interleave a forward and a backward: their spans overlap, and the busy
+// time is their union (F [0, 50) and B [25, 75) of a 100 us step: 25% idle, not 0%).
+TEST(PipelineTrace, BubbleCountsOverlappingComputeOnce) {
+  pl::ScheduleTrace trace;
+  trace.steps.emplace_back(0.0, 100.0);
+  trace.events.push_back({'B', 0, 25.0, 50.0});
+  trace.events.push_back({'F', 1, 0.0, 50.0});
+  trace.events.push_back({'F', 2, 30.0, 10.0});  // inside both
+  EXPECT_NEAR(trace.bubble_fraction(), 0.25, 1e-12);
+  trace.events.push_back({'B', 1, 90.0, 5.0});
+  EXPECT_NEAR(trace.bubble_fraction(), 0.20, 1e-12);
+}
+
 TEST(PipelineTrace, SpansGoOnNamedRowsAndTheLimitIsReported) {
   pl::ScheduleTrace trace;
   trace.steps.emplace_back(0.0, 100.0);

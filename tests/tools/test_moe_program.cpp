@@ -242,6 +242,23 @@ TEST(MoeTraining, OverlapAcrossMicroBatchesEqualsOneMicroBatchAtATime) {
   ASSERT_EQ(drop_unpaired.exit_code, 0) << drop_unpaired.output;
   EXPECT_NE(drop_paired.output.find("across micro-batches"), std::string::npos) << drop_paired.output;
   expect_same(drop_paired, drop_unpaired, "paired against unpaired, dropout and full recomputation");
+  // Under 1F1B (EP 2 x PP 2, 4 micro-batches): one more warm-up forward, then the forward of
+  // micro-batch i + warm-up paired with the backward of i on each stage.
+  const std::vector<std::string> pp2{"--pipeline-model-parallel-size", "2"};
+  auto pp_cct = cct;
+  pp_cct.insert(pp_cct.end(), pp2.begin(), pp2.end());
+  const MoeRun pp_paired = train(4, d + "/pp_paired", with(pp_cct), 6);
+  expect_equivalent(one, pp_paired, "EP=2 x PP=2, CCT paired over micro-batches under 1F1B");
+  ASSERT_TRUE(std::regex_search(pp_paired.output, m, std::regex(R"(across micro-batches.*\((\d+) pairs, (\d+) hand-overs)")))
+      << pp_paired.output;
+  EXPECT_EQ(std::stoi(m[1]), 2);  // rank 0 (stage 0): 4 micro-batches - 2 warm-up forwards
+  EXPECT_GT(std::stoi(m[2]), 0);
+  const MoeRun pp_two = train(4, d + "/pp_two", with(pp_cct, two), 6);
+  const MoeRun pp_two_unpaired = train(4, d + "/pp_two_unpaired", with(pp_cct, {"--moe-overlap-num-chunks", "2",
+                                                                                "--no-moe-overlap-micro-batches"}), 6);
+  ASSERT_EQ(pp_two.exit_code, 0) << pp_two.output;
+  ASSERT_EQ(pp_two_unpaired.exit_code, 0) << pp_two_unpaired.output;
+  expect_same(pp_two, pp_two_unpaired, "EP=2 x PP=2, 2 chunks, paired against unpaired");
 }
 
 // --pipeline-trace shows the overlapped all-to-all (CCT): each stage's trace gains the rows "MoE
@@ -503,14 +520,15 @@ TEST(MoeTraining, LayoutsNotBuiltForMoeAreRefusedWithTheKey) {
       {2, {"--expert-model-parallel-size", "2", "--moe-token-dispatcher-type", "alltoall", "--delay-wgrad-compute"},
        "parallel.delay_wgrad_compute"},  // without the overlap there is nothing to delay behind
       {4, {"--expert-model-parallel-size", "2", "--pipeline-model-parallel-size", "2", "--moe-token-dispatcher-type",
-           "alltoall", "--overlap-moe-expert-parallel-comm", "parallel.moe_overlap_micro_batches=true"},
-       "parallel.moe_overlap_micro_batches"},  // the overlap across micro-batches is built for pp 1
+           "alltoall", "--overlap-moe-expert-parallel-comm", "--num-layers-per-virtual-pipeline-stage", "1",
+           "parallel.moe_overlap_micro_batches=true"},
+       "parallel.moe_overlap_micro_batches"},  // pairs are built for 1F1B, not the interleaved schedule
       {2, {"--expert-model-parallel-size", "2", "--moe-token-dispatcher-type", "alltoall",
            "--overlap-moe-expert-parallel-comm", "--moe-overlap-num-chunks", "1", "--no-moe-overlap-micro-batches"},
        "parallel.moe_overlap_num_chunks"},  // one chunk and no pairs: nothing would overlap
       {2, {"--expert-model-parallel-size", "2", "--moe-token-dispatcher-type", "alltoall", "--global-batch-size", "4",
            "--overlap-moe-expert-parallel-comm", "--moe-overlap-num-chunks", "1"},
-       "one micro-batch a step"},
+       "not more than pp"},
       {1, {"--moe-router-num-groups", "3", "--moe-router-group-topk", "1"}, "model.foundation.moe_router_num_groups"},
   };
   {  // the dry run of a valid MoE job states the parameters a token passes through

@@ -52,8 +52,9 @@ class StreamPair {
     int stream_ = -1;
   };
 
-  // Hand-overs in the last run() (or the one in progress).
+  // Hand-overs in the last run() (or the one in progress), and in every run so far.
   int64_t switches() const;
+  int64_t total_switches() const;
   // Whether a run() is in progress.
   bool running() const;
 
@@ -70,7 +71,7 @@ class StreamPair {
   int held_[2] = {0, 0};
   int turn_ = 0;
   bool running_ = false;
-  int64_t switches_ = 0;
+  int64_t switches_ = 0, total_switches_ = 0;
   std::exception_ptr error_;
 };
 

@@ -73,11 +73,12 @@ CausalLmPlan::CausalLmPlan(std::shared_ptr<const ModelConfig> config, const Plan
       errors.add("parallel.moe_overlap_micro_batches", origin("parallel.moe_overlap_micro_batches"),
                  "parallel.moe_overlap_micro_batches is set but the MoE communication overlap is off",
                  "add --overlap-moe-expert-parallel-comm, or drop parallel.moe_overlap_micro_batches");
-    if (given_pairing && par.moe_overlap_micro_batches && layout_.size(lf::dist::Axis::pp) > 1)
+    if (given_pairing && par.moe_overlap_micro_batches && interleaved())
       errors.add("parallel.moe_overlap_micro_batches", origin("parallel.moe_overlap_micro_batches"),
-                 "the overlap across micro-batches is built for pp 1 (under pipelining the chunks of each "
-                 "micro-batch still overlap); pp is " + std::to_string(layout_.size(lf::dist::Axis::pp)),
-                 "drop parallel.moe_overlap_micro_batches, or use --pipeline-model-parallel-size 1");
+                 "the overlap across micro-batches is built for 1F1B with one model chunk per stage, not the "
+                 "interleaved schedule (its virtual stages still overlap each micro-batch's chunks)",
+                 "drop parallel.moe_overlap_micro_batches, or --num-layers-per-virtual-pipeline-stage / the "
+                 "layout's virtual stages");
     if (par.overlap_moe_expert_parallel_comm && par.moe_overlap_num_chunks == 1 && !pairs_micro_batches()) {
       // One chunk overlaps only with the other micro-batch of a pair.
       const int64_t micro_batches = micro_batches_per_step();
@@ -85,10 +86,12 @@ CausalLmPlan::CausalLmPlan(std::shared_ptr<const ModelConfig> config, const Plan
                  "one chunk overlaps the all-to-all only with the other micro-batch of a forward/backward pair, "
                  "and this job pairs none (" +
                      std::string(!par.moe_overlap_micro_batches ? "the overlap across micro-batches is off"
-                                 : micro_batches < 2 ? "one micro-batch a step"
-                                                     : "pp > 1") +
+                                 : interleaved()                   ? "the interleaved schedule"
+                                                                   : std::to_string(micro_batches) +
+                                                         " micro-batch(es) a step, not more than pp " +
+                                                         std::to_string(layout_.size(lf::dist::Axis::pp))) +
                      ")",
-                 "use --moe-overlap-num-chunks 2 or more, or pp 1 with 2 or more micro-batches a step");
+                 "use --moe-overlap-num-chunks 2 or more, or more micro-batches a step than pipeline stages");
     }
     if (par.moe_overlap_num_chunks && !par.overlap_moe_expert_parallel_comm)
       errors.add("parallel.moe_overlap_num_chunks", origin("parallel.moe_overlap_num_chunks"),
@@ -242,11 +245,14 @@ int64_t CausalLmPlan::micro_batches_per_step() const {
   return job_.training.global_batch_size.value_or(per_step) / per_step;
 }
 
-// The trainer pairs under the same condition (Trainer::Impl, pair_micro_batches).
+bool CausalLmPlan::interleaved() const { return stage_counts().front().chunks.size() > 1; }
+
+// The trainer pairs under the same condition (Trainer::Impl, pair_micro_batches): more
+// micro-batches than stages, so that every stage has pairs in its steady state.
 bool CausalLmPlan::pairs_micro_batches() const {
   const auto& par = job_.parallel;
-  return par.overlap_moe_expert_parallel_comm && par.moe_overlap_micro_batches &&
-         layout_.size(lf::dist::Axis::pp) == 1 && micro_batches_per_step() >= 2 && !par.chunkpipe_chunk_size;
+  return par.overlap_moe_expert_parallel_comm && par.moe_overlap_micro_batches && !interleaved() &&
+         micro_batches_per_step() > layout_.size(lf::dist::Axis::pp) && !par.chunkpipe_chunk_size;
 }
 
 int CausalLmPlan::overlap_chunks() const {

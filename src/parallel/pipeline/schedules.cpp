@@ -9,6 +9,7 @@
 #include <deque>
 #include <fstream>
 #include <iomanip>
+#include <limits>
 #include <map>
 
 #include "loongforge/core/error.h"
@@ -125,14 +126,24 @@ void check_args(const StageExchange& ex, int64_t micro_batches, const StageStep&
 
 }  // namespace
 
-int64_t warmup_forwards(int stage, int stages, int64_t micro_batches) {
-  return std::min<int64_t>(stages - stage - 1, micro_batches);
+int64_t warmup_forwards(int stage, int stages, int64_t micro_batches, bool paired) {
+  return std::min<int64_t>(stages - stage - (paired ? 0 : 1), micro_batches);
 }
 
 double ScheduleTrace::bubble_fraction() const {
   double total = 0, busy = 0;
   for (const auto& [start, end] : steps) total += end - start;
-  for (const auto& e : events) busy += e.duration_us;
+  // Busy time is the union of the compute calls: paired micro-batches (the MoE overlap across
+  // micro-batches) interleave a forward and a backward, whose spans overlap.
+  std::vector<std::pair<double, double>> spans;
+  for (const auto& e : events) spans.emplace_back(e.start_us, e.start_us + e.duration_us);
+  std::sort(spans.begin(), spans.end());
+  double covered_to = -std::numeric_limits<double>::infinity();
+  for (const auto& [start, end] : spans) {
+    if (end <= covered_to) continue;
+    busy += end - std::max(start, covered_to);
+    covered_to = end;
+  }
   return total > 0 ? std::max(0.0, 1.0 - busy / total) : 0.0;
 }
 
@@ -211,9 +222,24 @@ double run_1f1b(StageExchange& ex, int64_t micro_batches, const StageStep& step,
   check_args(ex, micro_batches, step);
   TracedStep span(ex, trace);
   Runner r(ex, step, trace);
-  const int64_t warmup = warmup_forwards(ex.stage(), ex.num_stages(), micro_batches);
+  const bool paired = static_cast<bool>(step.run_pair);
+  const int64_t warmup = warmup_forwards(ex.stage(), ex.num_stages(), micro_batches, paired);
   const int64_t steady = micro_batches - warmup;
   for (int64_t i = 0; i < warmup; ++i) ex.send_forward(r.forward(ex.recv_forward_map()));
+  if (paired) {
+    // Forward i + warm-up needs an activation the previous stage sent in its iteration i - 1 (or
+    // its warm-up); backward i a gradient the next stage sends in its iteration i, which needs
+    // nothing of this stage's iteration i (the last stage's backward i: its forward i of
+    // iteration i - 1). So neither stream waits for the other, on any stage.
+    for (int64_t i = 0; i < steady; ++i)
+      step.run_pair([&] { ex.send_forward(r.forward(ex.recv_forward_map())); },
+                    [&] { ex.send_backward(r.backward(ex.recv_backward_map())); });
+    for (int64_t i = 0; i < warmup; ++i) ex.send_backward(r.backward(ex.recv_backward_map()));
+    ex.flush();
+    span.finish();
+    LF_DCHECK(r.idle(), "1F1B left micro-batches in flight");
+    return r.loss_sum();
+  }
   TensorMap input = steady > 0 ? ex.recv_forward_map() : TensorMap();
   for (int64_t i = 0; i < steady; ++i) {
     // One forward, then the backward of the oldest micro-batch in flight. Each send is started

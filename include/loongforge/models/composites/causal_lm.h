@@ -76,9 +76,9 @@ class CausalLm : public Model {
   void set_loss_weights(const std::map<std::string, double>* w) override { foundation_.moe_step().set_weights(w); }
   std::map<std::string, double> internal_loss_sums() const override { return foundation_.moe_step().loss_sums(); }
   void set_trace(lf::TraceSpans* spans) override { foundation_.moe_step().set_trace(spans); }
-  bool set_streams(lf::StreamPair* streams) override {
+  bool set_streams(lf::StreamPair* streams) override {  // every stage, with MoE layers or not
     foundation_.moe_step().set_streams(streams);
-    return foundation_.num_moe_layers() > 0;
+    return true;
   }
   at::Tensor expert_load() const override;
   void end_step(const at::Tensor& global_expert_load) override;

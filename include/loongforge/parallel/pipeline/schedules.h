@@ -35,6 +35,12 @@ struct StageStep {
   // Called right before micro-batch m's backward (e.g. GradBuffer::begin_micro_batch). Backwards
   // run in micro-batch order 0, 1, ... on every stage, in both schedules.
   std::function<void(int64_t m)> before_backward;
+  // The MoE overlap across micro-batches (empty: none). When set, run_1f1b warms up with one
+  // forward more than 1F1B (min(stages - stage, m)), so that in the steady state the forward of
+  // micro-batch i + warm-up and the backward of i do not depend on each other on any stage, and
+  // runs each such pair through it: forward and backward (each with its receive and send) as two
+  // streams taking turns (lf::StreamPair); the call returns when both have.
+  std::function<void(const std::function<void()>& forward, const std::function<void()>& backward)> run_pair;
 };
 
 // The interleaved schedule's step: rank r's model chunk c is virtual stage c * pp + r.
@@ -85,8 +91,9 @@ struct ScheduleTrace {
   // drawn on its own named row below the schedule's.
   lf::TraceSpans spans;
 
-  // Idle share of this stage over the traced steps: 1 - compute time / step time. For equal
-  // stages of fixed cost 1F1B gives (p - 1) / (m + p - 1).
+  // Idle share of this stage over the traced steps: 1 - compute time / step time (compute time:
+  // the union of the forwards' and backwards' spans, which overlap when micro-batches pair). For
+  // equal stages of fixed cost 1F1B gives (p - 1) / (m + p - 1).
   double bubble_fraction() const;
   // Chrome trace JSON (chrome://tracing, Perfetto): one complete event per forward/backward on
   // row `stage`, plus one per step, plus the model's spans on their named rows.
@@ -108,7 +115,7 @@ double run_interleaved_1f1b(StageExchange& exchange, int chunks, int64_t micro_b
                             const VirtualStageStep& step, ScheduleTrace* trace = nullptr);
 
 // The number of warm-up forwards of 1F1B on `stage` of `stages` (Megatron: stages - stage - 1,
-// at most the micro-batch count).
-int64_t warmup_forwards(int stage, int stages, int64_t micro_batches);
+// at most the micro-batch count); `paired` (StageStep::run_pair): one more.
+int64_t warmup_forwards(int stage, int stages, int64_t micro_batches, bool paired = false);
 
 }  // namespace lf::parallel::pipeline

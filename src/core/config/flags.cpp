@@ -40,7 +40,7 @@ const std::vector<FlagSpec> kTable = {
   {"--moe-overlap-num-chunks", "parallel.moe_overlap_num_chunks", K::value, "N", ""},
   {"--delay-wgrad-compute", "parallel.delay_wgrad_compute", K::store_true, "", ""},
   {"--no-moe-overlap-micro-batches", "parallel.moe_overlap_micro_batches", K::store_false, "",
-   "Without the MoE overlap across micro-batches: each micro-batch's forward and backward in turn"},
+   "Without the MoE overlap across micro-batches: forwards and backwards as the schedule orders them"},
   {"--overlap-param-gather", "parallel.overlap_param_gather", K::store_true, "", ""},
   {"--ddp-bucket-size", "parallel.ddp_bucket_size", K::value, "N", ""},
   // training

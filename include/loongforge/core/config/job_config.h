@@ -102,11 +102,12 @@ struct ParallelConfig {
       "and combine, forward and backward, in flight while another's experts compute); all-to-all dispatcher, ep > 1");
     v("moe_overlap_num_chunks", moe_overlap_num_chunks,
       "Token chunks of the overlapped MoE all-to-all (null: 1 where the overlap pairs micro-batches, else 2); 1: "
-      "no chunks, only the overlap across micro-batches (pp 1, 2 or more micro-batches a step)", Min{1});
+      "no chunks, only the overlap across micro-batches (more micro-batches a step than pipeline stages)", Min{1});
     v("moe_overlap_micro_batches", moe_overlap_micro_batches,
-      "With --overlap-moe-expert-parallel-comm at pp 1 and 2 or more micro-batches a step: the forward of "
-      "micro-batch m + 1 and the backward of micro-batch m take turns (DualPipe-style), each running while the "
-      "other's all-to-all is in flight; false: each micro-batch's forward and backward in turn");
+      "With --overlap-moe-expert-parallel-comm and more micro-batches a step than pipeline stages (one model "
+      "chunk per stage): the forward of one micro-batch and the backward of an earlier one take turns "
+      "(DualPipe-style; under 1F1B one more warm-up forward per stage), each running while the other's "
+      "all-to-all is in flight; false: each micro-batch's forward and backward as the schedule orders them");
     v("delay_wgrad_compute", delay_wgrad_compute,
       "With --overlap-moe-expert-parallel-comm: the experts' backward computes every chunk's input gradient first "
       "(each sent back at once) and the expert weights' gradients after the last one, while those all-to-alls are "

@@ -221,6 +221,13 @@ TEST(MoeTraining, OverlapAcrossMicroBatchesEqualsOneMicroBatchAtATime) {
     EXPECT_EQ(lf::testing::max_abs_diff(dumped(a.params_path), dumped(b.params_path)), 0.0) << what;
   };
   expect_same(paired, unpaired, "paired against unpaired, 2 chunks");
+  {  // --dry-run counts the pair's second micro-batch of activations
+    const MoeRun dry = train(2, d + "/dry", with(cct, {"--dry-run"}), 6);
+    ASSERT_EQ(dry.exit_code, 0) << dry.output;
+    EXPECT_NE(dry.output.find("2 micro-batches in flight"), std::string::npos) << dry.output;
+    const MoeRun dry_unpaired = train(2, d + "/dry_unpaired", with(cct, {"--dry-run", "--no-moe-overlap-micro-batches"}), 6);
+    EXPECT_NE(dry_unpaired.output.find("1 micro-batch in flight"), std::string::npos) << dry_unpaired.output;
+  }
   // Where pairs run the chunks default to 1: the all-to-all overlaps only with the other micro-batch.
   const MoeRun by_default = train(2, d + "/default", with(cct), 6);
   expect_equivalent(one, by_default, "EP=2, CCT paired over micro-batches, chunks by default");

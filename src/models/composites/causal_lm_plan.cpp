@@ -330,8 +330,8 @@ std::string CausalLmPlan::stage_assignment() const {
 // held here: attention saves q, k, v, its output and the logsumexp, and recomputes the scores
 // in backward. Full recomputation keeps only the input of a recomputed layer group ([s, b, h])
 // plus one group's activations while it is recomputed. Under 1F1B stage k holds the
-// activations of up to pp - k micro-batches at once; interleaved, up to its warm-up forwards + 1
-// model chunks' worth.
+// activations of up to pp - k micro-batches at once (pp - k + 1 when the MoE overlap pairs
+// micro-batches); interleaved, up to its warm-up forwards + 1 model chunks' worth.
 std::string CausalLmPlan::estimates() const {
   const auto& m = foundation_;
   const auto& job = job_;
@@ -381,6 +381,8 @@ std::string CausalLmPlan::estimates() const {
     int64_t chunk_layers = 0;  // the largest model chunk (a layout may make them uneven)
     for (const auto& r : c.chunks) chunk_layers = std::max(chunk_layers, r.size());
     int64_t in_flight = pp > 1 ? std::min<int64_t>(pp - static_cast<int64_t>(k), micro_batches) : 1;
+    // The MoE overlap across micro-batches: one more (a pair's forward beside the backward).
+    if (pairs_micro_batches()) in_flight = std::min<int64_t>(pp - static_cast<int64_t>(k) + 1, micro_batches);
     double act = held(c.layers) * static_cast<double>(in_flight);
     if (v > 1 && micro_batches % pp == 0) {  // interleaved: chunk-micro-batches in flight
       const auto order =

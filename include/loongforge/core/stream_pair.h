@@ -1,7 +1,7 @@
 // Two streams of work that take turns on two threads, switching where one of them would wait for
-// communication: the MoE all-to-all overlap across micro-batches (--overlap-moe-expert-parallel-comm
-// at pp 1, DualPipe-style) runs the forward of micro-batch m + 1 as one stream and the backward
-// of micro-batch m as the other; while one stream's all-to-all is in flight the other computes.
+// communication: the MoE all-to-all overlap across micro-batches (--overlap-moe-expert-parallel-comm,
+// DualPipe-style) runs the forward of one micro-batch as one stream and the backward of an earlier
+// one as the other; while one stream's all-to-all is in flight the other computes.
 //
 // Only one stream runs at any time, and they switch only at yield(): which code runs in which
 // order is a function of the program alone, never of timing. So every rank of a group issues its

@@ -131,10 +131,8 @@ Trainer::Impl::Impl(const lf::config::JobConfig& j, lf::models::Model& m, const 
     tensorboard = std::make_unique<TensorBoardWriter>(*j.logging.tensorboard_dir);
   // Last: a constructor that throws after this would leave the model pointing at a freed sink.
   if (trace) m.set_trace(&trace->spans);
-  const auto& par = j.parallel;  // the condition of CausalLmPlan::pairs_micro_batches (its chunk default)
-  if (par.overlap_moe_expert_parallel_comm && par.moe_overlap_micro_batches && m.num_model_chunks() == 1 &&
-      micro_batches > c.pp_size() && !par.chunkpipe_chunk_size)
-    pair_micro_batches = m.set_streams(&streams);
+  // The MoE overlap across micro-batches: whether to pair is the model's (its plan's) decision.
+  pair_micro_batches = m.set_streams(&streams);
   if (j.training.gradient_accumulation_fusion && !buffers.empty()) {
     sink = std::make_unique<BufferGradientSink>(buffers);
     m.set_gradient_sink(sink.get());

@@ -74,9 +74,9 @@ struct Trainer::Impl {
   std::unique_ptr<lf::parallel::pipeline::StageExchange> exchange;
   std::unique_ptr<lf::parallel::pipeline::ScheduleTrace> trace;  // --pipeline-trace
   std::unique_ptr<TensorBoardWriter> tensorboard;                // --tensorboard-dir, rank 0
-  // The MoE overlap across micro-batches (--overlap-moe-expert-parallel-comm; pp 1, or 1F1B with
-  // more micro-batches than stages): the forward of one micro-batch and the backward of another as
-  // two streams taking turns at the all-to-alls.
+  // The MoE overlap across micro-batches (--overlap-moe-expert-parallel-comm, where the model's
+  // plan pairs them): the forward of one micro-batch and the backward of another as two streams
+  // taking turns at the all-to-alls.
   lf::StreamPair streams;
   bool pair_micro_batches = false;
   bool pairing_logged = false;

@@ -140,8 +140,9 @@ class Model {
   // all-to-alls and expert computation); the sink must outlive the model's training.
   virtual void set_trace(lf::TraceSpans*) {}
   // The streams of the MoE overlap across micro-batches (null: none): the model yields to the
-  // other stream where it waits for communication. Returns whether it does (false: the trainer
-  // runs each micro-batch's forward and backward in turn); the pair must outlive its use.
+  // other stream where it waits for communication. Returns whether the model was built to pair
+  // micro-batches (false: the trainer runs forwards and backwards as the schedule orders them);
+  // the pair must outlive its use.
   virtual bool set_streams(lf::StreamPair*) { return false; }
   // Loss terms that arise inside the layers of any pipeline stage (MoE's load-balancing loss and
   // z-loss, one unit per micro-batch in loss_counts): their gradient enters in backward at the

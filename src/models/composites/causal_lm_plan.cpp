@@ -229,7 +229,7 @@ std::unique_ptr<Model> CausalLmPlan::build(const BuildArgs& args) const {
                                           job_.parallel.sequence_parallel, stage, !frozen_,
                                           ExpertPlacement{experts.get(), job_.parallel.moe_token_dispatcher_type == "allgather",
                                                           overlap_chunks(),
-                                                          job_.parallel.delay_wgrad_compute});
+                                                          job_.parallel.delay_wgrad_compute, pairs_micro_batches()});
   model->keep_context(std::move(experts));
   apply_context_parallel(*model, ctx);
   model->add_lora(lora_spec(), args.seed);
@@ -247,7 +247,7 @@ int64_t CausalLmPlan::micro_batches_per_step() const {
 
 bool CausalLmPlan::interleaved() const { return stage_counts().front().chunks.size() > 1; }
 
-// The trainer pairs under the same condition (Trainer::Impl, pair_micro_batches): more
+// The model carries the answer (ExpertPlacement::pair_micro_batches), the trainer asks it: more
 // micro-batches than stages, so that every stage has pairs in its steady state.
 bool CausalLmPlan::pairs_micro_batches() const {
   const auto& par = job_.parallel;

@@ -27,6 +27,9 @@ struct ExpertPlacement {
   bool allgather = true;  // else all-to-all
   int overlap_chunks = 0;  // all-to-all: > 0 overlaps the dispatch of that many token chunks (CCT)
   bool delay_wgrad = false;  // overlapped: the expert weights' gradients after every chunk's input gradient
+  // The MoE overlap across micro-batches (CausalLmPlan::pairs_micro_batches): the trainer pairs
+  // the forward of one micro-batch with the backward of another (set_streams accepts the streams).
+  bool pair_micro_batches = false;
 };
 
 class CausalLm : public Model {
@@ -77,6 +80,7 @@ class CausalLm : public Model {
   std::map<std::string, double> internal_loss_sums() const override { return foundation_.moe_step().loss_sums(); }
   void set_trace(lf::TraceSpans* spans) override { foundation_.moe_step().set_trace(spans); }
   bool set_streams(lf::StreamPair* streams) override {  // every stage, with MoE layers or not
+    if (!experts_.pair_micro_batches) return false;
     foundation_.moe_step().set_streams(streams);
     return true;
   }

@@ -59,16 +59,18 @@ at::ScalarType from_st(lf::safetensors::DType t, const std::string& what) {
 bool is_vocab_param(const std::string& name);
 
 json piece_json(const Piece& p) {
-  return json{{"param", p.param},
-              {"kind", p.kind},
-              {"global_shape", p.shard.global_shape},
-              {"partition_dim", p.shard.partition_dim},
-              {"blocks", p.shard.blocks},
-              {"vocab", p.shard.vocab},
-              {"tp_rank", p.shard.tp_rank},
-              {"tp_size", p.shard.tp_size},
-              {"offsets", p.shard.offsets()},
-              {"flat_range", {p.flat_begin, p.flat_end}}};
+  json j{{"param", p.param},
+         {"kind", p.kind},
+         {"global_shape", p.shard.global_shape},
+         {"partition_dim", p.shard.partition_dim},
+         {"blocks", p.shard.blocks},
+         {"vocab", p.shard.vocab},
+         {"tp_rank", p.shard.tp_rank},
+         {"tp_size", p.shard.tp_size},
+         {"offsets", p.shard.offsets()},
+         {"flat_range", {p.flat_begin, p.flat_end}}};
+  if (p.shard.outer > 1) j["outer"] = p.shard.outer;  // absent: 1 (checkpoints before two-level splits)
+  return j;
 }
 
 Piece piece_from_json(const json& j, const std::string& what) {
@@ -82,6 +84,7 @@ Piece piece_from_json(const json& j, const std::string& what) {
     p.shard.vocab = j.value("vocab", is_vocab_param(p.param));
     p.shard.tp_rank = j.at("tp_rank").get<int>();
     p.shard.tp_size = j.at("tp_size").get<int>();
+    p.shard.outer = j.value("outer", int64_t{1});
     const auto range = j.at("flat_range").get<std::vector<int64_t>>();
     LF_CHECK(range.size() == 2, what, ": flat_range needs two numbers");
     p.flat_begin = range[0];
@@ -122,6 +125,7 @@ ShardSpec ShardSpec::of(const lf::parallel::Parameter& p) {
   s.partition_dim = p.sharding.dim;
   s.blocks = p.sharding.blocks;
   s.vocab = p.sharding.vocab;
+  s.outer = p.sharding.outer;
   s.tp_rank = p.tp_rank;
   s.tp_size = p.tp_size;
   return s;
@@ -139,9 +143,17 @@ std::vector<int64_t> ShardSpec::offsets() const { return sharding().offsets(glob
 
 void ShardSpec::validate(const std::string& what) const {
   for (int64_t d : global_shape) LF_CHECK(d >= 0, what, ": negative dimension in ", shape_str(global_shape));
-  LF_CHECK(tp_size >= 1 && tp_rank >= 0 && tp_rank < tp_size && blocks >= 1, what, ": bad split (tp rank ",
-           tp_rank, " of ", tp_size, ", ", blocks, " blocks)", lf::hint(kCorruptHint));
+  LF_CHECK(tp_size >= 1 && tp_rank >= 0 && tp_rank < tp_size && blocks >= 1 && outer >= 1, what,
+           ": bad split (tp rank ", tp_rank, " of ", tp_size, ", ", blocks, " blocks, ", outer, " parts)",
+           lf::hint(kCorruptHint));
   if (partition_dim < 0) return;
+  if (outer > 1) {
+    LF_CHECK(partition_dim >= 1 && tp_size % outer == 0 && global_shape[0] % outer == 0, what,
+             ": bad two-level split (", outer, " parts along dim 0 of ", shape_str(global_shape), " over ", tp_size,
+             " ranks, then dim ", partition_dim, ")", lf::hint(kCorruptHint));
+    sharding().check(global_shape, tp_size, what);
+    return;
+  }
   LF_CHECK(partition_dim < static_cast<int64_t>(global_shape.size()), what, ": partition dim ",
            partition_dim, " of a tensor of shape ", shape_str(global_shape), lf::hint(kCorruptHint));
   const int64_t d = global_shape[static_cast<size_t>(partition_dim)];
@@ -418,7 +430,7 @@ at::Tensor CheckpointReader::full(const std::string& param, const std::string& k
   for (const auto& l : locs) {
     const ShardSpec& s = l.piece.shard;
     LF_CHECK(s.global_shape == s0.global_shape && s.partition_dim == s0.partition_dim &&
-                 s.blocks == s0.blocks && s.tp_size == s0.tp_size,
+                 s.blocks == s0.blocks && s.outer == s0.outer && s.tp_size == s0.tp_size,
              what, ": pieces disagree on the tensor's shape or split (", shape_str(s.global_shape),
              " vs ", shape_str(s0.global_shape), ")", lf::hint(kCorruptHint));
     const auto& info = reader(l.file).at(l.key);
@@ -455,10 +467,12 @@ at::Tensor CheckpointReader::full(const std::string& param, const std::string& k
       out.copy_(local);
       continue;
     }
-    const int64_t d = s.partition_dim, blk = s.global_shape[static_cast<size_t>(d)] / s.blocks,
-                  part = blk / s.tp_size;
+    const auto at0 = s.offsets();
+    at::Tensor part = out;  // two-level split: this rank's part along dim 0 first
+    if (s.outer > 1) part = out.narrow(0, at0[0], s.global_shape[0] / s.outer);
+    const int64_t d = s.partition_dim, blk = part.size(d) / s.blocks, piece = local.size(d) / s.blocks;
     for (int64_t b = 0; b < s.blocks; ++b)
-      out.narrow(d, b * blk + rank * part, part).copy_(local.narrow(d, b * part, part));
+      part.narrow(d, b * blk + at0[static_cast<size_t>(d)], piece).copy_(local.narrow(d, b * piece, piece));
   }
   return out;
 }

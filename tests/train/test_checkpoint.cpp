@@ -129,6 +129,47 @@ TEST(CheckpointFormat, VocabularyPaddingAdaptsToTheLayout) {
             std::string::npos);
 }
 
+// Experts split over ep 2 x tp 2 (Sharding::outer): rank r holds expert part r / 2 and, within
+// it, TP piece r % 2 of each [gate; up] block; the four shards unshard to the full tensor, and the
+// shard record (ShardSpec) reports the same shape and first element of each block.
+TEST(CheckpointFormat, TwoLevelSplitOfExpertsRoundTrips) {
+  using lf::parallel::Sharding;
+  const at::Tensor full = at::arange(4 * 8 * 3, at::kFloat).reshape({4, 8, 3});  // [E 4, 2 f (f 4), h 3]
+  const Sharding s = Sharding::within_parts(2, Sharding::along(1, 2));
+  std::vector<at::Tensor> shards;
+  for (int r = 0; r < 4; ++r) {
+    at::Tensor piece = s.shard(full, r, 4);
+    ASSERT_EQ(piece.sizes().vec(), (std::vector<int64_t>{2, 4, 3}));
+    EXPECT_EQ(s.shard_shape(full.sizes().vec(), 4), piece.sizes().vec());
+    EXPECT_EQ(s.full_shape(piece.sizes().vec(), 4), full.sizes().vec());
+    const int64_t e0 = (r / 2) * 2, f0 = (r % 2) * 2;  // first expert, first row within each block
+    EXPECT_EQ(s.offsets(full.sizes().vec(), r, 4), (std::vector<int64_t>{e0, f0, 0}));
+    EXPECT_TRUE(at::equal(piece.narrow(1, 0, 2), full.narrow(0, e0, 2).narrow(1, f0, 2))) << "gate of rank " << r;
+    EXPECT_TRUE(at::equal(piece.narrow(1, 2, 2), full.narrow(0, e0, 2).narrow(1, 4 + f0, 2))) << "up of rank " << r;
+    lf::train::ckpt::ShardSpec spec;
+    spec.global_shape = full.sizes().vec();
+    spec.partition_dim = 1;
+    spec.blocks = 2;
+    spec.outer = 2;
+    spec.tp_rank = r;
+    spec.tp_size = 4;
+    EXPECT_NO_THROW(spec.validate("fc1"));
+    EXPECT_EQ(spec.shard_shape(), piece.sizes().vec());
+    EXPECT_TRUE(at::equal(lf::train::ckpt::cut_shard(full, spec), piece));
+    shards.push_back(piece);
+  }
+  EXPECT_TRUE(at::equal(s.unshard(shards), full));
+  // Three experts do not cut into two parts; a part split along dim 0 is no two-level split.
+  EXPECT_THROW(s.check({3, 8, 3}, 4, "fc1"), lf::Error);
+  EXPECT_THROW(Sharding::within_parts(2, Sharding::along(0)).check({4, 8, 3}, 4, "fc1"), lf::Error);
+  lf::train::ckpt::ShardSpec odd;
+  odd.global_shape = {4, 8, 3};
+  odd.partition_dim = 1;
+  odd.outer = 3;
+  odd.tp_size = 6;
+  EXPECT_NE(lf::testing::error_message([&] { odd.validate("fc1"); }).find("bad two-level split"), std::string::npos);
+}
+
 TEST(CheckpointFormat, ReshardKeepsEveryTensor) {
   auto a = lf::testing::make_temp_dir("ckpt-reshard-a"), b = lf::testing::make_temp_dir("ckpt-reshard-b");
   auto tensors = model_tensors(11);

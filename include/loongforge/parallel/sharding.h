@@ -24,10 +24,20 @@ struct Sharding {
                         // its own (fc1's [gate; up]: 2): rank r holds [block0_r; block1_r; ...]
   bool vocab = false;   // dim 0 is a vocabulary padded to a multiple that depends on TP: rows past
                         // the real vocabulary are zero, and loaders adapt their count
+  // Two-level split (MoE experts over expert-parallel x tensor-parallel ranks): the full tensor is
+  // first cut into `outer` equal parts along dim 0 (each an expert-parallel rank's experts), then
+  // each part is split along `dim` (>= 1) over size / outer ranks as above. Rank r holds part
+  // r / (size / outer), piece r % (size / outer): the tensor-parallel rank runs fastest.
+  int64_t outer = 1;
 
   static Sharding replicated() { return {}; }
   static Sharding along(int64_t dim, int64_t blocks = 1) { return {dim, blocks, false}; }
   static Sharding vocabulary() { return {0, 1, true}; }
+  // `inner` split within each of `parts` parts along dim 0.
+  static Sharding within_parts(int64_t parts, Sharding inner) {
+    inner.outer = parts;
+    return inner;
+  }
   bool is_replicated() const { return dim < 0; }
 
   // Throws naming `what`, the shape and the split when `full_shape` does not cut into size ranks.
@@ -42,6 +52,10 @@ struct Sharding {
   at::Tensor unshard(const std::vector<at::Tensor>& shards) const;
   // Collective over `tp`: the full tensor on every rank from each rank's shard.
   at::Tensor gather(const at::Tensor& shard, lf::backend::Communicator& tp) const;
+
+ private:
+  Sharding within_part() const;  // the split of each outer part
+  std::vector<int64_t> part_shape(std::vector<int64_t> full) const;
 };
 
 // A model parameter. The model owns the tensors; everything downstream (gradient buffers,

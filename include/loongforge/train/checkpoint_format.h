@@ -41,10 +41,11 @@ struct ShardSpec {
   int64_t partition_dim = -1;
   int64_t blocks = 1;
   bool vocab = false;  // dim 0 is a padded vocabulary (loaders adapt the padding rows)
+  int64_t outer = 1;   // two-level split (parallel/sharding.h: experts over ep x tp); 1: none
   int tp_rank = 0, tp_size = 1;
   // The record of a model parameter (its full shape, split and TP coordinates).
   static ShardSpec of(const lf::parallel::Parameter& p);
-  lf::parallel::Sharding sharding() const { return {partition_dim, blocks, vocab}; }
+  lf::parallel::Sharding sharding() const { return {partition_dim, blocks, vocab, outer}; }
 
   std::vector<int64_t> shard_shape() const;
   int64_t shard_numel() const;

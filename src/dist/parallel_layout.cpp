@@ -219,9 +219,32 @@ ParallelLayout::ParallelLayout(int world_size, ParallelSizes sizes, std::string 
   }
 }
 
+std::string ParallelLayout::expert_layout_problem() const {
+  if (etp_ == 1) return "";
+  // Experts split over tp x ep: one tp axis of size tp * ep (tp fastest, as Sharding::outer numbers
+  // the ranks). The tp and ep digits must be adjacent in the rank numbering: only axes of size 1
+  // in the expert view (cp always) may sit between them.
+  const auto ti = std::find(order_.begin(), order_.end(), Axis::tp);
+  const auto ei = std::find(order_.begin(), order_.end(), Axis::ep);
+  const auto expert_size = [&](Axis a) { return a == Axis::cp ? 1 : a == Axis::dp ? expert_dp_ : size(a); };
+  if (ti < ei && std::all_of(ti + 1, ei, [&](Axis a) { return expert_size(a) == 1; })) return "";
+  return "parallel order '" + order_string_ + "' puts axes between tp and ep (or ep before tp); experts split " +
+         "over tp (expert tensor-parallel size " + std::to_string(etp_) + ") and ep need tp then ep";
+}
+
 ParallelLayout ParallelLayout::expert_layout() const {
-  LF_CHECK(etp_ == 1, "the expert layout as a context of its own needs expert tensor-parallel size 1, this layout has ",
-           etp_, lf::hint("internal: experts split over tp stay in the dense context"));
+  if (etp_ > 1) {
+    const std::string problem = expert_layout_problem();
+    LF_CHECK(problem.empty(), problem,
+             lf::hint("use an order such as tp-cp-ep-dp-pp, or --expert-tensor-parallel-size 1"));
+    std::string order;
+    for (Axis a : order_)
+      if (a != Axis::ep) order += (order.empty() ? "" : "-") + std::string(to_string(a));
+    ParallelSizes s;
+    s.tp = tp_ * ep_;
+    s.pp = pp_;
+    return ParallelLayout(world_size_, s, order);
+  }
   // The same mixed-radix rank numbering with the axes renamed: ep becomes the tp axis, dp holds
   // expert-dp, and the dense tp and cp (size 1 in the expert view) take the unused names.
   std::string order;

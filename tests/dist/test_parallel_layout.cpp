@@ -94,10 +94,30 @@ TEST(ParallelLayout, ExpertTp1SpansTheStage) {
   EXPECT_NE(error_of(4, {.tp = 2, .ep = 3, .etp = 1}).find("does not divide tp * dp * cp"), std::string::npos);
   EXPECT_NE(error_of(4, {.tp = 2, .ep = 4}).find("does not divide dp * cp"), std::string::npos);
   EXPECT_EQ(error_of(4, {.tp = 2, .ep = 4, .etp = 1}), "");
+}
+
+// Expert TP = TP 2 with ep 2 on tp 2 x dp 4: the experts' context numbers a tp x ep block as
+// tp + 2 * ep (Sharding::outer's order), its dp is expert-dp; the ep groups join the ranks of the
+// same TP rank. An order with dp between tp and ep cannot form the block and is refused.
+TEST(ParallelLayout, ExpertTpEqualTpSplitsTheExpertsOverTpTimesEp) {
+  ParallelLayout l(8, {.tp = 2, .ep = 2});
+  EXPECT_EQ(l.expert_tp_size(), 2);
+  EXPECT_EQ(l.expert_dp_size(), 2);
+  EXPECT_EQ(l.groups(GroupKind::ep), (Groups{{0, 2}, {1, 3}, {4, 6}, {5, 7}}));
+  const ParallelLayout e = l.expert_layout();
+  EXPECT_EQ(e.size(Axis::tp), 4);
+  EXPECT_EQ(e.groups(GroupKind::tp), (Groups{{0, 1, 2, 3}, {4, 5, 6, 7}}));
+  EXPECT_EQ(e.groups(GroupKind::tp), l.groups(GroupKind::tp_ep));
+  EXPECT_EQ(e.groups(GroupKind::dp), l.groups(GroupKind::expert_dp));
+  EXPECT_EQ(e.groups(GroupKind::dp), (Groups{{0, 4}, {1, 5}, {2, 6}, {3, 7}}));
+  ParallelLayout staged(8, {.tp = 2, .ep = 2, .pp = 2});
+  EXPECT_EQ(staged.expert_layout().groups(GroupKind::tp), (Groups{{0, 1, 2, 3}, {4, 5, 6, 7}}));
+  EXPECT_EQ(staged.expert_layout().groups(GroupKind::pp), staged.groups(GroupKind::pp));
   try {
-    ParallelLayout(4, {.tp = 2, .ep = 2}).expert_layout();
-    ADD_FAILURE() << "an expert TP 2 layout has no expert context of its own";
-  } catch (const lf::Error&) {
+    ParallelLayout(8, {.tp = 2, .ep = 2}, "tp-cp-dp-ep-pp").expert_layout();
+    ADD_FAILURE() << "dp between tp and ep cannot form the experts' tp x ep block";
+  } catch (const lf::Error& err) {
+    EXPECT_NE(std::string(err.what()).find("need tp then ep"), std::string::npos) << err.what();
   }
 }
 

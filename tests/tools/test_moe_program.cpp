@@ -7,8 +7,8 @@
 //    expert load, and the final parameters (expert biases included);
 //  - exact resume: 20 iterations straight == 10 + resume + 10, bit for bit;
 //  - aux-loss-free balancing: the expert bias keeps the load even on skewed real text;
-//  - expert parallelism (both dispatchers, with TP, PP, ZeRO-1) equals the single process, and its
-//    checkpoints load at other EP sizes;
+//  - expert parallelism (both dispatchers, with TP, PP, ZeRO-1; experts whole or also split over TP)
+//    equals the single process, and its checkpoints load at other EP sizes;
 //  - the layouts not built for MoE yet are refused with the key to change.
 #include <gtest/gtest.h>
 
@@ -181,6 +181,54 @@ TEST(MoeTraining, ExpertParallelEqualsSingleProcess) {
                     "EP=2 x PP=2");
 }
 
+// Expert TP = TP (Megatron's default when --expert-tensor-parallel-size is not given) under expert
+// parallelism: on TP 2 x DP 2 with EP 2 every expert is split over TP like the dense MLP and the
+// experts over EP (rank tp + 2 ep holds its two experts' TP shards), the tokens are gathered over
+// TP and dispatched among the ranks of the same TP rank. Both dispatchers, with and without SP,
+// ZeRO-1, the overlap (chunks and micro-batch pairs) equal the single process; a checkpoint saved so (a two-level split per expert weight)
+// trains on at one process and at EP 2 with expert TP 1.
+TEST(MoeTraining, ExpertsSplitOverTpAndEpEqualSingleProcess) {
+  const std::string d = lf::testing::make_temp_dir("moe_ep_etp");
+  const MoeRun one = train(1, d + "/one", {"--micro-batch-size", "2"});
+  ASSERT_EQ(one.exit_code, 0) << one.output;
+  auto etp = [](std::vector<std::string> a) {
+    a.insert(a.begin(), {"--micro-batch-size", "2", "--tensor-model-parallel-size", "2", "--expert-model-parallel-size",
+                         "2"});
+    return a;
+  };
+  const MoeRun dry = train(4, d + "/dry", etp({"--sequence-parallel", "--dry-run"}));
+  EXPECT_EQ(dry.exit_code, 0) << dry.output;
+  EXPECT_NE(dry.output.find("experts: ep 2 x expert-dp 1 (expert TP 2)"), std::string::npos) << dry.output;
+  EXPECT_NE(dry.output.find("routed experts 55296, / ep 2 x tp 2"), std::string::npos) << dry.output;
+  expect_equivalent(one,
+                    train(4, d + "/a2a", etp({"--sequence-parallel", "--moe-token-dispatcher-type", "alltoall"})),
+                    "EP=2 x TP=2 + SP (expert TP 2), all-to-all");
+  expect_equivalent(one,
+                    train(4, d + "/ag", etp({"--moe-token-dispatcher-type", "allgather", "--use-distributed-optimizer",
+                                             "--overlap-grad-reduce", "--ddp-bucket-size", "20000"})),
+                    "EP=2 x TP=2 without SP (expert TP 2), all-gather, ZeRO-1 + overlapped reduction");
+  expect_equivalent(one,
+                    train(4, d + "/cct", etp({"--sequence-parallel", "--moe-token-dispatcher-type", "alltoall",
+                                              "--overlap-moe-expert-parallel-comm", "--moe-overlap-num-chunks", "2",
+                                              "--delay-wgrad-compute"})),
+                    "EP=2 x TP=2 + SP (expert TP 2), overlapped: 2 chunks, micro-batch pairs, delayed weight gradients");
+  // Saved at iteration 5 with ZeRO-1, trained on elsewhere: the last 5 steps equal the single process's.
+  const MoeRun first = train(4, d + "/first", etp({"--sequence-parallel", "--moe-token-dispatcher-type", "alltoall",
+                                                  "--use-distributed-optimizer", "--save", d + "/ck",
+                                                  "--exit-interval", "5"}));
+  ASSERT_EQ(first.exit_code, 0) << first.output;
+  for (const char* f : {"model_experts_tp3_pp0.safetensors", "optim_experts_tp3_pp0_dp0.safetensors"})
+    EXPECT_TRUE(fs::exists(d + "/ck/iter_0000005/" + f)) << f;
+  MoeRun tail = one;
+  tail.steps.erase(tail.steps.begin(), tail.steps.begin() + 5);
+  expect_equivalent(tail, train(1, d + "/at1", {"--micro-batch-size", "2", "--load", d + "/ck", "--use-distributed-optimizer"}),
+                    "EP=2 x TP=2 (expert TP 2) checkpoint trained on at one process");
+  expect_equivalent(tail,
+                    train(2, d + "/at_ep2", {"--micro-batch-size", "2", "--load", d + "/ck", "--expert-model-parallel-size",
+                                             "2", "--moe-token-dispatcher-type", "alltoall", "--use-distributed-optimizer"}),
+                    "EP=2 x TP=2 (expert TP 2) checkpoint trained on at EP=2 (expert TP 1)");
+}
+
 // The overlap across micro-batches (--overlap-moe-expert-parallel-comm at pp 1, on by default with
 // 2 or more micro-batches a step): the forward of micro-batch m + 1 and the backward of m take
 // turns at each all-to-all wait. Both orders of work are fixed by the program, every backward
@@ -346,8 +394,8 @@ TEST(MoeTraining, ContextParallelEqualsSingleProcess) {
 }
 
 // --save-hf under expert parallelism gathers every rank's experts: the HF directory written at
-// EP = 2 holds the same tensors as the one written by one process (the expert bias off: Qwen3-MoE's
-// HF form has none).
+// EP = 2, and at EP = 2 x TP = 2 with the experts also split over TP, holds the same tensors as the
+// one written by one process (the expert bias off: Qwen3-MoE's HF form has none).
 TEST(MoeTraining, SaveHfGathersTheExpertsOverEp) {
   const std::string d = lf::testing::make_temp_dir("moe_ep_hf");
   const std::vector<std::string> base{"--micro-batch-size", "2", "model.foundation.moe_router_enable_expert_bias=false",
@@ -366,6 +414,14 @@ TEST(MoeTraining, SaveHfGathersTheExpertsOverEp) {
   ASSERT_EQ(a.size(), b.size());
   EXPECT_TRUE(a.count("model.layers.1.mlp.experts.7.down_proj.weight"));
   EXPECT_LE(lf::testing::max_abs_diff(a, b), 1e-5);
+  // Experts split over tp x ep (expert TP = TP 2, EP 2): gathered in both levels.
+  const MoeRun etp = train(4, d + "/etp", args(d + "/hf4", {"--expert-model-parallel-size", "2",
+                                                            "--tensor-model-parallel-size", "2", "--sequence-parallel",
+                                                            "--moe-token-dispatcher-type", "alltoall"}), 3);
+  ASSERT_EQ(etp.exit_code, 0) << etp.output;
+  const auto c = read_params(d + "/hf4/model.safetensors");
+  ASSERT_EQ(a.size(), c.size());
+  EXPECT_LE(lf::testing::max_abs_diff(a, c), 1e-5) << "EP=2 x TP=2, expert TP 2";
 }
 
 // A checkpoint saved at EP = 2 holds the experts by expert-parallel rank
@@ -511,8 +567,9 @@ TEST(MoeTraining, LayoutsNotBuiltForMoeAreRefusedWithTheKey) {
   };
   const Case cases[] = {
       {2, {"--tensor-model-parallel-size", "2", "--expert-tensor-parallel-size", "1"}, "parallel.sequence_parallel"},
-      {4, {"--tensor-model-parallel-size", "2", "--expert-model-parallel-size", "2"},
-       "parallel.expert_tensor_parallel_size"},
+      {8, {"--tensor-model-parallel-size", "2", "--expert-model-parallel-size", "2", "--sequence-parallel",
+           "parallel.order=tp-cp-dp-ep-pp", "--global-batch-size", "16"},
+       "parallel.order"},  // experts split over tp x ep need the tp and ep digits adjacent
       {2, {"--expert-model-parallel-size", "2", "--num-experts", "5"}, "parallel.expert_model_parallel_size"},
       {2, {"--expert-model-parallel-size", "2", "--tensor-model-parallel-size", "2", "--sequence-parallel",
            "--expert-tensor-parallel-size", "1", "--moe-expert-capacity-factor", "1.5"},

@@ -72,6 +72,8 @@ class ParallelLayout {
   // the expert-parallel axis, its dp axis expert-dp, its pp the same stages (cp 1). Requires
   // expert tensor-parallel size 1 (a tp > 1 expert split stays in the dense context).
   ParallelLayout expert_layout() const;
+  // Why expert_layout() would fail (an order that cannot number tp x ep as one axis); "" if not.
+  std::string expert_layout_problem() const;
   const std::string& order() const { return order_string_; }
 
   // All groups of one kind (each a list of ranks in group-rank order). The groups of a kind are

@@ -314,13 +314,15 @@ MoeLayer::MoeLayer(ParamBuilder& b, const std::string& prefix, const MoeConfig& 
   router_ = b.add(prefix + ".router.weight", b.normal({e, h}, c.init_std), Sharding::replicated(), false, true);
   if (c.expert_bias) expert_bias_ = b.add_state(prefix + ".router.expert_bias", at::zeros({e}, at::kFloat));
   if (b.tp().ep) {
-    // Expert parallelism (expert TP 1): this rank holds experts [ep_rank * E / ep, ...) whole.
+    // Expert parallelism: this rank holds experts [ep_rank * E / ep, ...), whole (expert TP 1) or
+    // their TP shards (expert TP = TP, split within each expert as below).
     ep_size_ = b.tp().ep->size();
     ep_rank_ = b.tp().ep->rank();
     LF_CHECK(e % ep_size_ == 0, "MoE layer ", prefix, ": ", e, " experts do not split over ", ep_size_,
              " expert-parallel ranks", lf::hint("choose --expert-model-parallel-size dividing num_experts"));
-    fc1_ = b.add_expert(prefix + ".experts.linear_fc1.weight", b.normal({e, in, h}, c.init_std));
-    fc2_ = b.add_expert(prefix + ".experts.linear_fc2.weight", b.normal({e, h, f}, c.out_std));
+    fc1_ = b.add_expert(prefix + ".experts.linear_fc1.weight", b.normal({e, in, h}, c.init_std),
+                        Sharding::along(1, c.swiglu ? 2 : 1));
+    fc2_ = b.add_expert(prefix + ".experts.linear_fc2.weight", b.normal({e, h, f}, c.out_std), Sharding::along(2));
   } else {
     fc1_ = b.add(prefix + ".experts.linear_fc1.weight", b.normal({e, in, h}, c.init_std),
                  Sharding::along(1, c.swiglu ? 2 : 1), false);
@@ -384,14 +386,16 @@ at::Tensor MoeLayer::forward(const lf::backend::DeviceBackend& be, const lf::par
                              const at::Tensor& x, bool training, bool selective_recompute, MoeStep* step,
                              size_t moe_index, size_t moe_layers, const lf::parallel::ContextParallel* cp) const {
   LF_CHECK(x.dim() == 3, "MoE layer: x must be [s(/tp), b, h], got ", x.sizes());
-  // Expert TP = TP: enter the TP region (the whole sequence on every rank; SP: gathered). Expert
-  // parallelism (expert TP 1): each rank routes its own tokens (under TP its sequence-parallel
-  // chunk) and the dispatcher moves them to the ranks holding their experts.
+  // Expert TP = TP: enter the TP region (the whole sequence on every rank; SP: gathered), and under
+  // expert parallelism dispatch it among the ranks of the same TP rank. Expert parallelism with
+  // expert TP 1: each rank routes its own tokens (under TP its sequence-parallel chunk) and the
+  // dispatcher moves them to the ranks holding their experts.
   const bool ep_mode = tp.ep != nullptr;
   const int tps = tp.size();
-  // Training needs SP then (each TP rank its own chunk); without it (generation) the TP ranks route
-  // the same tokens and each gets every token's result.
-  lf::backend::Communicator* tp_split = ep_mode && tps > 1 && tp.sequence_parallel ? tp.tp : nullptr;
+  const bool enter_tp = tps > 1 && (!ep_mode || tp.ep_split_over_tp);
+  // Expert TP 1 under TP: training needs SP (each TP rank its own chunk); without it (generation)
+  // the TP ranks route the same tokens and each gets every token's result.
+  lf::backend::Communicator* tp_split = ep_mode && !enter_tp && tps > 1 && tp.sequence_parallel ? tp.tp : nullptr;
   // The ranks a sequence's tokens are spread over: TP (expert parallelism under SP), CP, or both.
   // Token counts are summed over all of them; a loss term's reported value over TP only (each CP
   // rank's term is its tokens' part, and the trainer sums the parts over CP).
@@ -399,7 +403,7 @@ at::Tensor MoeLayer::forward(const lf::backend::DeviceBackend& be, const lf::par
   LF_CHECK(!cp_on || !tp_split || cp->with_tp, "MoE under context and sequence parallelism needs the TP x CP group");
   lf::backend::Communicator* split = cp_on ? (tp_split ? cp->with_tp : cp->group) : tp_split;
   at::Tensor xf = x;
-  if (!ep_mode && tps > 1)
+  if (enter_tp)
     xf = tp.sequence_parallel ? lf::parallel::gather_from_sequence_parallel(x, *tp.tp) : lf::parallel::copy_to_tp(x, *tp.tp);
   const int64_t s = xf.size(0), bsz = xf.size(1), h = xf.size(2), t = s * bsz, e = c_.num_experts, k = c_.topk;
   auto x2d = xf.reshape({t, h});
@@ -432,7 +436,7 @@ at::Tensor MoeLayer::forward(const lf::backend::DeviceBackend& be, const lf::par
   // Leave the TP region: the partial sums reduced (SP: and scattered back to the sequence chunks).
   auto finish = [&](at::Tensor routed) {
     routed = routed.view({s, bsz, h});
-    if (!ep_mode && tps > 1)
+    if (enter_tp)
       routed = tp.sequence_parallel ? lf::parallel::reduce_scatter_to_sequence_parallel(routed, *tp.tp)
                                     : lf::parallel::reduce_from_tp(routed, *tp.tp);
     if (!has_shared_) return routed;
@@ -474,14 +478,14 @@ at::Tensor MoeLayer::forward(const lf::backend::DeviceBackend& be, const lf::par
     // Expert TP = TP: every TP rank computes the same loss from the whole sequence; each takes
     // 1/tp of its gradient so that the TP sums of the router's and the input's gradients count it
     // once. Split tokens: each rank's term is its own part.
-    const double w = (step ? step->weight(MoeStep::kLoadBalancingLoss) : 1.0) / (ep_mode ? 1 : tps);
+    const double w = (step ? step->weight(MoeStep::kLoadBalancingLoss) : 1.0) / (enter_tp ? tps : 1);
     out = AttachAuxLoss::apply(out, aux, w);
   }
   if (c_.z_loss_coeff > 0) {
     const double tt = static_cast<double>(t) * (split ? split->size() : 1);
     auto z = c_.z_loss_coeff * at::logsumexp(r.logits, -1).square().sum() / tt;
     values[MoeStep::kZLoss] = total_over(z, tp_split);
-    const double w = (step ? step->weight(MoeStep::kZLoss) : 1.0) / (ep_mode ? 1 : tps);
+    const double w = (step ? step->weight(MoeStep::kZLoss) : 1.0) / (enter_tp ? tps : 1);
     out = AttachAuxLoss::apply(out, z, w);
   }
   if (step) {

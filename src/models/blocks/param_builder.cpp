@@ -46,11 +46,15 @@ at::Tensor ParamBuilder::add(const std::string& name, const at::Tensor& full, Sh
   return p.tensor;
 }
 
-at::Tensor ParamBuilder::add_expert(const std::string& name, const at::Tensor& full) {
+at::Tensor ParamBuilder::add_expert(const std::string& name, const at::Tensor& full, Sharding within_expert) {
   if (!keep_) return {};
   LF_CHECK(tp_.ep != nullptr, "ParamBuilder::add_expert(", name, "): no expert-parallel group",
            lf::hint("internal: only expert-parallel layers register expert weights"));
-  Parameter& p = keep_shard(name, full, Sharding::along(0), tp_.ep->size(), tp_.ep->rank());
+  const int ep = tp_.ep->size(), tp = tp_.size();
+  Parameter& p = tp_.ep_split_over_tp && tp > 1
+                     ? keep_shard(name, full, Sharding::within_parts(ep, within_expert), ep * tp,
+                                  tp_.ep->rank() * tp + tp_.rank())
+                     : keep_shard(name, full, Sharding::along(0), ep, tp_.ep->rank());
   p.expert = true;
   return p.tensor;
 }

@@ -48,6 +48,15 @@ ParamBuilder builder_for(uint64_t seed, at::ScalarType dtype, const lf::backend:
   auto tp = tensor_parallel_of(parallel, sequence_parallel);
   if (experts.context) {
     tp.ep = &experts.context->tp();
+    if (experts.split_over_tp) {
+      LF_CHECK(parallel != nullptr && parallel->ep_size() * tp.size() == experts.context->tp_size() &&
+                   experts.context->tp_rank() == parallel->ep().rank() * tp.size() + tp.rank(),
+               "experts split over tp x ep: the experts' context (tp size ", experts.context->tp_size(),
+               ", rank ", experts.context->tp_rank(), ") does not number its ranks ep rank x tp + tp rank",
+               lf::hint("internal: build it with ParallelLayout::expert_layout"));
+      tp.ep = &parallel->ep();
+      tp.ep_split_over_tp = true;
+    }
     tp.ep_allgather = experts.allgather;
     tp.ep_overlap_chunks = experts.overlap_chunks;
     tp.ep_delay_wgrad = experts.delay_wgrad;

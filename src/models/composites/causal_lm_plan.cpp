@@ -35,26 +35,24 @@ CausalLmPlan::CausalLmPlan(std::shared_ptr<const ModelConfig> config, const Plan
                  origin(ep > 1 ? "parallel.expert_model_parallel_size" : "parallel.expert_tensor_parallel_size"),
                  "this model has no experts (model.foundation.num_experts 0): expert parallel sizes would do nothing",
                  "drop --expert-model-parallel-size / --expert-tensor-parallel-size, or choose a MoE model");
-    if (foundation_.is_moe() && ep > 1 && etp > 1)
-      errors.add("parallel.expert_tensor_parallel_size", origin("parallel.expert_tensor_parallel_size"),
-                 "expert parallelism (ep " + std::to_string(ep) + ") with the experts also split over tp " +
-                     std::to_string(etp) + " is not built: expert-parallel ranks hold whole experts",
-                 "add --expert-tensor-parallel-size 1 (Megatron's usual MoE layout), or use ep 1");
     if (expert_parallel_ && foundation_.num_experts % ep != 0)
       errors.add("parallel.expert_model_parallel_size", origin("parallel.expert_model_parallel_size"),
                  std::to_string(foundation_.num_experts) + " experts (model.foundation.num_experts) do not split over " +
                      std::to_string(ep) + " expert-parallel ranks",
                  "choose --expert-model-parallel-size dividing the number of experts");
-    if (expert_parallel_ && tp > 1 && !job_.parallel.sequence_parallel)
+    if (expert_parallel_ && tp > 1 && etp == 1 && !job_.parallel.sequence_parallel)
       errors.add("parallel.sequence_parallel", origin("parallel.sequence_parallel"),
                  "with expert tensor-parallel size 1 under tensor parallelism each TP rank routes its own chunk of the "
                  "sequence (as Megatron requires for MoE with TP): sequence parallelism must be on",
                  "add --sequence-parallel");
-    if (expert_parallel_ && tp > 1 && foundation_.moe_expert_capacity_factor > 0)
+    if (expert_parallel_ && tp > 1 && etp == 1 && foundation_.moe_expert_capacity_factor > 0)
       errors.add("model.foundation.moe_expert_capacity_factor", origin("model.foundation.moe_expert_capacity_factor"),
                  "the capacity limit counts a rank's tokens; with expert TP 1 under TP a rank holds a chunk of the "
                  "sequence, so which tokens drop would depend on the TP size",
                  "drop the capacity factor (dropless), or leave --expert-tensor-parallel-size unset");
+    if (const std::string problem = layout_.expert_layout_problem(); expert_parallel_ && !problem.empty())
+      errors.add("parallel.order", origin("parallel.order"), problem,
+                 "use an order with tp then ep (e.g. tp-cp-ep-dp-pp), or --expert-tensor-parallel-size 1");
     const auto& par = job_.parallel;
     if (par.overlap_moe_expert_parallel_comm && (!expert_parallel_ || ep == 1 || par.moe_token_dispatcher_type != "alltoall"))
       errors.add("parallel.overlap_moe_expert_parallel_comm", origin("parallel.overlap_moe_expert_parallel_comm"),
@@ -229,7 +227,8 @@ std::unique_ptr<Model> CausalLmPlan::build(const BuildArgs& args) const {
                                           job_.parallel.sequence_parallel, stage, !frozen_,
                                           ExpertPlacement{experts.get(), job_.parallel.moe_token_dispatcher_type == "allgather",
                                                           overlap_chunks(),
-                                                          job_.parallel.delay_wgrad_compute, pairs_micro_batches()});
+                                                          job_.parallel.delay_wgrad_compute, pairs_micro_batches(),
+                                                          expert_parallel_ && layout_.expert_tp_size() > 1});
   model->keep_context(std::move(experts));
   apply_context_parallel(*model, ctx);
   model->add_lora(lora_spec(), args.seed);
@@ -362,7 +361,7 @@ std::string CausalLmPlan::estimates() const {
     // Dense weights split over tp (ZeRO-1: optimizer over dp); routed experts over ep under expert
     // parallelism (ZeRO-1: over expert-DP), else over tp like the dense MLP.
     const int ep = layout_.size(lf::dist::Axis::ep), edp = layout_.expert_dp_size();
-    const double expert_split = expert_parallel_ ? ep : tp;
+    const double expert_split = expert_parallel_ ? ep * layout_.expert_tp_size() : tp;
     const double dense = static_cast<double>(counts[k].params - counts[k].experts) / tp;
     const double experts = static_cast<double>(counts[k].experts) / expert_split;
     // LoRA: the base is frozen (weights only); the adapters are the trainable parameters.
@@ -412,7 +411,8 @@ std::string CausalLmPlan::estimates() const {
     if (pp > 1) os << "  stage " << k << ":\n";
     os << pad << "parameters      " << static_cast<int64_t>(params) << " of " << m.num_parameters() << " (/ tp " << tp
        << (expert_parallel_ ? "; routed experts " + std::to_string(static_cast<int64_t>(experts)) + ", / ep " +
-                                  std::to_string(ep)
+                                  std::to_string(ep) +
+                                  (layout_.expert_tp_size() > 1 ? " x tp " + std::to_string(layout_.expert_tp_size()) : "")
                             : std::string())
        << (pp > 1 ? ", this stage's layers" : "") << ")\n"
        << pad << "weights         " << human_bytes(weight_bytes) << "\n"
@@ -456,7 +456,8 @@ std::string CausalLmPlan::describe() const {
      << (foundation_.is_moe() ? " (" + std::to_string(foundation_.num_active_parameters()) + " active per token)" : "")
      << " | tp " << tp << ", pp " << pp << ", dp " << dp
      << (expert_parallel_ ? ", experts: ep " + std::to_string(layout_.size(lf::dist::Axis::ep)) + " x expert-dp " +
-                                std::to_string(layout_.expert_dp_size()) + " (expert TP 1)"
+                                std::to_string(layout_.expert_dp_size()) + " (expert TP " +
+                                std::to_string(layout_.expert_tp_size()) + ")"
                           : std::string())
      << " (the job's layout)"
      << (frozen_ ? " | frozen" : "") << "\n"

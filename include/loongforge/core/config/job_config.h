@@ -60,7 +60,8 @@ struct ParallelConfig {
       OneOf{{"p2p", "a2a"}});
     v("expert_model_parallel_size", expert_model_parallel_size, "Expert model parallel size", Min{1});
     v("expert_tensor_parallel_size", expert_tensor_parallel_size,
-      "Tensor parallel size of the experts: null splits them over the tensor-parallel group like the dense MLP; "
+      "Tensor parallel size of the experts: null splits them over the tensor-parallel group like the dense MLP "
+      "(with expert parallelism too: each expert-parallel rank's experts split over tp); "
       "1 keeps every expert whole on one rank (expert parallelism may then span the tensor-parallel ranks; "
       "needs --sequence-parallel when tp > 1)",
       Min{1});

@@ -47,7 +47,10 @@ class ParamBuilder {
                  bool partial_over_tp = false);
   // Registers an expert weight of an expert-parallel layer: this rank's part (along dim 0, the
   // experts) of the tp.ep group, recorded with that group's size and rank (Parameter::expert).
-  at::Tensor add_expert(const std::string& name, const at::Tensor& full);
+  // With tp.ep_split_over_tp each part is also split over tp by `within_expert` (a split along
+  // dim >= 1): recorded as a two-level split over ep x tp ranks (Sharding::outer), rank
+  // ep_rank * tp + tp_rank, the numbering of the experts' context (ParallelLayout::expert_layout).
+  at::Tensor add_expert(const std::string& name, const at::Tensor& full, Sharding within_expert);
   // Registers model state (Parameter::state): replicated, fp32 whatever the model's dtype, never
   // requires grad. Not drawn from the generator (the draw order of the weights is unchanged).
   at::Tensor add_state(const std::string& name, const at::Tensor& full);

@@ -30,6 +30,9 @@ struct ExpertPlacement {
   // The MoE overlap across micro-batches (CausalLmPlan::pairs_micro_batches): the trainer pairs
   // the forward of one micro-batch with the backward of another (set_streams accepts the streams).
   bool pair_micro_batches = false;
+  // Expert TP = TP > 1 with expert parallelism: the experts are split over tp x ep (the context's
+  // tp group), dispatched over the dense context's ep group (TensorParallel::ep_split_over_tp).
+  bool split_over_tp = false;
 };
 
 class CausalLm : public Model {

@@ -26,6 +26,10 @@ struct TensorParallel {
   // MoE experts whole on one rank each (expert TP 1), spread over this expert-parallel group
   // (possibly of size 1); null: every rank holds every expert, split over tp like the dense MLP.
   Communicator* ep = nullptr;
+  // Expert TP = TP under expert parallelism: every expert is also split over tp like the dense MLP
+  // (rank ep_rank * tp + tp_rank holds its ep part's tp shard); the MoE layer enters the TP region
+  // (the whole sequence on every TP rank) and the ep group holds the ranks of the same tp rank.
+  bool ep_split_over_tp = false;
   bool ep_allgather = true;  // the token dispatcher: all-gather (else all-to-all)
   int ep_overlap_chunks = 0;  // all-to-all: > 0 overlaps the dispatch of that many token chunks with the experts (CCT)
   bool ep_delay_wgrad = false;  // overlapped: the expert weights' gradients after every chunk's input gradient

@@ -407,6 +407,13 @@ TEST(MoeTraining, SaveHfGathersTheExpertsOverEp) {
   };
   const MoeRun one = train(1, d + "/one", args(d + "/hf1", {}), 3);
   ASSERT_EQ(one.exit_code, 0) << one.output;
+  {  // with the expert bias on, no HF family expresses the model: refused before the first step
+    const MoeRun bias = train(1, d + "/bias", {"--save-hf", d + "/hf_bias"}, 3);
+    EXPECT_NE(bias.exit_code, 0);
+    EXPECT_NE(bias.output.find("--save-hf " + d + "/hf_bias"), std::string::npos) << bias.output;
+    EXPECT_NE(bias.output.find("moe_router_enable_expert_bias"), std::string::npos) << bias.output;
+    EXPECT_EQ(bias.output.find("iteration 1/"), std::string::npos) << bias.output;
+  }
   const MoeRun ep = train(2, d + "/ep2", args(d + "/hf2", {"--expert-model-parallel-size", "2",
                                                            "--moe-token-dispatcher-type", "alltoall"}), 3);
   ASSERT_EQ(ep.exit_code, 0) << ep.output;

@@ -264,6 +264,15 @@ int train_main(const lf::config::TrainCommandLine& cl, const lf::train::TrainerH
   }
   LF_CHECK(!job.checkpoint.save_hf || causal != nullptr, "--save-hf exports causal_lm models; model type ",
            model->type(), " has no HF form", lf::hint("drop --save-hf"));
+  if (job.checkpoint.save_hf) {  // before training, not after it: the export must have an HF family
+    try {
+      (void)lf::models::hf::mapping_for_config(causal->config());
+    } catch (const lf::Error& e) {
+      LF_FAIL("--save-hf ", *job.checkpoint.save_hf, ": ", e.message(),
+              lf::hint("drop --save-hf (save a checkpoint with --save instead), or train a model an HF family "
+                       "expresses (the reasons above)"));
+    }
+  }
   auto data = make_data_sources(job, *plan, ctx, eod);
   lf::train::Trainer trainer(trainer_job, *model, ctx, backend, std::move(data.train), std::move(data.valid), hooks);
   trainer.set_config_yaml(lf::config::to_yaml(loaded.resolved));

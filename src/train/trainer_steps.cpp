@@ -187,7 +187,9 @@ double Trainer::Impl::forward_backward_pipelined(const std::vector<lf::data::Bat
     pl::VirtualStageStep step;
     step.forward = run;
     step.before_backward = [&](int, int64_t, bool final) { begin_micro_batch(final); };
+    if (pair_micro_batches) step.run_pair = [this](const auto& f, const auto& b) { run_pair(f, b); };
     pl::run_interleaved_1f1b(*exchange, chunks, micro_batches, step, trace.get());
+    log_pairing();
   } else {
     pl::StageStep step;
     step.forward = [&](int64_t m, const TensorMap& input) { return run(0, m, input); };

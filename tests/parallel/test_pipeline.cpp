@@ -13,6 +13,7 @@
 #include <functional>
 #include <fstream>
 #include <map>
+#include <set>
 #include <tuple>
 
 #include "loongforge/backend/registry.h"
@@ -207,6 +208,90 @@ TEST(PipelineInterleavedOrder, NoDeadlockAndTheTheoreticalBubble) {
       << m;
 }
 
+// The paired interleaved order (the MoE overlap across micro-batches): each marked forward is
+// followed by a backward, and the runner receives both inputs, computes both as one pair, then
+// sends both (forward first). Simulated with each pair as one step that starts only when both
+// its inputs exist, every op runs once on 140 layouts (no deadlock: neither half of a pair waits
+// for the other on any stage, and a backward never pairs with its own forward), every steady-state
+// forward is paired, and between every ordered pair of ranks the messages are sent in the order
+// the receiver takes them. Without the extra warm-up forward the same simulation deadlocks.
+TEST(PipelineInterleavedOrder, PairsNeverWaitOnEachOther) {
+  using Op = std::tuple<char, int64_t, int64_t>;  // kind, virtual stage, micro-batch
+  auto groups_of = [](int r, int p, int v, int64_t m, bool extra_warmup) {
+    // The paired order, or (extra_warmup false) Megatron's with its steady-state F, B grouped alike.
+    std::vector<std::vector<Op>> groups;
+    const auto ops = pl::interleaved_1f1b_order(r, p, v, m, extra_warmup);
+    for (size_t i = 0; i < ops.size(); ++i) {
+      auto vs = [&](const pl::ScheduledOp& o) { return static_cast<int64_t>(o.chunk) * p + r; };
+      const bool pair = extra_warmup ? ops[i].paired : ops[i].kind == 'F' && i + 1 < ops.size() && ops[i + 1].kind == 'B';
+      groups.push_back({{ops[i].kind, vs(ops[i]), ops[i].micro_batch}});
+      if (pair) {
+        EXPECT_EQ(ops[i + 1].kind, 'B');
+        ++i;
+        groups.back().emplace_back(ops[i].kind, vs(ops[i]), ops[i].micro_batch);
+      }
+    }
+    return groups;
+  };
+  auto runs_through = [&](int p, int v, int64_t m, bool extra_warmup) {
+    std::vector<std::vector<std::vector<Op>>> orders;
+    for (int r = 0; r < p; ++r) orders.push_back(groups_of(r, p, v, m, extra_warmup));
+    const int64_t last = static_cast<int64_t>(p) * v - 1;
+    std::set<Op> done;
+    std::vector<size_t> pos(static_cast<size_t>(p), 0);
+    for (bool progress = true; progress;) {
+      progress = false;
+      for (int r = 0; r < p; ++r)
+        for (auto& i = pos[static_cast<size_t>(r)]; i < orders[static_cast<size_t>(r)].size(); ++i) {
+          bool ready = true;
+          for (const auto& [kind, vs, mb] : orders[static_cast<size_t>(r)][i]) {
+            if (kind == 'F' && vs > 0) ready = ready && done.count({'F', vs - 1, mb});
+            if (kind == 'B') ready = ready && done.count({'F', vs, mb}) && (vs == last || done.count({'B', vs + 1, mb}));
+          }
+          if (!ready) break;
+          for (const auto& op : orders[static_cast<size_t>(r)][i]) EXPECT_TRUE(done.insert(op).second) << "op twice";
+          progress = true;
+        }
+    }
+    for (int r = 0; r < p; ++r)
+      if (pos[static_cast<size_t>(r)] != orders[static_cast<size_t>(r)].size()) return false;
+    return true;
+  };
+  int layouts = 0;
+  for (int p = 2; p <= 8; ++p)
+    for (int v = 1; v <= 4; ++v)
+      for (int64_t m = p; m <= 5 * p; m += p) {
+        SCOPED_TRACE("p " + std::to_string(p) + " v " + std::to_string(v) + " m " + std::to_string(m));
+        ++layouts;
+        EXPECT_TRUE(runs_through(p, v, m, true));
+        if (m > p) EXPECT_FALSE(runs_through(p, v, m, false)) << "Megatron's warm-up pairs without deadlock";
+        const int64_t last = static_cast<int64_t>(p) * v - 1;
+        std::map<std::pair<int, int>, std::vector<Op>> sent, needed;
+        for (int r = 0; r < p; ++r) {
+          const auto ops = pl::interleaved_1f1b_order(r, p, v, m, true);
+          int64_t pairs = 0, steady = 0;
+          for (size_t i = 0; i < ops.size(); ++i) {
+            pairs += ops[i].paired;
+            steady += ops[i].kind == 'F' && i + 1 < ops.size() && ops[i + 1].kind == 'B';
+          }
+          EXPECT_EQ(pairs, m == p ? 0 : steady) << "rank " << r;  // m = p: every forward first, no pairs
+          if (m > p && r == 0) EXPECT_GT(pairs, 0);
+          for (const auto& g : groups_of(r, p, v, m, true)) {
+            for (const auto& [kind, vs, mb] : g) {  // receives, before computing
+              if (kind == 'F' && vs > 0) needed[{(r + p - 1) % p, r}].emplace_back('a', vs - 1, mb);
+              if (kind == 'B' && vs < last) needed[{(r + 1) % p, r}].emplace_back('g', vs + 1, mb);
+            }
+            for (const auto& [kind, vs, mb] : g) {  // sends, after computing
+              if (kind == 'F' && vs < last) sent[{r, (r + 1) % p}].emplace_back('a', vs, mb);
+              if (kind == 'B' && vs > 0) sent[{r, (r + p - 1) % p}].emplace_back('g', vs, mb);
+            }
+          }
+        }
+        EXPECT_EQ(sent, needed);
+      }
+  EXPECT_EQ(layouts, 140);
+}
+
 TEST(PipelineSplit, ErrorsNameTheValues) {
   auto m = lf::testing::error_message([] { pl::split_layers(3, 2); });
   EXPECT_NE(m.find("num_layers 3 is not divisible by parallel.pipeline_model_parallel_size 2"),
@@ -352,8 +437,9 @@ constexpr double kRel = 1e-5;
 
 // virtual_layers: interleaved 1F1B with that many layers per virtual stage (the model then has
 // 8 layers: v = 2 at PP 4).
-// paired: 1F1B with StageStep::run_pair (the MoE overlap across micro-batches): each forward
-// hands over to the paired backward twice, as an MoE layer's all-to-all waits would.
+// paired: 1F1B with StageStep::run_pair, interleaved with VirtualStageStep::run_pair (the MoE
+// overlap across micro-batches): each forward hands over to the paired backward twice, as an MoE
+// layer's all-to-all waits would.
 void check_pipeline(lf::dist::ParallelContext& ctx, bool untied, bool one_f_one_b,
                     std::optional<int64_t> first = {}, std::optional<int64_t> last = {},
                     std::optional<int64_t> virtual_layers = {}, std::optional<std::string> layout = {},
@@ -433,7 +519,9 @@ void check_pipeline(lf::dist::ParallelContext& ctx, bool untied, bool one_f_one_
     vstep.forward = [&](int chunk, int64_t m, const pl::TensorMap& input) {
       auto [tokens, labels] = micro_batch(m, c.vocab_size);
       const bool embeds = stage.first && chunk == 0, heads = stage.last && chunk == chunks - 1;
+      if (paired) pair.yield();
       auto out = part.stage_forward(embeds ? tokens : input.at("hidden_states"), heads ? labels : at::Tensor(), chunk);
+      if (paired) pair.yield();
       pl::StageResult r;
       if (heads)
         r.loss = scaled(out);
@@ -443,8 +531,16 @@ void check_pipeline(lf::dist::ParallelContext& ctx, bool untied, bool one_f_one_
     };
     int64_t finals = 0;
     vstep.before_backward = [&](int, int64_t, bool final) { finals += final; };
+    vstep.run_pair = step.run_pair;
     loss = pl::run_interleaved_1f1b(ex, chunks, kMicroBatches, vstep);
     EXPECT_EQ(finals, 1);
+    if (paired) {  // every steady-state forward of the paired order ran with its backward
+      int64_t want_pairs = 0;
+      for (const auto& op : pl::interleaved_1f1b_order(ctx.pp_rank(), ctx.pp_size(), chunks, kMicroBatches, true))
+        want_pairs += op.paired;
+      EXPECT_EQ(pairs, want_pairs);  // PP 2: 3 and 5 on stages 0 and 1 (PP 4, m = pp: none)
+      if (want_pairs > 0) EXPECT_GT(pair.total_switches(), 0);
+    }
   } else {
     loss = one_f_one_b ? pl::run_1f1b(ex, kMicroBatches, step) : pl::run_without_pipelining(ex, kMicroBatches, step);
     EXPECT_EQ(next_backward, kMicroBatches);
@@ -492,9 +588,10 @@ LF_WORKER_CASE(pp_decoder) {
   // first stage has no pairs, the last three: 1, 2, 3).
   check_pipeline(*ctx, false, true, {}, {}, {}, {}, true);
   check_pipeline(*ctx, true, true, {}, {}, {}, {}, true);
-  // Interleaved, v = 2 (8 layers): PP 2 with 2 layers per virtual stage, PP 4 with 1.
+  // Interleaved, v = 2 (8 layers): PP 2 with 2 layers per virtual stage, PP 4 with 1; and paired.
   check_pipeline(*ctx, false, true, {}, {}, ctx->pp_size() == 2 ? 2 : 1);
   check_pipeline(*ctx, true, true, {}, {}, ctx->pp_size() == 2 ? 2 : 1);
+  check_pipeline(*ctx, true, true, {}, {}, ctx->pp_size() == 2 ? 2 : 1, {}, true);
   // A stage is not a whole model.
   const auto c = tiny(false);
   Decoder part(c, lf::backend::cpu_backend(), 1, at::kFloat, ctx.get(), false,

@@ -314,6 +314,23 @@ TEST(MoeTraining, OverlapAcrossMicroBatchesEqualsOneMicroBatchAtATime) {
   ASSERT_EQ(pp_two.exit_code, 0) << pp_two.output;
   ASSERT_EQ(pp_two_unpaired.exit_code, 0) << pp_two_unpaired.output;
   expect_same(pp_two, pp_two_unpaired, "EP=2 x PP=2, 2 chunks, paired against unpaired");
+  // Under the interleaved schedule (2 model chunks of 1 layer per stage): one more warm-up forward
+  // than Megatron's order, then each steady-state forward paired with the backward after it.
+  auto vpp_cct = pp_cct;
+  vpp_cct.insert(vpp_cct.end(), {"--num-layers-per-virtual-pipeline-stage", "1"});
+  const MoeRun vpp_paired = train(4, d + "/vpp_paired", with(vpp_cct), 6);
+  expect_equivalent(one, vpp_paired, "EP=2 x PP=2 interleaved (2 chunks a stage), paired over micro-batches");
+  ASSERT_TRUE(std::regex_search(vpp_paired.output, m, std::regex(R"(across micro-batches.*\((\d+) pairs, (\d+) hand-overs)")))
+      << vpp_paired.output;
+  EXPECT_EQ(std::stoi(m[1]), 3);  // rank 0: 8 chunk-micro-batches - (2 (pp - 1) + (v - 1) pp + 1) warm-up forwards
+  EXPECT_GT(std::stoi(m[2]), 0);
+  const MoeRun vpp_unpaired = train(4, d + "/vpp_unpaired", with(vpp_cct, {"--no-moe-overlap-micro-batches"}), 6);
+  ASSERT_EQ(vpp_unpaired.exit_code, 0) << vpp_unpaired.output;
+  EXPECT_EQ(vpp_unpaired.output.find("across micro-batches"), std::string::npos) << vpp_unpaired.output;
+  // The unpaired run's chunks default to 2: compare with the paired run at 2 chunks.
+  const MoeRun vpp_two = train(4, d + "/vpp_two", with(vpp_cct, two), 6);
+  ASSERT_EQ(vpp_two.exit_code, 0) << vpp_two.output;
+  expect_same(vpp_two, vpp_unpaired, "EP=2 x PP=2 interleaved, 2 chunks, paired against unpaired");
 }
 
 // --pipeline-trace shows the overlapped all-to-all (CCT): each stage's trace gains the rows "MoE
@@ -590,10 +607,6 @@ TEST(MoeTraining, LayoutsNotBuiltForMoeAreRefusedWithTheKey) {
       {1, {"--moe-overlap-num-chunks", "4"}, "parallel.moe_overlap_num_chunks"},
       {2, {"--expert-model-parallel-size", "2", "--moe-token-dispatcher-type", "alltoall", "--delay-wgrad-compute"},
        "parallel.delay_wgrad_compute"},  // without the overlap there is nothing to delay behind
-      {4, {"--expert-model-parallel-size", "2", "--pipeline-model-parallel-size", "2", "--moe-token-dispatcher-type",
-           "alltoall", "--overlap-moe-expert-parallel-comm", "--num-layers-per-virtual-pipeline-stage", "1",
-           "parallel.moe_overlap_micro_batches=true"},
-       "parallel.moe_overlap_micro_batches"},  // pairs are built for 1F1B, not the interleaved schedule
       {2, {"--expert-model-parallel-size", "2", "--moe-token-dispatcher-type", "alltoall",
            "--overlap-moe-expert-parallel-comm", "--moe-overlap-num-chunks", "1", "--no-moe-overlap-micro-batches"},
        "parallel.moe_overlap_num_chunks"},  // one chunk and no pairs: nothing would overlap

@@ -71,23 +71,16 @@ CausalLmPlan::CausalLmPlan(std::shared_ptr<const ModelConfig> config, const Plan
       errors.add("parallel.moe_overlap_micro_batches", origin("parallel.moe_overlap_micro_batches"),
                  "parallel.moe_overlap_micro_batches is set but the MoE communication overlap is off",
                  "add --overlap-moe-expert-parallel-comm, or drop parallel.moe_overlap_micro_batches");
-    if (given_pairing && par.moe_overlap_micro_batches && interleaved())
-      errors.add("parallel.moe_overlap_micro_batches", origin("parallel.moe_overlap_micro_batches"),
-                 "the overlap across micro-batches is built for 1F1B with one model chunk per stage, not the "
-                 "interleaved schedule (its virtual stages still overlap each micro-batch's chunks)",
-                 "drop parallel.moe_overlap_micro_batches, or --num-layers-per-virtual-pipeline-stage / the "
-                 "layout's virtual stages");
     if (par.overlap_moe_expert_parallel_comm && par.moe_overlap_num_chunks == 1 && !pairs_micro_batches()) {
       // One chunk overlaps only with the other micro-batch of a pair.
       const int64_t micro_batches = micro_batches_per_step();
       errors.add("parallel.moe_overlap_num_chunks", origin("parallel.moe_overlap_num_chunks"),
                  "one chunk overlaps the all-to-all only with the other micro-batch of a forward/backward pair, "
                  "and this job pairs none (" +
-                     std::string(!par.moe_overlap_micro_batches ? "the overlap across micro-batches is off"
-                                 : interleaved()                   ? "the interleaved schedule"
-                                                                   : std::to_string(micro_batches) +
-                                                         " micro-batch(es) a step, not more than pp " +
-                                                         std::to_string(layout_.size(lf::dist::Axis::pp))) +
+                     std::string(!par.moe_overlap_micro_batches
+                                     ? "the overlap across micro-batches is off"
+                                     : std::to_string(micro_batches) + " micro-batch(es) a step, not more than pp " +
+                                           std::to_string(layout_.size(lf::dist::Axis::pp))) +
                      ")",
                  "use --moe-overlap-num-chunks 2 or more, or more micro-batches a step than pipeline stages");
     }
@@ -244,13 +237,11 @@ int64_t CausalLmPlan::micro_batches_per_step() const {
   return job_.training.global_batch_size.value_or(per_step) / per_step;
 }
 
-bool CausalLmPlan::interleaved() const { return stage_counts().front().chunks.size() > 1; }
-
 // The model carries the answer (ExpertPlacement::pair_micro_batches), the trainer asks it: more
 // micro-batches than stages, so that every stage has pairs in its steady state.
 bool CausalLmPlan::pairs_micro_batches() const {
   const auto& par = job_.parallel;
-  return par.overlap_moe_expert_parallel_comm && par.moe_overlap_micro_batches && !interleaved() &&
+  return par.overlap_moe_expert_parallel_comm && par.moe_overlap_micro_batches &&
          micro_batches_per_step() > layout_.size(lf::dist::Axis::pp) && !par.chunkpipe_chunk_size;
 }
 
@@ -385,7 +376,8 @@ std::string CausalLmPlan::estimates() const {
     double act = held(c.layers) * static_cast<double>(in_flight);
     if (v > 1 && micro_batches % pp == 0) {  // interleaved: chunk-micro-batches in flight
       const auto order =
-          lf::parallel::pipeline::interleaved_1f1b_order(static_cast<int>(k), pp, static_cast<int>(v), micro_batches);
+          lf::parallel::pipeline::interleaved_1f1b_order(static_cast<int>(k), pp, static_cast<int>(v), micro_batches,
+                                                         pairs_micro_batches());
       int64_t live = 0, most = 0;
       for (const auto& op : order) most = std::max(most, live += op.kind == 'F' ? 1 : -1);
       in_flight = most;

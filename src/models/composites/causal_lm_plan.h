@@ -58,14 +58,12 @@ class CausalLmPlan : public ModelPlan {
   // under TP. The context and the placement for the model's constructor.
   bool expert_parallel() const { return expert_parallel_; }
   // Whether the trainer pairs the forward of one micro-batch with the backward of another (the
-  // MoE overlap on, its pairing on, one model chunk per stage, more micro-batches a step than
-  // pipeline stages), and the token chunks of the
+  // MoE overlap on, its pairing on, more micro-batches a step than pipeline stages, no ChunkPipe;
+  // 1F1B or interleaved), and the token chunks of the
   // overlapped all-to-all (--moe-overlap-num-chunks; unset: 1 with pairs, else 2; 0: no overlap).
   bool pairs_micro_batches() const;
   // global batch / (micro-batch size x dp), as the trainer counts them.
   int64_t micro_batches_per_step() const;
-  // Whether a stage holds more than one model chunk (the interleaved schedule).
-  bool interleaved() const;
   int overlap_chunks() const;
   std::unique_ptr<lf::dist::ParallelContext> make_expert_context(const BuildArgs& args) const;
   // Context parallelism (--context-parallel-size > 1, --cp-comm-type) on a built model.

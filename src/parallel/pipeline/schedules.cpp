@@ -257,7 +257,7 @@ double run_1f1b(StageExchange& ex, int64_t micro_batches, const StageStep& step,
   return r.loss_sum();
 }
 
-std::vector<ScheduledOp> interleaved_1f1b_order(int stage, int stages, int chunks, int64_t m) {
+std::vector<ScheduledOp> interleaved_1f1b_order(int stage, int stages, int chunks, int64_t m, bool paired) {
   LF_CHECK(stages >= 1 && stage >= 0 && stage < stages && chunks >= 1, "interleaved schedule: stage ", stage,
            " of ", stages, " with ", chunks, " model chunks");
   LF_CHECK(m >= 1 && m % stages == 0, "the interleaved pipeline schedule needs the number of micro-batches (",
@@ -265,7 +265,8 @@ std::vector<ScheduledOp> interleaved_1f1b_order(int stage, int stages, int chunk
            lf::hint("set --global-batch-size to a multiple of micro-batch size x data-parallel size x " +
                     std::to_string(stages)));
   const int64_t p = stages, v = chunks, total = m * v;
-  const int64_t warmup = m == p ? total : std::min<int64_t>(2 * (p - stage - 1) + (v - 1) * p, total);
+  const int64_t warmup =
+      m == p ? total : std::min<int64_t>(2 * (p - stage - 1) + (v - 1) * p + (paired ? 1 : 0), total);
   auto chunk_of = [&](int64_t k, bool forward) {
     const int64_t c = (k % (p * v)) / p;
     return static_cast<int>(forward ? c : v - 1 - c);
@@ -275,7 +276,7 @@ std::vector<ScheduledOp> interleaved_1f1b_order(int stage, int stages, int chunk
   ops.reserve(static_cast<size_t>(2 * total));
   for (int64_t k = 0; k < warmup; ++k) ops.push_back({'F', chunk_of(k, true), micro_batch_of(k)});
   for (int64_t i = 0; i < total - warmup; ++i) {
-    ops.push_back({'F', chunk_of(warmup + i, true), micro_batch_of(warmup + i)});
+    ops.push_back({'F', chunk_of(warmup + i, true), micro_batch_of(warmup + i), paired});
     ops.push_back({'B', chunk_of(i, false), micro_batch_of(i)});
   }
   for (int64_t i = total - warmup; i < total; ++i) ops.push_back({'B', chunk_of(i, false), micro_batch_of(i)});
@@ -288,7 +289,8 @@ std::vector<ScheduledOp> interleaved_1f1b_order(int stage, int stages, int chunk
 double run_interleaved_1f1b(StageExchange& ex, int chunks, int64_t micro_batches, const VirtualStageStep& step,
                             ScheduleTrace* trace) {
   LF_CHECK(static_cast<bool>(step.forward), "pipeline schedule: VirtualStageStep::forward is not set");
-  const auto ops = interleaved_1f1b_order(ex.stage(), ex.num_stages(), chunks, micro_batches);
+  const bool pairs = static_cast<bool>(step.run_pair);
+  const auto ops = interleaved_1f1b_order(ex.stage(), ex.num_stages(), chunks, micro_batches, pairs);
   const int p = ex.num_stages();
   TracedStep span(ex, trace);
   // Virtual stage of chunk c here, and the message id of (virtual stage, micro-batch).
@@ -298,44 +300,82 @@ double run_interleaved_1f1b(StageExchange& ex, int chunks, int64_t micro_batches
   std::vector<std::deque<InFlight>> in_flight(static_cast<size_t>(chunks));
   double loss_sum = 0;
   int64_t backwards_left = static_cast<int64_t>(chunks) * micro_batches;
-  for (const auto& op : ops) {
+  // Each op in three parts (receive, compute, send), so that a pair can receive both inputs before
+  // computing both and send both after.
+  struct Forward {
+    ScheduledOp op;
+    InFlight f;
+  };
+  struct Backward {
+    ScheduledOp op;
+    InFlight f;
+    TensorMap output_grads, input_grads;
+  };
+  auto receive_forward = [&](const ScheduledOp& op) {
+    Forward w{op, {}};
+    w.f.m = op.micro_batch;
     const int64_t vs = vstage(op.chunk);
-    if (op.kind == 'F') {
-      InFlight f;
-      f.m = op.micro_batch;
-      if (vs > 0) f.input = ex.recv_forward_map(id(vs - 1, f.m), /*ring=*/true);
-      {
-        Timed t(trace, 'F', f.m, op.chunk);
-        f.output = step.forward(op.chunk, f.m, f.input);
-      }
-      if (vs == last_vs) {
-        LF_CHECK(f.output.loss.defined() && f.output.loss.numel() == 1, "pipeline stage ", ex.stage(),
-                 ": the last virtual stage's forward step must return the scalar loss");
-        loss_sum += f.output.loss.detach().to(at::kDouble).item<double>();
-      } else {
-        LF_CHECK(!f.output.activations.empty(), "pipeline stage ", ex.stage(), ": the forward step of chunk ",
-                 op.chunk, ", micro-batch ", f.m, " returned no activations");
-        ex.send_forward(f.output.activations, id(vs, f.m), /*ring=*/true);
-      }
-      in_flight[static_cast<size_t>(op.chunk)].push_back(std::move(f));
-      continue;
+    if (vs > 0) w.f.input = ex.recv_forward_map(id(vs - 1, w.f.m), /*ring=*/true);
+    return w;
+  };
+  auto compute_forward = [&](Forward& w) {
+    Timed t(trace, 'F', w.f.m, w.op.chunk);
+    w.f.output = step.forward(w.op.chunk, w.f.m, w.f.input);
+  };
+  auto send_forward = [&](Forward& w) {
+    const int64_t vs = vstage(w.op.chunk);
+    if (vs == last_vs) {
+      LF_CHECK(w.f.output.loss.defined() && w.f.output.loss.numel() == 1, "pipeline stage ", ex.stage(),
+               ": the last virtual stage's forward step must return the scalar loss");
+      loss_sum += w.f.output.loss.detach().to(at::kDouble).item<double>();
+    } else {
+      LF_CHECK(!w.f.output.activations.empty(), "pipeline stage ", ex.stage(), ": the forward step of chunk ",
+               w.op.chunk, ", micro-batch ", w.f.m, " returned no activations");
+      ex.send_forward(w.f.output.activations, id(vs, w.f.m), /*ring=*/true);
     }
+    in_flight[static_cast<size_t>(w.op.chunk)].push_back(std::move(w.f));
+  };
+  auto receive_backward = [&](const ScheduledOp& op) {
     auto& queue = in_flight[static_cast<size_t>(op.chunk)];
     LF_CHECK(!queue.empty() && queue.front().m == op.micro_batch, "pipeline stage ", ex.stage(),
              ": backward of chunk ", op.chunk, ", micro-batch ", op.micro_batch, " without its forward");
-    InFlight f = std::move(queue.front());
+    Backward w{op, std::move(queue.front()), {}, {}};
     queue.pop_front();
-    TensorMap output_grads;
-    if (vs != last_vs) output_grads = ex.recv_backward_map(id(vs, f.m), /*ring=*/true);
-    if (step.before_backward) step.before_backward(op.chunk, f.m, --backwards_left == 0);
-    TensorMap input_grads;
-    {
-      Timed t(trace, 'B', f.m, op.chunk);
-      input_grads = stage_backward(f.output, output_grads, f.input, vs == last_vs,
+    const int64_t vs = vstage(op.chunk);
+    if (vs != last_vs) w.output_grads = ex.recv_backward_map(id(vs, w.f.m), /*ring=*/true);
+    return w;
+  };
+  auto compute_backward = [&](Backward& w) {
+    const int64_t vs = vstage(w.op.chunk);
+    if (step.before_backward) step.before_backward(w.op.chunk, w.f.m, --backwards_left == 0);
+    Timed t(trace, 'B', w.f.m, w.op.chunk);
+    w.input_grads = stage_backward(w.f.output, w.output_grads, w.f.input, vs == last_vs,
                                    "pipeline stage " + std::to_string(ex.stage()) + ", chunk " +
-                                       std::to_string(op.chunk) + ", micro-batch " + std::to_string(f.m));
+                                       std::to_string(w.op.chunk) + ", micro-batch " + std::to_string(w.f.m));
+  };
+  auto send_backward = [&](Backward& w) {
+    const int64_t vs = vstage(w.op.chunk);
+    if (vs > 0) ex.send_backward(w.input_grads, id(vs - 1, w.f.m), /*ring=*/true);
+  };
+  for (size_t i = 0; i < ops.size(); ++i) {
+    const ScheduledOp& op = ops[i];
+    if (op.kind == 'F' && op.paired) {
+      LF_CHECK(i + 1 < ops.size() && ops[i + 1].kind == 'B', "pipeline stage ", ex.stage(),
+               ": a paired forward without a backward after it");
+      Forward fw = receive_forward(op);
+      Backward bw = receive_backward(ops[++i]);
+      step.run_pair([&] { compute_forward(fw); }, [&] { compute_backward(bw); });
+      send_forward(fw);
+      send_backward(bw);
+    } else if (op.kind == 'F') {
+      Forward fw = receive_forward(op);
+      compute_forward(fw);
+      send_forward(fw);
+    } else {
+      Backward bw = receive_backward(op);
+      compute_backward(bw);
+      send_backward(bw);
     }
-    if (vs > 0) ex.send_backward(input_grads, id(vs - 1, f.m), /*ring=*/true);
   }
   ex.flush();
   span.finish();

@@ -105,9 +105,9 @@ struct ParallelConfig {
       "Token chunks of the overlapped MoE all-to-all (null: 1 where the overlap pairs micro-batches, else 2); 1: "
       "no chunks, only the overlap across micro-batches (more micro-batches a step than pipeline stages)", Min{1});
     v("moe_overlap_micro_batches", moe_overlap_micro_batches,
-      "With --overlap-moe-expert-parallel-comm and more micro-batches a step than pipeline stages (one model "
-      "chunk per stage): the forward of one micro-batch and the backward of an earlier one take turns "
-      "(DualPipe-style; under 1F1B one more warm-up forward per stage), each running while the other's "
+      "With --overlap-moe-expert-parallel-comm and more micro-batches a step than pipeline stages: the forward "
+      "of one micro-batch and the backward of an earlier one take turns (DualPipe-style; under 1F1B and "
+      "interleaved 1F1B one more warm-up forward per stage), each running while the other's "
       "all-to-all is in flight; false: each micro-batch's forward and backward as the schedule orders them");
     v("delay_wgrad_compute", delay_wgrad_compute,
       "With --overlap-moe-expert-parallel-comm: the experts' backward computes every chunk's input gradient first "

@@ -51,6 +51,11 @@ struct VirtualStageStep {
   // Before each backward; `final`: the last backward of the step on this rank (chunk 0 of the
   // last micro-batch), after which every gradient of this rank is complete.
   std::function<void(int chunk, int64_t m, bool final)> before_backward;
+  // The MoE overlap across micro-batches (empty: none), as StageStep::run_pair: the order warms up
+  // with one forward more (interleaved_1f1b_order's `paired`) and each steady-state forward runs
+  // with the backward after it. Both receives come first, then the two computations as a pair,
+  // then both sends (forward's first), so a transport matching messages by order still pairs them.
+  std::function<void(const std::function<void()>& forward, const std::function<void()>& backward)> run_pair;
 };
 
 // Backpropagates one stage's forward: the output entries that require grad with `output_grads`
@@ -64,6 +69,7 @@ struct ScheduledOp {
   char kind;  // 'F' or 'B'
   int chunk;
   int64_t micro_batch;
+  bool paired = false;  // a forward that runs with the next op, a backward (the MoE overlap's pairs)
   bool operator==(const ScheduledOp&) const = default;
 };
 
@@ -72,7 +78,11 @@ struct ScheduledOp {
 // the chunks in reverse; 2 (pp - stage - 1) + (v - 1) pp warm-up forwards (all of them when
 // m == pp), then one forward / one backward, then the remaining backwards. Needs m a multiple of
 // pp (an error naming both). With equal chunk costs the bubble is (pp - 1) / (v m + pp - 1).
-std::vector<ScheduledOp> interleaved_1f1b_order(int stage, int stages, int chunks, int64_t micro_batches);
+// `paired` (VirtualStageStep::run_pair): one warm-up forward more, and each steady-state forward
+// marked to run with the backward after it. Neither op of such a pair needs the other's result on
+// any stage (tests/parallel/test_pipeline.cpp simulates the pairs as single steps).
+std::vector<ScheduledOp> interleaved_1f1b_order(int stage, int stages, int chunks, int64_t micro_batches,
+                                                bool paired = false);
 
 // A timeline of one stage's compute (--pipeline-trace): each forward and backward with its start
 // and duration, and the span of each step, which starts and ends at a barrier of the pipeline

@@ -185,7 +185,8 @@ TEST(MoeTraining, ExpertParallelEqualsSingleProcess) {
 // parallelism: on TP 2 x DP 2 with EP 2 every expert is split over TP like the dense MLP and the
 // experts over EP (rank tp + 2 ep holds its two experts' TP shards), the tokens are gathered over
 // TP and dispatched among the ranks of the same TP rank. Both dispatchers, with and without SP,
-// ZeRO-1, the overlap (chunks and micro-batch pairs) equal the single process; a checkpoint saved so (a two-level split per expert weight)
+// ZeRO-1, the overlap (chunks and micro-batch pairs), PP 2 (8 ranks) equal the single process; a
+// checkpoint saved so (a two-level split per expert weight)
 // trains on at one process and at EP 2 with expert TP 1.
 TEST(MoeTraining, ExpertsSplitOverTpAndEpEqualSingleProcess) {
   const std::string d = lf::testing::make_temp_dir("moe_ep_etp");
@@ -212,6 +213,10 @@ TEST(MoeTraining, ExpertsSplitOverTpAndEpEqualSingleProcess) {
                                               "--overlap-moe-expert-parallel-comm", "--moe-overlap-num-chunks", "2",
                                               "--delay-wgrad-compute"})),
                     "EP=2 x TP=2 + SP (expert TP 2), overlapped: 2 chunks, micro-batch pairs, delayed weight gradients");
+  expect_equivalent(one,
+                    train(8, d + "/pp2", etp({"--sequence-parallel", "--moe-token-dispatcher-type", "alltoall",
+                                              "--pipeline-model-parallel-size", "2"})),
+                    "EP=2 x TP=2 + SP (expert TP 2) x PP=2, all-to-all");
   // Saved at iteration 5 with ZeRO-1, trained on elsewhere: the last 5 steps equal the single process's.
   const MoeRun first = train(4, d + "/first", etp({"--sequence-parallel", "--moe-token-dispatcher-type", "alltoall",
                                                   "--use-distributed-optimizer", "--save", d + "/ck",

@@ -146,14 +146,14 @@ void ShardSpec::validate(const std::string& what) const {
   LF_CHECK(tp_size >= 1 && tp_rank >= 0 && tp_rank < tp_size && blocks >= 1 && outer >= 1, what,
            ": bad split (tp rank ", tp_rank, " of ", tp_size, ", ", blocks, " blocks, ", outer, " parts)",
            lf::hint(kCorruptHint));
-  if (partition_dim < 0) return;
   if (outer > 1) {
-    LF_CHECK(partition_dim >= 1 && tp_size % outer == 0 && global_shape[0] % outer == 0, what,
+    LF_CHECK(partition_dim >= 1 && tp_size % outer == 0 && !global_shape.empty() && global_shape[0] % outer == 0, what,
              ": bad two-level split (", outer, " parts along dim 0 of ", shape_str(global_shape), " over ", tp_size,
              " ranks, then dim ", partition_dim, ")", lf::hint(kCorruptHint));
     sharding().check(global_shape, tp_size, what);
     return;
   }
+  if (partition_dim < 0) return;
   LF_CHECK(partition_dim < static_cast<int64_t>(global_shape.size()), what, ": partition dim ",
            partition_dim, " of a tensor of shape ", shape_str(global_shape), lf::hint(kCorruptHint));
   const int64_t d = global_shape[static_cast<size_t>(partition_dim)];

@@ -168,6 +168,10 @@ TEST(CheckpointFormat, TwoLevelSplitOfExpertsRoundTrips) {
   odd.outer = 3;
   odd.tp_size = 6;
   EXPECT_NE(lf::testing::error_message([&] { odd.validate("fc1"); }).find("bad two-level split"), std::string::npos);
+  odd.outer = 2;
+  odd.tp_size = 4;
+  odd.partition_dim = -1;  // parts without a split inside them: no record the model writes
+  EXPECT_NE(lf::testing::error_message([&] { odd.validate("fc1"); }).find("bad two-level split"), std::string::npos);
 }
 
 TEST(CheckpointFormat, ReshardKeepsEveryTensor) {

@@ -69,8 +69,8 @@ class ParallelLayout {
   int expert_tp_size() const { return etp_; }
 
   // The expert view as a layout of its own, for a ParallelContext of the experts: its tp axis is
-  // the expert-parallel axis, its dp axis expert-dp, its pp the same stages (cp 1). Requires
-  // expert tensor-parallel size 1 (a tp > 1 expert split stays in the dense context).
+  // the expert-parallel axis (expert TP = tp > 1: tp x ep as one axis, tp fastest), its dp axis
+  // expert-dp, its pp the same stages (cp 1).
   ParallelLayout expert_layout() const;
   // Why expert_layout() would fail (an order that cannot number tp x ep as one axis); "" if not.
   std::string expert_layout_problem() const;

@@ -1,5 +1,6 @@
 // The op harness: every case of op_cases.cpp on every backend (cpu; xpu through the reference
-// plugin built in this tree; cuda when a GPU is visible), forward and backward, against the CPU
+// plugin built in this tree, or the plugin tools/xpu-compat names; cuda when a GPU is visible),
+// forward and backward, against the CPU
 // reference. A backend that is not present skips with the reason. Also checks the autograd
 // wrappers (backend/functional.h) route gradients to the right inputs on each backend.
 #include <gtest/gtest.h>
@@ -9,29 +10,28 @@
 #include <ATen/TensorOperators.h>
 #include <torch/csrc/autograd/autograd.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <memory>
 
 #include "loongforge/backend/functional.h"
 #include "loongforge/backend/reference_ops.h"
 #include "loongforge/backend/registry.h"
+#include "loongforge/core/error.h"
 #include "multiprocess.h"
 #include "op_cases.h"
+#include "plugin_under_test.h"
 
 namespace lf::testing {
 namespace {
 
 using backend::DeviceBackend;
 
-std::string reference_plugin_path() {
-  return binary_dir() + "/lib/libloongforge_xpu_reference.so";
-}
-
 // The backend under test, or nullptr with the reason it is absent.
 const DeviceBackend* backend_for(const std::string& name, std::string* why) {
   if (name == "cpu") return &backend::cpu_backend();
   if (name == "xpu") {
-    static std::unique_ptr<DeviceBackend> xpu = backend::load_xpu_plugin(reference_plugin_path());
+    static std::unique_ptr<DeviceBackend> xpu = backend::load_xpu_plugin(xpu_plugin_under_test());
     return xpu.get();
   }
   if (!backend::cuda_device_visible()) {
@@ -95,6 +95,22 @@ INSTANTIATE_TEST_SUITE_P(Backends, OpHarness, ::testing::ValuesIn(all_params()),
                            return info.param.backend + "_" +
                                   op_cases()[info.param.case_index].name;
                          });
+
+// The plugin under test loads through the loader training uses (LOONGFORGE_DEVICE=xpu): the ABI
+// handshake (version and table size) passes and it is an xpu backend. tools/xpu-compat runs this
+// first, so a plugin the loader rejects gets the loader's message once.
+TEST(XpuPlugin, LoadsThroughTheTrainingLoader) {
+  std::unique_ptr<DeviceBackend> xpu;
+  try {
+    xpu = backend::load_xpu_plugin(xpu_plugin_under_test());
+  } catch (const lf::Error& e) {
+    FAIL() << e.what();
+  }
+  ASSERT_NE(xpu, nullptr);
+  EXPECT_EQ(xpu->name(), "xpu");
+  std::printf("[xpu plugin] %s loads: backend %s on %s\n", xpu_plugin_under_test().c_str(), xpu->name().c_str(),
+              xpu->device().str().c_str());
+}
 
 // The harness must be able to fail: a wrong result is caught with the element that differs.
 TEST(OpHarnessSelfTest, CompareCatchesOneWrongElement) {
@@ -228,7 +244,8 @@ TEST_P(FunctionalOnBackend, GradientsReachTheRightInputs) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Backends, FunctionalOnBackend, ::testing::Values("cpu", "xpu", "cuda"));
+INSTANTIATE_TEST_SUITE_P(Backends, FunctionalOnBackend, ::testing::Values("cpu", "xpu", "cuda"),
+                         [](const ::testing::TestParamInfo<std::string>& info) { return info.param; });
 
 // lf::ops::linear's gradient-accumulation fusion: the backward's GEMM writes (or adds) w's gradient
 // into the slot the sink names, autograd gets none for w; x's and b's gradients are autograd's.

@@ -1,5 +1,6 @@
 // Two ranks run every collective through a backend's communicator and check hand-computed
-// results: the reference XPU plugin's store-based communicator (through the C ABI and the
+// results: the XPU plugin's communicator (the reference plugin's store-based one, or the plugin
+// tools/xpu-compat names; through the C ABI and the
 // loader's adapter) and, as a control running the same body, the CPU backend's Gloo one.
 #include <gtest/gtest.h>
 
@@ -12,6 +13,7 @@
 
 #include "loongforge/backend/registry.h"
 #include "multiprocess.h"
+#include "plugin_under_test.h"
 
 namespace lf::testing {
 namespace {
@@ -41,7 +43,7 @@ void run_collectives(const std::string& device) {
   std::unique_ptr<backend::DeviceBackend> xpu;
   const backend::DeviceBackend* be = &backend::cpu_backend();
   if (device == "xpu") {
-    xpu = backend::load_xpu_plugin(binary_dir() + "/lib/libloongforge_xpu_reference.so");
+    xpu = backend::load_xpu_plugin(xpu_plugin_under_test());
     be = xpu.get();
   }
   backend::CommunicatorSpec spec;
@@ -120,7 +122,7 @@ void run_collectives(const std::string& device) {
 
 LF_WORKER_CASE(backend_collectives) { run_collectives(worker_args().at(0)); }
 
-TEST(PluginCommunicator, TwoRanksOnTheReferencePlugin) {
+TEST(PluginCommunicator, TwoRanksOnTheXpuPlugin) {  // the reference, or tools/xpu-compat's plugin
   SpawnOptions opt;
   opt.world_size = 2;
   opt.args = {"xpu"};

@@ -194,7 +194,8 @@ std::optional<lf::backend::GradInto> fp32_grad_slot(const WeightGradSlots* slots
   return into;
 }
 
-// w's gradient d2^T x2 for linear layers: into the sink's slot (returns undefined) or returned.
+}  // namespace
+
 at::Tensor linear_weight_grad(const WeightGradSlots* slots, const at::Tensor& w, const at::Tensor& d2,
                               const at::Tensor& x2) {
   auto into = fp32_grad_slot(slots, w, d2.scalar_type() == at::kFloat && x2.scalar_type() == at::kFloat, "linear");
@@ -202,6 +203,18 @@ at::Tensor linear_weight_grad(const WeightGradSlots* slots, const at::Tensor& w,
   gemm::mm_into(into->dw, d2.t(), x2, into->accumulate);
   return at::Tensor();
 }
+
+at::Tensor store_weight_grad(const WeightGradSlots* slots, const at::Tensor& w, const at::Tensor& g) {
+  auto into = fp32_grad_slot(slots, w, g.scalar_type() == at::kFloat, "linear");
+  if (!into) return g.to(w.scalar_type());
+  if (into->accumulate)
+    into->dw.add_(g);
+  else
+    into->dw.copy_(g);
+  return at::Tensor();
+}
+
+namespace {
 
 struct LinearFn : torch::autograd::Function<LinearFn> {
   // b: an optional (undefined tensors cannot be a custom function's inputs).

@@ -39,6 +39,18 @@ double EvalResult::value(const std::string& name) const {
   return it == metrics.end() || it->second.count == 0 ? 0.0 : it->second.sum / it->second.count;
 }
 
+std::unique_ptr<lf::ops::Fp8Policy> fp8_policy(const lf::config::TrainingConfig& t) {
+  if (!t.fp8_format) return nullptr;
+  lf::ops::Fp8Recipe r;
+  r.format = *t.fp8_format == "e4m3" ? lf::ops::Fp8Format::e4m3 : lf::ops::Fp8Format::hybrid;
+  r.scaling = t.fp8_recipe == "blockwise" ? lf::ops::Fp8Scaling::blockwise : lf::ops::Fp8Scaling::tensorwise;
+  r.margin = static_cast<int>(t.fp8_margin);
+  auto p = t.fp8_policy ? std::make_unique<lf::ops::Fp8Policy>(lf::ops::Fp8Policy::read(*t.fp8_policy, r))
+                        : std::make_unique<lf::ops::Fp8Policy>(r);
+  if (t.first_last_layers_bf16) p->set_layers_in_training_dtype(t.num_layers_at_start_in_bf16, t.num_layers_at_end_in_bf16);
+  return p;
+}
+
 lf::models::RecomputeOptions recompute_options(const lf::config::TrainingConfig& t) {
   using R = lf::models::RecomputeOptions;
   R r;
@@ -171,6 +183,15 @@ Trainer::Trainer(const lf::config::JobConfig& job, lf::models::Model& model, con
     : impl_(std::make_unique<Impl>(job, model, ctx, backend, std::move(train_data), std::move(valid_data),
                                    std::move(hooks))) {
   model.set_recompute(recompute_options(job.training));
+  auto& I = *impl_;
+  I.fp8 = fp8_policy(job.training);
+  if (I.fp8) {
+    LF_CHECK(model.set_fp8(I.fp8.get()), "--fp8-format ", *job.training.fp8_format, ": model type ", model.type(),
+             " has no linear layer that runs in FP8",
+             lf::hint("FP8 covers the decoder's dense attention and MLP linear layers (linear_qkv, linear_proj, "
+                      "linear_fc1, linear_fc2) outside the layers --first-last-layers-bf16 keeps; drop --fp8-format"));
+    if (ctx.global_rank() == 0) LF_INFO("fp8: ", I.fp8->describe());
+  }
 }
 
 Trainer::~Trainer() = default;

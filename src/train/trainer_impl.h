@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "loongforge/backend/fp8.h"
 #include "loongforge/parallel/pipeline/p2p.h"
 #include "loongforge/parallel/pipeline/schedules.h"
 #include "loongforge/train/loss_scaler.h"
@@ -49,6 +50,7 @@ struct Trainer::Impl {
     if (sink) model.set_gradient_sink(nullptr);  // the model outlives the trainer
     if (trace) model.set_trace(nullptr);
     if (pair_micro_batches) model.set_streams(nullptr);
+    if (fp8) model.set_fp8(nullptr);
   }
 
   const lf::config::JobConfig& job;
@@ -65,6 +67,7 @@ struct Trainer::Impl {
   std::vector<size_t> ema_groups;
   void update_ema();
   std::unique_ptr<BufferGradientSink> sink;  // --gradient-accumulation-fusion (the default)
+  std::unique_ptr<lf::ops::Fp8Policy> fp8;   // --fp8-format (and --fp8-policy)
   std::unique_ptr<Optimizer> optimizer;
   LrSchedule schedule;
   LossScaler scaler;

@@ -9,6 +9,7 @@
 #include <map>
 #include <set>
 
+#include "loongforge/backend/fp8.h"
 #include "loongforge/backend/registry.h"
 #include "loongforge/core/config/config_error.h"
 #include "loongforge/core/config/yaml.h"
@@ -525,4 +526,39 @@ TEST(CausalLm, GqaMustDivideHeads) {
       lf::config::Origin::from_file("m.yaml", 1));
   EXPECT_THROW(lf::models::load_causal_lm(tree), lf::config::ConfigError);
 }
+// --first-last-layers-bf16: the layers FP8 skips, by index in the model; with every layer skipped
+// the model reports no FP8 GEMM (the trainer then refuses the run), and counts beyond the model's
+// layers are refused. The forward of the skipped layers is the plain one: with every layer but
+// the last skipped, the logits differ from the plain model's (the last layer in FP8), and skipping
+// that one too gives them back bit for bit.
+TEST(Decoder, Fp8LeavesTheFirstAndLastLayersInTheTrainingDtype) {
+  auto c = lf::testing::tiny_decoder_config();
+  c.num_layers = 4;
+  lf::models::CausalLm m(c, lf::backend::cpu_backend(), 3, at::kFloat);
+  m.set_training(false);
+  const auto tokens = at::randint(0, 50, {2, 16});
+  const auto plain = m.forward(tokens);
+  lf::ops::Fp8Policy p(lf::ops::Fp8Recipe{});
+  p.set_layers_in_training_dtype(1, 2);
+  ASSERT_TRUE(m.set_fp8(&p));
+  std::vector<bool> on;
+  for (size_t i = 0; i < 4; ++i) on.push_back(m.foundation().layer(i).fp8());
+  EXPECT_EQ(on, (std::vector<bool>{false, true, false, false}));
+  p.set_layers_in_training_dtype(3, 0);
+  ASSERT_TRUE(m.set_fp8(&p));
+  EXPECT_FALSE(at::equal(m.forward(tokens), plain));
+  p.set_layers_in_training_dtype(3, 1);
+  EXPECT_FALSE(m.set_fp8(&p));
+  EXPECT_TRUE(at::equal(m.forward(tokens), plain));
+  p.set_layers_in_training_dtype(3, 2);
+  try {
+    m.set_fp8(&p);
+    ADD_FAILURE() << "5 of 4 layers kept out of FP8 was accepted";
+  } catch (const lf::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("exceed the model's 4 layers"), std::string::npos) << e.what();
+  }
+  m.set_fp8(nullptr);
+}
+
 }  // namespace
+

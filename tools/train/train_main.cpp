@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "data_source.h"
+#include "loongforge/backend/fp8.h"
 #include "loongforge/backend/registry.h"
 #include "loongforge/core/config/config_error.h"
 #include "loongforge/core/config/job_config.h"
@@ -186,6 +187,8 @@ int train_main(const lf::config::TrainCommandLine& cl, const lf::train::TrainerH
   auto plan = lf::models::plan_model(model_config, {&job, &loaded.resolved, &layout});
   check_job(job, loaded.resolved, layout, *plan);
   const auto eod = end_of_document(job, loaded.resolved, *plan);
+  // A bad --fp8-policy file stops here, before any process group exists (--dry-run included).
+  const auto fp8 = lf::train::fp8_policy(job.training);
 
   if (cl.dry_run) {
     if (env.rank == 0) {
@@ -193,6 +196,7 @@ int train_main(const lf::config::TrainCommandLine& cl, const lf::train::TrainerH
                 << lf::config::to_yaml(loaded.resolved, cl.show_origin) << "\n# parallel layout (" << env.world_size
                 << " ranks, launched by " << env.source << ")\n"
                 << layout.describe() << "\n" << plan->describe();
+      if (fp8) std::cout << "fp8: " << fp8->describe() << "\n";
       std::cout.flush();
     }
     return 0;

@@ -62,6 +62,14 @@ class WeightGradSlots {
   virtual ~WeightGradSlots() = default;
   virtual std::optional<lf::backend::GradInto> weight_grad_slot(const at::Tensor& w) const = 0;
 };
+// A linear layer's weight gradient d2^T x2 (d2 [n, out], x2 [n, in]): written into (or, when it
+// holds gradient already, added onto) the slot slots->weight_grad_slot(w) names when d2 and x2 are
+// fp32 and there is a slot (returns undefined); else returned.
+at::Tensor linear_weight_grad(const WeightGradSlots* slots, const at::Tensor& w, const at::Tensor& d2,
+                              const at::Tensor& x2);
+// A weight gradient g computed already (w's shape): into the slot as linear_weight_grad writes (g
+// fp32; returns undefined), else returned in w's dtype.
+at::Tensor store_weight_grad(const WeightGradSlots* slots, const at::Tensor& w, const at::Tensor& g);
 // y = x w^T (+ b): x [.., in], w [out, in], b [out] or undefined. slots null: at::linear. Else,
 // for fp32 x and w, w's gradient is the backward's GEMM written into (or accumulated with beta 1
 // onto) the slot slots->weight_grad_slot(w) names, and autograd gets none for w (its

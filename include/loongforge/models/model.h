@@ -133,6 +133,10 @@ class Model {
 
   virtual void set_training(bool training) = 0;
   virtual void set_recompute(const RecomputeOptions&) {}
+  // FP8 GEMMs under this policy (null: none; it must outlive training). Returns whether the model
+  // has any GEMM the policy applies to (false: the model does not do FP8, and a run asking for it
+  // is refused).
+  virtual bool set_fp8(const lf::ops::Fp8Policy*) { return false; }
   // Training steps' gradient destinations (null: none); the model must not outlive the sink.
   virtual void set_gradient_sink(const GradientSink*) {}
   // Where the model records spans of its work inside forwards and backwards (--pipeline-trace;

@@ -88,6 +88,10 @@ class Trainer {
 // with num_layers 1 when only the granularity is given).
 lf::models::RecomputeOptions recompute_options(const lf::config::TrainingConfig& t);
 
+// The FP8 policy of training.fp8_* (null: fp8_format unset): every FP8-capable GEMM, or the
+// --fp8-policy file's choices (read and checked here: a bad file throws naming it and the key).
+std::unique_ptr<lf::ops::Fp8Policy> fp8_policy(const lf::config::TrainingConfig& t);
+
 // Micro-batches per step: global_batch_size / (micro_batch_size * dp); throws naming the values
 // when they do not divide.
 int64_t num_micro_batches(const lf::config::TrainingConfig& t, int dp_size);

@@ -150,6 +150,19 @@ void validate(const JobConfig& job, const Node& resolved, ErrorList& errors) {
     c.fail("training.global_batch_size",
            "global_batch_size is not a multiple of micro_batch_size: " + c.show("training.global_batch_size") +
                ", " + c.show("training.micro_batch_size"));
+  // The FP8 knobs do nothing without fp8_format: refused rather than ignored.
+  for (const char* key : {"training.fp8_recipe", "training.fp8_margin", "training.fp8_policy",
+                          "training.first_last_layers_bf16"})
+    if (c.ok({key, "training.fp8_format"}) && c.given(key) && !t.fp8_format &&
+        (key != std::string("training.fp8_policy") || t.fp8_policy) &&
+        (key != std::string("training.first_last_layers_bf16") || t.first_last_layers_bf16))
+      c.fail(key, c.show(key) + " configures FP8 GEMMs, which are off (" + c.show("training.fp8_format") + ")",
+             "add --fp8-format hybrid (or e4m3), or drop it");
+  for (const char* key : {"training.num_layers_at_start_in_bf16", "training.num_layers_at_end_in_bf16"})
+    if (c.ok({key, "training.first_last_layers_bf16"}) && c.given(key) && !t.first_last_layers_bf16)
+      c.fail(key, c.show(key) + " counts the layers --first-last-layers-bf16 keeps out of FP8, which is off (" +
+                      c.show("training.first_last_layers_bf16") + ")",
+             "add --first-last-layers-bf16, or drop it");
   const bool recompute_ok =
       c.ok({"training.recompute_granularity", "training.recompute_method", "training.recompute_num_layers"});
   if (recompute_ok && t.recompute_method && t.recompute_granularity != "full")

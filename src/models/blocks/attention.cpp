@@ -5,6 +5,7 @@
 
 #include <cmath>
 
+#include "loongforge/backend/fp8.h"
 #include "loongforge/backend/functional.h"
 #include "loongforge/core/error.h"
 #include "loongforge/models/recompute.h"
@@ -145,7 +146,10 @@ SelfAttention::SelfAttention(ParamBuilder& b, const std::string& prefix, const A
 at::Tensor SelfAttention::forward(const lf::backend::DeviceBackend& be, const lf::parallel::TensorParallel& tp,
                                   const at::Tensor& x, const AttentionInputs& in, size_t i,
                                   const LoraInputs* lora, const lf::ops::WeightGradSlots* slots,
-                                  const Norm* pre_norm) const {
+                                  const Norm* pre_norm, const lf::ops::Fp8Policy* fp8) const {
+  const int64_t tokens = x.size(0) * x.size(1) * (tp.sequence_parallel ? tp.size() : 1);  // this rank's GEMM rows
+  const lf::ops::Fp8Recipe* fp8_qkv = fp8 ? fp8->choose(lf::ops::Fp8Gemm::qkv, tokens) : nullptr;
+  const lf::ops::Fp8Recipe* fp8_proj = fp8 ? fp8->choose(lf::ops::Fp8Gemm::proj, tokens) : nullptr;
   const int64_t d = c_.head_dim, groups = c_.num_groups / tp.size(), per_group = c_.num_heads / c_.num_groups,
                 nq = groups * per_group;  // this rank's heads
   const LayerLora* ad = lora ? lora->adapters : nullptr;
@@ -155,8 +159,9 @@ at::Tensor SelfAttention::forward(const lf::backend::DeviceBackend& be, const lf
   // norm goes into linear_qkv (Norm::first_linear).
   const at::Tensor xn = pre_norm && adapters_read_x ? (*pre_norm)(be, x) : x;
   auto qkv = pre_norm && !adapters_read_x
-                 ? pre_norm->first_linear(be, tp, x, qkv_, qkv_bias_, slots)
-                 : lf::parallel::column_parallel_linear(xn, qkv_, qkv_bias_, tp, false, slots);  // [s, b, groups (pg+2) d]
+                 ? pre_norm->first_linear(be, tp, x, qkv_, qkv_bias_, slots, fp8_qkv)
+                 : lf::parallel::column_parallel_linear(xn, qkv_, qkv_bias_, tp, false, slots,
+                                                        fp8_qkv);  // [s, b, groups (pg+2) d]
   const int64_t s = qkv.size(0), b = qkv.size(1);
   qkv = qkv.view({s, b, groups, per_group + 2, d});
   auto q = qkv.narrow(3, 0, per_group).reshape({s, b, nq, d});
@@ -205,7 +210,7 @@ at::Tensor SelfAttention::forward(const lf::backend::DeviceBackend& be, const lf
   } else {
     o = core(q, k, v);
   }
-  auto out = lf::parallel::row_parallel_linear(o, proj_, proj_bias_, tp, slots);
+  auto out = lf::parallel::row_parallel_linear(o, proj_, proj_bias_, tp, slots, fp8_proj);
   if (ad && (*ad)[LoraModule::o_proj].on()) out = out + (*ad)[LoraModule::o_proj].forward(tp, o, lora->row_gen(tp));
   return out;
 }

@@ -3,6 +3,7 @@
 #include <ATen/Functions.h>
 #include <ATen/TensorOperators.h>
 
+#include "loongforge/backend/fp8.h"
 #include "loongforge/backend/functional.h"
 #include "loongforge/models/recompute.h"
 
@@ -19,15 +20,20 @@ Mlp::Mlp(ParamBuilder& b, const std::string& prefix, const MlpConfig& c) : c_(c)
 
 at::Tensor Mlp::forward(const lf::backend::DeviceBackend& be, const lf::parallel::TensorParallel& tp,
                         const at::Tensor& x, bool selective_recompute, const LoraInputs* lora,
-                        const lf::ops::WeightGradSlots* slots, const Norm* pre_norm) const {
+                        const lf::ops::WeightGradSlots* slots, const Norm* pre_norm,
+                        const lf::ops::Fp8Policy* fp8) const {
+  const int64_t tokens = x.size(0) * x.size(1) * (tp.sequence_parallel ? tp.size() : 1);  // this rank's GEMM rows
+  const lf::ops::Fp8Recipe* fp8_fc1 = fp8 ? fp8->choose(lf::ops::Fp8Gemm::fc1, tokens) : nullptr;
+  const lf::ops::Fp8Recipe* fp8_fc2 = fp8 ? fp8->choose(lf::ops::Fp8Gemm::fc2, tokens) : nullptr;
   const LayerLora* ad = lora ? lora->adapters : nullptr;
   const bool adapters_read_x = ad && ((*ad)[LoraModule::gate_proj].on() || (*ad)[LoraModule::up_proj].on());
   // The normed input is a tensor of its own only when gate/up adapters read it too; otherwise the
   // norm goes into linear_fc1 (Norm::first_linear).
   const at::Tensor xn = pre_norm && adapters_read_x ? (*pre_norm)(be, x) : x;
   auto fc1 = pre_norm && !adapters_read_x
-                 ? pre_norm->first_linear(be, tp, x, fc1_, fc1_bias_, slots)
-                 : lf::parallel::column_parallel_linear(xn, fc1_, fc1_bias_, tp, false, slots);  // [s, b, (2) f / tp]
+                 ? pre_norm->first_linear(be, tp, x, fc1_, fc1_bias_, slots, fp8_fc1)
+                 : lf::parallel::column_parallel_linear(xn, fc1_, fc1_bias_, tp, false, slots,
+                                                        fp8_fc1);  // [s, b, (2) f / tp]
   if (adapters_read_x) {
     // fc1 is [gate_r; up_r] on this rank: PEFT's gate_proj / up_proj adapters add to each half.
     const auto d = LoraAdapter::column_group(tp, xn, lora->column_gen(tp),
@@ -44,13 +50,13 @@ at::Tensor Mlp::forward(const lf::backend::DeviceBackend& be, const lf::parallel
   // Without a down_proj adapter nothing else reads the activation: fc2 recomputes it in backward
   // (what selective recompute would do for it), so only fc1's output is held.
   if (!(ad && (*ad)[LoraModule::down_proj].on()))
-    return lf::parallel::row_parallel_activated_linear(be, kind, fc1, fc2_, fc2_bias_, tp, slots);
+    return lf::parallel::row_parallel_activated_linear(be, kind, fc1, fc2_, fc2_bias_, tp, slots, fp8_fc2);
   const lf::backend::DeviceBackend* bep = &be;  // the lambda may run again in backward
   auto act = [bep, kind](const at::Tensor& t) { return lf::ops::activation(*bep, kind, t); };
   at::Tensor a = selective_recompute
                      ? lf::models::recompute([act](const std::vector<at::Tensor>& t) { return act(t[0]); }, {fc1})
                      : act(fc1);
-  return lf::parallel::row_parallel_linear(a, fc2_, fc2_bias_, tp, slots) +
+  return lf::parallel::row_parallel_linear(a, fc2_, fc2_bias_, tp, slots, fp8_fc2) +
          (*ad)[LoraModule::down_proj].forward(tp, a, lora->row_gen(tp));
 }
 

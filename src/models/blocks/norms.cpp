@@ -20,7 +20,9 @@ at::Tensor Norm::operator()(const lf::backend::DeviceBackend& be, const at::Tens
 
 at::Tensor Norm::first_linear(const lf::backend::DeviceBackend& be, const lf::parallel::TensorParallel& tp,
                               const at::Tensor& x, const at::Tensor& w, const at::Tensor& b,
-                              const lf::ops::WeightGradSlots* slots) const {
+                              const lf::ops::WeightGradSlots* slots, const lf::ops::Fp8Recipe* fp8) const {
+  // FP8: the normed input is quantized for the GEMM (the FP8 linear keeps that copy, not x).
+  if (fp8) return lf::parallel::column_parallel_linear((*this)(be, x), w, b, tp, false, slots, fp8);
   if (!spec.layer_norm && tp.size() == 1) return lf::ops::rms_norm_linear(be, x, weight, spec.eps, w, b, slots);
   return lf::parallel::column_parallel_linear((*this)(be, x), w, b, tp, false, slots);
 }

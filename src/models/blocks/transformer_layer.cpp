@@ -38,13 +38,14 @@ at::Tensor TransformerLayer::forward(const at::Tensor& x, const AttentionInputs&
   a.selective_recompute = lc.recompute.granularity == RecomputeOptions::Granularity::selective;
   LoraInputs lora{&lora_, lc.rng, lc.training};
   const LoraInputs* lp = lora_.any() ? &lora : nullptr;
+  const lf::ops::Fp8Policy* fp8 = fp8_ ? lc.fp8 : nullptr;
   // The dense blocks take the un-normed input and their norm, to fuse it into their first linear.
   auto attn = c_.mla ? mla_.forward(be, *lc.tp, input_norm_(be, x), a, layer, lc.moe, lc.training)
-                     : attention_.forward(be, *lc.tp, x, a, layer, lp, lc.slots, &input_norm_);
+                     : attention_.forward(be, *lc.tp, x, a, layer, lp, lc.slots, &input_norm_, fp8);
   auto y = x + hidden_dropout(attn, c_.hidden_dropout, lc);
   auto mlp = c_.moe ? moe_.forward(be, *lc.tp, pre_mlp_norm_(be, y), lc.training, a.selective_recompute, lc.moe,
                                    moe_index_, lc.moe_layers, a.cp)
-                    : mlp_.forward(be, *lc.tp, y, a.selective_recompute, lp, lc.slots, &pre_mlp_norm_);
+                    : mlp_.forward(be, *lc.tp, y, a.selective_recompute, lp, lc.slots, &pre_mlp_norm_, fp8);
   return y + hidden_dropout(mlp, c_.hidden_dropout, lc);
 }
 

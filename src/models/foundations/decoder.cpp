@@ -7,6 +7,7 @@
 #include <cmath>
 #include <tuple>
 
+#include "loongforge/backend/fp8.h"
 #include "loongforge/core/error.h"
 #include "loongforge/parallel/tensor/mappings.h"
 
@@ -144,6 +145,7 @@ Decoder::Decoder(const DecoderConfig& c, const lf::backend::DeviceBackend& backe
     b.set_keep(keep);
     TransformerLayerConfig layer_config = lc;
     layer_config.moe = moe_pattern[static_cast<size_t>(i)];
+    dense_mlp_.push_back(!layer_config.moe);
     if (layer_config.moe) layer_config.moe_config = moe;
     TransformerLayer layer(b, "decoder.layers." + std::to_string(i), layer_config, moe_layers_);
     if (keep) {
@@ -250,7 +252,7 @@ at::Tensor Decoder::mtp_forward(size_t k, const at::Tensor& hidden, const at::Te
     x = at::matmul(joined, m.eh_proj.t());
   }
   AttentionInputs a = attention_inputs(in);
-  LayerContext lc{&backend_, &tp_, &rng_, training_, recompute_, &moe_step_, moe_layers_, slots_};
+  LayerContext lc{&backend_, &tp_, &rng_, training_, recompute_, &moe_step_, moe_layers_, slots_, fp8_};
   return lf::models::run_layers({m.layer}, 0, 1, x, a, lc);
 }
 
@@ -285,7 +287,7 @@ at::Tensor Decoder::embed_with(const TokenEmbedding& table, const at::Tensor& to
   auto x = table.forward(tp_, tokens, scatter, slots_);
   lf::parallel::TensorParallel layout = tp_;
   if (!scatter) layout.sequence_parallel = false;
-  LayerContext lc{&backend_, &layout, &rng_, training_, recompute_, nullptr, 0, slots_};
+  LayerContext lc{&backend_, &layout, &rng_, training_, recompute_, nullptr, 0, slots_, fp8_};
   return hidden_dropout(x, config_.hidden_dropout, lc);
 }
 
@@ -348,6 +350,19 @@ AttentionInputs Decoder::attention_inputs(const DecoderInputs& in) const {
     a.cp = in.cp;
   }
   return a;
+}
+
+bool Decoder::set_fp8(const lf::ops::Fp8Policy* fp8) {
+  fp8_ = fp8;
+  const int64_t n = config_.num_layers, first = fp8 ? fp8->first_layers_in_training_dtype() : 0,
+                last = fp8 ? fp8->last_layers_in_training_dtype() : 0;
+  LF_CHECK(first + last <= n, "--num-layers-at-start-in-bf16 ", first, " + --num-layers-at-end-in-bf16 ", last,
+           " exceed the model's ", n, " layers", lf::hint("keep at least one layer in FP8, or drop --fp8-format"));
+  auto in_fp8 = [&](int64_t g) { return g >= first && g < n - last; };
+  for (size_t i = 0; i < layers_.size(); ++i) layers_[i].set_fp8(in_fp8(global_layer(i)));
+  bool any = false;
+  for (int64_t g = 0; g < n; ++g) any = any || (in_fp8(g) && (!layer_config_.mla || dense_mlp_[static_cast<size_t>(g)]));
+  return any;
 }
 
 int64_t Decoder::global_layer(size_t local) const {
@@ -424,7 +439,7 @@ at::Tensor Decoder::run_layers(at::Tensor x, const DecoderInputs& in, size_t lo,
     in.chunk->k.assign(layers_.size(), at::Tensor());
     in.chunk->v.assign(layers_.size(), at::Tensor());
   }
-  LayerContext lc{&backend_, &tp_, &rng_, training_, recompute_, &moe_step_, moe_layers_, slots_};
+  LayerContext lc{&backend_, &tp_, &rng_, training_, recompute_, &moe_step_, moe_layers_, slots_, fp8_};
   x = lf::models::run_layers(layers_, lo, hi, x, a, lc);
   if (in.cache) in.cache->length += in.seq;
   return x;

@@ -5,6 +5,7 @@
 #include <ATen/Functions.h>
 #include <ATen/TensorOperators.h>
 
+#include "loongforge/backend/fp8.h"
 #include "loongforge/core/error.h"
 #include "loongforge/parallel/tensor/mappings.h"
 
@@ -13,10 +14,21 @@ namespace lf::parallel {
 int TensorParallel::size() const { return tp ? tp->size() : 1; }
 int TensorParallel::rank() const { return tp ? tp->rank() : 0; }
 
+namespace {
+// This rank's GEMM: in FP8 under `fp8` (the amax of each operand reduced over TP, whose ranks
+// hold shards of one tensor), else lf::ops::linear.
+at::Tensor shard_linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b, const TensorParallel& tp,
+                        const lf::ops::WeightGradSlots* slots, const lf::ops::Fp8Recipe* fp8) {
+  if (fp8) return lf::ops::fp8_linear(x, w, b, *fp8, slots, tp.size() > 1 ? tp.tp : nullptr);
+  return lf::ops::linear(x, w, b, slots);
+}
+}  // namespace
+
 at::Tensor column_parallel_linear(const at::Tensor& x, const at::Tensor& weight_shard,
                                   const at::Tensor& bias_shard, const TensorParallel& tp,
-                                  bool gather_output, const lf::ops::WeightGradSlots* slots) {
-  if (tp.size() == 1) return lf::ops::linear(x, weight_shard, bias_shard, slots);
+                                  bool gather_output, const lf::ops::WeightGradSlots* slots,
+                                  const lf::ops::Fp8Recipe* fp8) {
+  if (tp.size() == 1) return shard_linear(x, weight_shard, bias_shard, tp, slots, fp8);
   LF_CHECK(!(gather_output && tp.sequence_parallel),
            "column_parallel_linear: gather_output with sequence parallelism is not supported");
   // Entering the TP region: every rank needs the full input. Without SP it is replicated (its
@@ -24,7 +36,7 @@ at::Tensor column_parallel_linear(const at::Tensor& x, const at::Tensor& weight_
   // gradient is reduce-scattered).
   at::Tensor full = tp.sequence_parallel ? gather_from_sequence_parallel(x, *tp.tp)
                                          : copy_to_tp(x, *tp.tp);
-  at::Tensor y = lf::ops::linear(full, weight_shard, bias_shard, slots);  // [s, b, out / tp]
+  at::Tensor y = shard_linear(full, weight_shard, bias_shard, tp, slots, fp8);  // [s, b, out / tp]
   return gather_output ? gather_from_tp(y, *tp.tp) : y;
 }
 
@@ -40,14 +52,17 @@ at::Tensor reduce_row_parallel(const at::Tensor& partial, const at::Tensor& bias
 
 at::Tensor row_parallel_linear(const at::Tensor& x, const at::Tensor& weight_shard,
                                const at::Tensor& bias, const TensorParallel& tp,
-                               const lf::ops::WeightGradSlots* slots) {
-  if (tp.size() == 1) return lf::ops::linear(x, weight_shard, bias, slots);
-  return reduce_row_parallel(lf::ops::linear(x, weight_shard, {}, slots), bias, tp);
+                               const lf::ops::WeightGradSlots* slots, const lf::ops::Fp8Recipe* fp8) {
+  if (tp.size() == 1) return shard_linear(x, weight_shard, bias, tp, slots, fp8);
+  return reduce_row_parallel(shard_linear(x, weight_shard, {}, tp, slots, fp8), bias, tp);
 }
 
 at::Tensor row_parallel_activated_linear(const lf::backend::DeviceBackend& be, lf::ops::Activation act,
                                          const at::Tensor& pre, const at::Tensor& weight_shard, const at::Tensor& bias,
-                                         const TensorParallel& tp, const lf::ops::WeightGradSlots* slots) {
+                                         const TensorParallel& tp, const lf::ops::WeightGradSlots* slots,
+                                         const lf::ops::Fp8Recipe* fp8) {
+  // FP8: the activation's output is quantized for the GEMM (the FP8 linear keeps that copy).
+  if (fp8) return row_parallel_linear(lf::ops::activation(be, act, pre), weight_shard, bias, tp, slots, fp8);
   if (tp.size() == 1) return lf::ops::activated_linear(be, act, pre, weight_shard, bias, slots);
   return reduce_row_parallel(lf::ops::activated_linear(be, act, pre, weight_shard, {}, slots), bias, tp);
 }

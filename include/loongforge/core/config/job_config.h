@@ -140,6 +140,13 @@ struct TrainingConfig {
   double min_loss_scale = 1.0;
   int64_t loss_scale_window = 1000;
   int64_t hysteresis = 2;
+  std::optional<std::string> fp8_format;  // null: no FP8
+  std::string fp8_recipe = "tensorwise";
+  int64_t fp8_margin = 0;
+  std::optional<std::string> fp8_policy;  // null: every FP8-capable GEMM in FP8
+  bool first_last_layers_bf16 = false;
+  int64_t num_layers_at_start_in_bf16 = 1;
+  int64_t num_layers_at_end_in_bf16 = 1;
   std::optional<std::string> recompute_granularity;
   std::optional<std::string> recompute_method;
   std::optional<int64_t> recompute_num_layers;
@@ -168,6 +175,26 @@ struct TrainingConfig {
     v("min_loss_scale", min_loss_scale, "Minimum dynamic loss scale", Min{0});
     v("loss_scale_window", loss_scale_window, "Window over which to raise/lower the dynamic scale", Min{1});
     v("hysteresis", hysteresis, "Hysteresis of the dynamic loss scaler", Min{1});
+    v("fp8_format", fp8_format,
+      "FP8 GEMMs for the decoder's dense attention and MLP linear layers (linear_qkv, linear_proj, linear_fc1, "
+      "linear_fc2; MoE experts, MLA and the output layer stay in the training dtype): e4m3, or hybrid (E4M3 "
+      "forward, E5M2 output gradients); null: none. Emulated: FP8 numerics, GEMMs on dequantized operands",
+      OneOf{{"e4m3", "hybrid"}});
+    v("fp8_recipe", fp8_recipe,
+      "FP8 scaling (needs fp8_format): tensorwise (current per-tensor scaling, the amax reduced over TP) or "
+      "blockwise (1x128 tiles for inputs and gradients, 128x128 blocks for weights)",
+      OneOf{{"tensorwise", "blockwise"}});
+    v("fp8_margin", fp8_margin, "FP8 scales are 2^-margin fp8_max / amax (needs fp8_format)", Min{0}, Max{16});
+    v("fp8_policy", fp8_policy,
+      "Adaptive FP8 (needs fp8_format): a policy file from loongforge-fp8-policy choosing FP8 or the training "
+      "dtype per GEMM kind and token count; null: every GEMM above in FP8");
+    v("first_last_layers_bf16", first_last_layers_bf16,
+      "FP8 (needs fp8_format) leaves the first num_layers_at_start_in_bf16 and last num_layers_at_end_in_bf16 "
+      "transformer layers in the training dtype");
+    v("num_layers_at_start_in_bf16", num_layers_at_start_in_bf16,
+      "Layers at the start kept out of FP8 (needs first_last_layers_bf16)", Min{0});
+    v("num_layers_at_end_in_bf16", num_layers_at_end_in_bf16,
+      "Layers at the end kept out of FP8 (needs first_last_layers_bf16)", Min{0});
     v("recompute_granularity", recompute_granularity, "Activation recomputation",
       OneOf{{"full", "selective"}});
     v("recompute_method", recompute_method, "How full recomputation splits layers (needs granularity full)",

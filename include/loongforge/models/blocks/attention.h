@@ -100,9 +100,11 @@ class SelfAttention {
   // gradient-accumulation fusion for linear_qkv and linear_proj (lf::ops::linear), or null.
   // pre_norm: x is the un-normed input and this norm comes first (Norm::first_linear fuses it into
   // linear_qkv where it can, unless adapters read the normed input); null: x is the input.
+  // fp8: which of linear_qkv / linear_proj run in FP8 at this token count (null: neither).
   at::Tensor forward(const lf::backend::DeviceBackend& be, const lf::parallel::TensorParallel& tp, const at::Tensor& x,
                      const AttentionInputs& in, size_t layer, const LoraInputs* lora = nullptr,
-                     const lf::ops::WeightGradSlots* slots = nullptr, const Norm* pre_norm = nullptr) const;
+                     const lf::ops::WeightGradSlots* slots = nullptr, const Norm* pre_norm = nullptr,
+                     const lf::ops::Fp8Policy* fp8 = nullptr) const;
   const AttentionConfig& config() const { return c_; }
 
  private:

@@ -39,9 +39,11 @@ class Mlp {
   // slots: gradient-accumulation fusion for linear_fc1 and linear_fc2 (lf::ops::linear), or null.
   // pre_norm: x is the un-normed input and this norm comes first (Norm::first_linear fuses it into
   // linear_fc1 where it can, unless adapters read the normed input); null: x is the input.
+  // fp8: which of linear_fc1 / linear_fc2 run in FP8 at this token count (null: neither).
   at::Tensor forward(const lf::backend::DeviceBackend& be, const lf::parallel::TensorParallel& tp, const at::Tensor& x,
                      bool selective_recompute = false, const LoraInputs* lora = nullptr,
-                     const lf::ops::WeightGradSlots* slots = nullptr, const Norm* pre_norm = nullptr) const;
+                     const lf::ops::WeightGradSlots* slots = nullptr, const Norm* pre_norm = nullptr,
+                     const lf::ops::Fp8Policy* fp8 = nullptr) const;
 
  private:
   MlpConfig c_;

@@ -14,6 +14,8 @@
 
 namespace lf::ops {
 class WeightGradSlots;  // backend/functional.h
+struct Fp8Recipe;       // backend/fp8.h
+class Fp8Policy;        // backend/fp8.h
 }
 namespace lf::parallel {
 struct TensorParallel;  // parallel/tensor/layers.h
@@ -42,7 +44,7 @@ struct Norm {
   // it each rank's norm-weight gradient would be only its own columns' part.)
   at::Tensor first_linear(const lf::backend::DeviceBackend& be, const lf::parallel::TensorParallel& tp,
                           const at::Tensor& x, const at::Tensor& w, const at::Tensor& b,
-                          const lf::ops::WeightGradSlots* slots) const;
+                          const lf::ops::WeightGradSlots* slots, const lf::ops::Fp8Recipe* fp8 = nullptr) const;
 };
 
 // x: [.., h] -> the norm without a learned scale or bias.

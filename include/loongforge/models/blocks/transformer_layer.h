@@ -53,6 +53,9 @@ struct LayerContext {
   size_t moe_layers = 0;      // this rank's MoE layers (the size of moe's load table)
   // Gradient-accumulation fusion for the dense attention's and MLP's linear layers (null: none).
   const lf::ops::WeightGradSlots* slots = nullptr;
+  // FP8 for the dense attention's and MLP's linear layers (null: none; MoE experts, MLA and the
+  // output layer stay in the training dtype).
+  const lf::ops::Fp8Policy* fp8 = nullptr;
 };
 
 class TransformerLayer {
@@ -68,6 +71,10 @@ class TransformerLayer {
   const MoeLayer& moe() const { return moe_; }
   // LoRA adapters on this layer's projections (drawn by the caller from the adapters' builder).
   void set_lora(LayerLora lora) { lora_ = std::move(lora); }
+  // Whether LayerContext::fp8 applies to this layer (false: its GEMMs stay in the training dtype,
+  // Megatron's --first-last-layers-bf16).
+  void set_fp8(bool on) { fp8_ = on; }
+  bool fp8() const { return fp8_; }
   const LayerLora& lora() const { return lora_; }
 
  private:
@@ -79,6 +86,7 @@ class TransformerLayer {
   MoeLayer moe_;
   size_t moe_index_ = 0;
   LayerLora lora_;
+  bool fp8_ = true;
 };
 
 // Hidden dropout with the stream the activation's layout calls for: replicated activations draw

@@ -75,6 +75,7 @@ class CausalLm : public Model {
   double flops_per_sample(int64_t seq_length) const override;
   void set_training(bool training) override { foundation_.set_training(training); }
   void set_recompute(const RecomputeOptions& r) override { foundation_.set_recompute(r); }
+  bool set_fp8(const lf::ops::Fp8Policy* fp8) override { return foundation_.set_fp8(fp8); }
   void set_gradient_sink(const GradientSink* sink) override {
     head_.set_gradient_sink(sink, "lm loss");
     foundation_.set_weight_grad_slots(sink);

@@ -14,6 +14,10 @@
 #include "loongforge/backend/communicator.h"
 #include "loongforge/backend/functional.h"
 
+namespace lf::ops {
+struct Fp8Recipe;
+}
+
 namespace lf::parallel {
 
 using lf::backend::Communicator;
@@ -42,9 +46,12 @@ struct TensorParallel {
 //   x: [s, b, in] (replicated), or [s / tp, b, in] with SP  ->  [s, b, out / tp]
 // gather_output: all-gather the result along the last dim -> [s, b, out] (not allowed with SP).
 // slots: gradient-accumulation fusion for the weight shard (lf::ops::linear), or null.
+// fp8: the GEMMs in FP8 under that recipe (lf::ops::fp8_linear; tensorwise amax reduced over TP),
+// or null. It must outlive the backward.
 at::Tensor column_parallel_linear(const at::Tensor& x, const at::Tensor& weight_shard,
                                   const at::Tensor& bias_shard, const TensorParallel& tp,
-                                  bool gather_output = false, const lf::ops::WeightGradSlots* slots = nullptr);
+                                  bool gather_output = false, const lf::ops::WeightGradSlots* slots = nullptr,
+                                  const lf::ops::Fp8Recipe* fp8 = nullptr);
 
 // Y = X W^T (+ b) with W split along its input dim (columns): weight_shard [out, in / tp],
 // bias [out] replicated (added once, after the reduction) or undefined.
@@ -52,14 +59,16 @@ at::Tensor column_parallel_linear(const at::Tensor& x, const at::Tensor& weight_
 //   (reduce-scattered along the sequence).
 at::Tensor row_parallel_linear(const at::Tensor& x, const at::Tensor& weight_shard,
                                const at::Tensor& bias, const TensorParallel& tp,
-                               const lf::ops::WeightGradSlots* slots = nullptr);
+                               const lf::ops::WeightGradSlots* slots = nullptr,
+                               const lf::ops::Fp8Recipe* fp8 = nullptr);
 
 // row_parallel_linear(lf::ops::activation(be, act, pre), ...) where the activation's output is
 // not kept for backward (lf::ops::activated_linear): pre [s, b, (2) in / tp] is this rank's shard
-// of the MLP's first linear.
+// of the MLP's first linear. With fp8, the activation's output is computed and quantized instead.
 at::Tensor row_parallel_activated_linear(const lf::backend::DeviceBackend& be, lf::ops::Activation act,
                                          const at::Tensor& pre, const at::Tensor& weight_shard, const at::Tensor& bias,
-                                         const TensorParallel& tp, const lf::ops::WeightGradSlots* slots = nullptr);
+                                         const TensorParallel& tp, const lf::ops::WeightGradSlots* slots = nullptr,
+                                         const lf::ops::Fp8Recipe* fp8 = nullptr);
 
 // Embedding over a vocabulary split into tp contiguous row ranges: weight_shard [v / tp, h] holds
 // rows [rank * v / tp, (rank + 1) * v / tp). Ids outside this rank's range look up zeros, then the

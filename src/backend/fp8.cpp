@@ -1,0 +1,235 @@
+// FP8 quantization, the FP8 linear layer (an autograd Function whose three GEMMs multiply
+// quantized operands) and the adaptive FP8 policy's file. See backend/fp8.h.
+#include "loongforge/backend/fp8.h"
+
+#include <ATen/Functions.h>
+#include <ATen/ops/_scaled_mm.h>
+#include <ATen/TensorOperators.h>
+#include <ATen/core/grad_mode.h>
+#include <ATen/record_function.h>
+#include <torch/csrc/autograd/custom_function.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "loongforge/backend/communicator.h"
+#include "loongforge/backend/gemm.h"
+#include "loongforge/core/error.h"
+
+namespace lf::ops {
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// The tile edges for x [rows, cols]: 0 means the whole extent.
+std::pair<int64_t, int64_t> tile_edges(const at::Tensor& x, int64_t tr, int64_t tc) {
+  LF_CHECK(x.dim() == 2, "fp8: expected a 2-d tensor, got ", x.sizes());
+  LF_CHECK(tr >= 0 && tc >= 0, "fp8: negative tile ", tr, " x ", tc);
+  return {tr == 0 ? std::max<int64_t>(x.size(0), 1) : tr, tc == 0 ? std::max<int64_t>(x.size(1), 1) : tc};
+}
+
+// One value per tile -> one per element of a [rows, cols] tensor.
+at::Tensor expand_tiles(const at::Tensor& per_tile, int64_t rows, int64_t cols, int64_t tr, int64_t tc) {
+  if (per_tile.numel() == 1) return per_tile.reshape({1, 1});
+  return per_tile.repeat_interleave(tr, 0).repeat_interleave(tc, 1).narrow(0, 0, rows).narrow(1, 0, cols);
+}
+
+bool tensorwise_tiles(const Fp8Tensor& t) { return t.scale_inv.numel() == 1; }
+
+// The row-wise (1 x 128) or column-wise (128 x 1) tiles of the blockwise recipe, or the whole tensor.
+struct Tiles {
+  int64_t rows, cols;
+};
+Tiles input_tiles(const Fp8Recipe& r, bool along_rows) {
+  if (r.scaling == Fp8Scaling::tensorwise) return {0, 0};
+  return along_rows ? Tiles{1, Fp8Recipe::kBlock} : Tiles{Fp8Recipe::kBlock, 1};
+}
+Tiles weight_tiles(const Fp8Recipe& r) {
+  if (r.scaling == Fp8Scaling::tensorwise) return {0, 0};
+  return {Fp8Recipe::kBlock, Fp8Recipe::kBlock};
+}
+
+// Tensorwise under TP: the amax of each of `parts` over the group (one all-reduce for all).
+std::vector<at::Tensor> group_amax(const std::vector<at::Tensor>& parts, lf::backend::Communicator* group) {
+  std::vector<at::Tensor> amax;
+  for (const auto& p : parts) amax.push_back(tile_amax(p, 0, 0).reshape({1}));
+  if (group == nullptr || group->size() == 1) return amax;
+  at::Tensor both = at::cat(amax);
+  group->all_reduce(both, lf::backend::ReduceOp::max);
+  for (size_t i = 0; i < amax.size(); ++i) amax[i] = both.narrow(0, static_cast<int64_t>(i), 1).reshape({1, 1});
+  return amax;
+}
+
+// t^T with its tiles transposed.
+Fp8Tensor transposed(const Fp8Tensor& t) {
+  return {t.data.t().contiguous(), t.scale_inv.t().contiguous(), t.tile_cols, t.tile_rows};
+}
+
+// a [m, k] x b [n, k]^T -> fp32 [m, n], both quantized. One scale each (tensorwise): ATen's
+// _scaled_mm, the FP8 GEMM itself (cuBLASLt on CUDA, which needs Ada/Hopper and k and n multiples
+// of 16; ATen's CPU kernel here); per-tile scales (blockwise), or CUDA shapes cuBLASLt does
+// not take: the operands dequantized to fp32 and multiplied (the same products and fp32
+// accumulation).
+at::Tensor quantized_gemm(const Fp8Tensor& a, const Fp8Tensor& b) {
+  const bool tensorwise = tensorwise_tiles(a) && tensorwise_tiles(b);
+  const bool cuda_shapes = a.data.size(1) % 16 == 0 && b.data.size(0) % 16 == 0;  // k and n
+  if (!tensorwise || (a.data.is_cuda() && !cuda_shapes)) return gemm::mm(a.dequantize(), b.dequantize().t());
+  try {
+    // mat2 [k, n] column-major: b's rows are its columns.
+    return at::_scaled_mm(a.data.contiguous(), b.data.contiguous().t(), a.scale_inv.reshape({}),
+                          b.scale_inv.reshape({}), std::nullopt, std::nullopt, at::kFloat);
+  } catch (const c10::Error& e) {
+    LF_FAIL("FP8 GEMM (at::_scaled_mm) on ", a.data.device(), " failed: ", e.what_without_backtrace(),
+            lf::hint("FP8 GEMMs on a GPU need compute capability 8.9 or newer (Ada, Hopper); drop --fp8-format"));
+  }
+}
+
+// The forward's GEMM on quantized x and w, and what the backward keeps: w, and x quantized for
+// the weight gradient's GEMM (tensorwise: the forward's copy; blockwise: 128 x 1 tiles, since that
+// GEMM reduces over the tokens).
+struct Fp8Forward {
+  at::Tensor y;  // fp32 [n, out]
+  Fp8Tensor qxc, qw;
+};
+Fp8Forward fp8_forward(const Fp8Recipe& r, lf::backend::Communicator* group, const at::Tensor& x2, const at::Tensor& w,
+                       const std::optional<at::Tensor>& b, bool keep) {
+  const bool tensorwise = r.scaling == Fp8Scaling::tensorwise;
+  const auto amax = tensorwise ? group_amax({x2, w}, group) : std::vector<at::Tensor>{at::Tensor(), at::Tensor()};
+  const Tiles xt = input_tiles(r, true), wt = weight_tiles(r);
+  Fp8Forward f;
+  const Fp8Tensor qx = quantize(x2, r.forward_dtype(), xt.rows, xt.cols, r.margin, amax[0]);
+  f.qw = quantize(w, r.forward_dtype(), wt.rows, wt.cols, r.margin, amax[1]);
+  const Tiles xc = input_tiles(r, false);
+  if (keep) f.qxc = tensorwise ? qx : quantize(x2, r.forward_dtype(), xc.rows, xc.cols, r.margin);
+  f.y = quantized_gemm(qx, f.qw);
+  if (b) f.y.add_(b->to(at::kFloat));
+  return f;
+}
+
+at::Tensor output_of(const at::Tensor& y, const at::Tensor& x, int64_t out) {
+  auto sizes = x.sizes().vec();
+  sizes.back() = out;
+  return y.to(x.scalar_type()).view(sizes);
+}
+
+struct Fp8LinearFn : torch::autograd::Function<Fp8LinearFn> {
+  static at::Tensor forward(AutogradContext* ctx, const Fp8Recipe* recipe, const WeightGradSlots* slots,
+                            lf::backend::Communicator* group, const at::Tensor& x, const at::Tensor& w,
+                            const std::optional<at::Tensor>& b) {
+    const Fp8Forward f = fp8_forward(*recipe, group, x.reshape({-1, w.size(1)}), w, b, true);
+    ctx->saved_data["recipe"] = reinterpret_cast<int64_t>(recipe);
+    ctx->saved_data["slots"] = reinterpret_cast<int64_t>(slots);
+    ctx->saved_data["group"] = reinterpret_cast<int64_t>(group);
+    ctx->saved_data["x_grad"] = x.requires_grad();
+    ctx->saved_data["w_grad"] = w.requires_grad();
+    ctx->saved_data["b_grad"] = b.has_value() && b->requires_grad();
+    ctx->saved_data["x_dtype"] = static_cast<int64_t>(x.scalar_type());
+    ctx->saved_data["x_sizes"] = x.sizes().vec();
+    ctx->saved_data["xc_tiles"] = std::vector<int64_t>{f.qxc.tile_rows, f.qxc.tile_cols};
+    ctx->saved_data["w_tiles"] = std::vector<int64_t>{f.qw.tile_rows, f.qw.tile_cols};
+    ctx->save_for_backward({w, f.qxc.data, f.qxc.scale_inv, f.qw.data, f.qw.scale_inv});
+    return output_of(f.y, x, w.size(0));
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list dy) {
+    auto s = ctx->get_saved_variables();
+    const at::Tensor& w = s[0];
+    const auto& r = *reinterpret_cast<const Fp8Recipe*>(ctx->saved_data["recipe"].toInt());
+    auto* group = reinterpret_cast<lf::backend::Communicator*>(ctx->saved_data["group"].toInt());
+    const auto xc_tiles = ctx->saved_data["xc_tiles"].toIntVector(), w_tiles = ctx->saved_data["w_tiles"].toIntVector();
+    const Fp8Tensor qxc{s[1], s[2], xc_tiles[0], xc_tiles[1]}, qw{s[3], s[4], w_tiles[0], w_tiles[1]};
+    const int64_t out = w.size(0);
+    const at::Tensor d2 = dy[0].reshape({-1, out});
+    const bool tensorwise = r.scaling == Fp8Scaling::tensorwise;
+    const at::Tensor amax = tensorwise ? group_amax({d2}, group)[0] : at::Tensor();
+    // Tensorwise: one quantized copy of dy serves both GEMMs; blockwise: tiles along each GEMM's
+    // reduction dim (out for x's gradient, the tokens for w's).
+    const Tiles dt = input_tiles(r, true);
+    const Fp8Tensor qd = quantize(d2, r.grad_dtype(), dt.rows, dt.cols, r.margin, amax);
+    at::Tensor dx, dw, db;
+    if (ctx->saved_data["x_grad"].toBool()) {
+      const auto dtype = static_cast<at::ScalarType>(ctx->saved_data["x_dtype"].toInt());
+      // dx [n, in] = Q(dy) [n, out] x Q(w) [out, in].
+      dx = quantized_gemm(qd, transposed(qw)).to(dtype).view(ctx->saved_data["x_sizes"].toIntVector());
+    }
+    if (ctx->saved_data["w_grad"].toBool()) {
+      const Tiles dc = input_tiles(r, false);
+      const Fp8Tensor qdc = tensorwise ? qd : quantize(d2, r.grad_dtype(), dc.rows, dc.cols, r.margin);
+      // dw [out, in] = Q(dy)^T [out, n] x Q(x) [n, in], into the slot when there is one.
+      dw = store_weight_grad(reinterpret_cast<const WeightGradSlots*>(ctx->saved_data["slots"].toInt()), w,
+                             quantized_gemm(transposed(qdc), transposed(qxc)));
+    }
+    // The bias gradient from the unquantized output gradient (as Transformer Engine's).
+    if (ctx->saved_data["b_grad"].toBool()) db = d2.sum(0);
+    return {at::Tensor(), at::Tensor(), at::Tensor(), dx, dw, db};
+  }
+};
+
+}  // namespace
+
+at::ScalarType Fp8Recipe::forward_dtype() const { return at::kFloat8_e4m3fn; }
+at::ScalarType Fp8Recipe::grad_dtype() const {
+  return format == Fp8Format::hybrid ? at::kFloat8_e5m2 : at::kFloat8_e4m3fn;
+}
+std::string Fp8Recipe::describe() const {
+  return std::string(to_string(scaling)) + " " + to_string(format) + " (margin " + std::to_string(margin) + ")";
+}
+const char* to_string(Fp8Scaling s) { return s == Fp8Scaling::tensorwise ? "tensorwise" : "blockwise"; }
+const char* to_string(Fp8Format f) { return f == Fp8Format::hybrid ? "hybrid" : "e4m3"; }
+
+double fp8_max(at::ScalarType fp8) {
+  if (fp8 == at::kFloat8_e4m3fn) return 448.0;
+  if (fp8 == at::kFloat8_e5m2) return 57344.0;
+  LF_FAIL("fp8_max: ", fp8, " is not an FP8 dtype this engine uses (Float8_e4m3fn, Float8_e5m2)");
+}
+
+at::Tensor Fp8Tensor::dequantize() const {
+  const at::Tensor v = data.to(at::kFloat);
+  if (tensorwise_tiles(*this)) return v * scale_inv.reshape({});
+  return v * expand_tiles(scale_inv, data.size(0), data.size(1), tile_rows, tile_cols);
+}
+
+at::Tensor tile_amax(const at::Tensor& x, int64_t tr, int64_t tc) {
+  const auto [r, c] = tile_edges(x, tr, tc);
+  const int64_t rows = x.size(0), cols = x.size(1);
+  if (r >= rows && c >= cols) return x.numel() == 0 ? at::zeros({1, 1}) : x.abs().amax().to(at::kFloat).reshape({1, 1});
+  const int64_t R = ceil_div(rows, r), C = ceil_div(cols, c);
+  at::Tensor a = x.abs().to(at::kFloat);
+  if (R * r != rows || C * c != cols) a = at::constant_pad_nd(a, {0, C * c - cols, 0, R * r - rows}, 0);
+  return a.view({R, r, C, c}).amax(at::IntArrayRef{1, 3});
+}
+
+Fp8Tensor quantize(const at::Tensor& x, at::ScalarType fp8, int64_t tr, int64_t tc, int margin,
+                   const at::Tensor& amax) {
+  const auto [r, c] = tile_edges(x, tr, tc);
+  const double max = fp8_max(fp8);
+  at::Tensor a = amax.defined() ? amax.to(at::kFloat) : tile_amax(x, r, c);
+  const int64_t R = ceil_div(std::max<int64_t>(x.size(0), 1), r), C = ceil_div(std::max<int64_t>(x.size(1), 1), c);
+  LF_CHECK(a.numel() == R * C, "fp8 quantize: ", a.numel(), " amax values for ", x.sizes(), " in ", r, " x ", c,
+           " tiles (want ", R * C, ")");
+  // scale = 2^-margin max / amax, 1 where amax is 0 (an all-zero tile stays zero).
+  const at::Tensor scale = at::where(a > 0, (max * std::ldexp(1.0, -margin)) / a, at::ones_like(a));
+  const at::Tensor full = a.numel() == 1 ? scale.reshape({}) : expand_tiles(scale, x.size(0), x.size(1), r, c);
+  Fp8Tensor q;
+  q.data = (x.to(at::kFloat) * full).clamp(-max, max).to(fp8);
+  q.scale_inv = scale.reciprocal().reshape({R, C});
+  q.tile_rows = r, q.tile_cols = c;
+  return q;
+}
+
+at::Tensor fp8_linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b, const Fp8Recipe& recipe,
+                      const WeightGradSlots* slots, lf::backend::Communicator* amax_group) {
+  LF_CHECK(w.dim() == 2 && x.size(-1) == w.size(1), "fp8_linear: x ", x.sizes(), " and w ", w.sizes(),
+           " do not multiply");
+  RECORD_USER_SCOPE("lf::fp8_linear");
+  auto* group = recipe.scaling == Fp8Scaling::tensorwise ? amax_group : nullptr;
+  const auto bias = b.defined() ? std::optional<at::Tensor>(b) : std::nullopt;
+  if (!at::GradMode::is_enabled() || !(x.requires_grad() || w.requires_grad() || (b.defined() && b.requires_grad())))
+    return output_of(fp8_forward(recipe, group, x.reshape({-1, w.size(1)}), w, bias, false).y, x, w.size(0));
+  return Fp8LinearFn::apply(&recipe, slots, group, x, w, bias);
+}
+
+}  // namespace lf::ops

@@ -1,0 +1,307 @@
+// FP8 (backend/fp8.h): quantization against hand-computed values and the formats' grids, tiles
+// with their own scales, the FP8 linear layer's three GEMMs against the quantized operands
+// (which format and which tiles each GEMM uses), gradient-accumulation fusion, and the adaptive
+// policy's choices and file (written, read back, and every malformed variant refused with the
+// key).
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "loongforge/backend/fp8.h"
+#include "loongforge/backend/registry.h"
+#include "loongforge/core/error.h"
+
+namespace {
+
+using lf::ops::Fp8Format;
+using lf::ops::Fp8Gemm;
+using lf::ops::Fp8Policy;
+using lf::ops::Fp8Recipe;
+using lf::ops::Fp8Scaling;
+
+double max_abs(const at::Tensor& t) { return t.abs().max().item<double>(); }
+
+TEST(Fp8, QuantizeScalesToTheFormatsLargestValue) {
+  EXPECT_EQ(lf::ops::fp8_max(at::kFloat8_e4m3fn), 448.0);
+  EXPECT_EQ(lf::ops::fp8_max(at::kFloat8_e5m2), 57344.0);
+  // amax 896 -> scale 448 / 896 = 0.5: 896 -> 448, 1.0 -> 0.5, 3.0 -> 1.5; 100 -> 50 -> 48 (E4M3's
+  // grid between 32 and 64 has spacing 4; 50 is nearer 48 than 52).
+  const auto x = at::tensor({896.0f, -1.0f, 3.0f, 100.0f}).reshape({1, 4});
+  const auto q = lf::ops::quantize(x, at::kFloat8_e4m3fn, 0, 0, 0);
+  EXPECT_EQ(q.data.scalar_type(), at::kFloat8_e4m3fn);
+  EXPECT_FLOAT_EQ(q.scale_inv.item<float>(), 2.0f);
+  const auto v = q.data.to(at::kFloat);
+  EXPECT_FLOAT_EQ(v[0][0].item<float>(), 448.0f);
+  EXPECT_FLOAT_EQ(v[0][1].item<float>(), -0.5f);
+  EXPECT_FLOAT_EQ(v[0][2].item<float>(), 1.5f);
+  EXPECT_FLOAT_EQ(v[0][3].item<float>(), 48.0f);
+  EXPECT_TRUE(at::equal(q.dequantize(), at::tensor({896.0f, -1.0f, 3.0f, 96.0f}).reshape({1, 4})));
+  // margin 1: half the scale.
+  EXPECT_FLOAT_EQ(lf::ops::quantize(x, at::kFloat8_e4m3fn, 0, 0, 1).scale_inv.item<float>(), 4.0f);
+  // E5M2: 2 mantissa bits; amax 57344 -> scale 1, 100 -> 96 (spacing 32 between 64 and 128).
+  const auto e5 = lf::ops::quantize(at::tensor({57344.0f, 100.0f}).reshape({1, 2}), at::kFloat8_e5m2, 0, 0, 0);
+  EXPECT_FLOAT_EQ(e5.data.to(at::kFloat)[0][1].item<float>(), 96.0f);
+  // An all-zero tensor keeps scale 1 (no division by zero) and stays zero.
+  const auto z = lf::ops::quantize(at::zeros({2, 3}), at::kFloat8_e4m3fn, 0, 0, 0);
+  EXPECT_FLOAT_EQ(z.scale_inv.item<float>(), 1.0f);
+  EXPECT_EQ(max_abs(z.dequantize()), 0.0);
+  // A given amax (e.g. reduced over TP) replaces the tensor's own: values above it saturate.
+  const auto sat = lf::ops::quantize(x, at::kFloat8_e4m3fn, 0, 0, 0, at::full({1, 1}, 448.0f));
+  EXPECT_FLOAT_EQ(sat.dequantize()[0][0].item<float>(), 448.0f);
+}
+
+// Every tile of 1 x 128 / 128 x 128 / 128 x 1 has the scale of its own amax, the last partial
+// tiles included; dequantized values are within half an E4M3 step (2^-4 relative) of the input,
+// plus the subnormal spacing near zero.
+TEST(Fp8, TilesHaveTheirOwnScales) {
+  at::manual_seed(3);
+  // Rows and columns of very different magnitudes, so a scale shared across tiles would show.
+  const auto x = at::randn({200, 300}) * at::pow(10.0, at::arange(300) % 7 - 3).reshape({1, 300}) *
+                 at::pow(10.0, at::arange(200) % 5 - 2).reshape({200, 1});
+  for (auto [tr, tc] : {std::pair<int64_t, int64_t>{1, 128}, {128, 128}, {128, 1}}) {
+    const auto q = lf::ops::quantize(x, at::kFloat8_e4m3fn, tr, tc, 0);
+    ASSERT_EQ(q.scale_inv.size(0), (200 + tr - 1) / tr);
+    ASSERT_EQ(q.scale_inv.size(1), (300 + tc - 1) / tc);
+    for (int64_t i = 0; i < q.scale_inv.size(0); i += std::max<int64_t>(1, q.scale_inv.size(0) / 5))
+      for (int64_t j = 0; j < q.scale_inv.size(1); ++j) {
+        const auto tile = x.narrow(0, i * tr, std::min(tr, 200 - i * tr)).narrow(1, j * tc, std::min(tc, 300 - j * tc));
+        EXPECT_NEAR(q.scale_inv[i][j].item<double>(), max_abs(tile) / 448.0, 1e-6 * max_abs(tile) / 448.0)
+            << tr << "x" << tc << " tile " << i << "," << j;
+      }
+    const auto scale_inv = q.scale_inv.repeat_interleave(tr, 0).repeat_interleave(tc, 1).narrow(0, 0, 200).narrow(1, 0, 300);
+    const auto err = (q.dequantize() - x).abs();
+    const auto bound = x.abs() * std::ldexp(1.0, -4) + scale_inv * std::ldexp(1.0, -10);
+    EXPECT_TRUE((err <= bound * (1 + 1e-6)).all().item<bool>()) << tr << "x" << tc;
+    EXPECT_GT(max_abs(err), 0.0);  // it did quantize
+  }
+  // The tile amax helper pads partial tiles with zeros.
+  EXPECT_TRUE(at::allclose(lf::ops::tile_amax(x, 128, 128)[1][2], x.narrow(0, 128, 72).narrow(1, 256, 44).abs().max()));
+}
+
+// The reference of one FP8 GEMM: both operands quantized with the given tiles along the reduction
+// dim k, dequantized, multiplied in fp64. a [m, k], b [n, k] -> [m, n].
+at::Tensor fp8_gemm(const at::Tensor& a, at::ScalarType fa, std::pair<int64_t, int64_t> ta, const at::Tensor& b,
+                    at::ScalarType fb, std::pair<int64_t, int64_t> tb) {
+  const auto qa = lf::ops::quantize(a, fa, ta.first, ta.second, 0).dequantize().to(at::kDouble);
+  const auto qb = lf::ops::quantize(b, fb, tb.first, tb.second, 0).dequantize().to(at::kDouble);
+  return qa.matmul(qb.t());
+}
+
+struct LinearCase {
+  Fp8Scaling scaling;
+  Fp8Format format;
+};
+
+void PrintTo(const LinearCase& c, std::ostream* os) {
+  *os << lf::ops::to_string(c.scaling) << " " << lf::ops::to_string(c.format);
+}
+
+class Fp8Linear : public ::testing::TestWithParam<LinearCase> {};
+
+// y = Q(x) Q(w)^T, dx = Q(dy) Q(w), dw = Q(dy)^T Q(x), db = sum dy (unquantized), where for the
+// blockwise recipe each Q tiles along its GEMM's reduction dim (x and dy in 1 x 128 rows for y and
+// dx, in 128 x 1 columns for dw; w in 128 x 128 blocks) and dy is E5M2 under hybrid.
+TEST_P(Fp8Linear, GemmsMultiplyTheQuantizedOperands) {
+  const auto [scaling, format] = GetParam();
+  Fp8Recipe r;
+  r.scaling = scaling, r.format = format;
+  at::manual_seed(5);
+  const int64_t n = 160, in = 192, out = 144;  // partial blocks along every dim
+  auto x = (at::randn({2, n / 2, in}) * at::linspace(0.1, 3.0, in)).requires_grad_(true);
+  auto w = (at::randn({out, in}) * 0.05).requires_grad_(true);
+  auto b = at::randn({out}).requires_grad_(true);
+  const auto dy = at::randn({2, n / 2, out}) * at::linspace(0.01, 1.0, out);
+  auto y = lf::ops::fp8_linear(x, w, b, r, nullptr, nullptr);
+  y.backward(dy);
+  const bool blockwise = scaling == Fp8Scaling::blockwise;
+  const std::pair<int64_t, int64_t> row = blockwise ? std::pair<int64_t, int64_t>{1, 128} : std::pair<int64_t, int64_t>{0, 0};
+  const std::pair<int64_t, int64_t> col = blockwise ? std::pair<int64_t, int64_t>{128, 1} : std::pair<int64_t, int64_t>{0, 0};
+  const std::pair<int64_t, int64_t> blk = blockwise ? std::pair<int64_t, int64_t>{128, 128} : std::pair<int64_t, int64_t>{0, 0};
+  const auto e4 = at::kFloat8_e4m3fn, eg = format == Fp8Format::hybrid ? at::kFloat8_e5m2 : at::kFloat8_e4m3fn;
+  const auto x2 = x.detach().reshape({n, in}), d2 = dy.reshape({n, out});
+  const auto y_ref = fp8_gemm(x2, e4, row, w.detach(), e4, blk) + b.detach().to(at::kDouble);
+  // dx = Q(dy) Q(w): w's blocks are square, so w^T's are w's transposed.
+  const auto wq = lf::ops::quantize(w.detach(), e4, blk.first, blk.second, 0).dequantize().to(at::kDouble);
+  const auto dx_ref = lf::ops::quantize(d2, eg, row.first, row.second, 0).dequantize().to(at::kDouble).matmul(wq);
+  // dw = Q(dy^T) Q(x^T)^T with tiles along the tokens: dy and x in 128 x 1 tiles.
+  const auto dw_ref = lf::ops::quantize(d2, eg, col.first, col.second, 0).dequantize().to(at::kDouble).t().matmul(
+      lf::ops::quantize(x2, e4, col.first, col.second, 0).dequantize().to(at::kDouble));
+  auto rel = [](const at::Tensor& got, const at::Tensor& want) {
+    return max_abs(got.to(at::kDouble) - want) / max_abs(want);
+  };
+  // fp32 accumulation against fp64: ~1e-6 relative.
+  EXPECT_LT(rel(y.detach().reshape({n, out}), y_ref), 1e-5);
+  EXPECT_LT(rel(x.grad().reshape({n, in}), dx_ref), 1e-5);
+  EXPECT_LT(rel(w.grad(), dw_ref), 1e-5);
+  EXPECT_TRUE(at::allclose(b.grad(), d2.sum(0), 1e-5, 1e-5));
+  // And FP8 is not the fp32 product: quantization error at the percent level, not more.
+  const auto y32 = at::linear(x.detach(), w.detach(), b.detach());
+  const double e = rel(y.detach(), y32.to(at::kDouble));
+  EXPECT_GT(e, 1e-4);
+  EXPECT_LT(e, 0.1);
+}
+
+INSTANTIATE_TEST_SUITE_P(Recipes, Fp8Linear,
+                         ::testing::Values(LinearCase{Fp8Scaling::tensorwise, Fp8Format::hybrid},
+                                           LinearCase{Fp8Scaling::tensorwise, Fp8Format::e4m3},
+                                           LinearCase{Fp8Scaling::blockwise, Fp8Format::hybrid},
+                                           LinearCase{Fp8Scaling::blockwise, Fp8Format::e4m3}),
+                         [](const auto& info) {
+                           return std::string(lf::ops::to_string(info.param.scaling)) + "_" +
+                                  lf::ops::to_string(info.param.format);
+                         });
+
+// On a GPU (tools/gpu-check runs it; skipped without one): the CUDA run of each recipe equals the
+// CPU's. Tensorwise at k and n multiples of 16 is cuBLASLt's FP8 GEMM (at::_scaled_mm); at n 86 and
+// blockwise the dequantized path. The same quantized operands, fp32 sums in another order: 1e-5.
+TEST(Fp8Linear, CudaEqualsTheCpu) {
+  if (!lf::backend::cuda_device_visible()) GTEST_SKIP() << "no CUDA device visible: run by tools/gpu-check";
+  at::globalContext().setAllowTF32CuBLAS(false);
+  const auto device = lf::backend::backend_by_name("cuda").device();
+  for (Fp8Scaling scaling : {Fp8Scaling::tensorwise, Fp8Scaling::blockwise})
+    for (int64_t out : {96, 86}) {
+      Fp8Recipe r;
+      r.scaling = scaling;
+      at::manual_seed(11);
+      const auto x = at::randn({2, 32, 128}), w = at::randn({out, 128}) * 0.05, dy = at::randn({2, 32, out});
+      auto run = [&](c10::Device d) {
+        auto xd = x.to(d).requires_grad_(true), wd = w.to(d).requires_grad_(true);
+        auto y = lf::ops::fp8_linear(xd, wd, {}, r, nullptr, nullptr);
+        y.backward(dy.to(d));
+        return std::vector<at::Tensor>{y.detach().cpu(), xd.grad().cpu(), wd.grad().cpu()};
+      };
+      const auto cpu = run(at::kCPU), gpu = run(device);
+      for (size_t i = 0; i < 3; ++i)
+        EXPECT_LT(max_abs(gpu[i] - cpu[i]) / max_abs(cpu[i]), 1e-5)
+            << lf::ops::to_string(scaling) << " out " << out << " tensor " << i << " (y, dx, dw)";
+    }
+}
+
+class OneSlot : public lf::ops::WeightGradSlots {
+ public:
+  explicit OneSlot(at::Tensor dw, bool accumulate) : dw_(std::move(dw)), accumulate_(accumulate) {}
+  std::optional<lf::backend::GradInto> weight_grad_slot(const at::Tensor&) const override {
+    lf::backend::GradInto g;
+    g.dw = dw_;
+    g.accumulate = accumulate_;
+    return g;
+  }
+
+ private:
+  at::Tensor dw_;
+  bool accumulate_;
+};
+
+// bf16 activations and weights: y and dx come back in bf16, w's fp32 gradient goes into the slot
+// (added to what it holds) and autograd gets none; without grad mode the forward alone, the same y.
+TEST(Fp8Linear, Bf16WithGradientSlot) {
+  at::manual_seed(7);
+  Fp8Recipe r;
+  auto x = at::randn({4, 8, 64}).to(at::kBFloat16).requires_grad_(true);
+  auto w = (at::randn({32, 64}) * 0.1).to(at::kBFloat16).requires_grad_(true);
+  const auto dy = at::randn({4, 8, 32}).to(at::kBFloat16);
+  auto plain = lf::ops::fp8_linear(x, w, {}, r, nullptr, nullptr);
+  plain.backward(dy);
+  const auto dw_plain = w.grad().clone();
+  EXPECT_EQ(plain.scalar_type(), at::kBFloat16);
+  EXPECT_EQ(x.grad().scalar_type(), at::kBFloat16);
+  EXPECT_EQ(dw_plain.scalar_type(), at::kBFloat16);
+  w.mutable_grad() = at::Tensor();
+  const auto held = at::ones({32, 64});
+  OneSlot slot(held, true);
+  lf::ops::fp8_linear(x, w, {}, r, &slot, nullptr).backward(dy);
+  EXPECT_FALSE(w.grad().defined());
+  EXPECT_TRUE(at::allclose(held - 1, dw_plain.to(at::kFloat), 1e-2, 1e-2));
+  at::NoGradGuard no_grad;
+  EXPECT_TRUE(at::equal(lf::ops::fp8_linear(x, w, {}, r, nullptr, nullptr), plain.detach()));
+}
+
+TEST(Fp8Policy, ChoosesByGemmAndTokenCount) {
+  Fp8Recipe r;
+  Fp8Policy all(r);
+  for (Fp8Gemm g : lf::ops::kFp8Gemms) EXPECT_EQ(all.choose(g, 1), &all.recipe());
+  Fp8Policy p(r);
+  p.set_steps(Fp8Gemm::fc1, {{0, false}, {1024, true}, {8192, false}});
+  EXPECT_EQ(p.choose(Fp8Gemm::fc1, 1023), nullptr);
+  EXPECT_NE(p.choose(Fp8Gemm::fc1, 1024), nullptr);
+  EXPECT_NE(p.choose(Fp8Gemm::fc1, 8191), nullptr);
+  EXPECT_EQ(p.choose(Fp8Gemm::fc1, 8192), nullptr);
+  EXPECT_NE(p.choose(Fp8Gemm::qkv, 1), nullptr);  // no steps: FP8
+  EXPECT_THROW(p.set_steps(Fp8Gemm::fc2, {{16, true}}), lf::Error);                 // not from 0
+  EXPECT_THROW(p.set_steps(Fp8Gemm::fc2, {{0, true}, {0, false}}), lf::Error);      // not rising
+  EXPECT_THROW(p.set_steps(Fp8Gemm::fc2, {}), lf::Error);
+  // The benchmark's choice: FP8 where it was faster, from that measured count on.
+  using M = Fp8Policy::Measurement;
+  std::vector<M> m;
+  for (Fp8Gemm g : lf::ops::kFp8Gemms)
+    for (int64_t t : {512, 2048, 8192}) m.push_back({g, t, 1.0, g == Fp8Gemm::proj ? 2.0 : (t >= 2048 ? 0.5 : 1.5)});
+  const auto chosen = Fp8Policy::from_measurements(r, m);
+  EXPECT_EQ(chosen.choose(Fp8Gemm::proj, 100000), nullptr);
+  EXPECT_EQ(chosen.choose(Fp8Gemm::fc1, 2047), nullptr);
+  EXPECT_NE(chosen.choose(Fp8Gemm::fc1, 2048), nullptr);
+  EXPECT_EQ(chosen.choose(Fp8Gemm::qkv, 1), nullptr);  // below the smallest: the smallest's choice
+  m.erase(std::remove_if(m.begin(), m.end(), [](const M& x) { return x.gemm == Fp8Gemm::fc2; }), m.end());
+  EXPECT_THROW(Fp8Policy::from_measurements(r, m), lf::Error);
+}
+
+std::string message_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const lf::Error& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+// Written then read back: the same choices. Each malformed variant is refused naming the file
+// and the key.
+TEST(Fp8Policy, FileRoundTripsAndMalformedFilesAreRefusedWithTheKey) {
+  const auto dir = std::filesystem::temp_directory_path() / ("lf_fp8_policy_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  const std::string path = (dir / "policy.json").string();
+  Fp8Recipe r;
+  r.scaling = Fp8Scaling::blockwise;
+  Fp8Policy p(r);
+  p.set_steps(Fp8Gemm::qkv, {{0, false}, {4096, true}});
+  p.write(path, "cpu, test", {{Fp8Gemm::qkv, 4096, 1.0, 0.5}});
+  const auto back = Fp8Policy::read(path, r);
+  EXPECT_EQ(back.source(), path);
+  for (Fp8Gemm g : lf::ops::kFp8Gemms)
+    for (int64_t t : {1, 4095, 4096, 100000}) EXPECT_EQ(back.choose(g, t) == nullptr, p.choose(g, t) == nullptr);
+  nlohmann::json good;
+  std::ifstream(path) >> good;
+  auto refused = [&](const std::function<void(nlohmann::json&)>& mutate, const std::string& want,
+                     const Fp8Recipe& run) {
+    nlohmann::json j = good;
+    mutate(j);
+    const std::string bad = (dir / "bad.json").string();
+    std::ofstream(bad) << j.dump();
+    const std::string msg = message_of([&] { Fp8Policy::read(bad, run); });
+    EXPECT_NE(msg.find(bad), std::string::npos) << msg;
+    EXPECT_NE(msg.find(want), std::string::npos) << "want '" << want << "' in: " << msg;
+  };
+  refused([](auto& j) { j["format"] = "other"; }, "\"format\"", r);
+  refused([](auto& j) { j["version"] = 2; }, "\"version\" 2", r);
+  refused([](auto& j) { j.erase("gemms"); }, "gemms is missing", r);
+  refused([](auto& j) { j["gemms"].erase("fc2"); }, "gemms.fc2 is missing", r);
+  refused([](auto& j) { j["gemms"]["fc3"] = j["gemms"]["fc2"]; }, "gemms.fc3 is not a GEMM kind", r);
+  refused([](auto& j) { j["gemms"]["qkv"][1]["precision"] = "fp4"; }, "gemms.qkv[1].precision", r);
+  refused([](auto& j) { j["gemms"]["qkv"][1]["min_tokens"] = -1; }, "gemms.qkv[1].min_tokens", r);
+  refused([](auto& j) { j["gemms"]["qkv"][1].erase("min_tokens"); }, "gemms.qkv[1].min_tokens is missing", r);
+  refused([](auto& j) { j["gemms"]["qkv"][0]["min_tokens"] = 8; }, "gemms.qkv: the first step starts at min_tokens 8",
+          r);
+  refused([](auto& j) { j["gemms"]["qkv"][1]["min_tokens"] = 0; }, "gemms.qkv[1]: min_tokens 0 does not rise", r);
+  refused([](auto&) {}, "measured for recipe \"blockwise\"", Fp8Recipe{});  // the run is tensorwise
+  const std::string not_json = (dir / "nope.json").string();
+  std::ofstream(not_json) << "{";
+  EXPECT_NE(message_of([&] { Fp8Policy::read(not_json, r); }).find("not JSON"), std::string::npos);
+  EXPECT_NE(message_of([&] { Fp8Policy::read((dir / "absent.json").string(), r); }).find("cannot open"),
+            std::string::npos);
+  std::filesystem::remove_all(dir);
+}
+
+}  // namespace

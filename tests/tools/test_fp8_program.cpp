@@ -1,0 +1,230 @@
+// FP8 training end to end (loongforge-train --fp8-format / --fp8-recipe / --fp8-policy) on the
+// demo model (2 layers, hidden 64, SwiGLU 172, 4 heads in 2 groups; micro-batches of 2 x 128
+// tokens, so every linear layer's GEMM has 256 rows):
+//  - both recipes and formats learn, and stay near the fp32 run without equalling it;
+//  - tensorwise under TP 2 + SP equals the single FP8 process: the amax of every shard is reduced
+//    over TP, so each rank quantizes as the full tensor would be;
+//  - the adaptive policy file: all "bf16" equals no FP8 bit for bit, all "fp8" equals FP8
+//    everywhere, a step at exactly 256 tokens switches, and loongforge-fp8-policy's file runs;
+//  - --first-last-layers-bf16 keeps the first/last layers out of FP8;
+//  - user mistakes (FP8 knobs without --fp8-format, a missing or malformed policy file, a model
+//    with no FP8 GEMM) stop with the key or file named.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "pp_training.h"
+
+namespace {
+namespace fs = std::filesystem;
+using lf::testing::bin;
+using lf::testing::TrainRun;
+
+TrainRun train(int procs, std::vector<std::string> extra, const std::string& tag, int layers = 2) {
+  return lf::testing::train(procs, 1, layers, std::move(extra), "fp8-" + tag);
+}
+
+double worst_loss_rel(const TrainRun& a, const TrainRun& b) {
+  double worst = 0;
+  for (size_t i = 0; i < a.losses.size() && i < b.losses.size(); ++i)
+    worst = std::max(worst, std::abs(a.losses[i] - b.losses[i]) / std::abs(a.losses[i]));
+  return worst;
+}
+
+// A policy file for the run's default recipe with one step list per GEMM kind.
+std::string policy_file(const std::string& name, const std::map<std::string, nlohmann::json>& steps,
+                        const std::string& recipe = "tensorwise") {
+  nlohmann::json j = {{"format", "loongforge-fp8-policy"}, {"version", 1}, {"recipe", recipe},
+                      {"fp8_format", "hybrid"}, {"margin", 0}};
+  for (const char* g : {"qkv", "proj", "fc1", "fc2"})
+    j["gemms"][g] = steps.count(g) ? steps.at(g) : nlohmann::json::parse(R"([{"min_tokens": 0, "precision": "bf16"}])");
+  const std::string path = lf::testing::make_temp_dir("fp8-policy") + "/" + name + ".json";
+  std::ofstream(path) << j.dump(2);
+  return path;
+}
+
+// FP8 rounds each GEMM operand to 3 (E4M3) or 2 (E5M2) mantissa bits: per-step losses move at the
+// 1e-4 level against fp32 (measured 1.2e-4 to 1.6e-4 over 10 steps); the test asks for more than
+// 1e-5 (quantization happened) and less than 3e-2 (nothing else changed).
+TEST(Fp8Training, RecipesLearnNearTheTrainingDtype) {
+  const TrainRun fp32 = train(1, {}, "fp32");
+  ASSERT_EQ(fp32.exit_code, 0) << fp32.output;
+  std::vector<std::pair<std::string, std::vector<double>>> seen;
+  for (const auto& args : std::vector<std::vector<std::string>>{{"--fp8-format", "hybrid"},
+                                                                {"--fp8-format", "e4m3"},
+                                                                {"--fp8-format", "hybrid", "--fp8-recipe", "blockwise"},
+                                                                {"--fp8-format", "e4m3", "--fp8-recipe", "blockwise"},
+                                                                {"--fp8-format", "hybrid", "--fp8-margin", "2"}}) {
+    std::string what;
+    for (const auto& a : args) what += a + " ";
+    const TrainRun run = train(1, args, "recipe");
+    ASSERT_EQ(run.exit_code, 0) << what << run.output;
+    ASSERT_EQ(run.losses.size(), 10u) << what;
+    EXPECT_LT(run.losses.back(), run.losses.front()) << what;  // it learns
+    const double rel = worst_loss_rel(fp32, run);
+    EXPECT_GT(rel, 1e-5) << what << ": FP8 did not change the losses";
+    EXPECT_LT(rel, 3e-2) << what;
+    EXPECT_NE(run.output.find("fp8: "), std::string::npos) << run.output;
+    std::printf("[fp8] %s: worst per-step loss relative difference to fp32 %.3g\n", what.c_str(), rel);
+    // Each flag changes the run: no two of these are the same training.
+    for (const auto& [other, losses] : seen) EXPECT_NE(losses, run.losses) << what << "and " << other;
+    seen.emplace_back(what, run.losses);
+  }
+  // bf16 training with FP8 GEMMs: against the bf16 run.
+  const TrainRun bf16 = train(1, {"--bf16"}, "bf16");
+  const TrainRun bf16_fp8 = train(1, {"--bf16", "--fp8-format", "hybrid"}, "bf16-fp8");
+  ASSERT_EQ(bf16_fp8.exit_code, 0) << bf16_fp8.output;
+  EXPECT_LT(bf16_fp8.losses.back(), bf16_fp8.losses.front());
+  EXPECT_GT(worst_loss_rel(bf16, bf16_fp8), 1e-5);
+  EXPECT_LT(worst_loss_rel(bf16, bf16_fp8), 3e-2);
+  const TrainRun dry = train(1, {"--fp8-format", "e4m3", "--fp8-recipe", "blockwise", "--fp8-margin", "1", "--dry-run"},
+                             "dry");
+  EXPECT_EQ(dry.exit_code, 0) << dry.output;
+  EXPECT_NE(dry.output.find("fp8: blockwise e4m3 (margin 1), every GEMM"), std::string::npos) << dry.output;
+}
+
+// The TP run quantizes the same values with the same scales (the amax of each shard reduced over
+// TP) but sums the row-parallel GEMMs' partial products in another order (1e-7 relative). FP8
+// rounding is discontinuous: a value that lands near a boundary of the FP8 grid can round the
+// other way (a 2^-4 relative step in one element), and over steps such flips grow. So the first
+// step is the sharp check: measured loss 2e-8 and gradient norm 2e-9 relative, where without the
+// amax reduction (each shard its own scale) they differ by 9e-6 and 8e-5; tolerances 1e-6 / 1e-5.
+// Over 10 steps the flips accumulate (measured: losses within 3.1e-5 relative, parameters within
+// 1.1e-3; FP8 against fp32 moves the losses 1.4e-4): 2e-4 and 5e-3 still catch a lost reduction
+// or a wrong shard, which change the loss at the 1e-2 level.
+TEST(Fp8Training, TensorParallelEqualsSingleProcess) {
+  const std::vector<std::string> fp8{"--fp8-format", "hybrid"};
+  const TrainRun one = train(1, fp8, "one");
+  ASSERT_EQ(one.exit_code, 0) << one.output;
+  ASSERT_EQ(one.losses.size(), 10u);
+  ASSERT_EQ(one.grad_norms.size(), 10u);
+  auto check = [&](const TrainRun& got, const std::string& what) {
+    ASSERT_EQ(got.exit_code, 0) << what << "\n" << got.output;
+    ASSERT_EQ(got.losses.size(), 10u) << what;
+    ASSERT_EQ(got.grad_norms.size(), 10u) << what;
+    EXPECT_NEAR(got.losses[0], one.losses[0], 1e-6 * one.losses[0]) << what << ": first step's loss";
+    EXPECT_NEAR(got.grad_norms[0], one.grad_norms[0], 1e-5 * one.grad_norms[0]) << what << ": first gradient norm";
+    for (size_t i = 0; i < 10; ++i) EXPECT_NEAR(got.losses[i], one.losses[i], 2e-4 * one.losses[i]) << what << " " << i;
+    const double params = lf::testing::max_abs_diff(one.params, got.params);
+    EXPECT_LE(params, 5e-3) << what;
+    std::printf("[fp8] %s: first loss %.3g, first gradient norm %.3g relative; 10 steps: loss %.3g, parameters %.3g\n",
+                what.c_str(), std::abs(got.losses[0] - one.losses[0]) / one.losses[0],
+                std::abs(got.grad_norms[0] - one.grad_norms[0]) / one.grad_norms[0], worst_loss_rel(one, got), params);
+  };
+  auto tp = fp8;
+  tp.insert(tp.end(), {"--tensor-model-parallel-size", "2", "--sequence-parallel"});
+  check(train(2, tp, "tp2sp"), "FP8 tensorwise, TP 2 + SP");
+  tp.resize(4);
+  check(train(2, tp, "tp2"), "FP8 tensorwise, TP 2");
+}
+
+// The policy file decides per GEMM kind and token count (256 rows here).
+TEST(Fp8Training, PolicyFileChoosesPerGemmAndTokenCount) {
+  const TrainRun fp32 = train(1, {}, "p-fp32");
+  const TrainRun fp8 = train(1, {"--fp8-format", "hybrid"}, "p-fp8");
+  ASSERT_EQ(fp32.exit_code, 0) << fp32.output;
+  ASSERT_EQ(fp8.exit_code, 0) << fp8.output;
+  auto with = [&](const std::string& policy, const std::string& tag) {
+    return train(1, {"--fp8-format", "hybrid", "--fp8-policy", policy}, tag);
+  };
+  auto same = [](const TrainRun& a, const TrainRun& b, const char* what) {
+    ASSERT_EQ(b.exit_code, 0) << what << "\n" << b.output;
+    EXPECT_EQ(a.losses, b.losses) << what;
+    EXPECT_EQ(lf::testing::max_abs_diff(a.params, b.params), 0.0) << what;
+  };
+  same(fp32, with(policy_file("none", {}), "none"), "every GEMM bf16 = no FP8");
+  const auto all = nlohmann::json::parse(R"([{"min_tokens": 0, "precision": "fp8"}])");
+  same(fp8, with(policy_file("all", {{"qkv", all}, {"proj", all}, {"fc1", all}, {"fc2", all}}), "all"),
+       "every GEMM fp8 = FP8 everywhere");
+  // fc1 only, from 256 tokens on: FP8 (differs from both); from 257 on: not (equals fp32).
+  auto from = [](int tokens) {
+    return nlohmann::json::array({{{"min_tokens", 0}, {"precision", "bf16"}}, {{"min_tokens", tokens}, {"precision", "fp8"}}});
+  };
+  const TrainRun fc1 = with(policy_file("fc1_256", {{"fc1", from(256)}}), "fc1-256");
+  ASSERT_EQ(fc1.exit_code, 0) << fc1.output;
+  EXPECT_NE(fc1.losses, fp32.losses);
+  EXPECT_NE(fc1.losses, fp8.losses);
+  same(fp32, with(policy_file("fc1_257", {{"fc1", from(257)}}), "fc1-257"), "fc1 fp8 from 257 tokens (the run has 256)");
+  // The benchmark's file (tiny shapes, one timed call each) runs as written.
+  const std::string out = lf::testing::make_temp_dir("fp8-bench") + "/policy.json";
+  auto bench = lf::testing::run_command({bin("loongforge-fp8-policy"), "--hidden-size", "64", "--ffn-hidden-size", "172",
+                                         "--num-attention-heads", "4", "--num-query-groups", "2", "--swiglu",
+                                         "--tokens", "64,256", "--dtype", "fp32", "--iters", "1", "--warmup", "0",
+                                         "--out", out},
+                                        {{"OMP_NUM_THREADS", "1"}}, std::chrono::seconds(120));
+  ASSERT_EQ(bench.exit_code, 0) << bench.output;
+  nlohmann::json written;
+  std::ifstream(out) >> written;
+  EXPECT_EQ(written.at("measurements").size(), 8u);
+  EXPECT_EQ(written.at("measured_on").get<std::string>().rfind("cpu, ", 0), 0u);
+  // The file's choice for each GEMM at 256 tokens is what its measurements at 256 say.
+  for (const auto& m : written.at("measurements")) {
+    if (m.at("tokens") != 256) continue;
+    const bool faster = m.at("fp8_ms").get<double>() < m.at("base_ms").get<double>();
+    const auto& steps = written.at("gemms").at(m.at("gemm").get<std::string>());
+    EXPECT_EQ(steps.back().at("precision") == "fp8", faster) << m.dump() << " " << steps.dump();
+  }
+  const TrainRun measured = with(out, "measured");
+  EXPECT_EQ(measured.exit_code, 0) << measured.output;
+}
+
+// --first-last-layers-bf16 on 3 layers: the default counts (1 and 1) leave the middle layer in FP8,
+// a run between fp32 and FP8 everywhere; counts of 0 and 0 are FP8 everywhere bit for bit; counts
+// that leave no layer in FP8 are refused (the flags would do nothing), as are counts beyond the
+// model. Which layers FP8 skips is pinned in Decoder.Fp8LeavesTheFirstAndLastLayersInTheTrainingDtype.
+TEST(Fp8Training, FirstAndLastLayersStayInTheTrainingDtype) {
+  const std::vector<std::string> fp8{"--fp8-format", "hybrid"};
+  auto with = [&](std::vector<std::string> more, const std::string& tag) {
+    more.insert(more.begin(), fp8.begin(), fp8.end());
+    return train(1, more, tag, 3);
+  };
+  const TrainRun fp32 = train(1, {}, "l-fp32", 3), all = with({}, "l-all");
+  const TrainRun middle = with({"--first-last-layers-bf16"}, "l-middle");
+  ASSERT_EQ(middle.exit_code, 0) << middle.output;
+  EXPECT_NE(middle.output.find("the first 1 and last 1 layer(s) in the training dtype"), std::string::npos)
+      << middle.output;
+  EXPECT_NE(middle.losses, fp32.losses);
+  EXPECT_NE(middle.losses, all.losses);
+  const TrainRun none = with({"--first-last-layers-bf16", "--num-layers-at-start-in-bf16", "0",
+                              "--num-layers-at-end-in-bf16", "0"}, "l-none");
+  ASSERT_EQ(none.exit_code, 0) << none.output;
+  EXPECT_EQ(none.losses, all.losses);
+  EXPECT_EQ(lf::testing::max_abs_diff(none.params, all.params), 0.0);
+  const TrainRun every = with({"--first-last-layers-bf16", "--num-layers-at-start-in-bf16", "2"}, "l-every");
+  EXPECT_NE(every.exit_code, 0);
+  EXPECT_NE(every.output.find("no linear layer that runs in FP8"), std::string::npos) << every.output;
+  const TrainRun beyond = with({"--first-last-layers-bf16", "--num-layers-at-end-in-bf16", "3"}, "l-beyond");
+  EXPECT_NE(beyond.exit_code, 0);
+  EXPECT_NE(beyond.output.find("exceed the model's 3 layers"), std::string::npos) << beyond.output;
+}
+
+TEST(Fp8Training, MistakesNameTheKeyOrFile) {
+  auto refused = [](std::vector<std::string> args, const std::vector<std::string>& want, const std::string& config = "") {
+    std::vector<std::string> argv{bin("loongforge-train"), "--config-file",
+                                  config.empty() ? lf::testing::source_dir() + "/configs/demo.yaml" : config,
+                                  "--train-iters", "3", "--lr-warmup-iters", "1", "--eval-iters", "0"};
+    argv.insert(argv.end(), args.begin(), args.end());
+    const auto r = lf::testing::run_command(argv, {{"OMP_NUM_THREADS", "1"}}, std::chrono::seconds(120));
+    EXPECT_NE(r.exit_code, 0) << r.output;
+    for (const auto& w : want) EXPECT_NE(r.output.find(w), std::string::npos) << "want '" << w << "' in:\n" << r.output;
+  };
+  refused({"--fp8-recipe", "blockwise"}, {"training.fp8_recipe", "--fp8-format hybrid"});
+  refused({"--fp8-margin", "1"}, {"training.fp8_margin"});
+  refused({"--fp8-policy", "/tmp/p.json"}, {"training.fp8_policy"});
+  refused({"--fp8-format", "e5m2"}, {"training.fp8_format", "e4m3", "hybrid"});
+  refused({"--first-last-layers-bf16"}, {"training.first_last_layers_bf16", "--fp8-format"});
+  refused({"--fp8-format", "hybrid", "--num-layers-at-end-in-bf16", "2"},
+          {"training.num_layers_at_end_in_bf16", "--first-last-layers-bf16"});
+  refused({"--fp8-format", "hybrid", "--fp8-recipe", "delayed"}, {"training.fp8_recipe", "tensorwise"});
+  const std::string missing = lf::testing::make_temp_dir("fp8-missing") + "/absent.json";
+  refused({"--fp8-format", "hybrid", "--fp8-policy", missing, "--dry-run"}, {missing, "cannot open", "loongforge-fp8-policy"});
+  const std::string blockwise = policy_file("blockwise", {}, "blockwise");
+  refused({"--fp8-format", "hybrid", "--fp8-policy", blockwise}, {blockwise, "measured for recipe \"blockwise\""});
+  // A model with no linear layer FP8 covers (the feature transformer).
+  refused({"--fp8-format", "hybrid"}, {"--fp8-format hybrid", "feature_regression", "no linear layer that runs in FP8"},
+          lf::testing::source_dir() + "/configs/examples/feature_regression_tiny.yaml");
+}
+
+}  // namespace

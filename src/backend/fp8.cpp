@@ -115,6 +115,29 @@ at::Tensor output_of(const at::Tensor& y, const at::Tensor& x, int64_t out) {
   return y.to(x.scalar_type()).view(sizes);
 }
 
+// One FP8 GEMM's backward from its output gradient d2 [n, out] (fp32 results): x's gradient
+// Q(dy) Q(w) and w's Q(dy)^T Q(x), each when asked. Tensorwise: one quantized copy of dy serves
+// both (its amax reduced over `group`); blockwise: tiles along each GEMM's reduction dim (out for
+// x's gradient, the tokens for w's).
+struct Fp8Grads {
+  at::Tensor dx, dw;
+};
+Fp8Grads fp8_backward(const Fp8Recipe& r, lf::backend::Communicator* group, const at::Tensor& d2,
+                      const Fp8Tensor& qxc, const Fp8Tensor& qw, bool want_dx, bool want_dw) {
+  const bool tensorwise = r.scaling == Fp8Scaling::tensorwise;
+  const at::Tensor amax = tensorwise ? group_amax({d2}, group)[0] : at::Tensor();
+  const Tiles dt = input_tiles(r, true);
+  const Fp8Tensor qd = quantize(d2, r.grad_dtype(), dt.rows, dt.cols, r.margin, amax);
+  Fp8Grads g;
+  if (want_dx) g.dx = quantized_gemm(qd, transposed(qw));  // [n, out] x [out, in]
+  if (want_dw) {
+    const Tiles dc = input_tiles(r, false);
+    const Fp8Tensor qdc = tensorwise ? qd : quantize(d2, r.grad_dtype(), dc.rows, dc.cols, r.margin);
+    g.dw = quantized_gemm(transposed(qdc), transposed(qxc));  // [out, n] x [n, in]
+  }
+  return g;
+}
+
 struct Fp8LinearFn : torch::autograd::Function<Fp8LinearFn> {
   static at::Tensor forward(AutogradContext* ctx, const Fp8Recipe* recipe, const WeightGradSlots* slots,
                             lf::backend::Communicator* group, const at::Tensor& x, const at::Tensor& w,
@@ -143,28 +166,80 @@ struct Fp8LinearFn : torch::autograd::Function<Fp8LinearFn> {
     const Fp8Tensor qxc{s[1], s[2], xc_tiles[0], xc_tiles[1]}, qw{s[3], s[4], w_tiles[0], w_tiles[1]};
     const int64_t out = w.size(0);
     const at::Tensor d2 = dy[0].reshape({-1, out});
-    const bool tensorwise = r.scaling == Fp8Scaling::tensorwise;
-    const at::Tensor amax = tensorwise ? group_amax({d2}, group)[0] : at::Tensor();
-    // Tensorwise: one quantized copy of dy serves both GEMMs; blockwise: tiles along each GEMM's
-    // reduction dim (out for x's gradient, the tokens for w's).
-    const Tiles dt = input_tiles(r, true);
-    const Fp8Tensor qd = quantize(d2, r.grad_dtype(), dt.rows, dt.cols, r.margin, amax);
+    const Fp8Grads g = fp8_backward(r, group, d2, qxc, qw, ctx->saved_data["x_grad"].toBool(),
+                                    ctx->saved_data["w_grad"].toBool());
     at::Tensor dx, dw, db;
-    if (ctx->saved_data["x_grad"].toBool()) {
+    if (g.dx.defined()) {
       const auto dtype = static_cast<at::ScalarType>(ctx->saved_data["x_dtype"].toInt());
-      // dx [n, in] = Q(dy) [n, out] x Q(w) [out, in].
-      dx = quantized_gemm(qd, transposed(qw)).to(dtype).view(ctx->saved_data["x_sizes"].toIntVector());
+      dx = g.dx.to(dtype).view(ctx->saved_data["x_sizes"].toIntVector());
     }
-    if (ctx->saved_data["w_grad"].toBool()) {
-      const Tiles dc = input_tiles(r, false);
-      const Fp8Tensor qdc = tensorwise ? qd : quantize(d2, r.grad_dtype(), dc.rows, dc.cols, r.margin);
-      // dw [out, in] = Q(dy)^T [out, n] x Q(x) [n, in], into the slot when there is one.
-      dw = store_weight_grad(reinterpret_cast<const WeightGradSlots*>(ctx->saved_data["slots"].toInt()), w,
-                             quantized_gemm(transposed(qdc), transposed(qxc)));
-    }
+    // w's gradient into the slot when there is one.
+    if (g.dw.defined())
+      dw = store_weight_grad(reinterpret_cast<const WeightGradSlots*>(ctx->saved_data["slots"].toInt()), w, g.dw);
     // The bias gradient from the unquantized output gradient (as Transformer Engine's).
     if (ctx->saved_data["b_grad"].toBool()) db = d2.sum(0);
     return {at::Tensor(), at::Tensor(), at::Tensor(), dx, dw, db};
+  }
+};
+
+// The experts' GEMMs: row group g of x times w[g]^T, each group an FP8 GEMM of its own (its own
+// tensorwise scales, as Transformer Engine's grouped linear). Saves each non-empty group's FP8
+// copies of x and w[g].
+struct Fp8GroupedFn : torch::autograd::Function<Fp8GroupedFn> {
+  static at::Tensor forward(AutogradContext* ctx, const Fp8Recipe* recipe, lf::backend::Communicator* group,
+                            const at::Tensor& x, const at::Tensor& w, std::vector<int64_t> counts) {
+    std::vector<at::Tensor> ys, saved{w};
+    std::vector<int64_t> tiles;
+    int64_t off = 0;
+    for (size_t g = 0; g < counts.size(); ++g) {
+      if (counts[g] == 0) continue;
+      Fp8Forward f = fp8_forward(*recipe, group, x.narrow(0, off, counts[g]), w.select(0, static_cast<int64_t>(g)),
+                                 std::nullopt, true);
+      off += counts[g];
+      ys.push_back(std::move(f.y));
+      saved.insert(saved.end(), {f.qxc.data, f.qxc.scale_inv, f.qw.data, f.qw.scale_inv});
+      tiles.insert(tiles.end(), {f.qxc.tile_rows, f.qxc.tile_cols, f.qw.tile_rows, f.qw.tile_cols});
+    }
+    ctx->saved_data["recipe"] = reinterpret_cast<int64_t>(recipe);
+    ctx->saved_data["group"] = reinterpret_cast<int64_t>(group);
+    ctx->saved_data["counts"] = counts;
+    ctx->saved_data["tiles"] = tiles;
+    ctx->saved_data["x_grad"] = x.requires_grad();
+    ctx->saved_data["w_grad"] = w.requires_grad();
+    ctx->saved_data["x_dtype"] = static_cast<int64_t>(x.scalar_type());
+    ctx->save_for_backward(saved);
+    if (ys.empty()) return at::zeros({0, w.size(1)}, x.options());
+    return at::cat(ys).to(x.scalar_type());
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list dy) {
+    auto s = ctx->get_saved_variables();
+    const at::Tensor& w = s[0];
+    const auto& r = *reinterpret_cast<const Fp8Recipe*>(ctx->saved_data["recipe"].toInt());
+    auto* group = reinterpret_cast<lf::backend::Communicator*>(ctx->saved_data["group"].toInt());
+    const auto counts = ctx->saved_data["counts"].toIntVector(), tiles = ctx->saved_data["tiles"].toIntVector();
+    const bool want_dx = ctx->saved_data["x_grad"].toBool(), want_dw = ctx->saved_data["w_grad"].toBool();
+    std::vector<at::Tensor> dxs;
+    at::Tensor dw = want_dw ? at::zeros(w.sizes(), w.options().dtype(at::kFloat)) : at::Tensor();
+    int64_t off = 0;
+    size_t k = 0;  // index of the non-empty group
+    for (size_t g = 0; g < counts.size(); ++g) {
+      if (counts[g] == 0) continue;
+      const size_t b = 1 + 4 * k, t = 4 * k;
+      const Fp8Tensor qxc{s[b], s[b + 1], tiles[t], tiles[t + 1]}, qw{s[b + 2], s[b + 3], tiles[t + 2], tiles[t + 3]};
+      const Fp8Grads gr = fp8_backward(r, group, dy[0].narrow(0, off, counts[g]), qxc, qw, want_dx, want_dw);
+      if (want_dx) dxs.push_back(gr.dx);
+      if (want_dw) dw.select(0, static_cast<int64_t>(g)).copy_(gr.dw);
+      off += counts[g];
+      ++k;
+    }
+    at::Tensor dx;
+    if (want_dx) {
+      const auto dtype = static_cast<at::ScalarType>(ctx->saved_data["x_dtype"].toInt());
+      dx = dxs.empty() ? at::zeros({0, w.size(2)}, dy[0].options().dtype(dtype)) : at::cat(dxs).to(dtype);
+    }
+    if (dw.defined()) dw = dw.to(w.scalar_type());
+    return {at::Tensor(), at::Tensor(), dx, dw, at::Tensor()};
   }
 };
 
@@ -232,4 +307,29 @@ at::Tensor fp8_linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor
   return Fp8LinearFn::apply(&recipe, slots, group, x, w, bias);
 }
 
+at::Tensor fp8_grouped_linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& counts,
+                              const Fp8Recipe& recipe, lf::backend::Communicator* amax_group) {
+  LF_CHECK(x.dim() == 2 && w.dim() == 3 && x.size(1) == w.size(2), "fp8_grouped_linear: x ", x.sizes(), " and w ",
+           w.sizes(), " do not multiply");
+  const at::Tensor c = counts.to(at::kCPU, at::kLong).contiguous();
+  LF_CHECK(c.dim() == 1 && c.size(0) == w.size(0) && c.sum().item<int64_t>() == x.size(0), "fp8_grouped_linear: counts ",
+           c.sizes(), " summing to ", c.sum().item<int64_t>(), " for ", x.size(0), " rows and ", w.size(0), " groups");
+  RECORD_USER_SCOPE("lf::fp8_grouped_linear");
+  auto* group = recipe.scaling == Fp8Scaling::tensorwise ? amax_group : nullptr;
+  std::vector<int64_t> n(c.data_ptr<int64_t>(), c.data_ptr<int64_t>() + c.numel());
+  if (!at::GradMode::is_enabled() || !(x.requires_grad() || w.requires_grad())) {
+    std::vector<at::Tensor> ys;
+    int64_t off = 0;
+    for (size_t g = 0; g < n.size(); ++g) {
+      if (n[g] == 0) continue;
+      ys.push_back(fp8_forward(recipe, group, x.narrow(0, off, n[g]), w.select(0, static_cast<int64_t>(g)),
+                               std::nullopt, false).y);
+      off += n[g];
+    }
+    return ys.empty() ? at::zeros({0, w.size(1)}, x.options()) : at::cat(ys).to(x.scalar_type());
+  }
+  return Fp8GroupedFn::apply(&recipe, group, x, w, n);
+}
+
 }  // namespace lf::ops
+

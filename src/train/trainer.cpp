@@ -188,8 +188,8 @@ Trainer::Trainer(const lf::config::JobConfig& job, lf::models::Model& model, con
   if (I.fp8) {
     LF_CHECK(model.set_fp8(I.fp8.get()), "--fp8-format ", *job.training.fp8_format, ": model type ", model.type(),
              " has no linear layer that runs in FP8",
-             lf::hint("FP8 covers the decoder's dense attention and MLP linear layers (linear_qkv, linear_proj, "
-                      "linear_fc1, linear_fc2) outside the layers --first-last-layers-bf16 keeps; drop --fp8-format"));
+             lf::hint("FP8 covers the decoder's linear layers (attention, MLP, MoE experts) outside the layers "
+                      "--first-last-layers-bf16 keeps; drop --fp8-format"));
     if (ctx.global_rank() == 0) LF_INFO("fp8: ", I.fp8->describe());
   }
 }

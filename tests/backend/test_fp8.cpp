@@ -181,6 +181,44 @@ TEST(Fp8Linear, CudaEqualsTheCpu) {
     }
 }
 
+// The experts' grouped GEMM: each row group exactly the FP8 linear layer of its own rows and
+// weight (its own scales), an empty group included; gradients to x and every w[g].
+TEST(Fp8Linear, GroupedIsOneFp8LinearPerGroup) {
+  at::manual_seed(13);
+  for (Fp8Scaling scaling : {Fp8Scaling::tensorwise, Fp8Scaling::blockwise}) {
+    Fp8Recipe r;
+    r.scaling = scaling;
+    const auto counts = at::tensor({5, 0, 17, 9}, at::kLong);
+    const auto x = at::randn({31, 24}) * at::linspace(0.1, 4.0, 31).reshape({31, 1});
+    const auto w = at::randn({4, 20, 24}) * at::linspace(0.01, 1.0, 4).reshape({4, 1, 1});
+    const auto dy = at::randn({31, 20});
+    auto xg = x.clone().requires_grad_(true), wg = w.clone().requires_grad_(true);
+    auto y = lf::ops::fp8_grouped_linear(xg, wg, counts, r, nullptr);
+    y.backward(dy);
+    auto xl = x.clone().requires_grad_(true), wl = w.clone().requires_grad_(true);
+    std::vector<at::Tensor> parts;
+    int64_t off = 0;
+    for (int64_t g = 0; g < 4; ++g) {
+      const int64_t n = counts[g].item<int64_t>();
+      if (n > 0) parts.push_back(lf::ops::fp8_linear(xl.narrow(0, off, n), wl.select(0, g), {}, r, nullptr, nullptr));
+      off += n;
+    }
+    auto yl = at::cat(parts);
+    yl.backward(dy);
+    const char* what = lf::ops::to_string(scaling);
+    EXPECT_TRUE(at::equal(y, yl)) << what;
+    EXPECT_TRUE(at::allclose(xg.grad(), xl.grad(), 1e-6, 1e-7)) << what;
+    EXPECT_TRUE(at::allclose(wg.grad(), wl.grad(), 1e-6, 1e-7)) << what;
+    EXPECT_EQ(max_abs(wg.grad().select(0, 1)), 0.0) << what;  // the empty group's weight
+    // Without gradients: the same forward.
+    at::NoGradGuard no_grad;
+    EXPECT_TRUE(at::equal(lf::ops::fp8_grouped_linear(x, w, counts, r, nullptr), y.detach())) << what;
+  }
+  EXPECT_THROW(lf::ops::fp8_grouped_linear(at::randn({3, 24}), at::randn({4, 20, 24}), at::tensor({1, 1, 0, 0}), Fp8Recipe{},
+                                           nullptr),
+               lf::Error);  // counts sum to 2, not 3 rows
+}
+
 class OneSlot : public lf::ops::WeightGradSlots {
  public:
   explicit OneSlot(at::Tensor dw, bool accumulate) : dw_(std::move(dw)), accumulate_(accumulate) {}

@@ -78,6 +78,13 @@ Fp8Tensor quantize(const at::Tensor& x, at::ScalarType fp8, int64_t tr, int64_t 
 at::Tensor fp8_linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b, const Fp8Recipe& recipe,
                       const WeightGradSlots* slots, lf::backend::Communicator* amax_group);
 
+// The experts' grouped GEMM in FP8: x [m, in] in groups of counts [G] rows (int64), w [G, out, in]
+// -> [m, out], row group g times w[g]^T, each group's GEMMs FP8 GEMMs with their own scales (as
+// lf::ops::grouped_gemm in the training dtype); gradients to x and w through autograd.
+// amax_group as fp8_linear's (the TP group when the experts are split over TP).
+at::Tensor fp8_grouped_linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& counts,
+                              const Fp8Recipe& recipe, lf::backend::Communicator* amax_group);
+
 // The linear layers of a transformer layer the FP8 policy chooses for.
 enum class Fp8Gemm { qkv, proj, fc1, fc2 };
 const char* to_string(Fp8Gemm g);

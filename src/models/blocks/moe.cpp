@@ -12,6 +12,7 @@
 #include <numeric>
 #include <vector>
 
+#include "loongforge/backend/fp8.h"
 #include "loongforge/backend/functional.h"
 #include "loongforge/core/error.h"
 #include "loongforge/models/recompute.h"
@@ -384,7 +385,8 @@ MoeLayer::Routing MoeLayer::route(const at::Tensor& x2d) const {
 
 at::Tensor MoeLayer::forward(const lf::backend::DeviceBackend& be, const lf::parallel::TensorParallel& tp,
                              const at::Tensor& x, bool training, bool selective_recompute, MoeStep* step,
-                             size_t moe_index, size_t moe_layers, const lf::parallel::ContextParallel* cp) const {
+                             size_t moe_index, size_t moe_layers, const lf::parallel::ContextParallel* cp,
+                             const lf::ops::Fp8Policy* fp8) const {
   LF_CHECK(x.dim() == 3, "MoE layer: x must be [s(/tp), b, h], got ", x.sizes());
   // Expert TP = TP: enter the TP region (the whole sequence on every rank; SP: gathered), and under
   // expert parallelism dispatch it among the ranks of the same TP rank. Expert parallelism with
@@ -413,12 +415,19 @@ at::Tensor MoeLayer::forward(const lf::backend::DeviceBackend& be, const lf::par
   const lf::backend::DeviceBackend* bep = &be;
   auto act = [bep, swiglu](const at::Tensor& a) { return swiglu ? lf::ops::swiglu(*bep, a) : lf::ops::gelu(*bep, a); };
   // This rank's experts on rows grouped by expert (counts: rows per local expert, CPU int64).
+  // FP8 (the MLP's fc1 / fc2 choices at this grouped GEMM's rows): the experts' shards are split
+  // over TP exactly when the layer enters the TP region, and then their amax is reduced over it.
+  lf::backend::Communicator* amax_group = enter_tp ? tp.tp : nullptr;
   auto experts = [&](const at::Tensor& rows, const at::Tensor& counts) {
-    auto fc1 = lf::ops::grouped_gemm(be, rows, fc1_, counts);
+    const int64_t m = rows.size(0);
+    const lf::ops::Fp8Recipe* r1 = fp8 ? fp8->choose(lf::ops::Fp8Gemm::fc1, m) : nullptr;
+    const lf::ops::Fp8Recipe* r2 = fp8 ? fp8->choose(lf::ops::Fp8Gemm::fc2, m) : nullptr;
+    auto fc1 = r1 ? lf::ops::fp8_grouped_linear(rows, fc1_, counts, *r1, amax_group)
+                  : lf::ops::grouped_gemm(be, rows, fc1_, counts);
     at::Tensor a = selective_recompute
                        ? lf::models::recompute([act](const std::vector<at::Tensor>& v) { return act(v[0]); }, {fc1})
                        : act(fc1);
-    return lf::ops::grouped_gemm(be, a, fc2_, counts);
+    return r2 ? lf::ops::fp8_grouped_linear(a, fc2_, counts, *r2, amax_group) : lf::ops::grouped_gemm(be, a, fc2_, counts);
   };
   at::Tensor out;  // [t, h]: the routed experts' weighted sum (expert TP = TP: this rank's partial sum)
   if (!ep_mode || ep_size_ == 1) {
@@ -427,6 +436,8 @@ at::Tensor MoeLayer::forward(const lf::backend::DeviceBackend& be, const lf::par
   } else if (tp.ep_allgather) {
     out = dispatch_allgather(be, *tp.ep, x2d, r, experts);
   } else if (tp.ep_overlap_chunks > 0) {
+    LF_CHECK(fp8 == nullptr, "MoE layer: the overlapped all-to-all (--overlap-moe-expert-parallel-comm) has no FP8 "
+                             "experts; the job's plan refuses --fp8-format with it");
     out = dispatch_alltoall_overlapped(be, *tp.ep, x2d, r, tp.ep_overlap_chunks, selective_recompute,
                                        tp.ep_delay_wgrad, step ? step->trace() : nullptr,
                                        step ? step->streams() : nullptr, moe_index);
@@ -440,7 +451,8 @@ at::Tensor MoeLayer::forward(const lf::backend::DeviceBackend& be, const lf::par
       routed = tp.sequence_parallel ? lf::parallel::reduce_scatter_to_sequence_parallel(routed, *tp.tp)
                                     : lf::parallel::reduce_from_tp(routed, *tp.tp);
     if (!has_shared_) return routed;
-    at::Tensor shared = shared_.forward(be, tp, x, selective_recompute);  // x: this rank's chunk under SP
+    // x: this rank's chunk under SP
+    at::Tensor shared = shared_.forward(be, tp, x, selective_recompute, nullptr, nullptr, nullptr, fp8);
     if (shared_gate_.defined()) shared = shared * at::sigmoid(at::matmul(x, shared_gate_.t()));
     return routed + shared;
   };

@@ -44,7 +44,7 @@ at::Tensor TransformerLayer::forward(const at::Tensor& x, const AttentionInputs&
                      : attention_.forward(be, *lc.tp, x, a, layer, lp, lc.slots, &input_norm_, fp8);
   auto y = x + hidden_dropout(attn, c_.hidden_dropout, lc);
   auto mlp = c_.moe ? moe_.forward(be, *lc.tp, pre_mlp_norm_(be, y), lc.training, a.selective_recompute, lc.moe,
-                                   moe_index_, lc.moe_layers, a.cp)
+                                   moe_index_, lc.moe_layers, a.cp, fp8)
                     : mlp_.forward(be, *lc.tp, y, a.selective_recompute, lp, lc.slots, &pre_mlp_norm_, fp8);
   return y + hidden_dropout(mlp, c_.hidden_dropout, lc);
 }

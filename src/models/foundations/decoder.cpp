@@ -145,7 +145,6 @@ Decoder::Decoder(const DecoderConfig& c, const lf::backend::DeviceBackend& backe
     b.set_keep(keep);
     TransformerLayerConfig layer_config = lc;
     layer_config.moe = moe_pattern[static_cast<size_t>(i)];
-    dense_mlp_.push_back(!layer_config.moe);
     if (layer_config.moe) layer_config.moe_config = moe;
     TransformerLayer layer(b, "decoder.layers." + std::to_string(i), layer_config, moe_layers_);
     if (keep) {
@@ -358,11 +357,12 @@ bool Decoder::set_fp8(const lf::ops::Fp8Policy* fp8) {
                 last = fp8 ? fp8->last_layers_in_training_dtype() : 0;
   LF_CHECK(first + last <= n, "--num-layers-at-start-in-bf16 ", first, " + --num-layers-at-end-in-bf16 ", last,
            " exceed the model's ", n, " layers", lf::hint("keep at least one layer in FP8, or drop --fp8-format"));
-  auto in_fp8 = [&](int64_t g) { return g >= first && g < n - last; };
-  for (size_t i = 0; i < layers_.size(); ++i) layers_[i].set_fp8(in_fp8(global_layer(i)));
-  bool any = false;
-  for (int64_t g = 0; g < n; ++g) any = any || (in_fp8(g) && (!layer_config_.mla || dense_mlp_[static_cast<size_t>(g)]));
-  return any;
+  for (size_t i = 0; i < layers_.size(); ++i) {
+    const int64_t g = global_layer(i);
+    layers_[i].set_fp8(g >= first && g < n - last);
+  }
+  // Every layer has an FP8 GEMM: its MLP's (dense or the experts') if not its attention's.
+  return first + last < n;
 }
 
 int64_t Decoder::global_layer(size_t local) const {

@@ -114,10 +114,12 @@ class MoeLayer {
   // x: [s(/tp), b, h] -> [s(/tp), b, h]. moe_index: this layer's index among the rank's MoE layers (of
   // moe_layers) in `step`; step may be null (no statistics, auxiliary-loss weight 1). cp (on): x
   // holds this rank's tokens of sequences split over the context-parallel group; the load-balancing
-  // statistics are the whole sequences' and each rank's loss term is its tokens' part.
+  // statistics are the whole sequences' and each rank's loss term is its tokens' part. fp8: the
+  // routed experts' fc1 / fc2 grouped GEMMs and the shared experts' linear layers in FP8 where it
+  // chooses (by the GEMM's rows on this rank); not with the overlapped all-to-all (refused).
   at::Tensor forward(const lf::backend::DeviceBackend& be, const lf::parallel::TensorParallel& tp, const at::Tensor& x,
                      bool training, bool selective_recompute, MoeStep* step, size_t moe_index, size_t moe_layers,
-                     const lf::parallel::ContextParallel* cp = nullptr) const;
+                     const lf::parallel::ContextParallel* cp = nullptr, const lf::ops::Fp8Policy* fp8 = nullptr) const;
 
   // The router alone on [T, h] rows (tests, tools): the chosen experts [T, k] int64 (-1: dropped
   // by the capacity limit) and their weights [T, k] fp32.

@@ -126,10 +126,10 @@ class Decoder {
   // weight gradients go straight into the slots this names (lf::ops::embedding / linear).
   void set_weight_grad_slots(const lf::ops::WeightGradSlots* slots) { slots_ = slots; }
   const RecomputeOptions& recompute() const { return recompute_; }
-  // FP8 for the dense attention's and MLP's linear layers (null: none) of the layers the policy
-  // does not keep in the training dtype (its first/last layer counts, over the whole model; MTP
-  // layers follow the policy); the policy must outlive training. False when no such layer has one
-  // (every layer kept, or MLA attention with a MoE MLP); a count beyond the model's layers throws.
+  // FP8 for the attention's (not MLA's) and MLP's or experts' linear layers (null: none) of the
+  // layers the policy does not keep in the training dtype (its first/last layer counts, over the
+  // whole model; MTP layers follow the policy); the policy must outlive training. False when it
+  // keeps every layer; a count beyond the model's layers throws.
   bool set_fp8(const lf::ops::Fp8Policy* fp8);
   lf::parallel::RngTracker& rng() const { return rng_; }
   const DecoderConfig& config() const { return config_; }
@@ -176,7 +176,6 @@ class Decoder {
   RecomputeOptions recompute_;
   const lf::ops::WeightGradSlots* slots_ = nullptr;
   const lf::ops::Fp8Policy* fp8_ = nullptr;
-  std::vector<bool> dense_mlp_;  // per layer of the whole model (every stage's)
   mutable lf::parallel::RngTracker rng_;
   size_t moe_layers_ = 0;
   mutable MoeStep moe_step_;

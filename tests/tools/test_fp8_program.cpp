@@ -3,7 +3,8 @@
 // tokens, so every linear layer's GEMM has 256 rows):
 //  - both recipes and formats learn, and stay near the fp32 run without equalling it;
 //  - tensorwise under TP 2 + SP equals the single FP8 process: the amax of every shard is reduced
-//    over TP, so each rank quantizes as the full tensor would be; MoE experts in FP8 likewise;
+//    over TP, so each rank quantizes as the full tensor would be; DP (blockwise with ZeRO-1 too)
+//    and PP 2 equal it as well; MoE experts in FP8;
 //  - the adaptive policy file: all "bf16" equals no FP8 bit for bit, all "fp8" equals FP8
 //    everywhere, a step at exactly 256 tokens switches, and loongforge-fp8-policy's file runs;
 //  - --first-last-layers-bf16 keeps the first/last layers out of FP8;
@@ -113,7 +114,7 @@ void expect_fp8_equivalent(const TrainRun& one, const TrainRun& got, const std::
               std::abs(got.grad_norms[0] - one.grad_norms[0]) / one.grad_norms[0], worst_loss_rel(one, got), params);
 }
 
-TEST(Fp8Training, TensorParallelEqualsSingleProcess) {
+TEST(Fp8Training, ParallelLayoutsEqualSingleProcess) {
   const std::vector<std::string> fp8{"--fp8-format", "hybrid"};
   const TrainRun one = train(1, fp8, "one");
   auto tp = fp8;
@@ -121,6 +122,14 @@ TEST(Fp8Training, TensorParallelEqualsSingleProcess) {
   expect_fp8_equivalent(one, train(2, tp, "tp2sp"), "FP8 tensorwise, TP 2 + SP");
   tp.resize(4);
   expect_fp8_equivalent(one, train(2, tp, "tp2"), "FP8 tensorwise, TP 2");
+  // DP and PP: each micro-batch's GEMMs see the same rows as in one process (scales per tensor
+  // of one micro-batch), so only the gradient sums' order differs.
+  expect_fp8_equivalent(one, train(2, fp8, "dp2"), "FP8 tensorwise, DP 2");
+  expect_fp8_equivalent(one, lf::testing::train(2, 2, 2, fp8, "fp8-pp2"), "FP8 tensorwise, PP 2");
+  const std::vector<std::string> blockwise{"--fp8-format", "e4m3", "--fp8-recipe", "blockwise"};
+  auto dp = blockwise;
+  dp.insert(dp.end(), {"--use-distributed-optimizer"});
+  expect_fp8_equivalent(train(1, blockwise, "bw-one"), train(2, dp, "bw-dp2"), "FP8 blockwise, DP 2 + ZeRO-1");
 }
 
 // MoE (configs/demo_moe.yaml: 8 experts top-2 after a dense first layer, shared experts, MTP):

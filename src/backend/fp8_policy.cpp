@@ -138,7 +138,9 @@ Fp8Policy Fp8Policy::read(const std::string& path, const Fp8Recipe& recipe) {
              lf::hint(rerun_hint(path)));
     return obj.at(key);
   };
-  LF_CHECK(j.is_object() && j.value("format", "") == kFormat, "--fp8-policy ", path,
+  LF_CHECK(j.is_object() && j.contains("format") && j.at("format").is_string() &&
+               j.at("format").get<std::string>() == kFormat,
+           "--fp8-policy ", path,
            ": \"format\" is not \"", kFormat, "\"", lf::hint(rerun_hint(path)));
   LF_CHECK(field(j, "version", "").is_number_integer() && j.at("version").get<int>() == kVersion, "--fp8-policy ", path,
            ": \"version\" ", j.at("version").dump(), " is not ", kVersion, lf::hint(rerun_hint(path)));

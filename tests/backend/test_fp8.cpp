@@ -323,6 +323,7 @@ TEST(Fp8Policy, FileRoundTripsAndMalformedFilesAreRefusedWithTheKey) {
     EXPECT_NE(msg.find(want), std::string::npos) << "want '" << want << "' in: " << msg;
   };
   refused([](auto& j) { j["format"] = "other"; }, "\"format\"", r);
+  refused([](auto& j) { j["format"] = 3; }, "\"format\"", r);
   refused([](auto& j) { j["version"] = 2; }, "\"version\" 2", r);
   refused([](auto& j) { j.erase("gemms"); }, "gemms is missing", r);
   refused([](auto& j) { j["gemms"].erase("fc2"); }, "gemms.fc2 is missing", r);

@@ -7,7 +7,7 @@
 //    and PP 2 equal it as well; MoE experts in FP8;
 //  - the adaptive policy file: all "bf16" equals no FP8 bit for bit, all "fp8" equals FP8
 //    everywhere, a step at exactly 256 tokens switches, and loongforge-fp8-policy's file runs;
-//  - --first-last-layers-bf16 keeps the first/last layers out of FP8;
+//  - --first-last-layers-bf16 keeps the first/last layers out of FP8; resume is exact;
 //  - user mistakes (FP8 knobs without --fp8-format, a missing or malformed policy file, a model
 //    with no FP8 GEMM) stop with the key or file named.
 #include <gtest/gtest.h>
@@ -272,6 +272,26 @@ TEST(Fp8Training, FirstAndLastLayersStayInTheTrainingDtype) {
   const TrainRun beyond = with({"--first-last-layers-bf16", "--num-layers-at-end-in-bf16", "3"}, "l-beyond");
   EXPECT_NE(beyond.exit_code, 0);
   EXPECT_NE(beyond.output.find("exceed the model's 3 layers"), std::string::npos) << beyond.output;
+}
+
+// Current scaling keeps no state between steps (no amax history), so a run saved at iteration 5
+// and resumed trains the last 5 steps exactly as the uninterrupted run, bit for bit.
+TEST(Fp8Training, ResumeIsExact) {
+  const std::vector<std::string> fp8{"--fp8-format", "hybrid"};
+  const TrainRun straight = train(1, fp8, "straight");
+  ASSERT_EQ(straight.exit_code, 0) << straight.output;
+  const std::string ckpt = lf::testing::make_temp_dir("fp8-ckpt");
+  auto first = fp8;
+  first.insert(first.end(), {"--save", ckpt, "--save-interval", "5", "--exit-interval", "5"});
+  const TrainRun half = train(1, first, "half");
+  ASSERT_EQ(half.exit_code, 0) << half.output;
+  auto second = fp8;
+  second.insert(second.end(), {"--load", ckpt});
+  const TrainRun resumed = train(1, second, "resumed");
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
+  ASSERT_EQ(resumed.losses.size(), 5u) << resumed.output;
+  EXPECT_EQ(resumed.losses, std::vector<double>(straight.losses.begin() + 5, straight.losses.end()));
+  EXPECT_EQ(lf::testing::max_abs_diff(straight.params, resumed.params), 0.0);
 }
 
 TEST(Fp8Training, MistakesNameTheKeyOrFile) {

@@ -7,7 +7,8 @@
 //    and PP 2 equal it as well; MoE experts in FP8;
 //  - the adaptive policy file: all "bf16" equals no FP8 bit for bit, all "fp8" equals FP8
 //    everywhere, a step at exactly 256 tokens switches, and loongforge-fp8-policy's file runs;
-//  - --first-last-layers-bf16 keeps the first/last layers out of FP8; resume is exact;
+//  - --first-last-layers-bf16 keeps the first/last layers out of FP8; resume is exact; a VLM's
+//    backbone trains in FP8;
 //  - user mistakes (FP8 knobs without --fp8-format, a missing or malformed policy file, a model
 //    with no FP8 GEMM) stop with the key or file named.
 #include <gtest/gtest.h>
@@ -272,6 +273,21 @@ TEST(Fp8Training, FirstAndLastLayersStayInTheTrainingDtype) {
   const TrainRun beyond = with({"--first-last-layers-bf16", "--num-layers-at-end-in-bf16", "3"}, "l-beyond");
   EXPECT_NE(beyond.exit_code, 0);
   EXPECT_NE(beyond.output.find("exceed the model's 3 layers"), std::string::npos) << beyond.output;
+}
+
+// A VLM (configs/examples/qwen2_5_vl_tiny.yaml) trains its language backbone in FP8 through the
+// same decoder layers (the vision encoder in the training dtype): it runs, and FP8 moves the
+// losses as much as on the plain decoder.
+TEST(Fp8Training, VlmBackboneInFp8) {
+  const std::string config = lf::testing::source_dir() + "/configs/examples/qwen2_5_vl_tiny.yaml";
+  const TrainRun plain = lf::testing::train_example(config, 1, {"--lr-warmup-iters", "1"}, "fp8-vlm-plain");
+  const TrainRun fp8 = lf::testing::train_example(config, 1, {"--lr-warmup-iters", "1", "--fp8-format", "hybrid"},
+                                                  "fp8-vlm");
+  ASSERT_EQ(plain.exit_code, 0) << plain.output;
+  ASSERT_EQ(fp8.exit_code, 0) << fp8.output;
+  ASSERT_EQ(fp8.losses.size(), plain.losses.size());
+  EXPECT_GT(worst_loss_rel(plain, fp8), 1e-5);
+  EXPECT_LT(worst_loss_rel(plain, fp8), 3e-2);
 }
 
 // Current scaling keeps no state between steps (no amax history), so a run saved at iteration 5

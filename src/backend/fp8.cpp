@@ -94,10 +94,12 @@ struct Fp8Forward {
   at::Tensor y;  // fp32 [n, out]
   Fp8Tensor qxc, qw;
 };
+// amax: x2's and w's tensorwise amax when the caller reduced them already (else computed here,
+// reduced over `group`).
 Fp8Forward fp8_forward(const Fp8Recipe& r, lf::backend::Communicator* group, const at::Tensor& x2, const at::Tensor& w,
-                       const std::optional<at::Tensor>& b, bool keep) {
+                       const std::optional<at::Tensor>& b, bool keep, std::vector<at::Tensor> amax = {}) {
   const bool tensorwise = r.scaling == Fp8Scaling::tensorwise;
-  const auto amax = tensorwise ? group_amax({x2, w}, group) : std::vector<at::Tensor>{at::Tensor(), at::Tensor()};
+  if (amax.empty()) amax = tensorwise ? group_amax({x2, w}, group) : std::vector<at::Tensor>{at::Tensor(), at::Tensor()};
   const Tiles xt = input_tiles(r, true), wt = weight_tiles(r);
   Fp8Forward f;
   const Fp8Tensor qx = quantize(x2, r.forward_dtype(), xt.rows, xt.cols, r.margin, amax[0]);
@@ -123,9 +125,9 @@ struct Fp8Grads {
   at::Tensor dx, dw;
 };
 Fp8Grads fp8_backward(const Fp8Recipe& r, lf::backend::Communicator* group, const at::Tensor& d2,
-                      const Fp8Tensor& qxc, const Fp8Tensor& qw, bool want_dx, bool want_dw) {
+                      const Fp8Tensor& qxc, const Fp8Tensor& qw, bool want_dx, bool want_dw, at::Tensor amax = {}) {
   const bool tensorwise = r.scaling == Fp8Scaling::tensorwise;
-  const at::Tensor amax = tensorwise ? group_amax({d2}, group)[0] : at::Tensor();
+  if (tensorwise && !amax.defined()) amax = group_amax({d2}, group)[0];
   const Tiles dt = input_tiles(r, true);
   const Fp8Tensor qd = quantize(d2, r.grad_dtype(), dt.rows, dt.cols, r.margin, amax);
   Fp8Grads g;
@@ -182,6 +184,25 @@ struct Fp8LinearFn : torch::autograd::Function<Fp8LinearFn> {
   }
 };
 
+// Tensorwise: every non-empty group's x and w amax, [x_0, w_0, x_1, w_1, ...], in one reduction
+// over `group` (empty: blockwise, or no rows).
+std::vector<at::Tensor> grouped_amax(const Fp8Recipe& r, lf::backend::Communicator* group, const at::Tensor& x,
+                                     const at::Tensor& w, const std::vector<int64_t>& counts) {
+  if (r.scaling != Fp8Scaling::tensorwise) return {};
+  std::vector<at::Tensor> parts;
+  int64_t off = 0;
+  for (size_t g = 0; g < counts.size(); ++g) {
+    if (counts[g] > 0) parts.insert(parts.end(), {x.narrow(0, off, counts[g]), w.select(0, static_cast<int64_t>(g))});
+    off += counts[g];
+  }
+  return parts.empty() ? parts : group_amax(parts, group);
+}
+// The k-th non-empty group's pair of grouped_amax, or none.
+std::vector<at::Tensor> pair_of(const std::vector<at::Tensor>& amax, size_t k) {
+  if (amax.empty()) return {};
+  return {amax[2 * k], amax[2 * k + 1]};
+}
+
 // The experts' GEMMs: row group g of x times w[g]^T, each group an FP8 GEMM of its own (its own
 // tensorwise scales, as Transformer Engine's grouped linear). Saves each non-empty group's FP8
 // copies of x and w[g].
@@ -190,11 +211,13 @@ struct Fp8GroupedFn : torch::autograd::Function<Fp8GroupedFn> {
                             const at::Tensor& x, const at::Tensor& w, std::vector<int64_t> counts) {
     std::vector<at::Tensor> ys, saved{w};
     std::vector<int64_t> tiles;
+    const auto amax = grouped_amax(*recipe, group, x, w, counts);
     int64_t off = 0;
+    size_t k = 0;  // index of the non-empty group
     for (size_t g = 0; g < counts.size(); ++g) {
       if (counts[g] == 0) continue;
       Fp8Forward f = fp8_forward(*recipe, group, x.narrow(0, off, counts[g]), w.select(0, static_cast<int64_t>(g)),
-                                 std::nullopt, true);
+                                 std::nullopt, true, pair_of(amax, k++));
       off += counts[g];
       ys.push_back(std::move(f.y));
       saved.insert(saved.end(), {f.qxc.data, f.qxc.scale_inv, f.qw.data, f.qw.scale_inv});
@@ -221,16 +244,24 @@ struct Fp8GroupedFn : torch::autograd::Function<Fp8GroupedFn> {
     const bool want_dx = ctx->saved_data["x_grad"].toBool(), want_dw = ctx->saved_data["w_grad"].toBool();
     std::vector<at::Tensor> dxs;
     at::Tensor dw = want_dw ? at::zeros(w.sizes(), w.options().dtype(at::kFloat)) : at::Tensor();
+    // Tensorwise: every group's output-gradient amax in one reduction.
+    std::vector<at::Tensor> chunks;
     int64_t off = 0;
+    for (int64_t n : counts) {
+      if (n > 0) chunks.push_back(dy[0].narrow(0, off, n));
+      off += n;
+    }
+    const auto amax = r.scaling == Fp8Scaling::tensorwise && !chunks.empty() ? group_amax(chunks, group)
+                                                                              : std::vector<at::Tensor>{};
     size_t k = 0;  // index of the non-empty group
     for (size_t g = 0; g < counts.size(); ++g) {
       if (counts[g] == 0) continue;
       const size_t b = 1 + 4 * k, t = 4 * k;
       const Fp8Tensor qxc{s[b], s[b + 1], tiles[t], tiles[t + 1]}, qw{s[b + 2], s[b + 3], tiles[t + 2], tiles[t + 3]};
-      const Fp8Grads gr = fp8_backward(r, group, dy[0].narrow(0, off, counts[g]), qxc, qw, want_dx, want_dw);
+      const Fp8Grads gr = fp8_backward(r, group, chunks[k], qxc, qw, want_dx, want_dw,
+                                       amax.empty() ? at::Tensor() : amax[k]);
       if (want_dx) dxs.push_back(gr.dx);
       if (want_dw) dw.select(0, static_cast<int64_t>(g)).copy_(gr.dw);
-      off += counts[g];
       ++k;
     }
     at::Tensor dx;
@@ -319,11 +350,13 @@ at::Tensor fp8_grouped_linear(const at::Tensor& x, const at::Tensor& w, const at
   std::vector<int64_t> n(c.data_ptr<int64_t>(), c.data_ptr<int64_t>() + c.numel());
   if (!at::GradMode::is_enabled() || !(x.requires_grad() || w.requires_grad())) {
     std::vector<at::Tensor> ys;
+    const auto amax = grouped_amax(recipe, group, x, w, n);
     int64_t off = 0;
+    size_t k = 0;
     for (size_t g = 0; g < n.size(); ++g) {
       if (n[g] == 0) continue;
       ys.push_back(fp8_forward(recipe, group, x.narrow(0, off, n[g]), w.select(0, static_cast<int64_t>(g)),
-                               std::nullopt, false).y);
+                               std::nullopt, false, pair_of(amax, k++)).y);
       off += n[g];
     }
     return ys.empty() ? at::zeros({0, w.size(1)}, x.options()) : at::cat(ys).to(x.scalar_type());

@@ -301,7 +301,11 @@ at::Tensor Fp8Tensor::dequantize() const {
 at::Tensor tile_amax(const at::Tensor& x, int64_t tr, int64_t tc) {
   const auto [r, c] = tile_edges(x, tr, tc);
   const int64_t rows = x.size(0), cols = x.size(1);
-  if (r >= rows && c >= cols) return x.numel() == 0 ? at::zeros({1, 1}) : x.abs().amax().to(at::kFloat).reshape({1, 1});
+  // An empty tensor: one zero per tile of its extent counted as at least 1 (quantize's count).
+  if (x.numel() == 0)
+    return at::zeros({ceil_div(std::max<int64_t>(rows, 1), r), ceil_div(std::max<int64_t>(cols, 1), c)},
+                     x.options().dtype(at::kFloat));
+  if (r >= rows && c >= cols) return x.abs().amax().to(at::kFloat).reshape({1, 1});
   const int64_t R = ceil_div(rows, r), C = ceil_div(cols, c);
   at::Tensor a = x.abs().to(at::kFloat);
   if (R * r != rows || C * c != cols) a = at::constant_pad_nd(a, {0, C * c - cols, 0, R * r - rows}, 0);

@@ -151,6 +151,17 @@ Fp8Policy Fp8Policy::read(const std::string& path, const Fp8Recipe& recipe) {
   LF_CHECK(same, "--fp8-policy ", path, ": measured for recipe ", rec.dump(), ", format ", fmt.dump(), ", margin ",
            margin.dump(), "; this run uses ", recipe.describe(),
            lf::hint("use the run's --fp8-recipe/--fp8-format/--fp8-margin, or " + rerun_hint(path)));
+  // Unknown keys are refused, not ignored (a "max_tokens" would otherwise change nothing).
+  auto known_keys = [&](const nlohmann::json& obj, std::initializer_list<const char*> keys, const std::string& where) {
+    for (const auto& [key, value] : obj.items()) {
+      bool known = false;
+      for (const char* k : keys) known = known || key == k;
+      std::string list;
+      for (const char* k : keys) list += (list.empty() ? "" : ", ") + std::string(k);
+      LF_CHECK(known, "--fp8-policy ", path, ": ", where, key, " is not a key of this file", lf::hint("the keys are " + list));
+    }
+  };
+  known_keys(j, {"format", "version", "recipe", "fp8_format", "margin", "measured_on", "gemms", "measurements"}, "");
   Fp8Policy p(recipe);
   p.source_ = path;
   const auto& gemms = field(j, "gemms", "");
@@ -168,6 +179,9 @@ Fp8Policy Fp8Policy::read(const std::string& path, const Fp8Recipe& recipe) {
     std::vector<Step> steps;
     for (size_t i = 0; i < list.size(); ++i) {
       const std::string at = where + "[" + std::to_string(i) + "].";
+      LF_CHECK(list[i].is_object(), "--fp8-policy ", path, ": ", where, "[", i, "] is not an object",
+               lf::hint(rerun_hint(path)));
+      known_keys(list[i], {"min_tokens", "precision"}, at);
       const auto& tokens = field(list[i], "min_tokens", at);
       const auto& prec = field(list[i], "precision", at);
       LF_CHECK(tokens.is_number_integer() && tokens.get<int64_t>() >= 0, "--fp8-policy ", path, ": ", at,

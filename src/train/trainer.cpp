@@ -13,6 +13,7 @@
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <functional>
 #include <iomanip>
 #include <sstream>
 
@@ -190,6 +191,18 @@ Trainer::Trainer(const lf::config::JobConfig& job, lf::models::Model& model, con
              " has no linear layer that runs in FP8",
              lf::hint("FP8 covers the decoder's linear layers (attention, MLP, MoE experts) outside the layers "
                       "--first-last-layers-bf16 keeps; drop --fp8-format"));
+    if (ctx.world_size() > 1) {
+      // Every rank must choose the same GEMMs: TP's amax all-reduces follow the choices, and ranks
+      // reading different --fp8-policy files would wait on each other forever.
+      const int64_t h = static_cast<int64_t>(std::hash<std::string>{}(I.fp8->describe()) & 0x3fffffffffffULL);
+      auto t = at::tensor(std::vector<int64_t>{h, -h}, at::TensorOptions().dtype(at::kLong)).to(backend.device());
+      ctx.world().all_reduce(t, lf::backend::ReduceOp::max);
+      t = t.cpu();
+      LF_CHECK(t[0].item<int64_t>() == h && -t[1].item<int64_t>() == h, "--fp8-policy ",
+               job.training.fp8_policy.value_or("(none)"), ": the FP8 choices differ between ranks (rank ",
+               ctx.global_rank(), ": ", I.fp8->describe(), ")",
+               lf::hint("give every rank the same policy file (the same path and contents on every node)"));
+    }
     if (ctx.global_rank() == 0) LF_INFO("fp8: ", I.fp8->describe());
   }
 }

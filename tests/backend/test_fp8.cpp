@@ -29,7 +29,8 @@ TEST(Fp8, QuantizeScalesToTheFormatsLargestValue) {
   EXPECT_EQ(lf::ops::fp8_max(at::kFloat8_e4m3fn), 448.0);
   EXPECT_EQ(lf::ops::fp8_max(at::kFloat8_e5m2), 57344.0);
   // amax 896 -> scale 448 / 896 = 0.5: 896 -> 448, 1.0 -> 0.5, 3.0 -> 1.5; 100 -> 50 -> 48 (E4M3's
-  // grid between 32 and 64 has spacing 4; 50 is nearer 48 than 52).
+  // grid between 32 and 64 has spacing 4; 50 is the tie between 48 and 52, and round-half-to-even
+  // takes 48, whose mantissa is even).
   const auto x = at::tensor({896.0f, -1.0f, 3.0f, 100.0f}).reshape({1, 4});
   const auto q = lf::ops::quantize(x, at::kFloat8_e4m3fn, 0, 0, 0);
   EXPECT_EQ(q.data.scalar_type(), at::kFloat8_e4m3fn);
@@ -42,7 +43,8 @@ TEST(Fp8, QuantizeScalesToTheFormatsLargestValue) {
   EXPECT_TRUE(at::equal(q.dequantize(), at::tensor({896.0f, -1.0f, 3.0f, 96.0f}).reshape({1, 4})));
   // margin 1: half the scale.
   EXPECT_FLOAT_EQ(lf::ops::quantize(x, at::kFloat8_e4m3fn, 0, 0, 1).scale_inv.item<float>(), 4.0f);
-  // E5M2: 2 mantissa bits; amax 57344 -> scale 1, 100 -> 96 (spacing 32 between 64 and 128).
+  // E5M2: 2 mantissa bits; amax 57344 -> scale 1, 100 -> 96 (spacing 16 between 64 and 128: 96 and
+  // 112 are the neighbours, 96 the nearer).
   const auto e5 = lf::ops::quantize(at::tensor({57344.0f, 100.0f}).reshape({1, 2}), at::kFloat8_e5m2, 0, 0, 0);
   EXPECT_FLOAT_EQ(e5.data.to(at::kFloat)[0][1].item<float>(), 96.0f);
   // An all-zero tensor keeps scale 1 (no division by zero) and stays zero.
@@ -328,6 +330,9 @@ TEST(Fp8Policy, FileRoundTripsAndMalformedFilesAreRefusedWithTheKey) {
   refused([](auto& j) { j.erase("gemms"); }, "gemms is missing", r);
   refused([](auto& j) { j["gemms"].erase("fc2"); }, "gemms.fc2 is missing", r);
   refused([](auto& j) { j["gemms"]["fc3"] = j["gemms"]["fc2"]; }, "gemms.fc3 is not a GEMM kind", r);
+  refused([](auto& j) { j["policy"] = "fast"; }, "policy is not a key of this file", r);
+  refused([](auto& j) { j["gemms"]["qkv"][0]["max_tokens"] = 8; }, "gemms.qkv[0].max_tokens is not a key", r);
+  refused([](auto& j) { j["gemms"]["qkv"][0] = 3; }, "gemms.qkv[0] is not an object", r);
   refused([](auto& j) { j["gemms"]["qkv"][1]["precision"] = "fp4"; }, "gemms.qkv[1].precision", r);
   refused([](auto& j) { j["gemms"]["qkv"][1]["min_tokens"] = -1; }, "gemms.qkv[1].min_tokens", r);
   refused([](auto& j) { j["gemms"]["qkv"][1].erase("min_tokens"); }, "gemms.qkv[1].min_tokens is missing", r);

@@ -332,6 +332,20 @@ TEST(Fp8Training, MistakesNameTheKeyOrFile) {
   refused({"--fp8-format", "hybrid", "--fp8-policy", missing, "--dry-run"}, {missing, "cannot open", "loongforge-fp8-policy"});
   const std::string blockwise = policy_file("blockwise", {}, "blockwise");
   refused({"--fp8-format", "hybrid", "--fp8-policy", blockwise}, {blockwise, "measured for recipe \"blockwise\""});
+  // Ranks that read different policy files (here by RANK, through the config's ${oc.env:...}) stop at
+  // start-up instead of waiting on each other's amax all-reduces.
+  const std::string dir = lf::testing::make_temp_dir("fp8-ranks");
+  const auto all = nlohmann::json::parse(R"([{"min_tokens": 0, "precision": "fp8"}])");
+  fs::copy_file(policy_file("none", {}), dir + "/p_0.json");
+  fs::copy_file(policy_file("all", {{"qkv", all}, {"proj", all}, {"fc1", all}, {"fc2", all}}), dir + "/p_1.json");
+  const auto ranks = lf::testing::run_command(
+      {bin("loongforge-run"), "--standalone", "--nproc-per-node", "2", bin("loongforge-train"), "--config-file",
+       lf::testing::source_dir() + "/configs/demo.yaml", "--train-iters", "3", "--lr-warmup-iters", "1", "--eval-iters",
+       "0", "--tensor-model-parallel-size", "2", "--fp8-format", "hybrid",
+       "training.fp8_policy=" + dir + "/p_${oc.env:RANK}.json"},
+      {{"OMP_NUM_THREADS", "1"}}, std::chrono::seconds(120));
+  EXPECT_NE(ranks.exit_code, 0) << ranks.output;
+  EXPECT_NE(ranks.output.find("the FP8 choices differ between ranks"), std::string::npos) << ranks.output;
   // A model with no linear layer FP8 covers (the feature transformer).
   refused({"--fp8-format", "hybrid"}, {"--fp8-format hybrid", "feature_regression", "no linear layer that runs in FP8"},
           lf::testing::source_dir() + "/configs/examples/feature_regression_tiny.yaml");

@@ -108,8 +108,9 @@ class Fp8Policy {
     double base_ms, fp8_ms;
   };
   explicit Fp8Policy(Fp8Recipe recipe) : recipe_(recipe) {}  // every GEMM in FP8
-  // The policy file `path` (JSON), for a run under `recipe`: refused (ConfigError naming the file
-  // and the key) when malformed, missing a GEMM kind, or measured for another recipe or format.
+  // The policy file `path` (JSON), for a run under `recipe`: refused (lf::Error naming the file and
+  // the key) when malformed, with a key it does not know, missing a GEMM kind, or measured for
+  // another recipe, format or margin.
   static Fp8Policy read(const std::string& path, const Fp8Recipe& recipe);
   // The benchmark's choice: for each GEMM kind, FP8 at a measured token count where fp8_ms <
   // base_ms; that choice holds from that count up to the next measured one (below the smallest,

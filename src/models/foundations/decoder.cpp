@@ -352,11 +352,11 @@ AttentionInputs Decoder::attention_inputs(const DecoderInputs& in) const {
 }
 
 bool Decoder::set_fp8(const lf::ops::Fp8Policy* fp8) {
-  fp8_ = fp8;
   const int64_t n = config_.num_layers, first = fp8 ? fp8->first_layers_in_training_dtype() : 0,
                 last = fp8 ? fp8->last_layers_in_training_dtype() : 0;
   LF_CHECK(first + last <= n, "--num-layers-at-start-in-bf16 ", first, " + --num-layers-at-end-in-bf16 ", last,
            " exceed the model's ", n, " layers", lf::hint("keep at least one layer in FP8, or drop --fp8-format"));
+  fp8_ = fp8;
   for (size_t i = 0; i < layers_.size(); ++i) {
     const int64_t g = global_layer(i);
     layers_[i].set_fp8(g >= first && g < n - last);

@@ -283,6 +283,17 @@ at::ScalarType Fp8Recipe::grad_dtype() const {
 std::string Fp8Recipe::describe() const {
   return std::string(to_string(scaling)) + " " + to_string(format) + " (margin " + std::to_string(margin) + ")";
 }
+Fp8Recipe Fp8Recipe::from_names(const std::string& format, const std::string& scaling, int margin) {
+  LF_CHECK(format == "e4m3" || format == "hybrid", "fp8 format '", format, "' is not e4m3 or hybrid");
+  LF_CHECK(scaling == "tensorwise" || scaling == "blockwise", "fp8 recipe '", scaling,
+           "' is not tensorwise or blockwise");
+  Fp8Recipe r;
+  r.format = format == "e4m3" ? Fp8Format::e4m3 : Fp8Format::hybrid;
+  r.scaling = scaling == "blockwise" ? Fp8Scaling::blockwise : Fp8Scaling::tensorwise;
+  r.margin = margin;
+  return r;
+}
+
 const char* to_string(Fp8Scaling s) { return s == Fp8Scaling::tensorwise ? "tensorwise" : "blockwise"; }
 const char* to_string(Fp8Format f) { return f == Fp8Format::hybrid ? "hybrid" : "e4m3"; }
 

@@ -42,10 +42,7 @@ double EvalResult::value(const std::string& name) const {
 
 std::unique_ptr<lf::ops::Fp8Policy> fp8_policy(const lf::config::TrainingConfig& t) {
   if (!t.fp8_format) return nullptr;
-  lf::ops::Fp8Recipe r;
-  r.format = *t.fp8_format == "e4m3" ? lf::ops::Fp8Format::e4m3 : lf::ops::Fp8Format::hybrid;
-  r.scaling = t.fp8_recipe == "blockwise" ? lf::ops::Fp8Scaling::blockwise : lf::ops::Fp8Scaling::tensorwise;
-  r.margin = static_cast<int>(t.fp8_margin);
+  const auto r = lf::ops::Fp8Recipe::from_names(*t.fp8_format, t.fp8_recipe, static_cast<int>(t.fp8_margin));
   auto p = t.fp8_policy ? std::make_unique<lf::ops::Fp8Policy>(lf::ops::Fp8Policy::read(*t.fp8_policy, r))
                         : std::make_unique<lf::ops::Fp8Policy>(r);
   if (t.first_last_layers_bf16) p->set_layers_in_training_dtype(t.num_layers_at_start_in_bf16, t.num_layers_at_end_in_bf16);

@@ -80,10 +80,7 @@ int main(int argc, char** argv) {
     LF_CHECK(groups % tp == 0 && ffn % tp == 0, "--tensor-model-parallel-size ", tp,
              " does not divide --num-query-groups ", groups, " and --ffn-hidden-size ", ffn);
     const auto& be = lf::backend::select_backend();
-    lf::ops::Fp8Recipe r;
-    r.format = format == "e4m3" ? lf::ops::Fp8Format::e4m3 : lf::ops::Fp8Format::hybrid;
-    r.scaling = recipe == "blockwise" ? lf::ops::Fp8Scaling::blockwise : lf::ops::Fp8Scaling::tensorwise;
-    r.margin = margin;
+    const auto r = lf::ops::Fp8Recipe::from_names(format, recipe, margin);
     const int64_t q_width = heads * kv_channels / tp;
     const std::vector<Shape> shapes{
         {lf::ops::Fp8Gemm::qkv, hidden, (heads + 2 * groups) * kv_channels / tp},

@@ -42,6 +42,8 @@ struct Fp8Recipe {
   at::ScalarType forward_dtype() const;  // E4M3 (inputs and weights)
   at::ScalarType grad_dtype() const;     // E5M2 under hybrid, else E4M3 (output gradients)
   std::string describe() const;          // "tensorwise hybrid (margin 0)"
+  // From the flags' names ("e4m3" / "hybrid", "tensorwise" / "blockwise"); another name throws.
+  static Fp8Recipe from_names(const std::string& format, const std::string& scaling, int margin);
   bool operator==(const Fp8Recipe&) const = default;
 };
 const char* to_string(Fp8Scaling s);

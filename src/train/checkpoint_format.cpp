@@ -305,8 +305,9 @@ CheckpointReader::CheckpointReader(std::string dir) : dir_(std::move(dir)) {
     LF_CHECK(m.at("format").get<std::string>() == "loongforge-checkpoint", mpath,
              " is not a LoongForge checkpoint manifest");
     const int version = m.at("version").get<int>();
-    LF_CHECK(version == kFormatVersion, mpath, " has format version ", version, "; this build reads ",
-             kFormatVersion, lf::hint("use the LoongForge version that wrote it to convert it"));
+    LF_CHECK(version >= kOldestReadableVersion && version <= kFormatVersion, mpath, " has format version ", version,
+             "; this build reads ", kOldestReadableVersion, " to ", kFormatVersion,
+             lf::hint("use the LoongForge version that wrote it to convert it"));
     iteration_ = m.at("iteration").get<int64_t>();
     for (const auto& [name, rec] : m.at("files").items()) {
       LF_CHECK(name.find('/') == std::string::npos && name != ".." && !name.empty(), mpath,

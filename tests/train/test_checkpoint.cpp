@@ -15,6 +15,7 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 #include <iostream>
 #include <random>
 #include <thread>
@@ -224,6 +225,24 @@ TEST(CheckpointFormat, DamageIsAnErrorNamingTheFile) {
     std::ofstream(fs::path(dir) / "iter_0000003/manifest.json") << "{\"format\": ";
     auto msg = lf::testing::error_message([&] { lf::train::read_model_checkpoint(dir); });
     EXPECT_NE(msg.find("manifest.json"), std::string::npos) << msg;
+  }
+  {  // a manifest from a newer format is refused; version 1 (before two-level splits) still reads
+    auto dir = fresh("version");
+    const auto manifest = fs::path(dir) / "iter_0000003/manifest.json";
+    std::stringstream text;
+    text << std::ifstream(manifest).rdbuf();
+    const std::string current = text.str(), key = "\"version\": " + std::to_string(lf::train::ckpt::kFormatVersion);
+    ASSERT_NE(current.find(key), std::string::npos) << current;
+    auto with_version = [&](int v) {
+      std::string m = current;
+      m.replace(m.find(key), key.size(), "\"version\": " + std::to_string(v));
+      std::ofstream(manifest) << m;
+    };
+    with_version(lf::train::ckpt::kFormatVersion + 1);
+    auto msg = lf::testing::error_message([&] { lf::train::read_model_checkpoint(dir); });
+    EXPECT_NE(msg.find("has format version 3; this build reads 1 to 2"), std::string::npos) << msg;
+    with_version(1);
+    expect_equal_models(tensors, lf::train::read_model_checkpoint(dir), "version 1");
   }
   {  // a tracker that is not a number, and one naming an absent iteration
     auto dir = fresh("tracker");

@@ -25,7 +25,11 @@ class Reader;
 
 namespace lf::train::ckpt {
 
-inline constexpr int kFormatVersion = 1;
+// 2: shard pieces may be two-level splits ("outer", experts over EP x TP). A build that reads only
+// version 1 would take such a piece for a plain split of the same element count and load it
+// scrambled, so it refuses version 2 instead; this build reads both (version 1 has no "outer").
+inline constexpr int kFormatVersion = 2;
+inline constexpr int kOldestReadableVersion = 1;
 inline constexpr const char* kTrackerFile = "latest_checkpointed_iteration.txt";
 inline constexpr const char* kManifestFile = "manifest.json";
 inline constexpr const char* kStateFile = "state.json";

@@ -381,6 +381,17 @@ void add_squared_norm_cases(std::vector<OpCase>& cases) {
                    [](const OpTable& ops, const std::vector<at::Tensor>& in) {
                      return NamedTensors{{"sum_sq", ops.squared_norm(in)}};
                    }});
+  // Mixed storage dtypes in one list, a tensor over more than one of the CUDA kernel's 64K-element
+  // chunks, and an empty tensor.
+  cases.push_back({"squared_norm_mixed_dtypes", 0.0, 1e-12,
+                   [] {
+                     Rng g(16);
+                     return std::vector<at::Tensor>{g.randn({70001}, at::kBFloat16), g.randn({0}, at::kFloat),
+                                                    g.randn({129, 3}, at::kFloat, 2.0), g.randn({11}, at::kBFloat16)};
+                   },
+                   [](const OpTable& ops, const std::vector<at::Tensor>& in) {
+                     return NamedTensors{{"sum_sq", ops.squared_norm(in)}};
+                   }});
 }
 
 // One AdamW step on clones of (param, grad, exp_avg, exp_avg_sq) quadruples; the updated states.
@@ -436,6 +447,23 @@ void add_adamw_cases(std::vector<OpCase>& cases) {
                    },
                    [](const OpTable& ops, const std::vector<at::Tensor>& in) {
                      return run_adamw(ops, in, AdamWHyper{1e-2, 0.9, 0.95, 1e-8, 0.1, 3});
+                   }});
+  // fp32 and bf16 grads in one list (the CUDA kernel launches once per grad dtype), no decay.
+  cases.push_back({"adamw_f32_mixed_grad_dtypes", kF32Atol, kF32Rtol,
+                   [] {
+                     Rng g(9);
+                     std::vector<at::Tensor> in;
+                     int i = 0;
+                     for (int64_t n : {66000, 17, 301}) {
+                       in.push_back(g.randn({n}, at::kFloat));
+                       in.push_back(g.randn({n}, i++ % 2 == 0 ? at::kBFloat16 : at::kFloat));
+                       in.push_back(g.randn({n}, at::kFloat, 0.1));
+                       in.push_back(g.randn({n}, at::kFloat, 0.1).square());
+                     }
+                     return in;
+                   },
+                   [](const OpTable& ops, const std::vector<at::Tensor>& in) {
+                     return run_adamw(ops, in, AdamWHyper{2e-3, 0.8, 0.99, 1e-6, 0.0, 1});
                    }});
 }
 

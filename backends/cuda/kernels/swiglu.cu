@@ -38,11 +38,6 @@ __global__ void swiglu_bwd_kernel(const T* __restrict__ dy, const T* __restrict_
   }
 }
 
-int grid_for(int64_t n, int threads) {
-  const int64_t blocks = (n + threads - 1) / threads;
-  return static_cast<int>(blocks < 65535 * 8 ? (blocks > 0 ? blocks : 1) : 65535 * 8);
-}
-
 template <class T>
 cudaError_t launch_fwd(const void* gu, void* y, int64_t rows, int64_t f, cudaStream_t s) {
   swiglu_fwd_kernel<T><<<grid_for(rows * f, 256), 256, 0, s>>>(static_cast<const T*>(gu),

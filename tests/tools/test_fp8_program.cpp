@@ -245,6 +245,38 @@ TEST(Fp8Training, PolicyFileChoosesPerGemmAndTokenCount) {
   EXPECT_EQ(measured.exit_code, 0) << measured.output;
 }
 
+// MLA (the demo with --multi-latent-attention: q and kv latents, 4 heads): its up projections (the
+// policy's qkv kind) and linear_proj (proj) in FP8, each alone through a policy file, both changing
+// the run; the down projections stay in the training dtype. TP 2 + SP splits the heads (the up
+// projections column-parallel, the projection row-parallel, their amax reduced over TP) and equals
+// one FP8 process as the dense attention does.
+TEST(Fp8Training, MlaProjectionsInFp8) {
+  const std::vector<std::string> mla{"--multi-latent-attention", "--q-lora-rank", "32", "--kv-lora-rank", "16",
+                                     "--qk-head-dim", "16", "--qk-pos-emb-head-dim", "8", "--v-head-dim", "16"};
+  auto run = [&](int procs, std::vector<std::string> extra, const std::string& tag) {
+    extra.insert(extra.begin(), mla.begin(), mla.end());
+    return train(procs, extra, "mla-" + tag);
+  };
+  const TrainRun fp32 = run(1, {}, "fp32"), one = run(1, {"--fp8-format", "hybrid"}, "one");
+  ASSERT_EQ(fp32.exit_code, 0) << fp32.output;
+  ASSERT_EQ(one.exit_code, 0) << one.output;
+  EXPECT_GT(worst_loss_rel(fp32, one), 1e-5);
+  EXPECT_LT(worst_loss_rel(fp32, one), 3e-2);
+  EXPECT_LT(one.losses.back(), one.losses.front());
+  const auto all = nlohmann::json::parse(R"([{"min_tokens": 0, "precision": "fp8"}])");
+  for (const char* kind : {"qkv", "proj"}) {
+    const TrainRun alone =
+        run(1, {"--fp8-format", "hybrid", "--fp8-policy", policy_file(std::string("mla_") + kind, {{kind, all}})},
+            std::string("alone-") + kind);
+    ASSERT_EQ(alone.exit_code, 0) << alone.output;
+    EXPECT_NE(alone.losses, fp32.losses) << kind << " in FP8 alone changed nothing: MLA's GEMMs of that kind ignore FP8";
+    EXPECT_NE(alone.losses, one.losses) << kind;
+  }
+  expect_fp8_equivalent(one, run(2, {"--fp8-format", "hybrid", "--tensor-model-parallel-size", "2", "--sequence-parallel"},
+                                 "tp2sp"),
+                        "FP8 MLA, TP 2 + SP");
+}
+
 // --first-last-layers-bf16 on 3 layers: the default counts (1 and 1) leave the middle layer in FP8,
 // a run between fp32 and FP8 everywhere; counts of 0 and 0 are FP8 everywhere bit for bit; counts
 // that leave no layer in FP8 are refused (the flags would do nothing), as are counts beyond the

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <memory>
 
+#include "loongforge/backend/fp8.h"
 #include "loongforge/backend/functional.h"
 #include "loongforge/core/error.h"
 #include "loongforge/models/blocks/moe.h"
@@ -109,9 +110,18 @@ at::Tensor MlaAttention::indexer_loss(const lf::backend::DeviceBackend& be, cons
 
 at::Tensor MlaAttention::forward(const lf::backend::DeviceBackend& be, const lf::parallel::TensorParallel& tp,
                                  const at::Tensor& x, const AttentionInputs& in, size_t i, MoeStep* step,
-                                 bool training) const {
+                                 bool training, const lf::ops::Fp8Policy* fp8) const {
   const int64_t nq = c_.num_heads / tp.size(), dq = c_.qk_head_dim, dr = c_.qk_pos_emb_head_dim,
                 dv = c_.v_head_dim;
+  const int64_t tokens = x.size(0) * x.size(1) * (tp.sequence_parallel ? tp.size() : 1);  // this rank's GEMM rows
+  const lf::ops::Fp8Recipe* fp8_up = fp8 ? fp8->choose(lf::ops::Fp8Gemm::qkv, tokens) : nullptr;
+  const lf::ops::Fp8Recipe* fp8_proj = fp8 ? fp8->choose(lf::ops::Fp8Gemm::proj, tokens) : nullptr;
+  // A column-parallel up projection inside the TP region (its input already whole on every rank):
+  // in FP8 with each operand's amax reduced over TP, as column_parallel_linear's GEMM.
+  auto up = [&](const at::Tensor& in_, const at::Tensor& w) {
+    return fp8_up ? lf::ops::fp8_linear(in_, w, {}, *fp8_up, nullptr, tp.size() > 1 ? tp.tp : nullptr)
+                  : at::matmul(in_, w.t());
+  };
   // Enter the TP region once: the full sequence (SP: gathered) on every rank.
   at::Tensor xf = x;
   if (tp.size() > 1)
@@ -119,12 +129,12 @@ at::Tensor MlaAttention::forward(const lf::backend::DeviceBackend& be, const lf:
                               : lf::parallel::copy_to_tp(x, *tp.tp);
   const int64_t s = xf.size(0), b = xf.size(1);
   at::Tensor q_latent = q_.defined() ? at::Tensor() : lf::ops::rms_norm(be, at::matmul(xf, q_down_.t()), q_norm_, c_.norm_eps);
-  at::Tensor q = q_.defined() ? at::matmul(xf, q_.t()) : at::matmul(q_latent, q_up_.t());
+  at::Tensor q = q_.defined() ? up(xf, q_) : up(q_latent, q_up_);
   q = q.view({s, b, nq, dq + dr});
   auto kv_latent = at::matmul(xf, kv_down_.t());  // [s, b, kv_lora + dr]
   auto c_kv = lf::ops::rms_norm(be, kv_latent.narrow(-1, 0, c_.kv_lora_rank), kv_norm_, c_.norm_eps);
   auto k_pe = kv_latent.narrow(-1, c_.kv_lora_rank, dr).unsqueeze(2);  // [s, b, 1, dr]
-  auto kv = at::matmul(c_kv, kv_up_.t()).view({s, b, nq, dq + dv});
+  auto kv = up(c_kv, kv_up_).view({s, b, nq, dq + dv});
   auto q_nope = q.narrow(-1, 0, dq), q_pe = q.narrow(-1, dq, dr);
   auto k_nope = kv.narrow(-1, 0, dq), v = kv.narrow(-1, dq, dv).contiguous();
   const double scale = c_.softmax_scale > 0 ? c_.softmax_scale : 1.0 / std::sqrt(static_cast<double>(dq + dr));
@@ -182,7 +192,7 @@ at::Tensor MlaAttention::forward(const lf::backend::DeviceBackend& be, const lf:
     } else {
       o = core(q_nope, q_pe, k_nope, k_pe, v);
     }
-    auto out = lf::parallel::row_parallel_linear(o, proj_, {}, tp);
+    auto out = lf::parallel::row_parallel_linear(o, proj_, {}, tp, nullptr, fp8_proj);
     if (training && at::GradMode::is_enabled() && c_.dsa.loss_coeff > 0) {
       auto loss = indexer_loss(be, ix, indices, *prob);
       out = attach_aux_loss(out, loss, step ? step->weight(MoeStep::kIndexerLoss) : 1.0);
@@ -217,7 +227,7 @@ at::Tensor MlaAttention::forward(const lf::backend::DeviceBackend& be, const lf:
   } else {
     o = core(q_nope, q_pe, k_nope, k_pe, v);
   }
-  return lf::parallel::row_parallel_linear(o, proj_, {}, tp);
+  return lf::parallel::row_parallel_linear(o, proj_, {}, tp, nullptr, fp8_proj);
 }
 
 }  // namespace lf::models

@@ -40,7 +40,7 @@ at::Tensor TransformerLayer::forward(const at::Tensor& x, const AttentionInputs&
   const LoraInputs* lp = lora_.any() ? &lora : nullptr;
   const lf::ops::Fp8Policy* fp8 = fp8_ ? lc.fp8 : nullptr;
   // The dense blocks take the un-normed input and their norm, to fuse it into their first linear.
-  auto attn = c_.mla ? mla_.forward(be, *lc.tp, input_norm_(be, x), a, layer, lc.moe, lc.training)
+  auto attn = c_.mla ? mla_.forward(be, *lc.tp, input_norm_(be, x), a, layer, lc.moe, lc.training, fp8)
                      : attention_.forward(be, *lc.tp, x, a, layer, lp, lc.slots, &input_norm_, fp8);
   auto y = x + hidden_dropout(attn, c_.hidden_dropout, lc);
   auto mlp = c_.moe ? moe_.forward(be, *lc.tp, pre_mlp_norm_(be, y), lc.training, a.selective_recompute, lc.moe,

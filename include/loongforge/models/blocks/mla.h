@@ -69,8 +69,14 @@ class MlaAttention {
   // layout rotary_interleaved names.
   // step (training passes whose graph is backpropagated; may be null): where the DSA indexer loss
   // is recorded and its weight read.
+  // fp8: the up projections (linear_q_proj or linear_q_up_proj, linear_kv_up_proj; the policy's
+  // qkv kind) and linear_proj (proj) in FP8 where it chooses so at this token count; the down
+  // projections and the DSA indexer stay in the training dtype (under TP the down projections'
+  // output gradients are per-rank partial sums: quantizing those would make TP differ from one
+  // process).
   at::Tensor forward(const lf::backend::DeviceBackend& be, const lf::parallel::TensorParallel& tp, const at::Tensor& x,
-                     const AttentionInputs& in, size_t layer, MoeStep* step = nullptr, bool training = false) const;
+                     const AttentionInputs& in, size_t layer, MoeStep* step = nullptr, bool training = false,
+                     const lf::ops::Fp8Policy* fp8 = nullptr) const;
   const MlaConfig& config() const { return c_; }
 
   // The DSA indexer alone on the hidden state xf [s, b, h] and the query latent qr [s, b, q_lora]

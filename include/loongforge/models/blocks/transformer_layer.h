@@ -53,7 +53,8 @@ struct LayerContext {
   size_t moe_layers = 0;      // this rank's MoE layers (the size of moe's load table)
   // Gradient-accumulation fusion for the dense attention's and MLP's linear layers (null: none).
   const lf::ops::WeightGradSlots* slots = nullptr;
-  // FP8 for the attention's (not MLA's), the MLP's and the MoE experts' linear layers (null: none).
+  // FP8 for the attention's (MLA: its up projections and linear_proj), the MLP's and the MoE experts'
+  // linear layers (null: none).
   const lf::ops::Fp8Policy* fp8 = nullptr;
 };
 

@@ -126,10 +126,10 @@ class Decoder {
   // weight gradients go straight into the slots this names (lf::ops::embedding / linear).
   void set_weight_grad_slots(const lf::ops::WeightGradSlots* slots) { slots_ = slots; }
   const RecomputeOptions& recompute() const { return recompute_; }
-  // FP8 for the attention's (not MLA's) and MLP's or experts' linear layers (null: none) of the
-  // layers the policy does not keep in the training dtype (its first/last layer counts, over the
-  // whole model; MTP layers follow the policy); the policy must outlive training. False when it
-  // keeps every layer; a count beyond the model's layers throws.
+  // FP8 for the attention's (MLA: its up projections and linear_proj) and MLP's or experts' linear
+  // layers (null: none) of the layers the policy does not keep in the training dtype (its
+  // first/last layer counts, over the whole model; MTP layers follow the policy); the policy must
+  // outlive training. False when it keeps every layer; a count beyond the model's layers throws.
   bool set_fp8(const lf::ops::Fp8Policy* fp8);
   lf::parallel::RngTracker& rng() const { return rng_; }
   const DecoderConfig& config() const { return config_; }

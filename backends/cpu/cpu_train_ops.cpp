@@ -23,6 +23,7 @@
 
 #include "cpu_math.h"
 #include "cpu_ops.h"
+#include "loongforge/backend/chunked_cross_entropy.h"
 #include "loongforge/backend/gemm.h"
 #include "loongforge/backend/mixed_add.h"
 #include "loongforge/core/error.h"
@@ -60,14 +61,17 @@ LinearCrossEntropyFwd CpuOps::linear_cross_entropy(const at::Tensor& x0, const a
   check_linear_cross_entropy_args(x0, w, target, weight, shard);
   check_grad_into(into, w);
   const auto dtype = x0.scalar_type();
-  // A TP rank holding only padding rows (valid == 0) takes the reference's path (all -inf).
-  if (!x0.device().is_cpu() || (dtype != at::kFloat && dtype != at::kBFloat16) || shard.valid == 0)
+  if (!x0.device().is_cpu() || (dtype != at::kFloat && dtype != at::kBFloat16))
     return ReferenceOps::linear_cross_entropy(x0, w, target, weight, ignore_index, shard, chunk_tokens, into);
   const at::Tensor x = x0.contiguous();
   const int64_t n = x.size(0), h = x.size(1), v = w.size(0);
   const int64_t valid = shard.valid < 0 ? v : shard.valid;
   const at::Tensor wv = w.narrow(0, 0, valid);  // padding rows take no probability and get no gradient
-  const int64_t chunk = std::min<int64_t>(std::max<int64_t>(1, n), chunk_tokens > 0 ? chunk_tokens : default_chunk(valid, dtype));
+  // The chunk depends on w's rows (every TP rank's the same), not on valid: the ranks' reductions
+  // below must match in number and shape.
+  const int64_t chunk = std::min<int64_t>(std::max<int64_t>(1, n), chunk_tokens > 0 ? chunk_tokens : default_chunk(v, dtype));
+  // A TP rank holding only padding rows (valid == 0) makes the same reductions with no logits.
+  if (valid == 0) return empty_shard_linear_cross_entropy(x, w, target, weight, ignore_index, shard, chunk, into);
   const auto f32 = x.options().dtype(at::kFloat);
 
   const auto targets = shard_targets(target, shard, valid, ignore_index);

@@ -84,7 +84,7 @@ GroupedGemmBwd CudaOps::grouped_gemm_bwd(const at::Tensor& dy, const at::Tensor&
 RmsNormFwd CudaOps::rms_norm_fwd(const at::Tensor& x0, const at::Tensor& w0, double eps) const {
   check_rms_norm_args(x0, w0);
   auto dt = kernel_dtype(x0.scalar_type());
-  if (!x0.is_cuda() || !dt || w0.scalar_type() != x0.scalar_type())
+  if (!x0.is_cuda() || !dt || w0.scalar_type() != x0.scalar_type() || w0.device() != x0.device())
     return ReferenceOps::rms_norm_fwd(x0, w0, eps);
   c10::cuda::CUDAGuard guard(x0.device());
   auto x = x0.contiguous(), w = w0.contiguous();
@@ -104,7 +104,7 @@ RmsNormBwd CudaOps::rms_norm_bwd(const at::Tensor& dy0, const at::Tensor& x0, co
   const auto dt = kernel_dtype(x0.scalar_type());
   const int64_t h = x0.size(-1), rows = h == 0 ? 0 : x0.numel() / h;
   if (!x0.is_cuda() || !dt || w0.scalar_type() != x0.scalar_type() || dy0.scalar_type() != x0.scalar_type() ||
-      rows == 0)
+      w0.device() != x0.device() || dy0.device() != x0.device() || rstd0.device() != x0.device() || rows == 0)
     return ReferenceOps::rms_norm_bwd(dy0, x0, w0, rstd0);
   LF_CHECK(dy0.sizes() == x0.sizes() && rstd0.numel() == rows, "rms_norm_bwd: dy ", dy0.sizes(), " and rstd ",
            rstd0.sizes(), " must match x ", x0.sizes());

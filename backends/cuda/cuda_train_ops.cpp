@@ -101,15 +101,17 @@ LinearCrossEntropyFwd CudaOps::linear_cross_entropy(const at::Tensor& x, const a
   check_linear_cross_entropy_args(x, w, target, weight, shard);
   check_grad_into(into, w);
   const auto dt = kernel_dtype(x.scalar_type());
-  // A TP rank holding only padding rows (valid == 0) takes the reference's path (all -inf).
-  if (!x.is_cuda() || !dt || w.scalar_type() != x.scalar_type() || shard.valid == 0)
+  const auto dev = x.device();
+  if (!x.is_cuda() || !dt || w.device() != dev || target.device() != dev || weight.device() != dev ||
+      (into.dw.defined() && into.dw.device() != dev))
     return ReferenceOps::linear_cross_entropy(x, w, target, weight, ignore_index, shard, chunk_tokens, into);
-  const c10::cuda::CUDAGuard guard(x.device());
+  const c10::cuda::CUDAGuard guard(dev);
   // Default chunk: 256 MiB of logits in x's dtype (1024 rows of a 128K bf16 vocabulary shard), at
-  // least 128 rows so the weight gradient's GEMM is not thin.
-  const int64_t valid = shard.valid < 0 ? w.size(0) : shard.valid;
-  const int64_t chunk = chunk_tokens > 0 ? chunk_tokens
-                                         : std::max<int64_t>(128, (int64_t{256} << 20) / (x.element_size() * valid));
+  // least 128 rows so the weight gradient's GEMM is not thin. From w's rows, which every TP rank
+  // shares (valid differs on the rank holding the padding): the ranks' reductions must match.
+  const int64_t chunk =
+      chunk_tokens > 0 ? chunk_tokens
+                       : std::max<int64_t>(128, (int64_t{256} << 20) / (x.element_size() * std::max<int64_t>(1, w.size(0))));
   return chunked_linear_cross_entropy(x, w, target, weight, ignore_index, shard, chunk, into,
                                       CudaCrossEntropyRows(*dt));
 }
@@ -204,8 +206,9 @@ at::Tensor CudaOps::moe_permute_bwd(const at::Tensor& dpermuted0, const at::Tens
   // Each token's permuted rows, in token order (stable: slot order within a token), and the
   // offsets of each token's run.
   const at::Tensor rows = at::argsort(source, /*stable=*/true, /*dim=*/0, /*descending=*/false).contiguous();
-  at::Tensor first = at::zeros({num_tokens + 1}, source.options());
-  if (source.size(0) > 0) first.narrow(0, 1, num_tokens).copy_(at::bincount(source, {}, num_tokens).cumsum(0));
+  // first[t]: the first position of token t in the sorted sources (a search, no host sync).
+  const at::Tensor first =
+      at::searchsorted(source.index_select(0, rows), at::arange(num_tokens + 1, source.options())).contiguous();
   at::Tensor dx = at::empty({num_tokens, h}, dpermuted.options());
   check_launch(cuda_kernels::moe_permute_bwd(dpermuted.data_ptr(), rows.data_ptr<int64_t>(),
                                              first.data_ptr<int64_t>(), dx.data_ptr(), num_tokens, h, *dt,

@@ -9,6 +9,7 @@
 #include <ATen/TensorOperators.h>
 
 #include <algorithm>
+#include <limits>
 
 #include "loongforge/backend/reference_ops.h"
 #include "loongforge/core/error.h"
@@ -23,7 +24,7 @@ LinearCrossEntropyFwd chunked_linear_cross_entropy(const at::Tensor& x0, const a
   const at::Tensor x = x0.contiguous();
   const int64_t n = x.size(0), h = x.size(1), v = w.size(0);
   const int64_t valid = shard.valid < 0 ? v : shard.valid;
-  LF_CHECK(valid >= 1, "chunked_linear_cross_entropy: the shard holds no vocabulary row");
+  if (valid == 0) return empty_shard_linear_cross_entropy(x, w, target, weight, ignore_index, shard, chunk0, into);
   const at::Tensor wv = w.narrow(0, 0, valid);  // padding rows take no probability and get no gradient
   const int64_t chunk = std::min(chunk0, std::max<int64_t>(1, n));
   const auto f32 = x.options().dtype(at::kFloat);
@@ -65,6 +66,34 @@ LinearCrossEntropyFwd chunked_linear_cross_entropy(const at::Tensor& x0, const a
     if (!skip) ops.add_weight_grad(dwv, z, xc, /*write=*/c0 == 0 && !add_first, alpha);
   }
   if (!direct && !skip) r.dw = dw.to(w.scalar_type());
+  return r;
+}
+
+LinearCrossEntropyFwd empty_shard_linear_cross_entropy(const at::Tensor& x, const at::Tensor& w,
+                                                       const at::Tensor& target, const at::Tensor& weight,
+                                                       int64_t ignore_index, const VocabShard& shard, int64_t chunk0,
+                                                       const GradInto& into) {
+  LF_CHECK(chunk0 >= 1, "empty_shard_linear_cross_entropy: chunk must be >= 1, got ", chunk0);
+  const int64_t n = x.size(0), chunk = std::min(chunk0, std::max<int64_t>(1, n));
+  const auto f32 = x.options().dtype(at::kFloat);
+  const at::Tensor ignored = shard_targets(target, shard, 0, ignore_index).ignored;
+  LinearCrossEntropyFwd r;
+  r.loss = at::empty({n}, f32);
+  r.dx = at::zeros({n, x.size(1)}, x.options());
+  for (int64_t c0 = 0; c0 < n; c0 += chunk) {
+    const int64_t c = std::min(chunk, n - c0);
+    at::Tensor m = at::full({1, c}, -std::numeric_limits<float>::infinity(), f32);
+    if (shard.all_reduce) shard.all_reduce(m, true);
+    at::Tensor sums = at::zeros({2, c}, f32);
+    if (shard.all_reduce) shard.all_reduce(sums, false);
+    r.loss.narrow(0, c0, c).copy_((sums[1].log() - sums[0]).masked_fill(ignored.narrow(0, c0, c), 0.0));
+  }
+  if (into.skip) return r;
+  if (into.dw.defined()) {
+    if (!into.accumulate) into.dw.zero_();
+  } else {
+    r.dw = at::zeros_like(w);
+  }
   return r;
 }
 

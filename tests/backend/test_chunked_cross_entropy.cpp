@@ -14,11 +14,15 @@
 #include <array>
 #include <cmath>
 #include <barrier>
+#include <functional>
+#include <string>
 #include <thread>
+#include <vector>
 
 #include "kernels/kernel_math.h"
 #include "loongforge/backend/chunked_cross_entropy.h"
 #include "loongforge/backend/reference_ops.h"
+#include "loongforge/backend/registry.h"
 #include "op_cases.h"
 
 namespace lf::testing {
@@ -149,47 +153,119 @@ TEST(ChunkedCrossEntropy, TheCudaRowKernelsMathEqualsTheReference) {
       << "the harness's fp32 linear cross entropy cases were not found";
 }
 
-// Two ranks' vocabulary shards (rows 0-34 and 35-69 of 70, 64 real: the second has 29 real
-// rows and the padding), each in its own thread, the max and the sums all-reduced between them.
+// Three ranks' vocabulary shards of 35 rows (105 rows, 64 real: 35, 29 and 0 real rows, the last
+// all padding), each in its own thread, the max and the sums all-reduced between them, against
+// the whole vocabulary: the chunked driver (row passes in ATen, 4-token chunks) and the CPU
+// backend's own kernel (4-token chunks and its default).
+// run(rank, shard) computes rank's part.
+void expect_shards_equal_the_whole(
+    const std::function<backend::LinearCrossEntropyFwd(int rank, const backend::VocabShard& shard)>& run,
+    const backend::LinearCrossEntropyFwd& want, const std::string& what) {
+  constexpr int kRanks = 3;
+  auto shard_of = [](int r) {
+    backend::VocabShard shard;
+    shard.start = 35 * r;
+    shard.valid = std::clamp<int64_t>(64 - shard.start, 0, 35);
+    return shard;
+  };
+  // First each rank alone, recording its reductions: ranks whose calls differ would wait on each
+  // other forever at the barrier below, so that is a failure here instead of a hang.
+  std::array<std::vector<std::string>, kRanks> calls;
+  for (int r = 0; r < kRanks; ++r) {
+    backend::VocabShard shard = shard_of(r);
+    shard.all_reduce = [&calls, r](at::Tensor& t, bool max) {
+      calls[r].push_back(std::string(max ? "max " : "sum ") + std::to_string(t.numel()));
+    };
+    run(r, shard);
+  }
+  ASSERT_EQ(calls[1], calls[0]) << what << ": rank 1 (padding) reduces otherwise than rank 0";
+  ASSERT_EQ(calls[2], calls[0]) << what << ": rank 2 (padding only) reduces otherwise than rank 0";
+  std::barrier sync(kRanks);
+  std::array<at::Tensor, kRanks> slot;
+  std::array<backend::LinearCrossEntropyFwd, kRanks> got;
+  auto rank = [&](int r) {
+    backend::VocabShard shard = shard_of(r);
+    shard.all_reduce = [&, r](at::Tensor& t, bool max) {
+      slot[r] = t.clone();
+      sync.arrive_and_wait();
+      at::Tensor total = slot[0].clone();
+      for (int k = 1; k < kRanks; ++k) total = max ? at::maximum(total, slot[k]) : total + slot[k];
+      sync.arrive_and_wait();  // every rank has read the slots before any writes them again
+      t.copy_(total);
+    };
+    got[r] = run(r, shard);
+  };
+  std::vector<std::thread> threads;
+  for (int r = 0; r < kRanks; ++r) threads.emplace_back(rank, r);
+  for (auto& t : threads) t.join();
+  at::Tensor dx = got[0].dx;
+  for (int r = 0; r < kRanks; ++r) {
+    auto c = compare(got[r].loss, want.loss, 1e-5, 1e-5);
+    EXPECT_TRUE(c.ok) << what << ", rank " << r << " loss: " << c.detail;
+    if (r > 0) dx = dx + got[r].dx;  // the caller sums dx over TP
+  }
+  auto c = compare(dx, want.dx, 1e-5, 1e-5);
+  EXPECT_TRUE(c.ok) << what << " dx: " << c.detail;
+  c = compare(at::cat({got[0].dw, got[1].dw, got[2].dw}), want.dw, 1e-5, 1e-5);
+  EXPECT_TRUE(c.ok) << what << " dw: " << c.detail;
+}
+
 TEST(ChunkedCrossEntropy, VocabularyShardsReduceToTheWholeVocabulary) {
   auto gen = at::make_generator<at::CPUGeneratorImpl>(21);
   const auto f32 = at::TensorOptions().dtype(at::kFloat);
-  const at::Tensor x = at::randn({23, 16}, gen, f32), w = at::randn({70, 16}, gen, f32) * 0.5;
+  const at::Tensor x = at::randn({23, 16}, gen, f32), w = at::randn({105, 16}, gen, f32) * 0.5;
   at::Tensor target = at::randint(64, {23}, gen, at::TensorOptions().dtype(at::kLong));
   target.index_fill_(0, at::arange(0, 23, 5), -100);
   const at::Tensor weight = at::rand({23}, gen, f32);
   backend::VocabShard whole;
   whole.valid = 64;
   const auto want = ReferenceOps().linear_cross_entropy(x, w, target, weight, -100, whole, 0);
-
-  std::barrier sync(2);
-  std::array<at::Tensor, 2> slot;
-  std::array<backend::LinearCrossEntropyFwd, 2> got;
-  auto rank = [&](int r) {
-    backend::VocabShard shard;
-    shard.start = 35 * r;
-    shard.valid = r == 0 ? 35 : 29;
-    shard.all_reduce = [&, r](at::Tensor& t, bool max) {
-      slot[r] = t.clone();
-      sync.arrive_and_wait();
-      const at::Tensor total = max ? at::maximum(slot[0], slot[1]) : slot[0] + slot[1];
-      sync.arrive_and_wait();  // both have read the slots before either writes them again
-      t.copy_(total);
-    };
-    got[r] = backend::chunked_linear_cross_entropy(x, w.narrow(0, 35 * r, 35), target, weight, -100, shard, 4,
-                                                   backend::GradInto{}, AtenRows());
+  auto driver = [&](int r, const backend::VocabShard& shard) {
+    return backend::chunked_linear_cross_entropy(x, w.narrow(0, 35 * r, 35), target, weight, -100, shard, 4,
+                                                 backend::GradInto{}, AtenRows());
   };
-  std::thread t0(rank, 0), t1(rank, 1);
-  t0.join();
-  t1.join();
-  for (int r = 0; r < 2; ++r) {
-    auto c = compare(got[r].loss, want.loss, 1e-5, 1e-5);
-    EXPECT_TRUE(c.ok) << "rank " << r << " loss: " << c.detail;
+  expect_shards_equal_the_whole(driver, want, "chunked driver, 4-token chunks");
+  for (const int64_t chunk : {int64_t{4}, int64_t{0}}) {
+    auto cpu = [&, chunk](int r, const backend::VocabShard& shard) {
+      return backend::cpu_backend().ops().linear_cross_entropy(x, w.narrow(0, 35 * r, 35), target, weight, -100,
+                                                               shard, chunk);
+    };
+    expect_shards_equal_the_whole(cpu, want, chunk ? "CPU backend, 4-token chunks" : "CPU backend, default chunks");
   }
-  auto c = compare(got[0].dx + got[1].dx, want.dx, 1e-5, 1e-5);  // the caller sums dx over TP
-  EXPECT_TRUE(c.ok) << "dx: " << c.detail;
-  c = compare(at::cat({got[0].dw, got[1].dw}), want.dw, 1e-5, 1e-5);
-  EXPECT_TRUE(c.ok) << "dw: " << c.detail;
+}
+
+// Every rank of a vocabulary split must make the same reductions (number, order, shapes), or the
+// group's collectives would not match (a hang, or sums of different rows). With the default chunk
+// and a shard large enough for several chunks, the rank with fewer real rows (the padding) and one
+// with none record the calls they make, each alone; all three sequences must be equal.
+TEST(ChunkedCrossEntropy, EveryRankMakesTheSameReductions) {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(22);
+  const auto f32 = at::TensorOptions().dtype(at::kFloat);
+  const int64_t rows = 40000, n = 150;  // the CPU's default fp32 chunk: 8 MiB / (4 x 40000) = 52 rows
+  const at::Tensor x = at::randn({n, 8}, gen, f32), w = at::randn({rows, 8}, gen, f32) * 0.1;
+  const at::Tensor target = at::randint(100000, {n}, gen, at::TensorOptions().dtype(at::kLong));
+  const at::Tensor weight = at::ones({n}, f32);
+  auto calls = [&](const backend::OpTable& ops, int64_t valid, int64_t chunk) {
+    std::vector<std::string> seen;
+    backend::VocabShard shard;
+    shard.start = rows;
+    shard.valid = valid;
+    shard.all_reduce = [&seen](at::Tensor& t, bool max) {
+      seen.push_back(std::string(max ? "max " : "sum ") + std::to_string(t.size(0)) + "x" + std::to_string(t.size(1)));
+    };
+    ops.linear_cross_entropy(x, w, target, weight, -100, shard, chunk);
+    return seen;
+  };
+  const auto& cpu = backend::cpu_backend().ops();
+  const auto full = calls(cpu, rows, 0);
+  EXPECT_GE(full.size(), 6u) << "the case must take several chunks";
+  EXPECT_EQ(calls(cpu, 25000, 0), full) << "the CPU backend, a shard with padding";
+  EXPECT_EQ(calls(cpu, 0, 0), full) << "the CPU backend, a shard of padding only";
+  const AtenRows aten_rows;
+  const ChunkedOps chunked(aten_rows);
+  const auto driver = calls(chunked, rows, 7);
+  EXPECT_EQ(calls(chunked, 25000, 7), driver) << "the chunked driver, a shard with padding";
+  EXPECT_EQ(calls(chunked, 0, 7), driver) << "the chunked driver, a shard of padding only";
 }
 
 }  // namespace

@@ -133,8 +133,7 @@ TEST(CudaKernelMath, MoePermuteBackwardGathersEachTokensRowsInAFixedOrder) {
   const at::Tensor dpermuted = randn({m, in.h}, 13);
   // The token-ordered row list and its offsets, as CudaOps::moe_permute_bwd builds them.
   const at::Tensor rows = at::argsort(perm.source, /*stable=*/true, 0, false).contiguous();
-  at::Tensor first = at::zeros({in.n + 1}, at::kLong);
-  first.narrow(0, 1, in.n).copy_(at::bincount(perm.source, {}, in.n).cumsum(0));
+  const at::Tensor first = at::searchsorted(perm.source.index_select(0, rows), at::arange(in.n + 1, at::kLong));
   at::Tensor dx = at::full({in.n, in.h}, std::numeric_limits<float>::quiet_NaN());
   for (int64_t i = 0; i < in.n * in.h; ++i)
     ck::permute_bwd_item(dpermuted.data_ptr<float>(), rows.data_ptr<int64_t>(), first.data_ptr<int64_t>(),

@@ -31,11 +31,20 @@ class CrossEntropyRowOps {
 };
 
 // OpTable::linear_cross_entropy's contract, chunk rows at a time (chunk >= 1). The caller has
-// checked the arguments (check_linear_cross_entropy_args, check_grad_into) and that the shard
-// holds at least one real vocabulary row.
+// checked the arguments (check_linear_cross_entropy_args, check_grad_into). A shard with no real
+// vocabulary row goes to empty_shard_linear_cross_entropy.
 LinearCrossEntropyFwd chunked_linear_cross_entropy(const at::Tensor& x, const at::Tensor& w, const at::Tensor& target,
                                                    const at::Tensor& weight, int64_t ignore_index,
                                                    const VocabShard& shard, int64_t chunk, const GradInto& into,
                                                    const CrossEntropyRowOps& ops);
+
+// A vocabulary shard of padding rows only (shard.valid == 0; a small vocabulary over many TP
+// ranks): no logits, but the same two reductions per chunk of `chunk` rows as the other ranks
+// make (max -inf, sums 0), the loss from the reduced sums, dx 0, and dw 0 (written to a
+// destination unless added to; none for a frozen weight).
+LinearCrossEntropyFwd empty_shard_linear_cross_entropy(const at::Tensor& x, const at::Tensor& w,
+                                                       const at::Tensor& target, const at::Tensor& weight,
+                                                       int64_t ignore_index, const VocabShard& shard, int64_t chunk,
+                                                       const GradInto& into);
 
 }  // namespace lf::backend

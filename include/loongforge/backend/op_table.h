@@ -222,7 +222,10 @@ class OpTable {
 
   // x: [n, h], w: [v_local, h] (logits z = x w^T), target: [n] int64 global ids, weight: [n]
   // fp32 (0 for tokens whose loss does not count). Never holds more than chunk_tokens rows of
-  // fp32 logits at once (<= 0: the backend's choice).
+  // fp32 logits at once (<= 0: the backend's choice, a function of w's rows and dtype only, not of
+  // shard.valid). Under a vocabulary split every rank makes the same shard.all_reduce calls in
+  // the same order with the same shapes (its padding-only shard included), or the group's
+  // collectives would not match.
   virtual LinearCrossEntropyFwd linear_cross_entropy(const at::Tensor& x, const at::Tensor& w,
                                                      const at::Tensor& target,
                                                      const at::Tensor& weight,

@@ -715,6 +715,10 @@ std::unique_ptr<Communicator> with_shared_memory(std::unique_ptr<Communicator> i
 
 std::unique_ptr<Communicator> make_cpu_communicator(const CommunicatorSpec& spec,
                                                     const GlooOptions& gloo) {
+  // The switch first, before Gloo's handshake: a bad value is then the same error on every rank.
+  // Read after the handshake, the first rank to fail would close its connections while a slower
+  // rank still connects, which would see "connection closed by peer" instead of the switch's name.
+  (void)enabled_by_env();
   return with_shared_memory(make_gloo_communicator(spec, gloo), spec);
 }
 

@@ -186,8 +186,8 @@ Trainer::Trainer(const lf::config::JobConfig& job, lf::models::Model& model, con
   if (I.fp8) {
     LF_CHECK(model.set_fp8(I.fp8.get()), "--fp8-format ", *job.training.fp8_format, ": model type ", model.type(),
              " has no linear layer that runs in FP8",
-             lf::hint("FP8 covers the decoder's linear layers (attention, MLP, MoE experts) outside the layers "
-                      "--first-last-layers-bf16 keeps; drop --fp8-format"));
+             lf::hint("FP8 covers the decoder's linear layers (attention, MLP, MoE experts) and the Wan DiT's "
+                      "blocks, outside the layers --first-last-layers-bf16 keeps; drop --fp8-format"));
     if (ctx.world_size() > 1) {
       // Every rank must choose the same GEMMs: TP's amax all-reduces follow the choices, and ranks
       // reading different --fp8-policy files would wait on each other forever.

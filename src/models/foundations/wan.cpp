@@ -5,6 +5,7 @@
 
 #include <cmath>
 
+#include "loongforge/backend/fp8.h"
 #include "loongforge/backend/functional.h"
 #include "loongforge/core/config/config_error.h"
 #include "loongforge/core/error.h"
@@ -186,6 +187,24 @@ WanDit::WanDit(const WanConfig& c, const lf::backend::DeviceBackend& backend, Pa
                      Sharding::replicated(), true);
 }
 
+bool WanDit::set_fp8(const lf::ops::Fp8Policy* fp8) {
+  const auto n = static_cast<int64_t>(blocks_.size());
+  const int64_t first = fp8 ? fp8->first_layers_in_training_dtype() : 0,
+                last = fp8 ? fp8->last_layers_in_training_dtype() : 0;
+  LF_CHECK(first + last <= n, "--num-layers-at-start-in-bf16 ", first, " + --num-layers-at-end-in-bf16 ", last,
+           " exceed the Wan DiT's ", n, " blocks", lf::hint("keep at least one block in FP8, or drop --fp8-format"));
+  fp8_ = fp8;
+  for (int64_t i = 0; i < n; ++i) blocks_[static_cast<size_t>(i)].fp8 = fp8 && i >= first && i < n - last;
+  return fp8 == nullptr || first + last < n;
+}
+
+namespace {
+// The recipe the policy picks for one GEMM kind at this rank's rows (null: training dtype).
+const lf::ops::Fp8Recipe* pick(const lf::ops::Fp8Policy* fp8, lf::ops::Fp8Gemm kind, int64_t rows) {
+  return fp8 ? fp8->choose(kind, rows) : nullptr;
+}
+}  // namespace
+
 at::Tensor WanDit::linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b) const {
   return lf::ops::linear(x, w, b, slots_);
 }
@@ -200,14 +219,17 @@ at::Tensor WanDit::head_rms_norm(const at::Tensor& x, const at::Tensor& w) const
 }
 
 at::Tensor WanDit::self_attention(const Attention& a, const at::Tensor& x, const at::Tensor& cos,
-                                  const at::Tensor& sin) const {
+                                  const at::Tensor& sin, const lf::ops::Fp8Policy* fp8) const {
   using lf::parallel::column_parallel_linear;
   const int64_t b = x.size(1), n = c_.num_attention_heads / tp_.size(), d = c_.attention_head_dim;
-  auto q = head_rms_norm(column_parallel_linear(x, a.q, a.q_bias, tp_, false, slots_), a.norm_q);
+  const int64_t rows = x.size(0) * b * (tp_.sequence_parallel ? tp_.size() : 1);  // this rank's GEMM rows
+  const auto* fqkv = pick(fp8, lf::ops::Fp8Gemm::qkv, rows);
+  auto q = head_rms_norm(column_parallel_linear(x, a.q, a.q_bias, tp_, false, slots_, fqkv), a.norm_q);
   const int64_t s = q.size(0);  // the whole (CP-local) sequence, gathered under SP
   q = q.view({s, b, n, d});
-  auto k = head_rms_norm(column_parallel_linear(x, a.k, a.k_bias, tp_, false, slots_), a.norm_k).view({s, b, n, d});
-  auto v = column_parallel_linear(x, a.v, a.v_bias, tp_, false, slots_).view({s, b, n, d});
+  auto k = head_rms_norm(column_parallel_linear(x, a.k, a.k_bias, tp_, false, slots_, fqkv), a.norm_k)
+               .view({s, b, n, d});
+  auto v = column_parallel_linear(x, a.v, a.v_bias, tp_, false, slots_, fqkv).view({s, b, n, d});
   q = apply_rope_pairs(q, cos, sin);
   k = apply_rope_pairs(k, cos, sin);
   auto perm = [](const at::Tensor& t) { return t.permute({1, 2, 0, 3}); };  // [b, n, s, d]
@@ -223,25 +245,31 @@ at::Tensor WanDit::self_attention(const Attention& a, const at::Tensor& x, const
     o = lf::ops::sdpa(backend_, perm(q), perm(k), perm(v), lf::backend::AttentionMask::none());
   }
   o = o.permute({2, 0, 1, 3}).reshape({s, b, n * d}).contiguous();  // a view when b is 1
-  return lf::parallel::row_parallel_linear(o, a.out, a.out_bias, tp_, slots_);
+  return lf::parallel::row_parallel_linear(o, a.out, a.out_bias, tp_, slots_, pick(fp8, lf::ops::Fp8Gemm::proj, rows));
 }
 
 at::Tensor WanDit::cross_attention(const Attention& a, const at::Tensor& x, const at::Tensor& text,
-                                   const at::Tensor& image) const {
+                                   const at::Tensor& image, const lf::ops::Fp8Policy* fp8) const {
   using lf::parallel::column_parallel_linear;
   const int64_t b = x.size(1), n = c_.num_attention_heads / tp_.size(), d = c_.attention_head_dim;
+  const int64_t rows = x.size(0) * b * (tp_.sequence_parallel ? tp_.size() : 1);  // this rank's GEMM rows
   auto heads = [&](const at::Tensor& t) { return t.view({t.size(0), b, n, d}).permute({1, 2, 0, 3}); };
   // The context (text, image) is replicated over TP. Without SP its projection enters the TP region
   // (the backward sums its gradient over TP: every rank's embedders get the whole gradient); under
   // SP every replicated tensor's gradient is summed over TP by the trainer, so each rank keeps its
   // heads' part.
+  // In FP8 at the context's own rows; under SP the replicated context times this rank's heads is
+  // one shard of the full GEMM, so its amax is reduced over TP as column_parallel_linear's is.
   auto context = [&](const at::Tensor& t, const at::Tensor& w, const at::Tensor& bias) {
-    if (tp_.sequence_parallel && tp_.size() > 1) return at::linear(t, w, bias);
+    const auto* f = pick(fp8, lf::ops::Fp8Gemm::qkv, t.size(0) * t.size(1));
+    if (tp_.sequence_parallel && tp_.size() > 1)
+      return f ? lf::ops::fp8_linear(t, w, bias, *f, nullptr, tp_.tp) : at::linear(t, w, bias);
     lf::parallel::TensorParallel plain = tp_;
     plain.sequence_parallel = false;
-    return column_parallel_linear(t, w, bias, plain, false, slots_);
+    return column_parallel_linear(t, w, bias, plain, false, slots_, f);
   };
-  auto q = head_rms_norm(column_parallel_linear(x, a.q, a.q_bias, tp_, false, slots_), a.norm_q);
+  auto q = head_rms_norm(
+      column_parallel_linear(x, a.q, a.q_bias, tp_, false, slots_, pick(fp8, lf::ops::Fp8Gemm::qkv, rows)), a.norm_q);
   const int64_t s = q.size(0);
   q = heads(q);
   auto k = heads(head_rms_norm(context(text, a.k, a.k_bias), a.norm_k));
@@ -253,7 +281,7 @@ at::Tensor WanDit::cross_attention(const Attention& a, const at::Tensor& x, cons
     o = o + lf::ops::sdpa(backend_, q, ki, vi, lf::backend::AttentionMask::none());
   }
   o = o.permute({2, 0, 1, 3}).reshape({s, b, n * d}).contiguous();  // a view when b is 1
-  return lf::parallel::row_parallel_linear(o, a.out, a.out_bias, tp_, slots_);
+  return lf::parallel::row_parallel_linear(o, a.out, a.out_bias, tp_, slots_, pick(fp8, lf::ops::Fp8Gemm::proj, rows));
 }
 
 at::Tensor WanDit::block_forward(const Block& blk, const at::Tensor& x, const at::Tensor& mod, const at::Tensor& text,
@@ -264,12 +292,16 @@ at::Tensor WanDit::block_forward(const Block& blk, const at::Tensor& x, const at
   const auto dt = x.scalar_type();
   // adaLN: shift + norm(x) (1 + scale), and the gated residuals x + branch gate, one kernel each.
   auto n1 = at::addcmul(shift, layer_norm(x, c_.eps), scale + 1).to(dt);
-  auto h = at::addcmul(x.to(at::kFloat), self_attention(blk.self, n1, cos, sin), gate).to(dt);
+  const lf::ops::Fp8Policy* fp8 = blk.fp8 ? fp8_ : nullptr;
+  auto h = at::addcmul(x.to(at::kFloat), self_attention(blk.self, n1, cos, sin, fp8), gate).to(dt);
   auto n2 = c_.cross_attn_norm ? layer_norm(h, c_.eps, blk.norm2_w, blk.norm2_b).to(dt) : h;
-  h = h + cross_attention(blk.cross, n2, text, image);
+  h = h + cross_attention(blk.cross, n2, text, image, fp8);
   auto n3 = at::addcmul(c_shift, layer_norm(h, c_.eps), c_scale + 1).to(dt);
-  auto f = lf::parallel::column_parallel_linear(n3, blk.ffn_in, blk.ffn_in_bias, tp_, false, slots_);
-  f = lf::parallel::row_parallel_linear(lf::ops::gelu_tanh(backend_, f), blk.ffn_out, blk.ffn_out_bias, tp_, slots_);
+  const int64_t rows = n3.size(0) * n3.size(1) * (tp_.sequence_parallel ? tp_.size() : 1);
+  auto f = lf::parallel::column_parallel_linear(n3, blk.ffn_in, blk.ffn_in_bias, tp_, false, slots_,
+                                                pick(fp8, lf::ops::Fp8Gemm::fc1, rows));
+  f = lf::parallel::row_parallel_linear(lf::ops::gelu_tanh(backend_, f), blk.ffn_out, blk.ffn_out_bias, tp_, slots_,
+                                        pick(fp8, lf::ops::Fp8Gemm::fc2, rows));
   return at::addcmul(h.to(at::kFloat), f.to(at::kFloat), c_gate).to(dt);
 }
 

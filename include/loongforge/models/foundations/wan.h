@@ -117,6 +117,12 @@ class WanDit {
   // Gradient-accumulation fusion (null: none): the linear layers' weight gradients go straight
   // into the slots this names (lf::ops::linear).
   void set_weight_grad_slots(const lf::ops::WeightGradSlots* slots) { slots_ = slots; }
+  // FP8 for the blocks' linear layers (null: none): self-attention q/k/v and cross-attention q and
+  // context k/v (the policy's qkv kind), both attentions' out (proj), the FFN's two (fc1, fc2), each
+  // at its own GEMM's rows; the embedders, the modulation and the head stay in the training dtype,
+  // as do the policy's first/last blocks. False when it keeps every block; counts beyond the
+  // blocks throw. The policy must outlive training.
+  bool set_fp8(const lf::ops::Fp8Policy* fp8);
   lf::parallel::RngTracker& rng() const { return rng_; }
   const WanConfig& config() const { return c_; }
 
@@ -130,6 +136,7 @@ class WanDit {
     Attention self, cross;
     at::Tensor norm2_w, norm2_b;  // cross_attn_norm
     at::Tensor ffn_in, ffn_in_bias, ffn_out, ffn_out_bias;
+    bool fp8 = false;  // set_fp8: this block's linear layers follow the policy
   };
   Attention make_attention(ParamBuilder& b, const std::string& prefix, bool cross) const;
   // RMSNorm over all heads' channels (each TP rank holds its heads: the sum of squares is
@@ -139,9 +146,11 @@ class WanDit {
   at::Tensor linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b) const;
   // x [s, b, h] -> the branch output [s, b, h]. rope: cos/sin [s, d/2] (self-attention); context
   // [t, b, h] (cross); image [ti, b, h] (I2V).
-  at::Tensor self_attention(const Attention& a, const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) const;
+  // fp8: the block's policy (null: training dtype).
+  at::Tensor self_attention(const Attention& a, const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
+                            const lf::ops::Fp8Policy* fp8) const;
   at::Tensor cross_attention(const Attention& a, const at::Tensor& x, const at::Tensor& text,
-                             const at::Tensor& image) const;
+                             const at::Tensor& image, const lf::ops::Fp8Policy* fp8) const;
   // One block: x [s, b, h]; mod: the six modulation terms, each [1|s, b, h] fp32.
   at::Tensor block_forward(const Block& blk, const at::Tensor& x, const at::Tensor& mod, const at::Tensor& text,
                            const at::Tensor& image, const at::Tensor& cos, const at::Tensor& sin) const;
@@ -159,6 +168,7 @@ class WanDit {
   bool training_ = true;
   RecomputeOptions recompute_;
   const lf::ops::WeightGradSlots* slots_ = nullptr;
+  const lf::ops::Fp8Policy* fp8_ = nullptr;
   mutable lf::parallel::RngTracker rng_;
 };
 

@@ -582,7 +582,7 @@ class SharedMemoryCommunicator final : public Communicator {
   std::unique_ptr<SerialExecutor> executor_ = std::make_unique<SerialExecutor>();
 };
 
-// "1" (default) or "0", from LOONGFORGE_SHM_COLLECTIVES.
+// "1" (default) or "0", from LOONGFORGE_SHM_COLLECTIVES (shm_collectives_enabled).
 bool enabled_by_env() {
   const char* v = std::getenv("LOONGFORGE_SHM_COLLECTIVES");
   if (!v || !*v) return true;
@@ -601,6 +601,8 @@ std::string hex(uint64_t v) {
 }
 
 }  // namespace
+
+bool shm_collectives_enabled() { return enabled_by_env(); }
 
 std::unique_ptr<Communicator> with_shared_memory(std::unique_ptr<Communicator> inner,
                                                  const CommunicatorSpec& spec,
@@ -715,10 +717,8 @@ std::unique_ptr<Communicator> with_shared_memory(std::unique_ptr<Communicator> i
 
 std::unique_ptr<Communicator> make_cpu_communicator(const CommunicatorSpec& spec,
                                                     const GlooOptions& gloo) {
-  // The switch first, before Gloo's handshake: a bad value is then the same error on every rank.
-  // Read after the handshake, the first rank to fail would close its connections while a slower
-  // rank still connects, which would see "connection closed by peer" instead of the switch's name.
-  (void)enabled_by_env();
+  // The switch before Gloo's handshake (see shm_collectives_enabled).
+  (void)shm_collectives_enabled();
   return with_shared_memory(make_gloo_communicator(spec, gloo), spec);
 }
 

@@ -67,6 +67,8 @@ int main(int argc, char** argv) {
       spec.store = c10::make_intrusive<c10d::PrefixStore>("bench/" + name, rendezvous.store());
       return spec;
     };
+    LF_CHECK(lf::backend::shm_collectives_enabled(), "LOONGFORGE_SHM_COLLECTIVES=0: no shared memory to compare",
+             lf::hint("unset LOONGFORGE_SHM_COLLECTIVES"));
     std::vector<Transport> transports;
     transports.push_back({"gloo", lf::backend::make_gloo_communicator(spec_for("gloo")), {}});
     for (int64_t kib : slot_kib) {

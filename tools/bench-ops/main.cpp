@@ -1,6 +1,6 @@
-// loongforge-bench-ops: each op the backends override (fused CPU kernels, the CUDA module's
-// kernels) against the reference's ATen composition of the same op, on the same device, in the
-// same process: median milliseconds per call of each (the two alternate call by call, so drift
+// loongforge-bench-ops: the ops the CUDA module has kernels for (on the CPU: the CPU backend's
+// path for each, its own fused kernel or the reference) against the reference's ATen composition
+// of the same op, on the same device, in the same process: median milliseconds per call of each (the two alternate call by call, so drift
 // hits both), the speed-up, and where the backend reports memory, the peak each call adds. Shapes
 // come from a preset: tiny (the ctest smoke run), small (the CPU default) or 8b (Llama-3-8B's
 // hidden size, heads, FFN and vocabulary at 4096 tokens; DeepSeek-V3.2's indexer heads; what
@@ -83,6 +83,12 @@ std::vector<Bench> make_benches(const Shape& s, at::ScalarType dt, const c10::De
     auto target = at::randint(s.vocab, {s.tokens}, i64), weight = at::ones({s.tokens}, f32);
     b.push_back({"linear_cross_entropy (vocab " + std::to_string(s.vocab) + ")", [=](const OpTable& ops) {
                    ops.linear_cross_entropy(x, w, target, weight, -100, {}, 0);
+                 }});
+    // As training calls it with gradient-accumulation fusion: dw added into the fp32 gradient slot.
+    auto slot = at::zeros({s.vocab, s.hidden}, f32);
+    b.push_back({"linear_cross_entropy into the grad slot", [=](const OpTable& ops) {
+                   lf::backend::GradInto into{slot, 1.0, /*accumulate=*/true};
+                   ops.linear_cross_entropy(x, w, target, weight, -100, {}, 0, into);
                  }});
   }
   {

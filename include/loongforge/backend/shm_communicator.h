@@ -41,6 +41,12 @@ std::unique_ptr<Communicator> with_shared_memory(std::unique_ptr<Communicator> i
                                                  const CommunicatorSpec& spec,
                                                  const SharedMemoryOptions& options = {});
 
+// LOONGFORGE_SHM_COLLECTIVES: unset, 1, on or auto -> true; 0 or off -> false; anything else
+// throws naming the variable. Read it before creating the Gloo group that with_shared_memory will
+// wrap, so that a bad value is the same error on every rank (read after Gloo's handshake, the
+// first rank to fail closes its connections while a slower rank still connects).
+bool shm_collectives_enabled();
+
 // The CPU backend's communicator: Gloo, with shared-memory collectives where they apply.
 std::unique_ptr<Communicator> make_cpu_communicator(const CommunicatorSpec& spec,
                                                     const GlooOptions& gloo = {});

@@ -1,7 +1,8 @@
 // The CUDA kernels' per-item math (backends/cuda/kernels/kernel_math.h) run on the host: every
 // item of each kernel's grid, in the order of the kernel's index arithmetic, against the CPU
-// reference (ReferenceOps) in fp32. This checks the formulas and the indexing of RoPE, AdamW, the
-// MoE (un)permutation and the DSA indexer's scores on every machine; the GPU-only parts (launch
+// reference (ReferenceOps) in fp32. This checks the formulas and the indexing of RMSNorm, SwiGLU,
+// RoPE, AdamW, the sum of squares, the MoE (un)permutation and the DSA indexer's scores on every
+// machine (the cross entropy's: test_chunked_cross_entropy.cpp); the GPU-only parts (launch
 // shapes, warp sums, bf16/fp16 storage) are the op harness's on a GPU machine. Warp reductions are
 // emulated as the sum of the 32 lanes' partials.
 #include <gtest/gtest.h>
@@ -10,6 +11,7 @@
 #include <ATen/Functions.h>
 #include <ATen/TensorOperators.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <vector>
@@ -32,6 +34,73 @@ at::Tensor randn(std::vector<int64_t> shape, uint64_t seed, double scale = 1.0) 
 void expect_close(const at::Tensor& actual, const at::Tensor& expected, const char* what, double tol = 1e-5) {
   const auto r = compare(actual, expected, tol, tol);
   EXPECT_TRUE(r.ok) << what << ": " << r.detail << " (max |diff| " << r.max_abs << ")";
+}
+
+// The RMSNorm kernels as launched: one block of 256 threads per row (forward); the backward's
+// blocks of 3 rows each adding into their own fp32 dw partial row, summed at the end.
+TEST(CudaKernelMath, RmsNormEqualsTheReference) {
+  const ReferenceOps ref;
+  constexpr int kThreads = 256;
+  const int64_t rows = 7, h = 300;  // h > 256: some threads take two columns
+  const at::Tensor x = randn({rows, h}, 21), w = randn({h}, 22) + 1.0, dy = randn({rows, h}, 23);
+  const auto want_f = ref.rms_norm_fwd(x, w, 1e-5);
+  at::Tensor y = at::full_like(x, std::numeric_limits<float>::quiet_NaN()), rstd = at::empty({rows});
+  for (int64_t row = 0; row < rows; ++row) {
+    float sum = 0.0f;
+    for (int tid = 0; tid < kThreads; ++tid) sum += ck::rms_square_partial(x.data_ptr<float>(), row, h, tid, kThreads);
+    const float r = ck::rms_rstd(sum, h, 1e-5f);
+    rstd.data_ptr<float>()[row] = r;
+    for (int64_t i = 0; i < h; ++i) ck::rms_norm_fwd_item(x.data_ptr<float>(), w.data_ptr<float>(), y.data_ptr<float>(), row, i, h, r);
+  }
+  expect_close(y, want_f.y, "y");
+  expect_close(rstd, want_f.rstd, "rstd");
+  const auto want_b = ref.rms_norm_bwd(dy, x, w, want_f.rstd);
+  const int64_t per_block = 3, blocks = (rows + per_block - 1) / per_block;
+  at::Tensor dx = at::full_like(x, std::numeric_limits<float>::quiet_NaN()), partial = at::zeros({blocks, h});
+  for (int64_t row = 0; row < rows; ++row) {
+    const float r = want_f.rstd.data_ptr<float>()[row];
+    float dot = 0.0f;
+    for (int tid = 0; tid < kThreads; ++tid)
+      dot += ck::rms_bwd_dot_partial(dy.data_ptr<float>(), x.data_ptr<float>(), w.data_ptr<float>(), row, h, r, tid,
+                                     kThreads);
+    for (int64_t i = 0; i < h; ++i)
+      ck::rms_norm_bwd_item(dy.data_ptr<float>(), x.data_ptr<float>(), w.data_ptr<float>(), dx.data_ptr<float>(),
+                            partial.data_ptr<float>() + (row / per_block) * h, row, i, h, r, dot / static_cast<float>(h));
+  }
+  expect_close(dx, want_b.dx, "dx");
+  expect_close(partial.sum(0), want_b.dw, "dw");
+}
+
+TEST(CudaKernelMath, SwigluEqualsTheReference) {
+  const ReferenceOps ref;
+  const int64_t rows = 5, f = 33;
+  const at::Tensor gu = randn({rows, 2 * f}, 24, 2.0), dy = randn({rows, f}, 25);
+  at::Tensor y = at::full({rows, f}, std::numeric_limits<float>::quiet_NaN());
+  at::Tensor dgu = at::full_like(gu, std::numeric_limits<float>::quiet_NaN());
+  for (int64_t i = 0; i < rows * f; ++i) {
+    ck::swiglu_fwd_item(gu.data_ptr<float>(), y.data_ptr<float>(), i, f);
+    ck::swiglu_bwd_item(dy.data_ptr<float>(), gu.data_ptr<float>(), dgu.data_ptr<float>(), i, f);
+  }
+  expect_close(y, ref.swiglu_fwd(gu), "y");
+  expect_close(dgu, ref.swiglu_bwd(dy, gu), "dgate_up");
+}
+
+// The sum of squares as launched: 64K-element chunks of each tensor, 256 threads a chunk, the
+// chunks' partials summed in order; fp64 throughout, compared at 1e-12.
+TEST(CudaKernelMath, SquareSumEqualsTheReference) {
+  const ReferenceOps ref;
+  constexpr int kThreads = 256;
+  constexpr int64_t kChunk = int64_t{1} << 16;
+  const std::vector<at::Tensor> ts{randn({70001}, 26), randn({5}, 27), randn({129, 3}, 28, 3.0)};
+  double total = 0.0;
+  for (const auto& t : ts)
+    for (int64_t first = 0; first < t.numel(); first += kChunk) {
+      const int64_t end = std::min(t.numel(), first + kChunk);
+      for (int tid = 0; tid < kThreads; ++tid)
+        total += ck::square_sum_partial(t.data_ptr<float>(), first, end, tid, kThreads);
+    }
+  const double want = ref.squared_norm(ts).item<double>();
+  EXPECT_NEAR(total, want, 1e-12 * want);
 }
 
 TEST(CudaKernelMath, RopeEqualsTheReferenceForBothLayoutsAndDirections) {

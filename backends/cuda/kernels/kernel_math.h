@@ -29,6 +29,63 @@ LF_HD void store(__nv_bfloat16* p, int64_t i, float v) { p[i] = __float2bfloat16
 LF_HD void store(__half* p, int64_t i, float v) { p[i] = __float2half(v); }
 #endif
 
+// ---- RMSNorm (OpTable::rms_norm_fwd / rms_norm_bwd) ------------------------------------------
+// Row `row` of x [rows, h]; thread tid of `threads` takes columns tid, tid + threads, .. and the
+// threads' partials are summed (a block reduction on the GPU).
+template <class T>
+LF_HD float rms_square_partial(const T* x, int64_t row, int64_t h, int tid, int threads) {
+  float s = 0.0f;
+  for (int64_t i = tid; i < h; i += threads) {
+    const float v = load(x, row * h + i);
+    s += v * v;
+  }
+  return s;
+}
+// rstd = rsqrt(sum(x^2) / h + eps) from the row's summed partials.
+LF_HD float rms_rstd(float square_sum, int64_t h, float eps) {
+  return 1.0f / std::sqrt(square_sum / static_cast<float>(h) + eps);
+}
+// y = x rstd w at (row, i).
+template <class T>
+LF_HD void rms_norm_fwd_item(const T* x, const T* w, T* y, int64_t row, int64_t i, int64_t h, float rstd) {
+  store(y, row * h + i, load(x, row * h + i) * rstd * load(w, i));
+}
+// The backward's row sum: sum_i dy_i w_i xhat_i (xhat = x rstd), thread tid's share.
+template <class T>
+LF_HD float rms_bwd_dot_partial(const T* dy, const T* x, const T* w, int64_t row, int64_t h, float rstd, int tid,
+                                int threads) {
+  float s = 0.0f;
+  for (int64_t i = tid; i < h; i += threads) s += load(dy, row * h + i) * load(w, i) * (load(x, row * h + i) * rstd);
+  return s;
+}
+// dx = rstd (dy w - xhat mean) at (row, i), mean = the row sum / h; adds dy xhat into the block's
+// fp32 dw partial row `dw_row`.
+template <class T>
+LF_HD void rms_norm_bwd_item(const T* dy, const T* x, const T* w, T* dx, float* dw_row, int64_t row, int64_t i,
+                             int64_t h, float rstd, float mean) {
+  const float xhat = load(x, row * h + i) * rstd, d = load(dy, row * h + i);
+  store(dx, row * h + i, rstd * (d * load(w, i) - xhat * mean));
+  dw_row[i] += d * xhat;
+}
+
+// ---- SwiGLU (OpTable::swiglu_fwd / swiglu_bwd) -----------------------------------------------
+// Item i of [rows, f]; gate_up rows are [gate (f) | up (f)].
+template <class T>
+LF_HD void swiglu_fwd_item(const T* gu, T* y, int64_t i, int64_t f) {
+  const int64_t r = i / f, c = i % f;
+  const float g = load(gu, r * 2 * f + c), u = load(gu, r * 2 * f + f + c);
+  store(y, i, g / (1.0f + std::exp(-g)) * u);
+}
+// dgate = dy u sig (1 + g (1 - sig)), dup = dy g sig.
+template <class T>
+LF_HD void swiglu_bwd_item(const T* dy, const T* gu, T* dgu, int64_t i, int64_t f) {
+  const int64_t r = i / f, c = i % f;
+  const float g = load(gu, r * 2 * f + c), u = load(gu, r * 2 * f + f + c), d = load(dy, i);
+  const float sig = 1.0f / (1.0f + std::exp(-g));
+  store(dgu, r * 2 * f + c, d * u * sig * (1.0f + g * (1.0f - sig)));
+  store(dgu, r * 2 * f + f + c, d * g * sig);
+}
+
 // ---- RoPE (OpTable::rope_fwd / rope_bwd) -----------------------------------------------------
 // x, y: [rows, d] with rows = s * per_pos (per_pos = b * n); cos, sin: [s, r] fp32. Each row has
 // r / 2 rotated pairs and d - r passed-through elements: rope_items_per_row items.
@@ -114,6 +171,18 @@ LF_HD void adamw_item(float* p, const G* g, float* m, float* v, int64_t i, const
   m[i] = mi;
   v[i] = vi;
   p[i] = pi + k.step_size * (mi / (std::sqrt(vi) / k.bc2_sqrt + k.eps));
+}
+
+// ---- Sum of squares (OpTable::squared_norm) ---------------------------------------------------
+// Elements [first, end) of x, thread tid of `threads`'s share, in fp64.
+template <class T>
+LF_HD double square_sum_partial(const T* x, int64_t first, int64_t end, int tid, int threads) {
+  double acc = 0.0;
+  for (int64_t i = first + tid; i < end; i += threads) {
+    const double e = static_cast<double>(load(x, i));
+    acc += e * e;
+  }
+  return acc;
 }
 
 // ---- MoE (OpTable::moe_permute_bwd, moe_unpermute_fwd / bwd) ---------------------------------

@@ -27,13 +27,7 @@ __global__ void adamw_kernel(const int64_t* __restrict__ table, const int64_t* _
 
 template <class T>
 __device__ double square_sum(const void* base, int64_t first, int64_t end) {
-  const T* x = static_cast<const T*>(base);
-  double acc = 0.0;
-  for (int64_t i = first + threadIdx.x; i < end; i += blockDim.x) {
-    const double e = static_cast<double>(load(x, i));
-    acc += e * e;
-  }
-  return acc;
+  return square_sum_partial(static_cast<const T*>(base), first, end, threadIdx.x, blockDim.x);
 }
 
 // table rows: (pointer, numel, dtype code); partial[b]: chunk b's sum of squares.

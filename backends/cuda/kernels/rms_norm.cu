@@ -23,22 +23,15 @@ __global__ void rms_norm_fwd_kernel(const T* __restrict__ x, const T* __restrict
                                     float eps) {
   __shared__ float partial[kThreads];
   const int64_t row = blockIdx.x;
-  const T* xr = x + row * h;
-  float sum = 0.0f;
-  for (int64_t i = threadIdx.x; i < h; i += kThreads) {
-    const float v = load(xr, i);
-    sum += v * v;
-  }
-  partial[threadIdx.x] = sum;
+  partial[threadIdx.x] = rms_square_partial(x, row, h, threadIdx.x, kThreads);
   __syncthreads();
   for (int stride = kThreads / 2; stride > 0; stride /= 2) {
     if (threadIdx.x < stride) partial[threadIdx.x] += partial[threadIdx.x + stride];
     __syncthreads();
   }
-  const float r = rsqrtf(partial[0] / static_cast<float>(h) + eps);
+  const float r = rms_rstd(partial[0], h, eps);
   if (threadIdx.x == 0) rstd[row] = r;
-  for (int64_t i = threadIdx.x; i < h; i += kThreads)
-    store(y, row * h + i, load(xr, i) * r * load(w, i));
+  for (int64_t i = threadIdx.x; i < h; i += kThreads) rms_norm_fwd_item(x, w, y, row, i, h, r);
 }
 
 __device__ float block_sum(float v, float* partial) {
@@ -64,18 +57,10 @@ __global__ void rms_norm_bwd_kernel(const T* __restrict__ dy, const T* __restric
   float* dwp = dw_partial + blockIdx.x * h;
   for (int64_t i = threadIdx.x; i < h; i += kThreads) dwp[i] = 0.0f;
   for (int64_t row = first; row < end; ++row) {
-    const T* xr = x + row * h;
-    const T* dyr = dy + row * h;
     const float r = rstd[row];
-    float sum = 0.0f;
-    for (int64_t i = threadIdx.x; i < h; i += kThreads)
-      sum += load(dyr, i) * load(w, i) * (load(xr, i) * r);
-    const float mean = block_sum(sum, partial) / static_cast<float>(h);
-    for (int64_t i = threadIdx.x; i < h; i += kThreads) {
-      const float xhat = load(xr, i) * r, d = load(dyr, i);
-      store(dx, row * h + i, r * (d * load(w, i) - xhat * mean));
-      dwp[i] += d * xhat;
-    }
+    const float mean =
+        block_sum(rms_bwd_dot_partial(dy, x, w, row, h, r, threadIdx.x, kThreads), partial) / static_cast<float>(h);
+    for (int64_t i = threadIdx.x; i < h; i += kThreads) rms_norm_bwd_item(dy, x, w, dx, dwp, row, i, h, r, mean);
   }
 }
 

@@ -1,6 +1,7 @@
 // Fused SwiGLU forward and backward: one thread per output element of a [rows, f] grid, reading
-// gate and up from the two halves of each gate_up row. Elementwise and memory-bound, so the
-// only gain over ATen is reading gate_up once and writing once; math in fp32.
+// gate and up from the two halves of each gate_up row (kernel_math.h: swiglu_*_item).
+// Elementwise and memory-bound, so the only gain over ATen is reading gate_up once and writing
+// once; math in fp32.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -16,26 +17,17 @@ __global__ void swiglu_fwd_kernel(const T* __restrict__ gu, T* __restrict__ y, i
                                   int64_t f) {
   const int64_t n = rows * f;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t r = i / f, c = i % f;
-    const float g = load(gu, r * 2 * f + c), u = load(gu, r * 2 * f + f + c);
-    store(y, i, g / (1.0f + __expf(-g)) * u);
-  }
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    swiglu_fwd_item(gu, y, i, f);
 }
 
-// dgate = dy * u * sig * (1 + g (1 - sig)), dup = dy * g * sig
 template <class T>
 __global__ void swiglu_bwd_kernel(const T* __restrict__ dy, const T* __restrict__ gu,
                                   T* __restrict__ dgu, int64_t rows, int64_t f) {
   const int64_t n = rows * f;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t r = i / f, c = i % f;
-    const float g = load(gu, r * 2 * f + c), u = load(gu, r * 2 * f + f + c), d = load(dy, i);
-    const float sig = 1.0f / (1.0f + __expf(-g));
-    store(dgu, r * 2 * f + c, d * u * sig * (1.0f + g * (1.0f - sig)));
-    store(dgu, r * 2 * f + f + c, d * g * sig);
-  }
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    swiglu_bwd_item(dy, gu, dgu, i, f);
 }
 
 template <class T>

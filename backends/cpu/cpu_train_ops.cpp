@@ -87,13 +87,10 @@ LinearCrossEntropyFwd CpuOps::linear_cross_entropy(const at::Tensor& x0, const a
   // [v, h]: at a 32K vocabulary that fill alone costs a pass over 100 MB), padding rows are zeroed.
   // With a destination (GradInto) the accumulator is that buffer, the scale folded into the GEMMs'
   // [c, h] operands, and with accumulate the first chunk adds instead of writing.
-  const bool direct = into.dw.defined(), skip = into.skip;
-  const bool add_first = direct && into.accumulate;
-  const double gscale = direct ? into.scale : 1.0;
-  at::Tensor dw = direct ? into.dw : skip ? at::Tensor() : at::empty({v, h}, f32);
-  if (!skip && valid < v && !add_first) dw.narrow(0, valid, v - valid).zero_();
-  at::Tensor dwv = skip ? at::Tensor() : dw.narrow(0, 0, valid);
-  if (!skip && n == 0 && !add_first) dwv.zero_();
+  const WeightGradTarget dest(into, w, valid, n);
+  const bool direct = dest.direct, skip = dest.skip;
+  const double gscale = dest.alpha;
+  at::Tensor dwv = dest.real;
   at::Tensor buf = at::empty({chunk, valid}, f32);
   for (int64_t c0 = 0; c0 < n; c0 += chunk) {
     const int64_t c = std::min(chunk, n - c0);
@@ -126,7 +123,7 @@ LinearCrossEntropyFwd CpuOps::linear_cross_entropy(const at::Tensor& x0, const a
     at::Tensor wc = wt.narrow(0, c0, c);
     at::Tensor scale = (wc / sums[1]).unsqueeze(1);  // [c, 1]
     at::Tensor hit = (wc * mc).unsqueeze(1);         // [c, 1]
-    const bool write = c0 == 0 && !add_first;        // dw's first touch this call: write, not add
+    const bool write = c0 == 0 && dest.write_first();  // dw's first touch this call: write, not add
     at::Tensor st = sc.squeeze(1);
     at::Tensor dxc = r.dx.narrow(0, c0, c);
     if (dtype == at::kFloat) {
@@ -149,7 +146,7 @@ LinearCrossEntropyFwd CpuOps::linear_cross_entropy(const at::Tensor& x0, const a
       dwv.index_add_(0, st, direct ? xf * (hit * gscale) : xf * hit, -1.0);
     }
   }
-  if (!direct && !skip) r.dw = dtype == at::kFloat ? dw : dw.to(dtype);
+  r.dw = dest.result(w.scalar_type());
   return r;
 }
 

@@ -36,14 +36,7 @@ LinearCrossEntropyFwd chunked_linear_cross_entropy(const at::Tensor& x0, const a
   LinearCrossEntropyFwd r;
   r.loss = at::empty({n}, f32);
   r.dx = at::empty({n, h}, x.options());
-  // The weight gradient's fp32 accumulator: the destination when given (scaled, written or added),
-  // else a fresh one returned in w's dtype. Padding rows are 0 unless added to.
-  const bool direct = into.dw.defined(), skip = into.skip, add_first = direct && into.accumulate;
-  const double alpha = direct ? into.scale : 1.0;
-  at::Tensor dw = direct ? into.dw : skip ? at::Tensor() : at::empty({v, h}, f32);
-  if (!skip && valid < v && !add_first) dw.narrow(0, valid, v - valid).zero_();
-  at::Tensor dwv = skip ? at::Tensor() : dw.narrow(0, 0, valid);
-  if (!skip && n == 0 && !add_first) dwv.zero_();
+  WeightGradTarget dw(into, w, valid, n);
 
   at::Tensor buf = at::empty({chunk, valid}, x.options());
   for (int64_t c0 = 0; c0 < n; c0 += chunk) {
@@ -63,9 +56,9 @@ LinearCrossEntropyFwd chunked_linear_cross_entropy(const at::Tensor& x0, const a
     ops.grad_in_place(z, m, sums, sc, mc, wt.narrow(0, c0, c));
     at::Tensor dxc = r.dx.narrow(0, c0, c);
     at::mm_out(dxc, z, wv);
-    if (!skip) ops.add_weight_grad(dwv, z, xc, /*write=*/c0 == 0 && !add_first, alpha);
+    if (!dw.skip) ops.add_weight_grad(dw.real, z, xc, /*write=*/c0 == 0 && dw.write_first(), dw.alpha);
   }
-  if (!direct && !skip) r.dw = dw.to(w.scalar_type());
+  r.dw = dw.result(w.scalar_type());
   return r;
 }
 
@@ -88,13 +81,24 @@ LinearCrossEntropyFwd empty_shard_linear_cross_entropy(const at::Tensor& x, cons
     if (shard.all_reduce) shard.all_reduce(sums, false);
     r.loss.narrow(0, c0, c).copy_((sums[1].log() - sums[0]).masked_fill(ignored.narrow(0, c0, c), 0.0));
   }
-  if (into.skip) return r;
-  if (into.dw.defined()) {
-    if (!into.accumulate) into.dw.zero_();
-  } else {
-    r.dw = at::zeros_like(w);
-  }
+  // Every row is padding: the target's setup zeroes them all (unless added to).
+  r.dw = WeightGradTarget(into, w, 0, n).result(w.scalar_type());
   return r;
+}
+
+WeightGradTarget::WeightGradTarget(const GradInto& into, const at::Tensor& w, int64_t valid, int64_t n)
+    : skip(into.skip), direct(into.dw.defined()), add_first(into.dw.defined() && into.accumulate),
+      alpha(into.dw.defined() ? into.scale : 1.0) {
+  if (skip) return;
+  const int64_t v = w.size(0);
+  dw = direct ? into.dw : at::empty({v, w.size(1)}, w.options().dtype(at::kFloat));
+  if (valid < v && !add_first) dw.narrow(0, valid, v - valid).zero_();
+  real = dw.narrow(0, 0, valid);
+  if (n == 0 && !add_first) real.zero_();
+}
+
+at::Tensor WeightGradTarget::result(at::ScalarType w_dtype) const {
+  return direct || skip ? at::Tensor() : dw.to(w_dtype);
 }
 
 }  // namespace lf::backend

@@ -67,6 +67,14 @@ void Fp8Policy::set_layers_in_training_dtype(int64_t first, int64_t last) {
   first_ = first, last_ = last;
 }
 
+std::vector<bool> Fp8Policy::layers_in_fp8(int64_t n, const std::string& unit) const {
+  LF_CHECK(first_ + last_ <= n, "--num-layers-at-start-in-bf16 ", first_, " + --num-layers-at-end-in-bf16 ", last_,
+           " exceed the model's ", n, " ", unit, lf::hint("keep at least one in FP8, or drop --fp8-format"));
+  std::vector<bool> on(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) on[static_cast<size_t>(i)] = i >= first_ && i < n - last_;
+  return on;
+}
+
 std::string Fp8Policy::describe() const {
   std::ostringstream o;
   o << recipe_.describe();

@@ -30,6 +30,23 @@ class CrossEntropyRowOps {
                                double alpha) const = 0;
 };
 
+// Where a linear cross entropy computed chunk by chunk puts its weight gradient (GradInto's
+// contract): the destination into.dw (scaled by into.scale; written over, or added to with
+// accumulate), or a fresh fp32 [v, h] accumulator returned in w's dtype, or nothing (skip).
+// Constructing it zeroes the padding rows (v - valid; unless added to) and, with no token, the
+// real rows too; each chunk then adds alpha x its product into `real`, the first chunk writing
+// instead where write_first() says so.
+struct WeightGradTarget {
+  WeightGradTarget(const GradInto& into, const at::Tensor& w, int64_t valid, int64_t n);
+  at::Tensor dw;    // fp32 [v, h]; undefined with skip
+  at::Tensor real;  // dw's first valid rows
+  bool skip = false, direct = false, add_first = false;
+  double alpha = 1.0;  // into.scale with a destination
+  bool write_first() const { return !add_first; }
+  // The op's result dw: the fresh accumulator in w's dtype (undefined with a destination or skip).
+  at::Tensor result(at::ScalarType w_dtype) const;
+};
+
 // OpTable::linear_cross_entropy's contract, chunk rows at a time (chunk >= 1). The caller has
 // checked the arguments (check_linear_cross_entropy_args, check_grad_into). A shard with no real
 // vocabulary row goes to empty_shard_linear_cross_entropy.

@@ -129,6 +129,9 @@ class Fp8Policy {
   void set_layers_in_training_dtype(int64_t first, int64_t last);
   int64_t first_layers_in_training_dtype() const { return first_; }
   int64_t last_layers_in_training_dtype() const { return last_; }
+  // Of a model's n layers (decoder layers, DiT blocks: `unit`, e.g. "layers"), which follow this
+  // policy: all but the first/last counts. Counts beyond n throw naming the flags.
+  std::vector<bool> layers_in_fp8(int64_t n, const std::string& unit) const;
   const std::string& source() const { return source_; }  // the file, or "" (all FP8)
   std::string describe() const;                           // one line per GEMM kind with steps
 

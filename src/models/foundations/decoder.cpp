@@ -352,17 +352,12 @@ AttentionInputs Decoder::attention_inputs(const DecoderInputs& in) const {
 }
 
 bool Decoder::set_fp8(const lf::ops::Fp8Policy* fp8) {
-  const int64_t n = config_.num_layers, first = fp8 ? fp8->first_layers_in_training_dtype() : 0,
-                last = fp8 ? fp8->last_layers_in_training_dtype() : 0;
-  LF_CHECK(first + last <= n, "--num-layers-at-start-in-bf16 ", first, " + --num-layers-at-end-in-bf16 ", last,
-           " exceed the model's ", n, " layers", lf::hint("keep at least one layer in FP8, or drop --fp8-format"));
+  const int64_t n = config_.num_layers;
+  const std::vector<bool> on = fp8 ? fp8->layers_in_fp8(n, "layers") : std::vector<bool>(static_cast<size_t>(n), true);
   fp8_ = fp8;
-  for (size_t i = 0; i < layers_.size(); ++i) {
-    const int64_t g = global_layer(i);
-    layers_[i].set_fp8(g >= first && g < n - last);
-  }
+  for (size_t i = 0; i < layers_.size(); ++i) layers_[i].set_fp8(on[static_cast<size_t>(global_layer(i))]);
   // Every layer has an FP8 GEMM: its MLP's (dense or the experts') if not its attention's.
-  return first + last < n;
+  return std::find(on.begin(), on.end(), true) != on.end();
 }
 
 int64_t Decoder::global_layer(size_t local) const {

@@ -3,6 +3,7 @@
 #include <ATen/Functions.h>
 #include <ATen/TensorOperators.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "loongforge/backend/fp8.h"
@@ -189,13 +190,10 @@ WanDit::WanDit(const WanConfig& c, const lf::backend::DeviceBackend& backend, Pa
 
 bool WanDit::set_fp8(const lf::ops::Fp8Policy* fp8) {
   const auto n = static_cast<int64_t>(blocks_.size());
-  const int64_t first = fp8 ? fp8->first_layers_in_training_dtype() : 0,
-                last = fp8 ? fp8->last_layers_in_training_dtype() : 0;
-  LF_CHECK(first + last <= n, "--num-layers-at-start-in-bf16 ", first, " + --num-layers-at-end-in-bf16 ", last,
-           " exceed the Wan DiT's ", n, " blocks", lf::hint("keep at least one block in FP8, or drop --fp8-format"));
+  const std::vector<bool> on = fp8 ? fp8->layers_in_fp8(n, "blocks") : std::vector<bool>(blocks_.size(), false);
   fp8_ = fp8;
-  for (int64_t i = 0; i < n; ++i) blocks_[static_cast<size_t>(i)].fp8 = fp8 && i >= first && i < n - last;
-  return fp8 == nullptr || first + last < n;
+  for (size_t i = 0; i < blocks_.size(); ++i) blocks_[i].fp8 = on[i];
+  return fp8 == nullptr || std::find(on.begin(), on.end(), true) != on.end();
 }
 
 namespace {

@@ -13,6 +13,7 @@
 #include <cmath>
 
 #include "loongforge/backend/communicator.h"
+#include "loongforge/backend/fp8_delayed.h"
 #include "loongforge/backend/gemm.h"
 #include "loongforge/core/error.h"
 
@@ -44,11 +45,11 @@ struct Tiles {
   int64_t rows, cols;
 };
 Tiles input_tiles(const Fp8Recipe& r, bool along_rows) {
-  if (r.scaling == Fp8Scaling::tensorwise) return {0, 0};
+  if (r.scaling != Fp8Scaling::blockwise) return {0, 0};
   return along_rows ? Tiles{1, Fp8Recipe::kBlock} : Tiles{Fp8Recipe::kBlock, 1};
 }
 Tiles weight_tiles(const Fp8Recipe& r) {
-  if (r.scaling == Fp8Scaling::tensorwise) return {0, 0};
+  if (r.scaling != Fp8Scaling::blockwise) return {0, 0};
   return {Fp8Recipe::kBlock, Fp8Recipe::kBlock};
 }
 
@@ -87,6 +88,20 @@ at::Tensor quantized_gemm(const Fp8Tensor& a, const Fp8Tensor& b) {
   }
 }
 
+// Delayed scaling: a GEMM's entry (columns base, base + 1, base + 2: input, weight, output
+// gradient; base = 3g for group g of a grouped weight) and whether its forward records amaxes.
+struct Delayed {
+  Fp8DelayedScaling::Site site;
+  int64_t base = 0;
+  bool record = false;
+};
+std::optional<Delayed> delayed_of(const Fp8Recipe& r, const at::Tensor& w, bool record) {
+  if (r.scaling != Fp8Scaling::delayed) return std::nullopt;
+  LF_CHECK(r.delayed != nullptr, "fp8: the delayed recipe without its scaling state (Fp8Recipe::delayed)");
+  return Delayed{r.delayed->site(w), 0, record};
+}
+Delayed group_of(const Delayed& d, int64_t g) { return {d.site, d.base + 3 * g, d.record}; }
+
 // The forward's GEMM on quantized x and w, and what the backward keeps: w, and x quantized for
 // the weight gradient's GEMM (tensorwise: the forward's copy; blockwise: 128 x 1 tiles, since that
 // GEMM reduces over the tokens).
@@ -97,7 +112,21 @@ struct Fp8Forward {
 // amax: x2's and w's tensorwise amax when the caller reduced them already (else computed here,
 // reduced over `group`).
 Fp8Forward fp8_forward(const Fp8Recipe& r, lf::backend::Communicator* group, const at::Tensor& x2, const at::Tensor& w,
-                       const std::optional<at::Tensor>& b, bool keep, std::vector<at::Tensor> amax = {}) {
+                       const std::optional<at::Tensor>& b, bool keep, std::vector<at::Tensor> amax = {},
+                       const std::optional<Delayed>& d = std::nullopt) {
+  if (d) {  // the history's scales; this call's amaxes recorded for the next steps
+    Fp8Forward f;
+    const Fp8Tensor qx = quantize_scaled(x2, r.forward_dtype(), d->site.scale(d->base));
+    f.qw = quantize_scaled(w, r.forward_dtype(), d->site.scale(d->base + 1));
+    if (d->record) {
+      d->site.record(d->base, x2);
+      d->site.record(d->base + 1, w);
+    }
+    if (keep) f.qxc = qx;
+    f.y = quantized_gemm(qx, f.qw);
+    if (b) f.y.add_(b->to(at::kFloat));
+    return f;
+  }
   const bool tensorwise = r.scaling == Fp8Scaling::tensorwise;
   if (amax.empty()) amax = tensorwise ? group_amax({x2, w}, group) : std::vector<at::Tensor>{at::Tensor(), at::Tensor()};
   const Tiles xt = input_tiles(r, true), wt = weight_tiles(r);
@@ -125,11 +154,18 @@ struct Fp8Grads {
   at::Tensor dx, dw;
 };
 Fp8Grads fp8_backward(const Fp8Recipe& r, lf::backend::Communicator* group, const at::Tensor& d2,
-                      const Fp8Tensor& qxc, const Fp8Tensor& qw, bool want_dx, bool want_dw, at::Tensor amax = {}) {
-  const bool tensorwise = r.scaling == Fp8Scaling::tensorwise;
-  if (tensorwise && !amax.defined()) amax = group_amax({d2}, group)[0];
+                      const Fp8Tensor& qxc, const Fp8Tensor& qw, bool want_dx, bool want_dw, at::Tensor amax = {},
+                      const std::optional<Delayed>& d = std::nullopt) {
+  const bool tensorwise = r.scaling != Fp8Scaling::blockwise;  // one scale: one quantized copy serves both
+  if (r.scaling == Fp8Scaling::tensorwise && !amax.defined()) amax = group_amax({d2}, group)[0];
   const Tiles dt = input_tiles(r, true);
-  const Fp8Tensor qd = quantize(d2, r.grad_dtype(), dt.rows, dt.cols, r.margin, amax);
+  Fp8Tensor qd;
+  if (d) {
+    qd = quantize_scaled(d2, r.grad_dtype(), d->site.scale(d->base + 2));
+    d->site.record(d->base + 2, d2);
+  } else {
+    qd = quantize(d2, r.grad_dtype(), dt.rows, dt.cols, r.margin, amax);
+  }
   Fp8Grads g;
   if (want_dx) g.dx = quantized_gemm(qd, transposed(qw));  // [n, out] x [out, in]
   if (want_dw) {
@@ -140,12 +176,21 @@ Fp8Grads fp8_backward(const Fp8Recipe& r, lf::backend::Communicator* group, cons
   return g;
 }
 
+// The delayed-scaling entry a forward saved (none for the other recipes).
+std::optional<Delayed> saved_site(AutogradContext* ctx) {
+  if (!ctx->saved_data.count("site")) return std::nullopt;
+  const auto v = ctx->saved_data["site"].toIntVector();
+  return Delayed{{reinterpret_cast<Fp8AmaxTable*>(v[0]), v[1]}, 0, true};
+}
+
 struct Fp8LinearFn : torch::autograd::Function<Fp8LinearFn> {
   static at::Tensor forward(AutogradContext* ctx, const Fp8Recipe* recipe, const WeightGradSlots* slots,
                             lf::backend::Communicator* group, const at::Tensor& x, const at::Tensor& w,
                             const std::optional<at::Tensor>& b) {
-    const Fp8Forward f = fp8_forward(*recipe, group, x.reshape({-1, w.size(1)}), w, b, true);
+    const auto d = delayed_of(*recipe, w, true);
+    const Fp8Forward f = fp8_forward(*recipe, group, x.reshape({-1, w.size(1)}), w, b, true, {}, d);
     ctx->saved_data["recipe"] = reinterpret_cast<int64_t>(recipe);
+    if (d) ctx->saved_data["site"] = std::vector<int64_t>{reinterpret_cast<int64_t>(d->site.table), d->site.offset};
     ctx->saved_data["slots"] = reinterpret_cast<int64_t>(slots);
     ctx->saved_data["group"] = reinterpret_cast<int64_t>(group);
     ctx->saved_data["x_grad"] = x.requires_grad();
@@ -169,7 +214,7 @@ struct Fp8LinearFn : torch::autograd::Function<Fp8LinearFn> {
     const int64_t out = w.size(0);
     const at::Tensor d2 = dy[0].reshape({-1, out});
     const Fp8Grads g = fp8_backward(r, group, d2, qxc, qw, ctx->saved_data["x_grad"].toBool(),
-                                    ctx->saved_data["w_grad"].toBool());
+                                    ctx->saved_data["w_grad"].toBool(), {}, saved_site(ctx));
     at::Tensor dx, dw, db;
     if (g.dx.defined()) {
       const auto dtype = static_cast<at::ScalarType>(ctx->saved_data["x_dtype"].toInt());
@@ -212,18 +257,21 @@ struct Fp8GroupedFn : torch::autograd::Function<Fp8GroupedFn> {
     std::vector<at::Tensor> ys, saved{w};
     std::vector<int64_t> tiles;
     const auto amax = grouped_amax(*recipe, group, x, w, counts);
+    const auto d = delayed_of(*recipe, w, true);
     int64_t off = 0;
     size_t k = 0;  // index of the non-empty group
     for (size_t g = 0; g < counts.size(); ++g) {
       if (counts[g] == 0) continue;
       Fp8Forward f = fp8_forward(*recipe, group, x.narrow(0, off, counts[g]), w.select(0, static_cast<int64_t>(g)),
-                                 std::nullopt, true, pair_of(amax, k++));
+                                 std::nullopt, true, pair_of(amax, k++),
+                                 d ? std::optional<Delayed>(group_of(*d, static_cast<int64_t>(g))) : std::nullopt);
       off += counts[g];
       ys.push_back(std::move(f.y));
       saved.insert(saved.end(), {f.qxc.data, f.qxc.scale_inv, f.qw.data, f.qw.scale_inv});
       tiles.insert(tiles.end(), {f.qxc.tile_rows, f.qxc.tile_cols, f.qw.tile_rows, f.qw.tile_cols});
     }
     ctx->saved_data["recipe"] = reinterpret_cast<int64_t>(recipe);
+    if (d) ctx->saved_data["site"] = std::vector<int64_t>{reinterpret_cast<int64_t>(d->site.table), d->site.offset};
     ctx->saved_data["group"] = reinterpret_cast<int64_t>(group);
     ctx->saved_data["counts"] = counts;
     ctx->saved_data["tiles"] = tiles;
@@ -253,13 +301,15 @@ struct Fp8GroupedFn : torch::autograd::Function<Fp8GroupedFn> {
     }
     const auto amax = r.scaling == Fp8Scaling::tensorwise && !chunks.empty() ? group_amax(chunks, group)
                                                                               : std::vector<at::Tensor>{};
+    const auto d = saved_site(ctx);
     size_t k = 0;  // index of the non-empty group
     for (size_t g = 0; g < counts.size(); ++g) {
       if (counts[g] == 0) continue;
       const size_t b = 1 + 4 * k, t = 4 * k;
       const Fp8Tensor qxc{s[b], s[b + 1], tiles[t], tiles[t + 1]}, qw{s[b + 2], s[b + 3], tiles[t + 2], tiles[t + 3]};
       const Fp8Grads gr = fp8_backward(r, group, chunks[k], qxc, qw, want_dx, want_dw,
-                                       amax.empty() ? at::Tensor() : amax[k]);
+                                       amax.empty() ? at::Tensor() : amax[k],
+                                       d ? std::optional<Delayed>(group_of(*d, static_cast<int64_t>(g))) : std::nullopt);
       if (want_dx) dxs.push_back(gr.dx);
       if (want_dw) dw.select(0, static_cast<int64_t>(g)).copy_(gr.dw);
       ++k;
@@ -281,21 +331,34 @@ at::ScalarType Fp8Recipe::grad_dtype() const {
   return format == Fp8Format::hybrid ? at::kFloat8_e5m2 : at::kFloat8_e4m3fn;
 }
 std::string Fp8Recipe::describe() const {
-  return std::string(to_string(scaling)) + " " + to_string(format) + " (margin " + std::to_string(margin) + ")";
+  std::string s = std::string(to_string(scaling)) + " " + to_string(format) + " (margin " + std::to_string(margin);
+  if (scaling == Fp8Scaling::delayed)
+    s += ", amax history " + std::to_string(amax_history_len) + ", " + to_string(amax_compute_algo);
+  return s + ")";
 }
-Fp8Recipe Fp8Recipe::from_names(const std::string& format, const std::string& scaling, int margin) {
+Fp8Recipe Fp8Recipe::from_names(const std::string& format, const std::string& scaling, int margin,
+                                int64_t history_len, const std::string& algo) {
   LF_CHECK(format == "e4m3" || format == "hybrid", "fp8 format '", format, "' is not e4m3 or hybrid");
-  LF_CHECK(scaling == "tensorwise" || scaling == "blockwise", "fp8 recipe '", scaling,
-           "' is not tensorwise or blockwise");
+  LF_CHECK(scaling == "tensorwise" || scaling == "blockwise" || scaling == "delayed", "fp8 recipe '", scaling,
+           "' is not tensorwise, blockwise or delayed");
+  LF_CHECK(algo == "most_recent" || algo == "max", "fp8 amax compute algo '", algo, "' is not most_recent or max");
+  LF_CHECK(history_len >= 1, "fp8 amax history length ", history_len, " (want >= 1)");
   Fp8Recipe r;
   r.format = format == "e4m3" ? Fp8Format::e4m3 : Fp8Format::hybrid;
-  r.scaling = scaling == "blockwise" ? Fp8Scaling::blockwise : Fp8Scaling::tensorwise;
+  r.scaling = scaling == "blockwise" ? Fp8Scaling::blockwise
+              : scaling == "delayed" ? Fp8Scaling::delayed
+                                     : Fp8Scaling::tensorwise;
   r.margin = margin;
+  r.amax_history_len = history_len;
+  r.amax_compute_algo = algo == "max" ? Fp8AmaxAlgo::max : Fp8AmaxAlgo::most_recent;
   return r;
 }
 
-const char* to_string(Fp8Scaling s) { return s == Fp8Scaling::tensorwise ? "tensorwise" : "blockwise"; }
+const char* to_string(Fp8Scaling s) {
+  return s == Fp8Scaling::tensorwise ? "tensorwise" : s == Fp8Scaling::blockwise ? "blockwise" : "delayed";
+}
 const char* to_string(Fp8Format f) { return f == Fp8Format::hybrid ? "hybrid" : "e4m3"; }
+const char* to_string(Fp8AmaxAlgo a) { return a == Fp8AmaxAlgo::max ? "max" : "most_recent"; }
 
 double fp8_max(at::ScalarType fp8) {
   if (fp8 == at::kFloat8_e4m3fn) return 448.0;
@@ -341,6 +404,18 @@ Fp8Tensor quantize(const at::Tensor& x, at::ScalarType fp8, int64_t tr, int64_t 
   return q;
 }
 
+Fp8Tensor quantize_scaled(const at::Tensor& x, at::ScalarType fp8, const at::Tensor& scale) {
+  const auto [r, c] = tile_edges(x, 0, 0);
+  LF_CHECK(scale.numel() == 1, "fp8 quantize_scaled: ", scale.numel(), " scales (want 1)");
+  const double max = fp8_max(fp8);
+  const at::Tensor s = scale.to(at::kFloat).reshape({});
+  Fp8Tensor q;
+  q.data = (x.to(at::kFloat) * s).clamp(-max, max).to(fp8);
+  q.scale_inv = s.reciprocal().reshape({1, 1});
+  q.tile_rows = r, q.tile_cols = c;
+  return q;
+}
+
 at::Tensor fp8_linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b, const Fp8Recipe& recipe,
                       const WeightGradSlots* slots, lf::backend::Communicator* amax_group) {
   LF_CHECK(w.dim() == 2 && x.size(-1) == w.size(1), "fp8_linear: x ", x.sizes(), " and w ", w.sizes(),
@@ -348,8 +423,11 @@ at::Tensor fp8_linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor
   RECORD_USER_SCOPE("lf::fp8_linear");
   auto* group = recipe.scaling == Fp8Scaling::tensorwise ? amax_group : nullptr;
   const auto bias = b.defined() ? std::optional<at::Tensor>(b) : std::nullopt;
+  // Without a backward: amaxes recorded only in training (grad mode on), not in evaluation.
   if (!at::GradMode::is_enabled() || !(x.requires_grad() || w.requires_grad() || (b.defined() && b.requires_grad())))
-    return output_of(fp8_forward(recipe, group, x.reshape({-1, w.size(1)}), w, bias, false).y, x, w.size(0));
+    return output_of(fp8_forward(recipe, group, x.reshape({-1, w.size(1)}), w, bias, false, {},
+                                 delayed_of(recipe, w, at::GradMode::is_enabled())).y,
+                     x, w.size(0));
   return Fp8LinearFn::apply(&recipe, slots, group, x, w, bias);
 }
 
@@ -366,12 +444,14 @@ at::Tensor fp8_grouped_linear(const at::Tensor& x, const at::Tensor& w, const at
   if (!at::GradMode::is_enabled() || !(x.requires_grad() || w.requires_grad())) {
     std::vector<at::Tensor> ys;
     const auto amax = grouped_amax(recipe, group, x, w, n);
+    const auto d = delayed_of(recipe, w, at::GradMode::is_enabled());
     int64_t off = 0;
     size_t k = 0;
     for (size_t g = 0; g < n.size(); ++g) {
       if (n[g] == 0) continue;
       ys.push_back(fp8_forward(recipe, group, x.narrow(0, off, n[g]), w.select(0, static_cast<int64_t>(g)),
-                               std::nullopt, false, pair_of(amax, k++)).y);
+                               std::nullopt, false, pair_of(amax, k++),
+                               d ? std::optional<Delayed>(group_of(*d, static_cast<int64_t>(g))) : std::nullopt).y);
       off += n[g];
     }
     return ys.empty() ? at::zeros({0, w.size(1)}, x.options()) : at::cat(ys).to(x.scalar_type());

@@ -27,6 +27,7 @@
 #include <sstream>
 #include <thread>
 
+#include "loongforge/backend/fp8_delayed.h"
 #include "loongforge/core/error.h"
 #include "loongforge/core/logging.h"
 #include "loongforge/train/checkpoint_format.h"
@@ -66,6 +67,10 @@ namespace ckpt {
 std::string model_file(int tp, int pp, const std::string& group) {
   const std::string infix = group == "model" ? "" : group + "_";
   return "model_" + infix + "tp" + std::to_string(tp) + "_pp" + std::to_string(pp) + ".safetensors";
+}
+std::string fp8_file(int pp, const std::string& group) {
+  const std::string infix = group == "model" ? "" : group + "_";
+  return "fp8_" + infix + "tp0_pp" + std::to_string(pp) + ".safetensors";
 }
 std::string optim_file(int tp, int pp, int dp, const std::string& group) {
   const std::string infix = group == "model" ? "" : group + "_";
@@ -192,9 +197,20 @@ void CheckpointSaver::save(const TrainingProgress& progress, const std::vector<C
   bool any_zero1 = false;
   std::vector<std::string> names;
   for (const auto& g : groups) {
-    if (g.from_base) continue;  // the base checkpoint holds these
     const auto& gctx = *g.context;
     const int tpr = gctx.tp_rank(), ppr = gctx.pp_rank();
+    // Delayed FP8 scaling: equal on every TP/DP/CP rank of the stage (reduced each step); one copy,
+    // also of a frozen base's (the run's own state, not the base checkpoint's).
+    if (g.fp8 && tpr == 0 && gctx.dp_rank() == 0 && gctx.cp_rank() == 0) {
+      std::vector<Entry> f;
+      for (const auto* e : g.fp8->used()) {
+        auto [h, sc] = g.fp8->state(*e);
+        f.push_back({Piece{e->name, "fp8_amax_history", ShardSpec{{h.size(0), h.size(1)}}, 0, h.numel()}, h.reshape({-1})});
+        f.push_back({Piece{e->name, "fp8_scale", ShardSpec{{sc.size(0)}}, 0, sc.numel()}, sc});
+      }
+      if (!f.empty()) files.emplace_back(fp8_file(ppr, g.name), std::move(f));
+    }
+    if (g.from_base) continue;  // the base checkpoint holds these
     for (const auto& p : *g.params) names.push_back(p.name);
     // One writer per (tp, pp) of the group's layout: its data-parallel rank 0.
     if (gctx.dp_rank() == 0 && gctx.cp_rank() == 0) {
@@ -511,6 +527,21 @@ std::optional<LoadResult> load_checkpoint(const std::string& load_dir, const Loa
     }
   }
   return result;
+}
+
+int64_t load_fp8_scaling(const std::string& checkpoint_dir, const std::vector<CheckpointGroup>& groups) {
+  CheckpointReader reader(checkpoint_dir);
+  int64_t loaded = 0;
+  for (const auto& g : groups) {
+    if (!g.fp8) continue;
+    for (const auto& e : g.fp8->entries()) {
+      if (!reader.has(e.name, "fp8_amax_history") || !reader.has(e.name, "fp8_scale")) continue;
+      g.fp8->set_state(e, reader.full(e.name, "fp8_amax_history").to(at::kFloat),
+                       reader.full(e.name, "fp8_scale").to(at::kFloat), "checkpoint " + checkpoint_dir);
+      ++loaded;
+    }
+  }
+  return loaded;
 }
 
 // ---------------------------------------------------------------------------------------------

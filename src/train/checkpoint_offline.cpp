@@ -197,6 +197,23 @@ void reshard_checkpoint(const std::string& load_dir, const std::string& save_dir
                 return k == "param" || reader.has(n, k) ? reader.full(n, k) : at::Tensor();
               },
               tp, pp, dp, records);
+  // Delayed FP8 scaling: the same on every TP/DP rank of a stage; each weight's to its new stage.
+  const auto fp8_names = reader.params("fp8_amax_history");
+  if (!fp8_names.empty()) {
+    int64_t num_layers = 0;
+    for (const auto& n : names) num_layers = std::max(num_layers, layer_of(n) + 1);
+    for (int ppr = 0; ppr < pp; ++ppr) {
+      std::vector<Entry> f;
+      for (const auto& n : fp8_names) {
+        if (stage_of(n, num_layers, pp) != ppr) continue;
+        for (const char* kind : {"fp8_amax_history", "fp8_scale"}) {
+          at::Tensor t = reader.full(n, kind).contiguous();
+          f.push_back({Piece{n, kind, ShardSpec{t.sizes().vec()}, 0, t.numel()}, t.reshape({-1})});
+        }
+      }
+      if (!f.empty()) records[fp8_file(ppr)] = write_file(tmp, fp8_file(ppr), f, nullptr);
+    }
+  }
   // RNG states belong to ranks: kept only when the ranks stay the same.
   auto& layout = state["layout"];
   const bool same = layout.value("tp", 0) == tp && layout.value("pp", 0) == pp && layout.value("dp", 0) == dp;

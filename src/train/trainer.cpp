@@ -42,7 +42,8 @@ double EvalResult::value(const std::string& name) const {
 
 std::unique_ptr<lf::ops::Fp8Policy> fp8_policy(const lf::config::TrainingConfig& t) {
   if (!t.fp8_format) return nullptr;
-  const auto r = lf::ops::Fp8Recipe::from_names(*t.fp8_format, t.fp8_recipe, static_cast<int>(t.fp8_margin));
+  const auto r = lf::ops::Fp8Recipe::from_names(*t.fp8_format, t.fp8_recipe, static_cast<int>(t.fp8_margin),
+                                                t.fp8_amax_history_len, t.fp8_amax_compute_algo);
   auto p = t.fp8_policy ? std::make_unique<lf::ops::Fp8Policy>(lf::ops::Fp8Policy::read(*t.fp8_policy, r))
                         : std::make_unique<lf::ops::Fp8Policy>(r);
   if (t.first_last_layers_bf16) p->set_layers_in_training_dtype(t.num_layers_at_start_in_bf16, t.num_layers_at_end_in_bf16);
@@ -85,6 +86,11 @@ Trainer::Impl::Impl(const lf::config::JobConfig& j, lf::models::Model& m, const 
       schedule(j.optimizer, j.training.train_iters), scaler(j.training),
       micro_batches(num_micro_batches(j.training, c.dp_size())) {
   std::vector<CheckpointGroup> ckpt_groups;
+  fp8 = fp8_policy(j.training);
+  if (fp8 && fp8->recipe().scaling == lf::ops::Fp8Scaling::delayed) {
+    fp8_delayed = std::make_unique<lf::ops::Fp8DelayedScaling>(fp8->recipe());
+    fp8->set_delayed(fp8_delayed.get());
+  }
   // EMA weights start as the initial weights (a loaded checkpoint's, or its weights, replace them).
   if (j.training.ema_decay) {
     at::NoGradGuard no_grad;
@@ -99,6 +105,18 @@ Trainer::Impl::Impl(const lf::config::JobConfig& j, lf::models::Model& m, const 
   for (const auto& g : groups) {
     LF_CHECK(g.context != nullptr, "parameter group ", g.name, " of model type ", m.type(), " has no parallel context");
     CheckpointGroup cg{g.name, &g.params, g.context, -1, g.base};
+    if (fp8_delayed) {
+      // Reduced over the group's TP x DP x CP ranks: those hold the same weights (or TP shards of them).
+      std::vector<std::pair<std::string, at::Tensor>> weights;
+      for (const auto& p : g.params) {
+        LF_CHECK(!p.expert, "--fp8-recipe delayed: ", p.name, " is an expert-parallel weight; delayed scaling "
+                 "keeps one history per weight and is not built for experts spread over expert-parallel ranks",
+                 lf::hint("use --fp8-recipe tensorwise or blockwise with --expert-model-parallel-size > 1"));
+        if (!p.state) weights.emplace_back(p.name, p.tensor);
+      }
+      const auto& gc = *g.context;
+      cg.fp8 = &fp8_delayed->add_group(weights, gc.tp_size() * gc.dp_size() * gc.cp_size() > 1 ? &gc.tp_dp_cp() : nullptr);
+    }
     for (size_t k = 0; k < ema_groups.size(); ++k)
       if (&groups[ema_groups[k]] == &g) cg.ema = &ema[k];
     if (g.trainable && !g.params.empty()) {
@@ -182,7 +200,6 @@ Trainer::Trainer(const lf::config::JobConfig& job, lf::models::Model& model, con
                                    std::move(hooks))) {
   model.set_recompute(recompute_options(job.training));
   auto& I = *impl_;
-  I.fp8 = fp8_policy(job.training);
   if (I.fp8) {
     LF_CHECK(model.set_fp8(I.fp8.get()), "--fp8-format ", *job.training.fp8_format, ": model type ", model.type(),
              " has no linear layer that runs in FP8",
@@ -317,6 +334,9 @@ TrainSummary Trainer::run() {
       RECORD_USER_SCOPE("lf::forward_backward");
       return I.forward_backward();
     }();
+    // Delayed FP8 scaling: this step's amaxes (reduced over each group's ranks) into the histories,
+    // the next step's scales from them.
+    if (I.fp8_delayed) I.fp8_delayed->update();
     const bool skip = t.skip_nonfinite_steps;
     // Megatron's scheduler is stepped after each successful update: this update uses the value
     // at the updates completed so far.

@@ -113,6 +113,15 @@ int64_t TrainerCheckpointing::load(BatchSource& train_data) {
   check_can_save();
   if (!r->rng.empty()) model_.set_rng_state(r->rng);
   if (r->loss_scaler) scaler_.set_state(*r->loss_scaler);
+  // Delayed FP8 scaling: the scales and histories of every group (an adapter run's frozen base too).
+  bool delayed = false;
+  for (const auto& g : groups_) delayed = delayed || g.fp8 != nullptr;
+  if (delayed && !c.finetune) {
+    const int64_t n = load_fp8_scaling(r->dir, groups_);
+    if (rank0 && n == 0)
+      LF_WARN("checkpoint ", r->dir, " holds no delayed FP8 scaling state (saved without --fp8-recipe delayed): "
+              "the FP8 scales start at 1, as in a new run");
+  }
   start_iteration_ = r->progress.iteration;
   start_consumed_ = r->progress.consumed_samples;
   last_saved_ = start_iteration_;

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "loongforge/backend/fp8.h"
+#include "loongforge/backend/fp8_delayed.h"
 #include "loongforge/parallel/pipeline/p2p.h"
 #include "loongforge/parallel/pipeline/schedules.h"
 #include "loongforge/train/loss_scaler.h"
@@ -68,6 +69,9 @@ struct Trainer::Impl {
   void update_ema();
   std::unique_ptr<BufferGradientSink> sink;  // --gradient-accumulation-fusion (the default)
   std::unique_ptr<lf::ops::Fp8Policy> fp8;   // --fp8-format (and --fp8-policy)
+  // --fp8-recipe delayed: the scales and amax histories, one table per parameter group, updated
+  // after each step's forward/backward.
+  std::unique_ptr<lf::ops::Fp8DelayedScaling> fp8_delayed;
   std::unique_ptr<Optimizer> optimizer;
   LrSchedule schedule;
   LossScaler scaler;

@@ -267,7 +267,7 @@ TEST(Fp8Policy, ChoosesByGemmAndTokenCount) {
   EXPECT_EQ(named.margin, 2);
   EXPECT_EQ(Fp8Recipe::from_names("hybrid", "tensorwise", 0), Fp8Recipe{});
   EXPECT_THROW(Fp8Recipe::from_names("e5m2", "tensorwise", 0), lf::Error);
-  EXPECT_THROW(Fp8Recipe::from_names("hybrid", "delayed", 0), lf::Error);
+  EXPECT_THROW(Fp8Recipe::from_names("hybrid", "mxfp8", 0), lf::Error);
   Fp8Recipe r;
   Fp8Policy all(r);
   for (Fp8Gemm g : lf::ops::kFp8Gemms) EXPECT_EQ(all.choose(g, 1), &all.recipe());

@@ -405,7 +405,6 @@ TEST(Fp8Training, MistakesNameTheKeyOrFile) {
   refused({"--first-last-layers-bf16"}, {"training.first_last_layers_bf16", "--fp8-format"});
   refused({"--fp8-format", "hybrid", "--num-layers-at-end-in-bf16", "2"},
           {"training.num_layers_at_end_in_bf16", "--first-last-layers-bf16"});
-  refused({"--fp8-format", "hybrid", "--fp8-recipe", "delayed"}, {"training.fp8_recipe", "tensorwise"});
   const std::string missing = lf::testing::make_temp_dir("fp8-missing") + "/absent.json";
   refused({"--fp8-format", "hybrid", "--fp8-policy", missing, "--dry-run"}, {missing, "cannot open", "loongforge-fp8-policy"});
   const std::string blockwise = policy_file("blockwise", {}, "blockwise");

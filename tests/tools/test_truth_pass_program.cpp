@@ -335,6 +335,7 @@ TEST(TruthPass, EveryFlagActsOrIsRefused) {
       {"--loss-scale-window", "LossScaler.*"}, {"--hysteresis", "LossScaler.* and Fp16..."},
       {"--fp8-format", "Fp8Training.*"}, {"--fp8-recipe", "Fp8Training.RecipesLearnNearTheTrainingDtype"},
       {"--fp8-margin", "Fp8Training.RecipesLearnNearTheTrainingDtype"},
+      {"--fp8-amax-history-len", "Fp8DelayedTraining.*"}, {"--fp8-amax-compute-algo", "Fp8DelayedTraining.*"},
       {"--fp8-policy", "Fp8Training.PolicyFileChoosesPerGemmAndTokenCount"},
       {"--first-last-layers-bf16", "Fp8Training.FirstAndLastLayersStayInTheTrainingDtype"},
       {"--num-layers-at-start-in-bf16", "Fp8Training.FirstAndLastLayersStayInTheTrainingDtype"},

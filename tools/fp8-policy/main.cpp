@@ -14,6 +14,7 @@
 #include <iostream>
 
 #include "loongforge/backend/fp8.h"
+#include "loongforge/backend/fp8_delayed.h"
 #include "loongforge/backend/registry.h"
 #include "loongforge/core/error.h"
 
@@ -63,7 +64,7 @@ int main(int argc, char** argv) {
       ->check(CLI::PositiveNumber);
   app.add_option("--dtype", dtype, "training dtype the FP8 GEMMs compete with")->check(CLI::IsMember({"bf16", "fp32"}));
   app.add_option("--fp8-format", format, "as loongforge-train's")->check(CLI::IsMember({"e4m3", "hybrid"}));
-  app.add_option("--fp8-recipe", recipe, "as loongforge-train's")->check(CLI::IsMember({"tensorwise", "blockwise"}));
+  app.add_option("--fp8-recipe", recipe, "as loongforge-train's")->check(CLI::IsMember({"tensorwise", "blockwise", "delayed"}));
   app.add_option("--fp8-margin", margin, "as loongforge-train's")->check(CLI::Range(0, 16));
   app.add_option("--iters", iters, "timed calls per measurement (the median is kept)")->check(CLI::PositiveNumber);
   app.add_option("--warmup", warmup, "untimed calls first")->check(CLI::NonNegativeNumber);
@@ -98,10 +99,19 @@ int main(int argc, char** argv) {
         auto x = at::randn({t, s.in}, opts).requires_grad_(true);
         auto w = (at::randn({s.out, s.in}, opts) * 0.02).detach().requires_grad_(true);
         auto dy = at::randn({t, s.out}, opts);
+        // Delayed scaling: w's scales and history, as a training run keeps them (the cost per GEMM
+        // is the quantization with a known scale and the recorded amax; the per-step update is not timed).
+        lf::ops::Fp8Recipe rw = r;
+        std::optional<lf::ops::Fp8DelayedScaling> delayed;
+        if (r.scaling == lf::ops::Fp8Scaling::delayed) {
+          delayed.emplace(r);
+          delayed->add_group({{"w", w}}, nullptr);
+          rw.delayed = &*delayed;
+        }
         auto step = [&](bool fp8) {
           x.mutable_grad() = at::Tensor();
           w.mutable_grad() = at::Tensor();
-          auto y = fp8 ? lf::ops::fp8_linear(x, w, {}, r, nullptr, nullptr) : lf::ops::linear(x, w, {}, nullptr);
+          auto y = fp8 ? lf::ops::fp8_linear(x, w, {}, rw, nullptr, nullptr) : lf::ops::linear(x, w, {}, nullptr);
           y.backward(dy);
         };
         const double base = median_ms(be, warmup, iters, [&] { step(false); });

@@ -5,7 +5,9 @@
 //    tensor being quantized; under tensor parallelism the amax is the maximum over the TP group,
 //    so a shard is quantized as the full tensor would be;
 //  - blockwise (DeepSeek-V3's): inputs and output gradients in 1 x 128 tiles along each GEMM's
-//    reduction dimension, weights in 128 x 128 blocks, each with its own scale.
+//    reduction dimension, weights in 128 x 128 blocks, each with its own scale;
+//  - delayed (Transformer Engine's DelayedScaling): one scale per tensor from the amax history of
+//    earlier steps (backend/fp8_delayed.h), so the GEMMs reduce nothing over TP.
 // Formats: e4m3 (everything E4M3) or hybrid (E4M3 forward, E5M2 for output gradients).
 //
 // Every GEMM of a layer (forward, input gradient, weight gradient) multiplies quantized operands
@@ -31,23 +33,40 @@ class Communicator;
 
 namespace lf::ops {
 
-enum class Fp8Scaling { tensorwise, blockwise };
+class Fp8DelayedScaling;
+
+enum class Fp8Scaling { tensorwise, blockwise, delayed };
 enum class Fp8Format { e4m3, hybrid };
+// Delayed scaling: the amax a scale comes from, the history's newest entry or its maximum.
+enum class Fp8AmaxAlgo { most_recent, max };
 
 struct Fp8Recipe {
   static constexpr int64_t kBlock = 128;  // blockwise tile / block edge
   Fp8Scaling scaling = Fp8Scaling::tensorwise;
   Fp8Format format = Fp8Format::hybrid;
   int margin = 0;  // scales are 2^-margin fp8_max / amax
+  // Delayed scaling only (Megatron's --fp8-amax-history-len, --fp8-amax-compute-algo).
+  int64_t amax_history_len = 1;
+  Fp8AmaxAlgo amax_compute_algo = Fp8AmaxAlgo::most_recent;
+  // Delayed scaling: the run's scales and amax histories (not owned; a delayed GEMM without them
+  // throws). Not part of the recipe's identity (operator==).
+  Fp8DelayedScaling* delayed = nullptr;
   at::ScalarType forward_dtype() const;  // E4M3 (inputs and weights)
   at::ScalarType grad_dtype() const;     // E5M2 under hybrid, else E4M3 (output gradients)
-  std::string describe() const;          // "tensorwise hybrid (margin 0)"
-  // From the flags' names ("e4m3" / "hybrid", "tensorwise" / "blockwise"); another name throws.
-  static Fp8Recipe from_names(const std::string& format, const std::string& scaling, int margin);
-  bool operator==(const Fp8Recipe&) const = default;
+  std::string describe() const;          // "tensorwise hybrid (margin 0)", "delayed ... history 16, max"
+  // From the flags' names ("e4m3" / "hybrid", "tensorwise" / "blockwise" / "delayed",
+  // "most_recent" / "max"); another name throws. history_len and algo matter only for delayed.
+  static Fp8Recipe from_names(const std::string& format, const std::string& scaling, int margin,
+                              int64_t history_len = 1, const std::string& algo = "most_recent");
+  bool operator==(const Fp8Recipe& o) const {
+    return scaling == o.scaling && format == o.format && margin == o.margin &&
+           (scaling != Fp8Scaling::delayed ||
+            (amax_history_len == o.amax_history_len && amax_compute_algo == o.amax_compute_algo));
+  }
 };
 const char* to_string(Fp8Scaling s);
 const char* to_string(Fp8Format f);
+const char* to_string(Fp8AmaxAlgo a);
 
 // The largest finite value of an FP8 dtype: 448 (E4M3, "fn"), 57344 (E5M2).
 double fp8_max(at::ScalarType fp8);
@@ -70,13 +89,18 @@ at::Tensor tile_amax(const at::Tensor& x, int64_t tr, int64_t tc);
 // the tiles' own, e.g. one reduced over a TP group.
 Fp8Tensor quantize(const at::Tensor& x, at::ScalarType fp8, int64_t tr, int64_t tc, int margin,
                    const at::Tensor& amax = {});
+// x in `fp8` with a given scale (fp32, one element; delayed scaling's): data = saturate(x scale)
+// rounded to nearest even, scale_inv = 1 / scale, one tile.
+Fp8Tensor quantize_scaled(const at::Tensor& x, at::ScalarType fp8, const at::Tensor& scale);
 
 // y = x w^T (+ b) with each GEMM in FP8 under `recipe`: x [.., in], w [out, in], b [out] or
 // undefined; y and x's gradient in x's dtype, b's in b's. w's gradient (fp32 GEMM result) goes to
 // the slot slots->weight_grad_slot(w) names when there is one (gradient-accumulation fusion), else
 // to autograd in w's dtype. amax_group (tensorwise only; null: none): the TP group over which x,
 // w and the output gradient are shards of one tensor, whose amax is reduced (max) over it, so that
-// TP equals one process. The backward keeps the FP8 copies of x and w, not x.
+// TP equals one process. The backward keeps the FP8 copies of x and w, not x. Delayed scaling: the
+// scales are recipe.delayed's for w (a weight it was given), and this call's amax of x, w and the
+// output gradient go into its history when gradients are recorded (not in evaluation).
 at::Tensor fp8_linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b, const Fp8Recipe& recipe,
                       const WeightGradSlots* slots, lf::backend::Communicator* amax_group);
 
@@ -124,6 +148,8 @@ class Fp8Policy {
   // The recipe for gemm at `tokens` rows (this rank's GEMM rows), or null: not in FP8.
   const Fp8Recipe* choose(Fp8Gemm gemm, int64_t tokens) const;
   const Fp8Recipe& recipe() const { return recipe_; }
+  // Delayed scaling: the state the recipe's GEMMs use (not owned; see Fp8Recipe::delayed).
+  void set_delayed(Fp8DelayedScaling* state) { recipe_.delayed = state; }
   // Megatron's --first-last-layers-bf16: the first `first` and last `last` transformer layers of
   // the model keep every GEMM in the training dtype.
   void set_layers_in_training_dtype(int64_t first, int64_t last);

@@ -23,6 +23,10 @@
 #include "loongforge/train/loss_scaler.h"
 #include "loongforge/train/optimizer.h"
 
+namespace lf::ops {
+class Fp8AmaxTable;
+}
+
 namespace lf::train {
 
 // One parameter group as checkpoints see it: its parameters (shards with their Sharding), the
@@ -37,7 +41,17 @@ struct CheckpointGroup {
   // EMA weights (--ema-decay), one fp32 tensor per parameter in params' order (null: none): saved
   // with the weights as pieces of kind "ema"; a checkpoint without them starts them from the weights.
   std::vector<at::Tensor>* ema = nullptr;
+  // Delayed FP8 scaling (--fp8-recipe delayed): the group's scales and amax histories (null: none),
+  // saved by the group's TP/DP/CP rank 0 of each pipeline stage into fp8_[<name>_]tp0_pp{p}
+  // (also for an adapter run's frozen base) and read back by load_fp8_scaling, by weight name.
+  lf::ops::Fp8AmaxTable* fp8 = nullptr;
 };
+
+// Delayed FP8 scaling: every group's table (CheckpointGroup::fp8) from the iter_* directory
+// `checkpoint_dir`, each weight's entry that the checkpoint holds (any TP/PP/DP layout: the values
+// are the same on every rank of a stage); the others keep their state. Returns the entries read.
+// A history of another length stops with an lf::Error naming the checkpoint and the flag.
+int64_t load_fp8_scaling(const std::string& checkpoint_dir, const std::vector<CheckpointGroup>& groups);
 
 // The base checkpoint an adapter (LoRA) run trains on, recorded in its checkpoints' state.json:
 // the base's iter_* directory and the CRC-32 of its manifest.json (which holds every file's CRC),

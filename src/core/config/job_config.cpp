@@ -152,12 +152,20 @@ void validate(const JobConfig& job, const Node& resolved, ErrorList& errors) {
                ", " + c.show("training.micro_batch_size"));
   // The FP8 knobs do nothing without fp8_format: refused rather than ignored.
   for (const char* key : {"training.fp8_recipe", "training.fp8_margin", "training.fp8_policy",
-                          "training.first_last_layers_bf16"})
+                          "training.first_last_layers_bf16", "training.fp8_amax_history_len",
+                          "training.fp8_amax_compute_algo"})
     if (c.ok({key, "training.fp8_format"}) && c.given(key) && !t.fp8_format &&
         (key != std::string("training.fp8_policy") || t.fp8_policy) &&
         (key != std::string("training.first_last_layers_bf16") || t.first_last_layers_bf16))
       c.fail(key, c.show(key) + " configures FP8 GEMMs, which are off (" + c.show("training.fp8_format") + ")",
              "add --fp8-format hybrid (or e4m3), or drop it");
+  // The history knobs belong to delayed scaling; the other recipes compute each scale from its tensor.
+  for (const char* key : {"training.fp8_amax_history_len", "training.fp8_amax_compute_algo"})
+    if (c.ok({key, "training.fp8_recipe", "training.fp8_format"}) && c.given(key) && t.fp8_format &&
+        t.fp8_recipe != "delayed")
+      c.fail(key, c.show(key) + " configures delayed FP8 scaling, which " + c.show("training.fp8_recipe") +
+                      " does not use",
+             "add --fp8-recipe delayed, or drop it");
   for (const char* key : {"training.num_layers_at_start_in_bf16", "training.num_layers_at_end_in_bf16"})
     if (c.ok({key, "training.first_last_layers_bf16"}) && c.given(key) && !t.first_last_layers_bf16)
       c.fail(key, c.show(key) + " counts the layers --first-last-layers-bf16 keeps out of FP8, which is off (" +

@@ -143,6 +143,8 @@ struct TrainingConfig {
   std::optional<std::string> fp8_format;  // null: no FP8
   std::string fp8_recipe = "tensorwise";
   int64_t fp8_margin = 0;
+  int64_t fp8_amax_history_len = 1;
+  std::string fp8_amax_compute_algo = "most_recent";
   std::optional<std::string> fp8_policy;  // null: every FP8-capable GEMM in FP8
   bool first_last_layers_bf16 = false;
   int64_t num_layers_at_start_in_bf16 = 1;
@@ -182,10 +184,18 @@ struct TrainingConfig {
       "linear layers: e4m3, or hybrid (E4M3 forward, E5M2 output gradients); null: none",
       OneOf{{"e4m3", "hybrid"}});
     v("fp8_recipe", fp8_recipe,
-      "FP8 scaling (needs fp8_format): tensorwise (current per-tensor scaling, the amax reduced over TP) or "
-      "blockwise (1x128 tiles for inputs and gradients, 128x128 blocks for weights)",
-      OneOf{{"tensorwise", "blockwise"}});
+      "FP8 scaling (needs fp8_format): tensorwise (current per-tensor scaling, the amax reduced over TP), "
+      "blockwise (1x128 tiles for inputs and gradients, 128x128 blocks for weights) or delayed (per-tensor scales "
+      "from the amax history of earlier steps, updated once per step; not with expert parallelism)",
+      OneOf{{"tensorwise", "blockwise", "delayed"}});
     v("fp8_margin", fp8_margin, "FP8 scales are 2^-margin fp8_max / amax (needs fp8_format)", Min{0}, Max{16});
+    v("fp8_amax_history_len", fp8_amax_history_len,
+      "Delayed FP8 scaling (needs fp8_recipe delayed): steps of amax history each scale comes from", Min{1},
+      Max{65536});
+    v("fp8_amax_compute_algo", fp8_amax_compute_algo,
+      "Delayed FP8 scaling (needs fp8_recipe delayed): the amax a scale comes from, the last step's (most_recent) "
+      "or the history's largest (max)",
+      OneOf{{"most_recent", "max"}});
     v("fp8_policy", fp8_policy,
       "Adaptive FP8 (needs fp8_format): a policy file from loongforge-fp8-policy choosing FP8 or the training "
       "dtype per GEMM kind and token count; null: every GEMM above in FP8");

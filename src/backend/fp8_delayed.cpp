@@ -1,0 +1,139 @@
+// Delayed FP8 scaling: the per-group tables of scales and amax histories. See backend/fp8_delayed.h.
+#include "loongforge/backend/fp8_delayed.h"
+
+#include <ATen/Functions.h>
+#include <ATen/TensorOperators.h>
+#include <ATen/core/grad_mode.h>
+
+#include <cmath>
+
+#include "loongforge/backend/communicator.h"
+#include "loongforge/core/error.h"
+
+namespace lf::ops {
+
+namespace {
+constexpr int64_t kColumns = 3;  // input, weight, output gradient
+}
+
+Fp8AmaxTable::Fp8AmaxTable(const Fp8Recipe& recipe, const std::vector<std::pair<std::string, at::Tensor>>& weights,
+                           lf::backend::Communicator* group)
+    : recipe_(recipe), group_(group) {
+  LF_CHECK(recipe.amax_history_len >= 1, "fp8 delayed scaling: amax history length ", recipe.amax_history_len,
+           " (want >= 1)");
+  int64_t n = 0;
+  at::TensorOptions opts = at::TensorOptions().dtype(at::kFloat);
+  for (const auto& [name, w] : weights) {
+    if (w.dim() != 2 && w.dim() != 3) continue;
+    const int64_t width = kColumns * (w.dim() == 3 ? w.size(0) : 1);
+    entries_.push_back({name, n, width});
+    n += width;
+    opts = opts.device(w.device());
+  }
+  history_ = at::zeros({recipe.amax_history_len, n}, opts);
+  scale_ = at::ones({n}, opts);
+  // Inputs and weights in the forward dtype, output gradients in the gradient dtype.
+  const float fwd = static_cast<float>(fp8_max(recipe.forward_dtype())), bwd = static_cast<float>(fp8_max(recipe.grad_dtype()));
+  fp8_max_ = at::tensor(std::vector<float>{fwd, fwd, bwd}).repeat({n / kColumns}).to(opts.device());
+}
+
+void Fp8AmaxTable::update() {
+  if (history_.size(1) == 0) return;
+  at::NoGradGuard no_grad;
+  at::Tensor current = history_.select(0, 0);  // contiguous: row 0 of a row-major table
+  if (group_ != nullptr && group_->size() > 1) group_->all_reduce(current, lf::backend::ReduceOp::max);
+  const at::Tensor amax = recipe_.amax_compute_algo == Fp8AmaxAlgo::max ? history_.amax(0) : current.clone();
+  // As quantize(): 2^-margin fp8_max / amax, in fp32. An amax of 0 (nothing recorded) or inf/NaN
+  // keeps the scale.
+  const at::Tensor fresh = (fp8_max_ * std::ldexp(1.0, -recipe_.margin)) / amax;
+  scale_.copy_(at::where((amax > 0).logical_and(at::isfinite(amax)), fresh, scale_));
+  if (history_.size(0) > 1) history_.copy_(history_.roll({-1}, {0}));
+  history_.select(0, 0).zero_();
+}
+
+std::vector<const Fp8AmaxTable::Entry*> Fp8AmaxTable::used() const {
+  std::vector<const Entry*> out;
+  if (history_.size(1) == 0) return out;
+  const at::Tensor flag = (history_ != 0).any(0).logical_or(scale_ != 1).to(at::kCPU).contiguous();
+  const bool* f = flag.data_ptr<bool>();
+  for (const auto& e : entries_)
+    for (int64_t c = e.offset; c < e.offset + e.width; ++c)
+      if (f[c]) {
+        out.push_back(&e);
+        break;
+      }
+  return out;
+}
+
+std::pair<at::Tensor, at::Tensor> Fp8AmaxTable::state(const Entry& e) const {
+  // Copies (a checkpoint may write them in the background while training goes on).
+  return {history_.narrow(1, e.offset, e.width).to(at::kCPU).clone(), scale_.narrow(0, e.offset, e.width).to(at::kCPU).clone()};
+}
+
+void Fp8AmaxTable::set_state(const Entry& e, const at::Tensor& history, const at::Tensor& scale,
+                             const std::string& source) {
+  const int64_t len = history_.size(0);
+  LF_CHECK(history.dim() == 2 && history.size(0) == len && history.size(1) == e.width, source,
+           ": the FP8 amax history of ", e.name, " is ", history.sizes(), ", this run's is [", len, ", ", e.width, "]",
+           lf::hint(history.dim() == 2 && history.size(0) != len
+                        ? "resume with --fp8-amax-history-len " + std::to_string(history.size(0))
+                        : std::string("the checkpoint is of another model; check --load")));
+  LF_CHECK(scale.dim() == 1 && scale.size(0) == e.width, source, ": the FP8 scales of ", e.name, " are ", scale.sizes(),
+           ", this run's are [", e.width, "]", lf::hint("the checkpoint is of another model; check --load"));
+  at::NoGradGuard no_grad;
+  history_.narrow(1, e.offset, e.width).copy_(history);
+  scale_.narrow(0, e.offset, e.width).copy_(scale);
+}
+
+Fp8DelayedScaling::Fp8DelayedScaling(const Fp8Recipe& recipe) : recipe_(recipe) {
+  LF_CHECK(recipe.scaling == Fp8Scaling::delayed, "Fp8DelayedScaling for the ", to_string(recipe.scaling), " recipe");
+  recipe_.delayed = nullptr;
+}
+
+Fp8AmaxTable& Fp8DelayedScaling::add_group(const std::vector<std::pair<std::string, at::Tensor>>& weights,
+                                           lf::backend::Communicator* group) {
+  reindex();
+  std::vector<std::pair<std::string, at::Tensor>> fresh;
+  for (const auto& [name, w] : weights)
+    if ((w.dim() == 2 || w.dim() == 3) && w.numel() > 0 && !by_data_.count(w.data_ptr())) {
+      by_data_.emplace(w.data_ptr(), std::make_pair(nullptr, 0));  // a second handle of it: skipped
+      fresh.emplace_back(name, w);
+    }
+  tables_.push_back(std::make_unique<Fp8AmaxTable>(recipe_, fresh, group));
+  Fp8AmaxTable* t = tables_.back().get();
+  for (size_t i = 0; i < fresh.size(); ++i) weights_.push_back({fresh[i].second, t, t->entries_[i].offset});
+  reindex();
+  return *t;
+}
+
+void Fp8DelayedScaling::reindex() const {
+  by_data_.clear();
+  for (const auto& w : weights_) by_data_.emplace(w.tensor.data_ptr(), std::make_pair(w.table, w.offset));
+}
+
+at::Tensor Fp8DelayedScaling::Site::scale(int64_t column) const { return table->scale_.narrow(0, offset + column, 1); }
+
+void Fp8DelayedScaling::Site::record(int64_t column, const at::Tensor& x) const {
+  at::NoGradGuard no_grad;
+  at::Tensor slot = table->history_.select(0, 0).narrow(0, offset + column, 1);
+  const at::Tensor amax = x.numel() == 0 ? at::zeros({1}, slot.options()) : x.abs().amax().to(at::kFloat).reshape({1});
+  slot.copy_(at::maximum(slot, amax.to(slot.device())));
+}
+
+Fp8DelayedScaling::Site Fp8DelayedScaling::site(const at::Tensor& w) const {
+  auto it = by_data_.find(w.data_ptr());
+  if (it == by_data_.end()) {  // moved since the last lookup (e.g. into the gradient buffer's storage)?
+    reindex();
+    it = by_data_.find(w.data_ptr());
+  }
+  LF_CHECK(it != by_data_.end(), "fp8 delayed scaling: a GEMM's weight ", w.sizes(),
+           " is not a parameter the run keeps scales for",
+           lf::hint("this layer cannot use --fp8-recipe delayed; use tensorwise or blockwise"));
+  return {it->second.first, it->second.second};
+}
+
+void Fp8DelayedScaling::update() {
+  for (auto& t : tables_) t->update();
+}
+
+}  // namespace lf::ops

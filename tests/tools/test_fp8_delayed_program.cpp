@@ -15,22 +15,16 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
-#include "pp_training.h"
+#include "fp8_testing.h"
 
 namespace {
 namespace fs = std::filesystem;
 using lf::testing::bin;
 using lf::testing::TrainRun;
+using lf::testing::worst_loss_rel;
 
 TrainRun train(int procs, std::vector<std::string> extra, const std::string& tag, int pp = 1) {
   return lf::testing::train(procs, pp, 2, std::move(extra), "fp8d-" + tag);
-}
-
-double worst_loss_rel(const TrainRun& a, const TrainRun& b) {
-  double worst = 0;
-  for (size_t i = 0; i < a.losses.size() && i < b.losses.size(); ++i)
-    worst = std::max(worst, std::abs(a.losses[i] - b.losses[i]) / std::abs(a.losses[i]));
-  return worst;
 }
 
 const std::vector<std::string> kDelayed{"--fp8-format", "hybrid", "--fp8-recipe", "delayed",
@@ -123,10 +117,7 @@ TEST(Fp8DelayedTraining, ParallelLayoutsEqualSingleProcess) {
 // without the step-end reduction 2.0e-4). As for current scaling, the routing's near-ties make the
 // MoE run looser than the dense one afterwards (10 steps: 1.1e-3, held to FP8's own 3e-2).
 TrainRun moe(int procs, std::vector<std::string> extra, const std::string& tag) {
-  std::vector<std::string> a{"--global-batch-size", "8", "--micro-batch-size", "2", "--seq-length", "32",
-                             "--lr", "3e-3", "--lr-warmup-iters", "2"};
-  a.insert(a.end(), extra.begin(), extra.end());
-  return lf::testing::train_example(lf::testing::source_dir() + "/configs/demo_moe.yaml", procs, a, "fp8d-moe-" + tag);
+  return lf::testing::fp8_moe_run(procs, std::move(extra), "fp8d-moe-" + tag);
 }
 
 TEST(Fp8DelayedTraining, MoeExpertsHaveTheirOwnScales) {
@@ -229,11 +220,7 @@ TEST(Fp8DelayedTraining, ResumeIsExact) {
 
 TEST(Fp8DelayedTraining, PolicyFileOfTheDelayedRecipe) {
   const std::string out = lf::testing::make_temp_dir("fp8d-bench") + "/policy.json";
-  auto bench = lf::testing::run_command({bin("loongforge-fp8-policy"), "--hidden-size", "64", "--ffn-hidden-size", "172",
-                                         "--num-attention-heads", "4", "--num-query-groups", "2", "--swiglu",
-                                         "--tokens", "64,256", "--dtype", "fp32", "--iters", "1", "--warmup", "0",
-                                         "--fp8-recipe", "delayed", "--out", out},
-                                        {{"OMP_NUM_THREADS", "1"}}, std::chrono::seconds(120));
+  auto bench = lf::testing::run_fp8_policy_for_demo(out, {"--fp8-recipe", "delayed"});
   ASSERT_EQ(bench.exit_code, 0) << bench.output;
   nlohmann::json written;
   std::ifstream(out) >> written;
@@ -249,15 +236,8 @@ TEST(Fp8DelayedTraining, PolicyFileOfTheDelayedRecipe) {
 }
 
 TEST(Fp8DelayedTraining, MistakesNameTheKey) {
-  auto refused = [](std::vector<std::string> args, const std::vector<std::string>& want, const std::string& config = "") {
-    std::vector<std::string> argv{bin("loongforge-train"), "--config-file",
-                                  config.empty() ? lf::testing::source_dir() + "/configs/demo.yaml" : config,
-                                  "--train-iters", "3", "--lr-warmup-iters", "1", "--eval-iters", "0"};
-    argv.insert(argv.end(), args.begin(), args.end());
-    const auto r = lf::testing::run_command(argv, {{"OMP_NUM_THREADS", "1"}}, std::chrono::seconds(120));
-    EXPECT_NE(r.exit_code, 0) << r.output;
-    for (const auto& w : want) EXPECT_NE(r.output.find(w), std::string::npos) << "want '" << w << "' in:\n" << r.output;
-  };
+  const auto refused = [](const std::vector<std::string>& args, const std::vector<std::string>& want,
+                          const std::string& config = "") { lf::testing::expect_train_refused(args, want, config); };
   refused({"--fp8-format", "hybrid", "--fp8-amax-history-len", "16"},
           {"training.fp8_amax_history_len", "--fp8-recipe delayed"});
   refused({"--fp8-format", "hybrid", "--fp8-recipe", "blockwise", "--fp8-amax-compute-algo", "max"},

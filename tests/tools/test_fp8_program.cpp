@@ -18,22 +18,16 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
-#include "pp_training.h"
+#include "fp8_testing.h"
 
 namespace {
 namespace fs = std::filesystem;
 using lf::testing::bin;
 using lf::testing::TrainRun;
+using lf::testing::worst_loss_rel;
 
 TrainRun train(int procs, std::vector<std::string> extra, const std::string& tag, int layers = 2) {
   return lf::testing::train(procs, 1, layers, std::move(extra), "fp8-" + tag);
-}
-
-double worst_loss_rel(const TrainRun& a, const TrainRun& b) {
-  double worst = 0;
-  for (size_t i = 0; i < a.losses.size() && i < b.losses.size(); ++i)
-    worst = std::max(worst, std::abs(a.losses[i] - b.losses[i]) / std::abs(a.losses[i]));
-  return worst;
 }
 
 // A policy file for the run's default recipe with one step list per GEMM kind.
@@ -145,10 +139,7 @@ TEST(Fp8Training, ParallelLayoutsEqualSingleProcess) {
 // process's (as Transformer Engine's do): EP 2 is held to 3e-2 (measured 1.2e-3), and it learns.
 // The overlapped all-to-all has no FP8 experts: refused.
 TrainRun moe(int procs, std::vector<std::string> extra, const std::string& tag) {
-  std::vector<std::string> a{"--global-batch-size", "8", "--micro-batch-size", "2", "--seq-length", "32",
-                             "--lr", "3e-3", "--lr-warmup-iters", "2"};
-  a.insert(a.end(), extra.begin(), extra.end());
-  return lf::testing::train_example(lf::testing::source_dir() + "/configs/demo_moe.yaml", procs, a, "fp8-moe-" + tag);
+  return lf::testing::fp8_moe_run(procs, std::move(extra), "fp8-moe-" + tag);
 }
 
 TEST(Fp8Training, MoeExpertsInFp8) {
@@ -225,11 +216,7 @@ TEST(Fp8Training, PolicyFileChoosesPerGemmAndTokenCount) {
   same(fp32, with(policy_file("fc1_257", {{"fc1", from(257)}}), "fc1-257"), "fc1 fp8 from 257 tokens (the run has 256)");
   // The benchmark's file (tiny shapes, one timed call each) runs as written.
   const std::string out = lf::testing::make_temp_dir("fp8-bench") + "/policy.json";
-  auto bench = lf::testing::run_command({bin("loongforge-fp8-policy"), "--hidden-size", "64", "--ffn-hidden-size", "172",
-                                         "--num-attention-heads", "4", "--num-query-groups", "2", "--swiglu",
-                                         "--tokens", "64,256", "--dtype", "fp32", "--iters", "1", "--warmup", "0",
-                                         "--out", out},
-                                        {{"OMP_NUM_THREADS", "1"}}, std::chrono::seconds(120));
+  auto bench = lf::testing::run_fp8_policy_for_demo(out);
   ASSERT_EQ(bench.exit_code, 0) << bench.output;
   nlohmann::json written;
   std::ifstream(out) >> written;
@@ -389,15 +376,8 @@ TEST(Fp8Training, ResumeIsExact) {
 }
 
 TEST(Fp8Training, MistakesNameTheKeyOrFile) {
-  auto refused = [](std::vector<std::string> args, const std::vector<std::string>& want, const std::string& config = "") {
-    std::vector<std::string> argv{bin("loongforge-train"), "--config-file",
-                                  config.empty() ? lf::testing::source_dir() + "/configs/demo.yaml" : config,
-                                  "--train-iters", "3", "--lr-warmup-iters", "1", "--eval-iters", "0"};
-    argv.insert(argv.end(), args.begin(), args.end());
-    const auto r = lf::testing::run_command(argv, {{"OMP_NUM_THREADS", "1"}}, std::chrono::seconds(120));
-    EXPECT_NE(r.exit_code, 0) << r.output;
-    for (const auto& w : want) EXPECT_NE(r.output.find(w), std::string::npos) << "want '" << w << "' in:\n" << r.output;
-  };
+  const auto refused = [](const std::vector<std::string>& args, const std::vector<std::string>& want,
+                          const std::string& config = "") { lf::testing::expect_train_refused(args, want, config); };
   refused({"--fp8-recipe", "blockwise"}, {"training.fp8_recipe", "--fp8-format hybrid"});
   refused({"--fp8-margin", "1"}, {"training.fp8_margin"});
   refused({"--fp8-policy", "/tmp/p.json"}, {"training.fp8_policy"});

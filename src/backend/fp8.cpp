@@ -44,13 +44,26 @@ bool tensorwise_tiles(const Fp8Tensor& t) { return t.scale_inv.numel() == 1; }
 struct Tiles {
   int64_t rows, cols;
 };
+// MX blocks: 1 x 32 along rows, 32 x 1 along columns.
 Tiles input_tiles(const Fp8Recipe& r, bool along_rows) {
+  if (r.scaling == Fp8Scaling::mxfp8) return along_rows ? Tiles{1, Fp8Recipe::kMxBlock} : Tiles{Fp8Recipe::kMxBlock, 1};
   if (r.scaling != Fp8Scaling::blockwise) return {0, 0};
   return along_rows ? Tiles{1, Fp8Recipe::kBlock} : Tiles{Fp8Recipe::kBlock, 1};
 }
+// The weight for the forward GEMM (reduction along its input dim).
 Tiles weight_tiles(const Fp8Recipe& r) {
+  if (r.scaling == Fp8Scaling::mxfp8) return {1, Fp8Recipe::kMxBlock};
   if (r.scaling != Fp8Scaling::blockwise) return {0, 0};
   return {Fp8Recipe::kBlock, Fp8Recipe::kBlock};
+}
+// The weight for the input gradient's GEMM (reduction along its output dim): MX blocks run along
+// the columns; the other recipes' tiles serve both GEMMs (one scale, or square blocks).
+Tiles weight_dgrad_tiles(const Fp8Recipe& r) {
+  return r.scaling == Fp8Scaling::mxfp8 ? Tiles{Fp8Recipe::kMxBlock, 1} : weight_tiles(r);
+}
+// x in `fp8` under r's tiles and scale rule (MX: power-of-two scales).
+Fp8Tensor quantize_as(const Fp8Recipe& r, const at::Tensor& x, at::ScalarType fp8, Tiles t, const at::Tensor& amax = {}) {
+  return quantize(x, fp8, t.rows, t.cols, r.margin, amax, r.scaling == Fp8Scaling::mxfp8);
 }
 
 // Tensorwise under TP: the amax of each of `parts` over the group (one all-reduce for all).
@@ -107,7 +120,7 @@ Delayed group_of(const Delayed& d, int64_t g) { return {d.site, d.base + 3 * g, 
 // GEMM reduces over the tokens).
 struct Fp8Forward {
   at::Tensor y;  // fp32 [n, out]
-  Fp8Tensor qxc, qw;
+  Fp8Tensor qxc, qw;  // qw: the weight as the input gradient's GEMM needs it (kept when asked)
 };
 // amax: x2's and w's tensorwise amax when the caller reduced them already (else computed here,
 // reduced over `group`).
@@ -129,13 +142,14 @@ Fp8Forward fp8_forward(const Fp8Recipe& r, lf::backend::Communicator* group, con
   }
   const bool tensorwise = r.scaling == Fp8Scaling::tensorwise;
   if (amax.empty()) amax = tensorwise ? group_amax({x2, w}, group) : std::vector<at::Tensor>{at::Tensor(), at::Tensor()};
-  const Tiles xt = input_tiles(r, true), wt = weight_tiles(r);
   Fp8Forward f;
-  const Fp8Tensor qx = quantize(x2, r.forward_dtype(), xt.rows, xt.cols, r.margin, amax[0]);
-  f.qw = quantize(w, r.forward_dtype(), wt.rows, wt.cols, r.margin, amax[1]);
-  const Tiles xc = input_tiles(r, false);
-  if (keep) f.qxc = tensorwise ? qx : quantize(x2, r.forward_dtype(), xc.rows, xc.cols, r.margin);
+  const Fp8Tensor qx = quantize_as(r, x2, r.forward_dtype(), input_tiles(r, true), amax[0]);
+  f.qw = quantize_as(r, w, r.forward_dtype(), weight_tiles(r), amax[1]);
   f.y = quantized_gemm(qx, f.qw);
+  if (keep) {
+    f.qxc = tensorwise ? qx : quantize_as(r, x2, r.forward_dtype(), input_tiles(r, false));
+    if (r.scaling == Fp8Scaling::mxfp8) f.qw = quantize_as(r, w, r.forward_dtype(), weight_dgrad_tiles(r));
+  }
   if (b) f.y.add_(b->to(at::kFloat));
   return f;
 }
@@ -156,7 +170,8 @@ struct Fp8Grads {
 Fp8Grads fp8_backward(const Fp8Recipe& r, lf::backend::Communicator* group, const at::Tensor& d2,
                       const Fp8Tensor& qxc, const Fp8Tensor& qw, bool want_dx, bool want_dw, at::Tensor amax = {},
                       const std::optional<Delayed>& d = std::nullopt) {
-  const bool tensorwise = r.scaling != Fp8Scaling::blockwise;  // one scale: one quantized copy serves both
+  // One scale per tensor: one quantized copy serves both GEMMs.
+  const bool tensorwise = r.scaling == Fp8Scaling::tensorwise || r.scaling == Fp8Scaling::delayed;
   if (r.scaling == Fp8Scaling::tensorwise && !amax.defined()) amax = group_amax({d2}, group)[0];
   const Tiles dt = input_tiles(r, true);
   Fp8Tensor qd;
@@ -164,13 +179,13 @@ Fp8Grads fp8_backward(const Fp8Recipe& r, lf::backend::Communicator* group, cons
     qd = quantize_scaled(d2, r.grad_dtype(), d->site.scale(d->base + 2));
     d->site.record(d->base + 2, d2);
   } else {
-    qd = quantize(d2, r.grad_dtype(), dt.rows, dt.cols, r.margin, amax);
+    qd = quantize_as(r, d2, r.grad_dtype(), dt, amax);
   }
   Fp8Grads g;
   if (want_dx) g.dx = quantized_gemm(qd, transposed(qw));  // [n, out] x [out, in]
   if (want_dw) {
     const Tiles dc = input_tiles(r, false);
-    const Fp8Tensor qdc = tensorwise ? qd : quantize(d2, r.grad_dtype(), dc.rows, dc.cols, r.margin);
+    const Fp8Tensor qdc = tensorwise ? qd : quantize_as(r, d2, r.grad_dtype(), dc);
     g.dw = quantized_gemm(transposed(qdc), transposed(qxc));  // [out, n] x [n, in]
   }
   return g;
@@ -339,14 +354,15 @@ std::string Fp8Recipe::describe() const {
 Fp8Recipe Fp8Recipe::from_names(const std::string& format, const std::string& scaling, int margin,
                                 int64_t history_len, const std::string& algo) {
   LF_CHECK(format == "e4m3" || format == "hybrid", "fp8 format '", format, "' is not e4m3 or hybrid");
-  LF_CHECK(scaling == "tensorwise" || scaling == "blockwise" || scaling == "delayed", "fp8 recipe '", scaling,
-           "' is not tensorwise, blockwise or delayed");
+  LF_CHECK(scaling == "tensorwise" || scaling == "blockwise" || scaling == "delayed" || scaling == "mxfp8",
+           "fp8 recipe '", scaling, "' is not tensorwise, blockwise, delayed or mxfp8");
   LF_CHECK(algo == "most_recent" || algo == "max", "fp8 amax compute algo '", algo, "' is not most_recent or max");
   LF_CHECK(history_len >= 1, "fp8 amax history length ", history_len, " (want >= 1)");
   Fp8Recipe r;
   r.format = format == "e4m3" ? Fp8Format::e4m3 : Fp8Format::hybrid;
   r.scaling = scaling == "blockwise" ? Fp8Scaling::blockwise
               : scaling == "delayed" ? Fp8Scaling::delayed
+              : scaling == "mxfp8"   ? Fp8Scaling::mxfp8
                                      : Fp8Scaling::tensorwise;
   r.margin = margin;
   r.amax_history_len = history_len;
@@ -355,7 +371,13 @@ Fp8Recipe Fp8Recipe::from_names(const std::string& format, const std::string& sc
 }
 
 const char* to_string(Fp8Scaling s) {
-  return s == Fp8Scaling::tensorwise ? "tensorwise" : s == Fp8Scaling::blockwise ? "blockwise" : "delayed";
+  switch (s) {
+    case Fp8Scaling::tensorwise: return "tensorwise";
+    case Fp8Scaling::blockwise: return "blockwise";
+    case Fp8Scaling::delayed: return "delayed";
+    case Fp8Scaling::mxfp8: return "mxfp8";
+  }
+  return "?";
 }
 const char* to_string(Fp8Format f) { return f == Fp8Format::hybrid ? "hybrid" : "e4m3"; }
 const char* to_string(Fp8AmaxAlgo a) { return a == Fp8AmaxAlgo::max ? "max" : "most_recent"; }
@@ -387,15 +409,24 @@ at::Tensor tile_amax(const at::Tensor& x, int64_t tr, int64_t tc) {
 }
 
 Fp8Tensor quantize(const at::Tensor& x, at::ScalarType fp8, int64_t tr, int64_t tc, int margin,
-                   const at::Tensor& amax) {
+                   const at::Tensor& amax, bool pow2) {
   const auto [r, c] = tile_edges(x, tr, tc);
   const double max = fp8_max(fp8);
   at::Tensor a = amax.defined() ? amax.to(at::kFloat) : tile_amax(x, r, c);
   const int64_t R = ceil_div(std::max<int64_t>(x.size(0), 1), r), C = ceil_div(std::max<int64_t>(x.size(1), 1), c);
   LF_CHECK(a.numel() == R * C, "fp8 quantize: ", a.numel(), " amax values for ", x.sizes(), " in ", r, " x ", c,
            " tiles (want ", R * C, ")");
-  // scale = 2^-margin max / amax, 1 where amax is 0 (an all-zero tile stays zero).
-  const at::Tensor scale = at::where(a > 0, (max * std::ldexp(1.0, -margin)) / a, at::ones_like(a));
+  // scale = 2^-margin max / amax, 1 where amax is 0 (an all-zero tile stays zero). MX: 1 / the
+  // power of two at or above amax / (2^-margin max) (frexp: v = m 2^e, m in [0.5, 1); 2^e, or v
+  // itself when m is 0.5), exact in fp32.
+  at::Tensor scale;
+  if (pow2) {
+    const at::Tensor v = at::where(a > 0, a / (max * std::ldexp(1.0, -margin)), at::ones_like(a));
+    const auto [m, e] = at::frexp(v);
+    scale = at::where(m == 0.5, v, at::ldexp(at::ones_like(v), e)).reciprocal();
+  } else {
+    scale = at::where(a > 0, (max * std::ldexp(1.0, -margin)) / a, at::ones_like(a));
+  }
   const at::Tensor full = a.numel() == 1 ? scale.reshape({}) : expand_tiles(scale, x.size(0), x.size(1), r, c);
   Fp8Tensor q;
   q.data = (x.to(at::kFloat) * full).clamp(-max, max).to(fp8);

@@ -51,6 +51,16 @@ TEST(Fp8, QuantizeScalesToTheFormatsLargestValue) {
   const auto z = lf::ops::quantize(at::zeros({2, 3}), at::kFloat8_e4m3fn, 0, 0, 0);
   EXPECT_FLOAT_EQ(z.scale_inv.item<float>(), 1.0f);
   EXPECT_EQ(max_abs(z.dequantize()), 0.0);
+  // MX (power-of-two) scales: scale_inv = the power of two at or above amax / 448. amax 896 ->
+  // 2 (exactly a power of two: 896 -> 448); amax 900 -> 4 (900 -> 225); amax 3 -> 2^-7 (3 / 448 is
+  // between 2^-8 and 2^-7); margin 1 doubles scale_inv.
+  EXPECT_FLOAT_EQ(lf::ops::quantize(x, at::kFloat8_e4m3fn, 0, 0, 0, {}, true).scale_inv.item<float>(), 2.0f);
+  const auto mx = lf::ops::quantize(at::tensor({900.0f, 1.0f}).reshape({1, 2}), at::kFloat8_e4m3fn, 0, 0, 0, {}, true);
+  EXPECT_FLOAT_EQ(mx.scale_inv.item<float>(), 4.0f);
+  EXPECT_FLOAT_EQ(mx.data.to(at::kFloat)[0][0].item<float>(), 224.0f);  // 225 -> 224 (spacing 16 in [128, 256))
+  EXPECT_FLOAT_EQ(lf::ops::quantize(at::full({1, 1}, 3.0f), at::kFloat8_e4m3fn, 0, 0, 0, {}, true).scale_inv.item<float>(),
+                  std::ldexp(1.0f, -7));
+  EXPECT_FLOAT_EQ(lf::ops::quantize(x, at::kFloat8_e4m3fn, 0, 0, 1, {}, true).scale_inv.item<float>(), 4.0f);
   // A given amax (e.g. reduced over TP) replaces the tensor's own: values above it saturate.
   const auto sat = lf::ops::quantize(x, at::kFloat8_e4m3fn, 0, 0, 0, at::full({1, 1}, 448.0f));
   EXPECT_FLOAT_EQ(sat.dequantize()[0][0].item<float>(), 448.0f);
@@ -87,9 +97,9 @@ TEST(Fp8, TilesHaveTheirOwnScales) {
 // The reference of one FP8 GEMM: both operands quantized with the given tiles along the reduction
 // dim k, dequantized, multiplied in fp64. a [m, k], b [n, k] -> [m, n].
 at::Tensor fp8_gemm(const at::Tensor& a, at::ScalarType fa, std::pair<int64_t, int64_t> ta, const at::Tensor& b,
-                    at::ScalarType fb, std::pair<int64_t, int64_t> tb) {
-  const auto qa = lf::ops::quantize(a, fa, ta.first, ta.second, 0).dequantize().to(at::kDouble);
-  const auto qb = lf::ops::quantize(b, fb, tb.first, tb.second, 0).dequantize().to(at::kDouble);
+                    at::ScalarType fb, std::pair<int64_t, int64_t> tb, bool pow2) {
+  const auto qa = lf::ops::quantize(a, fa, ta.first, ta.second, 0, {}, pow2).dequantize().to(at::kDouble);
+  const auto qb = lf::ops::quantize(b, fb, tb.first, tb.second, 0, {}, pow2).dequantize().to(at::kDouble);
   return qa.matmul(qb.t());
 }
 
@@ -119,19 +129,21 @@ TEST_P(Fp8Linear, GemmsMultiplyTheQuantizedOperands) {
   const auto dy = at::randn({2, n / 2, out}) * at::linspace(0.01, 1.0, out);
   auto y = lf::ops::fp8_linear(x, w, b, r, nullptr, nullptr);
   y.backward(dy);
-  const bool blockwise = scaling == Fp8Scaling::blockwise;
-  const std::pair<int64_t, int64_t> row = blockwise ? std::pair<int64_t, int64_t>{1, 128} : std::pair<int64_t, int64_t>{0, 0};
-  const std::pair<int64_t, int64_t> col = blockwise ? std::pair<int64_t, int64_t>{128, 1} : std::pair<int64_t, int64_t>{0, 0};
-  const std::pair<int64_t, int64_t> blk = blockwise ? std::pair<int64_t, int64_t>{128, 128} : std::pair<int64_t, int64_t>{0, 0};
+  using T = std::pair<int64_t, int64_t>;
+  const bool blockwise = scaling == Fp8Scaling::blockwise, mx = scaling == Fp8Scaling::mxfp8;
+  const int64_t k = mx ? 32 : 128;  // the block
+  const T row = blockwise || mx ? T{1, k} : T{0, 0}, col = blockwise || mx ? T{k, 1} : T{0, 0};
+  // w: 128 x 128 blocks (blockwise), 1 x 32 along in for the forward and 32 x 1 along out for dx (MX).
+  const T blk = blockwise ? T{128, 128} : mx ? T{1, 32} : T{0, 0}, blk_dx = mx ? T{32, 1} : blk;
   const auto e4 = at::kFloat8_e4m3fn, eg = format == Fp8Format::hybrid ? at::kFloat8_e5m2 : at::kFloat8_e4m3fn;
   const auto x2 = x.detach().reshape({n, in}), d2 = dy.reshape({n, out});
-  const auto y_ref = fp8_gemm(x2, e4, row, w.detach(), e4, blk) + b.detach().to(at::kDouble);
-  // dx = Q(dy) Q(w): w's blocks are square, so w^T's are w's transposed.
-  const auto wq = lf::ops::quantize(w.detach(), e4, blk.first, blk.second, 0).dequantize().to(at::kDouble);
-  const auto dx_ref = lf::ops::quantize(d2, eg, row.first, row.second, 0).dequantize().to(at::kDouble).matmul(wq);
-  // dw = Q(dy^T) Q(x^T)^T with tiles along the tokens: dy and x in 128 x 1 tiles.
-  const auto dw_ref = lf::ops::quantize(d2, eg, col.first, col.second, 0).dequantize().to(at::kDouble).t().matmul(
-      lf::ops::quantize(x2, e4, col.first, col.second, 0).dequantize().to(at::kDouble));
+  const auto y_ref = fp8_gemm(x2, e4, row, w.detach(), e4, blk, mx) + b.detach().to(at::kDouble);
+  // dx = Q(dy) Q(w), w's tiles along out (blockwise: square blocks, the forward's).
+  const auto wq = lf::ops::quantize(w.detach(), e4, blk_dx.first, blk_dx.second, 0, {}, mx).dequantize().to(at::kDouble);
+  const auto dx_ref = lf::ops::quantize(d2, eg, row.first, row.second, 0, {}, mx).dequantize().to(at::kDouble).matmul(wq);
+  // dw = Q(dy^T) Q(x^T)^T with tiles along the tokens: dy and x in k x 1 tiles.
+  const auto dw_ref = lf::ops::quantize(d2, eg, col.first, col.second, 0, {}, mx).dequantize().to(at::kDouble).t().matmul(
+      lf::ops::quantize(x2, e4, col.first, col.second, 0, {}, mx).dequantize().to(at::kDouble));
   auto rel = [](const at::Tensor& got, const at::Tensor& want) {
     return max_abs(got.to(at::kDouble) - want) / max_abs(want);
   };
@@ -151,7 +163,9 @@ INSTANTIATE_TEST_SUITE_P(Recipes, Fp8Linear,
                          ::testing::Values(LinearCase{Fp8Scaling::tensorwise, Fp8Format::hybrid},
                                            LinearCase{Fp8Scaling::tensorwise, Fp8Format::e4m3},
                                            LinearCase{Fp8Scaling::blockwise, Fp8Format::hybrid},
-                                           LinearCase{Fp8Scaling::blockwise, Fp8Format::e4m3}),
+                                           LinearCase{Fp8Scaling::blockwise, Fp8Format::e4m3},
+                                           LinearCase{Fp8Scaling::mxfp8, Fp8Format::hybrid},
+                                           LinearCase{Fp8Scaling::mxfp8, Fp8Format::e4m3}),
                          [](const auto& info) {
                            return std::string(lf::ops::to_string(info.param.scaling)) + "_" +
                                   lf::ops::to_string(info.param.format);
@@ -267,7 +281,8 @@ TEST(Fp8Policy, ChoosesByGemmAndTokenCount) {
   EXPECT_EQ(named.margin, 2);
   EXPECT_EQ(Fp8Recipe::from_names("hybrid", "tensorwise", 0), Fp8Recipe{});
   EXPECT_THROW(Fp8Recipe::from_names("e5m2", "tensorwise", 0), lf::Error);
-  EXPECT_THROW(Fp8Recipe::from_names("hybrid", "mxfp8", 0), lf::Error);
+  EXPECT_EQ(Fp8Recipe::from_names("e4m3", "mxfp8", 0).scaling, Fp8Scaling::mxfp8);
+  EXPECT_THROW(Fp8Recipe::from_names("hybrid", "nvfp4", 0), lf::Error);
   Fp8Recipe r;
   Fp8Policy all(r);
   for (Fp8Gemm g : lf::ops::kFp8Gemms) EXPECT_EQ(all.choose(g, 1), &all.recipe());

@@ -51,7 +51,6 @@ TEST(Fp8Delayed, RecipeNamesAndIdentity) {
   EXPECT_EQ(t, Fp8Recipe{});
   EXPECT_THROW(Fp8Recipe::from_names("hybrid", "delayed", 0, 0), lf::Error);
   EXPECT_THROW(Fp8Recipe::from_names("hybrid", "delayed", 0, 4, "mean"), lf::Error);
-  EXPECT_THROW(Fp8Recipe::from_names("hybrid", "mxfp8", 0), lf::Error);
   EXPECT_THROW(Fp8DelayedScaling(Fp8Recipe{}), lf::Error);
 }
 

@@ -247,7 +247,7 @@ TEST(Fp8DelayedTraining, MistakesNameTheKey) {
           {"training.fp8_amax_compute_algo", "most_recent", "max"});
   refused({"--fp8-format", "hybrid", "--fp8-recipe", "delayed", "--fp8-amax-history-len", "0"},
           {"training.fp8_amax_history_len"});
-  refused({"--fp8-format", "hybrid", "--fp8-recipe", "mxfp8"}, {"training.fp8_recipe", "delayed"});
+  refused({"--fp8-format", "hybrid", "--fp8-recipe", "nvfp4"}, {"training.fp8_recipe", "delayed", "mxfp8"});
   // Expert parallelism: one history per expert weight is not built for experts spread over ranks.
   const auto ep = lf::testing::run_command(
       {bin("loongforge-run"), "--standalone", "--nproc-per-node", "2", bin("loongforge-train"), "--config-file",

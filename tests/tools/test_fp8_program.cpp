@@ -1,9 +1,9 @@
 // FP8 training end to end (loongforge-train --fp8-format / --fp8-recipe / --fp8-policy) on the
 // demo model (2 layers, hidden 64, SwiGLU 172, 4 heads in 2 groups; micro-batches of 2 x 128
 // tokens, so every linear layer's GEMM has 256 rows):
-//  - both recipes and formats learn, and stay near the fp32 run without equalling it;
+//  - every recipe (tensorwise, blockwise, mxfp8) and format learns, and stay near the fp32 run without equalling it;
 //  - tensorwise under TP 2 + SP equals the single FP8 process: the amax of every shard is reduced
-//    over TP, so each rank quantizes as the full tensor would be; DP (blockwise with ZeRO-1 too)
+//    over TP, so each rank quantizes as the full tensor would be; DP (blockwise and mxfp8 with ZeRO-1 too)
 //    and PP 2 equal it as well; MoE experts in FP8;
 //  - the adaptive policy file: all "bf16" equals no FP8 bit for bit, all "fp8" equals FP8
 //    everywhere, a step at exactly 256 tokens switches, and loongforge-fp8-policy's file runs;
@@ -53,7 +53,9 @@ TEST(Fp8Training, RecipesLearnNearTheTrainingDtype) {
                                                                 {"--fp8-format", "e4m3"},
                                                                 {"--fp8-format", "hybrid", "--fp8-recipe", "blockwise"},
                                                                 {"--fp8-format", "e4m3", "--fp8-recipe", "blockwise"},
-                                                                {"--fp8-format", "hybrid", "--fp8-margin", "2"}}) {
+                                                                {"--fp8-format", "hybrid", "--fp8-margin", "2"},
+                                                                {"--fp8-format", "e4m3", "--fp8-recipe", "mxfp8"},
+                                                                {"--fp8-format", "hybrid", "--fp8-recipe", "mxfp8"}}) {
     std::string what;
     for (const auto& a : args) what += a + " ";
     const TrainRun run = train(1, args, "recipe");
@@ -126,6 +128,10 @@ TEST(Fp8Training, ParallelLayoutsEqualSingleProcess) {
   auto dp = blockwise;
   dp.insert(dp.end(), {"--use-distributed-optimizer"});
   expect_fp8_equivalent(train(1, blockwise, "bw-one"), train(2, dp, "bw-dp2"), "FP8 blockwise, DP 2 + ZeRO-1");
+  const std::vector<std::string> mx{"--fp8-format", "e4m3", "--fp8-recipe", "mxfp8"};
+  auto mx_dp = mx;
+  mx_dp.insert(mx_dp.end(), {"--use-distributed-optimizer"});
+  expect_fp8_equivalent(train(1, mx, "mx-one"), train(2, mx_dp, "mx-dp2"), "FP8 mxfp8, DP 2 + ZeRO-1");
 }
 
 // MoE (configs/demo_moe.yaml: 8 experts top-2 after a dense first layer, shared experts, MTP):

@@ -64,7 +64,7 @@ int main(int argc, char** argv) {
       ->check(CLI::PositiveNumber);
   app.add_option("--dtype", dtype, "training dtype the FP8 GEMMs compete with")->check(CLI::IsMember({"bf16", "fp32"}));
   app.add_option("--fp8-format", format, "as loongforge-train's")->check(CLI::IsMember({"e4m3", "hybrid"}));
-  app.add_option("--fp8-recipe", recipe, "as loongforge-train's")->check(CLI::IsMember({"tensorwise", "blockwise", "delayed"}));
+  app.add_option("--fp8-recipe", recipe, "as loongforge-train's")->check(CLI::IsMember({"tensorwise", "blockwise", "delayed", "mxfp8"}));
   app.add_option("--fp8-margin", margin, "as loongforge-train's")->check(CLI::Range(0, 16));
   app.add_option("--iters", iters, "timed calls per measurement (the median is kept)")->check(CLI::PositiveNumber);
   app.add_option("--warmup", warmup, "untimed calls first")->check(CLI::NonNegativeNumber);

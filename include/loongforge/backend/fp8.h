@@ -7,14 +7,18 @@
 //  - blockwise (DeepSeek-V3's): inputs and output gradients in 1 x 128 tiles along each GEMM's
 //    reduction dimension, weights in 128 x 128 blocks, each with its own scale;
 //  - delayed (Transformer Engine's DelayedScaling): one scale per tensor from the amax history of
-//    earlier steps (backend/fp8_delayed.h), so the GEMMs reduce nothing over TP.
+//    earlier steps (backend/fp8_delayed.h), so the GEMMs reduce nothing over TP;
+//  - mxfp8 (OCP microscaling, Transformer Engine's MXFP8BlockScaling): every operand in blocks of
+//    32 consecutive values along its GEMM's reduction dimension (so the weight is quantized twice:
+//    along its input dim for the forward, along its output dim for the input gradient), each
+//    block's scale a power of two (E8M0): 2^-ceil(log2(2^margin amax / fp8_max)).
 // Formats: e4m3 (everything E4M3) or hybrid (E4M3 forward, E5M2 for output gradients).
 //
 // Every GEMM of a layer (forward, input gradient, weight gradient) multiplies quantized operands
 // and accumulates in fp32, as the FP8 tensor cores do. Tensorwise GEMMs are ATen's _scaled_mm on
 // the FP8 tensors (cuBLASLt on CUDA; on the CPU ATen's kernel, which converts and is no faster
-// than fp32); blockwise GEMMs, and CUDA shapes cuBLASLt does not take (k or n not a multiple of
-// 16), multiply the operands dequantized to fp32 (an FP8 value times its fp32 scale): the same
+// than fp32); blockwise and MX GEMMs, and CUDA shapes cuBLASLt does not take (k or n not a multiple
+// of 16), multiply the operands dequantized to fp32 (an FP8 value times its fp32 scale): the same
 // products, fp32 accumulation in another order.
 #pragma once
 
@@ -35,13 +39,14 @@ namespace lf::ops {
 
 class Fp8DelayedScaling;
 
-enum class Fp8Scaling { tensorwise, blockwise, delayed };
+enum class Fp8Scaling { tensorwise, blockwise, delayed, mxfp8 };
 enum class Fp8Format { e4m3, hybrid };
 // Delayed scaling: the amax a scale comes from, the history's newest entry or its maximum.
 enum class Fp8AmaxAlgo { most_recent, max };
 
 struct Fp8Recipe {
-  static constexpr int64_t kBlock = 128;  // blockwise tile / block edge
+  static constexpr int64_t kBlock = 128;   // blockwise tile / block edge
+  static constexpr int64_t kMxBlock = 32;  // mxfp8 block
   Fp8Scaling scaling = Fp8Scaling::tensorwise;
   Fp8Format format = Fp8Format::hybrid;
   int margin = 0;  // scales are 2^-margin fp8_max / amax
@@ -54,7 +59,7 @@ struct Fp8Recipe {
   at::ScalarType forward_dtype() const;  // E4M3 (inputs and weights)
   at::ScalarType grad_dtype() const;     // E5M2 under hybrid, else E4M3 (output gradients)
   std::string describe() const;          // "tensorwise hybrid (margin 0)", "delayed ... history 16, max"
-  // From the flags' names ("e4m3" / "hybrid", "tensorwise" / "blockwise" / "delayed",
+  // From the flags' names ("e4m3" / "hybrid", "tensorwise" / "blockwise" / "delayed" / "mxfp8",
   // "most_recent" / "max"); another name throws. history_len and algo matter only for delayed.
   static Fp8Recipe from_names(const std::string& format, const std::string& scaling, int margin,
                               int64_t history_len = 1, const std::string& algo = "most_recent");
@@ -86,9 +91,10 @@ at::Tensor tile_amax(const at::Tensor& x, int64_t tr, int64_t tc);
 // x [rows, cols] (any floating dtype) in `fp8` (kFloat8_e4m3fn or kFloat8_e5m2), one scale per
 // tile (tr = tc = 0: one for the whole tensor): scale = 2^-margin fp8_max / amax (1 where the amax
 // is 0), data = saturate(x scale) rounded to nearest even. `amax` (tile_amax's shape) replaces
-// the tiles' own, e.g. one reduced over a TP group.
+// the tiles' own, e.g. one reduced over a TP group. pow2 (MX's E8M0 scales): scale = 1 / the
+// smallest power of two >= 2^margin amax / fp8_max, so that no value saturates.
 Fp8Tensor quantize(const at::Tensor& x, at::ScalarType fp8, int64_t tr, int64_t tc, int margin,
-                   const at::Tensor& amax = {});
+                   const at::Tensor& amax = {}, bool pow2 = false);
 // x in `fp8` with a given scale (fp32, one element; delayed scaling's): data = saturate(x scale)
 // rounded to nearest even, scale_inv = 1 / scale, one tile.
 Fp8Tensor quantize_scaled(const at::Tensor& x, at::ScalarType fp8, const at::Tensor& scale);

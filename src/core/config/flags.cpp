@@ -57,7 +57,7 @@ const std::vector<FlagSpec> kTable = {
   {"--loss-scale-window", "training.loss_scale_window", K::value, "N", ""},
   {"--hysteresis", "training.hysteresis", K::value, "N", ""},
   {"--fp8-format", "training.fp8_format", K::value, "e4m3|hybrid", ""},
-  {"--fp8-recipe", "training.fp8_recipe", K::value, "tensorwise|blockwise|delayed", ""},
+  {"--fp8-recipe", "training.fp8_recipe", K::value, "tensorwise|blockwise|delayed|mxfp8", ""},
   {"--fp8-margin", "training.fp8_margin", K::value, "N", ""},
   {"--fp8-amax-history-len", "training.fp8_amax_history_len", K::value, "N", ""},
   {"--fp8-amax-compute-algo", "training.fp8_amax_compute_algo", K::value, "most_recent|max", ""},

@@ -423,7 +423,9 @@ Fp8Tensor quantize(const at::Tensor& x, at::ScalarType fp8, int64_t tr, int64_t 
   if (pow2) {
     const at::Tensor v = at::where(a > 0, a / (max * std::ldexp(1.0, -margin)), at::ones_like(a));
     const auto [m, e] = at::frexp(v);
-    scale = at::where(m == 0.5, v, at::ldexp(at::ones_like(v), e)).reciprocal();
+    // The exponent within E8M0's normal range, so that the scale stays finite for tiny blocks.
+    const at::Tensor p = at::where(m == 0.5, e - 1, e).clamp(-126, 127);
+    scale = at::ldexp(at::ones_like(v), p).reciprocal();
   } else {
     scale = at::where(a > 0, (max * std::ldexp(1.0, -margin)) / a, at::ones_like(a));
   }

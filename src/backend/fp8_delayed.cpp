@@ -96,7 +96,7 @@ Fp8AmaxTable& Fp8DelayedScaling::add_group(const std::vector<std::pair<std::stri
   std::vector<std::pair<std::string, at::Tensor>> fresh;
   for (const auto& [name, w] : weights)
     if ((w.dim() == 2 || w.dim() == 3) && w.numel() > 0 && !by_data_.count(w.data_ptr())) {
-      by_data_.emplace(w.data_ptr(), std::make_pair(nullptr, 0));  // a second handle of it: skipped
+      by_data_.emplace(w.data_ptr(), weights_.size());  // a second handle of it in this call: skipped
       fresh.emplace_back(name, w);
     }
   tables_.push_back(std::make_unique<Fp8AmaxTable>(recipe_, fresh, group));
@@ -108,7 +108,7 @@ Fp8AmaxTable& Fp8DelayedScaling::add_group(const std::vector<std::pair<std::stri
 
 void Fp8DelayedScaling::reindex() const {
   by_data_.clear();
-  for (const auto& w : weights_) by_data_.emplace(w.tensor.data_ptr(), std::make_pair(w.table, w.offset));
+  for (size_t i = 0; i < weights_.size(); ++i) by_data_.emplace(weights_[i].tensor.data_ptr(), i);
 }
 
 at::Tensor Fp8DelayedScaling::Site::scale(int64_t column) const { return table->scale_.narrow(0, offset + column, 1); }
@@ -121,15 +121,22 @@ void Fp8DelayedScaling::Site::record(int64_t column, const at::Tensor& x) const 
 }
 
 Fp8DelayedScaling::Site Fp8DelayedScaling::site(const at::Tensor& w) const {
-  auto it = by_data_.find(w.data_ptr());
-  if (it == by_data_.end()) {  // moved since the last lookup (e.g. into the gradient buffer's storage)?
+  // The entry of the weight at w's storage, if that weight is still there with w's shape.
+  auto find = [&]() -> const Weight* {
+    const auto it = by_data_.find(w.data_ptr());
+    if (it == by_data_.end()) return nullptr;
+    const Weight& k = weights_[it->second];
+    return k.tensor.data_ptr() == w.data_ptr() && k.tensor.sizes() == w.sizes() ? &k : nullptr;
+  };
+  const Weight* k = find();
+  if (k == nullptr) {  // moved since the last lookup (e.g. into the optimizer's flat storage)?
     reindex();
-    it = by_data_.find(w.data_ptr());
+    k = find();
   }
-  LF_CHECK(it != by_data_.end(), "fp8 delayed scaling: a GEMM's weight ", w.sizes(),
+  LF_CHECK(k != nullptr, "fp8 delayed scaling: a GEMM's weight ", w.sizes(),
            " is not a parameter the run keeps scales for",
            lf::hint("this layer cannot use --fp8-recipe delayed; use tensorwise or blockwise"));
-  return {it->second.first, it->second.second};
+  return {k->table, k->offset};
 }
 
 void Fp8DelayedScaling::update() {

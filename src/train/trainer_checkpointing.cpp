@@ -1,5 +1,6 @@
 #include "trainer_checkpointing.h"
 
+#include "loongforge/backend/fp8_delayed.h"
 #include "loongforge/core/error.h"
 #include "loongforge/core/logging.h"
 #include "loongforge/train/checkpoint_format.h"
@@ -113,15 +114,13 @@ int64_t TrainerCheckpointing::load(BatchSource& train_data) {
   check_can_save();
   if (!r->rng.empty()) model_.set_rng_state(r->rng);
   if (r->loss_scaler) scaler_.set_state(*r->loss_scaler);
-  // Delayed FP8 scaling: the scales and histories of every group (an adapter run's frozen base too).
+  // Delayed FP8 scaling: the scales and histories of every group (an adapter run's frozen base too;
+  // not under --finetune, which loads weights only). Each rank warns for its own stage's tables.
   bool delayed = false;
-  for (const auto& g : groups_) delayed = delayed || g.fp8 != nullptr;
-  if (delayed && !c.finetune) {
-    const int64_t n = load_fp8_scaling(r->dir, groups_);
-    if (rank0 && n == 0)
-      LF_WARN("checkpoint ", r->dir, " holds no delayed FP8 scaling state (saved without --fp8-recipe delayed): "
-              "the FP8 scales start at 1, as in a new run");
-  }
+  for (const auto& g : groups_) delayed = delayed || (g.fp8 != nullptr && !g.fp8->entries().empty());
+  if (delayed && !c.finetune && load_fp8_scaling(r->dir, groups_) == 0)
+    LF_WARN("checkpoint ", r->dir, " holds no delayed FP8 scaling state for this rank's weights (saved without "
+            "--fp8-recipe delayed): the FP8 scales start at 1, as in a new run");
   start_iteration_ = r->progress.iteration;
   start_consumed_ = r->progress.consumed_samples;
   last_saved_ = start_iteration_;

@@ -210,6 +210,14 @@ TEST(Fp8Delayed, EvaluationRecordsNothingAndUnknownWeightsAreRefused) {
   } catch (const lf::Error& e) {
     EXPECT_NE(std::string(e.what()).find("not a parameter the run keeps scales for"), std::string::npos) << e.what();
   }
+  // A weight whose storage moved after the table was built (the optimizer's flat buffers) is still
+  // found; a view of it at the same address with another shape is not the weight.
+  const auto before = t.history()[0][0].item<float>();
+  w.set_data(w.detach().clone());
+  lf::ops::fp8_linear(at::full({4, 16}, 2.0f * before + 1.0f), w, {}, rr, nullptr, nullptr);
+  EXPECT_FLOAT_EQ(t.history()[0][0].item<float>(), 2.0f * before + 1.0f);
+  EXPECT_THROW(lf::ops::fp8_linear(at::randn({4, 16}), w.detach().narrow(0, 0, 4), {}, rr, nullptr, nullptr),
+               lf::Error);
   Fp8Recipe no_state = r;
   EXPECT_THROW(lf::ops::fp8_linear(at::randn({4, 16}), w, {}, no_state, nullptr, nullptr), lf::Error);
 }

@@ -132,6 +132,15 @@ TEST(Fp8Training, ParallelLayoutsEqualSingleProcess) {
   auto mx_dp = mx;
   mx_dp.insert(mx_dp.end(), {"--use-distributed-optimizer"});
   expect_fp8_equivalent(train(1, mx, "mx-one"), train(2, mx_dp, "mx-dp2"), "FP8 mxfp8, DP 2 + ZeRO-1");
+  // MX blocks of 32 along each GEMM's reduction dim: under TP a shard's blocks are the full tensor's
+  // when each shard's reduction dim is a multiple of 32. The demo's FFN of 172 is not (86 per rank);
+  // at 128 every row-parallel shard is (linear_proj 32, linear_fc2 64), and TP 2 + SP equals one
+  // process.
+  auto mx128 = mx;
+  mx128.push_back("model.foundation.ffn_hidden_size=128");
+  auto mx128_tp = mx128;
+  mx128_tp.insert(mx128_tp.end(), {"--tensor-model-parallel-size", "2", "--sequence-parallel"});
+  expect_fp8_equivalent(train(1, mx128, "mx128-one"), train(2, mx128_tp, "mx128-tp2sp"), "FP8 mxfp8, TP 2 + SP");
 }
 
 // MoE (configs/demo_moe.yaml: 8 experts top-2 after a dense first layer, shared experts, MTP):

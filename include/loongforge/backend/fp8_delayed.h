@@ -94,14 +94,15 @@ class Fp8DelayedScaling {
   Fp8Recipe recipe_;
   std::vector<std::unique_ptr<Fp8AmaxTable>> tables_;
   // The weights (handles: their storage may move, e.g. into a flat buffer, after add_group) and
-  // the lookup by storage, rebuilt from them when a GEMM's weight is not found.
+  // the lookup by storage (-> index into weights_), rebuilt from them when a GEMM's weight is not
+  // found or the entry found is stale (its weight has moved and another took the address).
   struct Weight {
     at::Tensor tensor;
     Fp8AmaxTable* table;
     int64_t offset;
   };
   std::vector<Weight> weights_;
-  mutable std::unordered_map<const void*, std::pair<Fp8AmaxTable*, int64_t>> by_data_;  // storage -> (table, offset)
+  mutable std::unordered_map<const void*, size_t> by_data_;
   void reindex() const;
 };
 

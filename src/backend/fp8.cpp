@@ -127,27 +127,26 @@ struct Fp8Forward {
 Fp8Forward fp8_forward(const Fp8Recipe& r, lf::backend::Communicator* group, const at::Tensor& x2, const at::Tensor& w,
                        const std::optional<at::Tensor>& b, bool keep, std::vector<at::Tensor> amax = {},
                        const std::optional<Delayed>& d = std::nullopt) {
+  Fp8Forward f;
+  Fp8Tensor qx;
   if (d) {  // the history's scales; this call's amaxes recorded for the next steps
-    Fp8Forward f;
-    const Fp8Tensor qx = quantize_scaled(x2, r.forward_dtype(), d->site.scale(d->base));
+    qx = quantize_scaled(x2, r.forward_dtype(), d->site.scale(d->base));
     f.qw = quantize_scaled(w, r.forward_dtype(), d->site.scale(d->base + 1));
     if (d->record) {
       d->site.record(d->base, x2);
       d->site.record(d->base + 1, w);
     }
-    if (keep) f.qxc = qx;
-    f.y = quantized_gemm(qx, f.qw);
-    if (b) f.y.add_(b->to(at::kFloat));
-    return f;
+  } else {
+    if (amax.empty() && r.scaling == Fp8Scaling::tensorwise) amax = group_amax({x2, w}, group);
+    if (amax.empty()) amax = {at::Tensor(), at::Tensor()};
+    qx = quantize_as(r, x2, r.forward_dtype(), input_tiles(r, true), amax[0]);
+    f.qw = quantize_as(r, w, r.forward_dtype(), weight_tiles(r), amax[1]);
   }
-  const bool tensorwise = r.scaling == Fp8Scaling::tensorwise;
-  if (amax.empty()) amax = tensorwise ? group_amax({x2, w}, group) : std::vector<at::Tensor>{at::Tensor(), at::Tensor()};
-  Fp8Forward f;
-  const Fp8Tensor qx = quantize_as(r, x2, r.forward_dtype(), input_tiles(r, true), amax[0]);
-  f.qw = quantize_as(r, w, r.forward_dtype(), weight_tiles(r), amax[1]);
   f.y = quantized_gemm(qx, f.qw);
   if (keep) {
-    f.qxc = tensorwise ? qx : quantize_as(r, x2, r.forward_dtype(), input_tiles(r, false));
+    // One scale per tensor (tensorwise, delayed): the forward's copy serves the weight gradient too.
+    const bool one_scale = r.scaling == Fp8Scaling::tensorwise || r.scaling == Fp8Scaling::delayed;
+    f.qxc = one_scale ? qx : quantize_as(r, x2, r.forward_dtype(), input_tiles(r, false));
     if (r.scaling == Fp8Scaling::mxfp8) f.qw = quantize_as(r, w, r.forward_dtype(), weight_dgrad_tiles(r));
   }
   if (b) f.y.add_(b->to(at::kFloat));

@@ -248,6 +248,23 @@ TEST(Fp8Training, PolicyFileChoosesPerGemmAndTokenCount) {
   EXPECT_EQ(measured.exit_code, 0) << measured.output;
 }
 
+// Each GEMM kind of `kinds` alone in FP8 (a policy file) changes the run: it differs from the
+// fp32 run (the model's GEMMs of that kind take FP8) and from the all-FP8 run `one`. run(procs,
+// extra args, tag) trains the model under test.
+template <class Run>
+void expect_each_kind_changes_the_run(const Run& run, std::initializer_list<const char*> kinds, const std::string& model,
+                                      const TrainRun& fp32, const TrainRun& one) {
+  const auto all = nlohmann::json::parse(R"([{"min_tokens": 0, "precision": "fp8"}])");
+  for (const char* kind : kinds) {
+    const TrainRun alone =
+        run(1, {"--fp8-format", "hybrid", "--fp8-policy", policy_file(model + "_" + kind, {{kind, all}})},
+            std::string("alone-") + kind);
+    ASSERT_EQ(alone.exit_code, 0) << alone.output;
+    EXPECT_NE(alone.losses, fp32.losses) << model << ": " << kind << " in FP8 alone changed nothing (its GEMMs ignore FP8)";
+    EXPECT_NE(alone.losses, one.losses) << model << ": " << kind;
+  }
+}
+
 // MLA (the demo with --multi-latent-attention: q and kv latents, 4 heads): its up projections (the
 // policy's qkv kind) and linear_proj (proj) in FP8, each alone through a policy file, both changing
 // the run; the down projections stay in the training dtype. TP 2 + SP splits the heads (the up
@@ -266,15 +283,7 @@ TEST(Fp8Training, MlaProjectionsInFp8) {
   EXPECT_GT(worst_loss_rel(fp32, one), 1e-5);
   EXPECT_LT(worst_loss_rel(fp32, one), 3e-2);
   EXPECT_LT(one.losses.back(), one.losses.front());
-  const auto all = nlohmann::json::parse(R"([{"min_tokens": 0, "precision": "fp8"}])");
-  for (const char* kind : {"qkv", "proj"}) {
-    const TrainRun alone =
-        run(1, {"--fp8-format", "hybrid", "--fp8-policy", policy_file(std::string("mla_") + kind, {{kind, all}})},
-            std::string("alone-") + kind);
-    ASSERT_EQ(alone.exit_code, 0) << alone.output;
-    EXPECT_NE(alone.losses, fp32.losses) << kind << " in FP8 alone changed nothing: MLA's GEMMs of that kind ignore FP8";
-    EXPECT_NE(alone.losses, one.losses) << kind;
-  }
+  expect_each_kind_changes_the_run(run, {"qkv", "proj"}, "mla", fp32, one);
   expect_fp8_equivalent(one, run(2, {"--fp8-format", "hybrid", "--tensor-model-parallel-size", "2", "--sequence-parallel"},
                                  "tp2sp"),
                         "FP8 MLA, TP 2 + SP");
@@ -298,15 +307,7 @@ TEST(Fp8Training, WanDitBlocksInFp8) {
   EXPECT_GT(worst_loss_rel(fp32, one), 1e-7);
   EXPECT_LT(worst_loss_rel(fp32, one), 3e-2);
   std::printf("[fp8] Wan DiT: worst per-step loss relative to fp32 %.3g\n", worst_loss_rel(fp32, one));
-  const auto all = nlohmann::json::parse(R"([{"min_tokens": 0, "precision": "fp8"}])");
-  for (const char* kind : {"qkv", "proj", "fc1", "fc2"}) {
-    const TrainRun alone =
-        run(1, {"--fp8-format", "hybrid", "--fp8-policy", policy_file(std::string("wan_") + kind, {{kind, all}})},
-            std::string("alone-") + kind);
-    ASSERT_EQ(alone.exit_code, 0) << alone.output;
-    EXPECT_NE(alone.losses, fp32.losses) << kind << " in FP8 alone changed nothing: the DiT's GEMMs of that kind ignore FP8";
-    EXPECT_NE(alone.losses, one.losses) << kind;
-  }
+  expect_each_kind_changes_the_run(run, {"qkv", "proj", "fc1", "fc2"}, "wan", fp32, one);
   const TrainRun last = run(1, {"--fp8-format", "hybrid", "--first-last-layers-bf16", "--num-layers-at-start-in-bf16",
                                 "1", "--num-layers-at-end-in-bf16", "0"},
                             "last-block");

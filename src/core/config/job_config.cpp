@@ -166,6 +166,14 @@ void validate(const JobConfig& job, const Node& resolved, ErrorList& errors) {
       c.fail(key, c.show(key) + " configures delayed FP8 scaling, which " + c.show("training.fp8_recipe") +
                       " does not use",
              "add --fp8-recipe delayed, or drop it");
+  // most_recent reads only the newest amax: a longer history would change nothing.
+  if (c.ok({"training.fp8_amax_history_len", "training.fp8_amax_compute_algo", "training.fp8_recipe"}) &&
+      t.fp8_format && t.fp8_recipe == "delayed" && t.fp8_amax_history_len > 1 &&
+      t.fp8_amax_compute_algo == "most_recent")
+    c.fail("training.fp8_amax_history_len",
+           c.show("training.fp8_amax_history_len") + " is unused under " + c.show("training.fp8_amax_compute_algo") +
+               ", which takes only the newest amax",
+           "add --fp8-amax-compute-algo max (the history's largest amax), or drop --fp8-amax-history-len");
   for (const char* key : {"training.num_layers_at_start_in_bf16", "training.num_layers_at_end_in_bf16"})
     if (c.ok({key, "training.first_last_layers_bf16"}) && c.given(key) && !t.first_last_layers_bf16)
       c.fail(key, c.show(key) + " counts the layers --first-last-layers-bf16 keeps out of FP8, which is off (" +

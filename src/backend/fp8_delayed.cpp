@@ -16,17 +16,19 @@ namespace {
 constexpr int64_t kColumns = 3;  // input, weight, output gradient
 }
 
-Fp8AmaxTable::Fp8AmaxTable(const Fp8Recipe& recipe, const std::vector<std::pair<std::string, at::Tensor>>& weights,
-                           lf::backend::Communicator* group)
-    : recipe_(recipe), group_(group) {
+Fp8AmaxTable::Fp8AmaxTable(const Fp8Recipe& recipe, const std::vector<Fp8Weight>& weights,
+                           std::vector<lf::backend::Communicator*> groups)
+    : recipe_(recipe), groups_(std::move(groups)) {
   LF_CHECK(recipe.amax_history_len >= 1, "fp8 delayed scaling: amax history length ", recipe.amax_history_len,
            " (want >= 1)");
   int64_t n = 0;
   at::TensorOptions opts = at::TensorOptions().dtype(at::kFloat);
-  for (const auto& [name, w] : weights) {
+  for (const auto& [name, w, parts, part] : weights) {
     if (w.dim() != 2 && w.dim() != 3) continue;
+    LF_CHECK(parts >= 1 && part >= 0 && part < parts && (parts == 1 || w.dim() == 3), "fp8 delayed scaling: ", name,
+             " as part ", part, " of ", parts, lf::hint("internal: only grouped (expert) weights come in parts"));
     const int64_t width = kColumns * (w.dim() == 3 ? w.size(0) : 1);
-    entries_.push_back({name, n, width});
+    entries_.push_back({name, n, width, parts, part});
     n += width;
     opts = opts.device(w.device());
   }
@@ -41,7 +43,8 @@ void Fp8AmaxTable::update() {
   if (history_.size(1) == 0) return;
   at::NoGradGuard no_grad;
   at::Tensor current = history_.select(0, 0);  // contiguous: row 0 of a row-major table
-  if (group_ != nullptr && group_->size() > 1) group_->all_reduce(current, lf::backend::ReduceOp::max);
+  for (auto* g : groups_)
+    if (g != nullptr && g->size() > 1) g->all_reduce(current, lf::backend::ReduceOp::max);
   const at::Tensor amax = recipe_.amax_compute_algo == Fp8AmaxAlgo::max ? history_.amax(0) : current.clone();
   // As quantize(): 2^-margin fp8_max / amax, in fp32. An amax of 0 (nothing recorded) or inf/NaN
   // keeps the scale.
@@ -72,17 +75,17 @@ std::pair<at::Tensor, at::Tensor> Fp8AmaxTable::state(const Entry& e) const {
 
 void Fp8AmaxTable::set_state(const Entry& e, const at::Tensor& history, const at::Tensor& scale,
                              const std::string& source) {
-  const int64_t len = history_.size(0);
-  LF_CHECK(history.dim() == 2 && history.size(0) == len && history.size(1) == e.width, source,
-           ": the FP8 amax history of ", e.name, " is ", history.sizes(), ", this run's is [", len, ", ", e.width, "]",
+  const int64_t len = history_.size(0), whole = e.width * e.parts;
+  LF_CHECK(history.dim() == 2 && history.size(0) == len && history.size(1) == whole, source,
+           ": the FP8 amax history of ", e.name, " is ", history.sizes(), ", this run's is [", len, ", ", whole, "]",
            lf::hint(history.dim() == 2 && history.size(0) != len
                         ? "resume with --fp8-amax-history-len " + std::to_string(history.size(0))
                         : std::string("the checkpoint is of another model; check --load")));
-  LF_CHECK(scale.dim() == 1 && scale.size(0) == e.width, source, ": the FP8 scales of ", e.name, " are ", scale.sizes(),
-           ", this run's are [", e.width, "]", lf::hint("the checkpoint is of another model; check --load"));
+  LF_CHECK(scale.dim() == 1 && scale.size(0) == whole, source, ": the FP8 scales of ", e.name, " are ", scale.sizes(),
+           ", this run's are [", whole, "]", lf::hint("the checkpoint is of another model; check --load"));
   at::NoGradGuard no_grad;
-  history_.narrow(1, e.offset, e.width).copy_(history);
-  scale_.narrow(0, e.offset, e.width).copy_(scale);
+  history_.narrow(1, e.offset, e.width).copy_(history.narrow(1, e.part * e.width, e.width));
+  scale_.narrow(0, e.offset, e.width).copy_(scale.narrow(0, e.part * e.width, e.width));
 }
 
 Fp8DelayedScaling::Fp8DelayedScaling(const Fp8Recipe& recipe) : recipe_(recipe) {
@@ -90,18 +93,18 @@ Fp8DelayedScaling::Fp8DelayedScaling(const Fp8Recipe& recipe) : recipe_(recipe) 
   recipe_.delayed = nullptr;
 }
 
-Fp8AmaxTable& Fp8DelayedScaling::add_group(const std::vector<std::pair<std::string, at::Tensor>>& weights,
-                                           lf::backend::Communicator* group) {
+Fp8AmaxTable& Fp8DelayedScaling::add_group(const std::vector<Fp8Weight>& weights,
+                                           std::vector<lf::backend::Communicator*> groups) {
   reindex();
-  std::vector<std::pair<std::string, at::Tensor>> fresh;
-  for (const auto& [name, w] : weights)
-    if ((w.dim() == 2 || w.dim() == 3) && w.numel() > 0 && !by_data_.count(w.data_ptr())) {
-      by_data_.emplace(w.data_ptr(), weights_.size());  // a second handle of it in this call: skipped
-      fresh.emplace_back(name, w);
+  std::vector<Fp8Weight> fresh;
+  for (const auto& w : weights)
+    if ((w.tensor.dim() == 2 || w.tensor.dim() == 3) && w.tensor.numel() > 0 && !by_data_.count(w.tensor.data_ptr())) {
+      by_data_.emplace(w.tensor.data_ptr(), weights_.size());  // a second handle of it in this call: skipped
+      fresh.push_back(w);
     }
-  tables_.push_back(std::make_unique<Fp8AmaxTable>(recipe_, fresh, group));
+  tables_.push_back(std::make_unique<Fp8AmaxTable>(recipe_, fresh, std::move(groups)));
   Fp8AmaxTable* t = tables_.back().get();
-  for (size_t i = 0; i < fresh.size(); ++i) weights_.push_back({fresh[i].second, t, t->entries_[i].offset});
+  for (size_t i = 0; i < fresh.size(); ++i) weights_.push_back({fresh[i].tensor, t, t->entries_[i].offset});
   reindex();
   return *t;
 }

@@ -15,6 +15,7 @@
 #include <ATen/Functions.h>
 #include <ATen/core/grad_mode.h>
 
+#include <algorithm>
 #include <atomic>
 #include <csignal>
 #include <cstring>
@@ -68,9 +69,9 @@ std::string model_file(int tp, int pp, const std::string& group) {
   const std::string infix = group == "model" ? "" : group + "_";
   return "model_" + infix + "tp" + std::to_string(tp) + "_pp" + std::to_string(pp) + ".safetensors";
 }
-std::string fp8_file(int pp, const std::string& group) {
+std::string fp8_file(int pp, const std::string& group, int tp) {
   const std::string infix = group == "model" ? "" : group + "_";
-  return "fp8_" + infix + "tp0_pp" + std::to_string(pp) + ".safetensors";
+  return "fp8_" + infix + "tp" + std::to_string(tp) + "_pp" + std::to_string(pp) + ".safetensors";
 }
 std::string optim_file(int tp, int pp, int dp, const std::string& group) {
   const std::string infix = group == "model" ? "" : group + "_";
@@ -199,16 +200,27 @@ void CheckpointSaver::save(const TrainingProgress& progress, const std::vector<C
   for (const auto& g : groups) {
     const auto& gctx = *g.context;
     const int tpr = gctx.tp_rank(), ppr = gctx.pp_rank();
-    // Delayed FP8 scaling: equal on every TP/DP/CP rank of the stage (reduced each step); one copy,
-    // also of a frozen base's (the run's own state, not the base checkpoint's).
-    if (g.fp8 && tpr == 0 && gctx.dp_rank() == 0 && gctx.cp_rank() == 0) {
+    // Delayed FP8 scaling: equal on every TP/DP/CP rank of the stage that holds the same weights
+    // (reduced each step); one copy, also of a frozen base's (the run's own state, not the base
+    // checkpoint's). Experts over EP ranks: each EP rank's part of the whole weight's columns.
+    if (g.fp8 && gctx.dp_rank() == 0 && gctx.cp_rank() == 0) {
       std::vector<Entry> f;
-      for (const auto* e : g.fp8->used()) {
+      // Every part of a weight in parts (the whole is read back from all of them), even one whose
+      // experts had no tokens yet; of the others those in use.
+      const auto used = g.fp8->used();
+      for (const auto& entry : g.fp8->entries()) {
+        const auto* e = &entry;
+        if (e->parts == 1 && std::find(used.begin(), used.end(), e) == used.end()) continue;
+        if (tpr % (gctx.tp_size() / e->parts) != 0) continue;  // TP ranks beside the part's first
         auto [h, sc] = g.fp8->state(*e);
-        f.push_back({Piece{e->name, "fp8_amax_history", ShardSpec{{h.size(0), h.size(1)}}, 0, h.numel()}, h.reshape({-1})});
-        f.push_back({Piece{e->name, "fp8_scale", ShardSpec{{sc.size(0)}}, 0, sc.numel()}, sc});
+        const int part = static_cast<int>(e->part), parts = static_cast<int>(e->parts);
+        ShardSpec hs{{h.size(0), h.size(1) * parts}, 1}, ss{{sc.size(0) * parts}, 0};
+        hs.tp_rank = ss.tp_rank = part;
+        hs.tp_size = ss.tp_size = parts;
+        f.push_back({Piece{e->name, "fp8_amax_history", hs, 0, h.numel()}, h.reshape({-1})});
+        f.push_back({Piece{e->name, "fp8_scale", ss, 0, sc.numel()}, sc});
       }
-      if (!f.empty()) files.emplace_back(fp8_file(ppr, g.name), std::move(f));
+      if (!f.empty()) files.emplace_back(fp8_file(ppr, g.name, tpr), std::move(f));
     }
     if (g.from_base) continue;  // the base checkpoint holds these
     for (const auto& p : *g.params) names.push_back(p.name);

@@ -18,7 +18,7 @@ namespace lf::train::ckpt {
 std::string model_file(int tp, int pp, const std::string& group = "model");
 std::string optim_file(int tp, int pp, int dp, const std::string& group = "model");
 // Delayed FP8 scaling's histories and scales of a group's pipeline stage (TP/DP-replicated).
-std::string fp8_file(int pp, const std::string& group = "model");
+std::string fp8_file(int pp, const std::string& group = "model", int tp = 0);
 // SAVE/iter_NNNNNNN.tmp
 std::string temp_dir(const std::string& save_dir, int64_t iteration);
 // Creates save_dir, removes leftovers of interrupted saves, creates the (empty) temp dir.

@@ -9,6 +9,7 @@
 #include <ATen/core/grad_mode.h>
 #include <ATen/record_function.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -106,16 +107,41 @@ Trainer::Impl::Impl(const lf::config::JobConfig& j, lf::models::Model& m, const 
     LF_CHECK(g.context != nullptr, "parameter group ", g.name, " of model type ", m.type(), " has no parallel context");
     CheckpointGroup cg{g.name, &g.params, g.context, -1, g.base};
     if (fp8_delayed) {
-      // Reduced over the group's TP x DP x CP ranks: those hold the same weights (or TP shards of them).
-      std::vector<std::pair<std::string, at::Tensor>> weights;
-      for (const auto& p : g.params) {
-        LF_CHECK(!p.expert, "--fp8-recipe delayed: ", p.name, " is an expert-parallel weight; delayed scaling "
-                 "keeps one history per weight and is not built for experts spread over expert-parallel ranks",
-                 lf::hint("use --fp8-recipe tensorwise or blockwise with --expert-model-parallel-size > 1"));
-        if (!p.state) weights.emplace_back(p.name, p.tensor);
-      }
+      // Reduced over the ranks that hold the same weights (or TP shards of them): the group's TP x DP
+      // x CP ranks; for experts spread over expert-parallel ranks (the experts' context: its tp axis
+      // is EP, or EP x TP when the experts are split over TP), expert-DP and that TP.
+      std::vector<lf::ops::Fp8Weight> weights;
+      bool experts = false, dense = false;
+      int64_t within = 1;  // the TP ranks that share an expert-parallel rank's experts
       const auto& gc = *g.context;
-      cg.fp8 = &fp8_delayed->add_group(weights, gc.tp_size() * gc.dp_size() * gc.cp_size() > 1 ? &gc.tp_dp_cp() : nullptr);
+      for (const auto& p : g.params) {
+        if (p.state) continue;
+        (p.expert ? experts : dense) = true;
+        if (!p.expert) {
+          weights.push_back({p.name, p.tensor});
+          continue;
+        }
+        // Split along the experts over tp_size EP ranks (rank tp_rank holds part tp_rank), or two-level
+        // (Sharding::outer > 1: outer EP parts, each over tp_size / outer TP ranks).
+        const int64_t inner = p.sharding.outer > 1 ? p.tp_size / p.sharding.outer : 1;
+        within = std::max(within, inner);
+        weights.push_back({p.name, p.tensor, p.tp_size / inner, p.tp_rank / inner});
+      }
+      LF_CHECK(!(experts && dense), "parameter group ", g.name, " mixes expert-parallel and other weights",
+               lf::hint("internal: expert-parallel weights form their own group"));
+      std::vector<lf::backend::Communicator*> over;
+      if (!experts) {
+        if (gc.tp_size() * gc.dp_size() * gc.cp_size() > 1) over.push_back(&gc.tp_dp_cp());
+      } else {
+        if (gc.dp_size() * gc.cp_size() > 1) over.push_back(gc.cp_size() > 1 ? &gc.dp_cp() : &gc.dp());
+        if (within > 1) {
+          LF_CHECK(c.tp_size() == within, "parameter group ", g.name, ": experts split over ", within,
+                   " TP ranks, the job's TP group has ", c.tp_size(),
+                   lf::hint("internal: the trainer's context must be the dense layout's"));
+          over.push_back(&c.tp());
+        }
+      }
+      cg.fp8 = &fp8_delayed->add_group(weights, over);
     }
     for (size_t k = 0; k < ema_groups.size(); ++k)
       if (&groups[ema_groups[k]] == &g) cg.ema = &ema[k];

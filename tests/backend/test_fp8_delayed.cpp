@@ -74,7 +74,7 @@ TEST(Fp8Delayed, HistoryRecordsEachOperandAndBecomesTheScales) {
   rr.delayed = &state;
   auto w = (at::randn({16, 32}) * 0.05).requires_grad_(true);
   auto other = at::randn({8, 8});
-  Fp8AmaxTable& t = state.add_group({{"w", w}, {"bias", at::zeros({16})}, {"other", other}}, nullptr);
+  Fp8AmaxTable& t = state.add_group({{"w", w}, {"bias", at::zeros({16})}, {"other", other}}, {});
   ASSERT_EQ(t.entries().size(), 2u);  // 1-d tensors have no GEMM
   EXPECT_EQ(t.entries()[1].offset, 3);
   EXPECT_TRUE(t.used().empty());
@@ -114,7 +114,7 @@ TEST(Fp8Delayed, HistoryRecordsEachOperandAndBecomesTheScales) {
   Fp8DelayedScaling recent(delayed(3, "most_recent"));
   Fp8Recipe rc = recent.recipe();
   rc.delayed = &recent;
-  Fp8AmaxTable& tr = recent.add_group({{"w", w}}, nullptr);
+  Fp8AmaxTable& tr = recent.add_group({{"w", w}}, {});
   for (float v : {8.0f, 2.0f}) {
     run(rc, at::full({4, 32}, v), w, at::full({4, 16}, 1e-3f));
     recent.update();
@@ -138,7 +138,7 @@ TEST(Fp8Delayed, ScalesFromTheSameTensorsGiveTheTensorwiseStep) {
       Fp8Recipe rr = r;
       rr.delayed = &state;
       auto w = (at::randn({48, 64}) * 0.03).requires_grad_(true);
-      state.add_group({{"w", w}}, nullptr);
+      state.add_group({{"w", w}}, {});
       const auto x = at::randn({40, 64}), dy = at::randn({40, 48}) * 1e-3;
       const Step first = run(rr, x, w, dy);
       state.update();
@@ -159,7 +159,7 @@ TEST(Fp8Delayed, GroupedGemmHasAnEntryPerGroup) {
   Fp8Recipe rr = r;
   rr.delayed = &state;
   auto w = (at::randn({3, 24, 32}) * 0.04).requires_grad_(true);
-  Fp8AmaxTable& t = state.add_group({{"experts.fc1", w}}, nullptr);
+  Fp8AmaxTable& t = state.add_group({{"experts.fc1", w}}, {});
   ASSERT_EQ(t.entries().size(), 1u);
   EXPECT_EQ(t.entries()[0].width, 9);
   const auto counts = at::tensor(std::vector<int64_t>{5, 0, 7});
@@ -195,7 +195,7 @@ TEST(Fp8Delayed, EvaluationRecordsNothingAndUnknownWeightsAreRefused) {
   Fp8Recipe rr = r;
   rr.delayed = &state;
   auto w = at::randn({8, 16}).requires_grad_(true);
-  Fp8AmaxTable& t = state.add_group({{"w", w}}, nullptr);
+  Fp8AmaxTable& t = state.add_group({{"w", w}}, {});
   {
     at::NoGradGuard no_grad;
     lf::ops::fp8_linear(at::randn({4, 16}), w, {}, rr, nullptr, nullptr);
@@ -226,8 +226,8 @@ TEST(Fp8Delayed, StateRoundTripsAndRefusesAnotherLength) {
   const Fp8Recipe r = delayed(4, "max");
   Fp8DelayedScaling a(r), b(r);
   auto w = at::randn({8, 16});
-  Fp8AmaxTable& ta = a.add_group({{"w", w}}, nullptr);
-  Fp8AmaxTable& tb = b.add_group({{"w", w}}, nullptr);
+  Fp8AmaxTable& ta = a.add_group({{"w", w}}, {});
+  Fp8AmaxTable& tb = b.add_group({{"w", w}}, {});
   Fp8Recipe ra = r;
   ra.delayed = &a;
   for (int s = 0; s < 3; ++s) {
@@ -248,6 +248,30 @@ TEST(Fp8Delayed, StateRoundTripsAndRefusesAnotherLength) {
     EXPECT_NE(m.find("checkpoint /x/iter_0000005"), std::string::npos) << m;
     EXPECT_NE(m.find("--fp8-amax-history-len 2"), std::string::npos) << m;
   }
+}
+
+// Experts over expert-parallel ranks: rank r's grouped weight [G/ep, out, in] is part r of the whole
+// weight's entry. set_state takes the whole weight's columns and keeps this part's (experts
+// r G/ep .. (r+1) G/ep - 1: columns 3 r G/ep ..); a whole of another width is refused.
+TEST(Fp8Delayed, ExpertPartsTakeTheirColumnsOfTheWhole) {
+  const Fp8Recipe r = delayed(2, "max");
+  Fp8DelayedScaling whole(r), second(r);
+  const auto w = at::randn({4, 8, 16}), part = w.narrow(0, 2, 2).contiguous();
+  Fp8AmaxTable& tw = whole.add_group({{"experts.fc1", w}}, {});
+  Fp8AmaxTable& tp = second.add_group({{"experts.fc1", part, 2, 1}}, {});
+  ASSERT_EQ(tp.entries()[0].width, 6);
+  EXPECT_EQ(tp.entries()[0].parts, 2);
+  EXPECT_EQ(tp.entries()[0].part, 1);
+  at::Tensor h = at::arange(24, at::kFloat).reshape({2, 12}) + 1, sc = at::arange(12, at::kFloat) + 100;
+  tw.set_state(tw.entries()[0], h, sc, "test");
+  tp.set_state(tp.entries()[0], h, sc, "test");
+  EXPECT_TRUE(at::equal(tp.history(), h.narrow(1, 6, 6)));
+  EXPECT_TRUE(at::equal(tp.scale(), sc.narrow(0, 6, 6)));
+  // The part's own state is its columns only (a checkpoint stores it as that part of the whole).
+  auto [ph, ps] = tp.state(tp.entries()[0]);
+  EXPECT_TRUE(at::equal(ph, h.narrow(1, 6, 6)));
+  EXPECT_THROW(tp.set_state(tp.entries()[0], h.narrow(1, 0, 6), sc.narrow(0, 0, 6), "test"), lf::Error);
+  EXPECT_THROW(second.add_group({{"bad", at::randn({8, 16}), 2, 0}}, {}), lf::Error);  // a 2-d weight in parts
 }
 
 }  // namespace

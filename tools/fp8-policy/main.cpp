@@ -105,7 +105,7 @@ int main(int argc, char** argv) {
         std::optional<lf::ops::Fp8DelayedScaling> delayed;
         if (r.scaling == lf::ops::Fp8Scaling::delayed) {
           delayed.emplace(r);
-          delayed->add_group({{"w", w}}, nullptr);
+          delayed->add_group({{"w", w}}, {});
           rw.delayed = &*delayed;
         }
         auto step = [&](bool fp8) {

@@ -17,6 +17,11 @@
 // the older steps, oldest first) and scale fp32 [n], three entries per 2-d weight (input, weight,
 // output gradient) and three per group of a 3-d (grouped) weight [G, out, in]. Checkpoints store
 // each used weight's rows under its name (TP/DP-replicated values: any layout loads them).
+//
+// Expert parallelism: a rank's expert weight [G/ep, out, in] holds experts r G/ep .. (r+1) G/ep - 1;
+// its entry is part r of ep of the whole weight's (Fp8Weight::parts / part), reduced over the ranks
+// that hold the same experts (expert-DP, and TP when the experts are split over it), and stored as
+// that part of the whole weight's columns, so that any EP layout loads it.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -36,33 +41,43 @@ class Communicator;
 
 namespace lf::ops {
 
+// A weight that gets scales: its name, tensor, and which part of the whole weight's entry it is
+// (experts over expert-parallel ranks: part `part` of `parts` along the experts; else 1 of 1).
+struct Fp8Weight {
+  std::string name;
+  at::Tensor tensor;
+  int64_t parts = 1, part = 0;
+};
+
 // One parameter group's scales and histories.
 class Fp8AmaxTable {
  public:
-  // The 2-d and 3-d tensors of `weights` (name, tensor; others are skipped), reduced over `group`
-  // (null: this rank alone).
-  Fp8AmaxTable(const Fp8Recipe& recipe, const std::vector<std::pair<std::string, at::Tensor>>& weights,
-               lf::backend::Communicator* group);
+  // The 2-d and 3-d tensors of `weights` (others are skipped), reduced over each of `groups` in
+  // turn (none: this rank alone).
+  Fp8AmaxTable(const Fp8Recipe& recipe, const std::vector<Fp8Weight>& weights,
+               std::vector<lf::backend::Communicator*> groups);
   struct Entry {
     std::string name;
     int64_t offset = 0, width = 0;  // columns [offset, offset + width) of history and scale
+    int64_t parts = 1, part = 0;    // the columns are part `part` of `parts` of the whole weight's
   };
   const std::vector<Entry>& entries() const { return entries_; }
   const at::Tensor& history() const { return history_; }
   const at::Tensor& scale() const { return scale_; }
-  // Collective over the group: the current row's maximum over it, new scales, the history rolled.
+  // Collective over the groups: the current row's maximum over them, new scales, the history rolled.
   void update();
   // Entries that have recorded an amax or hold a scale other than 1 (what a checkpoint stores).
   std::vector<const Entry*> used() const;
-  // An entry's rows and scales (CPU copies), and setting them (e.g. from a checkpoint): history
-  // must be [len, width], scale [width]; otherwise an lf::Error naming `source` and the entry.
+  // An entry's rows and scales (CPU copies: this rank's part), and setting them from the whole
+  // weight's (e.g. a checkpoint's; this rank takes its part): history must be
+  // [len, width x parts], scale [width x parts]; otherwise an lf::Error naming `source` and the entry.
   std::pair<at::Tensor, at::Tensor> state(const Entry& e) const;
   void set_state(const Entry& e, const at::Tensor& history, const at::Tensor& scale, const std::string& source);
 
  private:
   friend class Fp8DelayedScaling;
   Fp8Recipe recipe_;
-  lf::backend::Communicator* group_;
+  std::vector<lf::backend::Communicator*> groups_;
   std::vector<Entry> entries_;
   at::Tensor history_, scale_, fp8_max_;
 };
@@ -73,8 +88,7 @@ class Fp8DelayedScaling {
   explicit Fp8DelayedScaling(const Fp8Recipe& recipe);
   // A table for one parameter group; returned for the checkpoint's use. A weight given twice
   // (the same storage, e.g. a tied copy) keeps its first entry.
-  Fp8AmaxTable& add_group(const std::vector<std::pair<std::string, at::Tensor>>& weights,
-                          lf::backend::Communicator* group);
+  Fp8AmaxTable& add_group(const std::vector<Fp8Weight>& weights, std::vector<lf::backend::Communicator*> groups);
   // A GEMM's columns: weight w's entry (group g of a grouped weight: columns 3g..3g+2).
   struct Site {
     Fp8AmaxTable* table = nullptr;

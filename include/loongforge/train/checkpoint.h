@@ -43,7 +43,8 @@ struct CheckpointGroup {
   std::vector<at::Tensor>* ema = nullptr;
   // Delayed FP8 scaling (--fp8-recipe delayed): the group's scales and amax histories (null: none),
   // saved by the group's TP/DP/CP rank 0 of each pipeline stage into fp8_[<name>_]tp0_pp{p}
-  // (also for an adapter run's frozen base) and read back by load_fp8_scaling, by weight name.
+  // (also for an adapter run's frozen base; experts over EP: each EP rank's part, by the first TP
+  // rank of it, into fp8_experts_tp{t}_pp{p}) and read back by load_fp8_scaling, by weight name.
   lf::ops::Fp8AmaxTable* fp8 = nullptr;
 };
 

@@ -186,7 +186,7 @@ struct TrainingConfig {
     v("fp8_recipe", fp8_recipe,
       "FP8 scaling (needs fp8_format): tensorwise (current per-tensor scaling, the amax reduced over TP), "
       "blockwise (1x128 tiles for inputs and gradients, 128x128 blocks for weights), delayed (per-tensor scales "
-      "from the amax history of earlier steps, updated once per step; not with expert parallelism) or mxfp8 "
+      "from the amax history of earlier steps, updated once per step) or mxfp8 "
       "(blocks of 32 along each GEMM's reduction dim with power-of-two scales)",
       OneOf{{"tensorwise", "blockwise", "delayed", "mxfp8"}});
     v("fp8_margin", fp8_margin, "FP8 scales are 2^-margin fp8_max / amax (needs fp8_format)", Min{0}, Max{16});

@@ -4,10 +4,12 @@
 #include <ATen/Functions.h>
 #include <ATen/TensorOperators.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <set>
 
+#include "loongforge/backend/fp8.h"
 #include "loongforge/backend/functional.h"
 #include "loongforge/core/error.h"
 #include "loongforge/dist/parallel_context.h"
@@ -346,9 +348,26 @@ at::Tensor Groot::linear(const PerEmbodiment& l, const at::Tensor& x, const at::
   return at::bmm(x, l.w.index_select(0, ids)) + l.b.index_select(0, ids).unsqueeze(1);
 }
 
+bool Groot::set_fp8(const lf::ops::Fp8Policy* fp8) {
+  std::vector<Block*> blocks;
+  for (auto& b : vl_blocks_) blocks.push_back(&b);
+  for (auto& b : dit_blocks_) blocks.push_back(&b);
+  const auto n = static_cast<int64_t>(blocks.size());
+  const std::vector<bool> on = fp8 ? fp8->layers_in_fp8(n, "blocks") : std::vector<bool>(blocks.size(), false);
+  fp8_ = fp8;
+  for (size_t i = 0; i < blocks.size(); ++i) blocks[i]->fp8 = on[i];
+  return fp8 == nullptr || std::find(on.begin(), on.end(), true) != on.end();
+}
+
 at::Tensor Groot::block(const Block& blk, const at::Tensor& x, const at::Tensor& context, const at::Tensor& mask,
                         const at::Tensor& temb, int64_t heads, double p, bool final_dropout) const {
   const int64_t b = x.size(0), s = x.size(1), dim = x.size(2), hd = dim / heads;
+  // A linear of this block, in FP8 where the policy picks it at x's rows (TP 1: no amax group).
+  auto gemm = [&](lf::ops::Fp8Gemm kind, const at::Tensor& in, const at::Tensor& w, const at::Tensor& bias) {
+    const auto* f = blk.fp8 && fp8_ != nullptr ? fp8_->choose(kind, in.numel() / in.size(-1)) : nullptr;
+    return f ? lf::ops::fp8_linear(in, w, bias, *f, nullptr, nullptr) : at::linear(in, w, bias);
+  };
+  using lf::ops::Fp8Gemm;
   at::Tensor h;
   if (blk.ada_w.defined()) {  // AdaLayerNorm: LayerNorm without affine, then (1 + scale), shift
     auto mod = at::linear(at::silu(temb), blk.ada_w, blk.ada_b);
@@ -360,19 +379,19 @@ at::Tensor Groot::block(const Block& blk, const at::Tensor& x, const at::Tensor&
   const at::Tensor& kv = context.defined() ? context : h;
   const int64_t t = kv.size(1);
   auto split = [&](const at::Tensor& y, int64_t n) { return y.view({b, n, heads, hd}).transpose(1, 2); };
-  auto q = split(at::linear(h, blk.attn.q, blk.attn.q_b), s);
-  auto k = split(at::linear(kv, blk.attn.k, blk.attn.k_b), t);
-  auto v = split(at::linear(kv, blk.attn.v, blk.attn.v_b), t);
+  auto q = split(gemm(Fp8Gemm::qkv, h, blk.attn.q, blk.attn.q_b), s);
+  auto k = split(gemm(Fp8Gemm::qkv, kv, blk.attn.k, blk.attn.k_b), t);
+  auto v = split(gemm(Fp8Gemm::qkv, kv, blk.attn.v, blk.attn.v_b), t);
   auto m = mask.defined() ? lf::backend::AttentionMask::additive(mask.expand({b, 1, s, t}))
                           : lf::backend::AttentionMask::none();
   auto o = lf::ops::sdpa(backend_, q, k, v, m).transpose(1, 2).reshape({b, s, dim});
-  o = drop(at::linear(o, blk.attn.o, blk.attn.o_b), p);  // to_out: linear, dropout
+  o = drop(gemm(Fp8Gemm::proj, o, blk.attn.o, blk.attn.o_b), p);  // to_out: linear, dropout
   if (final_dropout) o = drop(o, p);
   auto y = x + o;
   auto n3 = blk.n3_w.defined() ? lf::ops::layer_norm(backend_, y, blk.n3_w, blk.n3_b, 1e-5)
                                : at::layer_norm(y, {dim}, {}, {}, 1e-5);
-  auto f = drop(lf::ops::gelu_tanh(backend_, at::linear(n3, blk.ff1, blk.ff1_b)), p);
-  f = at::linear(f, blk.ff2, blk.ff2_b);
+  auto f = drop(lf::ops::gelu_tanh(backend_, gemm(Fp8Gemm::fc1, n3, blk.ff1, blk.ff1_b)), p);
+  f = gemm(Fp8Gemm::fc2, f, blk.ff2, blk.ff2_b);
   if (final_dropout) f = drop(f, p);
   return y + f;
 }

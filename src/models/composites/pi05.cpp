@@ -4,10 +4,12 @@
 #include <ATen/Functions.h>
 #include <ATen/TensorOperators.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <optional>
 
+#include "loongforge/backend/fp8.h"
 #include "loongforge/backend/functional.h"
 #include "loongforge/core/error.h"
 #include "loongforge/dist/parallel_context.h"
@@ -414,12 +416,30 @@ std::pair<at::Tensor, at::Tensor> Pi05::norm(const Norm& n, const at::Tensor& x,
   return {out.to(x.scalar_type()), parts[2].to(x.scalar_type())};
 }
 
+bool Pi05::set_fp8(const lf::ops::Fp8Policy* fp8) {
+  const auto n = static_cast<int64_t>(vlm_layers_.size());
+  const std::vector<bool> on = fp8 ? fp8->layers_in_fp8(n, "layers") : std::vector<bool>(vlm_layers_.size(), false);
+  fp8_ = fp8;
+  for (size_t i = 0; i < vlm_layers_.size(); ++i) vlm_layers_[i].fp8 = expert_layers_[i].fp8 = on[i];
+  return fp8 == nullptr || std::find(on.begin(), on.end(), true) != on.end();
+}
+
+const lf::ops::Fp8Recipe* Pi05::fp8_for(const GemmaLayer& l, lf::ops::Fp8Gemm kind, const at::Tensor& x) const {
+  return l.fp8 && fp8_ != nullptr ? fp8_->choose(kind, x.numel() / x.size(-1)) : nullptr;
+}
+
 at::Tensor Pi05::mlp(const GemmaLayer& l, const at::Tensor& x) const {
   using lf::parallel::column_parallel_linear;
-  auto gate = column_parallel_linear(x, l.gate, {}, tp_, false, sink_), up = column_parallel_linear(x, l.up, {}, tp_, false, sink_);
+  const auto* f1 = fp8_for(l, lf::ops::Fp8Gemm::fc1, x);
+  auto gate = column_parallel_linear(x, l.gate, {}, tp_, false, sink_, f1),
+       up = column_parallel_linear(x, l.up, {}, tp_, false, sink_, f1);
   // fp32: the backend's fused GeGLU; bf16 rounds gelu(gate) before the product, as openpi does.
   auto h = x.scalar_type() == at::kFloat ? lf::ops::geglu_tanh(backend_, gate, up) : lf::ops::gelu_tanh(backend_, gate) * up;
-  return lf::parallel::row_parallel_linear(h, l.down, {}, tp_, sink_);
+  return lf::parallel::row_parallel_linear(h, l.down, {}, tp_, sink_, fp8_for(l, lf::ops::Fp8Gemm::fc2, h));
+}
+
+at::Tensor Pi05::out_proj(const GemmaLayer& l, const at::Tensor& o) const {
+  return lf::parallel::row_parallel_linear(o, l.o, {}, tp_, sink_, fp8_for(l, lf::ops::Fp8Gemm::proj, o));
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> Pi05::qkv(const GemmaLayer& l, const PiGemmaConfig& c,
@@ -432,7 +452,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> Pi05::qkv(const GemmaLayer& l, co
   auto k = lf::ops::linear(xt, l.k, {}, sink_).view({b, s, -1, d});
   auto v = lf::ops::linear(xt, l.v, {}, sink_).view({b, s, -1, d});
   if (kv_only) return {at::Tensor(), rope_per_token(backend_, k, cos, sin), v};
-  auto q = lf::ops::linear(xt, l.q, {}, sink_).view({b, s, -1, d});
+  // The queries are column-parallel: under TP a tensorwise amax is reduced over the TP group.
+  const auto* f = fp8_for(l, lf::ops::Fp8Gemm::qkv, xt);
+  auto q = (f ? lf::ops::fp8_linear(xt, l.q, {}, *f, sink_, tp_.size() > 1 ? tp_.tp : nullptr)
+              : lf::ops::linear(xt, l.q, {}, sink_))
+               .view({b, s, -1, d});
   return {rope_per_token(backend_, q, cos, sin), rope_per_token(backend_, k, cos, sin), v};
 }
 
@@ -478,7 +502,7 @@ std::pair<at::Tensor, at::Tensor> Pi05::joint_forward(const Prefix& p, const at:
     if (last) {
       // The prefix's last outputs feed nothing pi0.5 reads: only the suffix's queries attend.
       auto o = attention(qs, join(kp, ks), join(vp, vs), mask.narrow(2, np, ns));
-      xs = gated_add(xs, lf::parallel::row_parallel_linear(o, ls.o, {}, tp_, sink_), gs);
+      xs = gated_add(xs, out_proj(ls, o), gs);
     } else {
       auto o = attention(join(qp, qs), join(kp, ks), join(vp, vs), mask);
       at::Tensor op, os;
@@ -488,8 +512,8 @@ std::pair<at::Tensor, at::Tensor> Pi05::joint_forward(const Prefix& p, const at:
         auto parts = o.split_with_sizes({np, ns}, 1);
         op = parts[0], os = parts[1];
       }
-      xp = xp + lf::parallel::row_parallel_linear(op, lp.o, {}, tp_, sink_);
-      xs = gated_add(xs, lf::parallel::row_parallel_linear(os, ls.o, {}, tp_, sink_), gs);
+      xp = xp + out_proj(lp, op);
+      xs = gated_add(xs, out_proj(ls, os), gs);
       auto [mp, unused] = norm(lp.post_norm, xp, {}, vlm_.rms_norm_eps);
       xp = xp + mlp(lp, mp);
     }
@@ -596,7 +620,7 @@ std::vector<Pi05::KV> Pi05::prefix_cache(const Prefix& p, at::Tensor* hidden) co
     if (last) break;
     auto o = attention(unpack(q), k, v, mask);
     if (packed) o = packed->split(o).first;
-    x = x + lf::parallel::row_parallel_linear(o, l.o, {}, tp_, sink_);
+    x = x + out_proj(l, o);
     auto [m, unused2] = norm(l.post_norm, x, {}, vlm_.rms_norm_eps);
     x = x + mlp(l, m);
   }
@@ -620,7 +644,7 @@ at::Tensor Pi05::denoise_step(const Prefix& p, const std::vector<KV>& cache, con
     auto [h, g] = norm(l.input_norm, xs, cond, expert_.rms_norm_eps);
     auto [q, k, v] = qkv(l, expert_, h, cos, sin);
     auto o = attention(q, at::cat({cache[i].k, k}, 1), at::cat({cache[i].v, v}, 1), mask);
-    xs = gated_add(xs, lf::parallel::row_parallel_linear(o, l.o, {}, tp_, sink_), g);
+    xs = gated_add(xs, out_proj(l, o), g);
     auto [m, gm] = norm(l.post_norm, xs, cond, expert_.rms_norm_eps);
     xs = gated_add(xs, mlp(l, m), gm);
   }

@@ -173,6 +173,12 @@ class Groot : public Model {
   std::vector<std::string> batch_fields() const override;
   double flops_per_sample(int64_t seq_length) const override;
   void set_training(bool training) override { training_ = training; }
+  // FP8 (--fp8-format): the action head's transformer blocks (the VL self-attention's, then the
+  // DiT's; the first/last layers' flags count them in that order) run q/k/v, the output projection
+  // and the feed-forward's two linears under the policy (kinds qkv, proj, fc1, fc2; a cross
+  // attention's k/v at the backbone features' rows). The backbone (frozen in GR00T's recipe), the
+  // embodiment-specific MLPs and the AdaLayerNorm / timestep linears stay in the training dtype.
+  bool set_fp8(const lf::ops::Fp8Policy* fp8) override;
   void end_step(const at::Tensor&) override {
     ++step_;
     dropout_calls_ = 0;  // the dropout streams restart each step (keyed by the step): exact resume
@@ -223,6 +229,7 @@ class Groot : public Model {
     Attn attn;
     at::Tensor ff1, ff1_b, ff2, ff2_b;
     bool cross = false;
+    bool fp8 = false;  // set_fp8: this block's linears follow the policy
   };
   struct PerEmbodiment {
     at::Tensor w, b;  // [E, in, out], [E, out]
@@ -244,6 +251,7 @@ class Groot : public Model {
 
   const lf::backend::DeviceBackend& backend_;
   const lf::dist::ParallelContext* parallel_;
+  const lf::ops::Fp8Policy* fp8_ = nullptr;  // set_fp8 (null: no FP8)
   GrootBackbone backbone_config_;
   GrootConfig config_;
   uint64_t seed_;

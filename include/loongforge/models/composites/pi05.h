@@ -28,6 +28,11 @@
 #include "loongforge/models/blocks/param_builder.h"
 #include "loongforge/models/model.h"
 
+namespace lf::ops {
+enum class Fp8Gemm;
+struct Fp8Recipe;
+}  // namespace lf::ops
+
 namespace lf::models {
 
 class Registry;
@@ -235,6 +240,12 @@ class Pi05 : public Model {
   // Gradient-accumulation fusion (--gradient-accumulation-fusion, the default): every linear
   // layer's backward writes its fp32 weight gradient into the trainer's buffer.
   void set_gradient_sink(const GradientSink* sink) override { sink_ = sink; }
+  // FP8 (--fp8-format): each joint layer's (the prefix LM's and the action expert's) query, output,
+  // gate/up and down projections follow the policy (kinds qkv, proj, fc1, fc2); the first/last
+  // layers' flags count joint layers. Keys and values stay in the training dtype (with fewer KV
+  // heads than TP ranks their output gradients are per-rank partial sums, which FP8 would quantize
+  // apart from one process's), as do the SigLIP tower, the projector and the action/time MLPs.
+  bool set_fp8(const lf::ops::Fp8Policy* fp8) override;
   const std::vector<Parameter>& state() const { return state_; }
   static constexpr const char* kLoss = "flow matching loss";
   // Logged in training as prefix_lm_loss_weight x the mean cross entropy; in evaluation unweighted.
@@ -248,6 +259,7 @@ class Pi05 : public Model {
   struct GemmaLayer {
     Norm input_norm, post_norm;
     at::Tensor q, k, v, o, gate, up, down;
+    bool fp8 = false;  // set_fp8: this layer's projections follow the policy
   };
   struct VisionLayer {
     at::Tensor ln1_w, ln1_b, q, q_b, k, k_b, v, v_b, out, out_b, ln2_w, ln2_b, fc1, fc1_b, fc2, fc2_b;
@@ -270,6 +282,10 @@ class Pi05 : public Model {
   // Norm of a stream: (normed, gate or undefined).
   std::pair<at::Tensor, at::Tensor> norm(const Norm& n, const at::Tensor& x, const at::Tensor& cond, double eps) const;
   at::Tensor mlp(const GemmaLayer& l, const at::Tensor& x) const;
+  // The attention's output projection (row-parallel) of heads o [b, s, heads_local d].
+  at::Tensor out_proj(const GemmaLayer& l, const at::Tensor& o) const;
+  // The FP8 recipe of one of l's GEMM kinds at x's rows (null: the training dtype).
+  const lf::ops::Fp8Recipe* fp8_for(const GemmaLayer& l, lf::ops::Fp8Gemm kind, const at::Tensor& x) const;
   // q [b, s, heads_local, d], k/v [b, s, kv, d] of a stream after its input norm, RoPE applied
   // (kv_only: q undefined).
   std::tuple<at::Tensor, at::Tensor, at::Tensor> qkv(const GemmaLayer& l, const PiGemmaConfig& c, const at::Tensor& x,
@@ -305,6 +321,7 @@ class Pi05 : public Model {
   lf::parallel::TensorParallel tp_;
   // Training: the linear layers' weight gradients go into the trainer's buffer (null: autograd).
   const GradientSink* sink_ = nullptr;
+  const lf::ops::Fp8Policy* fp8_ = nullptr;  // set_fp8 (null: no FP8)
   Pi05Freeze freeze_;
   SiglipConfig vision_;
   PiGemmaConfig vlm_, expert_;

@@ -11,9 +11,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <optional>
 
 #include "loongforge/backend/communicator.h"
 #include "loongforge/backend/fp8_delayed.h"
+#include "loongforge/backend/fp8_grouped.h"
 #include "loongforge/backend/gemm.h"
 #include "loongforge/core/error.h"
 
@@ -262,83 +264,110 @@ std::vector<at::Tensor> pair_of(const std::vector<at::Tensor>& amax, size_t k) {
   return {amax[2 * k], amax[2 * k + 1]};
 }
 
-// The experts' GEMMs: row group g of x times w[g]^T, each group an FP8 GEMM of its own (its own
-// tensorwise scales, as Transformer Engine's grouped linear). Saves each non-empty group's FP8
-// copies of x and w[g].
+// The experts' GEMMs through Fp8GroupedGemm (its passes kept in the autograd context).
 struct Fp8GroupedFn : torch::autograd::Function<Fp8GroupedFn> {
+  struct Holder : torch::CustomClassHolder {
+    explicit Holder(Fp8GroupedGemm g) : gemm(std::move(g)) {}
+    Fp8GroupedGemm gemm;
+  };
   static at::Tensor forward(AutogradContext* ctx, const Fp8Recipe* recipe, lf::backend::Communicator* group,
                             const at::Tensor& x, const at::Tensor& w, std::vector<int64_t> counts) {
-    std::vector<at::Tensor> ys, saved{w};
-    std::vector<int64_t> tiles;
-    const auto amax = grouped_amax(*recipe, group, x, w, counts);
-    const auto d = delayed_of(*recipe, w, true);
-    int64_t off = 0;
-    size_t k = 0;  // index of the non-empty group
-    for (size_t g = 0; g < counts.size(); ++g) {
-      if (counts[g] == 0) continue;
-      Fp8Forward f = fp8_forward(*recipe, group, x.narrow(0, off, counts[g]), w.select(0, static_cast<int64_t>(g)),
-                                 std::nullopt, true, pair_of(amax, k++),
-                                 d ? std::optional<Delayed>(group_of(*d, static_cast<int64_t>(g))) : std::nullopt);
-      off += counts[g];
-      ys.push_back(std::move(f.y));
-      saved.insert(saved.end(), {f.qxc.data, f.qxc.scale_inv, f.qw.data, f.qw.scale_inv});
-      tiles.insert(tiles.end(), {f.qxc.tile_rows, f.qxc.tile_cols, f.qw.tile_rows, f.qw.tile_cols});
-    }
-    ctx->saved_data["recipe"] = reinterpret_cast<int64_t>(recipe);
-    if (d) ctx->saved_data["site"] = std::vector<int64_t>{reinterpret_cast<int64_t>(d->site.table), d->site.offset};
-    ctx->saved_data["group"] = reinterpret_cast<int64_t>(group);
-    ctx->saved_data["counts"] = counts;
-    ctx->saved_data["tiles"] = tiles;
+    Fp8GroupedGemm gemm(x, w, counts, *recipe, group, true, true);
+    at::Tensor y = gemm.output();
+    ctx->saved_data["gemm"] = c10::IValue::make_capsule(c10::make_intrusive<Holder>(std::move(gemm)));
     ctx->saved_data["x_grad"] = x.requires_grad();
     ctx->saved_data["w_grad"] = w.requires_grad();
-    ctx->saved_data["x_dtype"] = static_cast<int64_t>(x.scalar_type());
-    ctx->save_for_backward(saved);
-    if (ys.empty()) return at::zeros({0, w.size(1)}, x.options());
-    return at::cat(ys).to(x.scalar_type());
+    ctx->save_for_backward({w});
+    return y;
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list dy) {
-    auto s = ctx->get_saved_variables();
-    const at::Tensor& w = s[0];
-    const auto& r = *reinterpret_cast<const Fp8Recipe*>(ctx->saved_data["recipe"].toInt());
-    auto* group = reinterpret_cast<lf::backend::Communicator*>(ctx->saved_data["group"].toInt());
-    const auto counts = ctx->saved_data["counts"].toIntVector(), tiles = ctx->saved_data["tiles"].toIntVector();
-    const bool want_dx = ctx->saved_data["x_grad"].toBool(), want_dw = ctx->saved_data["w_grad"].toBool();
-    std::vector<at::Tensor> dxs;
-    at::Tensor dw = want_dw ? at::zeros(w.sizes(), w.options().dtype(at::kFloat)) : at::Tensor();
-    // Tensorwise: every group's output-gradient amax in one reduction.
-    std::vector<at::Tensor> chunks;
-    int64_t off = 0;
-    for (int64_t n : counts) {
-      if (n > 0) chunks.push_back(dy[0].narrow(0, off, n));
-      off += n;
-    }
-    const auto amax = r.scaling == Fp8Scaling::tensorwise && !chunks.empty() ? group_amax(chunks, group)
-                                                                              : std::vector<at::Tensor>{};
-    const auto d = saved_site(ctx);
-    size_t k = 0;  // index of the non-empty group
-    for (size_t g = 0; g < counts.size(); ++g) {
-      if (counts[g] == 0) continue;
-      const size_t b = 1 + 4 * k, t = 4 * k;
-      const Fp8Tensor qxc{s[b], s[b + 1], tiles[t], tiles[t + 1]}, qw{s[b + 2], s[b + 3], tiles[t + 2], tiles[t + 3]};
-      const Fp8Grads gr = fp8_backward(r, group, chunks[k], qxc, qw, want_dx, want_dw,
-                                       amax.empty() ? at::Tensor() : amax[k],
-                                       d ? std::optional<Delayed>(group_of(*d, static_cast<int64_t>(g))) : std::nullopt);
-      if (want_dx) dxs.push_back(gr.dx);
-      if (want_dw) dw.select(0, static_cast<int64_t>(g)).copy_(gr.dw);
-      ++k;
-    }
-    at::Tensor dx;
-    if (want_dx) {
-      const auto dtype = static_cast<at::ScalarType>(ctx->saved_data["x_dtype"].toInt());
-      dx = dxs.empty() ? at::zeros({0, w.size(2)}, dy[0].options().dtype(dtype)) : at::cat(dxs).to(dtype);
-    }
+    const at::Tensor w = ctx->get_saved_variables()[0];
+    const auto& gemm = static_cast<Holder*>(ctx->saved_data["gemm"].toCapsule().get())->gemm;
+    auto [dx, dw] = gemm.backward(dy[0], ctx->saved_data["x_grad"].toBool(), ctx->saved_data["w_grad"].toBool());
     if (dw.defined()) dw = dw.to(w.scalar_type());
     return {at::Tensor(), at::Tensor(), dx, dw, at::Tensor()};
   }
 };
 
 }  // namespace
+
+struct Fp8GroupedGemm::State {
+  const Fp8Recipe* recipe = nullptr;
+  lf::backend::Communicator* group = nullptr;  // tensorwise only
+  std::vector<int64_t> counts;
+  std::optional<Delayed> delayed;
+  at::ScalarType x_dtype;
+  std::vector<int64_t> w_sizes;
+  at::Tensor y;
+  std::vector<Fp8Tensor> qxc, qw;  // per non-empty group (keep)
+};
+
+Fp8GroupedGemm::Fp8GroupedGemm(const at::Tensor& x, const at::Tensor& w, const std::vector<int64_t>& counts,
+                               const Fp8Recipe& recipe, lf::backend::Communicator* amax_group, bool keep,
+                               bool record) {
+  LF_CHECK(x.dim() == 2 && w.dim() == 3 && x.size(1) == w.size(2), "fp8 grouped GEMM: x ", x.sizes(), " and w ",
+           w.sizes(), " do not multiply");
+  int64_t total = 0;
+  for (int64_t n : counts) total += n;
+  LF_CHECK(static_cast<int64_t>(counts.size()) == w.size(0) && total == x.size(0), "fp8 grouped GEMM: ",
+           counts.size(), " counts summing to ", total, " for ", x.size(0), " rows and ", w.size(0), " groups");
+  auto st = std::make_shared<State>();
+  st->recipe = &recipe;
+  st->group = recipe.scaling == Fp8Scaling::tensorwise ? amax_group : nullptr;
+  st->counts = counts;
+  st->delayed = delayed_of(recipe, w, record);
+  st->x_dtype = x.scalar_type();
+  st->w_sizes = w.sizes().vec();
+  std::vector<at::Tensor> ys;
+  const auto amax = grouped_amax(recipe, st->group, x, w, counts);
+  int64_t off = 0;
+  size_t k = 0;  // index of the non-empty group
+  for (size_t g = 0; g < counts.size(); ++g) {
+    if (counts[g] == 0) continue;
+    const auto d = st->delayed ? std::optional<Delayed>(group_of(*st->delayed, static_cast<int64_t>(g))) : std::nullopt;
+    Fp8Forward f = fp8_forward(recipe, st->group, x.narrow(0, off, counts[g]), w.select(0, static_cast<int64_t>(g)),
+                               std::nullopt, keep, pair_of(amax, k++), d);
+    off += counts[g];
+    ys.push_back(std::move(f.y));
+    if (keep) st->qxc.push_back(std::move(f.qxc)), st->qw.push_back(std::move(f.qw));
+  }
+  st->y = ys.empty() ? at::zeros({0, w.size(1)}, x.options()) : at::cat(ys).to(x.scalar_type());
+  if (!keep) st->counts.clear();  // nothing to differentiate
+  s_ = std::move(st);
+}
+
+const at::Tensor& Fp8GroupedGemm::output() const { return s_->y; }
+
+std::pair<at::Tensor, at::Tensor> Fp8GroupedGemm::backward(const at::Tensor& dy, bool want_dx, bool want_dw) const {
+  const State& st = *s_;
+  const Fp8Recipe& r = *st.recipe;
+  LF_CHECK(!st.counts.empty() || st.w_sizes.at(0) == 0, "fp8 grouped GEMM: backward of a forward that kept nothing");
+  at::Tensor dw = want_dw ? at::zeros(st.w_sizes, dy.options().dtype(at::kFloat)) : at::Tensor();
+  std::vector<at::Tensor> dxs, chunks;
+  int64_t off = 0;
+  for (int64_t n : st.counts) {
+    if (n > 0) chunks.push_back(dy.narrow(0, off, n));
+    off += n;
+  }
+  // Tensorwise: every group's output-gradient amax in one reduction.
+  const auto amax = r.scaling == Fp8Scaling::tensorwise && !chunks.empty() ? group_amax(chunks, st.group)
+                                                                            : std::vector<at::Tensor>{};
+  size_t k = 0;  // index of the non-empty group
+  for (size_t g = 0; g < st.counts.size(); ++g) {
+    if (st.counts[g] == 0) continue;
+    const auto d = st.delayed ? std::optional<Delayed>(group_of(*st.delayed, static_cast<int64_t>(g))) : std::nullopt;
+    const Fp8Grads gr = fp8_backward(r, st.group, chunks[k], st.qxc[k], st.qw[k], want_dx, want_dw,
+                                     amax.empty() ? at::Tensor() : amax[k], d);
+    if (want_dx) dxs.push_back(gr.dx);
+    if (want_dw) dw.select(0, static_cast<int64_t>(g)).copy_(gr.dw);
+    ++k;
+  }
+  at::Tensor dx;
+  if (want_dx)
+    dx = dxs.empty() ? at::zeros({0, st.w_sizes[2]}, dy.options().dtype(st.x_dtype)) : at::cat(dxs).to(st.x_dtype);
+  return {dx, dw};
+}
 
 at::ScalarType Fp8Recipe::forward_dtype() const { return at::kFloat8_e4m3fn; }
 at::ScalarType Fp8Recipe::grad_dtype() const {
@@ -473,21 +502,9 @@ at::Tensor fp8_grouped_linear(const at::Tensor& x, const at::Tensor& w, const at
   RECORD_USER_SCOPE("lf::fp8_grouped_linear");
   auto* group = recipe.scaling == Fp8Scaling::tensorwise ? amax_group : nullptr;
   std::vector<int64_t> n(c.data_ptr<int64_t>(), c.data_ptr<int64_t>() + c.numel());
-  if (!at::GradMode::is_enabled() || !(x.requires_grad() || w.requires_grad())) {
-    std::vector<at::Tensor> ys;
-    const auto amax = grouped_amax(recipe, group, x, w, n);
-    const auto d = delayed_of(recipe, w, at::GradMode::is_enabled());
-    int64_t off = 0;
-    size_t k = 0;
-    for (size_t g = 0; g < n.size(); ++g) {
-      if (n[g] == 0) continue;
-      ys.push_back(fp8_forward(recipe, group, x.narrow(0, off, n[g]), w.select(0, static_cast<int64_t>(g)),
-                               std::nullopt, false, pair_of(amax, k++),
-                               d ? std::optional<Delayed>(group_of(*d, static_cast<int64_t>(g))) : std::nullopt).y);
-      off += n[g];
-    }
-    return ys.empty() ? at::zeros({0, w.size(1)}, x.options()) : at::cat(ys).to(x.scalar_type());
-  }
+  // Without a backward: amaxes recorded only in training (grad mode on), not in evaluation.
+  if (!at::GradMode::is_enabled() || !(x.requires_grad() || w.requires_grad()))
+    return Fp8GroupedGemm(x, w, n, recipe, group, false, at::GradMode::is_enabled()).output();
   return Fp8GroupedFn::apply(&recipe, group, x, w, n);
 }
 

@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "loongforge/backend/fp8.h"
+#include "loongforge/backend/fp8_grouped.h"
 #include "loongforge/backend/registry.h"
 #include "loongforge/core/error.h"
 
@@ -232,6 +233,43 @@ TEST(Fp8Linear, GroupedIsOneFp8LinearPerGroup) {
   }
   EXPECT_THROW(lf::ops::fp8_grouped_linear(at::randn({3, 24}), at::randn({4, 20, 24}), at::tensor({1, 1, 0, 0}), Fp8Recipe{},
                                            nullptr),
+               lf::Error);  // counts sum to 2, not 3 rows
+}
+
+// The grouped GEMM's passes (Fp8GroupedGemm, which the overlapped MoE all-to-all schedules itself):
+// the input gradient and the weight gradient asked for separately, in either order, equal the
+// autograd function's (and both at once), bit for bit, for every recipe that computes its scales
+// from the tensors; a backward of a forward that kept nothing is refused.
+TEST(Fp8Linear, GroupedPassesEqualTheAutogradFunction) {
+  at::manual_seed(17);
+  for (Fp8Scaling scaling : {Fp8Scaling::tensorwise, Fp8Scaling::blockwise, Fp8Scaling::mxfp8}) {
+    Fp8Recipe r;
+    r.scaling = scaling;
+    const std::vector<int64_t> counts{5, 0, 17, 9};
+    const auto x = at::randn({31, 64}) * at::linspace(0.1, 4.0, 31).reshape({31, 1});
+    const auto w = at::randn({4, 32, 64}) * at::linspace(0.01, 1.0, 4).reshape({4, 1, 1});
+    const auto dy = at::randn({31, 32});
+    auto xg = x.clone().requires_grad_(true), wg = w.clone().requires_grad_(true);
+    auto y = lf::ops::fp8_grouped_linear(xg, wg, at::tensor(counts, at::kLong), r, nullptr);
+    y.backward(dy);
+    const char* what = lf::ops::to_string(scaling);
+    const lf::ops::Fp8GroupedGemm gemm(x, w, counts, r, nullptr, true, true);
+    EXPECT_TRUE(at::equal(gemm.output(), y.detach())) << what;
+    const auto [dx, none] = gemm.backward(dy, true, false);
+    const auto [nothing, dw] = gemm.backward(dy, false, true);
+    EXPECT_FALSE(none.defined()) << what;
+    EXPECT_FALSE(nothing.defined()) << what;
+    EXPECT_TRUE(at::equal(dx, xg.grad())) << what;
+    EXPECT_TRUE(at::equal(dw, wg.grad())) << what;
+    const auto [dx2, dw2] = gemm.backward(dy, true, true);
+    EXPECT_TRUE(at::equal(dx2, dx) && at::equal(dw2, dw)) << what;
+    EXPECT_EQ(max_abs(dw.select(0, 1)), 0.0) << what;  // the empty group's weight
+    const lf::ops::Fp8GroupedGemm forward_only(x, w, counts, r, nullptr, false, false);
+    EXPECT_TRUE(at::equal(forward_only.output(), y.detach())) << what;
+    EXPECT_THROW(forward_only.backward(dy, true, true), lf::Error) << what;
+  }
+  EXPECT_THROW(lf::ops::Fp8GroupedGemm(at::randn({3, 24}), at::randn({4, 20, 24}), {1, 1, 0, 0}, Fp8Recipe{}, nullptr,
+                                       true, true),
                lf::Error);  // counts sum to 2, not 3 rows
 }
 

@@ -178,6 +178,17 @@ TEST(Fp8DelayedTraining, ExpertParallelEqualsSingleProcess) {
   expect_first_steps_equal(
       one, moe(4, with_ep(kDelayed, {"--tensor-model-parallel-size", "2", "--sequence-parallel"}), "ep2-tp2"),
       "MoE TP 2 + SP x EP 2 (experts split over TP)", 3e-4);
+  // The overlapped all-to-all (CCT) computes the experts chunk by chunk through the grouped GEMM's
+  // FP8 passes; with the history's scales a chunk quantizes its rows as the whole would, so it
+  // equals one process as the plain all-to-all does: micro-batch pairs (the default here), and two
+  // chunks with the weight gradients delayed behind the input gradients' sends.
+  expect_first_steps_equal(one, moe(2, with_ep(kDelayed, {"--overlap-moe-expert-parallel-comm"}), "ep2-cct"),
+                           "MoE EP 2, overlapped all-to-all (micro-batch pairs)");
+  expect_first_steps_equal(one,
+                           moe(2, with_ep(kDelayed, {"--overlap-moe-expert-parallel-comm", "--moe-overlap-num-chunks",
+                                                     "2", "--no-moe-overlap-micro-batches", "--delay-wgrad-compute"}),
+                               "ep2-cct-chunks"),
+                           "MoE EP 2, overlapped all-to-all (2 chunks, delayed weight gradients)");
 }
 
 TEST(Fp8DelayedTraining, ExpertParallelCheckpointsLoadOnAnyEpLayout) {

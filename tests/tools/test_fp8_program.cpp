@@ -152,8 +152,9 @@ TEST(Fp8Training, ParallelLayoutsEqualSingleProcess) {
 // 1e-5 (measured 2.9e-6; without the experts' amax reduction 2.3e-5; without FP8 4e-8), and 10
 // steps within FP8's own deviation (3e-2; measured 2.3e-3). Under EP an expert's GEMM takes rows of
 // both ranks' micro-batches together, so its tensorwise scales cover other rows than one
-// process's (as Transformer Engine's do): EP 2 is held to 3e-2 (measured 1.2e-3), and it learns.
-// The overlapped all-to-all has no FP8 experts: refused.
+// process's (as Transformer Engine's do): EP 2 is held to 3e-2 (measured 1.2e-3), and it learns;
+// so is the overlapped all-to-all, whose chunks each have their own scales (delayed scaling, whose
+// scales do not depend on the rows, equals one process there: test_fp8_delayed_program.cpp).
 TrainRun moe(int procs, std::vector<std::string> extra, const std::string& tag) {
   return lf::testing::fp8_moe_run(procs, std::move(extra), "fp8-moe-" + tag);
 }
@@ -196,11 +197,18 @@ TEST(Fp8Training, MoeExpertsInFp8) {
   EXPECT_LT(worst_loss_rel(one, ep), 3e-2);
   std::printf("[fp8] FP8 MoE, EP 2 all-to-all: worst per-step loss relative difference to one process %.3g\n",
               worst_loss_rel(one, ep));
+  // The overlapped all-to-all: each chunk's experts through the grouped GEMM's FP8 passes, with the
+  // chunk's own tensorwise scales (2 chunks, the weight gradients delayed behind the sends).
   const TrainRun overlap = moe(2, with({"--expert-model-parallel-size", "2", "--moe-token-dispatcher-type", "alltoall",
-                                        "--overlap-moe-expert-parallel-comm", "--dry-run"}), "overlap");
-  EXPECT_NE(overlap.exit_code, 0);
-  EXPECT_NE(overlap.output.find("training.fp8_format"), std::string::npos) << overlap.output;
-  EXPECT_NE(overlap.output.find("--overlap-moe-expert-parallel-comm"), std::string::npos) << overlap.output;
+                                        "--overlap-moe-expert-parallel-comm", "--moe-overlap-num-chunks", "2",
+                                        "--no-moe-overlap-micro-batches", "--delay-wgrad-compute"}), "overlap");
+  ASSERT_EQ(overlap.exit_code, 0) << overlap.output;
+  EXPECT_LT(overlap.losses.back(), overlap.losses.front());
+  EXPECT_LT(worst_loss_rel(one, overlap), 3e-2);
+  EXPECT_LT(worst_loss_rel(ep, overlap), 3e-2);
+  std::printf("[fp8] FP8 MoE, EP 2 overlapped all-to-all: worst per-step loss relative difference to one process %.3g, "
+              "to the plain all-to-all %.3g\n",
+              worst_loss_rel(one, overlap), worst_loss_rel(ep, overlap));
 }
 
 // The policy file decides per GEMM kind and token count (256 rows here).

@@ -10,9 +10,11 @@
 #include <limits>
 #include <memory>
 #include <numeric>
+#include <optional>
 #include <vector>
 
 #include "loongforge/backend/fp8.h"
+#include "loongforge/backend/fp8_grouped.h"
 #include "loongforge/backend/functional.h"
 #include "loongforge/core/error.h"
 #include "loongforge/models/recompute.h"
@@ -87,6 +89,12 @@ struct OverlapPlan {
   std::vector<int64_t> rows;                      // per chunk: rows this rank sends in all
   std::vector<std::vector<int64_t>> send, recv;  // per chunk: rows to / from each rank
   std::vector<Regroup> groups;                    // per chunk
+  // FP8 (null: none): fc1 / fc2 as the policy chooses at each chunk's rows, tensorwise amaxes
+  // reduced over amax_group (TP when the experts are split over it); record: delayed scaling
+  // records amaxes (training, not evaluation).
+  const lf::ops::Fp8Policy* fp8 = nullptr;
+  lf::backend::Communicator* amax_group = nullptr;
+  bool record = false;
 };
 
 // CCT: the all-to-all dispatch of C token chunks overlapped with the experts' computation. Forward
@@ -99,7 +107,9 @@ struct OverlapPlan {
 // so backward can split each GEMM's gradients: with --delay-wgrad-compute every chunk's input
 // gradient is computed and sent first, and the expert weights' gradients of all chunks are
 // computed after the last send, while those all-to-alls are in flight (Megatron's delayed wgrad;
-// the same values, summed over the chunks in the same order).
+// the same values, summed over the chunks in the same order). In FP8 (OverlapPlan::fp8) a chunk's
+// fc1 / fc2 are lf::ops::Fp8GroupedGemm's passes, which keep their quantized operands: the input
+// and, for fc2, the activation's output are not kept in the training dtype.
 struct OverlappedExperts : torch::autograd::Function<OverlappedExperts> {
   static constexpr const char* kCommRow = "MoE all-to-all";
   static constexpr const char* kExpertRow = "MoE experts";
@@ -139,6 +149,8 @@ struct OverlappedExperts : torch::autograd::Function<OverlappedExperts> {
       dispatch[c] = ep.all_to_all(arrived[c], rows[c].contiguous(), plan->recv[c], plan->send[c], true);
     }
     variable_list saved;  // per chunk: the experts' input, fc1's output, the activation's (or undefined)
+    auto fp8 = c10::make_intrusive<Fp8Chunks>();  // per chunk: fc1's and fc2's FP8 passes, if in FP8
+    fp8->fc1.resize(chunks), fp8->fc2.resize(chunks);
     for (size_t c = 0; c < chunks; ++c) {
       hand_over(*plan);
       dispatch[c]->wait();
@@ -146,10 +158,26 @@ struct OverlappedExperts : torch::autograd::Function<OverlappedExperts> {
       const double computing = now(*plan);
       const Regroup& g = plan->groups[c];
       at::Tensor in = arrived[c].index_select(0, g.order);
-      at::Tensor h1 = ops.grouped_gemm_fwd(in, fc1, g.per_expert);
-      at::Tensor a = activation(*plan, h1);
-      at::Tensor y = ops.grouped_gemm_fwd(a, fc2, g.per_expert);
-      saved.insert(saved.end(), {in, h1, plan->recompute ? at::Tensor() : a});
+      const int64_t m = in.size(0);
+      const auto* r1 = plan->fp8 ? plan->fp8->choose(lf::ops::Fp8Gemm::fc1, m) : nullptr;
+      const auto* r2 = plan->fp8 ? plan->fp8->choose(lf::ops::Fp8Gemm::fc2, m) : nullptr;
+      std::vector<int64_t> counts;
+      if (r1 || r2) counts.assign(g.per_expert.data_ptr<int64_t>(), g.per_expert.data_ptr<int64_t>() + g.per_expert.numel());
+      at::Tensor h1;
+      if (r1) {
+        fp8->fc1[c].emplace(in, fc1, counts, *r1, plan->amax_group, true, plan->record);
+        h1 = fp8->fc1[c]->output();
+      } else {
+        h1 = ops.grouped_gemm_fwd(in, fc1, g.per_expert);
+      }
+      at::Tensor a = activation(*plan, h1), y;
+      if (r2) {
+        fp8->fc2[c].emplace(a, fc2, counts, *r2, plan->amax_group, true, plan->record);
+        y = fp8->fc2[c]->output();
+      } else {
+        y = ops.grouped_gemm_fwd(a, fc2, g.per_expert);
+      }
+      saved.insert(saved.end(), {r1 ? at::Tensor() : in, h1, plan->recompute || r2 ? at::Tensor() : a});
       at::Tensor y_src = y.index_select(0, g.inverse).contiguous();
       span(*plan, "experts", c, kExpertRow, computing);
       back[c] = combined.narrow(0, offset_of(plan->rows, c), plan->rows[c]);
@@ -163,6 +191,7 @@ struct OverlappedExperts : torch::autograd::Function<OverlappedExperts> {
     }
     ctx->saved_data["plan"] = c10::IValue::make_capsule(c10::make_intrusive<PlanHolder>(plan));
     ctx->saved_data["chunks"] = saved;
+    ctx->saved_data["fp8"] = c10::IValue::make_capsule(fp8);
     ctx->save_for_backward({fc1, fc2});
     return combined;
   }
@@ -175,6 +204,7 @@ struct OverlappedExperts : torch::autograd::Function<OverlappedExperts> {
     at::Tensor rows_all = at::empty_like(grad_all);  // the rows' gradients land in their slices
     auto& ep = *plan->ep;
     const auto saved = ctx->saved_data["chunks"].toTensorVector();
+    const auto& fp8 = *static_cast<Fp8Chunks*>(ctx->saved_data["fp8"].toCapsule().get());
     const auto weights = ctx->get_saved_variables();
     const at::Tensor &w1 = weights[0], &w2 = weights[1];
     const bool want_w1 = ctx->needs_input_grad(1), want_w2 = ctx->needs_input_grad(2);
@@ -183,7 +213,7 @@ struct OverlappedExperts : torch::autograd::Function<OverlappedExperts> {
     std::vector<std::shared_ptr<lf::backend::Work>> dispatch(chunks), combine(chunks);
     std::vector<double> sent(chunks), back_sent(chunks);
     std::vector<int64_t> arriving(chunks);  // one buffer for every chunk, as in forward
-    for (size_t c = 0; c < chunks; ++c) arriving[c] = saved[3 * c].size(0);
+    for (size_t c = 0; c < chunks; ++c) arriving[c] = plan->groups[c].order.size(0);
     const auto arrived_all =
         at::empty({std::accumulate(arriving.begin(), arriving.end(), int64_t{0}), grad_all.size(1)}, grad_all.options());
     for (size_t c = 0; c < chunks; ++c) {  // the combines' gradients back to the experts' ranks
@@ -203,10 +233,11 @@ struct OverlappedExperts : torch::autograd::Function<OverlappedExperts> {
       const Regroup& g = plan->groups[c];
       const at::Tensor &in = saved[3 * c], &h1 = saved[3 * c + 1];
       gy[c] = arrived[c].index_select(0, g.order);
-      act_out[c] = saved[3 * c + 2].defined() ? saved[3 * c + 2] : activation(*plan, h1);
-      auto g2 = ops.grouped_gemm_bwd(gy[c], act_out[c], w2, g.per_expert, now2);
+      // fc2's input: kept, recomputed, or (FP8) its quantized copy inside fc2's pass.
+      if (!fp8.fc2[c]) act_out[c] = saved[3 * c + 2].defined() ? saved[3 * c + 2] : activation(*plan, h1);
+      auto g2 = gemm_grads(fp8.fc2[c], ops, gy[c], act_out[c], w2, g.per_expert, now2);
       dh1[c] = plan->swiglu ? ops.swiglu_bwd(g2.dx, h1) : ops.gelu_bwd(g2.dx, h1);
-      auto g1 = ops.grouped_gemm_bwd(dh1[c], in, w1, g.per_expert, now1);
+      auto g1 = gemm_grads(fp8.fc1[c], ops, dh1[c], in, w1, g.per_expert, now1);
       if (now2.dw) accumulate(dw2, g2.dw);
       if (now1.dw) accumulate(dw1, g1.dw);
       at::Tensor to_src = g1.dx.index_select(0, g.inverse).contiguous();
@@ -220,12 +251,8 @@ struct OverlappedExperts : torch::autograd::Function<OverlappedExperts> {
       for (size_t c = 0; c < chunks; ++c) {
         const double computing = now(*plan);
         const Regroup& g = plan->groups[c];
-        if (want_w2) {
-          accumulate(dw2, ops.grouped_gemm_bwd(gy[c], act_out[c], w2, g.per_expert, {false, true}).dw);
-        }
-        if (want_w1) {
-          accumulate(dw1, ops.grouped_gemm_bwd(dh1[c], saved[3 * c], w1, g.per_expert, {false, true}).dw);
-        }
+        if (want_w2) accumulate(dw2, gemm_grads(fp8.fc2[c], ops, gy[c], act_out[c], w2, g.per_expert, {false, true}).dw);
+        if (want_w1) accumulate(dw1, gemm_grads(fp8.fc1[c], ops, dh1[c], saved[3 * c], w1, g.per_expert, {false, true}).dw);
         span(*plan, "experts wgrad", c, kExpertRow, computing);
       }
     for (size_t c = 0; c < chunks; ++c) {
@@ -233,7 +260,25 @@ struct OverlappedExperts : torch::autograd::Function<OverlappedExperts> {
       dispatch[c]->wait();
       span(*plan, "dispatch grad", c, kCommRow, back_sent[c]);
     }
+    // FP8 chunks' weight gradients are fp32: the weights' dtype, as the backend's.
+    if (dw1.defined() && dw1.scalar_type() != w1.scalar_type()) dw1 = dw1.to(w1.scalar_type());
+    if (dw2.defined() && dw2.scalar_type() != w2.scalar_type()) dw2 = dw2.to(w2.scalar_type());
     return {rows_all, dw1, dw2, at::Tensor()};
+  }
+
+  // Per chunk: fc1's and fc2's FP8 passes (empty: that GEMM in the training dtype).
+  struct Fp8Chunks : torch::CustomClassHolder {
+    std::vector<std::optional<lf::ops::Fp8GroupedGemm>> fc1, fc2;
+  };
+  // One grouped GEMM's gradients from its output gradient dy: its FP8 pass's, or the backend's on
+  // its input x (the training dtype).
+  static lf::backend::GroupedGemmBwd gemm_grads(const std::optional<lf::ops::Fp8GroupedGemm>& f,
+                                                const lf::backend::OpTable& ops, const at::Tensor& dy,
+                                                const at::Tensor& x, const at::Tensor& w, const at::Tensor& per_expert,
+                                                lf::backend::GemmGrads want) {
+    if (!f) return ops.grouped_gemm_bwd(dy, x, w, per_expert, want);
+    auto [dx, dw] = f->backward(dy, want.dx, want.dw);
+    return {dx, dw};
   }
 
   // sum += d, in place after the first chunk (d is the backend's fresh tensor: the first one is kept).
@@ -436,11 +481,9 @@ at::Tensor MoeLayer::forward(const lf::backend::DeviceBackend& be, const lf::par
   } else if (tp.ep_allgather) {
     out = dispatch_allgather(be, *tp.ep, x2d, r, experts);
   } else if (tp.ep_overlap_chunks > 0) {
-    LF_CHECK(fp8 == nullptr, "MoE layer: the overlapped all-to-all (--overlap-moe-expert-parallel-comm) has no FP8 "
-                             "experts; the job's plan refuses --fp8-format with it");
     out = dispatch_alltoall_overlapped(be, *tp.ep, x2d, r, tp.ep_overlap_chunks, selective_recompute,
                                        tp.ep_delay_wgrad, step ? step->trace() : nullptr,
-                                       step ? step->streams() : nullptr, moe_index);
+                                       step ? step->streams() : nullptr, moe_index, fp8, amax_group);
   } else {
     out = dispatch_alltoall(be, *tp.ep, x2d, r, experts);
   }
@@ -564,7 +607,8 @@ at::Tensor MoeLayer::dispatch_alltoall_overlapped(const lf::backend::DeviceBacke
                                                   const at::Tensor& x2d, const Routing& r, int chunks,
                                                   bool selective_recompute, bool delay_wgrad,
                                                   lf::TraceSpans* trace, lf::StreamPair* streams,
-                                                  size_t moe_index) const {
+                                                  size_t moe_index, const lf::ops::Fp8Policy* fp8,
+                                                  lf::backend::Communicator* amax_group) const {
   const int64_t e = c_.num_experts, local = e / ep_size_, ranks = ep_size_, t = x2d.size(0);
   const int64_t n = std::max<int64_t>(1, std::min<int64_t>(chunks, t));
   // One permutation for every chunk: token j of chunk c goes to "expert" c * E + its expert, so the
@@ -591,6 +635,9 @@ at::Tensor MoeLayer::dispatch_alltoall_overlapped(const lf::backend::DeviceBacke
   plan->delay_wgrad = delay_wgrad;
   plan->trace = trace;
   plan->streams = streams;
+  plan->fp8 = fp8;
+  plan->amax_group = amax_group;
+  plan->record = at::GradMode::is_enabled();  // (OverlappedExperts::forward runs without grad mode)
   if (trace) plan->layer = "L" + std::to_string(moe_index) + " ";
   const int64_t* cs = counts.data_ptr<int64_t>();
   const int64_t* gs = got.data_ptr<int64_t>();

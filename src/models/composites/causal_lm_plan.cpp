@@ -84,11 +84,6 @@ CausalLmPlan::CausalLmPlan(std::shared_ptr<const ModelConfig> config, const Plan
                      ")",
                  "use --moe-overlap-num-chunks 2 or more, or more micro-batches a step than pipeline stages");
     }
-    if (par.overlap_moe_expert_parallel_comm && job_.training.fp8_format)
-      errors.add("training.fp8_format", origin("training.fp8_format"),
-                 "the overlapped MoE all-to-all (--overlap-moe-expert-parallel-comm) computes the experts in the "
-                 "training dtype only: FP8 experts are not built for it",
-                 "drop --overlap-moe-expert-parallel-comm (the plain all-to-all has FP8 experts), or --fp8-format");
     if (par.moe_overlap_num_chunks && !par.overlap_moe_expert_parallel_comm)
       errors.add("parallel.moe_overlap_num_chunks", origin("parallel.moe_overlap_num_chunks"),
                  "--moe-overlap-num-chunks is set but the MoE communication overlap is off",

@@ -116,7 +116,7 @@ class MoeLayer {
   // holds this rank's tokens of sequences split over the context-parallel group; the load-balancing
   // statistics are the whole sequences' and each rank's loss term is its tokens' part. fp8: the
   // routed experts' fc1 / fc2 grouped GEMMs and the shared experts' linear layers in FP8 where it
-  // chooses (by the GEMM's rows on this rank); not with the overlapped all-to-all (refused).
+  // chooses (by the GEMM's rows on this rank; the overlapped all-to-all: by each chunk's rows).
   at::Tensor forward(const lf::backend::DeviceBackend& be, const lf::parallel::TensorParallel& tp, const at::Tensor& x,
                      bool training, bool selective_recompute, MoeStep* step, size_t moe_index, size_t moe_layers,
                      const lf::parallel::ContextParallel* cp = nullptr, const lf::ops::Fp8Policy* fp8 = nullptr) const;
@@ -143,7 +143,8 @@ class MoeLayer {
   at::Tensor dispatch_alltoall_overlapped(const lf::backend::DeviceBackend& be, lf::backend::Communicator& ep,
                                           const at::Tensor& x2d, const Routing& r, int chunks,
                                           bool selective_recompute, bool delay_wgrad, lf::TraceSpans* trace,
-                                          lf::StreamPair* streams, size_t moe_index) const;
+                                          lf::StreamPair* streams, size_t moe_index, const lf::ops::Fp8Policy* fp8,
+                                          lf::backend::Communicator* amax_group) const;
 
   MoeConfig c_;
   int ep_size_ = 1, ep_rank_ = 0;  // expert parallelism: this rank holds experts [rank, rank + 1) * E / size

@@ -1,0 +1,44 @@
+// The experts' grouped GEMM in FP8 as separate passes, for a caller that schedules the backward's
+// input and weight gradients itself: the overlapped MoE all-to-all (models/blocks/moe.cpp) computes
+// each chunk's input gradient first and, with --delay-wgrad-compute, every chunk's weight gradient
+// after the last send. The numerics are fp8_grouped_linear's (backend/fp8.h), which is built on it:
+// row group g of x times w[g]^T, each group an FP8 GEMM with its own scales; tensorwise amaxes
+// reduced over amax_group (the TP group when the experts are split over TP); delayed scaling's
+// scales from the run's tables, the amaxes recorded when `record` (training, not evaluation).
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <memory>
+#include <utility>
+#include <vector>
+
+namespace lf::backend {
+class Communicator;
+}
+
+namespace lf::ops {
+
+struct Fp8Recipe;
+
+class Fp8GroupedGemm {
+ public:
+  // The forward: x [m, in] in groups of counts (rows per group, summing to m), w [G, out, in];
+  // keep: keep the quantized operands for backward(). recipe and amax_group must outlive it.
+  Fp8GroupedGemm(const at::Tensor& x, const at::Tensor& w, const std::vector<int64_t>& counts,
+                 const Fp8Recipe& recipe, lf::backend::Communicator* amax_group, bool keep, bool record);
+  // [m, out] in x's dtype.
+  const at::Tensor& output() const;
+  // From the output gradient dy [m, out]: x's gradient [m, in] in x's dtype (want_dx) and w's
+  // [G, out, in] fp32 (want_dw; zero for an empty group), each undefined when not wanted. Callable
+  // more than once (e.g. the input gradient, later the weight gradient): each call quantizes dy
+  // (the same values; delayed scaling records its amax again, a maximum that does not change).
+  std::pair<at::Tensor, at::Tensor> backward(const at::Tensor& dy, bool want_dx, bool want_dw) const;
+
+ private:
+  struct State;
+  std::shared_ptr<const State> s_;
+};
+
+}  // namespace lf::ops

@@ -9,6 +9,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <nlohmann/json.hpp>
 
 #include "loongforge/backend/fp8.h"
@@ -253,8 +254,9 @@ TEST(Fp8Linear, GroupedPassesEqualTheAutogradFunction) {
     auto y = lf::ops::fp8_grouped_linear(xg, wg, at::tensor(counts, at::kLong), r, nullptr);
     y.backward(dy);
     const char* what = lf::ops::to_string(scaling);
-    const lf::ops::Fp8GroupedGemm gemm(x, w, counts, r, nullptr, true, true);
-    EXPECT_TRUE(at::equal(gemm.output(), y.detach())) << what;
+    lf::ops::Fp8GroupedGemm gemm(x, w, counts, r, nullptr, true, true);
+    EXPECT_TRUE(at::equal(gemm.take_output(), y.detach())) << what;
+    EXPECT_THROW(gemm.take_output(), lf::Error) << what;  // handed over once
     const auto [dx, none] = gemm.backward(dy, true, false);
     const auto [nothing, dw] = gemm.backward(dy, false, true);
     EXPECT_FALSE(none.defined()) << what;
@@ -264,13 +266,40 @@ TEST(Fp8Linear, GroupedPassesEqualTheAutogradFunction) {
     const auto [dx2, dw2] = gemm.backward(dy, true, true);
     EXPECT_TRUE(at::equal(dx2, dx) && at::equal(dw2, dw)) << what;
     EXPECT_EQ(max_abs(dw.select(0, 1)), 0.0) << what;  // the empty group's weight
-    const lf::ops::Fp8GroupedGemm forward_only(x, w, counts, r, nullptr, false, false);
-    EXPECT_TRUE(at::equal(forward_only.output(), y.detach())) << what;
+    lf::ops::Fp8GroupedGemm forward_only(x, w, counts, r, nullptr, false, false);
+    EXPECT_TRUE(at::equal(forward_only.take_output(), y.detach())) << what;
     EXPECT_THROW(forward_only.backward(dy, true, true), lf::Error) << what;
   }
   EXPECT_THROW(lf::ops::Fp8GroupedGemm(at::randn({3, 24}), at::randn({4, 20, 24}), {1, 1, 0, 0}, Fp8Recipe{}, nullptr,
                                        true, true),
                lf::Error);  // counts sum to 2, not 3 rows
+  // No rows at all (no token reached this rank's experts): an empty output, zero gradients.
+  lf::ops::Fp8GroupedGemm none(at::randn({0, 24}), at::randn({4, 20, 24}), {0, 0, 0, 0}, Fp8Recipe{}, nullptr, true, true);
+  EXPECT_EQ(none.take_output().sizes(), (std::vector<int64_t>{0, 20}));
+  const auto [dx0, dw0] = none.backward(at::zeros({0, 20}), true, true);
+  EXPECT_EQ(dx0.sizes(), (std::vector<int64_t>{0, 24}));
+  EXPECT_EQ(max_abs(dw0), 0.0);
+}
+
+// The autograd function keeps its FP8 copies beside, not inside, its output's graph: once the
+// output and its gradient are gone, nothing holds the output (a node that held its own output
+// through its saved state would never be freed: every MoE layer's copies, every micro-batch).
+TEST(Fp8Linear, GroupedFunctionDoesNotHoldItsOutput) {
+  Fp8Recipe r;
+  auto x = at::randn({6, 16}).requires_grad_(true), w = at::randn({2, 8, 16}).requires_grad_(true);
+  std::optional<c10::weak_intrusive_ptr<c10::TensorImpl>> weak;
+  {
+    auto y = lf::ops::fp8_grouped_linear(x, w, at::tensor({4, 2}, at::kLong), r, nullptr);
+    weak.emplace(y.getIntrusivePtr());
+    y.sum().backward();
+  }
+  EXPECT_TRUE(weak->expired());
+  EXPECT_TRUE(x.grad().defined() && w.grad().defined());
+  {  // without a backward (the graph dropped): freed as well
+    auto y = lf::ops::fp8_grouped_linear(x, w, at::tensor({4, 2}, at::kLong), r, nullptr);
+    weak.emplace(y.getIntrusivePtr());
+  }
+  EXPECT_TRUE(weak->expired());
 }
 
 class OneSlot : public lf::ops::WeightGradSlots {

@@ -194,29 +194,48 @@ TEST(Fp8DelayedTraining, ExpertParallelEqualsSingleProcess) {
 TEST(Fp8DelayedTraining, ExpertParallelCheckpointsLoadOnAnyEpLayout) {
   const TrainRun straight = moe(1, kDelayed, "straight");
   ASSERT_EQ(straight.exit_code, 0) << straight.output;
-  auto resume = [&](int save_procs, int load_procs, const std::string& tag) {
+  // Saved at iteration 5 by `save_procs` ranks with `save` (appended to the delayed recipe's flags),
+  // resumed by `load_procs` with `load`.
+  auto resume = [&](int save_procs, std::vector<std::string> save, int load_procs, std::vector<std::string> load,
+                    const std::string& tag) {
     const std::string ckpt = lf::testing::make_temp_dir("fp8d-moe-ckpt-" + tag);
     auto first = kDelayed;
+    first.insert(first.end(), save.begin(), save.end());
     first.insert(first.end(), {"--save", ckpt, "--save-interval", "5", "--exit-interval", "5"});
-    const TrainRun half = moe(save_procs, save_procs > 1 ? with_ep(first) : first, tag + "-half");
+    const TrainRun half = moe(save_procs, first, tag + "-half");
     EXPECT_EQ(half.exit_code, 0) << half.output;
     auto second = kDelayed;
+    second.insert(second.end(), load.begin(), load.end());
     second.insert(second.end(), {"--load", ckpt});
-    const TrainRun r = moe(load_procs, load_procs > 1 ? with_ep(second) : second, tag + "-resumed");
+    const TrainRun r = moe(load_procs, second, tag + "-resumed");
     EXPECT_EQ(r.exit_code, 0) << r.output;
     return std::make_pair(ckpt, r);
   };
-  const auto [from_ep, at_one] = resume(4, 1, "ep-to-one");
+  const auto [from_ep, at_one] = resume(4, with_ep({}), 1, {}, "ep-to-one");
   // Each EP rank of expert-DP rank 0 wrote its experts' part.
   EXPECT_TRUE(fs::exists(from_ep + "/iter_0000005/fp8_experts_tp0_pp0.safetensors"));
   EXPECT_TRUE(fs::exists(from_ep + "/iter_0000005/fp8_experts_tp1_pp0.safetensors"));
-  const auto [from_one, at_ep] = resume(1, 2, "one-to-ep");
-  for (const auto* r : {&at_one, &at_ep}) {
+  const auto [from_one, at_ep] = resume(1, {}, 2, with_ep({}), "one-to-ep");
+  // Experts split over TP (the experts' ranks numbered EP x TP): EP rank r's first TP rank writes
+  // its part as tp<2 r>, and a resume on the same layout continues bit for bit.
+  const auto etp = with_ep({"--tensor-model-parallel-size", "2", "--sequence-parallel"});
+  const auto [from_etp, at_etp] = resume(4, etp, 4, etp, "etp");
+  EXPECT_TRUE(fs::exists(from_etp + "/iter_0000005/fp8_experts_tp0_pp0.safetensors"));
+  EXPECT_TRUE(fs::exists(from_etp + "/iter_0000005/fp8_experts_tp2_pp0.safetensors"));
+  EXPECT_FALSE(fs::exists(from_etp + "/iter_0000005/fp8_experts_tp1_pp0.safetensors"));
+  auto etp_args = kDelayed;
+  etp_args.insert(etp_args.end(), etp.begin(), etp.end());
+  const TrainRun etp_straight = moe(4, etp_args, "etp-straight");
+  ASSERT_EQ(etp_straight.exit_code, 0) << etp_straight.output;
+  ASSERT_EQ(at_etp.losses.size(), 5u) << at_etp.output;
+  EXPECT_EQ(at_etp.losses, std::vector<double>(etp_straight.losses.begin() + 5, etp_straight.losses.end()));
+  const std::vector<std::pair<const TrainRun*, const char*>> runs{
+      {&at_one, "saved at EP 2 x expert-DP 2, resumed at one process"},
+      {&at_ep, "saved at one process, resumed at EP 2"}};
+  for (const auto& [r, what] : runs) {
     ASSERT_EQ(r->losses.size(), 5u) << r->output;
     const double loss = std::abs(r->losses[0] - straight.losses[5]) / straight.losses[5],
                  norm = std::abs(r->grad_norms[0] - straight.grad_norms[5]) / straight.grad_norms[5];
-    const char* what = r == &at_one ? "saved at EP 2 x expert-DP 2, resumed at one process"
-                                    : "saved at one process, resumed at EP 2";
     std::printf("[fp8 delayed] MoE %s: first step's loss %.3g, gradient norm %.3g relative\n", what, loss, norm);
     EXPECT_LT(loss, 1e-6) << what;
     EXPECT_LT(norm, 1e-5) << what;

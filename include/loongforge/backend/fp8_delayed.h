@@ -6,8 +6,10 @@
 // saturates.
 //
 // The history records one amax per step: the maximum over the step's micro-batches (and their
-// recomputed forwards) and, in update() at the step's end, over the parameter group's TP x DP x CP
-// ranks, so that every one of those layouts equals one process. update() then sets
+// recomputed forwards) and, in update() at the step's end, over the ranks that hold the same
+// weights (the trainer's choice: a parameter group's TP x DP x CP ranks; for experts spread over
+// expert-parallel ranks, expert-DP and the TP ranks the experts are split over), so that every one
+// of those layouts equals one process. update() then sets
 //   scale = 2^-margin fp8_max / amax,  amax = the newest entry (most_recent) or the history's max,
 // keeping the previous scale where that amax is 0 or not finite. Scales start at 1. Unlike
 // Transformer Engine, which updates after each micro-batch's forward and backward, the scales are

@@ -28,8 +28,9 @@ class Fp8GroupedGemm {
   // keep: keep the quantized operands for backward(). recipe and amax_group must outlive it.
   Fp8GroupedGemm(const at::Tensor& x, const at::Tensor& w, const std::vector<int64_t>& counts,
                  const Fp8Recipe& recipe, lf::backend::Communicator* amax_group, bool keep, bool record);
-  // [m, out] in x's dtype.
-  const at::Tensor& output() const;
+  // The forward's result [m, out] in x's dtype, handed over once (the object does not keep it: an
+  // autograd node holding this object must not hold its own output).
+  at::Tensor take_output();
   // From the output gradient dy [m, out]: x's gradient [m, in] in x's dtype (want_dx) and w's
   // [G, out, in] fp32 (want_dw; zero for an empty group), each undefined when not wanted. Callable
   // more than once (e.g. the input gradient, later the weight gradient): each call quantizes dy
@@ -39,6 +40,7 @@ class Fp8GroupedGemm {
  private:
   struct State;
   std::shared_ptr<const State> s_;
+  at::Tensor y_;
 };
 
 }  // namespace lf::ops

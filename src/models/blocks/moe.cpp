@@ -165,15 +165,15 @@ struct OverlappedExperts : torch::autograd::Function<OverlappedExperts> {
       if (r1 || r2) counts.assign(g.per_expert.data_ptr<int64_t>(), g.per_expert.data_ptr<int64_t>() + g.per_expert.numel());
       at::Tensor h1;
       if (r1) {
-        fp8->fc1[c].emplace(in, fc1, counts, *r1, plan->amax_group, true, plan->record);
-        h1 = fp8->fc1[c]->output();
+        fp8->fc1[c].emplace(in, fc1, counts, *r1, plan->amax_group, plan->record, plan->record);
+        h1 = fp8->fc1[c]->take_output();
       } else {
         h1 = ops.grouped_gemm_fwd(in, fc1, g.per_expert);
       }
       at::Tensor a = activation(*plan, h1), y;
       if (r2) {
-        fp8->fc2[c].emplace(a, fc2, counts, *r2, plan->amax_group, true, plan->record);
-        y = fp8->fc2[c]->output();
+        fp8->fc2[c].emplace(a, fc2, counts, *r2, plan->amax_group, plan->record, plan->record);
+        y = fp8->fc2[c]->take_output();
       } else {
         y = ops.grouped_gemm_fwd(a, fc2, g.per_expert);
       }
@@ -204,7 +204,9 @@ struct OverlappedExperts : torch::autograd::Function<OverlappedExperts> {
     at::Tensor rows_all = at::empty_like(grad_all);  // the rows' gradients land in their slices
     auto& ep = *plan->ep;
     const auto saved = ctx->saved_data["chunks"].toTensorVector();
-    const auto& fp8 = *static_cast<Fp8Chunks*>(ctx->saved_data["fp8"].toCapsule().get());
+    // Holds the capsule while backward runs (its saved_data entry is erased at the end).
+    const auto fp8_ref = ctx->saved_data["fp8"].toCapsule();
+    const auto& fp8 = *static_cast<Fp8Chunks*>(fp8_ref.get());
     const auto weights = ctx->get_saved_variables();
     const at::Tensor &w1 = weights[0], &w2 = weights[1];
     const bool want_w1 = ctx->needs_input_grad(1), want_w2 = ctx->needs_input_grad(2);
@@ -260,9 +262,9 @@ struct OverlappedExperts : torch::autograd::Function<OverlappedExperts> {
       dispatch[c]->wait();
       span(*plan, "dispatch grad", c, kCommRow, back_sent[c]);
     }
-    // FP8 chunks' weight gradients are fp32: the weights' dtype, as the backend's.
-    if (dw1.defined() && dw1.scalar_type() != w1.scalar_type()) dw1 = dw1.to(w1.scalar_type());
-    if (dw2.defined() && dw2.scalar_type() != w2.scalar_type()) dw2 = dw2.to(w2.scalar_type());
+    // What forward kept goes now, not when the graph is destroyed (backward runs once).
+    ctx->saved_data.erase("chunks");
+    ctx->saved_data.erase("fp8");
     return {rows_all, dw1, dw2, at::Tensor()};
   }
 
@@ -278,7 +280,9 @@ struct OverlappedExperts : torch::autograd::Function<OverlappedExperts> {
                                                 lf::backend::GemmGrads want) {
     if (!f) return ops.grouped_gemm_bwd(dy, x, w, per_expert, want);
     auto [dx, dw] = f->backward(dy, want.dx, want.dw);
-    return {dx, dw};
+    // In w's dtype, as the backend's (a chunk's FP8 GEMM gives fp32), so that the chunks' sum does
+    // not depend on which chunks ran in FP8.
+    return {dx, dw.defined() ? dw.to(w.scalar_type()) : dw};
   }
 
   // sum += d, in place after the first chunk (d is the backend's fresh tensor: the first one is kept).

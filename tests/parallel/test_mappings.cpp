@@ -32,6 +32,18 @@ void check_mappings(lf::dist::ParallelContext& ctx, at::ScalarType dtype) {
     y.backward(at::full({3}, r + 1.0, opt));
     EXPECT_EQ(max_abs_diff(x.grad(), at::full({3}, tri)), 0);
   }
+  {  // once_over_tp: fwd identity; bwd the gradient on rank 0, zeros elsewhere; inside copy_to_tp
+     // the sum then counts a whole gradient (here 4 on every rank) once.
+    auto x = leaf(at::full({3}, 5.0, opt));
+    auto y = once_over_tp(x, tp);
+    EXPECT_EQ(max_abs_diff(y, x), 0);
+    y.backward(at::full({3}, 4.0, opt));
+    EXPECT_EQ(max_abs_diff(x.grad(), at::full({3}, r == 0 ? 4.0 : 0.0)), 0);
+    auto z = leaf(at::full({3}, 5.0, opt));
+    auto entered = copy_to_tp(z, tp);
+    (once_over_tp(entered, tp) * 4.0 + entered * (r + 1.0)).sum().backward();
+    EXPECT_EQ(max_abs_diff(z.grad(), at::full({3}, 4.0 + tri)), 0);
+  }
   {  // reduce_from_tp: fwd sums (r + 1); bwd identity.
     auto x = leaf(at::full({3}, r + 1.0, opt));
     auto y = reduce_from_tp(x, tp);

@@ -84,10 +84,12 @@ DecoderConfig variant(int tp, int which) {
     c.moe_router_load_balancing_type = "seq_aux_loss";
     c.moe_aux_loss_coeff = 0.1;
     c.moe_z_loss_coeff = 0.01;
-  } else if (which == 3) {
-    // Multi-latent attention (heads split; the down projections and latent norms replicated
-    // with their gradients summed over TP), YaRN RoPE on interleaved pairs.
-    lf::testing::make_tiny_mla(c);
+  } else if (which == 3 || which == 5) {
+    // Multi-latent attention (heads split; the down projections and latent norms replicated, their
+    // output gradients summed over TP in the forward so that their own gradients are whole on every
+    // rank), YaRN RoPE on interleaved pairs; 5: without a query latent (linear_q_proj split, its
+    // partial input gradient summed at the region's entry with the kv latent's counted once).
+    lf::testing::make_tiny_mla(c, which == 3);
   }
   return c;
 }
@@ -119,17 +121,23 @@ void check_decoder(lf::dist::ParallelContext& ctx, at::ScalarType dtype, bool sp
     const auto& p = par.parameters()[i];
     const auto& q = single.parameters()[i];
     ASSERT_EQ(p.name, q.name);
-    // Replicated with a gradient partial per TP rank: MLA's latents, the MoE router.
-    const bool latent = p.name.find("down_proj") != std::string::npos || p.name.find("kv_layernorm") != std::string::npos ||
-                        p.name.find("router.weight") != std::string::npos;
+    // Replicated with a gradient partial per TP rank: the MoE router, per-head QK norms. MLA's
+    // latents (down projections and their norms) are replicated with a whole gradient, never summed.
+    const bool mla = which == 3 || which == 5;
+    const bool latent = mla && (p.name.find("down_proj") != std::string::npos ||
+                                p.name.find("q_layernorm") != std::string::npos ||
+                                p.name.find("kv_layernorm") != std::string::npos);
     const bool replicated = p.name.find("norm") != std::string::npos ||
                             p.name.find("linear_proj.bias") != std::string::npos ||
                             p.name.find("linear_fc2.bias") != std::string::npos ||
-                            p.name.find("gate_weight") != std::string::npos || p.state || latent;
+                            p.name.find("gate_weight") != std::string::npos || p.state || latent ||
+                            p.name.find("router.weight") != std::string::npos;
     EXPECT_EQ(p.sharding.is_replicated(), replicated) << p.name;
     EXPECT_EQ(p.is_split(), !replicated) << p.name;
-    const bool qk_norm = p.name.find("q_layernorm") != std::string::npos || p.name.find("k_layernorm") != std::string::npos;
-    EXPECT_EQ(p.sequence_parallel, !p.state && ((sp && replicated) || qk_norm || latent)) << p.name;
+    const bool partial = p.name.find("router.weight") != std::string::npos ||
+                         (!mla && (p.name.find("q_layernorm") != std::string::npos ||
+                                   p.name.find("k_layernorm") != std::string::npos));
+    EXPECT_EQ(p.sequence_parallel, !p.state && !latent && ((sp && replicated) || partial)) << p.name;
     auto full = gather_shards(p.tensor, p.sharding.dim, p.sharding.blocks, tp);
     auto want = q.tensor.detach();
     if (full.size(0) != want.size(0)) {  // vocabulary tables: compare the real rows
@@ -184,7 +192,7 @@ LF_WORKER_CASE(tp_decoder) {
   for (bool sp : {false, true}) {
     check_decoder(*ctx, at::kFloat, sp, {1e-5, 1e-5});
     check_decoder(*ctx, at::kBFloat16, sp, {3e-2, 3e-2});
-    for (int which : {1, 2, 3, 4}) check_decoder(*ctx, at::kFloat, sp, {1e-5, 1e-5}, which);
+    for (int which : {1, 2, 3, 4, 5}) check_decoder(*ctx, at::kFloat, sp, {1e-5, 1e-5}, which);
   }
 }
 

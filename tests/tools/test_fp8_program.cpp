@@ -274,11 +274,13 @@ void expect_each_kind_changes_the_run(const Run& run, std::initializer_list<cons
   }
 }
 
-// MLA (the demo with --multi-latent-attention: q and kv latents, 4 heads): its up projections (the
-// policy's qkv kind) and linear_proj (proj) in FP8, each alone through a policy file, both changing
-// the run; the down projections stay in the training dtype. TP 2 + SP splits the heads (the up
-// projections column-parallel, the projection row-parallel, their amax reduced over TP) and equals
-// one FP8 process as the dense attention does.
+// MLA (the demo with --multi-latent-attention: q and kv latents, 4 heads): its down and up
+// projections (the policy's qkv kind) and linear_proj (proj) in FP8, each kind alone through a
+// policy file changing the run. TP 2 + SP splits the heads (the up projections column-parallel, the
+// projection row-parallel, their amax reduced over TP; the down projections replicated with their
+// output gradients summed over TP before their GEMMs) and equals one FP8 process as the dense
+// attention does. (That the down projections and DSA's indexer run in FP8 is checked through the
+// delayed recipe's state: Fp8DelayedTraining.MlaAndDsaProjectionsInFp8.)
 TEST(Fp8Training, MlaProjectionsInFp8) {
   const std::vector<std::string> mla{"--multi-latent-attention", "--q-lora-rank", "32", "--kv-lora-rank", "16",
                                      "--qk-head-dim", "16", "--qk-pos-emb-head-dim", "8", "--v-head-dim", "16"};

@@ -136,8 +136,8 @@ SelfAttention::SelfAttention(ParamBuilder& b, const std::string& prefix, const A
     qkv_bias_ = b.add(prefix + ".linear_qkv.bias", at::zeros({(nq + 2 * nkv) * d}), Sharding::along(0), true);
   if (c.qk_norm) {
     // Each TP rank holds different heads: the per-head norms' gradients differ per rank.
-    q_norm_ = b.add(prefix + ".q_layernorm.weight", at::ones({d}), Sharding::replicated(), true, true);
-    k_norm_ = b.add(prefix + ".k_layernorm.weight", at::ones({d}), Sharding::replicated(), true, true);
+    q_norm_ = b.add(prefix + ".q_layernorm.weight", at::ones({d}), Sharding::replicated(), true, ParamBuilder::TpGrad::partial);
+    k_norm_ = b.add(prefix + ".k_layernorm.weight", at::ones({d}), Sharding::replicated(), true, ParamBuilder::TpGrad::partial);
   }
   proj_ = b.add(prefix + ".linear_proj.weight", b.normal({h, nq * d}, c.out_std), Sharding::along(1), false);
   if (c.proj_bias) proj_bias_ = b.add(prefix + ".linear_proj.bias", at::zeros({h}), Sharding::replicated(), true);

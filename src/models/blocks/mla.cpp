@@ -22,20 +22,22 @@ MlaAttention::MlaAttention(ParamBuilder& b, const std::string& prefix, const Mla
   LF_CHECK(nq > 0 && dq > 0 && dr > 0 && dr % 2 == 0 && dv > 0 && c.kv_lora_rank > 0, "MLA ", prefix,
            ": heads, qk_head_dim, v_head_dim, kv_lora_rank must be positive and qk_pos_emb_head_dim even, got ", nq,
            ", ", dq, ", ", dv, ", ", c.kv_lora_rank, ", ", dr);
-  // The down projections and the latent norms act on every TP rank's heads' behalf: replicated,
-  // their gradients partial per rank (summed over TP).
+  // The down projections and the latent norms act on every TP rank's heads' behalf: replicated.
+  // Their output gradients are summed over TP where they leave them (forward), so their gradients
+  // are whole on every rank, never summed again.
+  constexpr auto whole = ParamBuilder::TpGrad::whole;
   if (c.q_lora_rank > 0) {
     q_down_ = b.add(prefix + ".linear_q_down_proj.weight", b.normal({c.q_lora_rank, h}, c.init_std),
-                    Sharding::replicated(), false, true);
-    q_norm_ = b.add(prefix + ".q_layernorm.weight", at::ones({c.q_lora_rank}), Sharding::replicated(), true, true);
+                    Sharding::replicated(), false, whole);
+    q_norm_ = b.add(prefix + ".q_layernorm.weight", at::ones({c.q_lora_rank}), Sharding::replicated(), true, whole);
     q_up_ = b.add(prefix + ".linear_q_up_proj.weight", b.normal({nq * (dq + dr), c.q_lora_rank}, c.init_std),
                   Sharding::along(0), false);
   } else {
     q_ = b.add(prefix + ".linear_q_proj.weight", b.normal({nq * (dq + dr), h}, c.init_std), Sharding::along(0), false);
   }
   kv_down_ = b.add(prefix + ".linear_kv_down_proj.weight", b.normal({c.kv_lora_rank + dr, h}, c.init_std),
-                   Sharding::replicated(), false, true);
-  kv_norm_ = b.add(prefix + ".kv_layernorm.weight", at::ones({c.kv_lora_rank}), Sharding::replicated(), true, true);
+                   Sharding::replicated(), false, whole);
+  kv_norm_ = b.add(prefix + ".kv_layernorm.weight", at::ones({c.kv_lora_rank}), Sharding::replicated(), true, whole);
   kv_up_ = b.add(prefix + ".linear_kv_up_proj.weight", b.normal({nq * (dq + dv), c.kv_lora_rank}, c.init_std),
                  Sharding::along(0), false);
   proj_ = b.add(prefix + ".linear_proj.weight", b.normal({h, nq * dv}, c.out_std), Sharding::along(1), false);
@@ -57,12 +59,17 @@ MlaAttention::MlaAttention(ParamBuilder& b, const std::string& prefix, const Mla
 }
 
 MlaAttention::IndexerOut MlaAttention::indexer(const lf::backend::DeviceBackend& be, const at::Tensor& xf,
-                                               const at::Tensor& qr, const AttentionInputs& in) const {
+                                               const at::Tensor& qr, const AttentionInputs& in,
+                                               const lf::ops::Fp8Recipe* fp8) const {
   const int64_t s = xf.size(0), b = xf.size(1), nh = c_.dsa.n_heads, di = c_.dsa.head_dim,
                 dr = c_.qk_pos_emb_head_dim;
-  auto qi = at::matmul(qr, idx_wq_.t()).view({s, b, nh, di});
+  // Its three projections in FP8 when the policy chooses the qkv GEMMs (replicated: whole operands).
+  auto linear = [fp8](const at::Tensor& x, const at::Tensor& w) {
+    return fp8 ? lf::ops::fp8_linear(x, w, {}, *fp8, nullptr, nullptr) : at::matmul(x, w.t());
+  };
+  auto qi = linear(qr, idx_wq_).view({s, b, nh, di});
   // DeepSeek's indexer key: LayerNorm with eps 1e-6 (HF and the reference code fix it).
-  auto ki = lf::ops::layer_norm(be, at::matmul(xf, idx_wk_.t()), idx_norm_w_, idx_norm_b_, 1e-6).unsqueeze(2);
+  auto ki = lf::ops::layer_norm(be, linear(xf, idx_wk_), idx_norm_w_, idx_norm_b_, 1e-6).unsqueeze(2);
   if (in.cos.defined()) {
     // The indexer rotates halves of its first dr dims; the interleaved tables repeat each
     // frequency twice in a row, the halves tables [f; f].
@@ -78,7 +85,7 @@ MlaAttention::IndexerOut MlaAttention::indexer(const lf::backend::DeviceBackend&
     qi = rot(qi);
     ki = rot(ki);
   }
-  auto w = at::matmul(xf, idx_wproj_.t()) * (1.0 / std::sqrt(static_cast<double>(nh)));  // [s, b, nh]
+  auto w = linear(xf, idx_wproj_) * (1.0 / std::sqrt(static_cast<double>(nh)));  // [s, b, nh]
   return {qi.transpose(0, 1).contiguous(), ki.squeeze(2).transpose(0, 1).contiguous(), w.transpose(0, 1).contiguous(),
           1.0 / std::sqrt(static_cast<double>(di))};
 }
@@ -122,18 +129,42 @@ at::Tensor MlaAttention::forward(const lf::backend::DeviceBackend& be, const lf:
     return fp8_up ? lf::ops::fp8_linear(in_, w, {}, *fp8_up, nullptr, tp.size() > 1 ? tp.tp : nullptr)
                   : at::matmul(in_, w.t());
   };
-  // Enter the TP region once: the full sequence (SP: gathered) on every rank.
-  at::Tensor xf = x;
-  if (tp.size() > 1)
-    xf = tp.sequence_parallel ? lf::parallel::gather_from_sequence_parallel(x, *tp.tp)
-                              : lf::parallel::copy_to_tp(x, *tp.tp);
+  // Enter the TP region once: the full sequence (SP: gathered) on every rank. The normed latents
+  // sum their gradients over TP (the heads' partial sums), so the down projections and the
+  // latent norms see the whole output gradient and produce whole gradients on every rank, as one
+  // process does (FP8 quantizes that whole gradient). With a query latent the input has no other
+  // consumer: its gradient needs no sum, only this rank's rows under SP. Without one, the query
+  // projection's partial input gradient is summed at the entry, and the key/value latent's whole
+  // one is counted once in that sum.
+  at::Tensor xf = x, x_down = x;
+  if (tp.size() > 1) {
+    if (q_.defined()) {
+      xf = tp.sequence_parallel ? lf::parallel::gather_from_sequence_parallel(x, *tp.tp)
+                                : lf::parallel::copy_to_tp(x, *tp.tp);
+      x_down = lf::parallel::once_over_tp(xf, *tp.tp);
+    } else {
+      xf = x_down = tp.sequence_parallel ? lf::parallel::gather_from_shares(x, *tp.tp) : x;
+    }
+  }
+  auto down = [&](const at::Tensor& w) {
+    return fp8_up ? lf::ops::fp8_linear(x_down, w, {}, *fp8_up, nullptr, nullptr) : at::matmul(x_down, w.t());
+  };
+  // The latents as the heads read them (after the norms): where their gradients are summed over TP.
+  auto summed = [&](const at::Tensor& t) { return tp.size() > 1 ? lf::parallel::copy_to_tp(t, *tp.tp) : t; };
   const int64_t s = xf.size(0), b = xf.size(1);
-  at::Tensor q_latent = q_.defined() ? at::Tensor() : lf::ops::rms_norm(be, at::matmul(xf, q_down_.t()), q_norm_, c_.norm_eps);
+  at::Tensor q_latent =
+      q_.defined() ? at::Tensor() : summed(lf::ops::rms_norm(be, down(q_down_), q_norm_, c_.norm_eps));
   at::Tensor q = q_.defined() ? up(xf, q_) : up(q_latent, q_up_);
   q = q.view({s, b, nq, dq + dr});
-  auto kv_latent = at::matmul(xf, kv_down_.t());  // [s, b, kv_lora + dr]
+  auto kv_latent = down(kv_down_);  // [s, b, kv_lora + dr]
   auto c_kv = lf::ops::rms_norm(be, kv_latent.narrow(-1, 0, c_.kv_lora_rank), kv_norm_, c_.norm_eps);
-  auto k_pe = kv_latent.narrow(-1, c_.kv_lora_rank, dr).unsqueeze(2);  // [s, b, 1, dr]
+  auto k_pe = kv_latent.narrow(-1, c_.kv_lora_rank, dr);
+  if (tp.size() > 1) {  // one all-reduce for both in backward
+    auto both = summed(at::cat({c_kv, k_pe}, -1));
+    c_kv = both.narrow(-1, 0, c_.kv_lora_rank);
+    k_pe = both.narrow(-1, c_.kv_lora_rank, dr);
+  }
+  k_pe = k_pe.unsqueeze(2);  // [s, b, 1, dr]
   auto kv = up(c_kv, kv_up_).view({s, b, nq, dq + dv});
   auto q_nope = q.narrow(-1, 0, dq), q_pe = q.narrow(-1, dq, dr);
   auto k_nope = kv.narrow(-1, 0, dq), v = kv.narrow(-1, dq, dv).contiguous();
@@ -147,7 +178,7 @@ at::Tensor MlaAttention::forward(const lf::backend::DeviceBackend& be, const lf:
              "DSA attention runs causal attention over whole sequences (or with a KV cache) at tensor-parallel "
              "size 1 (no ChunkPipe, packed documents, context parallelism or other masks)");
     // The indexer learns only from its own loss: its inputs are cut from the main model's graph.
-    IndexerOut ix = indexer(be, xf.detach(), q_latent.detach(), in);
+    IndexerOut ix = indexer(be, xf.detach(), q_latent.detach(), in, fp8_up);
     if (kv_cache) {
       // Decoding: the indexer's keys of the cached tokens too (the causal mask is bottom-right).
       if (kv_cache->length > 0) ix.ki = at::cat({kv_cache->index_k[i], ix.ki}, 1);

@@ -361,7 +361,7 @@ MoeLayer::MoeLayer(ParamBuilder& b, const std::string& prefix, const MoeConfig& 
   // Under tensor parallelism every rank routes the whole sequence (the router replicated, its
   // gradient partial per rank: each rank backpropagates its experts' shards) and holds every
   // expert's TP shard, split as the dense MLP: fc1's gate and up rows each, fc2's columns.
-  router_ = b.add(prefix + ".router.weight", b.normal({e, h}, c.init_std), Sharding::replicated(), false, true);
+  router_ = b.add(prefix + ".router.weight", b.normal({e, h}, c.init_std), Sharding::replicated(), false, ParamBuilder::TpGrad::partial);
   if (c.expert_bias) expert_bias_ = b.add_state(prefix + ".router.expert_bias", at::zeros({e}, at::kFloat));
   if (b.tp().ep) {
     // Expert parallelism: this rank holds experts [ep_rank * E / ep, ...), whole (expert TP 1) or

@@ -37,12 +37,13 @@ Parameter& ParamBuilder::keep_shard(const std::string& name, const at::Tensor& f
 }
 
 at::Tensor ParamBuilder::add(const std::string& name, const at::Tensor& full, Sharding sharding, bool no_weight_decay,
-                             bool partial_over_tp) {
+                             TpGrad grad) {
   if (!keep_) return {};
   const int tp = tp_.size();
   Parameter& p = keep_shard(name, full, sharding, tp, tp_.rank());
   p.no_weight_decay = no_weight_decay;
-  p.sequence_parallel = tp > 1 && sharding.is_replicated() && (tp_.sequence_parallel || partial_over_tp);
+  p.sequence_parallel = tp > 1 && sharding.is_replicated() &&
+                        (grad == TpGrad::partial || (grad == TpGrad::by_layout && tp_.sequence_parallel));
   return p.tensor;
 }
 

@@ -140,7 +140,7 @@ Declared declare(ParamBuilder& b, int tp, const SiglipConfig& sv, const PiGemmaC
                        name.find("self_attn.v_proj") == std::string::npos &&
                        name.find("input_layernorm") == std::string::npos
                    ? b.add_state(p + name, full)
-                   : b.add(p + name, full, s, nwd, partial);
+                   : b.add(p + name, full, s, nwd, partial ? ParamBuilder::TpGrad::partial : ParamBuilder::TpGrad::by_layout);
       };
       Declared::Layer l;
       l.q = add("self_attn.q_proj.weight", init({qd, w}), col, false);

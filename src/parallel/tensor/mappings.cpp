@@ -88,6 +88,19 @@ struct CopyToTp : torch::autograd::Function<CopyToTp> {
   }
 };
 
+// A replicated consumer whose gradient is already whole on every rank, inside a region whose
+// entry sums the ranks' gradients: rank 0 passes it on, the others pass zeros, so the sum counts it
+// once. No communication.
+struct OnceOverTp : torch::autograd::Function<OnceOverTp> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, Communicator* c) {
+    ctx->saved_data["first"] = c->rank() == 0;
+    return x.view_as(x);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list dy) {
+    return {ctx->saved_data["first"].toBool() ? dy[0] : at::zeros_like(dy[0]), at::Tensor()};
+  }
+};
+
 // Duality: the adjoint of "sum over ranks, result on every rank" is "copy the gradient to every
 // rank" (each rank already holds the full output gradient): identity.
 struct ReduceFromTp : torch::autograd::Function<ReduceFromTp> {
@@ -213,6 +226,9 @@ at::Tensor gather_rows_from_shares(const at::Tensor& x, Communicator& group) {
 
 at::Tensor copy_to_tp(const at::Tensor& x, Communicator& tp) {
   return tp.size() == 1 ? x : CopyToTp::apply(x, &tp);
+}
+at::Tensor once_over_tp(const at::Tensor& x, Communicator& tp) {
+  return tp.size() == 1 ? x : OnceOverTp::apply(x, &tp);
 }
 at::Tensor reduce_from_tp(const at::Tensor& x, Communicator& tp) {
   return tp.size() == 1 ? x : ReduceFromTp::apply(x, &tp);

@@ -69,11 +69,14 @@ class MlaAttention {
   // layout rotary_interleaved names.
   // step (training passes whose graph is backpropagated; may be null): where the DSA indexer loss
   // is recorded and its weight read.
-  // fp8: the up projections (linear_q_proj or linear_q_up_proj, linear_kv_up_proj; the policy's
-  // qkv kind) and linear_proj (proj) in FP8 where it chooses so at this token count; the down
-  // projections and the DSA indexer stay in the training dtype (under TP the down projections'
-  // output gradients are per-rank partial sums: quantizing those would make TP differ from one
-  // process).
+  // fp8: the query/key/value projections (the down projections, linear_q_proj or
+  // linear_q_up_proj, linear_kv_up_proj and the DSA indexer's three; the policy's qkv kind) and
+  // linear_proj (proj) in FP8 where it chooses so at this token count. Under TP the down
+  // projections' output gradients are summed over TP before their GEMMs, so FP8 quantizes the
+  // whole gradient there, as one process does.
+  // TP: the heads split (the up projections column-parallel, linear_proj row-parallel); the down
+  // projections and the latent norms replicated, their gradients whole on every rank
+  // (ParamBuilder::TpGrad::whole).
   at::Tensor forward(const lf::backend::DeviceBackend& be, const lf::parallel::TensorParallel& tp, const at::Tensor& x,
                      const AttentionInputs& in, size_t layer, MoeStep* step = nullptr, bool training = false,
                      const lf::ops::Fp8Policy* fp8 = nullptr) const;
@@ -86,8 +89,9 @@ class MlaAttention {
     at::Tensor qi, ki, w;
     double scale = 1;
   };
+  // fp8: its projections' recipe (null: the training dtype).
   IndexerOut indexer(const lf::backend::DeviceBackend& be, const at::Tensor& xf, const at::Tensor& qr,
-                     const AttentionInputs& in) const;
+                     const AttentionInputs& in, const lf::ops::Fp8Recipe* fp8 = nullptr) const;
 
   // The indexer's KL loss (times the coefficient) for one forward: indices [b, s, K] and the
   // attention's head-summed probabilities at them ([b, s, K], DsaAttentionFwd::head_prob).

@@ -38,13 +38,19 @@ class ParamBuilder {
   void set_keep(bool keep) { keep_ = keep; }
   bool keeps() const { return keep_; }
 
+  // How a replicated tensor's gradient relates over the TP ranks (Parameter::sequence_parallel:
+  // summed over TP before the optimizer step, or not).
+  enum class TpGrad {
+    by_layout,  // summed under sequence parallelism (the tensor acts on sequence chunks), else whole
+    partial,    // differs per TP rank even without sequence parallelism (per-head QK norms): summed
+    whole,      // the same on every TP rank even under sequence parallelism (its layer sees the whole
+                // sequence and an output gradient already summed over TP, as MLA's down projections)
+  };
   // Registers this rank's shard of `full` as a parameter and returns it (undefined when not
   // kept: another stage's tensor, drawn only so that the draw order is the same everywhere).
-  // partial_over_tp: a replicated tensor whose gradient differs per TP rank even without
-  // sequence parallelism (per-head QK norms); replicated tensors get their gradient summed over
-  // TP under sequence parallelism in any case (they act on sequence chunks).
+  // `grad` matters for replicated tensors only.
   at::Tensor add(const std::string& name, const at::Tensor& full, Sharding sharding, bool no_weight_decay,
-                 bool partial_over_tp = false);
+                 TpGrad grad = TpGrad::by_layout);
   // Registers an expert weight of an expert-parallel layer: this rank's part (along dim 0, the
   // experts) of the tp.ep group, recorded with that group's size and rank (Parameter::expert).
   // With tp.ep_split_over_tp each part is also split over tp by `within_expert` (a split along

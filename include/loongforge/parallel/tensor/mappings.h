@@ -18,6 +18,10 @@ using lf::backend::Communicator;
 
 // Entering a TP region with a replicated input: fwd identity, bwd all-reduce (sum).
 at::Tensor copy_to_tp(const at::Tensor& x, Communicator& tp);
+// Inside a TP region, before a replicated consumer whose gradient every rank computes whole (its
+// own output gradient already summed over TP): fwd identity, bwd that gradient on rank 0 and zeros
+// on the others, so that the region entry's sum counts it once.
+at::Tensor once_over_tp(const at::Tensor& x, Communicator& tp);
 // Leaving a TP region with partial sums: fwd all-reduce (sum), bwd identity.
 at::Tensor reduce_from_tp(const at::Tensor& x, Communicator& tp);
 // x: [..., k] -> this rank's slice [..., k / tp]: fwd split last dim, bwd all-gather last dim.

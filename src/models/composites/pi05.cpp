@@ -122,7 +122,8 @@ Declared declare(ParamBuilder& b, int tp, const SiglipConfig& sv, const PiGemmaC
   d.embed = b.add(kLm + "embed_tokens.weight", init({vlm.vocab_size, vlm.width}), col, false);
 
   // A Gemma stack. Keys/values with fewer heads than TP ranks are replicated: each rank's queries
-  // use them, so their gradient is partial per rank (summed over TP by the trainer). The prefix
+  // use them, and their output gradients are summed over TP before their GEMMs (Pi05::qkv), so
+  // their weights' gradients are whole on every rank (ParamBuilder::TpGrad::whole). The prefix
   // LM's last query and output projections, MLP and post-attention norm feed only its final norm,
   // which pi0.5 never reads (only that layer's keys and values are):
   // no gradient reaches them, so they are model state (kept, saved, never trained), as LeRobot's
@@ -135,17 +136,19 @@ Declared declare(ParamBuilder& b, int tp, const SiglipConfig& sv, const PiGemmaC
     for (int64_t i = 0; i < g.depth; ++i) {
       const std::string p = prefix + "layers." + std::to_string(i) + ".";
       const bool dead = prefix_lm && i == g.depth - 1;
-      auto add = [&](const std::string& name, const at::Tensor& full, Sharding s, bool nwd, bool partial = false) {
+      auto add = [&](const std::string& name, const at::Tensor& full, Sharding s, bool nwd,
+                     ParamBuilder::TpGrad grad = ParamBuilder::TpGrad::by_layout) {
         return dead && name.find("self_attn.k_proj") == std::string::npos &&
                        name.find("self_attn.v_proj") == std::string::npos &&
                        name.find("input_layernorm") == std::string::npos
                    ? b.add_state(p + name, full)
-                   : b.add(p + name, full, s, nwd, partial ? ParamBuilder::TpGrad::partial : ParamBuilder::TpGrad::by_layout);
+                   : b.add(p + name, full, s, nwd, grad);
       };
       Declared::Layer l;
       l.q = add("self_attn.q_proj.weight", init({qd, w}), col, false);
-      l.k = add("self_attn.k_proj.weight", init({kvd, w}), kv_split ? col : rep, false, !kv_split);
-      l.v = add("self_attn.v_proj.weight", init({kvd, w}), kv_split ? col : rep, false, !kv_split);
+      const auto kv_grad = kv_split ? ParamBuilder::TpGrad::by_layout : ParamBuilder::TpGrad::whole;
+      l.k = add("self_attn.k_proj.weight", init({kvd, w}), kv_split ? col : rep, false, kv_grad);
+      l.v = add("self_attn.v_proj.weight", init({kvd, w}), kv_split ? col : rep, false, kv_grad);
       l.o = add("self_attn.o_proj.weight", init({w, qd}), row, false);
       l.gate = add("mlp.gate_proj.weight", init({g.mlp_dim, w}), col, false);
       l.up = add("mlp.up_proj.weight", init({g.mlp_dim, w}), col, false);
@@ -445,18 +448,31 @@ at::Tensor Pi05::out_proj(const GemmaLayer& l, const at::Tensor& o) const {
 std::tuple<at::Tensor, at::Tensor, at::Tensor> Pi05::qkv(const GemmaLayer& l, const PiGemmaConfig& c,
                                                          const at::Tensor& x, const at::Tensor& cos,
                                                          const at::Tensor& sin, bool kv_only) const {
-  // Entering the TP region once: the gradient of x sums every rank's heads (replicated keys/values
-  // included, whose gradient on a rank comes from its own queries only).
+  // Entering the TP region once: the gradient of x sums every rank's heads.
   auto xt = tp_.tp ? lf::parallel::copy_to_tp(x, *tp_.tp) : x;
   const int64_t b = x.size(0), s = x.size(1), d = c.head_dim;
-  auto k = lf::ops::linear(xt, l.k, {}, sink_).view({b, s, -1, d});
-  auto v = lf::ops::linear(xt, l.v, {}, sink_).view({b, s, -1, d});
-  if (kv_only) return {at::Tensor(), rope_per_token(backend_, k, cos, sin), v};
-  // The queries are column-parallel: under TP a tensorwise amax is reduced over the TP group.
   const auto* f = fp8_for(l, lf::ops::Fp8Gemm::qkv, xt);
-  auto q = (f ? lf::ops::fp8_linear(xt, l.q, {}, *f, sink_, tp_.size() > 1 ? tp_.tp : nullptr)
-              : lf::ops::linear(xt, l.q, {}, sink_))
-               .view({b, s, -1, d});
+  // Column-parallel projections: under TP a tensorwise amax is reduced over the TP group.
+  auto column = [&](const at::Tensor& in, const at::Tensor& w) {
+    return f ? lf::ops::fp8_linear(in, w, {}, *f, sink_, tp_.size() > 1 ? tp_.tp : nullptr)
+             : lf::ops::linear(in, w, {}, sink_);
+  };
+  // Keys/values with fewer heads than TP ranks are replicated and every rank's queries read them:
+  // their output gradients are summed over TP before their GEMMs, so those quantize (FP8) the whole
+  // gradient as one process does and compute whole weight and input gradients; the input's is
+  // counted once in the entry's sum.
+  const bool replicated_kv = tp_.size() > 1 && c.num_kv_heads % tp_.size() != 0;
+  auto key_value = [&](const at::Tensor& w) {
+    if (!replicated_kv) return column(xt, w);
+    const auto in = lf::parallel::once_over_tp(xt, *tp_.tp);
+    return lf::parallel::copy_to_tp(f ? lf::ops::fp8_linear(in, w, {}, *f, sink_, nullptr)
+                                      : lf::ops::linear(in, w, {}, sink_),
+                                    *tp_.tp);
+  };
+  auto k = key_value(l.k).view({b, s, -1, d});
+  auto v = key_value(l.v).view({b, s, -1, d});
+  if (kv_only) return {at::Tensor(), rope_per_token(backend_, k, cos, sin), v};
+  auto q = column(xt, l.q).view({b, s, -1, d});
   return {rope_per_token(backend_, q, cos, sin), rope_per_token(backend_, k, cos, sin), v};
 }
 

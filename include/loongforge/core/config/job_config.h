@@ -181,7 +181,7 @@ struct TrainingConfig {
       "FP8 GEMMs for the decoder's linear layers (linear_qkv, linear_proj, linear_fc1, linear_fc2, the MoE "
       "experts' and shared experts', MLA's down and up projections, DSA's indexer and linear_proj; the router, "
       "the embedding and the output layer stay in the training dtype), the Wan DiT blocks' attention and FFN "
-      "linear layers, pi05's joint layers (q, o, gate/up, down) and GR00T's action-head blocks: e4m3, or hybrid "
+      "linear layers, pi05's joint layers (q, k, v, o, gate/up, down) and GR00T's action-head blocks: e4m3, or hybrid "
       "(E4M3 forward, E5M2 output gradients); null: none",
       OneOf{{"e4m3", "hybrid"}});
     v("fp8_recipe", fp8_recipe,

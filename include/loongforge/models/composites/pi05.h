@@ -240,11 +240,12 @@ class Pi05 : public Model {
   // Gradient-accumulation fusion (--gradient-accumulation-fusion, the default): every linear
   // layer's backward writes its fp32 weight gradient into the trainer's buffer.
   void set_gradient_sink(const GradientSink* sink) override { sink_ = sink; }
-  // FP8 (--fp8-format): each joint layer's (the prefix LM's and the action expert's) query, output,
-  // gate/up and down projections follow the policy (kinds qkv, proj, fc1, fc2); the first/last
-  // layers' flags count joint layers. Keys and values stay in the training dtype (with fewer KV
-  // heads than TP ranks their output gradients are per-rank partial sums, which FP8 would quantize
-  // apart from one process's), as do the SigLIP tower, the projector and the action/time MLPs.
+  // FP8 (--fp8-format): each joint layer's (the prefix LM's and the action expert's) query, key,
+  // value, output, gate/up and down projections follow the policy (kinds qkv, proj, fc1, fc2); the
+  // first/last layers' flags count joint layers. With fewer KV heads than TP ranks the keys and
+  // values are replicated and their output gradients summed over TP before their GEMMs, so FP8
+  // quantizes the whole gradient as one process does. The SigLIP tower, the projector and the
+  // action/time MLPs stay in the training dtype.
   bool set_fp8(const lf::ops::Fp8Policy* fp8) override;
   const std::vector<Parameter>& state() const { return state_; }
   static constexpr const char* kLoss = "flow matching loss";

@@ -245,10 +245,6 @@ TEST(Fp8DelayedTraining, ExpertParallelCheckpointsLoadOnAnyEpLayout) {
   }
 }
 
-// The histories and scales are saved with the weights: a run saved at iteration 5 and resumed
-// trains the last 5 steps exactly as the uninterrupted run. A resume under TP 2 reads them by name;
-// its first step then equals the uninterrupted step 6 up to TP's summation order, where a resume
-// without them (scales 1) is far off.
 // The names in a delayed checkpoint's FP8 state file (safetensors: an 8-byte little-endian header
 // size, then the JSON header).
 std::vector<std::string> fp8_state_names(const std::string& file) {
@@ -309,6 +305,10 @@ TEST(Fp8DelayedTraining, MlaAndDsaProjectionsInFp8) {
     }
 }
 
+// The histories and scales are saved with the weights: a run saved at iteration 5 and resumed
+// trains the last 5 steps exactly as the uninterrupted run. A resume under TP 2 reads them by name;
+// its first step then equals the uninterrupted step 6 up to TP's summation order, where a resume
+// without them (scales 1) is far off.
 TEST(Fp8DelayedTraining, ResumeIsExact) {
   const TrainRun straight = train(1, kDelayed, "straight");
   ASSERT_EQ(straight.exit_code, 0) << straight.output;

@@ -121,7 +121,7 @@ Declared declare(ParamBuilder& b, int tp, const SiglipConfig& sv, const PiGemmaC
   d.proj_b = b.add(kProjector + "bias", zeros({vlm.width}), rep, true);
   d.embed = b.add(kLm + "embed_tokens.weight", init({vlm.vocab_size, vlm.width}), col, false);
 
-  // A Gemma stack. Keys/values with fewer heads than TP ranks are replicated: each rank's queries
+  // A Gemma stack. Keys/values whose head count TP does not divide are replicated: each rank's queries
   // use them, and their output gradients are summed over TP before their GEMMs (Pi05::qkv), so
   // their weights' gradients are whole on every rank (ParamBuilder::TpGrad::whole). The prefix
   // LM's last query and output projections, MLP and post-attention norm feed only its final norm,
@@ -457,20 +457,26 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> Pi05::qkv(const GemmaLayer& l, co
     return f ? lf::ops::fp8_linear(in, w, {}, *f, sink_, tp_.size() > 1 ? tp_.tp : nullptr)
              : lf::ops::linear(in, w, {}, sink_);
   };
-  // Keys/values with fewer heads than TP ranks are replicated and every rank's queries read them:
-  // their output gradients are summed over TP before their GEMMs, so those quantize (FP8) the whole
-  // gradient as one process does and compute whole weight and input gradients; the input's is
-  // counted once in the entry's sum.
-  const bool replicated_kv = tp_.size() > 1 && c.num_kv_heads % tp_.size() != 0;
-  auto key_value = [&](const at::Tensor& w) {
-    if (!replicated_kv) return column(xt, w);
+  // Keys/values whose head count TP does not divide are replicated and every rank's queries read
+  // them: their output gradients are summed over TP before their GEMMs (one all-reduce for both), so
+  // those quantize (FP8) the whole gradient as one process does and compute whole weight and input
+  // gradients; the input's is counted once in the entry's sum.
+  at::Tensor k, v;
+  if (tp_.size() > 1 && c.num_kv_heads % tp_.size() != 0) {
     const auto in = lf::parallel::once_over_tp(xt, *tp_.tp);
-    return lf::parallel::copy_to_tp(f ? lf::ops::fp8_linear(in, w, {}, *f, sink_, nullptr)
-                                      : lf::ops::linear(in, w, {}, sink_),
-                                    *tp_.tp);
-  };
-  auto k = key_value(l.k).view({b, s, -1, d});
-  auto v = key_value(l.v).view({b, s, -1, d});
+    auto proj = [&](const at::Tensor& w) {
+      return f ? lf::ops::fp8_linear(in, w, {}, *f, sink_, nullptr) : lf::ops::linear(in, w, {}, sink_);
+    };
+    const int64_t kvd = l.k.size(0);
+    const auto both = lf::parallel::copy_to_tp(at::cat({proj(l.k), proj(l.v)}, -1), *tp_.tp);
+    k = both.narrow(-1, 0, kvd);
+    v = both.narrow(-1, kvd, kvd);
+  } else {
+    k = column(xt, l.k);
+    v = column(xt, l.v);
+  }
+  k = k.reshape({b, s, -1, d});
+  v = v.reshape({b, s, -1, d});
   if (kv_only) return {at::Tensor(), rope_per_token(backend_, k, cos, sin), v};
   auto q = column(xt, l.q).view({b, s, -1, d});
   return {rope_per_token(backend_, q, cos, sin), rope_per_token(backend_, k, cos, sin), v};

@@ -3,8 +3,9 @@
 // latent (kv_lora_rank, RMSNorm) expanded per head, and a decoupled RoPE part: each query head
 // has qk_pos_emb_head_dim rotary dims of its own, the keys share one rotary vector computed
 // from the hidden state. Heads split over tensor parallelism (the up projections by rows, the
-// output projection by columns); the down projections and latent norms are replicated and their
-// gradients summed over TP. The KV cache and ChunkPipe keep the expanded keys and values as the
+// output projection by columns); the down projections and latent norms are replicated, the heads'
+// partial gradients of the latents summed over TP where they enter the heads, so their own
+// gradients are whole on every rank. The KV cache and ChunkPipe keep the expanded keys and values as the
 // GQA block does. Not the RoPE tables (blocks/rope.h: YaRN, interleaved layout).
 // With DSA (DeepSeek-V3.2's sparse attention, MlaConfig::dsa) a lightning indexer of its own heads
 // picks each query's top-k keys and the attention runs over those only (backend/op_table.h, the

@@ -242,8 +242,8 @@ class Pi05 : public Model {
   void set_gradient_sink(const GradientSink* sink) override { sink_ = sink; }
   // FP8 (--fp8-format): each joint layer's (the prefix LM's and the action expert's) query, key,
   // value, output, gate/up and down projections follow the policy (kinds qkv, proj, fc1, fc2); the
-  // first/last layers' flags count joint layers. With fewer KV heads than TP ranks the keys and
-  // values are replicated and their output gradients summed over TP before their GEMMs, so FP8
+  // first/last layers' flags count joint layers. With a KV head count TP does not divide the keys
+  // and values are replicated and their output gradients summed over TP before their GEMMs, so FP8
   // quantizes the whole gradient as one process does. The SigLIP tower, the projector and the
   // action/time MLPs stay in the training dtype.
   bool set_fp8(const lf::ops::Fp8Policy* fp8) override;
@@ -346,7 +346,7 @@ class Pi05 : public Model {
 };
 
 // The parameter records of a pi05 model (LeRobot's names without the policy's "model." prefix;
-// full shapes and TP shardings at `tp` ranks: keys/values with fewer heads than ranks are
+// full shapes and TP shardings at `tp` ranks: keys/values whose head count tp does not divide are
 // replicated), in the model's order, nothing allocated; `state` the records of
 // the tensors kept as model state (the prefix LM's final norm and its last layer's query, output
 // and MLP weights, which pi0.5 never reads, unless config.prefix_lm_loss_weight > 0 trains them).

@@ -14,12 +14,12 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
-#include <cstdint>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
 #include "fp8_testing.h"
+#include "loongforge/core/safetensors.h"
 
 namespace {
 namespace fs = std::filesystem;
@@ -245,18 +245,11 @@ TEST(Fp8DelayedTraining, ExpertParallelCheckpointsLoadOnAnyEpLayout) {
   }
 }
 
-// The names in a delayed checkpoint's FP8 state file (safetensors: an 8-byte little-endian header
-// size, then the JSON header).
+// The tensor names in a delayed checkpoint's FP8 state file.
 std::vector<std::string> fp8_state_names(const std::string& file) {
-  std::ifstream in(file, std::ios::binary);
-  uint64_t n = 0;
-  in.read(reinterpret_cast<char*>(&n), 8);
-  std::string header(n, '\0');
-  in.read(header.data(), static_cast<std::streamsize>(n));
+  const auto reader = lf::safetensors::Reader::open(file);
   std::vector<std::string> names;
-  const auto json = nlohmann::json::parse(header);
-  for (const auto& [key, value] : json.items())
-    if (key != "__metadata__") names.push_back(key);
+  for (const auto& t : reader.tensors()) names.push_back(t.name);
   return names;
 }
 

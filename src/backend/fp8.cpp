@@ -161,35 +161,54 @@ at::Tensor output_of(const at::Tensor& y, const at::Tensor& x, int64_t out) {
   return y.to(x.scalar_type()).view(sizes);
 }
 
-// One FP8 GEMM's backward from its output gradient d2 [n, out] (fp32 results): x's gradient
-// Q(dy) Q(w) and w's Q(dy)^T Q(x), each when asked. Tensorwise: one quantized copy of dy serves
-// both (its amax reduced over `group`); blockwise: tiles along each GEMM's reduction dim (out for
-// x's gradient, the tokens for w's).
+// A GEMM's output gradient d2 [n, out] quantized for the backward's two GEMMs: qd with the input
+// gradient's tiles (along out), qdc with the weight gradient's (along the tokens). One scale per
+// tensor (tensorwise, delayed): qd serves both and qdc stays empty. Quantized once, whichever
+// GEMMs then run and when (tensorwise: one amax reduction over `group`; delayed: one record).
+struct Fp8GradOperand {
+  Fp8Tensor qd, qdc;
+  const Fp8Tensor& for_dx() const {
+    LF_CHECK(qd.data.defined(), "fp8: the output gradient was not quantized for the input gradient's GEMM");
+    return qd;
+  }
+  const Fp8Tensor& for_dw() const {
+    const Fp8Tensor& q = qdc.data.defined() ? qdc : qd;
+    LF_CHECK(q.data.defined() && (qdc.data.defined() || tensorwise_tiles(qd)),
+             "fp8: the output gradient was not quantized for the weight gradient's GEMM");
+    return q;
+  }
+};
+Fp8GradOperand quantize_grad(const Fp8Recipe& r, lf::backend::Communicator* group, const at::Tensor& d2, bool for_dx,
+                             bool for_dw, at::Tensor amax = {}, const std::optional<Delayed>& d = std::nullopt) {
+  const bool tensorwise = r.scaling == Fp8Scaling::tensorwise || r.scaling == Fp8Scaling::delayed;
+  Fp8GradOperand q;
+  if (!for_dx && !for_dw) return q;
+  if (d) {
+    q.qd = quantize_scaled(d2, r.grad_dtype(), d->site.scale(d->base + 2));
+    d->site.record(d->base + 2, d2);
+    return q;
+  }
+  if (r.scaling == Fp8Scaling::tensorwise && !amax.defined()) amax = group_amax({d2}, group)[0];
+  if (tensorwise || for_dx) q.qd = quantize_as(r, d2, r.grad_dtype(), input_tiles(r, true), amax);
+  if (!tensorwise && for_dw) q.qdc = quantize_as(r, d2, r.grad_dtype(), input_tiles(r, false));
+  return q;
+}
+
+// One FP8 GEMM's backward from its quantized output gradient (fp32 results): x's gradient
+// Q(dy) Q(w) and w's Q(dy)^T Q(x), each when asked.
 struct Fp8Grads {
   at::Tensor dx, dw;
 };
-Fp8Grads fp8_backward(const Fp8Recipe& r, lf::backend::Communicator* group, const at::Tensor& d2,
-                      const Fp8Tensor& qxc, const Fp8Tensor& qw, bool want_dx, bool want_dw, at::Tensor amax = {},
-                      const std::optional<Delayed>& d = std::nullopt) {
-  // One scale per tensor: one quantized copy serves both GEMMs.
-  const bool tensorwise = r.scaling == Fp8Scaling::tensorwise || r.scaling == Fp8Scaling::delayed;
-  if (r.scaling == Fp8Scaling::tensorwise && !amax.defined()) amax = group_amax({d2}, group)[0];
-  const Tiles dt = input_tiles(r, true);
-  Fp8Tensor qd;
-  if (d) {
-    qd = quantize_scaled(d2, r.grad_dtype(), d->site.scale(d->base + 2));
-    d->site.record(d->base + 2, d2);
-  } else {
-    qd = quantize_as(r, d2, r.grad_dtype(), dt, amax);
-  }
+Fp8Grads fp8_grads(const Fp8GradOperand& q, const Fp8Tensor& qxc, const Fp8Tensor& qw, bool want_dx, bool want_dw) {
   Fp8Grads g;
-  if (want_dx) g.dx = quantized_gemm(qd, transposed(qw));  // [n, out] x [out, in]
-  if (want_dw) {
-    const Tiles dc = input_tiles(r, false);
-    const Fp8Tensor qdc = tensorwise ? qd : quantize_as(r, d2, r.grad_dtype(), dc);
-    g.dw = quantized_gemm(transposed(qdc), transposed(qxc));  // [out, n] x [n, in]
-  }
+  if (want_dx) g.dx = quantized_gemm(q.for_dx(), transposed(qw));  // [n, out] x [out, in]
+  if (want_dw) g.dw = quantized_gemm(transposed(q.for_dw()), transposed(qxc));  // [out, n] x [n, in]
   return g;
+}
+Fp8Grads fp8_backward(const Fp8Recipe& r, lf::backend::Communicator* group, const at::Tensor& d2,
+                      const Fp8Tensor& qxc, const Fp8Tensor& qw, bool want_dx, bool want_dw,
+                      const std::optional<Delayed>& d = std::nullopt) {
+  return fp8_grads(quantize_grad(r, group, d2, want_dx, want_dw, {}, d), qxc, qw, want_dx, want_dw);
 }
 
 // The delayed-scaling entry a forward saved (none for the other recipes).
@@ -230,7 +249,7 @@ struct Fp8LinearFn : torch::autograd::Function<Fp8LinearFn> {
     const int64_t out = w.size(0);
     const at::Tensor d2 = dy[0].reshape({-1, out});
     const Fp8Grads g = fp8_backward(r, group, d2, qxc, qw, ctx->saved_data["x_grad"].toBool(),
-                                    ctx->saved_data["w_grad"].toBool(), {}, saved_site(ctx));
+                                    ctx->saved_data["w_grad"].toBool(), saved_site(ctx));
     at::Tensor dx, dw, db;
     if (g.dx.defined()) {
       const auto dtype = static_cast<at::ScalarType>(ctx->saved_data["x_dtype"].toInt());
@@ -300,6 +319,7 @@ struct Fp8GroupedGemm::State {
   std::optional<Delayed> delayed;
   at::ScalarType x_dtype;
   std::vector<int64_t> w_sizes;
+  int64_t rows = 0;  // x's
   bool kept = false;  // the quantized operands are kept for backward()
   std::vector<Fp8Tensor> qxc, qw;  // per non-empty group (keep)
 };
@@ -320,6 +340,7 @@ Fp8GroupedGemm::Fp8GroupedGemm(const at::Tensor& x, const at::Tensor& w, const s
   st->delayed = delayed_of(recipe, w, record);
   st->x_dtype = x.scalar_type();
   st->w_sizes = w.sizes().vec();
+  st->rows = x.size(0);
   std::vector<at::Tensor> ys;
   const auto amax = grouped_amax(recipe, st->group, x, w, counts);
   int64_t off = 0;
@@ -343,34 +364,69 @@ at::Tensor Fp8GroupedGemm::take_output() {
   return std::move(y_);
 }
 
-std::pair<at::Tensor, at::Tensor> Fp8GroupedGemm::backward(const at::Tensor& dy, bool want_dx, bool want_dw) const {
+struct Fp8GroupedGemm::GradState {
+  std::vector<Fp8GradOperand> groups;  // per non-empty group
+  at::TensorOptions options;  // dy's
+  bool for_dx = false, for_dw = false;
+};
+
+Fp8GroupedGemm::Grad Fp8GroupedGemm::quantize_grad(const at::Tensor& dy, bool for_dx, bool for_dw) const {
   const State& st = *s_;
   const Fp8Recipe& r = *st.recipe;
   LF_CHECK(st.kept, "fp8 grouped GEMM: backward of a forward that kept nothing");
-  at::Tensor dw = want_dw ? at::zeros(st.w_sizes, dy.options().dtype(at::kFloat)) : at::Tensor();
-  std::vector<at::Tensor> dxs, chunks;
+  LF_CHECK(dy.dim() == 2 && dy.size(0) == st.rows && dy.size(1) == st.w_sizes[1], "fp8 grouped GEMM: output gradient ",
+           dy.sizes(), " for an output of ", st.rows, " x ", st.w_sizes[1]);
+  auto q = std::make_shared<GradState>();
+  q->options = dy.options();
+  q->for_dx = for_dx;
+  q->for_dw = for_dw;
+  std::vector<at::Tensor> chunks;
   int64_t off = 0;
   for (int64_t n : st.counts) {
     if (n > 0) chunks.push_back(dy.narrow(0, off, n));
     off += n;
   }
   // Tensorwise: every group's output-gradient amax in one reduction.
-  const auto amax = r.scaling == Fp8Scaling::tensorwise && !chunks.empty() ? group_amax(chunks, st.group)
-                                                                            : std::vector<at::Tensor>{};
+  const auto amax = r.scaling == Fp8Scaling::tensorwise && !chunks.empty() && (for_dx || for_dw)
+                        ? group_amax(chunks, st.group)
+                        : std::vector<at::Tensor>{};
   size_t k = 0;  // index of the non-empty group
   for (size_t g = 0; g < st.counts.size(); ++g) {
     if (st.counts[g] == 0) continue;
     const auto d = st.delayed ? std::optional<Delayed>(group_of(*st.delayed, static_cast<int64_t>(g))) : std::nullopt;
-    const Fp8Grads gr = fp8_backward(r, st.group, chunks[k], st.qxc[k], st.qw[k], want_dx, want_dw,
-                                     amax.empty() ? at::Tensor() : amax[k], d);
+    q->groups.push_back(lf::ops::quantize_grad(r, st.group, chunks[k], for_dx, for_dw,
+                                               amax.empty() ? at::Tensor() : amax[k], d));
+    ++k;
+  }
+  Grad out;
+  out.s_ = std::move(q);
+  return out;
+}
+
+std::pair<at::Tensor, at::Tensor> Fp8GroupedGemm::backward(const Grad& q, bool want_dx, bool want_dw) const {
+  const State& st = *s_;
+  LF_CHECK(q.s_ != nullptr, "fp8 grouped GEMM: backward from an output gradient that was never quantized");
+  const GradState& gs = *q.s_;
+  LF_CHECK((!want_dx || gs.for_dx) && (!want_dw || gs.for_dw), "fp8 grouped GEMM: the ",
+           want_dx && !gs.for_dx ? "input" : "weight", " gradient asked of an output gradient not quantized for it");
+  at::Tensor dw = want_dw ? at::zeros(st.w_sizes, gs.options.dtype(at::kFloat)) : at::Tensor();
+  std::vector<at::Tensor> dxs;
+  size_t k = 0;  // index of the non-empty group
+  for (size_t g = 0; g < st.counts.size(); ++g) {
+    if (st.counts[g] == 0) continue;
+    const Fp8Grads gr = fp8_grads(gs.groups[k], st.qxc[k], st.qw[k], want_dx, want_dw);
     if (want_dx) dxs.push_back(gr.dx);
     if (want_dw) dw.select(0, static_cast<int64_t>(g)).copy_(gr.dw);
     ++k;
   }
   at::Tensor dx;
   if (want_dx)
-    dx = dxs.empty() ? at::zeros({0, st.w_sizes[2]}, dy.options().dtype(st.x_dtype)) : at::cat(dxs).to(st.x_dtype);
+    dx = dxs.empty() ? at::zeros({0, st.w_sizes[2]}, gs.options.dtype(st.x_dtype)) : at::cat(dxs).to(st.x_dtype);
   return {dx, dw};
+}
+
+std::pair<at::Tensor, at::Tensor> Fp8GroupedGemm::backward(const at::Tensor& dy, bool want_dx, bool want_dw) const {
+  return backward(quantize_grad(dy, want_dx, want_dw), want_dx, want_dw);
 }
 
 at::ScalarType Fp8Recipe::forward_dtype() const { return at::kFloat8_e4m3fn; }

@@ -12,6 +12,7 @@
 #include <optional>
 #include <nlohmann/json.hpp>
 
+#include "loongforge/backend/communicator.h"
 #include "loongforge/backend/fp8.h"
 #include "loongforge/backend/fp8_grouped.h"
 #include "loongforge/backend/registry.h"
@@ -279,6 +280,72 @@ TEST(Fp8Linear, GroupedPassesEqualTheAutogradFunction) {
   const auto [dx0, dw0] = none.backward(at::zeros({0, 20}), true, true);
   EXPECT_EQ(dx0.sizes(), (std::vector<int64_t>{0, 24}));
   EXPECT_EQ(max_abs(dw0), 0.0);
+}
+
+// A group of two whose all-reduce leaves the tensor as it is (the other member holds the same
+// values) and counts the calls: how many amax reductions a pass makes.
+class CountingPair final : public lf::backend::Communicator {
+ public:
+  int calls = 0;
+  int rank() const override { return 0; }
+  int size() const override { return 2; }
+  const std::string& name() const override { return name_; }
+  const std::vector<int>& ranks() const override { return ranks_; }
+  std::shared_ptr<lf::backend::Work> all_reduce(at::Tensor&, lf::backend::ReduceOp, bool) override {
+    ++calls;
+    return nullptr;
+  }
+  std::shared_ptr<lf::backend::Work> all_gather(at::Tensor&, const at::Tensor&, bool) override { return unused(); }
+  std::shared_ptr<lf::backend::Work> reduce_scatter(at::Tensor&, const at::Tensor&, lf::backend::ReduceOp,
+                                                    bool) override {
+    return unused();
+  }
+  std::shared_ptr<lf::backend::Work> broadcast(at::Tensor&, int, bool) override { return unused(); }
+  std::shared_ptr<lf::backend::Work> all_to_all(at::Tensor&, const at::Tensor&, const std::vector<int64_t>&,
+                                                const std::vector<int64_t>&, bool) override {
+    return unused();
+  }
+  std::shared_ptr<lf::backend::Work> send(const at::Tensor&, int, int, bool) override { return unused(); }
+  std::shared_ptr<lf::backend::Work> recv(at::Tensor&, int, int, bool) override { return unused(); }
+  void barrier() override { unused(); }
+
+ private:
+  static std::shared_ptr<lf::backend::Work> unused() { LF_FAIL("CountingPair: only all_reduce is used"); }
+  std::string name_ = "tp";
+  std::vector<int> ranks_{0, 1};
+};
+
+// The output gradient quantized once (Fp8GroupedGemm::quantize_grad), then the input gradient and,
+// later, the weight gradient from that copy (the overlapped MoE's --delay-wgrad-compute): bit for
+// bit the autograd function's, for every recipe. Tensorwise with an amax group: one all-reduce for
+// the output gradient, none in either GEMM (quantizing again for the weight gradient was a
+// second). A gradient the copy was not quantized for is refused.
+TEST(Fp8Linear, GroupedOutputGradientQuantizedOnceServesBothGemms) {
+  at::manual_seed(23);
+  for (Fp8Scaling scaling : {Fp8Scaling::tensorwise, Fp8Scaling::blockwise, Fp8Scaling::mxfp8}) {
+    Fp8Recipe r;
+    r.scaling = scaling;
+    const char* what = lf::ops::to_string(scaling);
+    const std::vector<int64_t> counts{7, 0, 12, 13};
+    const auto x = at::randn({32, 64}), w = at::randn({4, 48, 64}) * 0.1, dy = at::randn({32, 48});
+    CountingPair pair;
+    auto xg = x.clone().requires_grad_(true), wg = w.clone().requires_grad_(true);
+    lf::ops::fp8_grouped_linear(xg, wg, at::tensor(counts, at::kLong), r, &pair).backward(dy);
+    lf::ops::Fp8GroupedGemm gemm(x, w, counts, r, &pair, true, true);
+    gemm.take_output();
+    pair.calls = 0;
+    const auto q = gemm.quantize_grad(dy, true, true);
+    EXPECT_EQ(pair.calls, scaling == Fp8Scaling::tensorwise ? 1 : 0) << what;
+    const auto dx = gemm.backward(q, true, false).first;
+    const auto dw = gemm.backward(q, false, true).second;
+    EXPECT_EQ(pair.calls, scaling == Fp8Scaling::tensorwise ? 1 : 0) << what;
+    EXPECT_TRUE(at::equal(dx, xg.grad())) << what;
+    EXPECT_TRUE(at::equal(dw, wg.grad())) << what;
+    // Quantized for one GEMM only: the other is refused.
+    EXPECT_THROW(gemm.backward(gemm.quantize_grad(dy, true, false), false, true), lf::Error) << what;
+    EXPECT_THROW(gemm.backward(gemm.quantize_grad(dy, false, true), true, false), lf::Error) << what;
+    EXPECT_THROW(gemm.quantize_grad(dy.narrow(0, 0, 31), true, true), lf::Error) << what;  // not the output's rows
+  }
 }
 
 // The autograd function keeps its FP8 copies beside, not inside, its output's graph: once the

@@ -206,6 +206,14 @@ TEST(Fp8Training, MoeExpertsInFp8) {
   EXPECT_LT(overlap.losses.back(), overlap.losses.front());
   EXPECT_LT(worst_loss_rel(one, overlap), 3e-2);
   EXPECT_LT(worst_loss_rel(ep, overlap), 3e-2);
+  // The weight gradients not delayed: the same quantized output gradients and GEMMs, summed over the
+  // chunks in the same order, so the same run bit for bit (delayed, each chunk's output gradient is
+  // quantized once and that copy waits for its weight gradient).
+  const TrainRun undelayed = moe(2, with({"--expert-model-parallel-size", "2", "--moe-token-dispatcher-type", "alltoall",
+                                          "--overlap-moe-expert-parallel-comm", "--moe-overlap-num-chunks", "2",
+                                          "--no-moe-overlap-micro-batches"}), "overlap-undelayed");
+  ASSERT_EQ(undelayed.exit_code, 0) << undelayed.output;
+  EXPECT_EQ(undelayed.losses, overlap.losses);
   std::printf("[fp8] FP8 MoE, EP 2 overlapped all-to-all: worst per-step loss relative difference to one process %.3g, "
               "to the plain all-to-all %.3g\n",
               worst_loss_rel(one, overlap), worst_loss_rel(ep, overlap));

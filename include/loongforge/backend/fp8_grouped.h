@@ -23,6 +23,9 @@ namespace lf::ops {
 struct Fp8Recipe;
 
 class Fp8GroupedGemm {
+  struct State;
+  struct GradState;
+
  public:
   // The forward: x [m, in] in groups of counts (rows per group, summing to m), w [G, out, in];
   // keep: keep the quantized operands for backward(). recipe and amax_group must outlive it.
@@ -31,14 +34,24 @@ class Fp8GroupedGemm {
   // The forward's result [m, out] in x's dtype, handed over once (the object does not keep it: an
   // autograd node holding this object must not hold its own output).
   at::Tensor take_output();
-  // From the output gradient dy [m, out]: x's gradient [m, in] in x's dtype (want_dx) and w's
-  // [G, out, in] fp32 (want_dw; zero for an empty group), each undefined when not wanted. Callable
-  // more than once (e.g. the input gradient, later the weight gradient): each call quantizes dy
-  // (the same values; delayed scaling records its amax again, a maximum that does not change).
+  // The output gradient dy [m, out] quantized once for backward's GEMMs: for the input gradient
+  // (for_dx), the weight gradient (for_dw) or both. Tensorwise and delayed: one FP8 copy per group
+  // serves both (one amax reduction, one delayed record); blockwise and MX: one copy per GEMM's
+  // tiles. The overlapped MoE keeps it, not dy, from a chunk's input gradient to its delayed
+  // weight gradient (--delay-wgrad-compute).
+  class Grad {
+    friend class Fp8GroupedGemm;
+    std::shared_ptr<const GradState> s_;
+  };
+  Grad quantize_grad(const at::Tensor& dy, bool for_dx, bool for_dw) const;
+  // From a quantized output gradient: x's gradient [m, in] in x's dtype (want_dx) and w's
+  // [G, out, in] fp32 (want_dw; zero for an empty group), each undefined when not wanted; a
+  // gradient asked of a Grad not quantized for it is refused. Callable more than once.
+  std::pair<at::Tensor, at::Tensor> backward(const Grad& q, bool want_dx, bool want_dw) const;
+  // backward(quantize_grad(dy, want_dx, want_dw), want_dx, want_dw).
   std::pair<at::Tensor, at::Tensor> backward(const at::Tensor& dy, bool want_dx, bool want_dw) const;
 
  private:
-  struct State;
   std::shared_ptr<const State> s_;
   at::Tensor y_;
 };

@@ -224,8 +224,10 @@ struct OverlappedExperts : torch::autograd::Function<OverlappedExperts> {
       combine[c] = ep.all_to_all(arrived[c], grads[c].contiguous(), plan->recv[c], plan->send[c], true);
     }
     at::Tensor dw1, dw2;
-    // Per chunk, for the delayed weight gradients: fc2's output gradient and input, fc1's output gradient.
+    // Per chunk, for the delayed weight gradients: fc2's output gradient and input, fc1's output
+    // gradient; for a GEMM in FP8, its output gradient's quantized copy instead (q2, q1).
     std::vector<at::Tensor> gy(chunks), act_out(chunks), dh1(chunks);
+    std::vector<std::optional<lf::ops::Fp8GroupedGemm::Grad>> q2(chunks), q1(chunks);
     const lf::backend::GemmGrads now2{true, want_w2 && !plan->delay_wgrad}, now1{true, want_w1 && !plan->delay_wgrad};
     for (size_t c = 0; c < chunks; ++c) {
       hand_over(*plan);
@@ -237,9 +239,12 @@ struct OverlappedExperts : torch::autograd::Function<OverlappedExperts> {
       gy[c] = arrived[c].index_select(0, g.order);
       // fc2's input: kept, recomputed, or (FP8) its quantized copy inside fc2's pass.
       if (!fp8.fc2[c]) act_out[c] = saved[3 * c + 2].defined() ? saved[3 * c + 2] : activation(*plan, h1);
-      auto g2 = gemm_grads(fp8.fc2[c], ops, gy[c], act_out[c], w2, g.per_expert, now2);
+      const bool later2 = plan->delay_wgrad && want_w2, later1 = plan->delay_wgrad && want_w1;
+      auto g2 = gemm_grads(fp8.fc2[c], ops, gy[c], act_out[c], w2, g.per_expert, now2, later2 ? &q2[c] : nullptr);
+      if (fp8.fc2[c]) gy[c] = at::Tensor();  // FP8: its quantized copy serves the weight gradient
       dh1[c] = plan->swiglu ? ops.swiglu_bwd(g2.dx, h1) : ops.gelu_bwd(g2.dx, h1);
-      auto g1 = gemm_grads(fp8.fc1[c], ops, dh1[c], in, w1, g.per_expert, now1);
+      auto g1 = gemm_grads(fp8.fc1[c], ops, dh1[c], in, w1, g.per_expert, now1, later1 ? &q1[c] : nullptr);
+      if (fp8.fc1[c]) dh1[c] = at::Tensor();
       if (now2.dw) accumulate(dw2, g2.dw);
       if (now1.dw) accumulate(dw1, g1.dw);
       at::Tensor to_src = g1.dx.index_select(0, g.inverse).contiguous();
@@ -253,8 +258,9 @@ struct OverlappedExperts : torch::autograd::Function<OverlappedExperts> {
       for (size_t c = 0; c < chunks; ++c) {
         const double computing = now(*plan);
         const Regroup& g = plan->groups[c];
-        if (want_w2) accumulate(dw2, gemm_grads(fp8.fc2[c], ops, gy[c], act_out[c], w2, g.per_expert, {false, true}).dw);
-        if (want_w1) accumulate(dw1, gemm_grads(fp8.fc1[c], ops, dh1[c], saved[3 * c], w1, g.per_expert, {false, true}).dw);
+        if (want_w2) accumulate(dw2, delayed_dw(fp8.fc2[c], q2[c], ops, gy[c], act_out[c], w2, g.per_expert));
+        if (want_w1) accumulate(dw1, delayed_dw(fp8.fc1[c], q1[c], ops, dh1[c], saved[3 * c], w1, g.per_expert));
+        q2[c].reset(), q1[c].reset();
         span(*plan, "experts wgrad", c, kExpertRow, computing);
       }
     for (size_t c = 0; c < chunks; ++c) {
@@ -273,16 +279,31 @@ struct OverlappedExperts : torch::autograd::Function<OverlappedExperts> {
     std::vector<std::optional<lf::ops::Fp8GroupedGemm>> fc1, fc2;
   };
   // One grouped GEMM's gradients from its output gradient dy: its FP8 pass's, or the backend's on
-  // its input x (the training dtype).
+  // its input x (the training dtype). In FP8 with `later` (the weight gradient delayed), dy is
+  // quantized for both GEMMs at once and that copy is kept there for delayed_dw: dy is quantized
+  // once (tensorwise: one amax all-reduce), and the FP8 copy, not dy, waits for the weight gradient.
   static lf::backend::GroupedGemmBwd gemm_grads(const std::optional<lf::ops::Fp8GroupedGemm>& f,
                                                 const lf::backend::OpTable& ops, const at::Tensor& dy,
                                                 const at::Tensor& x, const at::Tensor& w, const at::Tensor& per_expert,
-                                                lf::backend::GemmGrads want) {
+                                                lf::backend::GemmGrads want,
+                                                std::optional<lf::ops::Fp8GroupedGemm::Grad>* later = nullptr) {
     if (!f) return ops.grouped_gemm_bwd(dy, x, w, per_expert, want);
-    auto [dx, dw] = f->backward(dy, want.dx, want.dw);
+    auto q = f->quantize_grad(dy, want.dx, want.dw || later != nullptr);
+    auto [dx, dw] = f->backward(q, want.dx, want.dw);
+    if (later != nullptr) *later = std::move(q);
     // In w's dtype, as the backend's (a chunk's FP8 GEMM gives fp32), so that the chunks' sum does
     // not depend on which chunks ran in FP8.
     return {dx, dw.defined() ? dw.to(w.scalar_type()) : dw};
+  }
+  // A delayed weight gradient: from the output gradient's kept FP8 copy q, or (training dtype)
+  // from dy and x.
+  static at::Tensor delayed_dw(const std::optional<lf::ops::Fp8GroupedGemm>& f,
+                               const std::optional<lf::ops::Fp8GroupedGemm::Grad>& q, const lf::backend::OpTable& ops,
+                               const at::Tensor& dy, const at::Tensor& x, const at::Tensor& w,
+                               const at::Tensor& per_expert) {
+    if (!f) return ops.grouped_gemm_bwd(dy, x, w, per_expert, {false, true}).dw;
+    LF_CHECK(q.has_value(), "MoE overlap: an FP8 chunk's delayed weight gradient without its output gradient");
+    return f->backward(*q, false, true).second.to(w.scalar_type());
   }
 
   // sum += d, in place after the first chunk (d is the backend's fresh tensor: the first one is kept).

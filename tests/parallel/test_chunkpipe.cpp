@@ -261,21 +261,28 @@ TEST(ChunkPipe, Pp2EqualsUnchunkedSingleProcess) {
 }
 
 // TP = 2 with sequence parallelism: each chunk's hidden states are split over the two ranks (the
-// chunk size is a multiple of TP), keys/values by head.
+// chunk size is a multiple of TP), keys/values by head. Variants: Qwen-style attention; MLA with a
+// query latent; MLA without one (column-parallel linear_q_proj). MLA's latents are whole on every
+// rank (their output gradients summed over TP where they enter the heads), and each chunk keeps
+// its expanded keys/values, this rank's heads, for the later chunks.
 LF_WORKER_CASE(chunkpipe_tp) {
   auto ctx = lf::testing::make_context(2);
   const auto& be = lf::backend::cpu_backend();
-  const auto c = model(512, true);
-  Decoder whole(c, be, 10, at::kFloat);
-  perturb(whole);
-  Decoder part(c, be, 10, at::kFloat, ctx.get(), /*sequence_parallel=*/true);
-  part.load_full_parameters(full_parameters(whole));
-  auto [tokens, labels] = sequence(1, 512, c.vocab_size);
-  const double want = unchunked(whole, tokens, labels);
-  RngStates rng;
-  const double got = pl::run_chunkpipe(nullptr, 8, chunk_step(part, tokens, labels, 64, rng));
-  EXPECT_NEAR(got, want, kRel * std::abs(want));
-  expect_grads_equal(part, whole, nullptr, &ctx->tp());
+  for (int variant = 0; variant < 3; ++variant) {
+    SCOPED_TRACE("variant " + std::to_string(variant));
+    auto c = model(512, variant == 0);
+    if (variant > 0) lf::testing::make_tiny_mla(c, variant == 1, 64);
+    Decoder whole(c, be, 10, at::kFloat);
+    perturb(whole);
+    Decoder part(c, be, 10, at::kFloat, ctx.get(), /*sequence_parallel=*/true);
+    part.load_full_parameters(full_parameters(whole));
+    auto [tokens, labels] = sequence(1, 512, c.vocab_size);
+    const double want = unchunked(whole, tokens, labels);
+    RngStates rng;
+    const double got = pl::run_chunkpipe(nullptr, 8, chunk_step(part, tokens, labels, 64, rng));
+    EXPECT_NEAR(got, want, kRel * std::abs(want));
+    expect_grads_equal(part, whole, nullptr, &ctx->tp());
+  }
 }
 
 TEST(ChunkPipe, Tp2WithSequenceParallelEqualsUnchunked) {

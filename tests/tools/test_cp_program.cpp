@@ -1,7 +1,8 @@
 // loongforge-train with --context-parallel-size: 10 steps of the demo model (fp32, deterministic)
 // at CP 2 and 4 with ring (p2p) and Ulysses (a2a) attention, CP 2 x TP 2 with sequence
 // parallelism, CP 2 x PP 2, CP 2 x DP 2 with ZeRO-1 and overlapped reduction, and packed documents
-// (--reset-position-ids --reset-attention-mask on a corpus of short documents) each train the same
+// (--reset-position-ids --reset-attention-mask on a corpus of short documents), and MLA under CP 2 x
+// TP 2 + SP (ring, Ulysses, ChunkPipe) each train the same
 // model as one process; a CP 2 checkpoint resumes at CP 1; layouts CP cannot run are configuration
 // errors naming the key; --dry-run's activations per CP rank. (MoE under CP: test_moe_program.cpp;
 // the VLMs: test_model_layer_program.cpp.) Tolerances: pp_training.h's (1e-5 loss and parameters, fp32: the same
@@ -100,6 +101,25 @@ TEST(CpProgram, ChunkPipeWithCpEqualsOneProcess) {
   expect_same_training(one_process(), cp_run(2, 1, with(kCp2, chunks), "cp2-chunkpipe"), "ChunkPipe (8 chunks) x CP 2");
   expect_same_training(one_process(), cp_run(4, 2, with(kCp2, chunks), "cp2-pp2-chunkpipe"),
                        "ChunkPipe (8 chunks) x CP 2 x PP 2");
+}
+
+// Multi-latent attention (DeepSeek) under CP 2 x TP 2 + SP: the latents are whole on every TP rank
+// (their output gradients summed over TP where they enter this rank's heads), the value heads
+// narrower than the keys; ring, Ulysses, and ChunkPipe over CP; with and without a query latent.
+std::vector<std::string> mla(bool q_latent) {
+  return {"--multi-latent-attention", "--q-lora-rank", q_latent ? "32" : "0", "--kv-lora-rank", "16", "--qk-head-dim",
+          "16", "--qk-pos-emb-head-dim", "8", "--v-head-dim", "8"};
+}
+TEST(CpProgram, MlaUnderCp2WithTp2AndSequenceParallelEqualsOneProcess) {
+  const auto cp_tp = with(kCp2, {"--tensor-model-parallel-size", "2", "--sequence-parallel"});
+  const auto one = train(1, 1, 2, mla(true), "mla-cp1");
+  expect_same_training(one, cp_run(4, 1, with(cp_tp, mla(true)), "mla-cp2-tp2"), "MLA, CP 2 x TP 2 + SP, ring");
+  expect_same_training(one, cp_run(4, 1, with(with(cp_tp, kA2a), mla(true)), "mla-cp2-tp2-a2a"),
+                       "MLA, CP 2 x TP 2 + SP, Ulysses");
+  expect_same_training(one, cp_run(4, 1, with(with(cp_tp, {"--chunkpipe-chunk-size", "16"}), mla(true)), "mla-chunkpipe"),
+                       "MLA, ChunkPipe (8 chunks) x CP 2 x TP 2 + SP");
+  expect_same_training(train(1, 1, 2, mla(false), "mla-noq-cp1"), cp_run(4, 1, with(cp_tp, mla(false)), "mla-noq-cp2-tp2"),
+                       "MLA without a query latent, CP 2 x TP 2 + SP, ring");
 }
 
 // A CP 2 run with ZeRO-1 saved after 5 steps continues at CP 1 as the uninterrupted run.

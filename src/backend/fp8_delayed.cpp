@@ -9,6 +9,7 @@
 
 #include "loongforge/backend/communicator.h"
 #include "loongforge/core/error.h"
+#include "loongforge/core/logging.h"
 
 namespace lf::ops {
 
@@ -32,6 +33,7 @@ Fp8AmaxTable::Fp8AmaxTable(const Fp8Recipe& recipe, const std::vector<Fp8Weight>
     n += width;
     opts = opts.device(w.device());
   }
+  loaded_.assign(entries_.size(), false);
   history_ = at::zeros({recipe.amax_history_len, n}, opts);
   scale_ = at::ones({n}, opts);
   // Inputs and weights in the forward dtype, output gradients in the gradient dtype.
@@ -83,9 +85,33 @@ void Fp8AmaxTable::set_state(const Entry& e, const at::Tensor& history, const at
                         : std::string("the checkpoint is of another model; check --load")));
   LF_CHECK(scale.dim() == 1 && scale.size(0) == whole, source, ": the FP8 scales of ", e.name, " are ", scale.sizes(),
            ", this run's are [", whole, "]", lf::hint("the checkpoint is of another model; check --load"));
+  const auto index = static_cast<size_t>(&e - entries_.data());
+  LF_CHECK(index < entries_.size(), "fp8 delayed scaling: set_state of ", e.name, ", an entry of another table");
   at::NoGradGuard no_grad;
   history_.narrow(1, e.offset, e.width).copy_(history.narrow(1, e.part * e.width, e.width));
   scale_.narrow(0, e.offset, e.width).copy_(scale.narrow(0, e.part * e.width, e.width));
+  loaded_[index] = true;
+}
+
+void Fp8AmaxTable::expect_state_from(const std::string& source) { expected_source_ = source; }
+
+std::vector<std::string> Fp8AmaxTable::take_recorded_without_state() {
+  std::vector<std::string> out;
+  if (expected_source_.empty()) return out;
+  expected_source_.clear();
+  if (history_.size(1) == 0) return out;
+  const at::Tensor recorded = (history_.select(0, 0) > 0).to(at::kCPU).contiguous();
+  const bool* f = recorded.data_ptr<bool>();
+  for (size_t i = 0; i < entries_.size(); ++i) {
+    if (loaded_[i]) continue;
+    const auto& e = entries_[i];
+    for (int64_t c = e.offset; c < e.offset + e.width; ++c)
+      if (f[c]) {
+        out.push_back(e.name);
+        break;
+      }
+  }
+  return out;
 }
 
 Fp8DelayedScaling::Fp8DelayedScaling(const Fp8Recipe& recipe) : recipe_(recipe) {
@@ -143,6 +169,20 @@ Fp8DelayedScaling::Site Fp8DelayedScaling::site(const at::Tensor& w) const {
 }
 
 void Fp8DelayedScaling::update() {
+  std::vector<std::string> fresh;
+  std::string source;
+  for (auto& t : tables_) {
+    if (!t->expected_source_.empty()) source = t->expected_source_;
+    for (auto& name : t->take_recorded_without_state()) fresh.push_back(std::move(name));
+  }
+  if (!fresh.empty()) {
+    std::string names;
+    for (size_t i = 0; i < fresh.size() && i < 6; ++i) names += (i ? ", " : "") + fresh[i];
+    if (fresh.size() > 6) names += ", and " + std::to_string(fresh.size() - 6) + " more";
+    LF_WARN(source, " holds no delayed FP8 scaling state for ", fresh.size(), " weight(s) whose GEMMs ran in FP8 this step (",
+            names, "): new to FP8 since it was saved (e.g. --first-last-layers-bf16 changed), their scales start at 1 "
+            "as in a new run");
+  }
   for (auto& t : tables_) t->update();
 }
 

@@ -553,6 +553,10 @@ int64_t load_fp8_scaling(const std::string& checkpoint_dir, const std::vector<Ch
       ++loaded;
     }
   }
+  // Weights this rank runs in FP8 that the checkpoint has no state for are named after the first step.
+  if (loaded > 0)
+    for (const auto& g : groups)
+      if (g.fp8) g.fp8->expect_state_from("checkpoint " + checkpoint_dir);
   return loaded;
 }
 

@@ -250,6 +250,33 @@ TEST(Fp8Delayed, StateRoundTripsAndRefusesAnotherLength) {
   }
 }
 
+// A resumed table names, once, the weights that recorded an amax in the first step but got no state
+// from the checkpoint (new to FP8 since it was saved); one that was loaded, or did not run in FP8,
+// is not named; without expect_state_from nothing is.
+TEST(Fp8Delayed, ResumedTableNamesWeightsNewToFp8) {
+  const Fp8Recipe r = delayed(2, "max");
+  Fp8DelayedScaling s(r);
+  auto w0 = at::randn({8, 16}), w1 = at::randn({8, 16}), w2 = at::randn({8, 16});
+  Fp8AmaxTable& t = s.add_group({{"loaded", w0}, {"new", w1}, {"idle", w2}}, {});
+  Fp8Recipe rs = r;
+  rs.delayed = &s;
+  auto step = [&] {
+    run(rs, at::randn({4, 16}), w0.requires_grad_(true), at::randn({4, 8}));
+    run(rs, at::randn({4, 16}), w1.requires_grad_(true), at::randn({4, 8}));
+  };
+  step();
+  EXPECT_TRUE(t.take_recorded_without_state().empty());  // not resumed
+  s.update();
+  t.set_state(t.entries()[0], at::ones({2, 3}), at::ones({3}), "test");
+  t.expect_state_from("checkpoint /x/iter_0000005");
+  step();
+  EXPECT_EQ(t.take_recorded_without_state(), std::vector<std::string>{"new"});
+  EXPECT_TRUE(t.take_recorded_without_state().empty());  // once
+  s.update();
+  step();
+  EXPECT_TRUE(t.take_recorded_without_state().empty());
+}
+
 // Experts over expert-parallel ranks: rank r's grouped weight [G/ep, out, in] is part r of the whole
 // weight's entry. set_state takes the whole weight's columns and keeps this part's (experts
 // r G/ep .. (r+1) G/ep - 1: columns 3 r G/ep ..); a whole of another width is refused.

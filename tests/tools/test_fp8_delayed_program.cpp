@@ -17,6 +17,7 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <regex>
 
 #include "fp8_testing.h"
 #include "loongforge/core/safetensors.h"
@@ -371,6 +372,27 @@ TEST(Fp8DelayedTraining, ResumeIsExact) {
   const auto [bare_loss, bare_norm] = first_step(restarted, "without the FP8 state");
   EXPECT_GT(bare_loss, 1e-6);
   EXPECT_GT(bare_norm, 1e-5);
+  // Saved with layer 0 kept out of FP8 and resumed with it in: its GEMMs have no state in the
+  // checkpoint and start at scale 1; the resumed run names them (and only them) after its first
+  // step. A resume with the same layers names none.
+  const std::string kept = lf::testing::make_temp_dir("fp8d-kept");
+  auto keep = kDelayed;
+  keep.insert(keep.end(), {"--first-last-layers-bf16", "--num-layers-at-start-in-bf16", "1", "--num-layers-at-end-in-bf16",
+                           "0", "--save", kept, "--save-interval", "5", "--exit-interval", "5"});
+  const TrainRun kept_run = train(1, keep, "kept");
+  ASSERT_EQ(kept_run.exit_code, 0) << kept_run.output;
+  auto widen = kDelayed;
+  widen.insert(widen.end(), {"--load", kept});
+  const TrainRun widened = train(1, widen, "resumed-widened");
+  ASSERT_EQ(widened.exit_code, 0) << widened.output;
+  const std::regex named(
+      "holds no delayed FP8 scaling state for (\\d+) weight\\(s\\) whose GEMMs ran in FP8 this step \\(([^)]*)\\)");
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(widened.output, m, named)) << widened.output;
+  EXPECT_EQ(m[1].str(), "4") << m[2].str();  // layer 0's qkv, proj, fc1, fc2
+  EXPECT_NE(m[2].str().find("decoder.layers.0.self_attention.linear_qkv.weight"), std::string::npos) << m[2].str();
+  EXPECT_EQ(m[2].str().find("decoder.layers.1."), std::string::npos) << m[2].str();
+  EXPECT_FALSE(std::regex_search(resumed.output, named)) << resumed.output;
 
   // Another history length cannot continue these histories.
   auto other = second;

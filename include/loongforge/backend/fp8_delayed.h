@@ -75,6 +75,13 @@ class Fp8AmaxTable {
   // [len, width x parts], scale [width x parts]; otherwise an lf::Error naming `source` and the entry.
   std::pair<at::Tensor, at::Tensor> state(const Entry& e) const;
   void set_state(const Entry& e, const at::Tensor& history, const at::Tensor& scale, const std::string& source);
+  // A resumed run: the table's state came from `source` (set_state for the entries it held). The
+  // entries that record an amax in the first step after it and got no state from it are weights
+  // new to FP8 since the checkpoint was saved (e.g. layers --first-last-layers-bf16 kept out then):
+  // their scales start at 1. take_recorded_without_state() names them once (this rank's records,
+  // before update() reduces them) and ends the check; Fp8DelayedScaling::update() warns with them.
+  void expect_state_from(const std::string& source);
+  std::vector<std::string> take_recorded_without_state();
 
  private:
   friend class Fp8DelayedScaling;
@@ -82,6 +89,8 @@ class Fp8AmaxTable {
   std::vector<lf::backend::Communicator*> groups_;
   std::vector<Entry> entries_;
   at::Tensor history_, scale_, fp8_max_;
+  std::vector<bool> loaded_;      // per entry: set_state reached it
+  std::string expected_source_;   // expect_state_from's, until the check ran
 };
 
 // The run's tables (one per parameter group) and the lookup of a GEMM's entry by its weight.
@@ -101,7 +110,9 @@ class Fp8DelayedScaling {
   };
   // Throws (lf::Error) for a tensor no table holds.
   Site site(const at::Tensor& w) const;
-  // Every table's update(), in order: collective over each table's group.
+  // Every table's update(), in order: collective over each table's group. The first after a
+  // resume (Fp8AmaxTable::expect_state_from) first warns naming the weights that ran in FP8 with
+  // no state in the checkpoint.
   void update();
   const std::vector<std::unique_ptr<Fp8AmaxTable>>& tables() const { return tables_; }
   const Fp8Recipe& recipe() const { return recipe_; }

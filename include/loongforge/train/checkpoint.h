@@ -51,6 +51,8 @@ struct CheckpointGroup {
 // Delayed FP8 scaling: every group's table (CheckpointGroup::fp8) from the iter_* directory
 // `checkpoint_dir`, each weight's entry that the checkpoint holds (any TP/PP/DP layout: the values
 // are the same on every rank of a stage); the others keep their state. Returns the entries read.
+// When it read any, the tables expect their state from it (Fp8AmaxTable::expect_state_from): the
+// first step's update warns naming the weights that ran in FP8 without state in the checkpoint.
 // A history of another length stops with an lf::Error naming the checkpoint and the flag.
 int64_t load_fp8_scaling(const std::string& checkpoint_dir, const std::vector<CheckpointGroup>& groups);
 

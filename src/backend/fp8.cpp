@@ -365,6 +365,7 @@ at::Tensor Fp8GroupedGemm::take_output() {
 }
 
 struct Fp8GroupedGemm::GradState {
+  const State* owner = nullptr;  // the forward whose operands it multiplies
   std::vector<Fp8GradOperand> groups;  // per non-empty group
   at::TensorOptions options;  // dy's
   bool for_dx = false, for_dw = false;
@@ -377,6 +378,7 @@ Fp8GroupedGemm::Grad Fp8GroupedGemm::quantize_grad(const at::Tensor& dy, bool fo
   LF_CHECK(dy.dim() == 2 && dy.size(0) == st.rows && dy.size(1) == st.w_sizes[1], "fp8 grouped GEMM: output gradient ",
            dy.sizes(), " for an output of ", st.rows, " x ", st.w_sizes[1]);
   auto q = std::make_shared<GradState>();
+  q->owner = &st;
   q->options = dy.options();
   q->for_dx = for_dx;
   q->for_dw = for_dw;
@@ -407,6 +409,7 @@ std::pair<at::Tensor, at::Tensor> Fp8GroupedGemm::backward(const Grad& q, bool w
   const State& st = *s_;
   LF_CHECK(q.s_ != nullptr, "fp8 grouped GEMM: backward from an output gradient that was never quantized");
   const GradState& gs = *q.s_;
+  LF_CHECK(gs.owner == &st, "fp8 grouped GEMM: an output gradient quantized by another grouped GEMM");
   LF_CHECK((!want_dx || gs.for_dx) && (!want_dw || gs.for_dw), "fp8 grouped GEMM: the ",
            want_dx && !gs.for_dx ? "input" : "weight", " gradient asked of an output gradient not quantized for it");
   at::Tensor dw = want_dw ? at::zeros(st.w_sizes, gs.options.dtype(at::kFloat)) : at::Tensor();
@@ -423,6 +426,10 @@ std::pair<at::Tensor, at::Tensor> Fp8GroupedGemm::backward(const Grad& q, bool w
   if (want_dx)
     dx = dxs.empty() ? at::zeros({0, st.w_sizes[2]}, gs.options.dtype(st.x_dtype)) : at::cat(dxs).to(st.x_dtype);
   return {dx, dw};
+}
+
+bool Fp8GroupedGemm::one_grad_copy() const {
+  return s_->recipe->scaling == Fp8Scaling::tensorwise || s_->recipe->scaling == Fp8Scaling::delayed;
 }
 
 std::pair<at::Tensor, at::Tensor> Fp8GroupedGemm::backward(const at::Tensor& dy, bool want_dx, bool want_dw) const {

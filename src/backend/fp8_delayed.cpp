@@ -5,6 +5,7 @@
 #include <ATen/TensorOperators.h>
 #include <ATen/core/grad_mode.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "loongforge/backend/communicator.h"
@@ -85,12 +86,16 @@ void Fp8AmaxTable::set_state(const Entry& e, const at::Tensor& history, const at
                         : std::string("the checkpoint is of another model; check --load")));
   LF_CHECK(scale.dim() == 1 && scale.size(0) == whole, source, ": the FP8 scales of ", e.name, " are ", scale.sizes(),
            ", this run's are [", whole, "]", lf::hint("the checkpoint is of another model; check --load"));
-  const auto index = static_cast<size_t>(&e - entries_.data());
-  LF_CHECK(index < entries_.size(), "fp8 delayed scaling: set_state of ", e.name, ", an entry of another table");
+  const auto it = std::find_if(entries_.begin(), entries_.end(),
+                               [&](const Entry& k) { return k.offset == e.offset && k.name == e.name; });
+  LF_CHECK(it != entries_.end(), "fp8 delayed scaling: set_state of ", e.name, ", an entry of another table");
   at::NoGradGuard no_grad;
-  history_.narrow(1, e.offset, e.width).copy_(history.narrow(1, e.part * e.width, e.width));
-  scale_.narrow(0, e.offset, e.width).copy_(scale.narrow(0, e.part * e.width, e.width));
-  loaded_[index] = true;
+  const at::Tensor h = history.narrow(1, e.part * e.width, e.width), s = scale.narrow(0, e.part * e.width, e.width);
+  history_.narrow(1, e.offset, e.width).copy_(h);
+  scale_.narrow(0, e.offset, e.width).copy_(s);
+  // State, not an entry stored untouched (a part of an expert weight's is stored whether used or
+  // not): an amax recorded or a scale moved.
+  if ((h != 0).any().item<bool>() || (s != 1).any().item<bool>()) loaded_[static_cast<size_t>(it - entries_.begin())] = true;
 }
 
 void Fp8AmaxTable::expect_state_from(const std::string& source) { expected_source_ = source; }

@@ -118,9 +118,10 @@ int64_t TrainerCheckpointing::load(BatchSource& train_data) {
   // not under --finetune, which loads weights only). Each rank warns for its own stage's tables.
   bool delayed = false;
   for (const auto& g : groups_) delayed = delayed || (g.fp8 != nullptr && !g.fp8->entries().empty());
-  if (delayed && !c.finetune && load_fp8_scaling(r->dir, groups_) == 0)
-    LF_WARN("checkpoint ", r->dir, " holds no delayed FP8 scaling state for this rank's weights (saved without "
-            "--fp8-recipe delayed): the FP8 scales start at 1, as in a new run");
+  // A checkpoint with state for other weights only: the first step's update names this rank's new ones.
+  if (delayed && !c.finetune && !load_fp8_scaling(r->dir, groups_).checkpoint_has_state)
+    LF_WARN("checkpoint ", r->dir, " holds no delayed FP8 scaling state (saved without --fp8-recipe delayed): "
+            "the FP8 scales start at 1, as in a new run");
   start_iteration_ = r->progress.iteration;
   start_consumed_ = r->progress.consumed_samples;
   last_saved_ = start_iteration_;

@@ -14,6 +14,7 @@
 
 #include "loongforge/backend/communicator.h"
 #include "loongforge/backend/fp8.h"
+#include "loongforge/backend/fp8_delayed.h"
 #include "loongforge/backend/fp8_grouped.h"
 #include "loongforge/backend/registry.h"
 #include "loongforge/core/error.h"
@@ -319,10 +320,10 @@ class CountingPair final : public lf::backend::Communicator {
 // later, the weight gradient from that copy (the overlapped MoE's --delay-wgrad-compute): bit for
 // bit the autograd function's, for every recipe. Tensorwise with an amax group: one all-reduce for
 // the output gradient, none in either GEMM (quantizing again for the weight gradient was a
-// second). A gradient the copy was not quantized for is refused.
+// second). A gradient the copy was not quantized for, or another GEMM's copy, is refused.
 TEST(Fp8Linear, GroupedOutputGradientQuantizedOnceServesBothGemms) {
   at::manual_seed(23);
-  for (Fp8Scaling scaling : {Fp8Scaling::tensorwise, Fp8Scaling::blockwise, Fp8Scaling::mxfp8}) {
+  for (Fp8Scaling scaling : {Fp8Scaling::tensorwise, Fp8Scaling::delayed, Fp8Scaling::blockwise, Fp8Scaling::mxfp8}) {
     Fp8Recipe r;
     r.scaling = scaling;
     const char* what = lf::ops::to_string(scaling);
@@ -330,9 +331,17 @@ TEST(Fp8Linear, GroupedOutputGradientQuantizedOnceServesBothGemms) {
     const auto x = at::randn({32, 64}), w = at::randn({4, 48, 64}) * 0.1, dy = at::randn({32, 48});
     CountingPair pair;
     auto xg = x.clone().requires_grad_(true), wg = w.clone().requires_grad_(true);
+    // Delayed: the scales of a table that holds wg (1 until an update; both runs record into it).
+    std::optional<lf::ops::Fp8DelayedScaling> table;
+    if (scaling == Fp8Scaling::delayed) {
+      table.emplace(r);
+      table->add_group({{"w", wg}}, {});
+      r.delayed = &*table;
+    }
     lf::ops::fp8_grouped_linear(xg, wg, at::tensor(counts, at::kLong), r, &pair).backward(dy);
-    lf::ops::Fp8GroupedGemm gemm(x, w, counts, r, &pair, true, true);
+    lf::ops::Fp8GroupedGemm gemm(x, wg.detach(), counts, r, &pair, true, true);
     gemm.take_output();
+    EXPECT_EQ(gemm.one_grad_copy(), scaling == Fp8Scaling::tensorwise || scaling == Fp8Scaling::delayed) << what;
     pair.calls = 0;
     const auto q = gemm.quantize_grad(dy, true, true);
     EXPECT_EQ(pair.calls, scaling == Fp8Scaling::tensorwise ? 1 : 0) << what;
@@ -345,6 +354,9 @@ TEST(Fp8Linear, GroupedOutputGradientQuantizedOnceServesBothGemms) {
     EXPECT_THROW(gemm.backward(gemm.quantize_grad(dy, true, false), false, true), lf::Error) << what;
     EXPECT_THROW(gemm.backward(gemm.quantize_grad(dy, false, true), true, false), lf::Error) << what;
     EXPECT_THROW(gemm.quantize_grad(dy.narrow(0, 0, 31), true, true), lf::Error) << what;  // not the output's rows
+    // Another grouped GEMM's quantized gradient is refused.
+    lf::ops::Fp8GroupedGemm other(x, wg.detach(), {32, 0, 0, 0}, r, &pair, true, true);
+    EXPECT_THROW(other.backward(q, true, true), lf::Error) << what;
   }
 }
 

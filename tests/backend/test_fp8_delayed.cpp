@@ -252,7 +252,7 @@ TEST(Fp8Delayed, StateRoundTripsAndRefusesAnotherLength) {
 
 // A resumed table names, once, the weights that recorded an amax in the first step but got no state
 // from the checkpoint (new to FP8 since it was saved); one that was loaded, or did not run in FP8,
-// is not named; without expect_state_from nothing is.
+// is not named; without expect_state_from nothing is; an entry loaded with nothing in it is named.
 TEST(Fp8Delayed, ResumedTableNamesWeightsNewToFp8) {
   const Fp8Recipe r = delayed(2, "max");
   Fp8DelayedScaling s(r);
@@ -275,6 +275,13 @@ TEST(Fp8Delayed, ResumedTableNamesWeightsNewToFp8) {
   s.update();
   step();
   EXPECT_TRUE(t.take_recorded_without_state().empty());
+  // An entry stored unused (no amax, scale 1: a part of an expert weight's is stored whether used
+  // or not) is no state: named too.
+  s.update();
+  t.set_state(t.entries()[1], at::zeros({2, 3}), at::ones({3}), "test");
+  t.expect_state_from("checkpoint /x/iter_0000010");
+  step();
+  EXPECT_EQ(t.take_recorded_without_state(), std::vector<std::string>{"new"});
 }
 
 // Experts over expert-parallel ranks: rank r's grouped weight [G/ep, out, in] is part r of the whole

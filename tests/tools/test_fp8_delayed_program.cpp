@@ -374,7 +374,8 @@ TEST(Fp8DelayedTraining, ResumeIsExact) {
   EXPECT_GT(bare_norm, 1e-5);
   // Saved with layer 0 kept out of FP8 and resumed with it in: its GEMMs have no state in the
   // checkpoint and start at scale 1; the resumed run names them (and only them) after its first
-  // step. A resume with the same layers names none.
+  // step. A resume with the same layers names none. (A test of the warning's wording, not of the
+  // values: those are a new weight's, as at the start of a run.)
   const std::string kept = lf::testing::make_temp_dir("fp8d-kept");
   auto keep = kDelayed;
   keep.insert(keep.end(), {"--first-last-layers-bf16", "--num-layers-at-start-in-bf16", "1", "--num-layers-at-end-in-bf16",
@@ -393,6 +394,20 @@ TEST(Fp8DelayedTraining, ResumeIsExact) {
   EXPECT_NE(m[2].str().find("decoder.layers.0.self_attention.linear_qkv.weight"), std::string::npos) << m[2].str();
   EXPECT_EQ(m[2].str().find("decoder.layers.1."), std::string::npos) << m[2].str();
   EXPECT_FALSE(std::regex_search(resumed.output, named)) << resumed.output;
+  // The same checkpoint resharded to PP 2: stage 0 (rank 0, whose lines the terminal shows) holds
+  // layer 0 alone, reads no state at all, and still names its weights (not "saved without").
+  const std::string kept_pp2 = lf::testing::make_temp_dir("fp8d-kept-pp2");
+  const auto conv2 = lf::testing::run_command({bin("loongforge-convert"), "reshard", "--load", kept, "--save", kept_pp2,
+                                               "--pp", "2", "--dp", "1"},
+                                              {{"OMP_NUM_THREADS", "1"}}, std::chrono::seconds(120));
+  ASSERT_EQ(conv2.exit_code, 0) << conv2.output;
+  auto widen_pp2 = kDelayed;
+  widen_pp2.insert(widen_pp2.end(), {"--load", kept_pp2});
+  const TrainRun widened_pp2 = train(2, widen_pp2, "resumed-widened-pp2", 2);
+  ASSERT_EQ(widened_pp2.exit_code, 0) << widened_pp2.output;
+  ASSERT_TRUE(std::regex_search(widened_pp2.output, m, named)) << widened_pp2.output;
+  EXPECT_EQ(m[1].str(), "4") << m[2].str();
+  EXPECT_EQ(widened_pp2.output.find("saved without"), std::string::npos) << widened_pp2.output;
 
   // Another history length cannot continue these histories.
   auto other = second;

@@ -208,7 +208,8 @@ TEST(Fp8Training, MoeExpertsInFp8) {
   EXPECT_LT(worst_loss_rel(ep, overlap), 3e-2);
   // The weight gradients not delayed: the same quantized output gradients and GEMMs, summed over the
   // chunks in the same order, so the same run bit for bit (delayed, each chunk's output gradient is
-  // quantized once and that copy waits for its weight gradient).
+  // quantized once and that copy waits for its weight gradient: a kept copy used for the wrong GEMM
+  // or chunk breaks this; that it is quantized once is Fp8Linear's unit test).
   const TrainRun undelayed = moe(2, with({"--expert-model-parallel-size", "2", "--moe-token-dispatcher-type", "alltoall",
                                           "--overlap-moe-expert-parallel-comm", "--moe-overlap-num-chunks", "2",
                                           "--no-moe-overlap-micro-batches"}), "overlap-undelayed");

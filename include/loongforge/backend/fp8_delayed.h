@@ -76,9 +76,9 @@ class Fp8AmaxTable {
   std::pair<at::Tensor, at::Tensor> state(const Entry& e) const;
   void set_state(const Entry& e, const at::Tensor& history, const at::Tensor& scale, const std::string& source);
   // A resumed run: the table's state came from `source` (set_state for the entries it held). The
-  // entries that record an amax in the first step after it and got no state from it are weights
-  // new to FP8 since the checkpoint was saved (e.g. layers --first-last-layers-bf16 kept out then):
-  // their scales start at 1. take_recorded_without_state() names them once (this rank's records,
+  // entries that record an amax in the first step after it and got no state from it (none, or an
+  // entry stored unused: no amax, scale 1) are weights new to FP8 since the checkpoint was saved
+  // (e.g. layers --first-last-layers-bf16 kept out then): their scales start at 1. take_recorded_without_state() names them once (this rank's records,
   // before update() reduces them) and ends the check; Fp8DelayedScaling::update() warns with them.
   void expect_state_from(const std::string& source);
   std::vector<std::string> take_recorded_without_state();

@@ -38,12 +38,17 @@ class Fp8GroupedGemm {
   // (for_dx), the weight gradient (for_dw) or both. Tensorwise and delayed: one FP8 copy per group
   // serves both (one amax reduction, one delayed record); blockwise and MX: one copy per GEMM's
   // tiles. The overlapped MoE keeps it, not dy, from a chunk's input gradient to its delayed
-  // weight gradient (--delay-wgrad-compute).
+  // weight gradient (--delay-wgrad-compute) where one copy serves both (one_grad_copy()). A Grad
+  // serves only the object that made it.
   class Grad {
     friend class Fp8GroupedGemm;
     std::shared_ptr<const GradState> s_;
   };
   Grad quantize_grad(const at::Tensor& dy, bool for_dx, bool for_dw) const;
+  // Whether one quantized copy of dy serves both GEMMs (tensorwise, delayed). Only then does a
+  // caller that delays the weight gradient keep a Grad instead of dy: blockwise and MX would hold
+  // both tile layouts, and quantize the weight gradient's before the input gradient is sent.
+  bool one_grad_copy() const;
   // From a quantized output gradient: x's gradient [m, in] in x's dtype (want_dx) and w's
   // [G, out, in] fp32 (want_dw; zero for an empty group), each undefined when not wanted; a
   // gradient asked of a Grad not quantized for it is refused. Callable more than once.

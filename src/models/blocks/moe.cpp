@@ -241,10 +241,10 @@ struct OverlappedExperts : torch::autograd::Function<OverlappedExperts> {
       if (!fp8.fc2[c]) act_out[c] = saved[3 * c + 2].defined() ? saved[3 * c + 2] : activation(*plan, h1);
       const bool later2 = plan->delay_wgrad && want_w2, later1 = plan->delay_wgrad && want_w1;
       auto g2 = gemm_grads(fp8.fc2[c], ops, gy[c], act_out[c], w2, g.per_expert, now2, later2 ? &q2[c] : nullptr);
-      if (fp8.fc2[c]) gy[c] = at::Tensor();  // FP8: its quantized copy serves the weight gradient
+      if (q2[c]) gy[c] = at::Tensor();  // its quantized copy serves the weight gradient
       dh1[c] = plan->swiglu ? ops.swiglu_bwd(g2.dx, h1) : ops.gelu_bwd(g2.dx, h1);
       auto g1 = gemm_grads(fp8.fc1[c], ops, dh1[c], in, w1, g.per_expert, now1, later1 ? &q1[c] : nullptr);
-      if (fp8.fc1[c]) dh1[c] = at::Tensor();
+      if (q1[c]) dh1[c] = at::Tensor();
       if (now2.dw) accumulate(dw2, g2.dw);
       if (now1.dw) accumulate(dw1, g1.dw);
       at::Tensor to_src = g1.dx.index_select(0, g.inverse).contiguous();
@@ -279,31 +279,34 @@ struct OverlappedExperts : torch::autograd::Function<OverlappedExperts> {
     std::vector<std::optional<lf::ops::Fp8GroupedGemm>> fc1, fc2;
   };
   // One grouped GEMM's gradients from its output gradient dy: its FP8 pass's, or the backend's on
-  // its input x (the training dtype). In FP8 with `later` (the weight gradient delayed), dy is
-  // quantized for both GEMMs at once and that copy is kept there for delayed_dw: dy is quantized
-  // once (tensorwise: one amax all-reduce), and the FP8 copy, not dy, waits for the weight gradient.
+  // its input x (the training dtype). With `later` (the weight gradient delayed) and a recipe
+  // whose one quantized copy of dy serves both GEMMs (tensorwise, delayed), that copy is kept
+  // there for delayed_dw: dy is quantized once (tensorwise: one amax all-reduce), and the FP8
+  // copy, not dy, waits for the weight gradient. Blockwise and MX keep dy (their weight-gradient
+  // tiles are another quantization, made in the delayed pass after the sends).
   static lf::backend::GroupedGemmBwd gemm_grads(const std::optional<lf::ops::Fp8GroupedGemm>& f,
                                                 const lf::backend::OpTable& ops, const at::Tensor& dy,
                                                 const at::Tensor& x, const at::Tensor& w, const at::Tensor& per_expert,
                                                 lf::backend::GemmGrads want,
                                                 std::optional<lf::ops::Fp8GroupedGemm::Grad>* later = nullptr) {
     if (!f) return ops.grouped_gemm_bwd(dy, x, w, per_expert, want);
-    auto q = f->quantize_grad(dy, want.dx, want.dw || later != nullptr);
+    const bool keep = later != nullptr && f->one_grad_copy();
+    auto q = f->quantize_grad(dy, want.dx, want.dw || keep);
     auto [dx, dw] = f->backward(q, want.dx, want.dw);
-    if (later != nullptr) *later = std::move(q);
+    if (keep) *later = std::move(q);
     // In w's dtype, as the backend's (a chunk's FP8 GEMM gives fp32), so that the chunks' sum does
     // not depend on which chunks ran in FP8.
     return {dx, dw.defined() ? dw.to(w.scalar_type()) : dw};
   }
-  // A delayed weight gradient: from the output gradient's kept FP8 copy q, or (training dtype)
-  // from dy and x.
+  // A delayed weight gradient: from the output gradient's kept FP8 copy q, from dy (FP8 without a
+  // kept copy), or (training dtype) from dy and x.
   static at::Tensor delayed_dw(const std::optional<lf::ops::Fp8GroupedGemm>& f,
                                const std::optional<lf::ops::Fp8GroupedGemm::Grad>& q, const lf::backend::OpTable& ops,
                                const at::Tensor& dy, const at::Tensor& x, const at::Tensor& w,
                                const at::Tensor& per_expert) {
     if (!f) return ops.grouped_gemm_bwd(dy, x, w, per_expert, {false, true}).dw;
-    LF_CHECK(q.has_value(), "MoE overlap: an FP8 chunk's delayed weight gradient without its output gradient");
-    return f->backward(*q, false, true).second.to(w.scalar_type());
+    LF_CHECK(q.has_value() || dy.defined(), "MoE overlap: an FP8 chunk's delayed weight gradient without its output gradient");
+    return (q ? f->backward(*q, false, true) : f->backward(dy, false, true)).second.to(w.scalar_type());
   }
 
   // sum += d, in place after the first chunk (d is the backend's fresh tensor: the first one is kept).

@@ -78,8 +78,9 @@ class Fp8AmaxTable {
   // A resumed run: the table's state came from `source` (set_state for the entries it held). The
   // entries that record an amax in the first step after it and got no state from it (none, or an
   // entry stored unused: no amax, scale 1) are weights new to FP8 since the checkpoint was saved
-  // (e.g. layers --first-last-layers-bf16 kept out then): their scales start at 1. take_recorded_without_state() names them once (this rank's records,
-  // before update() reduces them) and ends the check; Fp8DelayedScaling::update() warns with them.
+  // (e.g. layers --first-last-layers-bf16 kept out then): their scales start at 1.
+  // take_recorded_without_state() names them once (this rank's records, before update() reduces
+  // them) and ends the check; Fp8DelayedScaling::update() warns with them.
   void expect_state_from(const std::string& source);
   std::vector<std::string> take_recorded_without_state();
 

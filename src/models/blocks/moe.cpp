@@ -225,7 +225,8 @@ struct OverlappedExperts : torch::autograd::Function<OverlappedExperts> {
     }
     at::Tensor dw1, dw2;
     // Per chunk, for the delayed weight gradients: fc2's output gradient and input, fc1's output
-    // gradient; for a GEMM in FP8, its output gradient's quantized copy instead (q2, q1).
+    // gradient; for a GEMM in FP8 under tensorwise or delayed scaling, its output gradient's
+    // quantized copy instead (q2, q1).
     std::vector<at::Tensor> gy(chunks), act_out(chunks), dh1(chunks);
     std::vector<std::optional<lf::ops::Fp8GroupedGemm::Grad>> q2(chunks), q1(chunks);
     const lf::backend::GemmGrads now2{true, want_w2 && !plan->delay_wgrad}, now1{true, want_w1 && !plan->delay_wgrad};

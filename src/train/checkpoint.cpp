@@ -541,25 +541,23 @@ std::optional<LoadResult> load_checkpoint(const std::string& load_dir, const Loa
   return result;
 }
 
-Fp8ScalingLoad load_fp8_scaling(const std::string& checkpoint_dir, const std::vector<CheckpointGroup>& groups) {
+bool load_fp8_scaling(const std::string& checkpoint_dir, const std::vector<CheckpointGroup>& groups) {
   CheckpointReader reader(checkpoint_dir);
-  Fp8ScalingLoad out;
-  out.checkpoint_has_state = !reader.params("fp8_scale").empty();
+  const bool has_state = !reader.params("fp8_scale").empty();
   for (const auto& g : groups) {
     if (!g.fp8) continue;
     for (const auto& e : g.fp8->entries()) {
       if (!reader.has(e.name, "fp8_amax_history") || !reader.has(e.name, "fp8_scale")) continue;
       g.fp8->set_state(e, reader.full(e.name, "fp8_amax_history").to(at::kFloat),
                        reader.full(e.name, "fp8_scale").to(at::kFloat), "checkpoint " + checkpoint_dir);
-      ++out.loaded;
     }
   }
   // Weights this rank runs in FP8 that the checkpoint has no state for are named after the first
   // step (also on a rank that read none: e.g. a stage whose layers were all kept out of FP8).
-  if (out.checkpoint_has_state)
+  if (has_state)
     for (const auto& g : groups)
       if (g.fp8) g.fp8->expect_state_from("checkpoint " + checkpoint_dir);
-  return out;
+  return has_state;
 }
 
 // ---------------------------------------------------------------------------------------------

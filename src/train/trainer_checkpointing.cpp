@@ -119,7 +119,7 @@ int64_t TrainerCheckpointing::load(BatchSource& train_data) {
   bool delayed = false;
   for (const auto& g : groups_) delayed = delayed || (g.fp8 != nullptr && !g.fp8->entries().empty());
   // A checkpoint with state for other weights only: the first step's update names this rank's new ones.
-  if (delayed && !c.finetune && !load_fp8_scaling(r->dir, groups_).checkpoint_has_state)
+  if (delayed && !c.finetune && !load_fp8_scaling(r->dir, groups_))
     LF_WARN("checkpoint ", r->dir, " holds no delayed FP8 scaling state (saved without --fp8-recipe delayed): "
             "the FP8 scales start at 1, as in a new run");
   start_iteration_ = r->progress.iteration;

@@ -335,11 +335,15 @@ TEST(Fp8DelayedTraining, ResumeIsExact) {
   EXPECT_LT(tp_loss, 1e-6);
   EXPECT_LT(tp_norm, 1e-5);
   // Offline resharding (loongforge-convert reshard) carries them to each weight's new stage.
-  const std::string pp2 = lf::testing::make_temp_dir("fp8d-pp2");
-  const auto conv = lf::testing::run_command({bin("loongforge-convert"), "reshard", "--load", ckpt, "--save", pp2,
-                                              "--pp", "2", "--dp", "1"},
-                                             {{"OMP_NUM_THREADS", "1"}}, std::chrono::seconds(120));
-  ASSERT_EQ(conv.exit_code, 0) << conv.output;
+  auto reshard_to_pp2 = [](const std::string& from, const std::string& tag) {
+    const std::string to = lf::testing::make_temp_dir(tag);
+    const auto conv = lf::testing::run_command({bin("loongforge-convert"), "reshard", "--load", from, "--save", to,
+                                                "--pp", "2", "--dp", "1"},
+                                               {{"OMP_NUM_THREADS", "1"}}, std::chrono::seconds(120));
+    EXPECT_EQ(conv.exit_code, 0) << conv.output;
+    return to;
+  };
+  const std::string pp2 = reshard_to_pp2(ckpt, "fp8d-pp2");
   EXPECT_TRUE(fs::exists(pp2 + "/iter_0000005/fp8_tp0_pp1.safetensors"));
   auto staged = kDelayed;
   staged.insert(staged.end(), {"--load", pp2});
@@ -396,11 +400,7 @@ TEST(Fp8DelayedTraining, ResumeIsExact) {
   EXPECT_FALSE(std::regex_search(resumed.output, named)) << resumed.output;
   // The same checkpoint resharded to PP 2: stage 0 (rank 0, whose lines the terminal shows) holds
   // layer 0 alone, reads no state at all, and still names its weights (not "saved without").
-  const std::string kept_pp2 = lf::testing::make_temp_dir("fp8d-kept-pp2");
-  const auto conv2 = lf::testing::run_command({bin("loongforge-convert"), "reshard", "--load", kept, "--save", kept_pp2,
-                                               "--pp", "2", "--dp", "1"},
-                                              {{"OMP_NUM_THREADS", "1"}}, std::chrono::seconds(120));
-  ASSERT_EQ(conv2.exit_code, 0) << conv2.output;
+  const std::string kept_pp2 = reshard_to_pp2(kept, "fp8d-kept-pp2");
   auto widen_pp2 = kDelayed;
   widen_pp2.insert(widen_pp2.end(), {"--load", kept_pp2});
   const TrainRun widened_pp2 = train(2, widen_pp2, "resumed-widened-pp2", 2);

@@ -51,14 +51,11 @@ struct CheckpointGroup {
 // Delayed FP8 scaling: every group's table (CheckpointGroup::fp8) from the iter_* directory
 // `checkpoint_dir`, each weight's entry that the checkpoint holds (any TP/PP/DP layout: the values
 // are the same on every rank of a stage); the others keep their state. A history of another
-// length stops with an lf::Error naming the checkpoint and the flag. When the checkpoint holds
-// any FP8 state the tables expect theirs from it (Fp8AmaxTable::expect_state_from): the first
-// step's update warns naming the weights that ran in FP8 without state in the checkpoint.
-struct Fp8ScalingLoad {
-  int64_t loaded = 0;                 // entries read for this rank's tables
-  bool checkpoint_has_state = false;  // the checkpoint holds delayed FP8 state for any weight
-};
-Fp8ScalingLoad load_fp8_scaling(const std::string& checkpoint_dir, const std::vector<CheckpointGroup>& groups);
+// length stops with an lf::Error naming the checkpoint and the flag. Returns whether the
+// checkpoint holds delayed FP8 state for any weight; if so the tables expect theirs from it
+// (Fp8AmaxTable::expect_state_from): the first step's update warns naming the weights that ran in
+// FP8 without state in the checkpoint.
+bool load_fp8_scaling(const std::string& checkpoint_dir, const std::vector<CheckpointGroup>& groups);
 
 // The base checkpoint an adapter (LoRA) run trains on, recorded in its checkpoints' state.json:
 // the base's iter_* directory and the CRC-32 of its manifest.json (which holds every file's CRC),

@@ -231,8 +231,25 @@ Mapping load_mapping(const std::string& yaml_path) {
       r.flag = scalar(need(t, "flag", path), "flag");
       check_field(r.flag.substr(0, r.flag.find('=')), known, t);
       for (const auto& f : need(t, "fields", path).children()) {
-        check_field(scalar(f, "a rope field"), known, f);
-        r.fields.emplace_back(f.key(), f.text());
+        RopeField rf;
+        rf.key = f.key();
+        if (f.is_map()) {
+          for (const auto& k : f.children())
+            LF_CHECK(k.key() == "field" || k.key() == "default" || k.key() == "default_key" || k.key() == "accept",
+                     where(k), ": unknown key '", k.key(), "' in a rope field", lf::hint("field, default, default_key, accept"));
+          if (const Node* a = f.find("accept")) {
+            rf.accept = to_json(*a);
+            LF_CHECK(!f.find("field"), where(f), ": a rope field with `accept` sets no field");
+          } else {
+            rf.field = scalar(need(f, "field", path), "field");
+            if (const Node* d = f.find("default")) rf.default_value = to_json(*d);
+            if (const Node* d = f.find("default_key")) rf.default_key = scalar(*d, "default_key");
+          }
+        } else {
+          rf.field = scalar(f, "a rope field");
+        }
+        if (!rf.field.empty()) check_field(rf.field, known, f);
+        r.fields.push_back(std::move(rf));
       }
       m->rope_scaling.push_back(std::move(r));
     }
@@ -421,10 +438,33 @@ DecoderConfig config_from_json(const json& j, const Mapping::Impl& m, const std:
         n.set(it->flag, Node::scalar("true", origin(skey)));
       else
         n.set(it->flag.substr(0, eq), Node::scalar(it->flag.substr(eq + 1), origin(skey), /*quoted=*/true));
-      for (const auto& [key, field] : it->fields) {
-        LF_CHECK(scaling->contains(key), source, ": ", skey, " (", type, ") lacks '", key, "'");
-        n.set(field, to_node((*scaling)[key], origin(skey + "." + key)));
+      // transformers reads an absent or null key as its default; a key this mapping does not read
+      // would change the model silently, so it is refused.
+      auto has = [&](const std::string& key) { return scaling->contains(key) && !(*scaling)[key].is_null(); };
+      std::set<std::string> read{"rope_type", "type", "rope_theta"};
+      std::string keys;
+      for (const auto& f : it->fields) {
+        read.insert(f.key);
+        keys += (keys.empty() ? "" : ", ") + f.key;
+        if (!f.accept.is_null()) {
+          LF_CHECK(!has(f.key) || same_json((*scaling)[f.key], f.accept), source, ": ", skey, ".", f.key, " is ",
+                   (*scaling)[f.key].dump(), "; the ", m.model_type, " mapping (", m.path, ") supports only ",
+                   f.accept.dump());
+          continue;
+        }
+        if (has(f.key)) {
+          n.set(f.field, to_node((*scaling)[f.key], origin(skey + "." + f.key)));
+        } else if (!f.default_key.empty() && present(f.default_key)) {
+          n.set(f.field, to_node(j[f.default_key], origin(f.default_key)));
+        } else {
+          LF_CHECK(!f.default_value.is_null(), source, ": ", skey, " (", type, ") lacks '", f.key, "'");
+          n.set(f.field, to_node(f.default_value, origin(skey + "." + f.key)));
+        }
       }
+      for (const auto& [key, value] : scaling->items())
+        LF_CHECK(read.count(key) || value.is_null(), source, ": ", skey, " has '", key, "', which the ", m.model_type,
+                 " mapping (", m.path, ") does not read for rope_type ", type, " (it reads ", keys, ")",
+                 lf::hint("remove the key if its value is transformers' default, else this model is not supported"));
     }
   }
   lf::config::ErrorList errors;
@@ -438,7 +478,8 @@ DecoderConfig config_from_json(const json& j, const Mapping::Impl& m, const std:
 std::vector<ConfigDifference> model_differences(const DecoderConfig& a, const DecoderConfig& b,
                                                 bool with_init) {
   // Fields that do not shape the weights or the function (padding multiple, dropout, Megatron's
-  // GQA switch) are exempt; rope_scaling_* only matter with rope_scaling on.
+  // GQA switch) are exempt; rope_scaling_* only matter with rope_scaling on (the original context
+  // with YaRN too).
   // So are the MoE training settings (auxiliary-loss coefficients, the bias update rate, the
   // capacity limit), DSA's training settings (the indexer loss's coefficient, the dense warm-up
   // stage, after which the weights are those of the sparse model), and moe_layer_freq compares by
@@ -450,10 +491,15 @@ std::vector<ConfigDifference> model_differences(const DecoderConfig& a, const De
                                             "moe_expert_capacity_factor", "moe_token_drop_policy",
                                             "moe_layer_freq", "dsa_indexer_loss_coeff", "dsa_indexer_warmup"};
   const json fa = config_fields(a), fb = config_fields(b);
-  const bool scaled = fa.value("rope_scaling", false) || fb.value("rope_scaling", false);
+  const bool llama3 = fa.value("rope_scaling", false) || fb.value("rope_scaling", false);
+  const bool yarn = fa.value("rope_type", "") == "yarn" || fb.value("rope_type", "") == "yarn";
+  auto unused_rope = [&](const std::string& field) {
+    if (field == "rope_scaling_original_max_position_embeddings") return !llama3 && !yarn;  // both read it
+    return !llama3 && field.rfind("rope_scaling_", 0) == 0;
+  };
   std::vector<ConfigDifference> out;
   for (const auto& [field, value] : fa.items()) {
-    if (exempt.count(field) || (!scaled && field.rfind("rope_scaling_", 0) == 0) ||
+    if (exempt.count(field) || unused_rope(field) ||
         (!with_init && field == "init_method_std"))
       continue;
     if (!fb.contains(field) || !same_json(fb[field], value))
@@ -519,7 +565,8 @@ json config_to_json(const DecoderConfig& config, const Mapping::Impl& m, at::Sca
                                             : fields[r.flag.substr(0, eq)] == json(r.flag.substr(eq + 1));
     if (on) {
       json s = {{"rope_type", r.type}};
-      for (const auto& [key, field] : r.fields) s[key] = fields[field];
+      for (const auto& f : r.fields)  // keys at their default are left out, as transformers writes them
+        if (f.accept.is_null() && !same_json(fields[f.field], f.default_value)) s[f.key] = fields[f.field];
       out["rope_scaling"] = s;
     }
   }

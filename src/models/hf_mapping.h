@@ -52,10 +52,20 @@ struct ConfigKey {
   json default_value;
 };
 
+// One key of a rope_scaling object: read into `field` (required unless it has a default: a value,
+// or another config.json key's), or, `accept` set, a key whose one supported value is `accept`
+// (YaRN's truncate: true), checked when present and never written.
+struct RopeField {
+  std::string key, field;
+  json default_value;       // null: none
+  std::string default_key;  // config.json key read when `key` is absent (null: none)
+  json accept;
+};
+
 struct RopeScaling {
   // flag: a boolean field switched on, or `field=value` (a string field set to value).
   std::string type, flag;
-  std::vector<std::pair<std::string, std::string>> fields;  // HF key -> foundation field
+  std::vector<RopeField> fields;
 };
 
 struct Mapping::Impl {

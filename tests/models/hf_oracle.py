@@ -2,7 +2,7 @@
 Python is a test oracle only; LoongForge never runs it.
 
   hf_oracle.py make OUT
-      For each family (llama, qwen2, qwen3, qwen3_moe, deepseek_v3, deepseek_v2, deepseek_v32): a tiny random model (fixed seed, GQA, vocabulary 200
+      For each family (llama, qwen2 (with YaRN), qwen3, qwen3_moe, deepseek_v3, deepseek_v2, deepseek_v32): a tiny random model (fixed seed, GQA, vocabulary 200
       so LoongForge pads it, every norm weight and bias random too), saved with save_pretrained to
       OUT/<family>/hf (fp32, sharded with an index for llama) and OUT/<family>/hf_bf16 (bf16,
       sharded), and OUT/<family>/logits.safetensors: input_ids [2, 9] int64, logits [2, 9, 200]
@@ -45,9 +45,13 @@ def families():
             **COMMON, rms_norm_eps=1e-5, tie_word_embeddings=False, rope_theta=500000.0,
             rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
                           "high_freq_factor": 4.0, "original_max_position_embeddings": 32})),
-        # Tied embeddings, QKV bias.
+        # Tied embeddings, QKV bias, YaRN as Qwen2.5 publishes it for long context (transformers-4
+        # "type", only factor and the original context; head_dim 16 has frequencies kept,
+        # interpolated and blended).
         "qwen2": (Qwen2ForCausalLM, Qwen2Config(
-            **COMMON, rms_norm_eps=1e-6, tie_word_embeddings=True, rope_theta=1000000.0)),
+            **{**COMMON, "max_position_embeddings": 16384}, rms_norm_eps=1e-6, tie_word_embeddings=True,
+            rope_theta=10000.0,
+            rope_scaling={"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 4096})),
         # Untied, QK RMSNorm, head_dim 32 != hidden / heads.
         "qwen3": (Qwen3ForCausalLM, Qwen3Config(
             **COMMON, head_dim=32, rms_norm_eps=1e-6, tie_word_embeddings=False,

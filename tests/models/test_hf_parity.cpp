@@ -467,8 +467,8 @@ TEST(HfErrors, UnsupportedConfigValuesAndStrayTensors) {
   edit_config(a, [](json& j) { j["attention_bias"] = true; });
   EXPECT_MENTIONS(read_error(a), "attention_bias");
   const std::string r = copy_model("qwen2", "rope");
-  edit_config(r, [](json& j) { j["rope_scaling"] = {{"rope_type", "yarn"}, {"factor", 4.0}}; });
-  EXPECT_MENTIONS(read_error(r), "yarn");
+  edit_config(r, [](json& j) { j["rope_scaling"] = {{"rope_type", "dynamic"}, {"factor", 4.0}}; });
+  EXPECT_MENTIONS(read_error(r), "dynamic");
   // One layer fewer in config.json than in the weights: layer 1's tensors have no place.
   const std::string l = copy_model("llama", "layers");
   edit_config(l, [](json& j) { j["num_hidden_layers"] = 1; });
@@ -651,6 +651,77 @@ TEST(HfConfig, ReadsBothRopeStylesAndExportsWhatItReads) {
   } catch (const lf::Error& e) {
     EXPECT_MENTIONS(std::string(e.what()), "kv_channels");
   }
+}
+
+// YaRN as Qwen2.5 / Qwen3 publish it for long context: only factor and the original context, in
+// transformers-4 style ("type"). Absent keys take transformers' defaults (the original context:
+// max_position_embeddings); a key the mapping does not read, or truncate: false, is an error
+// naming it, not a model that silently differs.
+TEST(HfConfig, ReadsQwenYarnAndRefusesKeysItDoesNotRead) {
+  const std::string d = lf::testing::make_temp_dir("hf_yarn");
+  auto write = [&](const json& scaling) {
+    json j = json::parse(R"({
+      "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "hidden_size": 3584,
+      "intermediate_size": 18944, "num_hidden_layers": 28, "num_attention_heads": 28,
+      "num_key_value_heads": 4, "vocab_size": 152064, "max_position_embeddings": 32768,
+      "rms_norm_eps": 1e-06, "rope_theta": 1000000.0, "tie_word_embeddings": false,
+      "hidden_act": "silu", "use_sliding_window": false})");
+    j["rope_scaling"] = scaling;
+    std::ofstream(d + "/config.json") << j.dump();
+  };
+  write({{"factor", 4.0}, {"original_max_position_embeddings", 32768}, {"type", "yarn"}});
+  auto c = hf::read_hf_config(d);
+  EXPECT_EQ(c.num_parameters(), 7'615'616'512);  // Qwen2.5-7B
+  EXPECT_EQ(c.rope_type, "yarn");
+  EXPECT_FALSE(c.rope_scaling);
+  EXPECT_DOUBLE_EQ(c.rotary_scaling_factor, 4.0);
+  EXPECT_EQ(c.rope_scaling_original_max_position_embeddings, 32768);
+  EXPECT_DOUBLE_EQ(c.beta_fast, 32);
+  EXPECT_DOUBLE_EQ(c.beta_slow, 1);
+  // Written back as transformers writes it: the keys at their defaults left out.
+  auto j = json::parse(hf::hf_config_json(c, hf::mapping_for_config(c), at::kBFloat16));
+  EXPECT_EQ(j["rope_scaling"], json({{"rope_type", "yarn"}, {"factor", 4.0}, {"original_max_position_embeddings", 32768}}))
+      << j["rope_scaling"].dump();
+  // No original context: max_position_embeddings; truncate true and null keys are transformers' defaults.
+  write({{"rope_type", "yarn"}, {"factor", 2.0}, {"beta_fast", 16}, {"truncate", true}, {"attention_factor", nullptr}});
+  c = hf::read_hf_config(d);
+  EXPECT_EQ(c.rope_scaling_original_max_position_embeddings, 32768);
+  EXPECT_DOUBLE_EQ(c.rotary_scaling_factor, 2.0);
+  EXPECT_DOUBLE_EQ(c.beta_fast, 16);
+  auto read_fails = [&](const json& scaling) {
+    write(scaling);
+    try {
+      hf::read_hf_config(d);
+    } catch (const lf::Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  std::string e = read_fails({{"rope_type", "yarn"}, {"factor", 4.0}, {"attention_factor", 1.2}});
+  EXPECT_MENTIONS(e, "attention_factor");
+  EXPECT_MENTIONS(e, "config.json");
+  EXPECT_MENTIONS(read_fails({{"rope_type", "yarn"}, {"factor", 4.0}, {"truncate", false}}), "truncate");
+  EXPECT_MENTIONS(read_fails({{"rope_type", "yarn"}, {"original_max_position_embeddings", 4096}}), "lacks 'factor'");
+  // Llama 3.1's scaling reads no YaRN key either.
+  e = read_fails({{"rope_type", "llama3"}, {"factor", 8.0}, {"low_freq_factor", 1.0}, {"high_freq_factor", 4.0},
+                  {"original_max_position_embeddings", 8192}});
+  EXPECT_MENTIONS(e, "llama3");  // not a Qwen2 scaling
+  // The original context shapes YaRN's frequencies: a job configured with another one differs
+  // from the checkpoint (and is refused by load_hf_into), as it does under Llama 3.1's scaling.
+  lf::models::DecoderConfig other = c;
+  other.rope_scaling_original_max_position_embeddings = 4096;
+  auto diff = hf::model_differences(c, other, /*with_init=*/false);
+  ASSERT_EQ(diff.size(), 1u);
+  EXPECT_EQ(diff[0].field, "rope_scaling_original_max_position_embeddings");
+  other = c;
+  other.rope_type = "rope";
+  other.rope_scaling_original_max_position_embeddings = 4096;
+  other.rotary_scaling_factor = 1;
+  other.beta_fast = 32;
+  EXPECT_EQ(hf::model_differences(c, other, false).size(), 4u);  // rope_type, factor, beta_fast, the context
+  lf::models::DecoderConfig plain = other;
+  plain.rope_scaling_original_max_position_embeddings = 1024;  // read by no scaling: not a difference
+  EXPECT_TRUE(hf::model_differences(plain, other, false).empty());
 }
 
 TEST(HfConfig, OracleConfigsUseTransformers5Keys) {

@@ -23,7 +23,7 @@ struct DTypeRow {
   std::string_view name;
   int64_t size;
 };
-constexpr std::array<DTypeRow, 13> kDTypes{{{DType::BOOL, "BOOL", 1},
+constexpr std::array<DTypeRow, 15> kDTypes{{{DType::BOOL, "BOOL", 1},
                                             {DType::U8, "U8", 1},
                                             {DType::I8, "I8", 1},
                                             {DType::I16, "I16", 2},
@@ -35,7 +35,9 @@ constexpr std::array<DTypeRow, 13> kDTypes{{{DType::BOOL, "BOOL", 1},
                                             {DType::F32, "F32", 4},
                                             {DType::I64, "I64", 8},
                                             {DType::U64, "U64", 8},
-                                            {DType::F64, "F64", 8}}};
+                                            {DType::F64, "F64", 8},
+                                            {DType::F8_E4M3, "F8_E4M3", 1},
+                                            {DType::F8_E5M2, "F8_E5M2", 1}}};
 
 // A header larger than this is not a safetensors file (the reference implementation's limit).
 constexpr uint64_t kMaxHeader = 100u << 20;

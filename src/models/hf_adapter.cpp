@@ -130,16 +130,84 @@ struct Weights {
   std::vector<st::Reader> readers;
   std::map<std::string, std::pair<const st::Reader*, const st::TensorInfo*>> tensors;
   std::string files;  // for messages
+  // config.json's quantization_config: FP8 weights in blocks of block_rows x block_cols, each
+  // block's scale in <weight>_scale_inv (0: no quantization).
+  int64_t block_rows = 0, block_cols = 0;
+  std::string config;  // config.json's path, for messages
 
+  bool is_fp8(const std::string& name) const {
+    const auto d = tensors.at(name).second->dtype;
+    return d == st::DType::F8_E4M3 || d == st::DType::F8_E5M2;
+  }
+  // The tensors read with `name` (an FP8 weight's scales).
+  std::vector<std::string> companions(const std::string& name) const {
+    if (is_fp8(name)) return {name + "_scale_inv"};
+    return {};
+  }
+
+  // The tensor in its file's dtype; an FP8 weight dequantized, in fp32.
   at::Tensor load(const std::string& name) const {
     const auto& [reader, info] = tensors.at(name);
+    if (is_fp8(name)) return dequantize(name);
     auto t = at::empty(info->shape, at::TensorOptions().dtype(scalar_type(
                                         info->dtype, "tensor '" + name + "' in " + reader->source())));
     // A copy (not from_blob): the mapping may be unaligned and must not outlive the reader.
     std::memcpy(t.data_ptr(), reader->data(*info), info->end - info->begin);
     return t;
   }
+
+  // DeepSeek's weight_dequant: w[i, j] x scale_inv[i / r, j / c], in fp32.
+  at::Tensor dequantize(const std::string& name) const {
+    const auto& [reader, info] = tensors.at(name);
+    const std::string what = "FP8 tensor '" + name + "' in " + reader->source();
+    LF_CHECK(block_rows > 0, what, ", but ", config, " has no quantization_config {quant_method: fp8, weight_block_size}",
+             lf::hint("config.json and the weights disagree; FP8 weights are read only with their block scales"));
+    LF_CHECK(info->shape.size() == 2, what, " has shape ", shape_text(info->shape), "; FP8 weights are matrices");
+    const std::string sname = name + "_scale_inv";
+    auto it = tensors.find(sname);
+    LF_CHECK(it != tensors.end(), what, " has no scales: '", sname, "' is missing from ", files,
+             lf::hint("a file is incomplete, or the checkpoint is not block-quantized as config.json says"));
+    const std::vector<int64_t> want{(info->shape[0] + block_rows - 1) / block_rows,
+                                    (info->shape[1] + block_cols - 1) / block_cols};
+    LF_CHECK(it->second.second->shape == want, "'", sname, "' in ", it->second.first->source(), " has shape ",
+             shape_text(it->second.second->shape), ", but ", name, " ", shape_text(info->shape), " in blocks of [",
+             block_rows, ", ", block_cols, "] (", config, ": quantization_config.weight_block_size) needs ",
+             shape_text(want));
+    auto q = at::empty(info->shape, at::TensorOptions().dtype(info->dtype == st::DType::F8_E4M3 ? at::kFloat8_e4m3fn
+                                                                                              : at::kFloat8_e5m2));
+    std::memcpy(q.data_ptr(), reader->data(*info), info->end - info->begin);
+    const at::Tensor scale = load(sname).to(at::kFloat);
+    const at::Tensor full = scale.repeat_interleave(block_rows, 0)
+                                .repeat_interleave(block_cols, 1)
+                                .narrow(0, 0, info->shape[0])
+                                .narrow(1, 0, info->shape[1]);
+    return q.to(at::kFloat) * full;
+  }
 };
+
+// config.json's quantization_config into w: FP8 in blocks (quant_method fp8 with weight_block_size,
+// transformers' FineGrainedFP8Config, DeepSeek-V3's and Qwen's -FP8 releases); any other
+// quantization is refused by name.
+void read_quantization(Weights& w, const std::string& dir) {
+  const fs::path cfg = fs::path(dir) / "config.json";
+  if (!fs::exists(cfg)) return;
+  w.config = lf::config::display_path(cfg.string());
+  const json j = read_json_file(cfg.string());
+  if (!j.contains("quantization_config") || j["quantization_config"].is_null()) return;
+  const json& q = j["quantization_config"];
+  const std::string method = q.is_object() ? q.value("quant_method", std::string("(none)")) : q.dump();
+  LF_CHECK(method == "fp8", w.config, ": quantization_config.quant_method is '", method,
+           "'; of quantized checkpoints only FP8 in blocks (quant_method fp8 with weight_block_size, as DeepSeek-V3 "
+           "and Qwen's -FP8 models ship) is read",
+           lf::hint("dequantize the weights to bf16 first, or convert the unquantized release"));
+  const json b = q.value("weight_block_size", json());
+  LF_CHECK(b.is_array() && b.size() == 2 && b[0].is_number_integer() && b[1].is_number_integer() &&
+               b[0].get<int64_t>() > 0 && b[1].get<int64_t>() > 0,
+           w.config, ": quantization_config (fp8) has weight_block_size ", b.dump(), ", not [rows, cols]",
+           lf::hint("per-tensor FP8 checkpoints (no weight_block_size) are not read"));
+  w.block_rows = b[0].get<int64_t>();
+  w.block_cols = b[1].get<int64_t>();
+}
 
 Weights open_weights(const std::string& dir, const std::string& stem = "model") {
   Weights w;
@@ -179,6 +247,7 @@ Weights open_weights(const std::string& dir, const std::string& stem = "model") 
     w.files = stem + ".safetensors";
     for (const auto& t : w.readers.back().tensors()) w.tensors[t.name] = {&w.readers.back(), &t};
   }
+  read_quantization(w, dir);
   return w;
 }
 
@@ -318,6 +387,7 @@ HfModel read_hf(const std::string& hf_dir, const ReadOptions& options) {
   std::set<std::string> used;
   for (const auto& p : plan(mapping.impl(), c)) {
     std::vector<at::Tensor> in;
+    bool dequantized = false;
     for (size_t k = 0; k < p.hf.size(); ++k) {
       const std::string& name = p.hf[k];
       auto it = w.tensors.find(name);
@@ -332,9 +402,14 @@ HfModel read_hf(const std::string& hf_dir, const ReadOptions& options) {
                         "intermediate_size, head counts, head_dim and vocab_size"));
       in.push_back(w.load(name));
       used.insert(name);
+      for (const auto& s : w.companions(name)) used.insert(s);
+      if (w.is_fp8(name)) dequantized = true;
     }
     at::Tensor t = to_lf(p, std::move(in), c, vocab_rows);
-    if (options.dtype) t = t.to(*options.dtype);
+    if (options.dtype)
+      t = t.to(*options.dtype);
+    else if (dequantized)
+      t = t.to(options.dequantized_dtype);
     if (p.rule->duplicate) {
       // An HF copy of a tensor LoongForge holds once: it must equal that tensor.
       auto same = std::find_if(out.tensors.begin(), out.tensors.end(), [&](const auto& e) { return e.first == p.lf; });
@@ -403,6 +478,7 @@ DecoderConfig load_hf_into(CausalLm& decoder, const std::string& hf_dir,
   ReadOptions options;
   options.configs_root = configs_root;
   options.vocab_tp = decoder.tp_size();
+  if (!decoder.parameters().empty()) options.dequantized_dtype = decoder.parameters().front().tensor.scalar_type();
   HfModel m = read_hf(hf_dir, options);
   decoder.load_full_parameters({m.tensors.begin(), m.tensors.end()});
   return m.config;
@@ -504,10 +580,14 @@ void write_hf(const std::string& out_dir, const DecoderConfig& c, const NamedTen
 std::map<std::string, at::Tensor> read_hf_weights(const std::string& dir, std::optional<at::ScalarType> dtype,
                                                   const std::string& stem) {
   const Weights w = open_weights(dir, stem);
+  std::set<std::string> scales;
+  for (const auto& [name, where] : w.tensors)
+    for (const auto& s : w.companions(name)) scales.insert(s);
   std::map<std::string, at::Tensor> out;
   for (const auto& [name, where] : w.tensors) {
+    if (scales.count(name)) continue;  // read with its FP8 weight
     at::Tensor t = w.load(name);
-    out.emplace(name, dtype ? t.to(*dtype) : t);
+    out.emplace(name, dtype ? t.to(*dtype) : w.is_fp8(name) ? t.to(at::kBFloat16) : t);
   }
   return out;
 }

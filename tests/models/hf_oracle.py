@@ -18,6 +18,8 @@ Python is a test oracle only; LoongForge never runs it.
       their HF names. And OUT/moe_blocks/mla{_q_lora,_no_q_lora}.safetensors: transformers'
       DeepseekV3Attention (multi-latent attention, YaRN RoPE with mscale != mscale_all_dim,
       interleaved rotary dims), input `x` [2, 9, 64] at positions 0..8, causal, output `y`.
+      And OUT/deepseek_v3/hf_fp8 + fp8_logits.safetensors: the same checkpoint FP8 block-quantized
+      as DeepSeek-V3's release stores it, and the logits of its dequantized weights (fp8_checkpoint).
   hf_oracle.py logits DIR IDS OUT [DIR IDS OUT ...]
       Loads DIR with AutoModelForCausalLM (fp32) and writes its logits for IDS's input_ids to OUT.
 """
@@ -186,6 +188,66 @@ def make(out):
             append_tensors(os.path.join(d, "hf_bf16"), {n: t.to(torch.bfloat16) for n, t in mtp.items()})
     moe_blocks(out)
     mla_blocks(out)
+    fp8_checkpoint(out, "deepseek_v3", ids)
+
+
+FP8_BLOCK = [16, 32]  # DeepSeek-V3 ships [128, 128]; smaller here so that the tiny matrices have
+                      # several blocks, partial ones at their edges, and rows != columns catches a swap
+FP8_LINEAR = ("q_a_proj", "q_b_proj", "q_proj", "kv_a_proj_with_mqa", "kv_b_proj", "o_proj", "gate_proj",
+              "up_proj", "down_proj", "eh_proj")
+
+
+def fp8_checkpoint(out, family, ids):
+    """OUT/<family>/hf_fp8: the family's checkpoint as DeepSeek-V3's FP8 release stores it
+    (config.json quantization_config {quant_method: fp8, fmt: e4m3, weight_block_size}; every linear
+    projection's weight in float8_e4m3fn with a float32 <name>_scale_inv per block, the block's
+    amax / 448; embeddings, norms, the router and its bias unquantized), and
+    OUT/<family>/fp8_logits.safetensors: input_ids and the logits of the model whose weights are the
+    dequantized ones (weight x its block's scale_inv, DeepSeek's weight_dequant)."""
+    import json
+    import re
+    src = os.path.join(out, family, "hf")
+    d = os.path.join(out, family, "hf_fp8")
+    os.makedirs(d, exist_ok=True)
+    tensors = {}
+    for f in sorted(os.listdir(src)):
+        if f.endswith(".safetensors"):
+            tensors.update(load_file(os.path.join(src, f)))
+    r, c = FP8_BLOCK
+    stored, dequantized = {}, {}
+    pattern = re.compile(r".*\.(%s)\.weight$" % "|".join(FP8_LINEAR))
+    for name, w in tensors.items():
+        if not pattern.match(name):
+            stored[name] = w
+            continue
+        rows, cols = w.shape
+        br, bc = -(-rows // r), -(-cols // c)
+        padded = torch.zeros(br * r, bc * c)
+        padded[:rows, :cols] = w
+        amax = padded.view(br, r, bc, c).abs().amax(dim=(1, 3))
+        scale_inv = torch.where(amax > 0, amax / 448.0, torch.ones_like(amax))
+        full = scale_inv.repeat_interleave(r, 0).repeat_interleave(c, 1)[:rows, :cols]
+        q = (w / full).clamp(-448, 448).to(torch.float8_e4m3fn)
+        stored[name] = q
+        stored[name + "_scale_inv"] = scale_inv.contiguous()
+        dequantized[name] = q.float() * full
+    save_file(stored, os.path.join(d, "model.safetensors"), metadata={"format": "pt"})
+    with open(os.path.join(src, "config.json")) as f:
+        config = json.load(f)
+    config["quantization_config"] = {"activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8",
+                                     "weight_block_size": FP8_BLOCK}
+    with open(os.path.join(d, "config.json"), "w") as f:
+        json.dump(config, f, indent=2)
+    # The dequantized checkpoint (fp32, unquantized config), loaded as transformers loads any.
+    plain = os.path.join(out, family, "hf_fp8_dequantized")
+    os.makedirs(plain, exist_ok=True)
+    save_file({**tensors, **dequantized}, os.path.join(plain, "model.safetensors"), metadata={"format": "pt"})
+    with open(os.path.join(src, "config.json")) as f:
+        config = json.load(f)
+    with open(os.path.join(plain, "config.json"), "w") as f:
+        json.dump(config, f, indent=2)
+    model = AutoModelForCausalLM.from_pretrained(plain, dtype=torch.float32).eval()
+    save_file({"input_ids": ids, "logits": logits_of(model, ids)}, os.path.join(out, family, "fp8_logits.safetensors"))
 
 
 def add_mtp(model, ids, seed):

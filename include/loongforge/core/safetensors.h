@@ -22,7 +22,7 @@ class MappedFile;
 
 namespace lf::safetensors {
 
-enum class DType { BOOL, U8, I8, I16, U16, F16, BF16, I32, U32, F32, I64, U64, F64 };
+enum class DType { BOOL, U8, I8, I16, U16, F16, BF16, I32, U32, F32, I64, U64, F64, F8_E4M3, F8_E5M2 };
 int64_t dtype_size(DType dtype);
 std::string_view dtype_name(DType dtype);  // "F32", "BF16" ... as in the header
 

@@ -70,6 +70,11 @@ struct ReadOptions {
   int64_t vocab_tp = 1;
   // Convert every tensor to this dtype; nullopt keeps the file's (bf16 / fp16 / fp32).
   std::optional<at::ScalarType> dtype;
+  // FP8 block-quantized checkpoints (config.json quantization_config {quant_method: fp8,
+  // weight_block_size: [r, c]}, as DeepSeek-V3 and Qwen's -FP8 releases ship): each FP8 weight is
+  // read as weight x its r x c block's weight_scale_inv, computed in fp32, then in `dtype`, or
+  // when that is nullopt in this one (bf16, as DeepSeek's fp8_cast_bf16 writes them).
+  at::ScalarType dequantized_dtype = at::kBFloat16;
 };
 
 struct HfModel {

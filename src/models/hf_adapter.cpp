@@ -167,6 +167,10 @@ struct Weights {
     auto it = tensors.find(sname);
     LF_CHECK(it != tensors.end(), what, " has no scales: '", sname, "' is missing from ", files,
              lf::hint("a file is incomplete, or the checkpoint is not block-quantized as config.json says"));
+    const auto sd = it->second.second->dtype;
+    LF_CHECK(sd == st::DType::F32 || sd == st::DType::BF16 || sd == st::DType::F16, "'", sname, "' in ",
+             it->second.first->source(), " has dtype ", st::dtype_name(sd), "; block scales are read as F32, BF16 or F16",
+             lf::hint("power-of-two (E8M0, MXFP8) scales are not read"));
     const std::vector<int64_t> want{(info->shape[0] + block_rows - 1) / block_rows,
                                     (info->shape[1] + block_cols - 1) / block_cols};
     LF_CHECK(it->second.second->shape == want, "'", sname, "' in ", it->second.first->source(), " has shape ",
@@ -190,8 +194,8 @@ struct Weights {
 // quantization is refused by name.
 void read_quantization(Weights& w, const std::string& dir) {
   const fs::path cfg = fs::path(dir) / "config.json";
-  if (!fs::exists(cfg)) return;
   w.config = lf::config::display_path(cfg.string());
+  if (!fs::exists(cfg)) return;
   const json j = read_json_file(cfg.string());
   if (!j.contains("quantization_config") || j["quantization_config"].is_null()) return;
   const json& q = j["quantization_config"];
@@ -205,6 +209,10 @@ void read_quantization(Weights& w, const std::string& dir) {
                b[0].get<int64_t>() > 0 && b[1].get<int64_t>() > 0,
            w.config, ": quantization_config (fp8) has weight_block_size ", b.dump(), ", not [rows, cols]",
            lf::hint("per-tensor FP8 checkpoints (no weight_block_size) are not read"));
+  // Static activation scales (input_scale tensors) are for inference kernels; training reads none.
+  const json act = q.value("activation_scheme", json("dynamic"));
+  LF_CHECK(act == json("dynamic"), w.config, ": quantization_config.activation_scheme is ", act.dump(),
+           "; only dynamic (no input_scale tensors) is read", lf::hint("convert the release with dynamic activation scales"));
   w.block_rows = b[0].get<int64_t>();
   w.block_cols = b[1].get<int64_t>();
 }
@@ -578,7 +586,7 @@ void write_hf(const std::string& out_dir, const DecoderConfig& c, const NamedTen
 }
 
 std::map<std::string, at::Tensor> read_hf_weights(const std::string& dir, std::optional<at::ScalarType> dtype,
-                                                  const std::string& stem) {
+                                                  const std::string& stem, at::ScalarType dequantized) {
   const Weights w = open_weights(dir, stem);
   std::set<std::string> scales;
   for (const auto& [name, where] : w.tensors)
@@ -587,15 +595,19 @@ std::map<std::string, at::Tensor> read_hf_weights(const std::string& dir, std::o
   for (const auto& [name, where] : w.tensors) {
     if (scales.count(name)) continue;  // read with its FP8 weight
     at::Tensor t = w.load(name);
-    out.emplace(name, dtype ? t.to(*dtype) : w.is_fp8(name) ? t.to(at::kBFloat16) : t);
+    out.emplace(name, dtype ? t.to(*dtype) : w.is_fp8(name) ? t.to(dequantized) : t);
   }
   return out;
 }
 
 std::map<std::string, std::vector<int64_t>> read_hf_weight_shapes(const std::string& dir, const std::string& stem) {
   const Weights w = open_weights(dir, stem);
+  std::set<std::string> scales;
+  for (const auto& [name, where] : w.tensors)
+    for (const auto& s : w.companions(name)) scales.insert(s);
   std::map<std::string, std::vector<int64_t>> out;
-  for (const auto& [name, where] : w.tensors) out.emplace(name, where.second->shape);
+  for (const auto& [name, where] : w.tensors)
+    if (!scales.count(name)) out.emplace(name, where.second->shape);
   return out;
 }
 

@@ -447,8 +447,9 @@ DecoderConfig config_from_json(const json& j, const Mapping::Impl& m, const std:
         read.insert(f.key);
         keys += (keys.empty() ? "" : ", ") + f.key;
         if (!f.accept.is_null()) {
-          LF_CHECK(!has(f.key) || same_json((*scaling)[f.key], f.accept), source, ": ", skey, ".", f.key, " is ",
-                   (*scaling)[f.key].dump(), "; the ", m.model_type, " mapping (", m.path, ") supports only ",
+          // Absent is transformers' default; null is not (YaRN's truncate: null reads as false).
+          LF_CHECK(!scaling->contains(f.key) || same_json((*scaling)[f.key], f.accept), source, ": ", skey, ".", f.key,
+                   " is ", (*scaling)[f.key].dump(), "; the ", m.model_type, " mapping (", m.path, ") supports only ",
                    f.accept.dump());
           continue;
         }
@@ -460,6 +461,17 @@ DecoderConfig config_from_json(const json& j, const Mapping::Impl& m, const std:
           LF_CHECK(!f.default_value.is_null(), source, ": ", skey, " (", type, ") lacks '", f.key, "'");
           n.set(f.field, to_node(f.default_value, origin(skey + "." + f.key)));
         }
+      }
+      // transformers gives a top-level original_max_position_embeddings (Phi-3's) priority over
+      // the scaling's own: one that disagrees with what was read is refused.
+      if (present("original_max_position_embeddings") && read.count("original_max_position_embeddings")) {
+        const lf::config::Node* got = nullptr;
+        for (const auto& f : it->fields)
+          if (f.key == "original_max_position_embeddings" && !f.field.empty()) got = n.find(f.field);
+        LF_CHECK(got == nullptr || same_json(to_json(*got), j["original_max_position_embeddings"]), source,
+                 ": original_max_position_embeddings ", j["original_max_position_embeddings"].dump(), " and ", skey,
+                 ".original_max_position_embeddings ", got ? to_json(*got).dump() : "", " differ",
+                 lf::hint("transformers uses the top-level value; make the two agree"));
       }
       for (const auto& [key, value] : scaling->items())
         LF_CHECK(read.count(key) || value.is_null(), source, ": ", skey, " has '", key, "', which the ", m.model_type,

@@ -109,11 +109,14 @@ std::string shape_text(const std::vector<int64_t>& shape);  // "[64, 32]"
 
 // For the multimodal adapter (hf_vlm.cpp), defined in hf_adapter.cpp:
 // every tensor of an HF directory's weights (model.safetensors, or the index and its shards) by
-// HF name, in the file's dtype or converted to `dtype`. stem: the files' name ("model"; diffusers:
-// "diffusion_pytorch_model").
+// HF name, in the file's dtype or converted to `dtype`; FP8 block-quantized weights (config.json's
+// quantization_config) dequantized, in `dtype` or else `dequantized` (their _scale_inv tensors are
+// read with them, not returned). stem: the files' name ("model"; diffusers: "diffusion_pytorch_model").
 std::map<std::string, at::Tensor> read_hf_weights(const std::string& dir, std::optional<at::ScalarType> dtype,
-                                                  const std::string& stem = "model");
-// The same directory's tensor shapes by HF name, from the headers only (no tensor data read).
+                                                  const std::string& stem = "model",
+                                                  at::ScalarType dequantized = at::kBFloat16);
+// The same directory's tensor shapes by HF name, from the headers only (no tensor data read; an
+// FP8 weight's _scale_inv tensor left out, as read_hf_weights leaves it).
 std::map<std::string, std::vector<int64_t>> read_hf_weight_shapes(const std::string& dir,
                                                                   const std::string& stem = "model");
 // Our full decoder tensors (by name) -> the mapping's HF tensors in mapping order, names beginning

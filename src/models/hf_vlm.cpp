@@ -562,7 +562,7 @@ VlmHfModel read_vlm_hf(const std::string& hf_dir, const ReadOptions& options) {
   const VlmArchitecture& a = *by_composite(out.config.type);
   out.architecture = a.architecture;
   std::map<std::string, at::Tensor> tensors;
-  for (auto& [name, t] : read_hf_weights(hf_dir, options.dtype))
+  for (auto& [name, t] : read_hf_weights(hf_dir, options.dtype, "model", options.dequantized_dtype))
     tensors.emplace(out.config.intern() ? intern_name(name, false) : name, std::move(t));
   // transformers 5: model.visual.*, model.language_model.*; transformers 4: visual.*, model.*.
   const bool v5 = std::any_of(tensors.begin(), tensors.end(),
@@ -783,6 +783,7 @@ DecoderConfig load_vlm_hf_into(CausalLm& model, const std::string& hf_dir) {
                      "its config.yaml)"));
   ReadOptions options;
   options.vocab_tp = model.tp_size();
+  if (!model.parameters().empty()) options.dequantized_dtype = model.parameters().front().tensor.scalar_type();
   VlmHfModel m = read_vlm_hf(hf_dir, options);
   const std::map<std::string, at::Tensor> full(m.tensors.begin(), m.tensors.end());
   if (have.intern())

@@ -14,19 +14,26 @@
 
 namespace lf::testing {
 
-// Every tensor of an oracle's safetensors file (F32 -> float, I64 -> long, U8 -> byte, BOOL -> bool).
+// Every tensor of an oracle's safetensors file (F32 -> float, I64 -> long, U8 -> byte, BOOL -> bool,
+// F8_E4M3 / F8_E5M2 -> the FP8 dtypes, other floating dtypes -> float).
 inline std::map<std::string, at::Tensor> read_safetensors(const std::string& file) {
   using lf::safetensors::DType;
   auto r = lf::safetensors::Reader::open(file);
   std::map<std::string, at::Tensor> out;
   for (const auto& info : r.tensors()) {
-    auto dtype = info.dtype == DType::I64  ? at::kLong
-                 : info.dtype == DType::U8 ? at::kByte
-                 : info.dtype == DType::BOOL ? at::kBool
-                                             : at::kFloat;
+    auto dtype = info.dtype == DType::I64       ? at::kLong
+                 : info.dtype == DType::U8      ? at::kByte
+                 : info.dtype == DType::BOOL    ? at::kBool
+                 : info.dtype == DType::F8_E4M3 ? at::kFloat8_e4m3fn
+                 : info.dtype == DType::F8_E5M2 ? at::kFloat8_e5m2
+                 : info.dtype == DType::BF16    ? at::kBFloat16
+                 : info.dtype == DType::F16     ? at::kHalf
+                 : info.dtype == DType::F64     ? at::kDouble
+                                                : at::kFloat;
     auto t = at::empty(info.shape, at::TensorOptions().dtype(dtype));
     std::memcpy(t.data_ptr(), r.data(info), info.end - info.begin);
-    out[info.name] = t;
+    const bool widen = dtype == at::kBFloat16 || dtype == at::kHalf || dtype == at::kDouble;
+    out[info.name] = widen ? t.to(at::kFloat) : t;
   }
   return out;
 }

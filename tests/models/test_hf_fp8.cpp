@@ -63,14 +63,6 @@ std::string read_error(const std::string& dir) {
 // Rewrites model.safetensors with `edit` applied to its tensors.
 void edit_weights(const std::string& dir, const std::function<void(std::map<std::string, at::Tensor>&)>& edit) {
   auto tensors = lf::testing::read_safetensors(dir + "/model.safetensors");
-  // read_safetensors reads floating tensors as fp32: the FP8 weights again as FP8 bytes.
-  auto r = lf::safetensors::Reader::open(dir + "/model.safetensors");
-  for (const auto& info : r.tensors())
-    if (info.dtype == lf::safetensors::DType::F8_E4M3) {
-      auto t = at::empty(info.shape, at::TensorOptions().dtype(at::kFloat8_e4m3fn));
-      std::memcpy(t.data_ptr(), r.data(info), info.end - info.begin);
-      tensors[info.name] = t;
-    }
   edit(tensors);
   lf::safetensors::Writer w;
   for (auto& [name, t] : tensors) {
@@ -151,6 +143,10 @@ TEST(HfFp8, QuantizationMistakesNameTheKeyOrTensor) {
   e = read_error(d);
   EXPECT_MENTIONS(e, "_scale_inv");
   EXPECT_MENTIONS(e, "weight_block_size");
+  // Static activation scales (inference kernels' input_scale tensors).
+  d = copy_fp8("static");
+  edit_config(d, [](json& j) { j["quantization_config"]["activation_scheme"] = "static"; });
+  EXPECT_MENTIONS(read_error(d), "activation_scheme");
   // A weight's scales missing; a scale without its weight.
   d = copy_fp8("noscale");
   edit_weights(d, [](auto& t) { t.erase("model.layers.0.self_attn.o_proj.weight_scale_inv"); });

@@ -702,10 +702,42 @@ TEST(HfConfig, ReadsQwenYarnAndRefusesKeysItDoesNotRead) {
   EXPECT_MENTIONS(e, "config.json");
   EXPECT_MENTIONS(read_fails({{"rope_type", "yarn"}, {"factor", 4.0}, {"truncate", false}}), "truncate");
   EXPECT_MENTIONS(read_fails({{"rope_type", "yarn"}, {"original_max_position_embeddings", 4096}}), "lacks 'factor'");
-  // Llama 3.1's scaling reads no YaRN key either.
-  e = read_fails({{"rope_type", "llama3"}, {"factor", 8.0}, {"low_freq_factor", 1.0}, {"high_freq_factor", 4.0},
-                  {"original_max_position_embeddings", 8192}});
-  EXPECT_MENTIONS(e, "llama3");  // not a Qwen2 scaling
+  // truncate: null is not transformers' default (it reads as no truncation); a zero beta is its
+  // default there (`or 32`) but not here.
+  EXPECT_MENTIONS(read_fails({{"rope_type", "yarn"}, {"factor", 4.0}, {"truncate", nullptr}}), "truncate");
+  EXPECT_MENTIONS(read_fails({{"rope_type", "yarn"}, {"factor", 4.0}, {"beta_fast", 0}}), "beta_fast");
+  // A top-level original context (transformers gives it priority) that disagrees.
+  {
+    json j;
+    write({{"rope_type", "yarn"}, {"factor", 4.0}, {"original_max_position_embeddings", 32768}});
+    std::ifstream(d + "/config.json") >> j;
+    j["original_max_position_embeddings"] = 8192;
+    std::ofstream(d + "/config.json") << j.dump();
+    e = "no error";
+    try {
+      hf::read_hf_config(d);
+    } catch (const lf::Error& err) {
+      e = err.what();
+    }
+    EXPECT_MENTIONS(e, "original_max_position_embeddings 8192");
+  }
+  // Llama 3.1's scaling reads no YaRN key.
+  {
+    const std::string l = lf::testing::make_temp_dir("hf_llama3_beta");
+    std::ofstream(l + "/config.json") << R"({"architectures": ["LlamaForCausalLM"], "model_type": "llama",
+      "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2, "num_attention_heads": 4,
+      "num_key_value_heads": 2, "vocab_size": 200, "max_position_embeddings": 64, "rope_theta": 500000.0,
+      "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                       "original_max_position_embeddings": 32, "beta_fast": 16}})";
+    e = "no error";
+    try {
+      hf::read_hf_config(l);
+    } catch (const lf::Error& err) {
+      e = err.what();
+    }
+    EXPECT_MENTIONS(e, "'beta_fast'");
+    EXPECT_MENTIONS(e, "rope_type llama3");
+  }
   // The original context shapes YaRN's frequencies: a job configured with another one differs
   // from the checkpoint (and is refused by load_hf_into), as it does under Llama 3.1's scaling.
   lf::models::DecoderConfig other = c;

@@ -420,6 +420,12 @@ void DecoderConfig::validate(const lf::config::Node& tree, const std::string& pr
       unused("beta_slow", beta_slow != d.beta_slow, why, fix);
     }
   }
+  // transformers reads a zero beta as its default (`or 32`, `or 1`); here it would be a
+  // correction range that differs from it (beta_fast 0: no range at all).
+  for (const auto& [name, value] : {std::pair<const char*, double>{"beta_fast", beta_fast}, {"beta_slow", beta_slow}})
+    if (rope_type == "yarn" && value <= 0)
+      errors.add(key(name), origin(name), std::string("YaRN's ") + name + " must be above 0, got " + std::to_string(value),
+                 "transformers' defaults are beta_fast 32, beta_slow 1");
   if (rope_type == "yarn" && rope_scaling)
     errors.add(key("rope_scaling"), origin("rope_scaling"),
                "rope_scaling (Llama 3.1) and rope_type yarn are exclusive", "keep one of the two");

@@ -20,6 +20,7 @@
 #include "loongforge/models/composites/causal_lm.h"
 #include "loongforge/models/hf_adapter.h"
 #include "cached_oracle.h"
+#include "hf_test_helpers.h"
 #include "multiprocess.h"
 
 namespace {
@@ -33,9 +34,6 @@ const std::string& oracle_dir() {
   return dir;
 }
 
-#define EXPECT_MENTIONS(text, part) \
-  EXPECT_NE((text).find(part), std::string::npos) << "expected '" << (part) << "' in: " << (text)
-
 // A copy of the oracle's FP8 directory to break.
 std::string copy_fp8(const std::string& tag) {
   const std::string d = lf::testing::make_temp_dir("hf_fp8_" + tag);
@@ -43,22 +41,8 @@ std::string copy_fp8(const std::string& tag) {
   return d;
 }
 
-void edit_config(const std::string& dir, const std::function<void(json&)>& edit) {
-  json j;
-  std::ifstream(dir + "/config.json") >> j;
-  edit(j);
-  std::ofstream(dir + "/config.json") << j.dump(2);
-}
-
-std::string read_error(const std::string& dir) {
-  try {
-    hf::read_hf(dir);
-  } catch (const lf::Error& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << "read_hf(" << dir << ") did not throw";
-  return "";
-}
+using lf::testing::edit_config;
+using lf::testing::read_error;
 
 // Rewrites model.safetensors with `edit` applied to its tensors.
 void edit_weights(const std::string& dir, const std::function<void(std::map<std::string, at::Tensor>&)>& edit) {

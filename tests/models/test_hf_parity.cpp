@@ -33,6 +33,7 @@
 #include "loongforge/models/composites/causal_lm.h"
 #include "loongforge/models/hf_adapter.h"
 #include "cached_oracle.h"
+#include "hf_test_helpers.h"
 #include "multiprocess.h"
 #include "tiny_decoder.h"
 
@@ -405,26 +406,8 @@ std::string copy_model(const std::string& family, const std::string& tag) {
   return d;
 }
 
-void edit_config(const std::string& dir, const std::function<void(json&)>& edit) {
-  json j;
-  std::ifstream(dir + "/config.json") >> j;
-  edit(j);
-  std::ofstream(dir + "/config.json") << j.dump(2);
-}
-
-// The lf::Error message of read_hf(dir); fails the test when it does not throw.
-std::string read_error(const std::string& dir) {
-  try {
-    hf::read_hf(dir);
-  } catch (const lf::Error& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << "read_hf(" << dir << ") did not throw";
-  return "";
-}
-
-#define EXPECT_MENTIONS(text, part) \
-  EXPECT_NE((text).find(part), std::string::npos) << "expected '" << (part) << "' in: " << (text)
+using lf::testing::edit_config;
+using lf::testing::read_error;
 
 TEST(HfErrors, MissingShardNamesTheFile) {
   const std::string d = copy_model("llama", "shard");  // sharded: model-0000i-of-0000n + index
@@ -688,14 +671,17 @@ TEST(HfConfig, ReadsQwenYarnAndRefusesKeysItDoesNotRead) {
   EXPECT_EQ(c.rope_scaling_original_max_position_embeddings, 32768);
   EXPECT_DOUBLE_EQ(c.rotary_scaling_factor, 2.0);
   EXPECT_DOUBLE_EQ(c.beta_fast, 16);
-  auto read_fails = [&](const json& scaling) {
-    write(scaling);
+  auto config_error = [](const std::string& dir) {
     try {
-      hf::read_hf_config(d);
+      hf::read_hf_config(dir);
     } catch (const lf::Error& e) {
       return std::string(e.what());
     }
     return std::string("no error");
+  };
+  auto read_fails = [&](const json& scaling) {
+    write(scaling);
+    return config_error(d);
   };
   std::string e = read_fails({{"rope_type", "yarn"}, {"factor", 4.0}, {"attention_factor", 1.2}});
   EXPECT_MENTIONS(e, "attention_factor");
@@ -713,13 +699,7 @@ TEST(HfConfig, ReadsQwenYarnAndRefusesKeysItDoesNotRead) {
     std::ifstream(d + "/config.json") >> j;
     j["original_max_position_embeddings"] = 8192;
     std::ofstream(d + "/config.json") << j.dump();
-    e = "no error";
-    try {
-      hf::read_hf_config(d);
-    } catch (const lf::Error& err) {
-      e = err.what();
-    }
-    EXPECT_MENTIONS(e, "original_max_position_embeddings 8192");
+    EXPECT_MENTIONS(config_error(d), "original_max_position_embeddings 8192");
   }
   // Llama 3.1's scaling reads no YaRN key.
   {
@@ -729,12 +709,7 @@ TEST(HfConfig, ReadsQwenYarnAndRefusesKeysItDoesNotRead) {
       "num_key_value_heads": 2, "vocab_size": 200, "max_position_embeddings": 64, "rope_theta": 500000.0,
       "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                        "original_max_position_embeddings": 32, "beta_fast": 16}})";
-    e = "no error";
-    try {
-      hf::read_hf_config(l);
-    } catch (const lf::Error& err) {
-      e = err.what();
-    }
+    e = config_error(l);
     EXPECT_MENTIONS(e, "'beta_fast'");
     EXPECT_MENTIONS(e, "rope_type llama3");
   }

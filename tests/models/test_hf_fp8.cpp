@@ -7,9 +7,7 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
-#include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <functional>
 
 #include <nlohmann/json.hpp>

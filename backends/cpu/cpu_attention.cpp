@@ -15,9 +15,10 @@
 // wrappers are not exported), single-threaded inside the task (MKL runs one thread when called
 // inside an OpenMP parallel region).
 //
-// Used for fp32 on the CPU when there are at least as many (batch, kv head) tasks as threads;
-// otherwise (and for bf16) ATen's flash kernel where it applies (no mask, causal with s == t, an
-// fp32 additive mask), else the reference.
+// Used for fp32 on the CPU when there are at least as many (batch, kv head) tasks as threads, and
+// for bf16 the same way with its operands widened to fp32 by the caller (cpu_ops.cpp); otherwise
+// ATen's flash kernel where it applies (no mask, causal with s == t, an fp32 additive mask), else
+// the reference.
 #include <ATen/Functions.h>
 #include <ATen/Parallel.h>
 
@@ -130,9 +131,12 @@ at::Tensor unit_rows(const at::Tensor& t) { return t.stride(-1) == 1 ? t : t.con
 }  // namespace
 
 bool applies(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool causal) {
-  if (!q.device().is_cpu() || q.scalar_type() != at::kFloat || k.scalar_type() != at::kFloat ||
-      v.scalar_type() != at::kFloat)
-    return false;
+  if (q.scalar_type() != at::kFloat || k.scalar_type() != at::kFloat || v.scalar_type() != at::kFloat) return false;
+  return shape_applies(q, k, v, causal);
+}
+
+bool shape_applies(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool causal) {
+  if (!q.device().is_cpu()) return false;
   if (causal && k.size(2) < q.size(2)) return false;  // rows without keys: the reference's answer
   if (q.size(2) == 0 || k.size(2) == 0 || q.size(3) == 0 || v.size(3) == 0) return false;  // empty: the reference
   return q.size(0) * k.size(1) >= at::get_num_threads();

@@ -19,6 +19,8 @@ struct Backward {
 // Whether the kernel takes this call: fp32 on the CPU, a causal mask only with at least as many
 // keys as queries, and at least one (batch, kv head) task per thread.
 bool applies(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool causal);
+// The same without the dtype (a bf16 call the caller widens to fp32 first).
+bool shape_applies(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool causal);
 
 // `mask`: undefined, or an additive fp32 mask broadcastable to [b, hq, s, t], added to the scaled
 // scores (a row whose keys are all -inf gets NaN, as the reference's softmax).

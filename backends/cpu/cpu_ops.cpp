@@ -38,19 +38,32 @@ std::optional<at::Tensor> flash_mask(const AttentionMask& mask) {
 // fp32 without a mask, with a causal one or with an additive fp32 one that broadcasts to the
 // scores (pi05's block mask): our kernel (cpu_attention.h), when the call has a (batch, kv head)
 // task for every thread (pi05's bench step: 87.4 against 89.6 ms with ATen's flash kernel,
-// docs/backends.md).
+// docs/backends.md). bf16 calls go to it too, widened to fp32 (`widens`): ATen's bf16 flash
+// backward took 61 of a llama_10m bf16 step's 372 ms, our kernel 29 on the same shapes in fp32,
+// and the copies in and out are [b, h, s, d]-sized, a few hundred microseconds a layer.
+bool widens(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+  return q.scalar_type() == at::kBFloat16 && k.scalar_type() == at::kBFloat16 && v.scalar_type() == at::kBFloat16;
+}
 bool own_kernel_applies(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const AttentionMask& mask) {
+  const bool fp32 = q.scalar_type() == at::kFloat && k.scalar_type() == at::kFloat && v.scalar_type() == at::kFloat;
+  if (!fp32 && !widens(q, k, v)) return false;
   if (mask.kind == MaskKind::explicit_additive) {
     const auto& m = mask.mask;
     if (m.scalar_type() != at::kFloat || m.dim() != 4) return false;
     const std::array<int64_t, 4> full{q.size(0), q.size(1), q.size(2), k.size(2)};
     for (int i = 0; i < 4; ++i)
       if (m.size(i) != 1 && m.size(i) != full[static_cast<size_t>(i)]) return false;
-    return cpu_attention::applies(q, k, v, false);
+    return cpu_attention::shape_applies(q, k, v, false);
   }
   return (mask.kind == MaskKind::none || mask.kind == MaskKind::causal) &&
-         cpu_attention::applies(q, k, v, mask.kind == MaskKind::causal);
+         cpu_attention::shape_applies(q, k, v, mask.kind == MaskKind::causal);
 }
+
+// fp32 for the own kernel: the tensor itself, or its fp32 copy with the same strides (a query
+// that is a transposed view of [b, s, hq, d] stays one, so the kernel reads it without packing
+// it again); `back` rounds a result to the call's dtype, keeping its layout.
+at::Tensor to_fp32(const at::Tensor& t) { return t.scalar_type() == at::kFloat ? t : t.to(at::kFloat); }
+at::Tensor back(const at::Tensor& t, at::ScalarType dtype) { return t.scalar_type() == dtype ? t : t.to(dtype); }
 
 // The additive mask our kernel adds (undefined for the other kinds).
 at::Tensor own_kernel_mask(const AttentionMask& mask) {
@@ -118,8 +131,9 @@ SdpaFwd CpuOps::sdpa_fwd(const at::Tensor& q, const at::Tensor& k, const at::Ten
                          const AttentionMask& mask, double scale) const {
   check_sdpa_args(q, k, v, mask);
   if (own_kernel_applies(q, k, v, mask)) {
-    auto [o, lse] = cpu_attention::forward(q, k, v, own_kernel_mask(mask), mask.kind == MaskKind::causal, scale);
-    return {o, lse};
+    auto [o, lse] = cpu_attention::forward(to_fp32(q), to_fp32(k), to_fp32(v), own_kernel_mask(mask),
+                                           mask.kind == MaskKind::causal, scale);
+    return {back(o, q.scalar_type()), lse};
   }
   if (!flash_applies(q, k, v, mask)) return ReferenceOps::sdpa_fwd(q, k, v, mask, scale);
   const int64_t group = q.size(1) / k.size(1);
@@ -146,8 +160,9 @@ SdpaBwd CpuOps::sdpa_bwd(const at::Tensor& dout, const at::Tensor& q, const at::
                          const AttentionMask& mask, double scale) const {
   check_sdpa_args(q, k, v, mask);
   if (own_kernel_applies(q, k, v, mask)) {
-    auto [dq, dk, dv] = cpu_attention::backward(dout, q, k, v, o, lse, own_kernel_mask(mask), mask.kind == MaskKind::causal, scale);
-    return {dq, dk, dv};
+    auto [dq, dk, dv] = cpu_attention::backward(dout, to_fp32(q), to_fp32(k), to_fp32(v), o, lse,
+                                                own_kernel_mask(mask), mask.kind == MaskKind::causal, scale);
+    return {back(dq, q.scalar_type()), back(dk, k.scalar_type()), back(dv, v.scalar_type())};
   }
   if (!flash_applies(q, k, v, mask)) return ReferenceOps::sdpa_bwd(dout, q, k, v, o, lse, mask, scale);
   const int64_t group = q.size(1) / k.size(1);

@@ -264,7 +264,14 @@ void add_sdpa_cases(std::vector<OpCase>& cases) {
                             MaskKind::causal},
                     SdpaCfg{"sdpa_f32_causal_prefix_blocks_dv", at::kFloat, 4, 8, 4, 100, 700, 16, 8,
                             MaskKind::causal},
-                    SdpaCfg{"sdpa_f32_nomask_blocks_dv", at::kFloat, 4, 8, 4, 130, 530, 8, 12, MaskKind::none}}) {
+                    SdpaCfg{"sdpa_f32_nomask_blocks_dv", at::kFloat, 4, 8, 4, 130, 530, 8, 12, MaskKind::none},
+                    // bf16 on the same kernel, widened to fp32 (16 tasks: up to 16 threads), over
+                    // two key blocks with causal skipping, and with pi05's block mask on
+                    // query-major inputs.
+                    SdpaCfg{"sdpa_bf16_causal_gqa_16_tasks_blocks", at::kBFloat16, 4, 8, 4, 600, 600, 16, 16,
+                            MaskKind::causal},
+                    SdpaCfg{"sdpa_bf16_additive_block_mask_16_tasks", at::kBFloat16, 16, 8, 1, 12, 12, 16, 16,
+                            MaskKind::explicit_additive, true, true}}) {
     cases.push_back({c.name, atol_for(c.dt), rtol_for(c.dt),
                      [c] {
                        Rng g(7);

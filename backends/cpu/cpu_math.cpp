@@ -66,6 +66,22 @@ LF_CPU_CLONES void silu_mul_bwd(const float* dy, const float* g, const float* u,
   }
 }
 
+LF_CPU_CLONES void bf16_to_float(const uint16_t* __restrict src, float* __restrict dst, int64_t n) {
+  for (int64_t j = 0; j < n; ++j) {
+    const uint32_t b = static_cast<uint32_t>(src[j]) << 16;
+    std::memcpy(dst + j, &b, sizeof b);
+  }
+}
+
+LF_CPU_CLONES void float_to_bf16(const float* __restrict src, uint16_t* __restrict dst, int64_t n) {
+  for (int64_t j = 0; j < n; ++j) {
+    uint32_t b;
+    std::memcpy(&b, src + j, sizeof b);
+    const auto rounded = static_cast<uint16_t>((b + 0x7FFFu + ((b >> 16) & 1u)) >> 16);
+    dst[j] = (b & 0x7FFFFFFFu) > 0x7F800000u ? static_cast<uint16_t>(0x7FC0) : rounded;
+  }
+}
+
 namespace {
 constexpr float kGeluK = 0.7978845608028654f, kGeluC = 0.044715f, kGeluSaturated = 9.0f;
 

@@ -67,6 +67,10 @@ void rms_norm_row(const float* x, float r, const float* w, float* y, int64_t n);
 double rms_norm_bwd_dot(const float* dy, const float* w, const float* x, int64_t n);
 void rms_norm_bwd_row(const float* dy, const float* x, const float* w, float r, float m, float* dx, float* acc,
                       int64_t n);
+// bf16 rows (their 16 bits) to fp32 and back: widening is exact; narrowing rounds to nearest even
+// and makes every NaN the quiet NaN 0x7FC0, bit for bit as c10::BFloat16(float)
+void bf16_to_float(const uint16_t* src, float* dst, int64_t n);
+void float_to_bf16(const float* src, uint16_t* dst, int64_t n);
 // sum of x[j]^2 and of a[j] b[j] in fp64
 double sum_sq(const float* x, int64_t n);
 double dot(const float* a, const float* b, int64_t n);

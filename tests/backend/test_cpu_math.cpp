@@ -5,13 +5,21 @@
 // is timing-dependent: here 2 to 10 of every 100 processes at two threads. The check is therefore
 // statistical: 64 fresh processes, one at a time, each picking the backend as the engine's
 // programs do and then making its first VML call through two threads; without the initialisation
-// at least one of them fails with probability about 0.7 to 0.999. And lf::ops::add_converted.
+// at least one of them fails with probability about 0.7 to 0.999. And lf::ops::add_converted, the
+// bf16 row conversions and the bf16 fused ops that use them.
 #include <gtest/gtest.h>
 
 #include <ATen/Functions.h>
 #include <ATen/Parallel.h>
 #include <ATen/TensorOperators.h>
 
+#include <c10/util/BFloat16.h>
+
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "backends/cpu/cpu_math.h"
 #include "loongforge/backend/mixed_add.h"
 #include "loongforge/backend/registry.h"
 #include "multiprocess.h"
@@ -79,6 +87,51 @@ TEST(AddConverted, ConvertsInBlocksWithTheSameValuesAsAtenAdd) {
       EXPECT_TRUE(at::equal(got, want)) << dtype << " block " << block;
     }
   }
+}
+
+// Every bf16 widens exactly; fp32 narrows bit for bit as c10::BFloat16(float): random bit
+// patterns, ties to even both ways, the largest finite value rounding to infinity, denormals,
+// infinities and NaNs of either sign and any payload (all become 0x7FC0).
+TEST(CpuMath, Bf16ConversionsAreC10s) {
+  std::vector<uint16_t> all(65536);
+  for (size_t i = 0; i < all.size(); ++i) all[i] = static_cast<uint16_t>(i);
+  std::vector<float> wide(all.size());
+  backend::cpu_math::bf16_to_float(all.data(), wide.data(), static_cast<int64_t>(all.size()));
+  for (size_t i = 0; i < all.size(); ++i) {
+    const float want = static_cast<float>(c10::BFloat16(all[i], c10::BFloat16::from_bits()));
+    ASSERT_EQ(std::memcmp(&wide[i], &want, sizeof want), 0) << "bf16 bits 0x" << std::hex << i;
+  }
+  std::vector<uint32_t> patterns{0x3F808000u, 0x3F818000u, 0xBF808000u, 0x3F808001u, 0x3F807FFFu, 0x7F7FFFFFu,
+                                 0xFF7FFFFFu, 0x7F7F7FFFu, 0x00000001u, 0x80008000u, 0x00018000u, 0x7F800000u,
+                                 0xFF800000u, 0x7F800001u, 0xFFC00000u, 0x7FFFFFFFu, 0x7FBFFFFFu, 0u, 0x80000000u};
+  std::mt19937 rng(5);
+  for (int i = 0; i < 100003; ++i) patterns.push_back(static_cast<uint32_t>(rng()));
+  std::vector<float> narrow_in(patterns.size());
+  std::memcpy(narrow_in.data(), patterns.data(), sizeof(float) * patterns.size());
+  std::vector<uint16_t> narrowed(patterns.size());
+  backend::cpu_math::float_to_bf16(narrow_in.data(), narrowed.data(), static_cast<int64_t>(patterns.size()));
+  for (size_t i = 0; i < patterns.size(); ++i)
+    ASSERT_EQ(narrowed[i], c10::BFloat16(narrow_in[i]).x) << "fp32 bits 0x" << std::hex << patterns[i];
+}
+
+// The CPU backend's bf16 RMSNorm and SwiGLU (forward and backward) are its fp32 kernels on the
+// widened inputs, rounded once: bit for bit, over rows whose length is no multiple of the vector
+// width and enough rows for both threads.
+TEST(CpuMath, Bf16FusedOpsAreTheFp32KernelsRoundedOnce) {
+  const auto& ops = backend::cpu_backend().ops();
+  at::manual_seed(11);
+  const auto bf = [](const at::Tensor& t) { return t.to(at::kBFloat16); };
+  const auto wide = [](const at::Tensor& t) { return t.to(at::kFloat); };
+  const at::Tensor x = bf(at::randn({67, 3, 45}) * 3), w = bf(at::randn({45}) + 1), dy = bf(at::randn({67, 3, 45}));
+  const auto f = ops.rms_norm_fwd(x, w, 1e-5), f32 = ops.rms_norm_fwd(wide(x), wide(w), 1e-5);
+  EXPECT_TRUE(at::equal(f.y, bf(f32.y))) << "rms_norm_fwd";
+  EXPECT_TRUE(at::equal(f.rstd, f32.rstd)) << "rms_norm_fwd rstd";
+  const auto b = ops.rms_norm_bwd(dy, x, w, f.rstd), b32 = ops.rms_norm_bwd(wide(dy), wide(x), wide(w), f.rstd);
+  EXPECT_TRUE(at::equal(b.dx, bf(b32.dx))) << "rms_norm_bwd dx";
+  EXPECT_TRUE(at::equal(b.dw, bf(b32.dw))) << "rms_norm_bwd dw";
+  const at::Tensor gu = bf(at::randn({131, 2 * 37}) * 4), dy2 = bf(at::randn({131, 37}));
+  EXPECT_TRUE(at::equal(ops.swiglu_fwd(gu), bf(ops.swiglu_fwd(wide(gu))))) << "swiglu_fwd";
+  EXPECT_TRUE(at::equal(ops.swiglu_bwd(dy2, gu), bf(ops.swiglu_bwd(wide(dy2), wide(gu))))) << "swiglu_bwd";
 }
 
 }  // namespace

@@ -26,9 +26,13 @@ bool fusable(std::initializer_list<const at::Tensor*> ts) {
   return true;
 }
 
-// The fused RoPE: halves (not interleaved), fp32 x with contiguous fp32 tables.
+// The fused RoPE: halves (not interleaved), contiguous fp32 or bf16 x with contiguous fp32 tables
+// (what the decoder makes for either dtype).
+// x may be any view with a unit-stride last dim (rope_kernel).
 bool rope_fusable(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, bool interleaved) {
-  return !interleaved && x.scalar_type() == at::kFloat && fusable({&x, &cos, &sin});
+  const bool x_ok = (x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16) && x.device().is_cpu() &&
+                    (x.stride(3) == 1 || x.size(3) == 1);
+  return !interleaved && x_ok && fusable({&cos, &sin}) && cos.scalar_type() == at::kFloat;
 }
 
 // Rows per task: enough work per thread that the split is worth a region.
@@ -163,24 +167,27 @@ void swiglu_bwd_kernel(const at::Tensor& dy, const at::Tensor& gu, at::Tensor& d
 // Non-interleaved halves over the first r dims (Megatron/HF); the rest passes through.
 // forward:  y[i] = x[i] c[i] - x[i+q] s[i],   y[i+q] = x[i+q] c[i+q] + x[i] s[i+q]   (q = r / 2)
 // backward (the transpose): dx[i] = dy[i] c[i] + dy[i+q] s[i+q],  dx[i+q] = dy[i+q] c[i+q] - dy[i] s[i]
+// x is read through its strides (any view of [s, b, n, d] with a unit-stride last dim: the
+// backward's dy is attention's dq, [b, n, s, d] memory seen as [s, b, n, d]); y is contiguous.
 template <class T>
 void rope_kernel(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, bool transpose, at::Tensor& y) {
-  const int64_t s = x.size(0), d = x.size(3), per_pos = x.size(1) * x.size(2), r = cos.size(1), q = r / 2;
+  const int64_t s = x.size(0), nb = x.size(1), nh = x.size(2), d = x.size(3), per_pos = nb * nh;
+  const int64_t r = cos.size(1), q = r / 2;
+  const int64_t s0 = x.stride(0), s1 = x.stride(1), s2 = x.stride(2);
   const T* xp = x.data_ptr<T>();
-  const T* cp = cos.data_ptr<T>();
-  const T* sp = sin.data_ptr<T>();
+  const float* cp = cos.data_ptr<float>();
+  const float* sp = sin.data_ptr<float>();
   T* yp = y.data_ptr<T>();
   at::parallel_for(0, s * per_pos, grain(d), [&](int64_t begin, int64_t end) {
     for (int64_t row = begin; row < end; ++row) {
-      const int64_t pos = row / per_pos;
-      const T* xr = xp + row * d;
-      const T* c = cp + pos * r;
-      const T* sn = sp + pos * r;
+      const int64_t pos = row / per_pos, bi = row % per_pos / nh, hi = row % nh;
+      const T* xr = xp + pos * s0 + bi * s1 + hi * s2;
+      const float* c = cp + pos * r;
+      const float* sn = sp + pos * r;
       T* yr = yp + row * d;
       for (int64_t i = 0; i < q; ++i) {
         const float a = static_cast<float>(xr[i]), b = static_cast<float>(xr[i + q]);
-        const float ci = static_cast<float>(c[i]), cq = static_cast<float>(c[i + q]);
-        const float si = static_cast<float>(sn[i]), sq = static_cast<float>(sn[i + q]);
+        const float ci = c[i], cq = c[i + q], si = sn[i], sq = sn[i + q];
         if (transpose) {
           yr[i] = static_cast<T>(a * ci + b * sq);
           yr[i + q] = static_cast<T>(b * cq - a * si);
@@ -296,8 +303,8 @@ at::Tensor CpuOps::rope_fwd(const at::Tensor& x, const at::Tensor& cos, const at
                             bool interleaved) const {
   check_rope_args(x, cos, sin);
   if (!rope_fusable(x, cos, sin, interleaved)) return ReferenceOps::rope_fwd(x, cos, sin, interleaved);
-  at::Tensor y = at::empty_like(x);
-  rope_kernel<float>(x, cos, sin, /*transpose=*/false, y);
+  at::Tensor y = at::empty(x.sizes(), x.options());
+  LF_CPU_DISPATCH(x.scalar_type(), rope_kernel<scalar>(x, cos, sin, /*transpose=*/false, y));
   return y;
 }
 
@@ -305,8 +312,8 @@ at::Tensor CpuOps::rope_bwd(const at::Tensor& dy, const at::Tensor& cos, const a
                             bool interleaved) const {
   check_rope_args(dy, cos, sin);
   if (!rope_fusable(dy, cos, sin, interleaved)) return ReferenceOps::rope_bwd(dy, cos, sin, interleaved);
-  at::Tensor dx = at::empty_like(dy);
-  rope_kernel<float>(dy, cos, sin, /*transpose=*/true, dx);
+  at::Tensor dx = at::empty(dy.sizes(), dy.options());
+  LF_CPU_DISPATCH(dy.scalar_type(), rope_kernel<scalar>(dy, cos, sin, /*transpose=*/true, dx));
   return dx;
 }
 

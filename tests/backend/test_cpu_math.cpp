@@ -114,9 +114,10 @@ TEST(CpuMath, Bf16ConversionsAreC10s) {
     ASSERT_EQ(narrowed[i], c10::BFloat16(narrow_in[i]).x) << "fp32 bits 0x" << std::hex << patterns[i];
 }
 
-// The CPU backend's bf16 RMSNorm and SwiGLU (forward and backward) are its fp32 kernels on the
-// widened inputs, rounded once: bit for bit, over rows whose length is no multiple of the vector
-// width and enough rows for both threads.
+// The CPU backend's bf16 RMSNorm, SwiGLU and RoPE (forward and backward) are its fp32 kernels on
+// the widened inputs, rounded once: bit for bit, over rows whose length is no multiple of the
+// vector width and enough rows for both threads (RoPE: bf16 x with the fp32 tables the decoder
+// makes, rotating 24 of 40 dims).
 TEST(CpuMath, Bf16FusedOpsAreTheFp32KernelsRoundedOnce) {
   const auto& ops = backend::cpu_backend().ops();
   at::manual_seed(11);
@@ -132,6 +133,12 @@ TEST(CpuMath, Bf16FusedOpsAreTheFp32KernelsRoundedOnce) {
   const at::Tensor gu = bf(at::randn({131, 2 * 37}) * 4), dy2 = bf(at::randn({131, 37}));
   EXPECT_TRUE(at::equal(ops.swiglu_fwd(gu), bf(ops.swiglu_fwd(wide(gu))))) << "swiglu_fwd";
   EXPECT_TRUE(at::equal(ops.swiglu_bwd(dy2, gu), bf(ops.swiglu_bwd(wide(dy2), wide(gu))))) << "swiglu_bwd";
+  const at::Tensor angles = at::outer(at::arange(29, at::kFloat), at::rand({12}));
+  const at::Tensor cos = at::cat({angles.cos(), angles.cos()}, 1), sin = at::cat({angles.sin(), angles.sin()}, 1);
+  const at::Tensor xr = bf(at::randn({29, 2, 3, 40})), dyr = bf(at::randn({29, 2, 3, 40}));
+  EXPECT_TRUE(at::equal(ops.rope_fwd(xr, cos, sin, false), bf(ops.rope_fwd(wide(xr), cos, sin, false)))) << "rope_fwd";
+  EXPECT_TRUE(at::equal(ops.rope_bwd(dyr, cos, sin, false), bf(ops.rope_bwd(wide(dyr), cos, sin, false))))
+      << "rope_bwd";
 }
 
 }  // namespace

@@ -10,6 +10,7 @@
 
 #include <cmath>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "cpu_math.h"
@@ -26,13 +27,19 @@ bool fusable(std::initializer_list<const at::Tensor*> ts) {
   return true;
 }
 
-// The fused RoPE: halves (not interleaved), contiguous fp32 or bf16 x with contiguous fp32 tables
-// (what the decoder makes for either dtype).
-// x may be any view with a unit-stride last dim (rope_kernel).
+// The fused RoPE: halves (not interleaved), fp32 or bf16 x (any view with a unit-stride last dim,
+// rope_kernel) with CPU tables in either dtype; the kernel reads them as fp32 (rope_tables).
 bool rope_fusable(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, bool interleaved) {
-  const bool x_ok = (x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16) && x.device().is_cpu() &&
-                    (x.stride(3) == 1 || x.size(3) == 1);
-  return !interleaved && x_ok && fusable({&cos, &sin}) && cos.scalar_type() == at::kFloat;
+  const auto floating = [](const at::Tensor& t) {
+    return (t.scalar_type() == at::kFloat || t.scalar_type() == at::kBFloat16) && t.device().is_cpu();
+  };
+  return !interleaved && floating(x) && floating(cos) && floating(sin) && (x.stride(3) == 1 || x.size(3) == 1);
+}
+
+// The tables as contiguous fp32: themselves when they are (the decoder's, for either dtype of x),
+// else an [s, r] copy (the values a bf16 table holds, as the reference reads them).
+std::pair<at::Tensor, at::Tensor> rope_tables(const at::Tensor& cos, const at::Tensor& sin) {
+  return {cos.to(at::kFloat).contiguous(), sin.to(at::kFloat).contiguous()};
 }
 
 // Rows per task: enough work per thread that the split is worth a region.
@@ -167,36 +174,48 @@ void swiglu_bwd_kernel(const at::Tensor& dy, const at::Tensor& gu, at::Tensor& d
 // Non-interleaved halves over the first r dims (Megatron/HF); the rest passes through.
 // forward:  y[i] = x[i] c[i] - x[i+q] s[i],   y[i+q] = x[i+q] c[i+q] + x[i] s[i+q]   (q = r / 2)
 // backward (the transpose): dx[i] = dy[i] c[i] + dy[i+q] s[i+q],  dx[i+q] = dy[i+q] c[i+q] - dy[i] s[i]
+// One row: the first r dims rotated, the rest copied.
+inline void rope_row(const float* __restrict xr, const float* __restrict c, const float* __restrict sn,
+                     float* __restrict yr, int64_t r, int64_t d, bool transpose) {
+  const int64_t q = r / 2;
+  if (transpose) {
+    for (int64_t i = 0; i < q; ++i) {
+      yr[i] = xr[i] * c[i] + xr[i + q] * sn[i + q];
+      yr[i + q] = xr[i + q] * c[i + q] - xr[i] * sn[i];
+    }
+  } else {
+    for (int64_t i = 0; i < q; ++i) {
+      yr[i] = xr[i] * c[i] - xr[i + q] * sn[i];
+      yr[i + q] = xr[i + q] * c[i + q] + xr[i] * sn[i + q];
+    }
+  }
+  for (int64_t j = r; j < d; ++j) yr[j] = xr[j];
+}
+
 // x is read through its strides (any view of [s, b, n, d] with a unit-stride last dim: the
 // backward's dy is attention's dq, [b, n, s, d] memory seen as [s, b, n, d]); y is contiguous.
+// bf16 rows are widened into a per-task buffer and narrowed back (cpu_math).
 template <class T>
 void rope_kernel(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, bool transpose, at::Tensor& y) {
   const int64_t s = x.size(0), nb = x.size(1), nh = x.size(2), d = x.size(3), per_pos = nb * nh;
-  const int64_t r = cos.size(1), q = r / 2;
+  const int64_t r = cos.size(1);
   const int64_t s0 = x.stride(0), s1 = x.stride(1), s2 = x.stride(2);
   const T* xp = x.data_ptr<T>();
   const float* cp = cos.data_ptr<float>();
   const float* sp = sin.data_ptr<float>();
   T* yp = y.data_ptr<T>();
   at::parallel_for(0, s * per_pos, grain(d), [&](int64_t begin, int64_t end) {
+    std::vector<float> buf(kF32<T> ? 0 : static_cast<size_t>(2 * d));  // bf16: the row and its output
     for (int64_t row = begin; row < end; ++row) {
       const int64_t pos = row / per_pos, bi = row % per_pos / nh, hi = row % nh;
       const T* xr = xp + pos * s0 + bi * s1 + hi * s2;
-      const float* c = cp + pos * r;
-      const float* sn = sp + pos * r;
-      T* yr = yp + row * d;
-      for (int64_t i = 0; i < q; ++i) {
-        const float a = static_cast<float>(xr[i]), b = static_cast<float>(xr[i + q]);
-        const float ci = c[i], cq = c[i + q], si = sn[i], sq = sn[i + q];
-        if (transpose) {
-          yr[i] = static_cast<T>(a * ci + b * sq);
-          yr[i + q] = static_cast<T>(b * cq - a * si);
-        } else {
-          yr[i] = static_cast<T>(a * ci - b * si);
-          yr[i + q] = static_cast<T>(b * cq + a * sq);
-        }
+      if constexpr (kF32<T>) {
+        rope_row(xr, cp + pos * r, sp + pos * r, yp + row * d, r, d, transpose);
+      } else {
+        cpu_math::bf16_to_float(bits(xr), buf.data(), d);
+        rope_row(buf.data(), cp + pos * r, sp + pos * r, buf.data() + d, r, d, transpose);
+        cpu_math::float_to_bf16(buf.data() + d, bits(yp + row * d), d);
       }
-      for (int64_t j = r; j < d; ++j) yr[j] = xr[j];
     }
   });
 }
@@ -303,8 +322,9 @@ at::Tensor CpuOps::rope_fwd(const at::Tensor& x, const at::Tensor& cos, const at
                             bool interleaved) const {
   check_rope_args(x, cos, sin);
   if (!rope_fusable(x, cos, sin, interleaved)) return ReferenceOps::rope_fwd(x, cos, sin, interleaved);
+  const auto [c, sn] = rope_tables(cos, sin);
   at::Tensor y = at::empty(x.sizes(), x.options());
-  LF_CPU_DISPATCH(x.scalar_type(), rope_kernel<scalar>(x, cos, sin, /*transpose=*/false, y));
+  LF_CPU_DISPATCH(x.scalar_type(), rope_kernel<scalar>(x, c, sn, /*transpose=*/false, y));
   return y;
 }
 
@@ -312,8 +332,9 @@ at::Tensor CpuOps::rope_bwd(const at::Tensor& dy, const at::Tensor& cos, const a
                             bool interleaved) const {
   check_rope_args(dy, cos, sin);
   if (!rope_fusable(dy, cos, sin, interleaved)) return ReferenceOps::rope_bwd(dy, cos, sin, interleaved);
+  const auto [c, sn] = rope_tables(cos, sin);
   at::Tensor dx = at::empty(dy.sizes(), dy.options());
-  LF_CPU_DISPATCH(dy.scalar_type(), rope_kernel<scalar>(dy, cos, sin, /*transpose=*/true, dx));
+  LF_CPU_DISPATCH(dy.scalar_type(), rope_kernel<scalar>(dy, c, sn, /*transpose=*/true, dx));
   return dx;
 }
 

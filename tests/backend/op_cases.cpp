@@ -116,16 +116,20 @@ void add_norm_cases(std::vector<OpCase>& cases) {
 void add_rope_swiglu_ce_cases(std::vector<OpCase>& cases) {
   // strided: x a column slice of a wider [s, b, n, 40] (the query part of a fused QKV) and dy a
   // permuted view of [b, n, s, d] memory (attention's dq), as the attention layer passes them.
-  struct RopeCfg { const char* name; at::ScalarType dt; bool interleaved; int64_t r; bool strided = false; };
+  // bf16_tables: cos / sin in bf16 too (the decoder makes fp32 tables for either dtype).
+  struct RopeCfg { const char* name; at::ScalarType dt; bool interleaved; int64_t r; bool strided = false;
+                   bool bf16_tables = false; };
   for (RopeCfg c : {RopeCfg{"rope_f32_halves", at::kFloat, false, 16},
                     RopeCfg{"rope_f32_interleaved_partial", at::kFloat, true, 8},
                     RopeCfg{"rope_bf16_halves_partial", at::kBFloat16, false, 8},
                     RopeCfg{"rope_f32_halves_strided_views", at::kFloat, false, 16, true},
-                    RopeCfg{"rope_bf16_halves_partial_strided_views", at::kBFloat16, false, 8, true}}) {
+                    RopeCfg{"rope_bf16_halves_partial_strided_views", at::kBFloat16, false, 8, true},
+                    RopeCfg{"rope_bf16_halves_bf16_tables", at::kBFloat16, false, 16, false, true}}) {
     cases.push_back({c.name, atol_for(c.dt), rtol_for(c.dt),
                      [c] {
                        Rng g(4);
                        auto [cos, sin] = rope_tables(6, c.r, c.interleaved);
+                       if (c.bf16_tables) cos = cos.to(at::kBFloat16), sin = sin.to(at::kBFloat16);
                        if (c.strided)
                          return std::vector<at::Tensor>{g.randn({6, 2, 3, 40}, c.dt).narrow(3, 8, 16), cos, sin,
                                                         g.randn({2, 3, 6, 16}, c.dt).permute({2, 0, 1, 3})};

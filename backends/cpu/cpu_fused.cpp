@@ -8,6 +8,7 @@
 #include <ATen/Parallel.h>
 #include <c10/util/BFloat16.h>
 
+#include <array>
 #include <cmath>
 #include <type_traits>
 #include <utility>
@@ -272,49 +273,83 @@ at::Tensor CpuOps::swiglu_bwd(const at::Tensor& dy, const at::Tensor& gate_up) c
   return dgu;
 }
 
-// GELU (tanh form), fp32: one parallel pass over the elements (cpu_math::gelu_tanh).
+// Element-wise kernels over n elements of fp32 or bf16 tensors: `row(ins, outs, count)` on fp32
+// pointers, one parallel pass; bf16 goes through per-task fp32 buffers of up to 4096 elements
+// (widened, the fp32 kernel, narrowed back: the fp32 kernel's results rounded once).
+template <size_t NIn, size_t NOut, class Row>
+void elementwise(at::ScalarType dtype, int64_t n, const std::array<const at::Tensor*, NIn>& in,
+                 const std::array<at::Tensor*, NOut>& out, Row row) {
+  if (dtype == at::kFloat) {
+    std::array<const float*, NIn> ip;
+    std::array<float*, NOut> op;
+    for (size_t i = 0; i < NIn; ++i) ip[i] = in[i]->template data_ptr<float>();
+    for (size_t i = 0; i < NOut; ++i) op[i] = out[i]->template data_ptr<float>();
+    at::parallel_for(0, n, 16384, [&](int64_t b, int64_t e) {
+      std::array<const float*, NIn> ib;
+      std::array<float*, NOut> ob;
+      for (size_t i = 0; i < NIn; ++i) ib[i] = ip[i] + b;
+      for (size_t i = 0; i < NOut; ++i) ob[i] = op[i] + b;
+      row(ib, ob, e - b);
+    });
+    return;
+  }
+  constexpr int64_t kBlock = 4096;
+  std::array<const uint16_t*, NIn> ip;
+  std::array<uint16_t*, NOut> op;
+  for (size_t i = 0; i < NIn; ++i) ip[i] = bits(in[i]->template data_ptr<c10::BFloat16>());
+  for (size_t i = 0; i < NOut; ++i) op[i] = bits(out[i]->template data_ptr<c10::BFloat16>());
+  at::parallel_for(0, n, 16384, [&](int64_t b, int64_t e) {
+    std::vector<float> buf(static_cast<size_t>((NIn + NOut) * kBlock));
+    std::array<float*, NIn> iw;
+    std::array<const float*, NIn> ib;
+    std::array<float*, NOut> ob;
+    for (size_t i = 0; i < NIn; ++i) ib[i] = iw[i] = buf.data() + i * kBlock;
+    for (size_t i = 0; i < NOut; ++i) ob[i] = buf.data() + (NIn + i) * kBlock;
+    for (int64_t j = b; j < e; j += kBlock) {
+      const int64_t c = std::min(kBlock, e - j);
+      for (size_t i = 0; i < NIn; ++i) cpu_math::bf16_to_float(ip[i] + j, iw[i], c);
+      row(ib, ob, c);
+      for (size_t i = 0; i < NOut; ++i) cpu_math::float_to_bf16(ob[i], op[i] + j, c);
+    }
+  });
+}
+
+// GELU (tanh form): one parallel pass over the elements (cpu_math::gelu_tanh).
 at::Tensor CpuOps::gelu_tanh_fwd(const at::Tensor& x) const {
-  if (x.scalar_type() != at::kFloat || !fusable({&x})) return ReferenceOps::gelu_tanh_fwd(x);
+  if (!fusable({&x})) return ReferenceOps::gelu_tanh_fwd(x);
   at::Tensor y = at::empty_like(x);
-  const float* xp = x.data_ptr<float>();
-  float* yp = y.data_ptr<float>();
-  at::parallel_for(0, x.numel(), 16384, [&](int64_t b, int64_t e) { cpu_math::gelu_tanh(xp + b, yp + b, e - b); });
+  elementwise<1, 1>(x.scalar_type(), x.numel(), {&x}, {&y},
+                    [](const auto& i, const auto& o, int64_t c) { cpu_math::gelu_tanh(i[0], o[0], c); });
   return y;
 }
 
 at::Tensor CpuOps::gelu_tanh_bwd(const at::Tensor& dy, const at::Tensor& x) const {
-  if (x.scalar_type() != at::kFloat || !fusable({&x, &dy}) || dy.sizes() != x.sizes())
-    return ReferenceOps::gelu_tanh_bwd(dy, x);
+  if (!fusable({&x, &dy}) || dy.sizes() != x.sizes()) return ReferenceOps::gelu_tanh_bwd(dy, x);
   at::Tensor dx = at::empty_like(x);
-  const float *dyp = dy.data_ptr<float>(), *xp = x.data_ptr<float>();
-  float* dxp = dx.data_ptr<float>();
-  at::parallel_for(0, x.numel(), 16384,
-                   [&](int64_t b, int64_t e) { cpu_math::gelu_tanh_bwd(dyp + b, xp + b, dxp + b, e - b); });
+  elementwise<2, 1>(x.scalar_type(), x.numel(), {&dy, &x}, {&dx},
+                    [](const auto& i, const auto& o, int64_t c) { cpu_math::gelu_tanh_bwd(i[0], i[1], o[0], c); });
   return dx;
 }
 
-// GeGLU (tanh form), fp32: one parallel pass over the elements (cpu_math::geglu_tanh), the
-// backward's gelu and gelu' from one sigmoid per element.
+// GeGLU (tanh form): one parallel pass over the elements (cpu_math::geglu_tanh), the backward's
+// gelu and gelu' from one sigmoid per element.
 at::Tensor CpuOps::geglu_tanh_fwd(const at::Tensor& gate, const at::Tensor& up) const {
   check_geglu_args(gate, up);
-  if (gate.scalar_type() != at::kFloat || !fusable({&gate, &up})) return ReferenceOps::geglu_tanh_fwd(gate, up);
+  if (!fusable({&gate, &up})) return ReferenceOps::geglu_tanh_fwd(gate, up);
   at::Tensor y = at::empty_like(gate);
-  const float *gp = gate.data_ptr<float>(), *up_ = up.data_ptr<float>();
-  float* yp = y.data_ptr<float>();
-  at::parallel_for(0, gate.numel(), 16384,
-                   [&](int64_t b, int64_t e) { cpu_math::geglu_tanh(gp + b, up_ + b, yp + b, e - b); });
+  elementwise<2, 1>(gate.scalar_type(), gate.numel(), {&gate, &up}, {&y},
+                    [](const auto& i, const auto& o, int64_t c) { cpu_math::geglu_tanh(i[0], i[1], o[0], c); });
   return y;
 }
 
 GatedBwd CpuOps::geglu_tanh_bwd(const at::Tensor& dy, const at::Tensor& gate, const at::Tensor& up) const {
   check_geglu_args(gate, up, dy);
-  if (gate.scalar_type() != at::kFloat || !fusable({&gate, &up, &dy})) return ReferenceOps::geglu_tanh_bwd(dy, gate, up);
+  if (!fusable({&gate, &up, &dy})) return ReferenceOps::geglu_tanh_bwd(dy, gate, up);
   at::Tensor dg = at::empty_like(gate), du = at::empty_like(up);
-  const float *gp = gate.data_ptr<float>(), *up_ = up.data_ptr<float>(), *dyp = dy.data_ptr<float>();
-  float *dgp = dg.data_ptr<float>(), *dup = du.data_ptr<float>();
-  at::parallel_for(0, gate.numel(), 16384, [&](int64_t b, int64_t e) {
-    cpu_math::geglu_tanh_bwd(dyp + b, gp + b, up_ + b, dgp + b, dup + b, e - b);
-  });
+  elementwise<3, 2>(gate.scalar_type(), gate.numel(), {&dy, &gate, &up}, {&dg, &du},
+                    [](const auto& i, const auto& o, int64_t c) {
+                      cpu_math::geglu_tanh_bwd(i[0], i[1], i[2], o[0], o[1], c);
+                    });
   return {dg, du};
 }
 

@@ -114,10 +114,11 @@ TEST(CpuMath, Bf16ConversionsAreC10s) {
     ASSERT_EQ(narrowed[i], c10::BFloat16(narrow_in[i]).x) << "fp32 bits 0x" << std::hex << patterns[i];
 }
 
-// The CPU backend's bf16 RMSNorm, SwiGLU and RoPE (forward and backward) are its fp32 kernels on
-// the widened inputs, rounded once: bit for bit, over rows whose length is no multiple of the
-// vector width and enough rows for both threads (RoPE: bf16 x with the fp32 tables the decoder
-// makes, rotating 24 of 40 dims).
+// The CPU backend's bf16 RMSNorm, SwiGLU, RoPE, GELU and GeGLU (tanh forms; forward and backward)
+// are its fp32 kernels on the widened inputs, rounded once: bit for bit, over rows whose length is
+// no multiple of the vector width and enough rows for both threads (RoPE: bf16 x with the fp32
+// tables the decoder makes, rotating 24 of 40 dims; the element-wise ops over 37,001 elements:
+// several 4096-element buffers per task and a short last one).
 TEST(CpuMath, Bf16FusedOpsAreTheFp32KernelsRoundedOnce) {
   const auto& ops = backend::cpu_backend().ops();
   at::manual_seed(11);
@@ -139,6 +140,12 @@ TEST(CpuMath, Bf16FusedOpsAreTheFp32KernelsRoundedOnce) {
   EXPECT_TRUE(at::equal(ops.rope_fwd(xr, cos, sin, false), bf(ops.rope_fwd(wide(xr), cos, sin, false)))) << "rope_fwd";
   EXPECT_TRUE(at::equal(ops.rope_bwd(dyr, cos, sin, false), bf(ops.rope_bwd(wide(dyr), cos, sin, false))))
       << "rope_bwd";
+  const at::Tensor ge = bf(at::randn({37001}) * 3), up = bf(at::randn({37001})), dge = bf(at::randn({37001}));
+  EXPECT_TRUE(at::equal(ops.gelu_tanh_fwd(ge), bf(ops.gelu_tanh_fwd(wide(ge))))) << "gelu_tanh_fwd";
+  EXPECT_TRUE(at::equal(ops.gelu_tanh_bwd(dge, ge), bf(ops.gelu_tanh_bwd(wide(dge), wide(ge))))) << "gelu_tanh_bwd";
+  EXPECT_TRUE(at::equal(ops.geglu_tanh_fwd(ge, up), bf(ops.geglu_tanh_fwd(wide(ge), wide(up))))) << "geglu_tanh_fwd";
+  const auto gb = ops.geglu_tanh_bwd(dge, ge, up), gb32 = ops.geglu_tanh_bwd(wide(dge), wide(ge), wide(up));
+  EXPECT_TRUE(at::equal(gb.dgate, bf(gb32.dgate)) && at::equal(gb.dup, bf(gb32.dup))) << "geglu_tanh_bwd";
 }
 
 }  // namespace

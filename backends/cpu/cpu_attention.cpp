@@ -1,7 +1,8 @@
 // CpuOps' attention (backends/cpu/cpu_ops.h): a blocked fp32 attention kernel for grouped-query
 // attention without a mask, with a bottom-right causal mask (keys >= queries) or with an additive
 // fp32 mask broadcast to [b, hq, s, t] (added to each tile row after the scale, read through its
-// strides). Queries, dout and o are read through their strides; o and dq come back head-major.
+// strides). Queries, dout and o are read through their strides; o comes back sequence-major
+// ([b, s, hq, dv] memory), dq head-major.
 //
 // One task per (batch, key/value head): the group's query heads are stacked as the rows of one
 // matrix (r heads x a block of positions), so keys and values are read once per group, never
@@ -129,11 +130,6 @@ struct MaskRows {
 at::Tensor unit_rows(const at::Tensor& t) { return t.stride(-1) == 1 ? t : t.contiguous(); }
 
 }  // namespace
-
-bool applies(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool causal) {
-  if (q.scalar_type() != at::kFloat || k.scalar_type() != at::kFloat || v.scalar_type() != at::kFloat) return false;
-  return shape_applies(q, k, v, causal);
-}
 
 bool shape_applies(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool causal) {
   if (!q.device().is_cpu()) return false;

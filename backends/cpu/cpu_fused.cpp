@@ -2,8 +2,8 @@
 // parallel loop over rows instead of the reference's 4-6 ATen ops, each its own parallel region
 // with a barrier: on a small CPU those barriers cost more than the arithmetic
 // (docs/performance.md). Same math as the reference in fp32 (row sums in double); contiguous
-// fp32 or bf16 only, anything else goes to the reference. The op harness checks every case
-// against ReferenceOps.
+// fp32 or bf16 only (RoPE: any view with a unit-stride last dim), anything else, and empty
+// tensors, go to the reference. The op harness checks every case against ReferenceOps.
 #include <ATen/Functions.h>
 #include <ATen/Parallel.h>
 #include <c10/util/BFloat16.h>
@@ -20,11 +20,12 @@
 namespace lf::backend {
 namespace {
 
+// Empty tensors go to the reference: the row kernels divide numel by the last dim.
 bool fusable(std::initializer_list<const at::Tensor*> ts) {
   const auto dtype = (*ts.begin())->scalar_type();
   if (dtype != at::kFloat && dtype != at::kBFloat16) return false;
   for (const auto* t : ts)
-    if (!t->device().is_cpu() || t->scalar_type() != dtype || !t->is_contiguous()) return false;
+    if (!t->device().is_cpu() || t->scalar_type() != dtype || !t->is_contiguous() || t->numel() == 0) return false;
   return true;
 }
 

@@ -1,6 +1,7 @@
 // The CPU backend's op table: the reference math (backend/reference_ops.h) with attention routed
-// to our fp32 grouped-query kernel (cpu_attention.h: no mask or a bottom-right causal mask, K/V
-// never copied per query head) when the call has a (batch, kv head) task per thread, else to
+// to our grouped-query kernel (cpu_attention.h: fp32, bf16 widened to fp32; no mask, a
+// bottom-right causal mask or an fp32 additive one, K/V never copied per query head) when the
+// call has a (batch, kv head) task per thread, else to
 // ATen's fused CPU flash-attention kernels where they apply (no mask, or a causal mask over a
 // square score matrix; fp32/bf16; equal q/v head sizes), and one-pass kernels for RMSNorm, SwiGLU,
 // GELU (tanh form) and RoPE (cpu_fused.cpp), and DSA fused by query blocks (cpu_dsa.cpp). Everything else, and every other case, is the reference. The op
@@ -19,12 +20,13 @@ class CpuOps final : public ReferenceOps {
                           const at::Tensor& rstd) const override;
   at::Tensor swiglu_fwd(const at::Tensor& gate_up) const override;
   at::Tensor swiglu_bwd(const at::Tensor& dy, const at::Tensor& gate_up) const override;
-  // fp32 only (bf16: the reference)
+  // contiguous fp32/bf16 (bf16 through the fp32 kernels on widened blocks); else the reference
   at::Tensor gelu_tanh_fwd(const at::Tensor& x) const override;
   at::Tensor gelu_tanh_bwd(const at::Tensor& dy, const at::Tensor& x) const override;
   at::Tensor geglu_tanh_fwd(const at::Tensor& gate, const at::Tensor& up) const override;
   GatedBwd geglu_tanh_bwd(const at::Tensor& dy, const at::Tensor& gate, const at::Tensor& up) const override;
-  // Fused for non-interleaved RoPE on fp32 x with fp32 tables (bf16 x: the reference).
+  // Fused for non-interleaved RoPE on fp32/bf16 x (any view with a unit-stride last dim) with fp32
+  // or bf16 tables; interleaved: the reference.
   at::Tensor rope_fwd(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
                       bool interleaved) const override;
   at::Tensor rope_bwd(const at::Tensor& dy, const at::Tensor& cos, const at::Tensor& sin,

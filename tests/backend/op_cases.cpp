@@ -244,8 +244,9 @@ void add_sdpa_cases(std::vector<OpCase>& cases) {
                             MaskKind::explicit_additive, true},
                     // The same with q and dout in pi05's memory order, [b, s, nq, d] (the CPU
                     // backend reads them through their strides, or folds the heads query-major for
-                    // the flash kernel, without copies), and without a mask in bf16 (the flash
-                    // path; fp32 goes to the backend's own kernel).
+                    // the flash kernel, without copies), and without a mask in bf16 (2 tasks: the
+                    // backend's own kernel, widened, up to 2 threads; the one-task bf16 cases
+                    // below keep ATen's flash kernel from 2 threads on).
                     SdpaCfg{"sdpa_f32_additive_block_mask_gqa_query_major", at::kFloat, 3, 8, 1, 12, 12, 16, 16,
                             MaskKind::explicit_additive, true, true},
                     SdpaCfg{"sdpa_bf16_nomask_gqa_query_major", at::kBFloat16, 2, 4, 1, 6, 6, 16, 16, MaskKind::none,
@@ -259,6 +260,12 @@ void add_sdpa_cases(std::vector<OpCase>& cases) {
                             MaskKind::explicit_additive, true},
                     SdpaCfg{"sdpa_bf16_causal_gqa", at::kBFloat16, 2, 4, 1, 8, 8, 16, 16,
                             MaskKind::causal},
+                    // bf16 on ATen's flash kernel (one (batch, kv head) task): causal with the
+                    // heads expanded, and without a mask folded query-major.
+                    SdpaCfg{"sdpa_bf16_causal_gqa_one_task", at::kBFloat16, 1, 4, 1, 8, 8, 16, 16,
+                            MaskKind::causal},
+                    SdpaCfg{"sdpa_bf16_nomask_gqa_query_major_one_task", at::kBFloat16, 1, 4, 1, 6, 6, 16, 16,
+                            MaskKind::none, false, true},
                     // GQA without a mask over more keys than queries (ChunkPipe's prefix part;
                     // the CPU kernel folds each group's queries instead of copying K/V).
                     SdpaCfg{"sdpa_f32_nomask_gqa_long_keys", at::kFloat, 2, 6, 2, 5, 9, 8, 8, MaskKind::none},

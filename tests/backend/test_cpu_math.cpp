@@ -116,27 +116,29 @@ TEST(CpuMath, Bf16ConversionsAreC10s) {
 
 // The CPU backend's bf16 RMSNorm, SwiGLU, RoPE, GELU and GeGLU (tanh forms; forward and backward)
 // are its fp32 kernels on the widened inputs, rounded once: bit for bit, over rows whose length is
-// no multiple of the vector width and enough rows for both threads (RoPE: bf16 x with the fp32
-// tables the decoder makes, rotating 24 of 40 dims; the element-wise ops over 37,001 elements:
-// several 4096-element buffers per task and a short last one).
+// no multiple of the vector width and more rows than one task's grain (16384 / row length), so
+// both threads take rows with their own buffers (RoPE: bf16 x with the fp32 tables the decoder
+// makes, rotating 24 of 40 dims; the element-wise ops over 37,001 elements: several
+// 4096-element buffers per task and a short last one). (NaN outputs would differ in their bits:
+// c10's conversion makes 0x7FC0, ATen's vectorised one 0xFFFF; none occur here.)
 TEST(CpuMath, Bf16FusedOpsAreTheFp32KernelsRoundedOnce) {
   const auto& ops = backend::cpu_backend().ops();
   at::manual_seed(11);
   const auto bf = [](const at::Tensor& t) { return t.to(at::kBFloat16); };
   const auto wide = [](const at::Tensor& t) { return t.to(at::kFloat); };
-  const at::Tensor x = bf(at::randn({67, 3, 45}) * 3), w = bf(at::randn({45}) + 1), dy = bf(at::randn({67, 3, 45}));
+  const at::Tensor x = bf(at::randn({67, 13, 45}) * 3), w = bf(at::randn({45}) + 1), dy = bf(at::randn({67, 13, 45}));
   const auto f = ops.rms_norm_fwd(x, w, 1e-5), f32 = ops.rms_norm_fwd(wide(x), wide(w), 1e-5);
   EXPECT_TRUE(at::equal(f.y, bf(f32.y))) << "rms_norm_fwd";
   EXPECT_TRUE(at::equal(f.rstd, f32.rstd)) << "rms_norm_fwd rstd";
   const auto b = ops.rms_norm_bwd(dy, x, w, f.rstd), b32 = ops.rms_norm_bwd(wide(dy), wide(x), wide(w), f.rstd);
   EXPECT_TRUE(at::equal(b.dx, bf(b32.dx))) << "rms_norm_bwd dx";
   EXPECT_TRUE(at::equal(b.dw, bf(b32.dw))) << "rms_norm_bwd dw";
-  const at::Tensor gu = bf(at::randn({131, 2 * 37}) * 4), dy2 = bf(at::randn({131, 37}));
+  const at::Tensor gu = bf(at::randn({601, 2 * 37}) * 4), dy2 = bf(at::randn({601, 37}));
   EXPECT_TRUE(at::equal(ops.swiglu_fwd(gu), bf(ops.swiglu_fwd(wide(gu))))) << "swiglu_fwd";
   EXPECT_TRUE(at::equal(ops.swiglu_bwd(dy2, gu), bf(ops.swiglu_bwd(wide(dy2), wide(gu))))) << "swiglu_bwd";
   const at::Tensor angles = at::outer(at::arange(29, at::kFloat), at::rand({12}));
   const at::Tensor cos = at::cat({angles.cos(), angles.cos()}, 1), sin = at::cat({angles.sin(), angles.sin()}, 1);
-  const at::Tensor xr = bf(at::randn({29, 2, 3, 40})), dyr = bf(at::randn({29, 2, 3, 40}));
+  const at::Tensor xr = bf(at::randn({29, 4, 8, 40})), dyr = bf(at::randn({29, 4, 8, 40}));
   EXPECT_TRUE(at::equal(ops.rope_fwd(xr, cos, sin, false), bf(ops.rope_fwd(wide(xr), cos, sin, false)))) << "rope_fwd";
   EXPECT_TRUE(at::equal(ops.rope_bwd(dyr, cos, sin, false), bf(ops.rope_bwd(wide(dyr), cos, sin, false))))
       << "rope_bwd";
@@ -146,6 +148,22 @@ TEST(CpuMath, Bf16FusedOpsAreTheFp32KernelsRoundedOnce) {
   EXPECT_TRUE(at::equal(ops.geglu_tanh_fwd(ge, up), bf(ops.geglu_tanh_fwd(wide(ge), wide(up))))) << "geglu_tanh_fwd";
   const auto gb = ops.geglu_tanh_bwd(dge, ge, up), gb32 = ops.geglu_tanh_bwd(wide(dge), wide(ge), wide(up));
   EXPECT_TRUE(at::equal(gb.dgate, bf(gb32.dgate)) && at::equal(gb.dup, bf(gb32.dup))) << "geglu_tanh_bwd";
+}
+
+// A zero last dim reaches the reference, not the row kernels (which divide numel by it): fp32 and
+// bf16 RMSNorm and SwiGLU give empty results (the reference's RMSNorm backward refuses the shape
+// with an ATen error) instead of a division by zero that kills the process.
+TEST(CpuMath, EmptyRowsGoToTheReference) {
+  const auto& ops = backend::cpu_backend().ops();
+  for (auto dt : {at::kFloat, at::kBFloat16}) {
+    const auto o = at::TensorOptions().dtype(dt);
+    EXPECT_EQ(ops.swiglu_fwd(at::empty({3, 0}, o)).sizes(), at::IntArrayRef({3, 0}));
+    EXPECT_EQ(ops.swiglu_bwd(at::empty({3, 0}, o), at::empty({3, 0}, o)).sizes(), at::IntArrayRef({3, 0}));
+    const auto f = ops.rms_norm_fwd(at::empty({3, 0}, o), at::empty({0}, o), 1e-5);
+    EXPECT_EQ(f.y.sizes(), at::IntArrayRef({3, 0}));
+    EXPECT_THROW(ops.rms_norm_bwd(at::empty({3, 0}, o), at::empty({3, 0}, o), at::empty({0}, o), f.rstd),
+                 c10::Error);
+  }
 }
 
 }  // namespace

@@ -17,6 +17,7 @@
 #include "loongforge/core/safetensors.h"
 #include "loongforge/models/composites/causal_lm.h"
 #include "loongforge/models/hf_adapter.h"
+#include "models/hf_mapping.h"
 #include "cached_oracle.h"
 #include "hf_test_helpers.h"
 #include "multiprocess.h"
@@ -99,6 +100,11 @@ TEST(HfFp8, BlockQuantizedCheckpointReadsAsItsDequantizedWeights) {
   ASSERT_EQ(plain.tensors.size(), exact.tensors.size());
   for (size_t i = 0; i < plain.tensors.size(); ++i)
     EXPECT_TRUE(at::equal(plain.tensors[i].second, exact.tensors[i].second)) << plain.tensors[i].first;
+  // The shapes listing (headers only) leaves the scales out, as the reader does: the FP8
+  // directory lists what the dequantized one holds.
+  const auto shapes = hf::read_hf_weight_shapes(d + "/hf_fp8");
+  EXPECT_EQ(shapes, hf::read_hf_weight_shapes(d + "/hf_fp8_dequantized"));
+  EXPECT_GT(shapes.size(), 20u);
 }
 
 TEST(HfFp8, QuantizationMistakesNameTheKeyOrTensor) {

@@ -12,8 +12,11 @@
 
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <functional>
 #include <map>
+#include <memory>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -21,6 +24,7 @@
 #include "loongforge/backend/registry.h"
 #include "loongforge/core/config/yaml.h"
 #include "loongforge/core/error.h"
+#include "loongforge/core/safetensors.h"
 #include "loongforge/models/composites/qwen3_vl.h"
 #include "loongforge/models/encoders/qwen3_vl_vision.h"
 #include "loongforge/models/hf_adapter.h"
@@ -377,6 +381,69 @@ TEST(Qwen3Vl, HfConversionKeepsTheLogitsAndRoundTripsBitExact) {
   EXPECT_NE(e.find("is a Qwen3VLForConditionalGeneration (qwen3_vl); the configured model is qwen2_5_vl"),
             std::string::npos)
       << e;
+}
+
+// An FP8 block-quantized VLM checkpoint (DeepSeek's format on the language model's projections:
+// float8_e4m3fn weights, a float32 <name>_scale_inv per 16 x 32 block, ragged at the edges) loads
+// online into an fp32 model with its weights dequantized in fp32: the same logits, bit for bit, as
+// the fp32 directory of the dequantized weights (in bf16, the reader's default for conversions,
+// they would differ).
+TEST(Qwen3Vl, Fp8CheckpointDequantizesIntoTheModelsDtype) {
+  REQUIRE_ORACLE();
+  namespace hf = lf::models::hf;
+  const std::string src = oracle_dir() + "/hf", fp8 = lf::testing::make_temp_dir("qwen3vl-fp8"),
+                    plain = lf::testing::make_temp_dir("qwen3vl-fp8-dequantized");
+  for (const auto& d : {fp8, plain}) fs::copy(src, d, fs::copy_options::overwrite_existing | fs::copy_options::recursive);
+  auto tensors = read_all(src + "/model.safetensors");
+  std::map<std::string, at::Tensor> quantized;
+  for (auto& [name, w] : tensors) {
+    if (name.find("language_model") == std::string::npos || name.find("_proj.weight") == std::string::npos) continue;
+    const int64_t r = w.size(0), c = w.size(1), br = (r + 15) / 16, bc = (c + 31) / 32;
+    const auto padded = at::constant_pad_nd(w.abs(), {0, bc * 32 - c, 0, br * 16 - r});
+    const at::Tensor scale = padded.view({br, 16, bc, 32}).amax({1, 3}).clamp_min(1e-12) / 448.0;  // [br, bc]
+    const at::Tensor full = scale.repeat_interleave(16, 0).repeat_interleave(32, 1).narrow(0, 0, r).narrow(1, 0, c);
+    const at::Tensor q = (w / full).to(at::kFloat8_e4m3fn);
+    quantized[name] = q;
+    quantized[name + "_scale_inv"] = scale.contiguous();
+    w = q.to(at::kFloat) * full;  // what the plain directory holds
+  }
+  ASSERT_GT(quantized.size(), 8u);
+  const auto write = [](const std::string& file, const std::map<std::string, at::Tensor>& ts) {
+    lf::safetensors::Writer out;
+    std::vector<at::Tensor> held;
+    for (const auto& [name, t] : ts) {
+      held.push_back(t.contiguous());
+      out.add(name, t.scalar_type() == at::kFloat8_e4m3fn ? lf::safetensors::DType::F8_E4M3 : lf::safetensors::DType::F32,
+              t.sizes().vec(), held.back().data_ptr());
+    }
+    out.write(file);
+  };
+  write(plain + "/model.safetensors", tensors);
+  for (const auto& [name, t] : tensors)
+    if (!quantized.count(name)) quantized[name] = t;
+  write(fp8 + "/model.safetensors", quantized);
+  nlohmann::json j;
+  std::ifstream(fp8 + "/config.json") >> j;
+  j["quantization_config"] = {{"quant_method", "fp8"}, {"fmt", "e4m3"}, {"activation_scheme", "dynamic"},
+                              {"weight_block_size", {16, 32}}};
+  std::ofstream(fp8 + "/config.json") << j.dump(2);
+
+  const hf::VlmHfModel m = hf::read_vlm_hf(src);
+  const auto load = [&](const std::string& dir) {
+    auto model = std::make_unique<Qwen3Vl>(m.config.foundation, m.config.vision3, m.config.own3,
+                                           lf::backend::cpu_backend(), 9, at::kFloat, nullptr, false,
+                                           lf::models::PipelineStage{});
+    hf::load_vlm_hf_into(*model, dir);
+    return model;
+  };
+  auto io = read_all(oracle_dir() + "/io.safetensors");
+  at::NoGradGuard no_grad;
+  const auto logits = [&](const std::unique_ptr<Qwen3Vl>& model) {
+    return model->logits(io.at("input_ids"), io.at("pixel_values"), io.at("image_grid_thw"));
+  };
+  const at::Tensor got = logits(load(fp8));
+  EXPECT_TRUE(at::equal(got, logits(load(plain))));
+  EXPECT_GT(logits_difference(got, io.at("logits")), 1e-3);  // the FP8 rounding is in them
 }
 
 TEST(Qwen3Vl, ImageAndVideoMatchTransformers) {

@@ -59,12 +59,6 @@ bool own_kernel_applies(const at::Tensor& q, const at::Tensor& k, const at::Tens
          cpu_attention::shape_applies(q, k, v, mask.kind == MaskKind::causal);
 }
 
-// fp32 for the own kernel: the tensor itself, or its fp32 copy with the same strides (a query
-// that is a transposed view of [b, s, hq, d] stays one, so the kernel reads it without packing
-// it again); `back` rounds a result to the call's dtype, keeping its layout.
-at::Tensor to_fp32(const at::Tensor& t) { return t.scalar_type() == at::kFloat ? t : t.to(at::kFloat); }
-at::Tensor back(const at::Tensor& t, at::ScalarType dtype) { return t.scalar_type() == dtype ? t : t.to(dtype); }
-
 // The additive mask our kernel adds (undefined for the other kinds).
 at::Tensor own_kernel_mask(const AttentionMask& mask) {
   return mask.kind == MaskKind::explicit_additive ? mask.mask : at::Tensor();
@@ -131,9 +125,11 @@ SdpaFwd CpuOps::sdpa_fwd(const at::Tensor& q, const at::Tensor& k, const at::Ten
                          const AttentionMask& mask, double scale) const {
   check_sdpa_args(q, k, v, mask);
   if (own_kernel_applies(q, k, v, mask)) {
-    auto [o, lse] = cpu_attention::forward(to_fp32(q), to_fp32(k), to_fp32(v), own_kernel_mask(mask),
-                                           mask.kind == MaskKind::causal, scale);
-    return {back(o, q.scalar_type()), lse};
+    // bf16 widened (Tensor::to is the tensor itself for fp32, and keeps a dense view's strides: a
+    // query that is a transposed view of [b, s, hq, d] stays one, and so does the output).
+    auto [o, lse] = cpu_attention::forward(q.to(at::kFloat), k.to(at::kFloat), v.to(at::kFloat),
+                                           own_kernel_mask(mask), mask.kind == MaskKind::causal, scale);
+    return {o.to(q.scalar_type()), lse};
   }
   if (!flash_applies(q, k, v, mask)) return ReferenceOps::sdpa_fwd(q, k, v, mask, scale);
   const int64_t group = q.size(1) / k.size(1);
@@ -160,9 +156,9 @@ SdpaBwd CpuOps::sdpa_bwd(const at::Tensor& dout, const at::Tensor& q, const at::
                          const AttentionMask& mask, double scale) const {
   check_sdpa_args(q, k, v, mask);
   if (own_kernel_applies(q, k, v, mask)) {
-    auto [dq, dk, dv] = cpu_attention::backward(dout, to_fp32(q), to_fp32(k), to_fp32(v), o, lse,
+    auto [dq, dk, dv] = cpu_attention::backward(dout, q.to(at::kFloat), k.to(at::kFloat), v.to(at::kFloat), o, lse,
                                                 own_kernel_mask(mask), mask.kind == MaskKind::causal, scale);
-    return {back(dq, q.scalar_type()), back(dk, k.scalar_type()), back(dv, v.scalar_type())};
+    return {dq.to(q.scalar_type()), dk.to(k.scalar_type()), dv.to(v.scalar_type())};
   }
   if (!flash_applies(q, k, v, mask)) return ReferenceOps::sdpa_bwd(dout, q, k, v, o, lse, mask, scale);
   const int64_t group = q.size(1) / k.size(1);

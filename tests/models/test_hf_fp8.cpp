@@ -47,13 +47,7 @@ using lf::testing::read_error;
 void edit_weights(const std::string& dir, const std::function<void(std::map<std::string, at::Tensor>&)>& edit) {
   auto tensors = lf::testing::read_safetensors(dir + "/model.safetensors");
   edit(tensors);
-  lf::safetensors::Writer w;
-  for (auto& [name, t] : tensors) {
-    t = t.contiguous();
-    w.add(name, t.scalar_type() == at::kFloat8_e4m3fn ? lf::safetensors::DType::F8_E4M3 : lf::safetensors::DType::F32,
-          t.sizes().vec(), t.data_ptr());
-  }
-  w.write(dir + "/model.safetensors");
+  lf::testing::write_fp8_or_f32(dir + "/model.safetensors", tensors);
 }
 
 TEST(HfFp8, BlockQuantizedCheckpointReadsAsItsDequantizedWeights) {

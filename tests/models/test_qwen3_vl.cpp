@@ -12,11 +12,9 @@
 
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
 #include <functional>
 #include <map>
 #include <memory>
-#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -24,7 +22,6 @@
 #include "loongforge/backend/registry.h"
 #include "loongforge/core/config/yaml.h"
 #include "loongforge/core/error.h"
-#include "loongforge/core/safetensors.h"
 #include "loongforge/models/composites/qwen3_vl.h"
 #include "loongforge/models/encoders/qwen3_vl_vision.h"
 #include "loongforge/models/hf_adapter.h"
@@ -32,6 +29,7 @@
 #include "loongforge/models/registry.h"
 #include "cached_oracle.h"
 #include "error_message.h"
+#include "hf_test_helpers.h"
 #include "multiprocess.h"
 
 namespace {
@@ -408,25 +406,14 @@ TEST(Qwen3Vl, Fp8CheckpointDequantizesIntoTheModelsDtype) {
     w = q.to(at::kFloat) * full;  // what the plain directory holds
   }
   ASSERT_GT(quantized.size(), 8u);
-  const auto write = [](const std::string& file, const std::map<std::string, at::Tensor>& ts) {
-    lf::safetensors::Writer out;
-    std::vector<at::Tensor> held;
-    for (const auto& [name, t] : ts) {
-      held.push_back(t.contiguous());
-      out.add(name, t.scalar_type() == at::kFloat8_e4m3fn ? lf::safetensors::DType::F8_E4M3 : lf::safetensors::DType::F32,
-              t.sizes().vec(), held.back().data_ptr());
-    }
-    out.write(file);
-  };
-  write(plain + "/model.safetensors", tensors);
+  lf::testing::write_fp8_or_f32(plain + "/model.safetensors", tensors);
   for (const auto& [name, t] : tensors)
     if (!quantized.count(name)) quantized[name] = t;
-  write(fp8 + "/model.safetensors", quantized);
-  nlohmann::json j;
-  std::ifstream(fp8 + "/config.json") >> j;
-  j["quantization_config"] = {{"quant_method", "fp8"}, {"fmt", "e4m3"}, {"activation_scheme", "dynamic"},
-                              {"weight_block_size", {16, 32}}};
-  std::ofstream(fp8 + "/config.json") << j.dump(2);
+  lf::testing::write_fp8_or_f32(fp8 + "/model.safetensors", quantized);
+  lf::testing::edit_config(fp8, [](nlohmann::json& j) {
+    j["quantization_config"] = {{"quant_method", "fp8"}, {"fmt", "e4m3"}, {"activation_scheme", "dynamic"},
+                                {"weight_block_size", {16, 32}}};
+  });
 
   const hf::VlmHfModel m = hf::read_vlm_hf(src);
   const auto load = [&](const std::string& dir) {

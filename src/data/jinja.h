@@ -61,6 +61,14 @@ class Value {
   Value(DictPtr d) : v_(std::move(d)) {}
   Value(NsPtr n) : v_(std::move(n)) {}
   Value(CallablePtr c) : v_(std::move(c)) {}
+  // markupsafe's Markup: a string marked safe (the `safe` and `escape` filters). Concatenated with
+  // `+` to a plain string, the plain one is HTML-escaped first; see jinja_ast.h's markup helpers.
+  static Value markup(std::string s) {
+    Value v(std::move(s));
+    v.markup_ = true;
+    return v;
+  }
+  bool is_markup() const { return markup_ && is_string(); }
 
   bool is_undefined() const { return std::holds_alternative<Undefined>(v_); }
   bool is_none() const { return std::holds_alternative<None>(v_); }
@@ -102,6 +110,7 @@ class Value {
  private:
   Storage v_;
   Seq seq_ = Seq::list;
+  bool markup_ = false;
 };
 
 struct Dict {

@@ -45,17 +45,22 @@ struct Node;
 using Body = std::vector<std::unique_ptr<Node>>;
 
 struct Node {
-  enum class Kind { text, output, if_, for_, set, set_block, macro, generation, break_, continue_, with };
+  enum class Kind { text, output, if_, for_, set, set_block, filter_block, macro, generation, break_, continue_, with };
   Kind kind;
   Pos pos;
   std::string text;                 // text; set_block/macro name; set namespace attribute
   ExprPtr expr;                     // output; for iterable; set value
-  ExprPtr filter;                   // for ... if filter
+  ExprPtr filter;                   // for ... if filter; set_block / filter_block: the filter chain,
+                                    // applied to the name kBlockSubject (the rendered body)
   std::vector<std::string> targets; // for/set names (several: tuple unpacking); set ns.attr: [ns]
   std::vector<std::pair<ExprPtr, Body>> branches;  // if/elif
   Body body, else_body;             // for/macro/set_block/generation/with body; if/for else
   std::vector<std::pair<std::string, ExprPtr>> params;  // macro params (default or null); with
 };
+
+// The name under which a {% filter %} block or a filtered {% set %} block finds its rendered body
+// (not an identifier, so no template variable can shadow it).
+inline constexpr const char* kBlockSubject = " block";
 
 struct TemplateAst {
   std::string name;

@@ -5,6 +5,7 @@
 #include "jinja_builtins.h"
 
 #include <algorithm>
+#include <set>
 #include <chrono>
 #include <cmath>
 #include <ctime>
@@ -234,7 +235,7 @@ namespace {
 
 using namespace detail;
 
-Value string_method(const Value& self, const std::string& name) {
+Value plain_string_method(const Value& self, const std::string& name) {
   const std::string s = self.str();
   auto method = [&](auto fn) { return make_builtin(name, [s, fn](Renderer& r, const CallArgs& a, Pos p) { return fn(r, s, a, p); }); };
   if (name == "strip" || name == "lstrip" || name == "rstrip") {
@@ -364,6 +365,38 @@ Value string_method(const Value& self, const std::string& name) {
   return Undefined{};
 }
 
+// A Markup's methods as markupsafe 3 defines them: the string results are Markup again (split's
+// items too); replace escapes its replacement, join its items, format every argument.
+Value string_method(const Value& self, const std::string& name) {
+  Value m = plain_string_method(self, name);
+  static const std::set<std::string> markup_results = {"strip", "lstrip", "rstrip", "upper", "lower", "capitalize",
+                                                       "title", "replace", "split", "join", "format"};
+  if (!self.is_markup() || !m.is_callable() || !markup_results.count(name)) return m;
+  return make_builtin(name, [m, name](Renderer& r, const CallArgs& a, Pos p) -> Value {
+    CallArgs escaped = a;
+    if (name == "format") {
+      for (auto& v : escaped.pos) v = Value(markup_text(v));
+      for (auto& kv : escaped.kw) kv.second = Value(markup_text(kv.second));
+    } else if (name == "replace") {
+      if (escaped.pos.size() > 1 && escaped.pos[1].is_string()) escaped.pos[1] = Value(markup_text(escaped.pos[1]));
+      for (auto& kv : escaped.kw)
+        if (kv.first == "new" && kv.second.is_string()) kv.second = Value(markup_text(kv.second));
+    } else if (name == "join" && !escaped.pos.empty()) {
+      List items = iterate(r, escaped.pos[0], p);
+      for (auto& item : items)
+        if (item.is_string()) item = Value(markup_text(item));
+      escaped.pos[0] = Value(std::move(items));
+    }
+    Value out = r.call(m, escaped, p);
+    if (out.is_string()) return Value::markup(out.str());
+    if (!out.is_list()) return out;
+    List items = out.list();
+    for (auto& item : items)
+      if (item.is_string()) item = Value::markup(item.str());
+    return Value(std::move(items), out.seq());
+  });
+}
+
 Value dict_method(const Value& self, const std::string& name) {
   Value owner = self;
   if (name == "items" || name == "keys" || name == "values")
@@ -383,7 +416,7 @@ Value dict_method(const Value& self, const std::string& name) {
     });
   static const char* mutating[] = {"pop", "popitem", "update", "clear", "setdefault"};
   for (const char* m : mutating)
-    if (name == m) return Undefined{"access to attribute '" + name + "' of 'dict' object is unsafe (templates cannot modify their inputs)"};
+    if (name == m) return Undefined{"access to attribute '" + name + "' of 'dict' object is unsafe. (Templates cannot modify their inputs.)"};
   return Undefined{};
 }
 
@@ -395,7 +428,7 @@ Value bound_method(const Value& self, const std::string& name) {
   if (self.is_list()) {
     static const char* mutating[] = {"append", "extend", "insert", "pop", "remove", "clear", "sort", "reverse"};
     for (const char* m : mutating)
-      if (name == m) return Undefined{"access to attribute '" + name + "' of 'list' object is unsafe (templates cannot modify their inputs)"};
+      if (name == m) return Undefined{"access to attribute '" + name + "' of 'list' object is unsafe. (Templates cannot modify their inputs.)"};
   }
   return Undefined{};
 }

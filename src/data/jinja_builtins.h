@@ -43,4 +43,11 @@ Value attr_path(Renderer& r, const Value& v, const std::string& path, Pos pos);
 bool less(Renderer& r, const Value& a, const Value& b, bool case_sensitive, Pos pos);
 Value make_builtin(std::string name, std::function<Value(Renderer&, const CallArgs&, Pos)> fn);
 
+// markupsafe: escape() of & < > " ' (what the `escape` filter and Markup's operators apply).
+std::string html_escape(const std::string& s);
+// The text of v inside a Markup: a Markup's own text, anything else str(v) escaped.
+std::string markup_text(const Value& v);
+// s as a Markup when `like` is one (Markup's string methods return Markup), else plain.
+Value same_kind(const Value& like, std::string s);
+
 }  // namespace lf::data::jinja::detail

@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "jinja_ast.h"
+#include "jinja_builtins.h"
 #include "loongforge/core/error.h"
 
 namespace lf::data::jinja {
@@ -106,7 +107,7 @@ class Evaluator final : public Renderer {
         auto chars = utf8_chars(obj.str());
         n = static_cast<int64_t>(chars.size());
         int64_t k = key.as_int() < 0 ? key.as_int() + n : key.as_int();
-        if (k >= 0 && k < n) return chars[static_cast<size_t>(k)];
+        if (k >= 0 && k < n) return detail::same_kind(obj, chars[static_cast<size_t>(k)]);
       } else {
         int64_t k = key.as_int() < 0 ? key.as_int() + n : key.as_int();
         if (k >= 0 && k < n) return obj.list()[static_cast<size_t>(k)];
@@ -197,7 +198,24 @@ class Evaluator final : public Renderer {
         assign(*frame, n.targets, v, n.pos);
         return Flow::normal;
       }
-      case Node::Kind::set_block: frame->set(n.text, capture(n.body, frame)); return Flow::normal;
+      case Node::Kind::set_block: {  // the body renders in an inner scope, as in jinja2
+        auto inner = std::make_shared<Frame>();
+        inner->parent = frame;
+        Value v = capture(n.body, inner);
+        if (n.filter) {
+          inner->set(kBlockSubject, std::move(v));
+          v = eval(*n.filter, inner);
+        }
+        frame->set(n.text, std::move(v));
+        return Flow::normal;
+      }
+      case Node::Kind::filter_block: {
+        auto inner = std::make_shared<Frame>();
+        inner->parent = frame;
+        inner->set(kBlockSubject, capture(n.body, inner));
+        *out_ += py_str(eval(*n.filter, inner));
+        return Flow::normal;
+      }
       case Node::Kind::macro: {
         auto c = std::make_shared<Callable>();
         c->name = n.text;
@@ -318,11 +336,20 @@ class Evaluator final : public Renderer {
     if (a.is_undefined()) fail(pos, undefined_message(a));
     if (b.is_undefined()) fail(pos, undefined_message(b));
     if (op == Op::add) {
-      if (a.is_string() && b.is_string()) return a.str() + b.str();
+      if (a.is_string() && b.is_string()) {
+        // Markup + str and str + Markup escape the plain side and give a Markup (markupsafe).
+        if (a.is_markup() || b.is_markup()) return Value::markup(detail::markup_text(a) + detail::markup_text(b));
+        return a.str() + b.str();
+      }
       if (a.is_list() && b.is_list() && a.seq() == b.seq() && (a.seq() == Seq::list || a.seq() == Seq::tuple)) {
         List l = a.list();
         l.insert(l.end(), b.list().begin(), b.list().end());
         return Value(std::move(l), a.seq());
+      }
+      // Python's message when a str, list or tuple is on the left and b is not addable to it.
+      if (!a.is_markup() && (a.is_string() || (a.is_list() && (a.seq() == Seq::list || a.seq() == Seq::tuple)))) {
+        const std::string t = a.type_name();
+        fail(pos, "can only concatenate " + t + " (not \"" + b.type_name() + "\") to " + t);
       }
     }
     if (op == Op::mul) {
@@ -334,14 +361,14 @@ class Evaluator final : public Renderer {
         if (seq->is_string()) {
           std::string s;
           for (int64_t k = 0; k < n; ++k) s += seq->str();
-          return s;
+          return detail::same_kind(*seq, std::move(s));
         }
         List l;
         for (int64_t k = 0; k < n; ++k) l.insert(l.end(), seq->list().begin(), seq->list().end());
         return Value(std::move(l), seq->seq());
       }
     }
-    if (op == Op::mod && a.is_string()) return percent_format(a.str(), b, pos);
+    if (op == Op::mod && a.is_string()) return percent_format(a.str(), b, pos, a.is_markup());
     if (!a.is_number() || !b.is_number()) type_error();
     bool ints = !a.is_float() && !b.is_float();
     if (ints) {
@@ -403,7 +430,8 @@ class Evaluator final : public Renderer {
   }
 
   // Python's printf-style "fmt % args" for %s, %r, %d, %i, %f and %%.
-  Value percent_format(const std::string& fmt, const Value& args, Pos pos) {
+  // fmt % args; a Markup format escapes what %s and %r insert and gives a Markup (markupsafe).
+  Value percent_format(const std::string& fmt, const Value& args, Pos pos, bool markup) {
     List items = args.is_tuple() ? args.list() : List{args};
     size_t next = 0;
     std::string out;
@@ -420,8 +448,8 @@ class Evaluator final : public Renderer {
       }
       if (next >= items.size()) fail(pos, "not enough arguments for format string");
       const Value& v = items[next++];
-      if (c == 's') out += py_str(v);
-      else if (c == 'r') out += py_repr(v);
+      if (c == 's') out += markup ? detail::markup_text(v) : py_str(v);
+      else if (c == 'r') out += markup ? detail::html_escape(py_repr(v)) : py_repr(v);
       else if (c == 'd' || c == 'i') {
         if (!v.is_number()) fail(pos, std::string("%") + c + " format: a real number is required, not " + v.type_name());
         out += std::to_string(v.is_float() ? static_cast<int64_t>(v.as_double()) : v.as_int());
@@ -435,7 +463,7 @@ class Evaluator final : public Renderer {
       }
     }
     if (next < items.size()) fail(pos, "not all arguments converted during string formatting");
-    return out;
+    return markup ? Value::markup(std::move(out)) : Value(std::move(out));
   }
 
   // <, <=, >, >= as Python orders numbers, strings (code points) and lists.
@@ -518,7 +546,7 @@ class Evaluator final : public Renderer {
       if (obj.is_string()) s += chars[static_cast<size_t>(k)];
       else l.push_back(obj.list()[static_cast<size_t>(k)]);
     }
-    if (obj.is_string()) return s;
+    if (obj.is_string()) return detail::same_kind(obj, std::move(s));
     if (obj.seq() == Seq::range) {  // a range again, as Python's range slicing
       const auto& r = obj.range_list();
       return Value::range(r.start + b * r.step, r.start + en * r.step, r.step * step);
@@ -614,7 +642,7 @@ class Evaluator final : public Renderer {
       }
       case Expr::Kind::filter: {
         Value subject = eval(*e.args[0], frame);
-        if (!has_filter(e.name)) fail(e.pos, "no filter named '" + e.name + "' (docs/data.md lists the supported filters)");
+        if (!has_filter(e.name)) fail(e.pos, "No filter named '" + e.name + "' found. (docs/data.md lists the supported filters)");
         return call_filter(*this, e.name, subject, eval_args(e, 1, frame), e.pos);
       }
       case Expr::Kind::test: {

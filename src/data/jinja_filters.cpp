@@ -6,12 +6,8 @@
 #include "jinja_builtins.h"
 
 namespace lf::data::jinja {
-namespace {
 
-using namespace detail;
-using Fn = Value (*)(Renderer&, const Value&, const CallArgs&, Pos);
-
-std::string html_escape(const std::string& s) {
+std::string detail::html_escape(const std::string& s) {
   std::string out;
   for (char c : s) {
     switch (c) {
@@ -25,6 +21,17 @@ std::string html_escape(const std::string& s) {
   }
   return out;
 }
+
+std::string detail::markup_text(const Value& v) { return v.is_markup() ? v.str() : html_escape(py_str(v)); }
+
+Value detail::same_kind(const Value& like, std::string s) {
+  return like.is_markup() ? Value::markup(std::move(s)) : Value(std::move(s));
+}
+
+namespace {
+
+using namespace detail;
+using Fn = Value (*)(Renderer&, const Value&, const CallArgs&, Pos);
 
 Value tojson(Renderer& r, const Value& v, const CallArgs& a, Pos pos) {
   // transformers' tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False).
@@ -51,6 +58,9 @@ Value tojson(Renderer& r, const Value& v, const CallArgs& a, Pos pos) {
 Value select_like(Renderer& r, const Value& seq, const CallArgs& a, Pos pos, bool attr, bool keep) {
   // select(test, args...), selectattr(attr, test, args...): without a test, truthiness.
   List out;
+  // jinja2 looks at nothing (not even the arguments) when the value is falsy: none | select(...)
+  // is empty.
+  if (!seq.truthy()) return Value(std::move(out), Seq::generator);
   size_t first = attr ? 1 : 0;
   if (attr && a.pos.empty()) r.fail(pos, "selectattr/rejectattr need an attribute name");
   std::string test = a.pos.size() > first ? need_str(r, a.pos[first], pos, "select test") : "";
@@ -68,6 +78,7 @@ Value select_like(Renderer& r, const Value& seq, const CallArgs& a, Pos pos, boo
 
 Value map_filter(Renderer& r, const Value& seq, const CallArgs& a, Pos pos) {
   List out;
+  if (!seq.truthy()) return Value(std::move(out), Seq::generator);  // as select: none | map(...) is empty
   if (const Value* attr = a.kwarg("attribute")) {
     const Value* def = a.kwarg("default");
     for (const auto& item : iterate(r, seq, pos)) {
@@ -78,7 +89,7 @@ Value map_filter(Renderer& r, const Value& seq, const CallArgs& a, Pos pos) {
   }
   if (a.pos.empty()) r.fail(pos, "map needs a filter name or attribute=");
   std::string f = need_str(r, a.pos[0], pos, "map filter");
-  if (!has_filter(f)) r.fail(pos, "no filter named '" + f + "'");
+  if (!has_filter(f)) r.fail(pos, "No filter named '" + f + "' found.");
   CallArgs fargs;
   fargs.pos.assign(a.pos.begin() + 1, a.pos.end());
   fargs.kw = a.kw;
@@ -159,7 +170,7 @@ Value indent_filter(Renderer& r, const Value& v, const CallArgs& a, Pos pos) {
     out += lines[k];
   }
   if (first) out = ind + out;
-  return out;
+  return same_kind(v, std::move(out));
 }
 
 Value int_filter(Renderer& r, const Value& v, const CallArgs& a, Pos pos) {
@@ -219,7 +230,7 @@ const std::map<std::string, Fn>& filters() {
     m["tojson"] = tojson;
     m["trim"] = [](Renderer& r, const Value& v, const CallArgs& a, Pos pos) -> Value {
       auto x = args(r, a, pos, "trim", {"chars"});
-      return strip(py_str(v), x.get_or(0, None{}), true, true);
+      return same_kind(v, strip(py_str(v), x.get_or(0, None{}), true, true));
     };
     m["length"] = m["count"] = [](Renderer& r, const Value& v, const CallArgs& a, Pos pos) -> Value {
       args(r, a, pos, "length", {});
@@ -267,11 +278,11 @@ const std::map<std::string, Fn>& filters() {
     };
     m["upper"] = [](Renderer& r, const Value& v, const CallArgs& a, Pos pos) -> Value {
       args(r, a, pos, "upper", {});
-      return ascii_upper(py_str(v));
+      return same_kind(v, ascii_upper(py_str(v)));
     };
     m["lower"] = [](Renderer& r, const Value& v, const CallArgs& a, Pos pos) -> Value {
       args(r, a, pos, "lower", {});
-      return ascii_lower(py_str(v));
+      return same_kind(v, ascii_lower(py_str(v)));
     };
     m["title"] = [](Renderer& r, const Value& v, const CallArgs& a, Pos pos) -> Value {
       args(r, a, pos, "title", {});
@@ -279,7 +290,7 @@ const std::map<std::string, Fn>& filters() {
     };
     m["capitalize"] = [](Renderer& r, const Value& v, const CallArgs& a, Pos pos) -> Value {
       args(r, a, pos, "capitalize", {});
-      return capitalize(py_str(v));
+      return same_kind(v, capitalize(py_str(v)));
     };
     m["replace"] = [](Renderer& r, const Value& v, const CallArgs& a, Pos pos) -> Value {
       auto x = args(r, a, pos, "replace", {"old", "new", "count"});
@@ -289,22 +300,22 @@ const std::map<std::string, Fn>& filters() {
     };
     m["string"] = [](Renderer& r, const Value& v, const CallArgs& a, Pos pos) -> Value {
       args(r, a, pos, "string", {});
-      return py_str(v);
+      return v.is_markup() ? v : Value(py_str(v));  // soft_str keeps a Markup
     };
     m["safe"] = [](Renderer& r, const Value& v, const CallArgs& a, Pos pos) -> Value {
       args(r, a, pos, "safe", {});
-      return py_str(v);
+      return Value::markup(py_str(v));
     };
     m["escape"] = m["e"] = [](Renderer& r, const Value& v, const CallArgs& a, Pos pos) -> Value {
       args(r, a, pos, "escape", {});
-      return html_escape(py_str(v));
+      return Value::markup(markup_text(v));  // a Markup is not escaped twice
     };
     m["int"] = int_filter;
     m["float"] = float_filter;
     m["items"] = [](Renderer& r, const Value& v, const CallArgs& a, Pos pos) -> Value {
       args(r, a, pos, "items", {});
       if (v.is_undefined()) return Value(List{}, Seq::generator);
-      if (!v.is_dict()) r.fail(pos, "items expects a mapping, got " + v.type_name());
+      if (!v.is_dict()) r.fail(pos, "items: Can only get item pairs from a mapping. (got " + v.type_name() + ")");
       List out;
       for (const auto& [k, val] : v.dict().items) out.push_back(Value(List{k, val}, Seq::tuple));
       return Value(std::move(out), Seq::generator);
@@ -344,7 +355,7 @@ const std::map<std::string, Fn>& filters() {
         auto cs = utf8_chars(v.str());
         std::string out;
         for (size_t k = cs.size(); k-- > 0;) out += cs[k];
-        return out;
+        return same_kind(v, std::move(out));
       }
       // reversed(x) for sequences (an iterator); a generator becomes a reversed list.
       bool was_generator = v.is_generator();
@@ -441,7 +452,7 @@ bool has_test(const std::string& name) { return tests().count(name) > 0; }
 
 Value call_filter(Renderer& r, const std::string& name, const Value& subject, const CallArgs& args, Pos pos) {
   auto it = filters().find(name);
-  if (it == filters().end()) r.fail(pos, "no filter named '" + name + "'");
+  if (it == filters().end()) r.fail(pos, "No filter named '" + name + "' found.");
   return it->second(r, subject, args, pos);
 }
 

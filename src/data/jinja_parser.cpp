@@ -159,10 +159,12 @@ class Parser {
         expect_op("=");
         node->expr = parse_tuple_expression();
         expect_block_end(tag);
-      } else if (cur().type == Token::Type::block_end) {
+      } else if (cur().type == Token::Type::block_end || is_op("|")) {
+        // {% set name %}...{% endset %}, or {% set name | filter(args) | ... %}...{% endset %}
         node->kind = Node::Kind::set_block;
         node->text = first;
-        ++i_;
+        if (is_op("|")) node->filter = parse_filter_expr(block_subject(cur().pos));
+        expect_block_end(tag);
         node->body = parse_body({"endset"}, end);
         expect_block_end(end);
       } else {
@@ -172,7 +174,6 @@ class Parser {
           ++i_;
           node->targets.push_back(expect_name("a variable name"));
         }
-        if (is_op("|")) fail(cur(), "filtered {% set %} blocks are not supported");
         expect_op("=");
         node->expr = parse_tuple_expression();
         expect_block_end(tag);
@@ -201,6 +202,21 @@ class Parser {
       expect_block_end(tag);
       node->body = parse_body({"endgeneration"}, end);
       expect_block_end(end);
+    } else if (tag == "filter") {
+      // {% filter name(args) | name2 %}...{% endfilter %}: the rendered body through the filters.
+      node->kind = Node::Kind::filter_block;
+      auto f = make(Expr::Kind::filter, cur().pos);
+      f->name = expect_name("a filter name");
+      while (is_op(".")) {
+        ++i_;
+        f->name += "." + expect_name("a filter name");
+      }
+      f->args.push_back(block_subject(f->pos));
+      if (is_op("(")) parse_call_args(*f);
+      node->filter = parse_filter_expr(std::move(f));
+      expect_block_end(tag);
+      node->body = parse_body({"endfilter"}, end);
+      expect_block_end(end);
     } else if (tag == "break" || tag == "continue") {
       node->kind = tag == "break" ? Node::Kind::break_ : Node::Kind::continue_;
       expect_block_end(tag);
@@ -217,12 +233,18 @@ class Parser {
       expect_block_end(end);
     } else {
       static const std::set<std::string> known_unsupported = {
-          "include", "import", "from", "extends", "block", "call", "filter", "raw", "do", "autoescape", "trans"};
+          "include", "import", "from", "extends", "block", "call", "raw", "do", "autoescape", "trans"};
       if (known_unsupported.count(tag))
         fail(t, "the {% " + tag + " %} tag is not supported by LoongForge's Jinja subset (docs/data.md lists it)");
       fail(t, "unknown tag \"" + tag + "\"");
     }
     return node;
+  }
+
+  ExprPtr block_subject(Pos p) {
+    auto e = make(Expr::Kind::name, p);
+    e->name = kBlockSubject;
+    return e;
   }
 
   std::vector<std::string> parse_targets() {

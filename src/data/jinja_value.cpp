@@ -65,7 +65,7 @@ std::string Value::type_name() const {
   if (is_bool()) return "bool";
   if (is_int()) return "int";
   if (is_float()) return "float";
-  if (is_string()) return "str";
+  if (is_string()) return markup_ ? "Markup" : "str";
   if (is_list()) {
     switch (seq_) {
       case Seq::list: return "list";

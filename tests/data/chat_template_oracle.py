@@ -23,11 +23,11 @@ Also writes conversations_{qwen,llama,gemma}.jsonl and expected.json: a list of 
   {"variant", "conversations", "add_generation_prompt", "kwargs", "input_ids": [[...]],
    "masks": [[...]] (transformers' assistant_masks), "rule_masks": [[...]] (unmarked variants: the
    rendering rule of docs/data.md, re-implemented here)}
-and rendered.json: the text (or the error message) transformers renders with other shipped
-templates (Gemma 2, Mistral Nemo, llama.cpp's DeepSeek-R1) and the first three, for every
-conversation here, with add_generation_prompt both ways:
+and rendered.json: the text (or the error message) transformers renders with every template in
+tests/data/chat_templates (shipped templates of some 70 models), for every conversation here,
+with add_generation_prompt both ways:
   [{"template": file name, "conversation": {...}, "add_generation_prompt": bool,
-    "special_tokens": {...}, "text": str or null, "error": str or null}].
+    "special_tokens": {...}, "kwargs": {...}, "text": str or null, "error": str or null}].
 """
 import json
 import os
@@ -188,6 +188,15 @@ EXTRA_CONVERSATIONS = [
      "tools": [WEATHER_TOOL]},
     {"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": " b "},
                   {"role": "user", "content": "c ✓"}]},
+]
+
+# Content as a list of parts (the VLM message format), for rendered.json only.
+PARTS_CONVERSATIONS = [
+    {"messages": [{"role": "system", "content": [{"type": "text", "text": "You describe pictures."}]},
+                  {"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "What is in it?"}]},
+                  {"role": "assistant", "content": [{"type": "text", "text": "A cat 🐈 on a mat."}]}]},
+    {"messages": [{"role": "user", "content": [{"type": "text", "text": "Two parts: "}, {"type": "text", "text": "a & <b>"}]},
+                  {"role": "assistant", "content": "Quotes \"x\" and 'y' & <z>."}]},
 ]
 
 # Gemma 2's template: user / assistant turns alternating from the user, no system or tool roles.
@@ -402,20 +411,26 @@ def main():
 
     rendered = []
     renderer = AutoTokenizer.from_pretrained(os.path.join(out, "qwen25"))
-    special = renderer.special_tokens_map  # {"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>"}
-    for name in ("google-gemma-2-2b-it.jinja", "mistralai-Mistral-Nemo-Instruct-2407.jinja",
-                 "llama-cpp-deepseek-r1.jinja", "Qwen-Qwen2.5-7B-Instruct.jinja", "Qwen-Qwen3-0.6B.jinja",
-                 "meta-llama-Llama-3.3-70B-Instruct.jinja"):
-        for c in QWEN_CONVERSATIONS + LLAMA_CONVERSATIONS + EXTRA_CONVERSATIONS:
-            for agp in (False, True):
-                rec = {"template": name, "conversation": c, "add_generation_prompt": agp,
-                       "special_tokens": special, "text": None, "error": None}
-                try:
-                    rec["text"] = renderer.apply_chat_template(c["messages"], tools=c.get("tools"), chat_template=read(name),
-                                                            tokenize=False, add_generation_prompt=agp)
-                except Exception as e:  # the template's raise_exception, or a jinja2 error
-                    rec["error"] = str(e)
-                rendered.append(rec)
+    # {"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>"}, and a BOS for the templates that print one
+    special = dict(renderer.special_tokens_map, bos_token="<s>")
+    # Every conversation with add_generation_prompt both ways; the first three and the parts also
+    # with template kwargs that thinking, reasoning and tool-using templates read.
+    kwargs_set = {"enable_thinking": False, "thinking": True, "reasoning_effort": "low",
+                  "builtin_tools": ["code_interpreter"], "custom_instructions": "Answer in English."}
+    convs = QWEN_CONVERSATIONS + LLAMA_CONVERSATIONS + EXTRA_CONVERSATIONS + PARTS_CONVERSATIONS
+    runs = [(c, agp, {}) for c in convs for agp in (False, True)]
+    runs += [(c, True, kwargs_set) for c in QWEN_CONVERSATIONS[:3] + PARTS_CONVERSATIONS]
+    for name in sorted(n for n in os.listdir(os.path.join(HERE, "chat_templates")) if n.endswith(".jinja")):
+        for c, agp, kwargs in runs:
+            rec = {"template": name, "conversation": c, "add_generation_prompt": agp,
+                   "special_tokens": special, "kwargs": kwargs, "text": None, "error": None}
+            try:
+                rec["text"] = renderer.apply_chat_template(c["messages"], tools=c.get("tools"), chat_template=read(name),
+                                                        tokenize=False, add_generation_prompt=agp,
+                                                        **special, **kwargs)
+            except Exception as e:  # the template's raise_exception, or a jinja2 error
+                rec["error"] = str(e)
+            rendered.append(rec)
     with open(os.path.join(out, "rendered.json"), "w", encoding="utf-8") as f:
         json.dump(rendered, f, ensure_ascii=False)
 

@@ -299,16 +299,16 @@ TEST(Jinja, ErrorsNameTheTemplateLineAndColumn) {
   EXPECT_EQ(error_of("{% if %}"), "chat template test.jinja line 1, column 7: expected an expression, found the end of the tag");
   EXPECT_EQ(error_of("ok\n{{ 1 + }}"), "chat template test.jinja line 2, column 8: expected an expression, found \"}}\"");
   EXPECT_EQ(error_of("{{ a | nofilter }}"),
-            "chat template test.jinja line 1, column 8: no filter named 'nofilter' (docs/data.md lists the supported filters)");
+            "chat template test.jinja line 1, column 8: No filter named 'nofilter' found. (docs/data.md lists the supported filters)");
   EXPECT_EQ(error_of("x\n\n  {{ 'a' + 1 }}"),
-            "chat template test.jinja line 3, column 10: unsupported operand type(s) for +: 'str' and 'int'");
+            "chat template test.jinja line 3, column 10: can only concatenate str (not \"int\") to str");
   EXPECT_EQ(error_of("{% for x in 1 %}{% endfor %}"), "chat template test.jinja line 1, column 13: 'int' object is not iterable");
   EXPECT_EQ(error_of("{% if true %}"),
             "chat template test.jinja line 1, column 14: unexpected end of the template, expected {% elif %} or "
             "{% else %} or {% endif %}");
   EXPECT_EQ(error_of("{{ [].append(1) }}"),
-            "chat template test.jinja line 1, column 13: access to attribute 'append' of 'list' object is unsafe "
-            "(templates cannot modify their inputs) (it was called)");
+            "chat template test.jinja line 1, column 13: access to attribute 'append' of 'list' object is unsafe. "
+            "(Templates cannot modify their inputs.) (it was called)");
   EXPECT_EQ(error_of("{% set x.y = 1 %}", R"({"x": 1})"),
             "chat template test.jinja line 1, column 4: cannot assign attribute \"y\" on \"x\", which is not a "
             "namespace() object");
@@ -338,3 +338,28 @@ TEST(Jinja, ErrorsNameTheTemplateLineAndColumn) {
 }
 
 }  // namespace
+TEST(Jinja, FilterBlocksAndMarkup) {
+  EXPECT_EQ(render(R"~({% filter upper %}a{{ 'b' }}{% set z = 1 %}{% endfilter %}[{{ z }}])~"),
+            "AB[]");
+  EXPECT_EQ(render(R"~({% filter trim | replace('a', 'o') %}  banana  {% endfilter %}|{% filter indent(2, true) %}x
+y{% endfilter %})~"),
+            "bonono|  x\n  y");
+  EXPECT_EQ(render(R"~({% set t | upper | trim %} hi {{ n }} {% endset %}[{{ t }}]{% set u %}{% set inner = 2 %}u{% endset %}{{ inner is defined }})~", R"~({"n": 3})~"),
+            "[HI 3]False");
+  EXPECT_EQ(render(R"~({{ '<b>' | safe + x }}|{{ x + '<i>' | safe }}|{{ x ~ '<i>' | safe }}|{{ '<b>' | safe + '&' | safe }}|{{ x | e }}|{{ x | e | e }}|{{ (x | e) is string }})~", R"~({"x": "a'\"&<>"})~"),
+            "<b>a&#39;&#34;&amp;&lt;&gt;|a&#39;&#34;&amp;&lt;&gt;<i>|a'\"&<><i>|<b>&|a&#39;&#34;&amp;&lt;&gt;|a&#39;&#34;&amp;&lt;&gt;|True");
+  EXPECT_EQ(render(R"~({{ ('%s=%d' | safe) % (x, 5) }}|{{ ('<%s>' | safe) % x }}|{{ ('ab' | safe) * 2 + x }}|{{ ('x<' | safe)[1] + x }}|{{ ('a<b' | safe)[:2] + x }})~", R"~({"x": "'"})~"),
+            "&#39;=5|<&#39;>|abab&#39;|<&#39;|a<&#39;");
+  EXPECT_EQ(render(R"~({{ ('|' | safe).join([x, '<']) }}|{{ ('{} {}' | safe).format(x, 1) }}|{{ (' A ' | safe).strip() + x }}|{{ ('a' | safe).upper() + x }}|{{ ('a,b' | safe).split(',')[0] + x }}|{{ ('a&' | safe).replace('&', x) }})~", R"~({"x": "<&>"})~"),
+            "&lt;&amp;&gt;|&lt;|&lt;&amp;&gt; 1|A&lt;&amp;&gt;|A&lt;&amp;&gt;|a&lt;&amp;&gt;|a&lt;&amp;&gt;");
+  EXPECT_EQ(render(R"~({{ ('a' | safe | trim) + x }}|{{ ('a' | safe | string) + x }}|{{ ('a' | safe | upper) + x }}|{{ ('a' | safe | replace('a', 'b')) + x }}|{{ (['a'] | join) + x }}|{{ (('a' | safe) | reverse) + x }})~", R"~({"x": "<"})~"),
+            "a&lt;|a&lt;|A&lt;|b<|a<|a&lt;");
+  EXPECT_EQ(render(R"~({{ none | select | list }}{{ none | selectattr('a') | list }}{{ none | map('upper') | list }}{{ 0 | rejectattr('x') | list }}{{ '' | map(attribute='x') | list }})~"),
+            "[][][][][]");
+  EXPECT_NE(error_of(R"~({{ 'a' + {} }})~").find("can only concatenate str (not \"dict\") to str"), std::string::npos);
+  EXPECT_NE(error_of(R"~({{ [1] + 'a' }})~").find("can only concatenate list (not \"str\") to list"), std::string::npos);
+  EXPECT_NE(error_of(R"~({{ (1,) + [2] }})~").find("can only concatenate tuple (not \"list\") to tuple"), std::string::npos);
+  EXPECT_NE(error_of(R"~({{ 1 + 'a' }})~").find("unsupported operand type(s) for +: 'int' and 'str'"), std::string::npos);
+  EXPECT_NE(error_of(R"~({{ ('a' | safe) + 1 }})~").find("unsupported operand type(s) for +: 'Markup' and 'int'"), std::string::npos);
+  EXPECT_NE(error_of(R"~({{ none + 'a' }})~").find("unsupported operand type(s) for +: 'NoneType' and 'str'"), std::string::npos);
+}

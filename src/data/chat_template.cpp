@@ -206,7 +206,40 @@ struct ChatTemplate::Impl {
       offs.clear();
       tok.encode_with_offsets(tail, ids, offs);
       std::optional<std::string> end_token;
-      for (size_t k = ids.size(); k-- > 0 && !end_token;) end_token = tok.added_token_content(ids[k]);
+      size_t end_k = 0;
+      for (size_t k = ids.size(); k-- > 0 && !end_token;) {
+        end_token = tok.added_token_content(ids[k]);
+        end_k = k;
+      }
+      if (end_token) {
+        // What a template appends only where a conversation ends without a generation prompt
+        // (Phi-3.x's eos_token after the turn's <|end|>\n) is not the turn's: when the renders of
+        // messages[:i+1] with and without the prompt part first differ after an added token and
+        // whitespace only, and the render without goes on with added tokens and whitespace only,
+        // that token ends the turn.
+        const std::string prompted = render_prefix(i + 1, true);
+        size_t common = 0;
+        while (common < upto.size() && common < prompted.size() && upto[common] == prompted[common]) ++common;
+        // The difference starts at a token of the tail (renders that part at "<|im_end|>" and
+        // "<|assistant|>" share "<|").
+        for (const auto& o : offs)
+          if (start + o.begin < common && start + o.end > common) common = start + o.begin;
+        auto blank = [](std::string_view text) {
+          return std::all_of(text.begin(), text.end(), [](char ch) { return ch == ' ' || ch == '\n' || ch == '\t' || ch == '\r'; });
+        };
+        bool appended_markers = start + offs[end_k].end > common;
+        for (size_t k = 0; k < ids.size() && appended_markers; ++k)
+          if (start + offs[k].begin >= common && !tok.added_token_content(ids[k]))
+            appended_markers = blank(std::string_view(tail).substr(offs[k].begin, offs[k].end - offs[k].begin));
+        if (appended_markers)
+          for (size_t k = end_k; k-- > 0;) {
+            auto added = tok.added_token_content(ids[k]);
+            if (!added || start + offs[k].end > common) continue;
+            size_t from = start + offs[k].end;
+            if (blank(std::string_view(upto).substr(from, common - from))) end_token = added;
+            break;
+          }
+      }
       size_t end;
       if (end_token) {
         size_t at = full.find(*end_token, start);

@@ -17,9 +17,12 @@ variant, loadable with transformers.AutoTokenizer:
   gemma2/         Gemma 2's template over a Gemma-style SentencePiece BPE (Replace " " -> "▁",
                   byte fallback, <start_of_turn> / <end_of_turn> special tokens)
   gemma2_marked/  the same with {% generation %} around each model turn's content and end token
+  phi35/          Phi-3.5-mini-instruct's template (eos_token after the last message without a
+                  generation prompt) over the same BPE with its turn markers added
+  phi35_marked/   the same with {% generation %} around each assistant turn's content and <|end|>
 Marked variants render exactly the text of the original (checked here).
 
-Also writes conversations_{qwen,llama,gemma}.jsonl and expected.json: a list of runs
+Also writes conversations_{qwen,llama,gemma,phi}.jsonl and expected.json: a list of runs
   {"variant", "conversations", "add_generation_prompt", "kwargs", "input_ids": [[...]],
    "masks": [[...]] (transformers' assistant_masks), "rule_masks": [[...]] (unmarked variants: the
    rendering rule of docs/data.md, re-implemented here)}
@@ -211,6 +214,9 @@ GEMMA_CONVERSATIONS = [
                   {"role": "user", "content": "c ✓ and a question left open?"}]},
 ]
 
+# Phi-3.5's template: system, user and assistant roles, content strings.
+PHI_CONVERSATIONS = QWEN_CONVERSATIONS[:2] + GEMMA_CONVERSATIONS
+
 LLAMA_CONVERSATIONS = [
     {"messages": [{"role": "system", "content": "  You are a helpful assistant.  "},
                   {"role": "user", "content": "What is 2+2?"},
@@ -279,6 +285,11 @@ def train_gemma_tokenizer(out_dir):
     return path
 
 
+def mark_phi35(t):
+    return replace_once(t, """{{'<|assistant|>\n' + message['content'] + '<|end|>\n'}}""",
+                        """{{'<|assistant|>\n'}}{% generation %}{{ message['content'] + '<|end|>' }}{% endgeneration %}{{ '\n' }}""")
+
+
 def mark_gemma2(t):
     return replace_once(t, r"""{{ '<start_of_turn>' + role + '\n' + message['content'] | trim + '<end_of_turn>\n' }}""",
                         r"""{% if role == 'model' %}{{ '<start_of_turn>model\n' }}{% generation %}"""
@@ -328,9 +339,28 @@ def rule_masks(tok, conv, add_generation_prompt, kwargs):
             start = max(start, len(history))
         upto = render(messages[:i + 1], False)
         tail = upto[start:]
-        ids = tok(tail, add_special_tokens=False)["input_ids"]
-        end_token = next((added[t] for t in reversed(ids) if t in added), None)
+        enc_tail = tok(tail, add_special_tokens=False, return_offsets_mapping=True)
+        ids, offs = enc_tail["input_ids"], enc_tail["offset_mapping"]
+        ends = [k for k, t in enumerate(ids) if t in added]
+        end_token = added[ids[ends[-1]]] if ends else None
         if end_token is not None:
+            # A template's text appended only where the conversation ends without a generation
+            # prompt (Phi-3.5's eos): the renders with and without the prompt part differ after an
+            # added token and whitespace, and the rest is added tokens and whitespace only.
+            prompted = render(messages[:i + 1], True)
+            common = 0
+            while common < min(len(upto), len(prompted)) and upto[common] == prompted[common]:
+                common += 1
+            for b, e in offs:
+                if start + b < common < start + e:
+                    common = start + b
+            last = ends[-1]
+            if start + offs[last][1] > common and all(
+                    ids[k] in added or not tail[offs[k][0]:offs[k][1]].strip(" \n\t\r")
+                    for k in range(len(ids)) if start + offs[k][0] >= common):
+                earlier = [k for k in ends if start + offs[k][1] <= common]
+                if earlier and not upto[start + offs[earlier[-1]][1]:common].strip(" \n\t\r"):
+                    end_token = added[ids[earlier[-1]]]
             end = full.index(end_token, start) + len(end_token)
         else:
             assert full.startswith(upto) and len(upto) > start
@@ -368,7 +398,20 @@ def main():
     write_variant(out, "gemma2", gemma_json, dict(gemma_cfg, chat_template=g2))
     write_variant(out, "gemma2_marked", gemma_json, dict(gemma_cfg, chat_template=mark_gemma2(g2)))
 
-    for name, convs in (("qwen", QWEN_CONVERSATIONS), ("llama", LLAMA_CONVERSATIONS), ("gemma", GEMMA_CONVERSATIONS)):
+    # Phi-3.5: the template prints eos_token after the last message when there is no generation
+    # prompt; its turn markers are added special tokens.
+    phi = Tokenizer.from_file(tokenizer_json)
+    phi.add_special_tokens(["<|system|>", "<|user|>", "<|assistant|>", "<|end|>"])
+    phi_json = os.path.join(out, "phi_base", "tokenizer.json")
+    os.makedirs(os.path.dirname(phi_json), exist_ok=True)
+    phi.save(phi_json)
+    p35 = read("microsoft-Phi-3.5-mini-instruct.jinja")
+    phi_cfg = {"bos_token": None, "eos_token": "<|endoftext|>", "pad_token": "<|endoftext|>"}
+    write_variant(out, "phi35", phi_json, dict(phi_cfg, chat_template=p35))
+    write_variant(out, "phi35_marked", phi_json, dict(phi_cfg, chat_template=mark_phi35(p35)))
+
+    for name, convs in (("qwen", QWEN_CONVERSATIONS), ("llama", LLAMA_CONVERSATIONS), ("gemma", GEMMA_CONVERSATIONS),
+                        ("phi", PHI_CONVERSATIONS)):
         with open(os.path.join(out, f"conversations_{name}.jsonl"), "w", encoding="utf-8") as f:
             for c in convs:
                 f.write(json.dumps(c, ensure_ascii=False) + "\n")
@@ -376,9 +419,11 @@ def main():
     from transformers import AutoTokenizer
     runs = []
     plan = [("qwen25", "qwen", [{}]), ("qwen3", "qwen", [{}, {"enable_thinking": False}]),
-            ("llama3", "llama", [{}, {"date_string": "01 Jan 2025"}]), ("gemma2", "gemma", [{}])]
+            ("llama3", "llama", [{}, {"date_string": "01 Jan 2025"}]), ("gemma2", "gemma", [{}]),
+            ("phi35", "phi", [{}])]
     for family, conv_name, kwarg_sets in plan:
-        convs = {"qwen": QWEN_CONVERSATIONS, "llama": LLAMA_CONVERSATIONS, "gemma": GEMMA_CONVERSATIONS}[conv_name]
+        convs = {"qwen": QWEN_CONVERSATIONS, "llama": LLAMA_CONVERSATIONS, "gemma": GEMMA_CONVERSATIONS,
+                 "phi": PHI_CONVERSATIONS}[conv_name]
         plain = AutoTokenizer.from_pretrained(os.path.join(out, family))
         marked = AutoTokenizer.from_pretrained(os.path.join(out, family + "_marked"))
         for kwargs in kwarg_sets:

@@ -1,7 +1,8 @@
 // Chat templates end to end: `loongforge-data render-chat` equals transformers' apply_chat_template
-// (input_ids and assistant_masks, token for token) on Qwen2.5, Qwen3, Llama 3.x and Gemma 2 (over a SentencePiece-style tokenizer) shipped
-// templates and their {% generation %}-marked variants (tests/data/chat_template_oracle.py), and
-// renders Gemma 2, Mistral Nemo and DeepSeek-R1 templates to transformers' text;
+// (input_ids and assistant_masks, token for token) on Qwen2.5, Qwen3, Llama 3.x, Gemma 2 (over a
+// SentencePiece-style tokenizer) and Phi-3.5 shipped templates and their {% generation %}-marked
+// variants (tests/data/chat_template_oracle.py), and renders all 70 templates of
+// tests/data/chat_templates to transformers' text or error;
 // the rendering-based masks of the unmarked templates follow docs/data.md's rule and equal the
 // marked variants' masks; preprocess --conversations is byte-identical for 1 and 3 workers,
 // agrees with render-chat through SftDataset, and names the file and line of a bad conversation.
@@ -88,8 +89,9 @@ TEST(ChatTemplate, RenderChatEqualsTransformersOnMarkedTemplates) {
       ++compared;
     }
   }
-  // qwen25 (1 kwargs set), qwen3 (2), llama3 (2), gemma2 (1: a SentencePiece-style tokenizer); agp both ways
-  EXPECT_EQ(compared, 2 * 6 + 4 * 6 + 4 * 3 + 2 * 3);
+  // qwen25 (1 kwargs set), qwen3 (2), llama3 (2), gemma2 (1: a SentencePiece-style tokenizer), phi35 (1);
+  // agp both ways
+  EXPECT_EQ(compared, 2 * 6 + 4 * 6 + 4 * 3 + 2 * 3 + 2 * 5);
 }
 
 TEST(ChatTemplate, RenderedMasksOfUnmarkedTemplatesFollowTheRuleAndEqualTheMarkedOnes) {
@@ -122,7 +124,7 @@ TEST(ChatTemplate, RenderedMasksOfUnmarkedTemplatesFollowTheRuleAndEqualTheMarke
       }
     }
   }
-  EXPECT_EQ(equal_to_marked, 2 * 6 + 2 * 6 + 4 * 3 + 2 * 3);
+  EXPECT_EQ(equal_to_marked, 2 * 6 + 2 * 6 + 4 * 3 + 2 * 3 + 2 * 5);
 }
 
 TEST(ChatTemplate, ShippedTemplatesRenderTheTextTransformersRenders) {

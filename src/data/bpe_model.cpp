@@ -162,6 +162,46 @@ json read_json(const std::string& path) {
   }
 }
 
+// transformers registers tokenizer_config.json's special tokens (bos/eos/unk/sep/pad/cls/mask,
+// then additional_special_tokens and extra_special_tokens, a list or a {name: token} object) as
+// special added tokens when tokenizer.json does not list them: a token in the vocabulary keeps
+// its id (and is no longer split by BPE), a new one gets the next id as tokenizers' AddedVocabulary
+// assigns it (the vocabulary's size, or one past the largest added id).
+void add_config_special_tokens(BpeModel& m, int32_t& max_id) {
+  const auto cfg_path = std::filesystem::path(m.path).parent_path() / "tokenizer_config.json";
+  if (!std::filesystem::exists(cfg_path)) return;
+  const json c = read_json(cfg_path.string());
+  std::vector<std::string> names;
+  auto take = [&](const json& v) {
+    if (v.is_string()) names.push_back(v.get<std::string>());
+    else if (v.is_object() && v.contains("content") && v["content"].is_string()) names.push_back(v["content"].get<std::string>());
+  };
+  for (const char* key : {"bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token"})
+    if (c.contains(key)) take(c[key]);
+  for (const char* key : {"additional_special_tokens", "extra_special_tokens"}) {
+    if (!c.contains(key)) continue;
+    if (c[key].is_array())
+      for (const auto& v : c[key]) take(v);
+    else if (c[key].is_object())
+      for (const auto& [k, v] : c[key].items()) take(v);
+  }
+  const auto model_size = static_cast<int32_t>(m.vocab.size());
+  for (const auto& name : names) {
+    if (name.empty() || std::any_of(m.added.begin(), m.added.end(), [&](const AddedToken& t) { return t.content == name; }))
+      continue;
+    int32_t id;
+    if (auto it = m.vocab.find(name); it != m.vocab.end()) {
+      id = it->second;
+    } else {
+      int32_t max_added = -1;
+      for (const auto& t : m.added) max_added = std::max(max_added, t.id);
+      id = max_added < 0 ? model_size : (max_added >= model_size || model_size == 0) ? max_added + 1 : model_size;
+    }
+    m.added.push_back(AddedToken{name, id, true, false, false, false, false});
+    max_id = std::max(max_id, id);
+  }
+}
+
 }  // namespace
 
 const std::array<std::string, 256>& byte_to_unicode() {
@@ -254,6 +294,7 @@ std::shared_ptr<const BpeModel> load_bpe_model(const std::string& given) {
       max_id = std::max(max_id, t.id);
       m->added.push_back(std::move(t));
     }
+    add_config_special_tokens(*m, max_id);
     m->vocab_size = max_id + 1;
     m->id_bytes.assign(static_cast<size_t>(m->vocab_size), std::string());
     m->id_token.assign(static_cast<size_t>(m->vocab_size), std::string());

@@ -327,6 +327,24 @@ def main():
                 t.enable_truncation(max_length=n)
                 expected[name]["truncated"].append([n, [t.encode(d).ids for d in docs[:20]]])
             t.no_truncation()
+    # Special tokens that only tokenizer_config.json names: transformers (not tokenizers) registers
+    # them as special added tokens, "<|fim_prefix|>" with its vocabulary id, the others new.
+    v = json.loads(json.dumps(spec))
+    v["added_tokens"] = [a for a in v["added_tokens"] if a["content"] != "<|fim_prefix|>"]
+    assert "<|fim_prefix|>" in v["model"]["vocab"]
+    d = f"{out}/qwen_config_specials"
+    os.makedirs(d, exist_ok=True)
+    json.dump(v, open(f"{d}/tokenizer.json", "w"), ensure_ascii=False)
+    added_token = {"__type": "AddedToken", "special": True, "normalized": False, "lstrip": False, "rstrip": False,
+                   "single_word": False}
+    json.dump({"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "<|im_end|>", "bos_token": "<s>",
+               "pad_token": "<|fim_prefix|>", "unk_token": dict(added_token, content="<unk>"),
+               "extra_special_tokens": {"image_token": "<img>", "video_token": "<s>"}}, open(f"{d}/tokenizer_config.json", "w"))
+    from transformers import AutoTokenizer
+    hf = AutoTokenizer.from_pretrained(d)
+    texts = ["<s>hello<|fim_prefix|>world <img><unk>", "a<s><s> b<|im_end|>", "<im", "x <img> y<|fim_prefix|>"] + docs[:20]
+    expected["qwen_config_specials"] = {"size": len(hf),
+                                        "cases": [[x, hf(x, add_special_tokens=False)["input_ids"]] for x in texts]}
     json.dump(expected, open(f"{out}/expected.json", "w"))
 
     nfc_rng = random.Random(3)

@@ -217,7 +217,12 @@ struct ChatTemplate::Impl {
         // messages[:i+1] with and without the prompt part first differ after an added token and
         // whitespace only, and the render without goes on with added tokens and whitespace only,
         // that token ends the turn.
-        const std::string prompted = render_prefix(i + 1, true);
+        std::string prompted;  // a template that cannot prompt after this turn: no exception
+        try {
+          prompted = render(e, c, i + 1, true).text;
+        } catch (const lf::Error&) {
+          prompted = upto;
+        }
         size_t common = 0;
         while (common < upto.size() && common < prompted.size() && upto[common] == prompted[common]) ++common;
         // The difference starts at a token of the tail (renders that part at "<|im_end|>" and

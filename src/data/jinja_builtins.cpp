@@ -377,14 +377,13 @@ Value string_method(const Value& self, const std::string& name) {
     if (name == "format") {
       for (auto& v : escaped.pos) v = Value(markup_text(v));
       for (auto& kv : escaped.kw) kv.second = Value(markup_text(kv.second));
-    } else if (name == "replace") {
-      if (escaped.pos.size() > 1 && escaped.pos[1].is_string()) escaped.pos[1] = Value(markup_text(escaped.pos[1]));
+    } else if (name == "replace") {  // escape(new) of any value, as markupsafe
+      if (escaped.pos.size() > 1) escaped.pos[1] = Value(markup_text(escaped.pos[1]));
       for (auto& kv : escaped.kw)
-        if (kv.first == "new" && kv.second.is_string()) kv.second = Value(markup_text(kv.second));
-    } else if (name == "join" && !escaped.pos.empty()) {
+        if (kv.first == "new") kv.second = Value(markup_text(kv.second));
+    } else if (name == "join" && !escaped.pos.empty()) {  // map(escape, iterable)
       List items = iterate(r, escaped.pos[0], p);
-      for (auto& item : items)
-        if (item.is_string()) item = Value(markup_text(item));
+      for (auto& item : items) item = Value(markup_text(item));
       escaped.pos[0] = Value(std::move(items));
     }
     Value out = r.call(m, escaped, p);

@@ -201,7 +201,9 @@ class Evaluator final : public Renderer {
       case Node::Kind::set_block: {  // the body renders in an inner scope, as in jinja2
         auto inner = std::make_shared<Frame>();
         inner->parent = frame;
-        Value v = capture(n.body, inner);
+        Flow flow = Flow::normal;
+        Value v = capture(n.body, inner, &flow);
+        if (flow != Flow::normal) return flow;  // a loop's break/continue: no assignment, as in jinja2
         if (n.filter) {
           inner->set(kBlockSubject, std::move(v));
           v = eval(*n.filter, inner);
@@ -212,7 +214,10 @@ class Evaluator final : public Renderer {
       case Node::Kind::filter_block: {
         auto inner = std::make_shared<Frame>();
         inner->parent = frame;
-        inner->set(kBlockSubject, capture(n.body, inner));
+        Flow flow = Flow::normal;
+        std::string body = capture(n.body, inner, &flow);
+        if (flow != Flow::normal) return flow;  // a loop's break/continue: the block prints nothing
+        inner->set(kBlockSubject, std::move(body));
         *out_ += py_str(eval(*n.filter, inner));
         return Flow::normal;
       }

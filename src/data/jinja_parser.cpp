@@ -163,7 +163,7 @@ class Parser {
         // {% set name %}...{% endset %}, or {% set name | filter(args) | ... %}...{% endset %}
         node->kind = Node::Kind::set_block;
         node->text = first;
-        if (is_op("|")) node->filter = parse_filter_expr(block_subject(cur().pos));
+        if (is_op("|")) node->filter = parse_block_filters(block_subject(cur().pos), false);
         expect_block_end(tag);
         node->body = parse_body({"endset"}, end);
         expect_block_end(end);
@@ -205,15 +205,7 @@ class Parser {
     } else if (tag == "filter") {
       // {% filter name(args) | name2 %}...{% endfilter %}: the rendered body through the filters.
       node->kind = Node::Kind::filter_block;
-      auto f = make(Expr::Kind::filter, cur().pos);
-      f->name = expect_name("a filter name");
-      while (is_op(".")) {
-        ++i_;
-        f->name += "." + expect_name("a filter name");
-      }
-      f->args.push_back(block_subject(f->pos));
-      if (is_op("(")) parse_call_args(*f);
-      node->filter = parse_filter_expr(std::move(f));
+      node->filter = parse_block_filters(block_subject(cur().pos), true);
       expect_block_end(tag);
       node->body = parse_body({"endfilter"}, end);
       expect_block_end(end);
@@ -239,6 +231,24 @@ class Parser {
       fail(t, "unknown tag \"" + tag + "\"");
     }
     return node;
+  }
+
+  // The filters of a {% filter %} block (its first without "|") or a filtered {% set %} block:
+  // `name(args) | name2 ...` and nothing else (no tests or calls), as jinja2's parse_filter.
+  ExprPtr parse_block_filters(ExprPtr e, bool first_without_bar) {
+    for (bool first = first_without_bar; first || is_op("|"); first = false) {
+      if (!first) ++i_;
+      auto f = make(Expr::Kind::filter, cur().pos);
+      f->name = expect_name("a filter name");
+      while (is_op(".")) {
+        ++i_;
+        f->name += "." + expect_name("a filter name");
+      }
+      f->args.push_back(std::move(e));
+      if (is_op("(")) parse_call_args(*f);
+      e = std::move(f);
+    }
+    return e;
   }
 
   ExprPtr block_subject(Pos p) {

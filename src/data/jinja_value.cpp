@@ -192,6 +192,12 @@ void repr_string(const std::string& s, std::string& out) {
 }
 
 void repr_into(const Value& v, std::string& out) {
+  if (v.is_markup()) {  // markupsafe: Markup('...')
+    out += "Markup(";
+    repr_string(v.str(), out);
+    out += ")";
+    return;
+  }
   if (v.is_string()) return repr_string(v.str(), out);
   if (v.is_list()) {
     if (v.is_generator()) {

@@ -347,7 +347,10 @@ def rule_masks(tok, conv, add_generation_prompt, kwargs):
             # A template's text appended only where the conversation ends without a generation
             # prompt (Phi-3.5's eos): the renders with and without the prompt part differ after an
             # added token and whitespace, and the rest is added tokens and whitespace only.
-            prompted = render(messages[:i + 1], True)
+            try:
+                prompted = render(messages[:i + 1], True)
+            except Exception:  # a template that cannot prompt after this turn: no exception
+                prompted = upto
             common = 0
             while common < min(len(upto), len(prompted)) and upto[common] == prompted[common]:
                 common += 1

@@ -362,4 +362,10 @@ y{% endfilter %})~"),
   EXPECT_NE(error_of(R"~({{ 1 + 'a' }})~").find("unsupported operand type(s) for +: 'int' and 'str'"), std::string::npos);
   EXPECT_NE(error_of(R"~({{ ('a' | safe) + 1 }})~").find("unsupported operand type(s) for +: 'Markup' and 'int'"), std::string::npos);
   EXPECT_NE(error_of(R"~({{ none + 'a' }})~").find("unsupported operand type(s) for +: 'NoneType' and 'str'"), std::string::npos);
+  EXPECT_EQ(render(R"~({% for i in [1,2,3] %}{% filter upper %}a{{ i }}{% if i == 2 %}{% continue %}{% endif %}b{% endfilter %}{% endfor %}|{% for i in [1,2,3] %}{% filter upper %}a{{ i }}{% if i == 2 %}{% break %}{% endif %}{% endfilter %}{% endfor %}|{% for i in [1,2] %}{% set s %}{{ i }}{% if i == 2 %}{% break %}{% endif %}{% endset %}{{ s }}{% endfor %})~"),
+            "A1BA3B|A1|1");
+  EXPECT_EQ(render(R"~({{ ['a' | safe] }}|{{ '%r' % ('a' | safe) }}|{{ ('%r' | safe) % ('a' | safe) }}|{{ (',' | safe).join([1, none, '<']) }}|{{ ('a' | safe).replace('a', 1) }})~"),
+            "[Markup('a')]|Markup('a')|Markup(&#39;a&#39;)|1,None,&lt;|1");
+  EXPECT_NE(error_of(R"~({% filter upper is string %}x{% endfilter %})~").find("expected the end of the"), std::string::npos);
+  EXPECT_NE(error_of(R"~({% set x | upper is string %}x{% endset %})~").find("expected the end of the"), std::string::npos);
 }

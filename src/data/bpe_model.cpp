@@ -162,33 +162,44 @@ json read_json(const std::string& path) {
   }
 }
 
-// transformers registers tokenizer_config.json's special tokens (bos/eos/unk/sep/pad/cls/mask,
-// then additional_special_tokens and extra_special_tokens, a list or a {name: token} object) as
-// special added tokens when tokenizer.json does not list them: a token in the vocabulary keeps
-// its id (and is no longer split by BPE), a new one gets the next id as tokenizers' AddedVocabulary
-// assigns it (the vocabulary's size, or one past the largest added id).
+// transformers 5 registers tokenizer_config.json's special tokens as special added tokens: bos,
+// eos, unk, sep, pad, cls and mask; other keys ending in "_token" (boi_token, ...; here in key
+// order, transformers takes the file's); extra_special_tokens given as {name: token}; then
+// extra_special_tokens given as a list (or, without it, additional_special_tokens). One that tokenizer.json lists already is marked special; one in
+// the vocabulary keeps its id (and is no longer split by BPE); a new one gets the next id as
+// tokenizers' AddedVocabulary assigns it (the vocabulary's size, or one past the largest added id).
+// An object form's lstrip / rstrip / single_word / normalized are kept.
 void add_config_special_tokens(BpeModel& m, int32_t& max_id) {
   const auto cfg_path = std::filesystem::path(m.path).parent_path() / "tokenizer_config.json";
   if (!std::filesystem::exists(cfg_path)) return;
   const json c = read_json(cfg_path.string());
-  std::vector<std::string> names;
+  std::vector<json> tokens;
   auto take = [&](const json& v) {
-    if (v.is_string()) names.push_back(v.get<std::string>());
-    else if (v.is_object() && v.contains("content") && v["content"].is_string()) names.push_back(v["content"].get<std::string>());
+    if (v.is_string() || (v.is_object() && v.contains("content") && v["content"].is_string())) tokens.push_back(v);
   };
-  for (const char* key : {"bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token"})
+  static const std::vector<std::string> named = {"bos_token", "eos_token", "unk_token", "sep_token",
+                                                 "pad_token", "cls_token", "mask_token"};
+  for (const auto& key : named)
     if (c.contains(key)) take(c[key]);
-  for (const char* key : {"additional_special_tokens", "extra_special_tokens"}) {
-    if (!c.contains(key)) continue;
-    if (c[key].is_array())
-      for (const auto& v : c[key]) take(v);
-    else if (c[key].is_object())
-      for (const auto& [k, v] : c[key].items()) take(v);
-  }
+  const json extra = c.contains("extra_special_tokens") ? c["extra_special_tokens"]
+                     : c.contains("additional_special_tokens") ? c["additional_special_tokens"] : json();
+  for (const auto& [k, v] : c.items())
+    if (k.size() > 6 && k.compare(k.size() - 6, 6, "_token") == 0 &&
+        std::find(named.begin(), named.end(), k) == named.end() && k != "extra_special_tokens")
+      take(v);
+  if (extra.is_object())
+    for (const auto& [k, v] : extra.items()) take(v);
+  if (extra.is_array())
+    for (const auto& v : extra) take(v);
   const auto model_size = static_cast<int32_t>(m.vocab.size());
-  for (const auto& name : names) {
-    if (name.empty() || std::any_of(m.added.begin(), m.added.end(), [&](const AddedToken& t) { return t.content == name; }))
+  for (const auto& v : tokens) {
+    const std::string name = v.is_string() ? v.get<std::string>() : v["content"].get<std::string>();
+    if (name.empty()) continue;
+    auto known = std::find_if(m.added.begin(), m.added.end(), [&](const AddedToken& t) { return t.content == name; });
+    if (known != m.added.end()) {
+      known->special = true;
       continue;
+    }
     int32_t id;
     if (auto it = m.vocab.find(name); it != m.vocab.end()) {
       id = it->second;
@@ -197,7 +208,8 @@ void add_config_special_tokens(BpeModel& m, int32_t& max_id) {
       for (const auto& t : m.added) max_added = std::max(max_added, t.id);
       id = max_added < 0 ? model_size : (max_added >= model_size || model_size == 0) ? max_added + 1 : model_size;
     }
-    m.added.push_back(AddedToken{name, id, true, false, false, false, false});
+    auto flag = [&](const char* key) { return v.is_object() && v.value(key, false); };
+    m.added.push_back(AddedToken{name, id, true, flag("lstrip"), flag("rstrip"), flag("single_word"), flag("normalized")});
     max_id = std::max(max_id, id);
   }
 }

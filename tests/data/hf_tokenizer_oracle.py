@@ -339,10 +339,12 @@ def main():
                    "single_word": False}
     json.dump({"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "<|im_end|>", "bos_token": "<s>",
                "pad_token": "<|fim_prefix|>", "unk_token": dict(added_token, content="<unk>"),
+               "mask_token": dict(added_token, content="<mask>", lstrip=True), "boi_token": "<boi>",
                "extra_special_tokens": {"image_token": "<img>", "video_token": "<s>"}}, open(f"{d}/tokenizer_config.json", "w"))
     from transformers import AutoTokenizer
     hf = AutoTokenizer.from_pretrained(d)
-    texts = ["<s>hello<|fim_prefix|>world <img><unk>", "a<s><s> b<|im_end|>", "<im", "x <img> y<|fim_prefix|>"] + docs[:20]
+    texts = ["<s>hello<|fim_prefix|>world <img><unk>", "a<s><s> b<|im_end|>", "<im", "x <img> y<|fim_prefix|><boi>",
+             "ab  <mask> c<mask>"] + docs[:20]
     expected["qwen_config_specials"] = {"size": len(hf),
                                         "cases": [[x, hf(x, add_special_tokens=False)["input_ids"]] for x in texts]}
     json.dump(expected, open(f"{out}/expected.json", "w"))

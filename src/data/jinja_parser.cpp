@@ -238,17 +238,22 @@ class Parser {
   ExprPtr parse_block_filters(ExprPtr e, bool first_without_bar) {
     for (bool first = first_without_bar; first || is_op("|"); first = false) {
       if (!first) ++i_;
-      auto f = make(Expr::Kind::filter, cur().pos);
-      f->name = expect_name("a filter name");
-      while (is_op(".")) {
-        ++i_;
-        f->name += "." + expect_name("a filter name");
-      }
-      f->args.push_back(std::move(e));
-      if (is_op("(")) parse_call_args(*f);
-      e = std::move(f);
+      e = parse_one_filter(std::move(e), "a filter name");
     }
     return e;
+  }
+
+  // `name(args)` (the "|" consumed) applied to e.
+  ExprPtr parse_one_filter(ExprPtr e, const char* what) {
+    auto f = make(Expr::Kind::filter, cur().pos);
+    f->name = expect_name(what);
+    while (is_op(".")) {
+      ++i_;
+      f->name += "." + expect_name("a filter name");
+    }
+    f->args.push_back(std::move(e));
+    if (is_op("(")) parse_call_args(*f);
+    return f;
   }
 
   ExprPtr block_subject(Pos p) {
@@ -624,16 +629,7 @@ class Parser {
     for (;;) {
       if (is_op("|")) {
         ++i_;
-        Pos p = cur().pos;
-        auto f = make(Expr::Kind::filter, p);
-        f->name = expect_name("a filter name after \"|\"");
-        while (is_op(".")) {
-          ++i_;
-          f->name += "." + expect_name("a filter name");
-        }
-        f->args.push_back(std::move(e));
-        if (is_op("(")) parse_call_args(*f);
-        e = std::move(f);
+        e = parse_one_filter(std::move(e), "a filter name after \"|\"");
       } else if (is_name("is")) {
         ++i_;
         Pos p = cur().pos;

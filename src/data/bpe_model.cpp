@@ -162,6 +162,12 @@ json read_json(const std::string& path) {
   }
 }
 
+// tokenizer_config.json beside tokenizer.json, or null when there is none.
+json read_tokenizer_config(const std::string& tokenizer_json) {
+  const auto path = std::filesystem::path(tokenizer_json).parent_path() / "tokenizer_config.json";
+  return std::filesystem::exists(path) ? read_json(path.string()) : json();
+}
+
 // transformers 5 registers tokenizer_config.json's special tokens as special added tokens: bos,
 // eos, unk, sep, pad, cls and mask; other keys ending in "_token" (boi_token, ...; here in key
 // order, transformers takes the file's); extra_special_tokens given as {name: token}; then
@@ -169,10 +175,8 @@ json read_json(const std::string& path) {
 // the vocabulary keeps its id (and is no longer split by BPE); a new one gets the next id as
 // tokenizers' AddedVocabulary assigns it (the vocabulary's size, or one past the largest added id).
 // An object form's lstrip / rstrip / single_word / normalized are kept.
-void add_config_special_tokens(BpeModel& m, int32_t& max_id) {
-  const auto cfg_path = std::filesystem::path(m.path).parent_path() / "tokenizer_config.json";
-  if (!std::filesystem::exists(cfg_path)) return;
-  const json c = read_json(cfg_path.string());
+void add_config_special_tokens(BpeModel& m, const json& c, int32_t& max_id) {
+  if (!c.is_object()) return;
   std::vector<json> tokens;
   auto take = [&](const json& v) {
     if (v.is_string() || (v.is_object() && v.contains("content") && v["content"].is_string())) tokens.push_back(v);
@@ -234,6 +238,7 @@ std::shared_ptr<const BpeModel> load_bpe_model(const std::string& given) {
   m->path = find_tokenizer_json(given);
   const std::string& where = m->path;
   json j = read_json(where);
+  const json config = read_tokenizer_config(where);
   try {
     const json& model = j.at("model");
     LF_CHECK(type_of(model) == "BPE" || (!model.contains("type") && model.contains("merges")),
@@ -306,7 +311,7 @@ std::shared_ptr<const BpeModel> load_bpe_model(const std::string& given) {
       max_id = std::max(max_id, t.id);
       m->added.push_back(std::move(t));
     }
-    add_config_special_tokens(*m, max_id);
+    add_config_special_tokens(*m, config, max_id);
     m->vocab_size = max_id + 1;
     m->id_bytes.assign(static_cast<size_t>(m->vocab_size), std::string());
     m->id_token.assign(static_cast<size_t>(m->vocab_size), std::string());
@@ -403,7 +408,6 @@ std::shared_ptr<const BpeModel> load_bpe_model(const std::string& given) {
   }
 
   // End of document: tokenizer_config.json's eos_token, else a well-known name.
-  auto cfg = std::filesystem::path(m->path).parent_path() / "tokenizer_config.json";
   auto lookup = [&](const std::string& s) -> std::optional<int32_t> {
     for (const auto& t : m->added)
       if (t.content == s) return t.id;
@@ -411,13 +415,10 @@ std::shared_ptr<const BpeModel> load_bpe_model(const std::string& given) {
     if (it != m->vocab.end()) return it->second;
     return std::nullopt;
   };
-  if (std::filesystem::exists(cfg)) {
-    json c = read_json(cfg.string());
-    if (c.contains("eos_token")) {
-      const json& e = c["eos_token"];
-      std::string s = e.is_string() ? e.get<std::string>() : e.is_object() ? e.value("content", "") : "";
-      if (!s.empty()) m->eod = lookup(s);
-    }
+  if (config.is_object() && config.contains("eos_token")) {
+    const json& e = config["eos_token"];
+    std::string s = e.is_string() ? e.get<std::string>() : e.is_object() ? e.value("content", "") : "";
+    if (!s.empty()) m->eod = lookup(s);
   }
   for (const char* name : {"<|endoftext|>", "<|end_of_text|>", "</s>", "<eos>"})
     if (!m->eod) m->eod = lookup(name);

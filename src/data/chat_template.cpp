@@ -211,7 +211,20 @@ struct ChatTemplate::Impl {
         end_token = tok.added_token_content(ids[k]);
         end_k = k;
       }
-      if (end_token) {
+      auto blank = [](std::string_view text) {
+        return std::all_of(text.begin(), text.end(), [](char ch) { return ch == ' ' || ch == '\n' || ch == '\t' || ch == '\r'; });
+      };
+      // Only an added token followed by whitespace and added tokens up to the last one can take its
+      // place below; most templates (a turn's content before its end token) need no second render.
+      bool earlier_end = false;
+      for (size_t k = end_k; end_token && k-- > 0;) {
+        if (tok.added_token_content(ids[k])) {
+          earlier_end = true;
+          break;
+        }
+        if (!blank(std::string_view(tail).substr(offs[k].begin, offs[k].end - offs[k].begin))) break;
+      }
+      if (earlier_end) {
         // What a template appends only where a conversation ends without a generation prompt
         // (Phi-3.x's eos_token after the turn's <|end|>\n) is not the turn's: when the renders of
         // messages[:i+1] with and without the prompt part first differ after an added token and
@@ -229,9 +242,6 @@ struct ChatTemplate::Impl {
         // "<|assistant|>" share "<|").
         for (const auto& o : offs)
           if (start + o.begin < common && start + o.end > common) common = start + o.begin;
-        auto blank = [](std::string_view text) {
-          return std::all_of(text.begin(), text.end(), [](char ch) { return ch == ' ' || ch == '\n' || ch == '\t' || ch == '\r'; });
-        };
         bool appended_markers = start + offs[end_k].end > common;
         for (size_t k = 0; k < ids.size() && appended_markers; ++k)
           if (start + offs[k].begin >= common && !tok.added_token_content(ids[k]))

@@ -173,6 +173,18 @@ int main(int argc, char** argv) {
     write_pid_file();
     sleep_forever();
   }
+  if (mode == "sleep-report-signal") {
+    // Prints which signal stopped it ("got signal 2") and exits 0: what the launcher forwarded.
+    for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2})
+      signal(sig, [](int s) {
+        char msg[32];
+        int n = std::snprintf(msg, sizeof msg, "got signal %d\n", s);
+        (void)!write(1, msg, static_cast<size_t>(n));
+        _exit(0);
+      });
+    write_pid_file();
+    sleep_forever();
+  }
   if (mode == "signal") {
     rlimit no_core{0, 0};  // a crash test must not leave core files behind
     setrlimit(RLIMIT_CORE, &no_core);

@@ -2,6 +2,8 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <csignal>
+#include <cstdlib>
 #include <map>
 
 #include "launch_options.h"
@@ -39,7 +41,8 @@ TEST(LaunchOptions, DefaultsMatchTorchrun) {
   EXPECT_EQ(o.master_addr, "127.0.0.1");
   EXPECT_EQ(o.master_port, 29500);
   EXPECT_EQ(o.max_restarts, 0);
-  EXPECT_EQ(o.grace_period_s, 5.0);
+  EXPECT_EQ(o.grace_period_s, 30.0);
+  EXPECT_EQ(o.signals_to_handle, (std::vector<int>{SIGTERM, SIGINT, SIGHUP, SIGQUIT}));
   EXPECT_EQ(o.command, (std::vector<std::string>{"/bin/sh", "-c", "true"}));
   EXPECT_EQ(o.executable, "/bin/sh");
   EXPECT_TRUE(o.terminal_ranks.includes(0));
@@ -77,6 +80,82 @@ TEST(LaunchOptions, RdzvEndpointIsTheMasterAddress) {
   auto v6 = parse({"--rdzv_endpoint", "[::1]:4243", "/bin/sh"});
   EXPECT_EQ(v6.master_addr, "::1");
   EXPECT_EQ(v6.master_port, 4243);
+}
+
+// torchrun takes a flag not given from PET_<NAME> (Kubeflow's PyTorchJob sets PET_NNODES,
+// PET_NODE_RANK, PET_NPROC_PER_NODE, PET_MASTER_ADDR, PET_MASTER_PORT); the command line wins.
+class PetEnv {
+ public:
+  PetEnv(std::initializer_list<std::pair<const std::string, std::string>> vars) : vars_(vars) {
+    for (const auto& [k, v] : vars_) setenv(k.c_str(), v.c_str(), 1);
+  }
+  ~PetEnv() {
+    for (const auto& [k, v] : vars_) unsetenv(k.c_str());
+  }
+
+ private:
+  std::map<std::string, std::string> vars_;
+};
+
+TEST(LaunchOptions, PetEnvironmentGivesTheFlagsNotOnTheCommandLine) {
+  {
+    PetEnv env{{"PET_NNODES", "2"}, {"PET_NODE_RANK", "1"}, {"PET_NPROC_PER_NODE", "3"},
+                {"PET_MASTER_ADDR", "10.0.0.5"}, {"PET_MASTER_PORT", "1234"}, {"PET_RDZV_ID", "j7"}};
+    auto o = parse({"/bin/sh"});
+    EXPECT_EQ(o.nnodes, 2);
+    EXPECT_EQ(o.node_rank, 1);
+    EXPECT_EQ(o.nproc_per_node, 3);
+    EXPECT_EQ(o.master_addr, "10.0.0.5");
+    EXPECT_EQ(o.master_port, 1234);
+    EXPECT_EQ(o.run_id, "j7");
+    auto cli = parse({"--node_rank", "0", "--nproc-per-node=2", "/bin/sh"});
+    EXPECT_EQ(cli.node_rank, 0);
+    EXPECT_EQ(cli.nproc_per_node, 2);
+    // An endpoint on the command line replaces PET_MASTER_ADDR/PORT instead of contradicting them.
+    auto ep = parse({"--rdzv-endpoint", "node3:4000", "/bin/sh"});
+    EXPECT_EQ(ep.master_addr, "node3");
+    EXPECT_EQ(ep.master_port, 4000);
+  }
+  {
+    PetEnv env{{"PET_STANDALONE", "1"}, {"PET_NPROC_PER_NODE", "2"}};
+    auto o = parse({"/bin/sh"});
+    EXPECT_TRUE(o.standalone);
+    EXPECT_NE(o.master_port, 29500);
+  }
+  {
+    PetEnv env{{"PET_NNODES", "two"}};
+    EXPECT_NE(usage_error({"/bin/sh"}).find("--nnodes two: expected an integer (from PET_NNODES=two)"), std::string::npos)
+        << usage_error({"/bin/sh"});
+    EXPECT_EQ(usage_error({"--nnodes", "1", "/bin/sh"}), "");  // the command line's value is the one used
+  }
+  {
+    PetEnv env{{"PET_STANDALONE", "yes"}};
+    EXPECT_NE(usage_error({"/bin/sh"}).find("PET_STANDALONE=yes: expected 0 or 1"), std::string::npos);
+  }
+}
+
+TEST(LaunchOptions, RepeatedFlagsKeepTheLastValueAsArgparse) {
+  auto o = parse({"--nproc-per-node", "2", "--master-port", "7000", "--nproc-per-node", "3", "/bin/sh"});
+  EXPECT_EQ(o.nproc_per_node, 3);
+  EXPECT_EQ(o.master_port, 7000);
+}
+
+TEST(LaunchOptions, BracketedIpv6MasterAddressAndSignalsToHandle) {
+  EXPECT_EQ(parse({"--master-addr", "[::1]", "/bin/sh"}).master_addr, "::1");
+  EXPECT_EQ(parse({"--signals-to-handle", "SIGTERM,SIGUSR1", "/bin/sh"}).signals_to_handle,
+            (std::vector<int>{SIGTERM, SIGUSR1}));
+}
+
+// torchrun's c10d rendezvous assigns node ranks; this launcher does not, so a multi-node c10d
+// job must give them (every node would otherwise be node 0: a bind failure or a hang).
+TEST(LaunchOptions, C10dWithSeveralNodesNeedsTheNodeRank) {
+  EXPECT_NE(usage_error({"--nnodes", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint", "h:29400", "/bin/sh"})
+                .find("--rdzv-backend c10d with --nnodes 2 and no --node-rank"),
+            std::string::npos);
+  auto o = parse({"--nnodes", "2", "--node-rank", "1", "--rdzv-backend", "c10d", "--rdzv-endpoint", "h:29400", "/bin/sh"});
+  EXPECT_EQ(o.node_rank, 1);
+  PetEnv env{{"PET_NODE_RANK", "1"}};
+  EXPECT_EQ(parse({"--nnodes", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint", "h:29400", "/bin/sh"}).node_rank, 1);
 }
 
 TEST(LaunchOptions, StandalonePicksALoopbackPort) {
@@ -117,6 +196,7 @@ TEST(LaunchOptions, ErrorsNameTheFlagAndTheFix) {
       {{"--nnodes", "2", "--max-restarts", "1", "/bin/sh"}, "--max-restarts 1 with --nnodes 2 is not supported"},
       {{"--standalone", "--nnodes", "2", "/bin/sh"}, "--standalone with --nnodes 2"},
       {{"--terminal-ranks", "0,x", "/bin/sh"}, "--terminal-ranks x: expected an integer"},
+      {{"--signals-to-handle", "SIGTERM,SIGKILL", "/bin/sh"}, "--signals-to-handle SIGTERM,SIGKILL: unknown signal 'SIGKILL'"},
       {{"--nproc-per-node", "2"}, "missing the worker command"},
       {{"--nproc-per-node", "2", "--bogus", "/bin/sh"}, "unknown flag --bogus"},
       {{"/no/such/program"}, "command '/no/such/program' is not an executable file"},
@@ -157,6 +237,7 @@ TEST(WorkerEnv, SecondNodeRanks) {
       {"TORCHELASTIC_MAX_RESTARTS", "0"},
       {"TORCHELASTIC_RUN_ID", "none"},
       {"LOONGFORGE_RESTART_COUNT", "3"},
+      {"TORCHELASTIC_USE_AGENT_STORE", "False"},  // never inherited: workers host their store
   };
   EXPECT_EQ(env, expected);
 }
@@ -184,6 +265,14 @@ TEST(WorkerEnv, OmpDefaultOnlyForSeveralProcessesAndOnlyWhenUnset) {
   setenv("OMP_NUM_THREADS", "8", 1);
   EXPECT_EQ(as_map(worker_env_defaults(parse({"--nproc-per-node", "4", "/bin/sh"}), nullptr)).count("OMP_NUM_THREADS"), 0u);
   unsetenv("OMP_NUM_THREADS");
+}
+
+TEST(WorkerEnv, NcclAsyncErrorHandlingDefaultsToTorchruns) {
+  unsetenv("TORCH_NCCL_ASYNC_ERROR_HANDLING");
+  EXPECT_EQ(as_map(worker_env_defaults(parse({"/bin/sh"}), nullptr))["TORCH_NCCL_ASYNC_ERROR_HANDLING"], "1");
+  setenv("TORCH_NCCL_ASYNC_ERROR_HANDLING", "3", 1);
+  EXPECT_EQ(as_map(worker_env_defaults(parse({"/bin/sh"}), nullptr)).count("TORCH_NCCL_ASYNC_ERROR_HANDLING"), 0u);
+  unsetenv("TORCH_NCCL_ASYNC_ERROR_HANDLING");
 }
 
 }  // namespace

@@ -75,10 +75,12 @@ TEST(LauncherFailure, SigtermToTheLauncherStopsEveryWorker) {
   ASSERT_EQ(kill(pids[0].launcher, SIGTERM), 0);
   ASSERT_EQ(run.wait_for(10s), std::future_status::ready);
   auto r = run.get();
-  // Well inside the default 5 s grace period: the workers got SIGTERM, not a late SIGKILL.
+  // Well inside the default 30 s grace period: the workers got SIGTERM, not a late SIGKILL.
   EXPECT_LT(Clock::now() - t0, 4s);
   EXPECT_EQ(r.exit_code, 143) << describe(r);
-  EXPECT_NE(r.output.find("loongforge-run: received SIGTERM, stopping 2 workers"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("loongforge-run: received SIGTERM, forwarding it to 2 workers (SIGKILL after 30 s)"),
+            std::string::npos)
+      << r.output;
   EXPECT_EQ(r.output.find("was killed by signal"), std::string::npos) << "a requested stop is no failure:\n" << r.output;
   expect_all_gone(pids);
 }
@@ -89,16 +91,39 @@ TEST(LauncherFailure, WorkersIgnoringSigtermAreKilledAfterTheGracePeriod) {
   auto pids = wait_for_pid_files(dir, 2);
   ASSERT_EQ(pids.size(), 2u);
   auto t0 = Clock::now();
-  ASSERT_EQ(kill(pids[0].launcher, SIGINT), 0);
+  ASSERT_EQ(kill(pids[0].launcher, SIGTERM), 0);
   ASSERT_EQ(run.wait_for(10s), std::future_status::ready);
   auto r = run.get();
   auto took = Clock::now() - t0;
-  EXPECT_EQ(r.exit_code, 128 + SIGINT) << describe(r);
+  EXPECT_EQ(r.exit_code, 128 + SIGTERM) << describe(r);
   EXPECT_GE(took, 300ms);  // the workers got their grace period
   EXPECT_LT(took, 5s);
   EXPECT_NE(r.output.find("2 workers still running after the 0.3 s grace period; sending SIGKILL"), std::string::npos)
       << r.output;
   expect_all_gone(pids);
+}
+
+// As torchrun: the workers get the signal the launcher got (Ctrl-C gives them SIGINT), and
+// --signals-to-handle adds SIGUSR1 (Slurm's preemption warning) to the signals forwarded.
+TEST(LauncherFailure, TheLauncherForwardsTheSignalItReceived) {
+  for (const auto& [sig, extra] : std::vector<std::pair<int, std::vector<std::string>>>{
+           {SIGINT, {}}, {SIGQUIT, {}}, {SIGUSR1, {"--signals-to-handle", "SIGTERM,SIGUSR1"}}}) {
+    std::string dir = lf::testing::make_temp_dir("run-forward");
+    std::vector<std::string> flags{"--nproc-per-node", "2", "--log-dir", dir + "/logs"};
+    flags.insert(flags.end(), extra.begin(), extra.end());
+    auto run = launch_async(launch_argv(flags, {"sleep-report-signal"}), dir);
+    auto pids = wait_for_pid_files(dir, 2);
+    ASSERT_EQ(pids.size(), 2u);
+    ASSERT_EQ(kill(pids[0].launcher, sig), 0);
+    ASSERT_EQ(run.wait_for(10s), std::future_status::ready);
+    auto r = run.get();
+    EXPECT_EQ(r.exit_code, 128 + sig) << describe(r);
+    for (int rank = 0; rank < 2; ++rank)
+      EXPECT_NE(read_file(dir + "/logs/rank" + std::to_string(rank) + ".log").find("got signal " + std::to_string(sig)),
+                std::string::npos)
+          << "signal " << sig << " rank " << rank << "\n" << r.output;
+    expect_all_gone(pids);
+  }
 }
 
 TEST(LauncherFailure, WorkersDieWhenTheLauncherIsSigkilled) {

@@ -9,7 +9,9 @@
 
 #include <algorithm>
 #include <charconv>
+#include <csignal>
 #include <cstdlib>
+#include <map>
 #include <sstream>
 
 namespace lf::run {
@@ -94,12 +96,51 @@ int free_loopback_port() {
   return ntohs(addr.sin_port);
 }
 
+// --signals-to-handle: torchrun's comma list of signal names.
+std::vector<int> parse_signals(const std::string& value) {
+  static const std::map<std::string, int> known{{"SIGTERM", SIGTERM}, {"SIGINT", SIGINT},   {"SIGHUP", SIGHUP},
+                                                {"SIGQUIT", SIGQUIT}, {"SIGUSR1", SIGUSR1}, {"SIGUSR2", SIGUSR2}};
+  const char* fix = "give a comma list of SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2 (torchrun's default: "
+                    "SIGTERM,SIGINT,SIGHUP,SIGQUIT)";
+  std::vector<int> out;
+  std::stringstream ss(value);
+  for (std::string item; std::getline(ss, item, ',');) {
+    item.erase(0, item.find_first_not_of(' '));
+    item.erase(item.find_last_not_of(' ') + 1);
+    auto it = known.find(item);
+    if (it == known.end()) throw UsageError("--signals-to-handle " + value + ": unknown signal '" + item + "'", fix);
+    if (std::find(out.begin(), out.end(), it->second) == out.end()) out.push_back(it->second);
+  }
+  if (out.empty()) throw UsageError("--signals-to-handle: empty list", fix);
+  return out;
+}
+
+// torchrun reads a flag that is not given from PET_<DEST> (its argparse `env` actions). These are
+// the ones loongforge-run has; they are put before the command line's flags, whose values win
+// (the last value of a flag is kept).
+struct EnvFlag {
+  const char* var;
+  const char* flag;
+  bool is_switch;  // PET_STANDALONE=1 / PET_NO_PYTHON=1 (torchrun: bool(int(value)))
+};
+constexpr EnvFlag kEnvFlags[] = {
+    {"PET_NNODES", "--nnodes", false},           {"PET_NODE_RANK", "--node-rank", false},
+    {"PET_NPROC_PER_NODE", "--nproc-per-node", false}, {"PET_MASTER_ADDR", "--master-addr", false},
+    {"PET_MASTER_PORT", "--master-port", false}, {"PET_RDZV_ENDPOINT", "--rdzv-endpoint", false},
+    {"PET_RDZV_BACKEND", "--rdzv-backend", false}, {"PET_RDZV_ID", "--rdzv-id", false},
+    {"PET_MAX_RESTARTS", "--max-restarts", false}, {"PET_LOG_DIR", "--log-dir", false},
+    {"PET_SIGNALS_TO_HANDLE", "--signals-to-handle", false}, {"PET_STANDALONE", "--standalone", true},
+    {"PET_NO_PYTHON", "--no-python", true},
+};
+
 bool is_executable_file(const std::string& path) {
   struct stat st{};
   return stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode) && access(path.c_str(), X_OK) == 0;
 }
 
 }  // namespace
+
+std::vector<int> default_signals() { return {SIGTERM, SIGINT, SIGHUP, SIGQUIT}; }
 
 bool TerminalRanks::includes(int rank) const {
   return all || std::find(ranks.begin(), ranks.end(), rank) != ranks.end();
@@ -123,10 +164,13 @@ std::string resolve_executable(const std::string& command) {
   throw UsageError("command '" + command + "' not found in PATH", fix);
 }
 
-std::optional<LaunchOptions> parse_launch_options(const std::vector<std::string>& args,
-                                                  std::string* help_out) {
+namespace {
+
+// `from_env`: flag -> "PET_X=value" for the flags whose value came from the environment.
+std::optional<LaunchOptions> parse_args(const std::vector<std::string>& args, const std::map<std::string, std::string>& from_env,
+                                        std::string* help_out) {
   LaunchOptions o;
-  std::string nnodes = "1", nproc = "1", terminal = "0", endpoint, rdzv_backend;
+  std::string nnodes = "1", nproc = "1", terminal = "0", endpoint, rdzv_backend, signals;
   int master_port = o.master_port;
 
   CLI::App app{"loongforge-run: start and supervise the worker processes of one node (torchrun-compatible).",
@@ -138,8 +182,10 @@ std::optional<LaunchOptions> parse_launch_options(const std::vector<std::string>
       "and TORCHELASTIC_RESTART_COUNT; see docs/launcher.md.");
   app.prefix_command();  // everything from the first positional on is the worker command
   app.set_help_flag("-h,--help", "Print this help and exit");
+  // argparse keeps the last value of a repeated flag; so do we (PET_* values come first).
+  app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   auto* nnodes_opt = app.add_option("--nnodes", nnodes, "Number of nodes (N, or N:N)");
-  app.add_option("--node-rank,--node_rank", o.node_rank, "Rank of this node in [0, nnodes)");
+  auto* node_rank_opt = app.add_option("--node-rank,--node_rank", o.node_rank, "Rank of this node in [0, nnodes)");
   app.add_option("--nproc-per-node,--nproc_per_node", nproc, "Worker processes on this node");
   auto* addr_opt = app.add_option("--master-addr,--master_addr", o.master_addr,
                                   "Address of node 0, where rank 0 listens (default 127.0.0.1)");
@@ -148,7 +194,7 @@ std::optional<LaunchOptions> parse_launch_options(const std::vector<std::string>
   auto* endpoint_opt = app.add_option("--rdzv-endpoint,--rdzv_endpoint", endpoint,
                                       "HOST[:PORT]: alias of --master-addr/--master-port");
   app.add_option("--rdzv-backend,--rdzv_backend", rdzv_backend,
-                 "Accepted for torchrun compatibility (static, c10d); the world is static");
+                 "static or c10d: both mean a static world at the endpoint (c10d needs --node-rank)");
   app.add_option("--rdzv-id,--rdzv_id", o.run_id, "Job id, exported as TORCHELASTIC_RUN_ID");
   auto* standalone_opt = app.add_flag("--standalone", o.standalone,
                                       "Single node on loopback with a free master port");
@@ -157,10 +203,13 @@ std::optional<LaunchOptions> parse_launch_options(const std::vector<std::string>
   app.add_option("--log-dir,--log_dir", o.log_dir,
                  "Directory for per-rank logs rank<R>.log (stdout and stderr of each worker)");
   app.add_option("--grace-period", o.grace_period_s,
-                 "Seconds between SIGTERM and SIGKILL when stopping workers (default 5)");
+                 "Seconds between SIGTERM and SIGKILL when stopping workers (default 30, as torchrun)");
+  auto* signals_opt = app.add_option("--signals-to-handle,--signals_to_handle", signals,
+                 "Signals forwarded to the workers (default SIGTERM,SIGINT,SIGHUP,SIGQUIT)");
   app.add_option("--terminal-ranks", terminal,
                  "Global ranks whose output also goes to this terminal: 0 (default), all, none, 0,1,...");
   app.add_flag("--no-python,--no_python")
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast)
       ->description("Accepted and ignored: the command is always an executable");
 
   try {
@@ -183,6 +232,11 @@ std::optional<LaunchOptions> parse_launch_options(const std::vector<std::string>
   if (o.command[0].size() > 1 && o.command[0][0] == '-')
     throw UsageError("unknown flag " + o.command[0], kHelpHint);
 
+  // Given on the command line (a PET_* value is one more occurrence, put first).
+  auto on_cli = [&](const CLI::Option* opt, const char* flag) {
+    return opt->count() > (from_env.count(flag) ? 1u : 0u);
+  };
+  auto given = [&](const CLI::Option* opt) { return opt->count() > 0; };
   o.nnodes = parse_nnodes(nnodes);
   o.nproc_per_node = parse_int("--nproc-per-node", nproc, 1, 4096,
                                "give the number of worker processes on this node, e.g. --nproc-per-node 8");
@@ -196,21 +250,34 @@ std::optional<LaunchOptions> parse_launch_options(const std::vector<std::string>
   if (!(o.grace_period_s >= 0) || o.grace_period_s > 3600)
     throw UsageError("--grace-period " + (std::ostringstream() << o.grace_period_s).str() + " is out of range",
                      "give seconds in [0, 3600], e.g. --grace-period 5");
-  if (*endpoint_opt && (*addr_opt || *port_opt))
+  // Both on the command line is a contradiction; one from PET_* yields to the command line's.
+  const bool endpoint_cli = on_cli(endpoint_opt, "--rdzv-endpoint");
+  const bool master_cli = on_cli(addr_opt, "--master-addr") || on_cli(port_opt, "--master-port");
+  if (endpoint_cli && master_cli)
     throw UsageError("--rdzv-endpoint together with --master-addr/--master-port",
                      "give the address once: either --rdzv-endpoint HOST:PORT or the two master flags");
-  if (*endpoint_opt) parse_endpoint(endpoint, o.master_addr, master_port);
+  if (given(endpoint_opt) && !master_cli) {
+    std::string host = o.master_addr;
+    int port = master_port;
+    parse_endpoint(endpoint, host, port);
+    // The endpoint sets the address; its port only when it has one (else --master-port's).
+    o.master_addr = host;
+    master_port = port;
+  }
+  // torchrun's help gives IPv6 master addresses in brackets ([::1]); the address is the inside.
+  if (o.master_addr.size() > 2 && o.master_addr.front() == '[' && o.master_addr.back() == ']')
+    o.master_addr = o.master_addr.substr(1, o.master_addr.size() - 2);
   if (master_port < 1 || master_port > 65535)
     throw UsageError("--master-port " + std::to_string(master_port) + " is not a TCP port",
                      "use a free port in [1, 65535], e.g. --master-port 29500");
   o.master_port = master_port;
   if (o.master_addr.empty())
     throw UsageError("--master-addr is empty", "give the host name or IP address of node 0");
-  if (*standalone_opt) {
-    if (*nnodes_opt && o.nnodes != 1)
+  if (o.standalone) {
+    if (given(nnodes_opt) && o.nnodes != 1)
       throw UsageError("--standalone with --nnodes " + nnodes,
                        "--standalone means a single node; drop it for multi-node jobs");
-    if (*addr_opt || *port_opt || *endpoint_opt)
+    if (on_cli(addr_opt, "--master-addr") || on_cli(port_opt, "--master-port") || endpoint_cli)
       throw UsageError("--standalone with an explicit master address or port",
                        "--standalone picks 127.0.0.1 and a free port itself; drop one of them");
     o.master_addr = "127.0.0.1";
@@ -228,8 +295,54 @@ std::optional<LaunchOptions> parse_launch_options(const std::vector<std::string>
   if (!rdzv_backend.empty() && rdzv_backend != "static" && rdzv_backend != "c10d")
     throw UsageError("--rdzv-backend " + rdzv_backend + " is not supported",
                      "use static or c10d (both mean: a static world at the master address)");
+  // torchrun's c10d rendezvous hands out node ranks; loongforge-run does not, so without
+  // --node-rank every node would be node 0 and the job would hang or fail to bind.
+  if (rdzv_backend == "c10d" && o.nnodes > 1 && !given(node_rank_opt))
+    throw UsageError("--rdzv-backend c10d with --nnodes " + std::to_string(o.nnodes) + " and no --node-rank",
+                     "loongforge-run does not assign node ranks by rendezvous: give each node its own "
+                     "--node-rank K in [0, nnodes) (e.g. $SLURM_NODEID, or PET_NODE_RANK), node 0 on the "
+                     "--rdzv-endpoint host");
+  if (given(signals_opt)) o.signals_to_handle = parse_signals(signals);
   o.executable = resolve_executable(o.command[0]);
   return o;
+}
+
+}  // namespace
+
+std::optional<LaunchOptions> parse_launch_options(const std::vector<std::string>& args, std::string* help_out) {
+  std::vector<std::string> all;
+  std::map<std::string, std::string> from_env;
+  for (const auto& e : kEnvFlags) {
+    const char* v = std::getenv(e.var);
+    if (!v) continue;
+    const std::string value = v, origin = std::string(e.var) + "=" + value;
+    if (e.is_switch) {
+      int on = 0;
+      auto [end, ec] = std::from_chars(value.data(), value.data() + value.size(), on);
+      if (ec != std::errc() || end != value.data() + value.size() || (on != 0 && on != 1))
+        throw UsageError(origin + ": expected 0 or 1", std::string("set ") + e.var + " to 1 for " + e.flag + ", or unset it");
+      if (on) all.push_back(e.flag);
+    } else {
+      all.insert(all.end(), {e.flag, value});
+    }
+    from_env[e.flag] = origin;
+  }
+  all.insert(all.end(), args.begin(), args.end());
+  try {
+    return parse_args(all, from_env, help_out);
+  } catch (const UsageError& e) {
+    // A bad value from the environment: say where it came from.
+    const std::string what = e.what();
+    for (const auto& [flag, origin] : from_env) {
+      std::string under = flag;
+      std::replace(under.begin() + 2, under.end(), '-', '_');
+      const bool on_cli = std::any_of(args.begin(), args.end(), [&](const std::string& a) {
+        return a == flag || a == under || a.rfind(flag + "=", 0) == 0 || a.rfind(under + "=", 0) == 0;
+      });
+      if (!on_cli && what.find(flag) != std::string::npos) throw UsageError(what + " (from " + origin + ")", e.hint());
+    }
+    throw;
+  }
 }
 
 }  // namespace lf::run

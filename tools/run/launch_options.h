@@ -30,6 +30,9 @@ struct TerminalRanks {
   bool prefixed() const { return all || ranks.size() != 1 || ranks[0] != 0; }
 };
 
+// SIGTERM, SIGINT, SIGHUP, SIGQUIT: what torchrun handles without --signals-to-handle.
+std::vector<int> default_signals();
+
 struct LaunchOptions {
   int nnodes = 1;
   int node_rank = 0;
@@ -38,7 +41,10 @@ struct LaunchOptions {
   int master_port = 29500;
   int max_restarts = 0;
   std::string log_dir;        // empty: no files, the last 64 KiB per rank kept in memory
-  double grace_period_s = 5;  // SIGTERM -> SIGKILL delay when stopping workers
+  double grace_period_s = 30;  // SIGTERM (or the signal received) -> SIGKILL delay, torchrun's
+  // Signals the launcher catches and forwards to the workers (--signals-to-handle); others keep
+  // their default action. torchrun's default set.
+  std::vector<int> signals_to_handle = default_signals();
   TerminalRanks terminal_ranks;
   std::string run_id = "none";  // --rdzv-id; exported as TORCHELASTIC_RUN_ID
   bool standalone = false;
@@ -50,7 +56,9 @@ struct LaunchOptions {
 };
 
 // Parses argv[1..] (the program name excluded). Throws UsageError naming the flag and its fix.
-// Returns nullopt when --help was printed to `help_out`.
+// Returns nullopt when --help was printed to `help_out`. As torchrun, a flag not given takes its
+// value from PET_<NAME> when that is set (PET_NNODES, PET_NODE_RANK, ...: what Kubeflow's
+// PyTorchJob sets); the command line wins over it. A flag given twice keeps its last value.
 std::optional<LaunchOptions> parse_launch_options(const std::vector<std::string>& args,
                                                   std::string* help_out);
 

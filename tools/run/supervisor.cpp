@@ -40,10 +40,11 @@ void say(const std::string& line) {
 // before blocking is what the workers get back.
 class SignalChannel {
  public:
-  SignalChannel() {
+  explicit SignalChannel(const std::vector<int>& handled) {
     sigset_t mine;
     sigemptyset(&mine);
-    for (int s : {SIGCHLD, SIGINT, SIGTERM, SIGHUP}) sigaddset(&mine, s);
+    sigaddset(&mine, SIGCHLD);
+    for (int s : handled) sigaddset(&mine, s);
     LF_CHECK(sigprocmask(SIG_BLOCK, &mine, &original_) == 0, "sigprocmask: ", std::strerror(errno));
     fd_ = signalfd(-1, &mine, SFD_CLOEXEC | SFD_NONBLOCK);
     if (fd_ < 0) {
@@ -78,7 +79,7 @@ class SignalChannel {
 };
 
 struct AttemptResult {
-  int launcher_signal = 0;  // SIGINT/SIGTERM/SIGHUP received by the launcher, or 0
+  int launcher_signal = 0;  // a signal of --signals-to-handle received by the launcher, or 0
   long failed = -1;         // index of the first worker that failed, or -1
   int failed_code = 0;      // its exit code, or 128 + its signal
 };
@@ -119,9 +120,9 @@ class AttemptSupervisor {
       if (sig == SIGCHLD) continue;  // reaped below in the loop
       if (result_.launcher_signal == 0) {
         result_.launcher_signal = sig;
-        say("received " + signal_name(sig) + ", stopping " + std::to_string(group_.running_count()) +
-            " workers");
-        begin_stop();
+        say("received " + signal_name(sig) + ", forwarding it to " + std::to_string(group_.running_count()) +
+            " workers (SIGKILL after " + format_seconds(options_.grace_period_s) + ")");
+        begin_stop(sig);  // as torchrun: the workers get the signal the launcher got
       } else if (!killed_) {
         say("received " + signal_name(sig) + " again, killing the workers now");
         escalate();
@@ -161,12 +162,12 @@ class AttemptSupervisor {
           format_seconds(options_.grace_period_s) + ")");
   }
 
-  void begin_stop() {
+  void begin_stop(int sig = SIGTERM) {
     if (stopping_) return;
     stopping_ = true;
     kill_at_ = Clock::now() + std::chrono::duration_cast<Clock::duration>(
                                   std::chrono::duration<double>(options_.grace_period_s));
-    group_.signal_running(SIGTERM);
+    group_.signal_running(sig);
   }
 
   void escalate() {
@@ -198,7 +199,7 @@ class AttemptSupervisor {
 }  // namespace
 
 int run_launcher(const LaunchOptions& options) {
-  SignalChannel signals;
+  SignalChannel signals(options.signals_to_handle);
   std::vector<std::string> notes;
   worker_env_defaults(options, &notes);
   for (const auto& n : notes) (void)!write(2, (n + "\n").data(), n.size() + 1);

@@ -28,6 +28,9 @@ EnvVars worker_env_overrides(const LaunchOptions& o, int local_rank, int restart
       {"TORCHELASTIC_MAX_RESTARTS", std::to_string(o.max_restarts)},
       {"TORCHELASTIC_RUN_ID", o.run_id},
       {"LOONGFORGE_RESTART_COUNT", restarts},
+      // Workers host their own store at MASTER_ADDR (no agent store): a value inherited from an
+      // outer torchrun would make every rank a client of a store nobody serves.
+      {"TORCHELASTIC_USE_AGENT_STORE", "False"},
   };
 }
 
@@ -45,6 +48,8 @@ EnvVars worker_env_defaults(const LaunchOptions& o, std::vector<std::string>* no
   // rank's logger writes to its stderr. LOONGFORGE_LOG_DIR is deliberately not set: the core
   // logger would then append to the same rank<R>.log the launcher writes, doubling lines.
   if (!std::getenv("LOONGFORGE_LOG_ALL_RANKS")) d.emplace_back("LOONGFORGE_LOG_ALL_RANKS", "1");
+  // torchrun's default: NCCL tears a timed-out or failed communicator down instead of hanging.
+  if (!std::getenv("TORCH_NCCL_ASYNC_ERROR_HANDLING")) d.emplace_back("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1");
   return d;
 }
 

@@ -501,7 +501,7 @@ TEST(MoeTraining, ExpertParallelCheckpointsLoadAtOtherEpSizes) {
 // written straight into the gradient buffer (gradient-accumulation fusion, as the MTP term) equals
 // plain autograd, and DP = 2, TP = 2 + SP, EP = 2 and PP = 2 (tied and untied) equal one process
 // (the MTP layers' MoE, their column-parallel eh_proj, their share of the auxiliary losses, the last
-// stage's copy of the embedding included).
+// stage's copy of the embedding included), and so do full and selective recomputation.
 TEST(MoeTraining, MultiTokenPredictionEqualsAcrossLayouts) {
   const std::string d = lf::testing::make_temp_dir("moe_mtp");
   const std::vector<std::string> mtp{"--micro-batch-size", "2", "--mtp-num-layers", "2"};
@@ -523,6 +523,14 @@ TEST(MoeTraining, MultiTokenPredictionEqualsAcrossLayouts) {
     EXPECT_TRUE(p.count(name)) << name;
   expect_equivalent(one, train(1, d + "/unfused", with({"--no-gradient-accumulation-fusion"})),
                     "MTP without gradient-accumulation fusion");
+  // Recomputation reruns the MTP layer in backward: it must be the model's layer, not a copy
+  // gone by then (a copy crashed with SIGFPE, or read freed memory).
+  expect_equivalent(one,
+                    train(1, d + "/full", with({"--recompute-granularity", "full", "--recompute-method", "uniform",
+                                                "--recompute-num-layers", "1"})),
+                    "MTP, full recomputation");
+  expect_equivalent(one, train(1, d + "/selective", with({"--recompute-granularity", "selective"})),
+                    "MTP, selective recomputation");
   expect_equivalent(one, train(2, d + "/dp2", with({})), "MTP, DP=2");
   expect_equivalent(one, train(2, d + "/tp2", with({"--tensor-model-parallel-size", "2", "--sequence-parallel"})),
                     "MTP, TP=2 + SP");

@@ -49,7 +49,7 @@ at::Tensor TransformerLayer::forward(const at::Tensor& x, const AttentionInputs&
   return y + hidden_dropout(mlp, c_.hidden_dropout, lc);
 }
 
-at::Tensor run_layers(const std::vector<TransformerLayer>& layers, size_t lo, size_t hi, at::Tensor x,
+at::Tensor run_layers(std::span<const TransformerLayer> layers, size_t lo, size_t hi, at::Tensor x,
                       const AttentionInputs& in, const LayerContext& lc) {
   using R = RecomputeOptions;
   const size_t n = std::min(hi, layers.size());
@@ -71,7 +71,8 @@ at::Tensor run_layers(const std::vector<TransformerLayer>& layers, size_t lo, si
       plain.cache = nullptr;
       plain.chunk = nullptr;
       x = lf::models::recompute(
-          [&layers, i, group, plain, lc](const std::vector<at::Tensor>& t) {
+          // By value: the span views the model's layers, which outlive the backward pass.
+          [layers, i, group, plain, lc](const std::vector<at::Tensor>& t) {
             at::Tensor y = t[0];
             for (size_t j = i; j < i + group; ++j) y = layers[j].forward(y, plain, lc, j);
             return y;

@@ -252,7 +252,8 @@ at::Tensor Decoder::mtp_forward(size_t k, const at::Tensor& hidden, const at::Te
   }
   AttentionInputs a = attention_inputs(in);
   LayerContext lc{&backend_, &tp_, &rng_, training_, recompute_, &moe_step_, moe_layers_, slots_, fp8_};
-  return lf::models::run_layers({m.layer}, 0, 1, x, a, lc);
+  // A view of the layer itself: a copy would be gone when full recomputation reruns it in backward.
+  return lf::models::run_layers(std::span<const TransformerLayer>(&m.layer, 1), 0, 1, x, a, lc);
 }
 
 at::Tensor Decoder::mtp_final_norm(size_t k, const at::Tensor& x) const {

@@ -6,6 +6,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <span>
 #include <string>
 #include <vector>
 
@@ -95,7 +96,9 @@ at::Tensor hidden_dropout(const at::Tensor& x, double p, const LayerContext& lc)
 
 // layers[lo, hi) over x with the recomputation policy of lc (full recomputation only without a
 // cache or ChunkPipe; `lo` is where the policy's counting starts: a model chunk's first layer).
-at::Tensor run_layers(const std::vector<TransformerLayer>& layers, size_t lo, size_t hi, at::Tensor x,
+// `layers` must view the model's own layers, never a temporary copy: recomputation runs them
+// again in backward, after this call has returned.
+at::Tensor run_layers(std::span<const TransformerLayer> layers, size_t lo, size_t hi, at::Tensor x,
                       const AttentionInputs& in, const LayerContext& lc);
 
 }  // namespace lf::models

@@ -117,6 +117,16 @@ TEST(Qwen3Vl, ContextParallelEqualsOneProcess) {
   lf::testing::expect_same_training(one, cp2, "qwen3_vl: foundation cp 2 (ring)");
 }
 
+// Under sequence parallelism each TP rank injects the DeepStack rows of its sequence chunk; the
+// rows' gradients are summed over TP on their way back to the vision tower (without that sum the
+// tower's deepstack layer trained on half its gradient: parameters 4e-3 off in 6 steps).
+TEST(Qwen3Vl, SequenceParallelEqualsOneProcess) {
+  const std::string cfg = config("examples/qwen3_vl_tiny.yaml");
+  auto one = run(1, cfg, {}, "qwen3vl_sp1");
+  auto sp = run(2, cfg, {"--tensor-model-parallel-size", "2", "--sequence-parallel"}, "qwen3vl_tp2sp");
+  lf::testing::expect_same_training(one, sp, "qwen3_vl: foundation tp 2 + SP");
+}
+
 // One-line backbone swap: configs/examples/qwen2_5_vl_tiny.yaml with only its defaults line changed
 // to another backbone preset (head_dims 16 and 32, dense and MoE, and DeepSeek-V3's multi-latent
 // attention with YaRN on interleaved rotary dims) trains unchanged (the M-RoPE sections follow the
@@ -582,6 +592,13 @@ TEST(FeatureRegression, DataParallelEqualsOneProcess) {
   auto two = run(2, cfg, {}, "fr2");
   lf::testing::expect_same_training(one, two, "feature_regression: dp 2");
   ASSERT_FALSE(one.losses.empty());
+  // Context parallelism is refused by name (it ran each sequence whole on both CP ranks, and the
+  // loss and gradient came out doubled).
+  auto cp = run(2, cfg, {"--context-parallel-size", "2"}, "fr_cp");
+  EXPECT_NE(cp.exit_code, 0) << cp.output;
+  EXPECT_NE(cp.output.find("parallel.context_parallel_size: feature_regression has no context parallelism"),
+            std::string::npos)
+      << cp.output;
   // It learns the reversal (the loss falls below the targets' variance of 1).
   auto longer = run(1, cfg, {"--train-iters", "60"}, "fr_long");
   ASSERT_EQ(longer.exit_code, 0) << longer.output;

@@ -387,7 +387,11 @@ at::Tensor Decoder::inject(const at::Tensor& x, const HiddenInjection& j, int64_
     const int64_t len = x.size(0), start = static_cast<int64_t>(tp_.rank()) * len;
     const auto row = (mask.reshape({-1}).to(at::kLong).cumsum(0) - 1).view(mask.sizes());
     local = mask.narrow(1, start, len);
-    values = values.index_select(0, row.narrow(1, start, len).masked_select(local));
+    // Every TP rank holds all rows and uses its own: in backward the ranks' row gradients are
+    // summed (copy_to_tp), so the encoder that made them gets the whole gradient on every rank,
+    // as on the embedding's path (scatter_to_sequence_parallel gathers it there).
+    values = lf::parallel::copy_to_tp(values, *tp_.tp)
+                 .index_select(0, row.narrow(1, start, len).masked_select(local));
   }
   const auto add = at::zeros({x.size(1), x.size(0), x.size(2)}, x.options())
                        .masked_scatter(local.unsqueeze(-1), values);  // [b, s(/tp), h]

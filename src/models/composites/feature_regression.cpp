@@ -87,6 +87,12 @@ class FeatureRegressionPlan : public ModelPlan {
     if (job.parallel.chunkpipe_chunk_size)
       errors.add("parallel.chunkpipe_chunk_size", origin("parallel.chunkpipe_chunk_size"),
                  "feature_regression does not run under ChunkPipe", "drop --chunkpipe-chunk-size");
+    // Each CP rank would run the whole sequence and the trainer would sum the loss over dp x cp:
+    // twice the loss and the gradient at CP 2.
+    if (layout_.size(lf::dist::Axis::cp) > 1)
+      errors.add("parallel.context_parallel_size", origin("parallel.context_parallel_size"),
+                 "feature_regression has no context parallelism (its sequences are short)",
+                 "set --context-parallel-size 1 and scale with data-parallel ranks");
     if (job.lora.rank > 0)
       errors.add("lora.rank", origin("lora.rank"), "LoRA adapters are built for the causal_lm composite",
                  "drop --lora-rank");

@@ -260,6 +260,11 @@ TEST(WanTraining, LayoutsAndKeysItCannotTakeAreConfigErrors) {
   expect({"--context-parallel-size", "2", "--cp-comm-type", "p2p"}, 2, "parallel.cp_comm_type");
   expect({"--pipeline-model-parallel-size", "2"}, 2, "parallel.pipeline_model_parallel_size");
   expect({"--recompute-granularity", "selective"}, 1, "training.recompute_granularity");
+  // The DiT has no MoE experts: expert settings would do nothing (EP 2 used to run as DP 2).
+  expect({"--expert-model-parallel-size", "2"}, 2, "parallel.expert_model_parallel_size: flow_matching has no MoE experts");
+  expect({"--moe-token-dispatcher-type", "alltoall"}, 1, "parallel.moe_token_dispatcher_type");
+  expect({"--expert-tensor-parallel-size", "1"}, 1, "parallel.expert_tensor_parallel_size");
+  expect({"--delay-wgrad-compute"}, 1, "parallel.delay_wgrad_compute");
   expect({"--max-timestep-boundary", "0.2", "--min-timestep-boundary", "0.3"}, 1, "model.max_timestep_boundary");
   expect({"model.foundation.image_dim=8"}, 1, "model.foundation.added_kv_proj_dim");
   expect({"model.mock_latent_shape=[2,6,6]", "--context-parallel-size", "2"}, 2, "model.mock_latent_shape");

@@ -599,6 +599,11 @@ TEST(FeatureRegression, DataParallelEqualsOneProcess) {
   EXPECT_NE(cp.output.find("parallel.context_parallel_size: feature_regression has no context parallelism"),
             std::string::npos)
       << cp.output;
+  auto ep = run(2, cfg, {"--expert-model-parallel-size", "2"}, "fr_ep");
+  EXPECT_NE(ep.exit_code, 0) << ep.output;
+  EXPECT_NE(ep.output.find("parallel.expert_model_parallel_size: feature_regression has no MoE experts"),
+            std::string::npos)
+      << ep.output;
   // It learns the reversal (the loss falls below the targets' variance of 1).
   auto longer = run(1, cfg, {"--train-iters", "60"}, "fr_long");
   ASSERT_EQ(longer.exit_code, 0) << longer.output;

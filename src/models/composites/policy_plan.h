@@ -1,11 +1,12 @@
 // The layouts and settings the VLA policy composites (pi05_plan.cpp, groot_plan.cpp) refuse alike:
-// one pipeline stage, no context or expert parallelism, no ChunkPipe, no LoRA, no SFT phase, no
+// one pipeline stage, no context or expert parallelism (nor the other expert settings), no ChunkPipe, no LoRA, no SFT phase, no
 // recomputation; each an error naming the key and what to do.
 #pragma once
 
 #include <functional>
 #include <string>
 
+#include "expert_settings.h"
 #include "loongforge/core/config/job_config.h"
 #include "loongforge/dist/parallel_layout.h"
 
@@ -14,15 +15,15 @@ namespace lf::models {
 using RefuseFn = std::function<void(const std::string& key, const std::string& what, const std::string& hint)>;
 
 inline void refuse_policy_layouts(const std::string& type, const lf::config::JobConfig& job,
-                                  const lf::dist::ParallelLayout& layout, const RefuseFn& refuse) {
+                                  const lf::dist::ParallelLayout& layout,
+                                  const std::function<bool(const std::string&)>& given, const RefuseFn& refuse) {
   if (layout.size(lf::dist::Axis::pp) > 1)
     refuse("parallel.pipeline_model_parallel_size", type + " runs as one pipeline stage",
            "set --pipeline-model-parallel-size 1");
   if (layout.size(lf::dist::Axis::cp) > 1)
     refuse("parallel.context_parallel_size", type + " has no context parallelism (its sequences are short)",
            "set --context-parallel-size 1");
-  if (layout.size(lf::dist::Axis::ep) > 1)
-    refuse("parallel.expert_model_parallel_size", type + " has no experts to spread", "set --expert-model-parallel-size 1");
+  refuse_expert_settings(type, job, layout, given, refuse);
   if (job.parallel.chunkpipe_chunk_size)
     refuse("parallel.chunkpipe_chunk_size", type + " does not run under ChunkPipe", "drop --chunkpipe-chunk-size");
   if (job.lora.rank > 0) refuse("lora.rank", "LoRA adapters are built for the causal_lm composite", "drop --lora-rank");

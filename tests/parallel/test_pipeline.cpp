@@ -121,6 +121,11 @@ TEST(PipelineSplit, LayoutStringsAsMegatron) {
     auto m = lf::testing::error_message([&] { pl::split_by_layout(layout, 4, 2); });
     EXPECT_NE(m.find(want), std::string::npos) << layout << ": " << m;
   }
+  // One rank with two stages would be an interleaved schedule without pipeline parallelism (it
+  // trained with no loss term); one stage at pp 1 is the plain model.
+  auto one = lf::testing::error_message([&] { pl::split_by_layout("Ett|ttL", 4, 1); });
+  EXPECT_NE(one.find("has 2 stages and parallel.pipeline_model_parallel_size is 1"), std::string::npos) << one;
+  EXPECT_EQ(pl::split_by_layout("EttttL", 4, 1)[0].size(), 1u);
   DecoderConfig c;
   c.num_layers = 4;
   auto m = lf::testing::error_message([&] { lf::models::pipeline_stage(c, 2, 0, 1, {}, {}, std::string("Et|ttt|L")); });

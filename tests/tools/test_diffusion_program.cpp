@@ -265,6 +265,9 @@ TEST(WanTraining, LayoutsAndKeysItCannotTakeAreConfigErrors) {
   expect({"--moe-token-dispatcher-type", "alltoall"}, 1, "parallel.moe_token_dispatcher_type");
   expect({"--expert-tensor-parallel-size", "1"}, 1, "parallel.expert_tensor_parallel_size");
   expect({"--delay-wgrad-compute"}, 1, "parallel.delay_wgrad_compute");
+  // One pipeline stage: a stage layout would do nothing.
+  expect({"--decoder-last-pipeline-num-layers", "1"}, 1, "parallel.decoder_last_pipeline_num_layers");
+  expect({"--pipeline-model-parallel-layout", "Et|tL"}, 1, "parallel.pipeline_model_parallel_layout");
   expect({"--max-timestep-boundary", "0.2", "--min-timestep-boundary", "0.3"}, 1, "model.max_timestep_boundary");
   expect({"model.foundation.image_dim=8"}, 1, "model.foundation.added_kv_proj_dim");
   expect({"model.mock_latent_shape=[2,6,6]", "--context-parallel-size", "2"}, 2, "model.mock_latent_shape");

@@ -121,6 +121,7 @@ TEST(Pi05Training, LayoutsItCannotTakeAreConfigurationErrors) {
   expect({"--expert-model-parallel-size", "2"}, 2, "parallel.expert_model_parallel_size");
   expect({"--moe-token-dispatcher-type", "alltoall"}, 1, "parallel.moe_token_dispatcher_type");
   expect({"--overlap-moe-expert-parallel-comm"}, 1, "parallel.overlap_moe_expert_parallel_comm");
+  expect({"--decoder-first-pipeline-num-layers", "1"}, 1, "parallel.decoder_first_pipeline_num_layers");
   expect({"--tensor-model-parallel-size", "2", "--sequence-parallel"}, 2, "parallel.sequence_parallel");
   expect({"--tensor-model-parallel-size", "3"}, 3, "model.foundation.num_heads");
   expect({"++model.vision_encoder.tensor_model_parallel_size=2"}, 1, "model.vision_encoder.tensor_model_parallel_size");

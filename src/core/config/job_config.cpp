@@ -348,6 +348,11 @@ void validate(const JobConfig& job, const Node& resolved, ErrorList& errors) {
            "would silently leave the adapters out",
            "drop --save-hf and export the saved checkpoint with `loongforge-convert lf2hf` (base + PEFT adapter/, or "
            "--merge-lora for merged weights)");
+  if (c.ok({"logging.profile"}) && !job.logging.profile)
+    for (const char* key : {"logging.profile_step_start", "logging.profile_step_end", "logging.profile_trace"})
+      if (c.ok({key}) && c.given(key))
+        c.fail(key, std::string(key) + " is set but logging.profile is off: nothing would be profiled",
+               "add --profile, or drop it");
   if (c.ok({"lora.rank"})) {
     const auto& l = job.lora;
     if (l.rank == 0) {

@@ -6,7 +6,7 @@
 
 #include <sstream>
 
-#include "expert_settings.h"
+#include "unused_settings.h"
 #include "loongforge/core/error.h"
 #include "loongforge/dist/parallel_context.h"
 #include "loongforge/models/composites/causal_lm.h"
@@ -94,9 +94,13 @@ class FeatureRegressionPlan : public ModelPlan {
       errors.add("parallel.context_parallel_size", origin("parallel.context_parallel_size"),
                  "feature_regression has no context parallelism (its sequences are short)",
                  "set --context-parallel-size 1 and scale with data-parallel ranks");
+    auto refuse = [&](const std::string& key, const std::string& what, const std::string& hint) {
+      errors.add(key, origin(key), what, hint);
+    };
+    refuse_pipeline_layout_settings("feature_regression", job, refuse);
     refuse_expert_settings(
-        "feature_regression", job, layout_, [&](const std::string& k) { return origin(k).kind != lf::config::Origin::Kind::default_; },
-        [&](const std::string& key, const std::string& what, const std::string& hint) { errors.add(key, origin(key), what, hint); });
+        "feature_regression", job, layout_,
+        [&](const std::string& k) { return origin(k).kind != lf::config::Origin::Kind::default_; }, refuse);
     if (job.lora.rank > 0)
       errors.add("lora.rank", origin("lora.rank"), "LoRA adapters are built for the causal_lm composite",
                  "drop --lora-rank");

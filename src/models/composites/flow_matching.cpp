@@ -8,7 +8,7 @@
 #include <cstring>
 #include <sstream>
 
-#include "expert_settings.h"
+#include "unused_settings.h"
 #include "loongforge/core/config/config_error.h"
 #include "loongforge/core/error.h"
 #include "loongforge/dist/parallel_context.h"
@@ -264,6 +264,7 @@ class FlowMatchingPlan : public ModelPlan {
     if (job.parallel.chunkpipe_chunk_size)
       refuse("parallel.chunkpipe_chunk_size", "flow_matching does not run under ChunkPipe",
              "drop --chunkpipe-chunk-size");
+    refuse_pipeline_layout_settings("flow_matching", job, refuse);
     refuse_expert_settings("flow_matching", job, layout_, [&](const std::string& k) { return origin(k).kind != lf::config::Origin::Kind::default_; }, refuse);
     if (job.lora.rank > 0) refuse("lora.rank", "LoRA adapters are built for the causal_lm composite", "drop --lora-rank");
     if (job.training.training_phase == "sft")

@@ -6,7 +6,7 @@
 #include <functional>
 #include <string>
 
-#include "expert_settings.h"
+#include "unused_settings.h"
 #include "loongforge/core/config/job_config.h"
 #include "loongforge/dist/parallel_layout.h"
 
@@ -24,6 +24,7 @@ inline void refuse_policy_layouts(const std::string& type, const lf::config::Job
     refuse("parallel.context_parallel_size", type + " has no context parallelism (its sequences are short)",
            "set --context-parallel-size 1");
   refuse_expert_settings(type, job, layout, given, refuse);
+  refuse_pipeline_layout_settings(type, job, refuse);
   if (job.parallel.chunkpipe_chunk_size)
     refuse("parallel.chunkpipe_chunk_size", type + " does not run under ChunkPipe", "drop --chunkpipe-chunk-size");
   if (job.lora.rank > 0) refuse("lora.rank", "LoRA adapters are built for the causal_lm composite", "drop --lora-rank");

@@ -126,6 +126,11 @@ std::vector<std::vector<LayerRange>> split_by_layout(const std::string& layout, 
       stages.back() += c;
   }
   const int64_t n = static_cast<int64_t>(stages.size());
+  // More stages than ranks are virtual stages (the interleaved schedule), which needs pp > 1.
+  LF_CHECK(pp > 1 || n == 1, "parallel.pipeline_model_parallel_layout '", layout, "' has ", n,
+           " stages and parallel.pipeline_model_parallel_size is 1: the interleaved schedule needs pipeline "
+           "parallelism",
+           lf::hint("set --pipeline-model-parallel-size to the stage count (or a divisor of it), or drop the layout"));
   LF_CHECK(n % pp == 0, "parallel.pipeline_model_parallel_layout '", layout, "' has ", n,
            " stages, not a multiple of parallel.pipeline_model_parallel_size ", pp,
            lf::hint("list pp x v stages: every rank's first model chunk, then every rank's second, ..."));

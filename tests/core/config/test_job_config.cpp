@@ -120,6 +120,20 @@ TEST(ConfigJob, CrossFieldChecks) {
       << e.what();
 }
 
+// The profiler's settings without --profile would do nothing: each is named.
+TEST(ConfigJob, ProfileSettingsWithoutProfileAreRefused) {
+  ComposeOptions o = demo();
+  o.overrides = parse_train_command_line(std::vector<std::string>{"--profile-step-end", "4", "--profile-trace", "t.json"})
+                    .overrides;
+  ConfigError e = expect_config_error([&] { load_job(o); });
+  std::vector<std::string> keys;
+  for (const ConfigIssue& i : e.issues()) keys.push_back(i.key);
+  EXPECT_EQ(keys, (std::vector<std::string>{"logging.profile_step_end", "logging.profile_trace"})) << e.what();
+  EXPECT_NE(std::string(e.what()).find("is set but logging.profile is off"), std::string::npos) << e.what();
+  o.overrides = parse_train_command_line(std::vector<std::string>{"--profile", "--profile-step-end", "4"}).overrides;
+  EXPECT_NO_THROW(load_job(o));
+}
+
 TEST(ConfigJob, OneIssuePerKeyNoCascade) {
   // The failed interpolation would otherwise also be reported as "expects int, got null", and
   // the missing lr as "min_lr exceeds lr".

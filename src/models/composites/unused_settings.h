@@ -1,5 +1,6 @@
-// The expert-parallel and MoE-overlap settings a composite without experts (flow_matching,
-// feature_regression, pi05, groot) refuses: they would do nothing. Each is an error naming its key.
+// Settings that would do nothing in the single-stage composites without MoE experts
+// (flow_matching, feature_regression, pi05, groot): the expert-parallel and MoE-overlap settings,
+// and the pipeline's stage layout. Each is refused with an error naming its key.
 #pragma once
 
 #include <functional>
@@ -38,6 +39,23 @@ inline void refuse_expert_settings(const std::string& type, const lf::config::Jo
   if (!p.moe_overlap_micro_batches)
     refuse("parallel.moe_overlap_micro_batches", type + " has no expert communication to overlap",
            "drop --no-moe-overlap-micro-batches");
+}
+
+// A stage layout for a model that runs as one pipeline stage (pipeline sizes > 1 are refused
+// apart, by the composite).
+inline void refuse_pipeline_layout_settings(const std::string& type, const lf::config::JobConfig& job,
+                                            const std::function<void(const std::string&, const std::string&,
+                                                                     const std::string&)>& refuse) {
+  const auto& p = job.parallel;
+  const std::string what = type + " runs as one pipeline stage: there are no stages to lay out";
+  if (p.decoder_first_pipeline_num_layers)
+    refuse("parallel.decoder_first_pipeline_num_layers", what, "drop --decoder-first-pipeline-num-layers");
+  if (p.decoder_last_pipeline_num_layers)
+    refuse("parallel.decoder_last_pipeline_num_layers", what, "drop --decoder-last-pipeline-num-layers");
+  if (p.pipeline_model_parallel_layout)
+    refuse("parallel.pipeline_model_parallel_layout", what, "drop --pipeline-model-parallel-layout");
+  if (p.num_layers_per_virtual_pipeline_stage)
+    refuse("parallel.num_layers_per_virtual_pipeline_stage", what, "drop --num-layers-per-virtual-pipeline-stage");
 }
 
 }  // namespace lf::models

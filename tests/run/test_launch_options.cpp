@@ -6,6 +6,8 @@
 #include <cstdlib>
 #include <map>
 
+#include <unistd.h>
+
 #include "launch_options.h"
 #include "worker_env.h"
 
@@ -87,14 +89,21 @@ TEST(LaunchOptions, RdzvEndpointIsTheMasterAddress) {
 class PetEnv {
  public:
   PetEnv(std::initializer_list<std::pair<const std::string, std::string>> vars) : vars_(vars) {
-    for (const auto& [k, v] : vars_) setenv(k.c_str(), v.c_str(), 1);
+    for (const auto& [k, v] : vars_) {
+      if (const char* old = std::getenv(k.c_str())) old_[k] = old;
+      setenv(k.c_str(), v.c_str(), 1);
+    }
   }
   ~PetEnv() {
-    for (const auto& [k, v] : vars_) unsetenv(k.c_str());
+    for (const auto& [k, v] : vars_)
+      if (old_.count(k))
+        setenv(k.c_str(), old_[k].c_str(), 1);
+      else
+        unsetenv(k.c_str());
   }
 
  private:
-  std::map<std::string, std::string> vars_;
+  std::map<std::string, std::string> vars_, old_;
 };
 
 TEST(LaunchOptions, PetEnvironmentGivesTheFlagsNotOnTheCommandLine) {
@@ -117,6 +126,13 @@ TEST(LaunchOptions, PetEnvironmentGivesTheFlagsNotOnTheCommandLine) {
     EXPECT_EQ(ep.master_port, 4000);
   }
   {
+    // PET_RDZV_ENDPOINT gives the host and port the command line does not.
+    PetEnv env{{"PET_RDZV_ENDPOINT", "node5:4100"}};
+    auto o = parse({"--master-port", "4200", "/bin/sh"});
+    EXPECT_EQ(o.master_addr, "node5");
+    EXPECT_EQ(o.master_port, 4200);
+  }
+  {
     PetEnv env{{"PET_STANDALONE", "1"}, {"PET_NPROC_PER_NODE", "2"}};
     auto o = parse({"/bin/sh"});
     EXPECT_TRUE(o.standalone);
@@ -131,6 +147,27 @@ TEST(LaunchOptions, PetEnvironmentGivesTheFlagsNotOnTheCommandLine) {
   {
     PetEnv env{{"PET_STANDALONE", "yes"}};
     EXPECT_NE(usage_error({"/bin/sh"}).find("PET_STANDALONE=yes: expected 0 or 1"), std::string::npos);
+  }
+}
+
+// torchrun's gpu / cpu / auto; Kubeflow passes PET_NPROC_PER_NODE=auto by default.
+TEST(LaunchOptions, NprocPerNodeGpuCpuAuto) {
+  const int cpus = static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN));
+  EXPECT_EQ(parse({"--nproc-per-node", "cpu", "/bin/sh"}).nproc_per_node, cpus);
+  {
+    PetEnv env{{"CUDA_VISIBLE_DEVICES", "0,1,2"}};
+    EXPECT_EQ(parse({"--nproc-per-node", "gpu", "/bin/sh"}).nproc_per_node, 3);
+    EXPECT_EQ(parse({"--nproc-per-node", "auto", "/bin/sh"}).nproc_per_node, 3);
+  }
+  {
+    PetEnv env{{"CUDA_VISIBLE_DEVICES", "GPU-8a1b,-1,3"}, {"PET_NPROC_PER_NODE", "auto"}};  // stops at -1, as CUDA
+    EXPECT_EQ(parse({"/bin/sh"}).nproc_per_node, 1);
+  }
+  {
+    PetEnv env{{"CUDA_VISIBLE_DEVICES", ""}};
+    EXPECT_EQ(parse({"--nproc-per-node", "auto", "/bin/sh"}).nproc_per_node, cpus);
+    EXPECT_NE(usage_error({"--nproc-per-node", "gpu", "/bin/sh"}).find("--nproc-per-node gpu: this node has no visible"),
+              std::string::npos);
   }
 }
 
@@ -184,7 +221,7 @@ TEST(LaunchOptions, ErrorsNameTheFlagAndTheFix) {
   };
   const std::vector<Case> cases = {
       {{"--nproc-per-node", "0", "/bin/sh"}, "--nproc-per-node 0: must be in [1, 4096]"},
-      {{"--nproc-per-node", "gpu", "/bin/sh"}, "--nproc-per-node gpu: expected an integer"},
+      {{"--nproc-per-node", "4x", "/bin/sh"}, "--nproc-per-node 4x: expected an integer"},
       {{"--nnodes", "2", "--node-rank", "2", "/bin/sh"}, "--node-rank 2 is out of range for --nnodes 2"},
       {{"--nnodes", "1:4", "/bin/sh"}, "--nnodes 1:4: elastic node ranges are not supported"},
       {{"--master-port", "0", "/bin/sh"}, "--master-port 0 is not a TCP port"},

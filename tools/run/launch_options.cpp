@@ -2,6 +2,7 @@
 
 #include <CLI/CLI.hpp>
 #include <arpa/inet.h>
+#include <dirent.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -41,6 +42,45 @@ int parse_nnodes(const std::string& value) {
   int hi = parse_int("--nnodes", value.substr(colon + 1), 1, 1 << 16, fix);
   if (lo != hi) throw UsageError("--nnodes " + value + ": elastic node ranges are not supported", fix);
   return lo;
+}
+
+// The NVIDIA GPUs this node's workers can see, without loading CUDA: CUDA_VISIBLE_DEVICES when it
+// is set (its entries up to the first invalid one, as CUDA reads it), else the driver's GPU list.
+int visible_gpus() {
+  if (const char* v = std::getenv("CUDA_VISIBLE_DEVICES")) {
+    int n = 0;
+    std::stringstream ss(v);
+    for (std::string item; std::getline(ss, item, ',');) {
+      item.erase(0, item.find_first_not_of(' '));
+      item.erase(item.find_last_not_of(' ') + 1);
+      const bool index = !item.empty() && std::all_of(item.begin(), item.end(), ::isdigit);
+      if (!index && item.rfind("GPU-", 0) != 0 && item.rfind("MIG-", 0) != 0) break;
+      ++n;
+    }
+    return n;
+  }
+  int n = 0;
+  if (DIR* d = opendir("/proc/driver/nvidia/gpus")) {
+    while (const dirent* e = readdir(d))
+      if (e->d_name[0] != '.') ++n;
+    closedir(d);
+  }
+  return n;
+}
+
+// --nproc-per-node: an integer, or torchrun's gpu (one worker per visible GPU), cpu (one per
+// online CPU) and auto (gpu when there is one, else cpu). Kubeflow's PyTorchJob passes
+// PET_NPROC_PER_NODE=auto unless the job sets nprocPerNode.
+int parse_nproc(const std::string& value) {
+  const char* fix = "give the number of worker processes on this node, e.g. --nproc-per-node 8 (or gpu, cpu, auto)";
+  const int gpus = value == "gpu" || value == "auto" ? visible_gpus() : 0;
+  if (value == "gpu" && gpus == 0)
+    throw UsageError("--nproc-per-node gpu: this node has no visible NVIDIA GPU (CUDA_VISIBLE_DEVICES, "
+                     "/proc/driver/nvidia/gpus)",
+                     fix);
+  if (value == "gpu" || (value == "auto" && gpus > 0)) return std::min(gpus, 4096);
+  if (value == "cpu" || value == "auto") return static_cast<int>(std::clamp<long>(sysconf(_SC_NPROCESSORS_ONLN), 1, 4096));
+  return parse_int("--nproc-per-node", value, 1, 4096, fix);
 }
 
 TerminalRanks parse_terminal_ranks(const std::string& value) {
@@ -238,8 +278,7 @@ std::optional<LaunchOptions> parse_args(const std::vector<std::string>& args, co
   };
   auto given = [&](const CLI::Option* opt) { return opt->count() > 0; };
   o.nnodes = parse_nnodes(nnodes);
-  o.nproc_per_node = parse_int("--nproc-per-node", nproc, 1, 4096,
-                               "give the number of worker processes on this node, e.g. --nproc-per-node 8");
+  o.nproc_per_node = parse_nproc(nproc);
   if (o.node_rank < 0 || o.node_rank >= o.nnodes)
     throw UsageError("--node-rank " + std::to_string(o.node_rank) + " is out of range for --nnodes " +
                          std::to_string(o.nnodes),
@@ -256,13 +295,14 @@ std::optional<LaunchOptions> parse_args(const std::vector<std::string>& args, co
   if (endpoint_cli && master_cli)
     throw UsageError("--rdzv-endpoint together with --master-addr/--master-port",
                      "give the address once: either --rdzv-endpoint HOST:PORT or the two master flags");
-  if (given(endpoint_opt) && !master_cli) {
+  if (given(endpoint_opt)) {
     std::string host = o.master_addr;
     int port = master_port;
     parse_endpoint(endpoint, host, port);
-    // The endpoint sets the address; its port only when it has one (else --master-port's).
-    o.master_addr = host;
-    master_port = port;
+    // The endpoint (from PET_RDZV_ENDPOINT when a master flag is on the command line) gives what
+    // the command line does not; its port only when it has one.
+    if (!on_cli(addr_opt, "--master-addr")) o.master_addr = host;
+    if (!on_cli(port_opt, "--master-port")) master_port = port;
   }
   // torchrun's help gives IPv6 master addresses in brackets ([::1]); the address is the inside.
   if (o.master_addr.size() > 2 && o.master_addr.front() == '[' && o.master_addr.back() == ']')

@@ -124,6 +124,8 @@ int64_t TrainerCheckpointing::load(BatchSource& train_data) {
             "the FP8 scales start at 1, as in a new run");
   start_iteration_ = r->progress.iteration;
   start_consumed_ = r->progress.consumed_samples;
+  // Step-keyed random streams continue from the iteration (RNG states may not have been loaded).
+  model_.resume_at(start_iteration_);
   last_saved_ = start_iteration_;
   if (start_consumed_ > 0 && !train_data.seek(start_consumed_)) {
     // A source without seek: skip whole micro-batches (same order as an uninterrupted run).

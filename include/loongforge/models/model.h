@@ -163,6 +163,12 @@ class Model {
   // Every dropout stream of every component (checkpoints; ChunkPipe's replay).
   virtual std::map<std::string, at::Tensor> rng_state() const { return {}; }
   virtual void set_rng_state(const std::map<std::string, at::Tensor>&) {}
+  // The training iterations done before this run's first step: the loaded checkpoint's iteration
+  // (0 for a new run or --finetune), given after any set_rng_state. Models whose random streams are
+  // functions of the step (the noise and timesteps of flow matching, pi0.5, GR00T) set their step
+  // counter from it: per-rank RNG states are not loaded when the layout changes (or with
+  // --no-load-rng), and the streams must still continue, not restart at step 1.
+  virtual void resume_at(int64_t /*iteration*/) {}
 };
 
 }  // namespace lf::models

@@ -81,6 +81,7 @@ class FlowMatching : public Model {
   void set_gradient_sink(const GradientSink* sink) override { dit_.set_weight_grad_slots(sink); }
   bool set_fp8(const lf::ops::Fp8Policy* fp8) override { return dit_.set_fp8(fp8); }
   void end_step(const at::Tensor&) override { ++step_; }
+  void resume_at(int64_t iteration) override { step_ = iteration; }
   std::map<std::string, at::Tensor> rng_state() const override;
   void set_rng_state(const std::map<std::string, at::Tensor>& s) override;
 

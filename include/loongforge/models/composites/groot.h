@@ -183,6 +183,10 @@ class Groot : public Model {
     ++step_;
     dropout_calls_ = 0;  // the dropout streams restart each step (keyed by the step): exact resume
   }
+  void resume_at(int64_t iteration) override {
+    step_ = iteration;
+    dropout_calls_ = 0;
+  }
   std::map<std::string, at::Tensor> rng_state() const override;
   void set_rng_state(const std::map<std::string, at::Tensor>& s) override;
 

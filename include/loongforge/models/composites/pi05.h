@@ -206,6 +206,7 @@ class Pi05 : public Model {
   double flops_per_sample(int64_t seq_length) const override;
   void set_training(bool) override {}
   void end_step(const at::Tensor&) override { ++step_; }
+  void resume_at(int64_t iteration) override { step_ = iteration; }
   std::map<std::string, at::Tensor> rng_state() const override;
   void set_rng_state(const std::map<std::string, at::Tensor>& s) override;
 

@@ -98,9 +98,7 @@ class FeatureRegressionPlan : public ModelPlan {
       errors.add(key, origin(key), what, hint);
     };
     refuse_pipeline_layout_settings("feature_regression", job, refuse);
-    refuse_expert_settings(
-        "feature_regression", job, layout_,
-        [&](const std::string& k) { return origin(k).kind != lf::config::Origin::Kind::default_; }, refuse);
+    refuse_expert_settings("feature_regression", job, layout_, set_by_user(origin), refuse);
     if (job.lora.rank > 0)
       errors.add("lora.rank", origin("lora.rank"), "LoRA adapters are built for the causal_lm composite",
                  "drop --lora-rank");

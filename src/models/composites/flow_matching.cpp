@@ -265,7 +265,7 @@ class FlowMatchingPlan : public ModelPlan {
       refuse("parallel.chunkpipe_chunk_size", "flow_matching does not run under ChunkPipe",
              "drop --chunkpipe-chunk-size");
     refuse_pipeline_layout_settings("flow_matching", job, refuse);
-    refuse_expert_settings("flow_matching", job, layout_, [&](const std::string& k) { return origin(k).kind != lf::config::Origin::Kind::default_; }, refuse);
+    refuse_expert_settings("flow_matching", job, layout_, set_by_user(origin), refuse);
     if (job.lora.rank > 0) refuse("lora.rank", "LoRA adapters are built for the causal_lm composite", "drop --lora-rank");
     if (job.training.training_phase == "sft")
       refuse("training.training_phase", "flow_matching reads latents, not conversations", "drop --training-phase sft");

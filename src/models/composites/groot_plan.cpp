@@ -38,7 +38,7 @@ class GrootPlan : public ModelPlan {
     if (layout_.size(lf::dist::Axis::tp) > 1)
       refuse("parallel.tensor_model_parallel_size", "groot runs at tensor-parallel size 1 (its widths are small)",
              "set --tensor-model-parallel-size 1 and scale with --data-parallel ranks");
-    refuse_policy_layouts("groot", job, layout_, [&](const std::string& k) { return origin(k).kind != lf::config::Origin::Kind::default_; }, refuse);
+    refuse_policy_layouts("groot", job, layout_, set_by_user(origin), refuse);
     if (job.parallel.sequence_parallel)
       refuse("parallel.sequence_parallel", "groot does not run under sequence parallelism", "drop --sequence-parallel");
     own_.head.validate(backbone_.foundation.hidden_size, backbone_.foundation.num_layers, "model.", errors);

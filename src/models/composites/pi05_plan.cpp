@@ -104,7 +104,7 @@ class Pi05Plan : public ModelPlan {
                    "): the prefix and the expert share every attention",
                "drop the key");
     }
-    refuse_policy_layouts("pi05", job, layout_, [&](const std::string& k) { return origin(k).kind != lf::config::Origin::Kind::default_; }, refuse);
+    refuse_policy_layouts("pi05", job, layout_, set_by_user(origin), refuse);
     if (job.parallel.sequence_parallel && tp > 1)
       refuse("parallel.sequence_parallel", "pi05 does not run under sequence parallelism", "drop --sequence-parallel");
     if (vlm_.num_heads != expert_.num_heads || vlm_.num_kv_heads != expert_.num_kv_heads ||

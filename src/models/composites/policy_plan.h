@@ -1,6 +1,7 @@
 // The layouts and settings the VLA policy composites (pi05_plan.cpp, groot_plan.cpp) refuse alike:
-// one pipeline stage, no context or expert parallelism (nor the other expert settings), no ChunkPipe, no LoRA, no SFT phase, no
-// recomputation; each an error naming the key and what to do.
+// one pipeline stage and no stage layout, no context or expert parallelism (nor the other expert
+// settings), no ChunkPipe, no LoRA, no SFT phase, no recomputation; each an error naming the key
+// and what to do.
 #pragma once
 
 #include <functional>

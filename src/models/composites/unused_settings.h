@@ -7,9 +7,16 @@
 #include <string>
 
 #include "loongforge/core/config/job_config.h"
+#include "loongforge/core/config/node.h"
 #include "loongforge/dist/parallel_layout.h"
 
 namespace lf::models {
+
+// The `given` of the helpers below from a plan's origin(key) lambda: set by a file, flag or override.
+template <class OriginFn>
+std::function<bool(const std::string&)> set_by_user(const OriginFn& origin) {
+  return [&origin](const std::string& key) { return origin(key).kind != lf::config::Origin::Kind::default_; };
+}
 
 // `given(key)`: the job's value of key comes from a file, flag or override, not the default.
 inline void refuse_expert_settings(const std::string& type, const lf::config::JobConfig& job,

@@ -115,15 +115,8 @@ TEST(WanTraining, ResumeIsExact) {
 // and the noise and timestep streams continue from the checkpoint's iteration (they restarted at
 // step 1: losses 50% off). Steps 6..10 equal the straight run within the equivalence tolerances.
 TEST(WanTraining, ResumeAtAnotherLayoutContinuesTheNoiseStreams) {
-  const std::string dir = lf::testing::make_temp_dir("wan-resume-layout");
-  auto first = run(2, {"--tensor-model-parallel-size", "2", "--save", dir + "/ck", "--exit-interval", "5"}, "relayout_a");
-  ASSERT_EQ(first.exit_code, 0) << first.output;
-  auto second = run(1, {"--load", dir + "/ck"}, "relayout_b");
-  ASSERT_EQ(second.exit_code, 0) << second.output;
-  ASSERT_EQ(second.losses.size(), 5u) << second.output;
-  for (size_t i = 0; i < 5; ++i)
-    EXPECT_NEAR(second.losses[i], single().losses[5 + i], 1e-5 * single().losses[5 + i]) << i;
-  EXPECT_LE(lf::testing::max_abs_diff(single().params, second.params), 1e-5);
+  lf::testing::expect_resume_at_another_layout(kConfig, single(), 2, {"--tensor-model-parallel-size", "2"},
+                                               "wan-resume-layout");
 }
 
 // --ema-decay: the checkpoint keeps ema_t = d ema_{t-1} + (1 - d) w_t after every step (checked

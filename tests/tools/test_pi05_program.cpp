@@ -68,15 +68,8 @@ TEST(Pi05Training, ResumeIsExact) {
 // and the noise and timestep streams continue from the checkpoint's iteration (they restarted at
 // step 1: losses 50% off). Steps 6..10 equal the straight run within the equivalence tolerances.
 TEST(Pi05Training, ResumeAtAnotherLayoutContinuesTheNoiseStreams) {
-  const std::string dir = lf::testing::make_temp_dir("pi05-resume-layout");
-  auto first = run(2, {"--tensor-model-parallel-size", "2", "--save", dir + "/ck", "--exit-interval", "5"}, "relayout_a");
-  ASSERT_EQ(first.exit_code, 0) << first.output;
-  auto second = run(1, {"--load", dir + "/ck"}, "relayout_b");
-  ASSERT_EQ(second.exit_code, 0) << second.output;
-  ASSERT_EQ(second.losses.size(), 5u) << second.output;
-  for (size_t i = 0; i < 5; ++i)
-    EXPECT_NEAR(second.losses[i], single().losses[5 + i], 1e-5 * single().losses[5 + i]) << i;
-  EXPECT_LE(lf::testing::max_abs_diff(single().params, second.params), 1e-5);
+  lf::testing::expect_resume_at_another_layout(kConfig, single(), 2, {"--tensor-model-parallel-size", "2"},
+                                               "pi05-resume-layout");
 }
 
 // LeRobot's train_expert_only: the vision tower and the PaliGemma LM frozen (unchanged between the

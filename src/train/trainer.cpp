@@ -332,14 +332,6 @@ TrainSummary Trainer::run() {
     I.tensorboard->flush();
   };
   log_eval(summary.first_eval, summary.start_iteration);
-  {
-    const lf::config::LoggingConfig defaults;
-    LF_CHECK(log.profile || (!log.profile_trace && log.profile_step_start == defaults.profile_step_start &&
-                             log.profile_step_end == defaults.profile_step_end),
-             "logging.profile_step_start / profile_step_end / profile_trace are set but logging.profile is off: "
-             "nothing would be profiled",
-             lf::hint("add --profile, or drop --profile-step-start / --profile-step-end / --profile-trace"));
-  }
   if (log.profile) {
     LF_CHECK(log.profile_step_start < log.profile_step_end, "logging.profile_step_start (", log.profile_step_start,
              ") must be below logging.profile_step_end (", log.profile_step_end, ")",

@@ -5,7 +5,6 @@
 #include <ATen/TensorOperators.h>
 
 #include <cmath>
-#include <cstring>
 #include <sstream>
 
 #include "unused_settings.h"
@@ -197,26 +196,11 @@ StageOutput FlowMatching::stage_forward(const Batch& batch, const TensorMap&, in
   return out;
 }
 
-std::map<std::string, at::Tensor> FlowMatching::rng_state() const {
-  // Checkpoints keep random states as bytes: the step counter of the noise stream as 8 of them.
-  auto s = dit_.rng().state();
-  at::Tensor bytes = at::empty({static_cast<int64_t>(sizeof step_)}, at::kByte);
-  std::memcpy(bytes.data_ptr(), &step_, sizeof step_);
-  s["flow_matching.step"] = bytes;
-  return s;
-}
+// The DiT's dropout streams. The noise stream's step counter is not kept: it is the iteration
+// (resume_at), and checkpoints that hold it (flow_matching.step, written before) are read without it.
+std::map<std::string, at::Tensor> FlowMatching::rng_state() const { return dit_.rng().state(); }
 
-void FlowMatching::set_rng_state(const std::map<std::string, at::Tensor>& s) {
-  std::map<std::string, at::Tensor> rest = s;
-  if (auto it = rest.find("flow_matching.step"); it != rest.end()) {
-    const at::Tensor bytes = it->second.to(at::kCPU).contiguous();
-    LF_CHECK(bytes.scalar_type() == at::kByte && bytes.numel() == static_cast<int64_t>(sizeof step_),
-             "flow_matching: the checkpoint's flow_matching.step is not the 8-byte step counter");
-    std::memcpy(&step_, bytes.data_ptr(), sizeof step_);
-    rest.erase(it);
-  }
-  dit_.rng().set_state(rest);
-}
+void FlowMatching::set_rng_state(const std::map<std::string, at::Tensor>& s) { dit_.rng().set_state(s); }
 
 double FlowMatching::flops_per_sample(int64_t seq_length) const {
   // training.seq_length counts a sample's patch tokens (the trainer's tokens/s counts the same).

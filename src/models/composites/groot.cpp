@@ -574,11 +574,6 @@ StageOutput Groot::stage_forward(const Batch& batch, const TensorMap&, int64_t, 
   return out;
 }
 
-std::map<std::string, at::Tensor> Groot::rng_state() const { return policy_streams::step_state("groot.step", step_); }
-
-void Groot::set_rng_state(const std::map<std::string, at::Tensor>& s) {
-  policy_streams::read_step_state(s, "groot.step", step_);
-}
 
 double Groot::flops_per_sample(int64_t) const {
   // 6 x parameters x tokens: the backbone over its prompt (mock_tokens text + the image's merged

@@ -735,11 +735,6 @@ StageOutput Pi05::stage_forward(const Batch& batch, const TensorMap&, int64_t, P
   return out;
 }
 
-std::map<std::string, at::Tensor> Pi05::rng_state() const { return policy_streams::step_state("pi05.step", step_); }
-
-void Pi05::set_rng_state(const std::map<std::string, at::Tensor>& s) {
-  policy_streams::read_step_state(s, "pi05.step", step_);
-}
 
 double Pi05::flops_per_sample(int64_t) const {
   // 6 x parameters x tokens for the matmuls of each stream (prefix through the vision tower and

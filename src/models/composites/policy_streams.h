@@ -1,7 +1,6 @@
-// What the flow-matching VLA policies (pi05.cpp, groot.cpp) draw per sample and keep in their
-// checkpoints: draws keyed by (seed, step, sample index), so every layout (DP, TP) draws the same
-// for a sample and a resumed run repeats an uninterrupted one; the step counter as the model's RNG
-// state (Model::rng_state) under a key of the model's.
+// What the flow-matching VLA policies (pi05.cpp, groot.cpp) draw per sample: draws keyed by
+// (seed, step, sample index), so every layout (DP, TP) draws the same for a sample, and a resumed
+// run, at any layout, repeats an uninterrupted one (the step is the iteration: Model::resume_at).
 #pragma once
 
 #include <ATen/CPUGeneratorImpl.h>
@@ -43,22 +42,6 @@ inline at::Tensor noise_draws(uint64_t seed, int64_t step, const std::vector<int
     noise.push_back(at::normal(0.0, 1.0, shape, gen, at::kFloat));
   }
   return at::stack(noise);
-}
-
-// The step counter as RNG state under `key`, and back (absent: unchanged; malformed: an error).
-inline std::map<std::string, at::Tensor> step_state(const std::string& key, int64_t step) {
-  at::Tensor bytes = at::empty({static_cast<int64_t>(sizeof step)}, at::kByte);
-  std::memcpy(bytes.data_ptr(), &step, sizeof step);
-  return {{key, bytes}};
-}
-
-inline void read_step_state(const std::map<std::string, at::Tensor>& s, const std::string& key, int64_t& step) {
-  auto it = s.find(key);
-  if (it == s.end()) return;
-  const at::Tensor bytes = it->second.to(at::kCPU).contiguous();
-  LF_CHECK(bytes.scalar_type() == at::kByte && bytes.numel() == static_cast<int64_t>(sizeof step),
-           "the checkpoint's ", key, " is not the 8-byte step counter");
-  std::memcpy(&step, bytes.data_ptr(), sizeof step);
 }
 
 }  // namespace lf::models::policy_streams

@@ -187,8 +187,6 @@ class Groot : public Model {
     step_ = iteration;
     dropout_calls_ = 0;
   }
-  std::map<std::string, at::Tensor> rng_state() const override;
-  void set_rng_state(const std::map<std::string, at::Tensor>& s) override;
 
   // GR00TN17ActionHead.forward's action_loss: (pred - (actions - noise))^2 x action_mask,
   // [b, horizon, max_action_dim] fp32, for actions / action_mask / noise of that shape and time t

@@ -207,8 +207,6 @@ class Pi05 : public Model {
   void set_training(bool) override {}
   void end_step(const at::Tensor&) override { ++step_; }
   void resume_at(int64_t iteration) override { step_ = iteration; }
-  std::map<std::string, at::Tensor> rng_state() const override;
-  void set_rng_state(const std::map<std::string, at::Tensor>& s) override;
 
   // PI05Pytorch.forward: the element-wise flow-matching MSE [b, chunk, max_action_dim] fp32 for
   // actions [b, chunk, max_action_dim], noise (same shape) and time [b].

@@ -51,7 +51,6 @@ const VlmArchitecture* by_hf(const std::string& architecture, const std::string&
       if (model_type == a.model_type) return &a;
   return nullptr;
 }
-
 const VlmArchitecture* by_composite(const std::string& type) {
   for (const auto& a : kVlms)
     if (type == a.composite) return &a;
@@ -62,6 +61,11 @@ std::string known_list() {
   std::string s;
   for (const auto& a : kVlms) s += (s.empty() ? "" : ", ") + std::string(a.architecture);
   return s;
+}
+const VlmArchitecture& architecture_of(const VlmConfig& config) {
+  const VlmArchitecture* a = by_composite(config.type);
+  LF_CHECK(a != nullptr, "model type ", config.type, " has no HF vision-language form", lf::hint("known: " + known_list()));
+  return *a;
 }
 
 Mapping text_mapping(const VlmArchitecture& a) { return mapping_for_architecture(a.text_architecture); }
@@ -593,10 +597,10 @@ VlmHfModel read_vlm_hf(const std::string& hf_dir, const ReadOptions& options) {
   return out;
 }
 
+void check_vlm_hf_form(const VlmConfig& config) { (void)text_mapping_for(architecture_of(config), config.foundation); }
 void write_vlm_hf(const std::string& out_dir, const VlmConfig& config, const NamedTensors& full,
                   const WriteOptions& options) {
-  const VlmArchitecture* a = by_composite(config.type);
-  LF_CHECK(a != nullptr, "model type ", config.type, " has no HF vision-language form", lf::hint("known: " + known_list()));
+  const VlmArchitecture* a = &architecture_of(config);
   LF_CHECK(options.architecture.empty() || options.architecture == a->architecture, "--architecture ",
            options.architecture, " cannot express a ", config.type, " model", lf::hint(std::string("use ") + a->architecture));
   std::map<std::string, at::Tensor> lm, vision;
@@ -786,12 +790,9 @@ DecoderConfig load_vlm_hf_into(CausalLm& model, const std::string& hf_dir) {
   if (!model.parameters().empty()) options.dequantized_dtype = model.parameters().front().tensor.scalar_type();
   VlmHfModel m = read_vlm_hf(hf_dir, options);
   const std::map<std::string, at::Tensor> full(m.tensors.begin(), m.tensors.end());
-  if (have.intern())
-    load_full_vlm(*vi, full);
-  else if (have.qwen3())
-    load_full_vlm(*v3, full);
-  else
-    load_full_vlm(*v25, full);
+  if (have.intern()) load_full_vlm(*vi, full);
+  else if (have.qwen3()) load_full_vlm(*v3, full);
+  else load_full_vlm(*v25, full);
   return m.config.foundation;
 }
 

@@ -280,6 +280,10 @@ TEST(WanTraining, LayoutsAndKeysItCannotTakeAreConfigErrors) {
   expect({"model.foundation.image_dim=8"}, 1, "model.foundation.added_kv_proj_dim");
   expect({"model.mock_latent_shape=[2,6,6]", "--context-parallel-size", "2"}, 2, "model.mock_latent_shape");
   expect({"--tensor-model-parallel-size", "3"}, 3, "model.foundation.num_attention_heads");
+  // tokens/s and TFLOP/s count seq_length tokens a sample: it must be the mock latents' patch tokens.
+  expect({"--seq-length", "64"}, 1, "training.seq_length 64 is not the mock latents' 32 patch tokens");
+  // Validation comes from the latents (or the mock data), never from token datasets.
+  expect({"--valid-data-path", "tokens"}, 1, "data.valid_data_path names token datasets");
   // The boundaries show in --dry-run: the high-noise expert of Wan 2.2 A14B, and the low-noise one.
   auto r = lf::testing::run_command({bin("loongforge-train"), "--config-file", kConfig, "--dry-run",
                                      "--max-timestep-boundary", "0.358"});

@@ -183,6 +183,46 @@ TEST(ConvertVlm, TrainLoadsTheCheckpointAndSavesTheSameModel) {
   EXPECT_NE(cmp.output.find("tensors 69 69 equal 69\n"), std::string::npos) << cmp.output;
 }
 
+// --save-hf of the three vision-language composites (at PP 2 for one) writes what lf2hf writes from
+// the run's own checkpoint: config.json and every tensor, bit for bit. It used to fail after the
+// run ("vision_encoder.* has no place in the qwen2 mapping"); composites without an HF form are
+// refused before training.
+TEST(ConvertVlm, SaveHfWritesWhatLf2hfWritesFromTheCheckpoint) {
+  const auto work = lf::testing::make_temp_dir("savehf_vlm");
+  auto tensors = [](const std::string& dir) {
+    auto r = lf::safetensors::Reader::open(dir + "/model.safetensors");
+    std::map<std::string, std::string> out;
+    for (const auto& t : r.tensors())
+      out[t.name] = std::string(reinterpret_cast<const char*>(r.data(t)), t.end - t.begin);
+    return out;
+  };
+  for (const auto& [config, procs] : {std::pair{"qwen2_5_vl_tiny", 2}, {"qwen3_vl_tiny", 1}, {"internvl_tiny", 1}}) {
+    const std::string d = work + "/" + config;
+    std::vector<std::string> argv;
+    if (procs > 1) argv = {bin("loongforge-run"), "--standalone", "--nproc-per-node", "2"};
+    argv.insert(argv.end(), {bin("loongforge-train"), "--config-file",
+                             lf::testing::source_dir() + "/configs/examples/" + config + ".yaml", "--train-iters", "3",
+                             "--eval-iters", "0", "--save", d + "/ck", "--save-hf", d + "/hf"});
+    if (procs > 1) argv.insert(argv.end(), {"--pipeline-model-parallel-size", "2"});
+    auto r = run_command(argv, {{"OMP_NUM_THREADS", "1"}}, std::chrono::seconds(300));
+    ASSERT_EQ(r.exit_code, 0) << config << "\n" << r.output;
+    r = run_command({bin("loongforge-convert"), "lf2hf", "--load", d + "/ck", "--out", d + "/rt", "--dtype", "fp32"});
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_EQ(nlohmann::json::parse(read_text(d + "/hf/config.json")),
+              nlohmann::json::parse(read_text(d + "/rt/config.json")))
+        << config;
+    const auto a = tensors(d + "/hf"), b = tensors(d + "/rt");
+    EXPECT_GT(a.size(), 50u) << config;
+    EXPECT_TRUE(a == b) << config << ": " << a.size() << " tensors against lf2hf's " << b.size();
+  }
+  auto spliced = run_command({bin("loongforge-train"), "--config-file",
+                              lf::testing::source_dir() + "/configs/examples/spliced_lm_tiny.yaml", "--save-hf",
+                              work + "/spliced"});
+  EXPECT_NE(spliced.exit_code, 0);
+  EXPECT_NE(spliced.output.find("model type spliced_lm has no HF form"), std::string::npos) << spliced.output;
+  EXPECT_EQ(spliced.output.find("iteration 1"), std::string::npos) << "refused before training\n" << spliced.output;
+}
+
 // loongforge-train --load HF_DIR (load_hf_into -> load_vlm_hf_into): at foundation TP 2 and at
 // PP 2 (loongforge-run, 2 processes) the HF weights load on the fly, two steps at lr 0 save a
 // checkpoint that exports back to the HF tensors; a model that differs from config.json is

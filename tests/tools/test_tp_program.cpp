@@ -188,4 +188,11 @@ TEST(TensorParallelErrors, QueryGroupsNotDivisibleNameTheValues) {
       << r.output;
 }
 
+// --sequence-parallel at TP 1 has nothing to split: the run says it is off (Megatron's warning).
+TEST(TensorParallelErrors, SequenceParallelAtTp1SaysItIsOff) {
+  auto r = train(1, {"--sequence-parallel", "--dry-run"}, "sp-tp1");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("--sequence-parallel is off"), std::string::npos) << r.output;
+}
+
 }  // namespace

@@ -145,6 +145,10 @@ TEST(TruthPass, DocumentFlagsChangeTheLossOnACorpusOfShortDocuments) {
   auto no_eod = train({"data.mock_data=false", "--data-path", demo_corpus(), "model.foundation.vocab_size=257", "--eod-mask-loss",
                        "--seq-length", "64", "--split", "100,0,0"});
   EXPECT_REFUSED(no_eod, "end-of-document id");
+  // A tokenizer file without a tokenizer type would not be read (nor its vocabulary checked).
+  auto no_type = train({"data.mock_data=false", "--data-path", demo_corpus(), "model.foundation.vocab_size=257",
+                        "--tokenizer-model", demo_corpus(), "--seq-length", "64", "--split", "100,0,0"});
+  EXPECT_REFUSED(no_type, "data.tokenizer_type is not");
 }
 
 // The masked token counts differ per rank and micro-batch; the loss is normalised by the count

@@ -3,6 +3,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
+#include <filesystem>
 #include <iostream>
 #include <sstream>
 
@@ -21,6 +22,7 @@
 #include "loongforge/dist/rendezvous.h"
 #include "loongforge/models/composites/causal_lm.h"
 #include "loongforge/models/hf_adapter.h"
+#include "loongforge/models/hf_vlm.h"
 #include "loongforge/models/registry.h"
 #include "loongforge/train/checkpoint.h"
 #include "loongforge/train/checkpoint_format.h"
@@ -62,6 +64,11 @@ void check_job(const lf::config::JobConfig& job, const lf::config::Node& resolve
                origin_of(resolved, job.data.mock_data ? "data.data_path" : "data.mock_data"),
                "model type " + plan.config().type + " trains on --mock-data only: " + needs.mock_only_why,
                "pass --mock-data (and no --data-path)");
+  if (!job.data.valid_data_path.empty() && !needs.token_data)
+    errors.add("data.valid_data_path", origin_of(resolved, "data.valid_data_path"),
+               "data.valid_data_path names token datasets, and model type " + plan.config().type +
+                   " reads none: its validation samples are the --split share of its own data (or of the mock data)",
+               "drop --valid-data-path");
   if (job.parallel.enable_encoder_hetero_dp && !needs.vision_tower)
     errors.add("parallel.enable_encoder_hetero_dp", origin_of(resolved, "parallel.enable_encoder_hetero_dp"),
                "--enable-encoder-hetero-dp spreads a vision tower's media over the foundation's TP group; model type " +
@@ -123,6 +130,20 @@ void check_job(const lf::config::JobConfig& job, const lf::config::Node& resolve
 
 // The end-of-document id the reset/eod flags need: the tokenizer's (--tokenizer-type), or the
 // mock dataset's (0). Also checks that the tokenizer's ids fit the model's vocabulary.
+// --save-hf of a vision-language model: the image processor's settings of the model it started
+// from (an HF directory, or a checkpoint of loongforge-convert hf2lf), as lf2hf copies them.
+void copy_preprocessor_config(const lf::config::CheckpointConfig& c, const std::string& out) {
+  namespace fs = std::filesystem;
+  for (const auto& from : {c.load, c.pretrained_checkpoint}) {
+    std::error_code ec;
+    if (!from || !fs::is_regular_file(fs::path(*from) / "preprocessor_config.json", ec)) continue;
+    fs::copy_file(fs::path(*from) / "preprocessor_config.json", fs::path(out) / "preprocessor_config.json",
+                  fs::copy_options::overwrite_existing, ec);
+    LF_CHECK(!ec, "cannot copy ", *from, "/preprocessor_config.json to ", out, ": ", ec.message());
+    return;
+  }
+}
+
 std::optional<int64_t> end_of_document(const lf::config::JobConfig& job, const lf::config::Node& resolved,
                                        const lf::models::ModelPlan& plan) {
   const bool wants = job.data.eod_mask_loss || job.data.reset_position_ids || job.data.reset_attention_mask;
@@ -139,6 +160,12 @@ std::optional<int64_t> end_of_document(const lf::config::JobConfig& job, const l
       errors.throw_if_any();
     }
     if (auto e = tok->eod_id()) eod = *e;
+  } else if (job.data.tokenizer_model && !plan.data_needs().vla) {  // VLA sources read it (pi0.5 prompts)
+    lf::config::ErrorList errors;
+    errors.add("data.tokenizer_model", origin_of(resolved, "data.tokenizer_model"),
+               "data.tokenizer_model is set and data.tokenizer_type is not: the tokenizer would not be read",
+               "add --tokenizer-type HuggingFaceTokenizer, or drop --tokenizer-model");
+    errors.throw_if_any();
   } else if (job.data.mock_data) {
     eod = 0;  // the mock token dataset ends its documents with 0
   }
@@ -189,6 +216,9 @@ int train_main(const lf::config::TrainCommandLine& cl, const lf::train::TrainerH
   const auto eod = end_of_document(job, loaded.resolved, *plan);
   // A bad --fp8-policy file stops here, before any process group exists (--dry-run included).
   const auto fp8 = lf::train::fp8_policy(job.training);
+  if (env.rank == 0 && job.parallel.sequence_parallel && layout.size(lf::dist::Axis::tp) == 1)
+    LF_WARN("--sequence-parallel is off: it splits the sequence over tensor-parallel ranks, and "
+            "--tensor-model-parallel-size is 1 (as in Megatron, the run goes on without it)");
 
   if (cl.dry_run) {
     if (env.rank == 0) {
@@ -266,11 +296,20 @@ int train_main(const lf::config::TrainCommandLine& cl, const lf::train::TrainerH
     if (env.rank == 0) LF_INFO("loaded HF weights from ", *job.checkpoint.load, "; starting at iteration 0");
     trainer_job.checkpoint.load.reset();
   }
-  LF_CHECK(!job.checkpoint.save_hf || causal != nullptr, "--save-hf exports causal_lm models; model type ",
-           model->type(), " has no HF form", lf::hint("drop --save-hf"));
-  if (job.checkpoint.save_hf) {  // before training, not after it: the export must have an HF family
+  // --save-hf: the export's HF form is settled before training, not after it (a vision-language
+  // model's through the VLM table, as loongforge-convert lf2hf writes it).
+  std::optional<lf::models::hf::VlmConfig> vlm_export;
+  if (job.checkpoint.save_hf) {
     try {
-      (void)lf::models::hf::mapping_for_config(causal->config());
+      vlm_export = lf::models::hf::vlm_config_from_model_section(lf::config::to_yaml(loaded.resolved), "the job");
+      if (vlm_export) {
+        lf::models::hf::check_vlm_hf_form(*vlm_export);
+      } else {
+        LF_CHECK(causal != nullptr && model->type() == "causal_lm", "model type ", model->type(),
+                 " has no HF form: --save-hf exports causal_lm models and the vision-language models of "
+                 "docs/conversion.md");
+        (void)lf::models::hf::mapping_for_config(causal->config());
+      }
     } catch (const lf::Error& e) {
       LF_FAIL("--save-hf ", *job.checkpoint.save_hf, ": ", e.message(),
               lf::hint("drop --save-hf (save a checkpoint with --save instead), or train a model an HF family "
@@ -296,7 +335,12 @@ int train_main(const lf::config::TrainCommandLine& cl, const lf::train::TrainerH
       if (ctx.pp_rank() == 0) {
         lf::models::hf::WriteOptions wo;
         wo.dtype = job.training.bf16 ? at::kBFloat16 : job.training.fp16 ? at::kHalf : at::kFloat;
-        lf::models::hf::write_hf(*job.checkpoint.save_hf, causal->config(), full, wo);
+        if (vlm_export) {
+          lf::models::hf::write_vlm_hf(*job.checkpoint.save_hf, *vlm_export, full, wo);
+          copy_preprocessor_config(job.checkpoint, *job.checkpoint.save_hf);
+        } else {
+          lf::models::hf::write_hf(*job.checkpoint.save_hf, causal->config(), full, wo);
+        }
         LF_INFO("exported HF weights to ", *job.checkpoint.save_hf);
       }
     }

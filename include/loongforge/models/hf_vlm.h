@@ -60,6 +60,10 @@ struct VlmHfModel {
 // tensor must be used; errors name the tensor and file. options.vocab_tp / dtype as read_hf.
 VlmHfModel read_vlm_hf(const std::string& hf_dir, const ReadOptions& options = {});
 
+// Throws, naming why, when write_vlm_hf could not express a model of this configuration (checked
+// before training by loongforge-train --save-hf).
+void check_vlm_hf_form(const VlmConfig& config);
+
 // Writes out_dir/config.json (transformers 5 layout: text_config with rope_parameters incl.
 // mrope_section, vision_config) and the weights under transformers 5's names (model.visual.*,
 // model.language_model.*, lm_head.weight), sharded past options.max_shard_bytes as write_hf.

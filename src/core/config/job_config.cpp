@@ -81,6 +81,61 @@ std::vector<std::string> job_top_level_keys() {
   return {"parallel", "training", "optimizer", "data", "checkpoint", "logging", "model"};
 }
 
+namespace {
+
+// Keys that act only together with another one: given without it, each would do nothing.
+void check_inert_keys(Checker& c, const JobConfig& job) {
+  const auto& k = job.checkpoint;
+  const auto& o = job.optimizer;
+  if (c.ok({"checkpoint.save"}) && !k.save) {
+    const std::pair<const char*, bool> set[] = {{"checkpoint.save_interval", k.save_interval.has_value()},
+                                                {"checkpoint.no_save_optim", k.no_save_optim},
+                                                {"checkpoint.no_save_rng", k.no_save_rng},
+                                                {"checkpoint.ckpt_keep_last", k.ckpt_keep_last.has_value()},
+                                                {"checkpoint.async_save", k.async_save}};
+    for (const auto& [key, on] : set)
+      if (c.ok({key}) && on)
+        c.fail(key, c.show(key) + ", but checkpoint.save is not set: no checkpoint is saved, so it would do nothing",
+               "add --save DIR to save checkpoints, or drop it");
+  }
+  if (c.ok({"checkpoint.load"}) && !k.load) {
+    const std::pair<const char*, bool> set[] = {{"checkpoint.no_load_optim", k.no_load_optim},
+                                                {"checkpoint.no_load_rng", k.no_load_rng},
+                                                {"checkpoint.exit_on_missing_checkpoint", k.exit_on_missing_checkpoint}};
+    for (const auto& [key, on] : set)
+      if (c.ok({key}) && on)
+        c.fail(key,
+               c.show(key) + ", but checkpoint.load is not set" +
+                   (k.pretrained_checkpoint ? " (--pretrained-checkpoint loads weights only)" : "") +
+                   ": it would do nothing",
+               "add --load DIR, or drop it");
+    if (c.ok({"checkpoint.finetune", "checkpoint.pretrained_checkpoint"}) && k.finetune && !k.pretrained_checkpoint)
+      c.fail("checkpoint.finetune", "--finetune is set, but checkpoint.load is not set: there are no weights to load",
+             "add --load DIR (the checkpoint to fine-tune from), or drop --finetune");
+  }
+  if (c.ok({"optimizer.optimizer", "optimizer.sgd_momentum"}) && o.optimizer != "sgd" && c.given("optimizer.sgd_momentum"))
+    c.fail("optimizer.sgd_momentum", c.show("optimizer.sgd_momentum") + ", but the optimizer is " + o.optimizer,
+           "add --optimizer sgd, or drop --sgd-momentum");
+  if (c.ok({"optimizer.lr_decay_style"}) && o.lr_decay_style != "WSD")
+    for (const char* key : {"optimizer.lr_wsd_decay_iters", "optimizer.lr_wsd_decay_style"})
+      if (c.ok({key}) && c.given(key))
+        c.fail(key, c.show(key) + " shapes the final decay of lr_decay_style WSD, and the style is " + o.lr_decay_style,
+               "add --lr-decay-style WSD, or drop it");
+  if (c.ok({"training.fp16", "training.loss_scale"}) && job.training.fp16 && job.training.loss_scale)
+    for (const char* key : {"training.initial_loss_scale", "training.min_loss_scale", "training.loss_scale_window",
+                            "training.hysteresis"})
+      if (c.ok({key}) && c.given(key))
+        c.fail(key, c.show(key) + " configures the dynamic loss scaler, and " + c.show("training.loss_scale") +
+                        " sets a constant scale",
+               "drop --loss-scale for dynamic scaling, or drop it");
+  if (c.ok({"data.tokenizer_type", "data.tokenizer_model"}) && job.data.tokenizer_model && job.data.tokenizer_type &&
+      *job.data.tokenizer_type == "ByteTokenizer")
+    c.fail("data.tokenizer_model", c.show("data.tokenizer_model") + ", and the ByteTokenizer reads no files",
+           "pass --tokenizer-type HuggingFaceTokenizer to use the tokenizer there, or drop --tokenizer-model");
+}
+
+}  // namespace
+
 void validate(const JobConfig& job, const Node& resolved, ErrorList& errors) {
   Checker c(resolved, errors);
   c.snapshot();
@@ -191,6 +246,12 @@ void validate(const JobConfig& job, const Node& resolved, ErrorList& errors) {
            "full recomputation needs recompute_method and recompute_num_layers: " +
                c.show("training.recompute_method") + ", " + c.show("training.recompute_num_layers"),
            "e.g. --recompute-method uniform --recompute-num-layers 1");
+  if (recompute_ok && c.ok({"parallel.chunkpipe_chunk_size"}) && p.chunkpipe_chunk_size &&
+      t.recompute_granularity == "full")
+    c.fail("training.recompute_granularity",
+           "ChunkPipe's backward pass recomputes every chunk from its input already, as full recomputation would: " +
+               c.show("training.recompute_granularity") + ", " + c.show("parallel.chunkpipe_chunk_size"),
+           "drop --recompute-granularity full (and its method and layer count); selective recomputation still applies");
   if (recompute_ok && t.recompute_num_layers && !t.recompute_method && t.recompute_granularity != "full")
     c.fail("training.recompute_num_layers", "recompute_num_layers is set without recompute_method: " +
                                                 c.show("training.recompute_num_layers"));
@@ -348,6 +409,7 @@ void validate(const JobConfig& job, const Node& resolved, ErrorList& errors) {
            "would silently leave the adapters out",
            "drop --save-hf and export the saved checkpoint with `loongforge-convert lf2hf` (base + PEFT adapter/, or "
            "--merge-lora for merged weights)");
+  check_inert_keys(c, job);
   if (c.ok({"logging.profile"}) && !job.logging.profile)
     for (const char* key : {"logging.profile_step_start", "logging.profile_step_end", "logging.profile_trace"})
       if (c.ok({key}) && c.given(key))

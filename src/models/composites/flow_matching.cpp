@@ -271,6 +271,12 @@ class FlowMatchingPlan : public ModelPlan {
     } else if (m.size() == 3 && ps.size() == 3 && job.data.mock_data) {
       const int64_t tokens = (m[0] / ps[0]) * (m[1] / ps[1]) * (m[2] / ps[2]);
       const int64_t per_cp = tokens / std::max(cp, 1);
+      if (job.training.seq_length != tokens)
+        refuse("training.seq_length",
+               "training.seq_length " + std::to_string(job.training.seq_length) + " is not the mock latents' " +
+                   std::to_string(tokens) + " patch tokens (model.mock_latent_shape over the foundation's patch_size): "
+                   "tokens/s and TFLOP/s count a sample as seq_length tokens",
+               "set --seq-length " + std::to_string(tokens));
       if (tokens % (2 * cp) != 0 && cp > 1)
         refuse("model.mock_latent_shape",
                "the mock latents' " + std::to_string(tokens) + " patch tokens do not split into 2 x " +

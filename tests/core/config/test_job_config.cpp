@@ -134,6 +134,50 @@ TEST(ConfigJob, ProfileSettingsWithoutProfileAreRefused) {
   EXPECT_NO_THROW(load_job(o));
 }
 
+// Keys that act only with another one are refused without it, each by name; with it they load.
+TEST(ConfigJob, KeysThatWouldDoNothingAloneAreRefused) {
+  auto keys_of = [](const std::vector<std::string>& args) {
+    ComposeOptions o = demo();
+    o.overrides = parse_train_command_line(args).overrides;
+    ConfigError e = expect_config_error([&] { load_job(o); });
+    std::vector<std::string> keys;
+    for (const ConfigIssue& i : e.issues()) keys.push_back(i.key);
+    return std::pair{keys, std::string(e.what())};
+  };
+  auto [save, save_text] = keys_of({"--save-interval", "5", "--no-save-optim", "--no-save-rng", "--ckpt-keep-last", "2",
+                                    "--async-save", "--no-load-optim", "--no-load-rng", "--exit-on-missing-checkpoint",
+                                    "--finetune"});
+  EXPECT_EQ(save, (std::vector<std::string>{"checkpoint.save_interval", "checkpoint.no_save_optim",
+                                            "checkpoint.no_save_rng", "checkpoint.ckpt_keep_last",
+                                            "checkpoint.async_save", "checkpoint.no_load_optim", "checkpoint.no_load_rng",
+                                            "checkpoint.exit_on_missing_checkpoint", "checkpoint.finetune"}))
+      << save_text;
+  EXPECT_NE(save_text.find("checkpoint.save is not set"), std::string::npos) << save_text;
+  // --pretrained-checkpoint loads weights only: the load options still do nothing; --finetune is its default.
+  auto [pre, pre_text] = keys_of({"--pretrained-checkpoint", "base", "--finetune", "--no-load-optim"});
+  EXPECT_EQ(pre, (std::vector<std::string>{"checkpoint.no_load_optim"})) << pre_text;
+  EXPECT_NE(pre_text.find("loads weights only"), std::string::npos) << pre_text;
+  auto [other, other_text] =
+      keys_of({"--sgd-momentum", "0.9", "--lr-wsd-decay-iters", "3", "--fp16", "--loss-scale", "128",
+               "--loss-scale-window", "50", "--tokenizer-type", "ByteTokenizer", "--tokenizer-model", "tok"});
+  EXPECT_EQ(other, (std::vector<std::string>{"optimizer.sgd_momentum", "optimizer.lr_wsd_decay_iters",
+                                             "training.loss_scale_window", "data.tokenizer_model"}))
+      << other_text;
+  auto [chunk, chunk_text] = keys_of({"--chunkpipe-chunk-size", "16", "--recompute-granularity", "full",
+                                      "--recompute-method", "uniform", "--recompute-num-layers", "1"});
+  EXPECT_EQ(chunk, (std::vector<std::string>{"training.recompute_granularity"})) << chunk_text;
+  // With their partners, the same keys load.
+  ComposeOptions o = demo();
+  o.overrides = parse_train_command_line(std::vector<std::string>{
+                    "--save", "ck", "--save-interval", "5", "--no-save-optim", "--ckpt-keep-last", "2", "--async-save",
+                    "--load", "ck", "--no-load-optim", "--no-load-rng", "--exit-on-missing-checkpoint", "--finetune",
+                    "--optimizer", "sgd", "--sgd-momentum", "0.9", "--lr-decay-style", "WSD", "--lr-wsd-decay-iters",
+                    "3", "--fp16", "--loss-scale-window", "50", "--chunkpipe-chunk-size", "16",
+                    "--recompute-granularity", "selective"})
+                    .overrides;
+  EXPECT_NO_THROW(load_job(o));
+}
+
 TEST(ConfigJob, OneIssuePerKeyNoCascade) {
   // The failed interpolation would otherwise also be reported as "expects int, got null", and
   // the missing lr as "min_lr exceeds lr".

@@ -267,6 +267,15 @@ TEST(GenerateProgram, MistakesAreClearErrors) {
       {{"--load", d + "/ckpt", "--input-ids", "1", "--prompt", "hi"}, "exactly one of"},
       {{"--load", d + "/ckpt", "--input-ids", "1,300"}, "prompt token 300 is outside the vocabulary [0, 257)"},
       {{"--load", d + "/ckpt", "--input-ids", "1", "--temperature", "-1"}, "temperature must be >= 0"},
+      // Flags that would do nothing in the mode in use.
+      {{"--load", d + "/ckpt", "--input-ids", "1", "--top-k", "5"}, "--top-k shapes sampling, and --temperature 0"},
+      {{"--load", d + "/ckpt", "--input-ids", "1", "--top-p", "0.9"}, "--top-p shapes sampling"},
+      {{"--load", d + "/ckpt", "--input-ids", "1", "--seed", "3"}, "--seed shapes sampling"},
+      {{"--load", d + "/ckpt", "--input-ids", "1", "--verbose"}, "--verbose applies to --eval-file"},
+      {{"--load", d + "/ckpt", "--input-ids", "1", "--eval-limit", "2"}, "--eval-limit applies to --eval-file"},
+      {{"--load", d + "/ckpt", "--input-ids", "1", "--stop", "a"}, "--stop strings are read with the tokenizer"},
+      {{"--load", d + "/ckpt", "--input-ids", "1", "--dump-logits", d + "/l.safetensors", "--temperature", "1"},
+       "--temperature is a generation flag, and --dump-logits"},
   };
   for (const auto& c : cases) {
     std::vector<std::string> a = {bin("loongforge-generate")};

@@ -552,6 +552,29 @@ int run(Options& o) {
   if (!o.tokenizer_type.empty()) tok = lf::data::make_tokenizer(o.tokenizer_type, o.tokenizer_model);
   LF_CHECK(tok || !o.input_ids.empty(), "--prompt and --eval-file need --tokenizer-type",
            lf::hint("e.g. --tokenizer-type ByteTokenizer, or HuggingFaceTokenizer --tokenizer-model DIR"));
+  // The flags of a mode not in use would do nothing: each is refused by name.
+  auto given = [&](const char* flag) { return std::find(o.given.begin(), o.given.end(), flag) != o.given.end(); };
+  for (const char* flag : {"--eval-limit", "--verbose"})
+    LF_CHECK(!given(flag) || !o.eval_file.empty(), flag, " applies to --eval-file", lf::hint(std::string("drop ") + flag));
+  if (!o.dump_logits.empty()) {
+    for (const char* flag : {"--max-new-tokens", "--temperature", "--top-k", "--top-p", "--seed", "--stop", "--no-kv-cache"})
+      LF_CHECK(!given(flag), flag, " is a generation flag, and --dump-logits scores --input-ids in one forward",
+               lf::hint(std::string("drop ") + flag));
+  } else if (o.gen.sampling.temperature == 0) {
+    for (const char* flag : {"--top-k", "--top-p", "--seed"})
+      LF_CHECK(!given(flag), flag, " shapes sampling, and --temperature 0 decodes greedily (it draws nothing)",
+               lf::hint(std::string("add --temperature T (T > 0) to sample, or drop ") + flag));
+  }
+  LF_CHECK(o.stop.empty() || tok, "--stop strings are read with the tokenizer, and no --tokenizer-type is given",
+           lf::hint("add --tokenizer-type (as the model was trained with), or drop --stop"));
+  if (tok) {
+    if (auto eod = tok->eod_id()) o.gen.stop_ids.push_back(*eod);
+    for (const auto& s : o.stop) {
+      auto ids = tok->encode(s);
+      LF_CHECK(ids.size() == 1, "--stop '", s, "' is ", ids.size(), " tokens; stop strings must be one token");
+      o.gen.stop_ids.push_back(ids[0]);
+    }
+  }
   LF_CHECK(o.images.empty() || o.vision_inputs.empty(), "give --image or --vision-inputs, not both (--vision-inputs ",
            o.vision_inputs, ", --image ", o.images.empty() ? "" : o.images[0], ")");
   for (const auto& f : o.images) {
@@ -569,8 +592,8 @@ int run(Options& o) {
     if (tok)
       LF_CHECK(tok->vocab_size() <= loaded.config.vocab_size, "the tokenizer has ", tok->vocab_size(),
                " ids, the model's vocabulary only ", loaded.config.vocab_size);
-    if (tok)
-      if (auto eod = tok->eod_id()) o.gen.stop_ids.push_back(*eod);
+    LF_CHECK(!o.no_kv_cache, "--no-kv-cache: a vision-language model recomputes the whole sequence every step already",
+             lf::hint("drop --no-kv-cache"));
     return run_vlm(o, loaded, tok.get());
   }
   const std::string media_flag = !o.images.empty() ? "--image " + o.images[0] : "--vision-inputs " + o.vision_inputs;
@@ -598,17 +621,9 @@ int run(Options& o) {
   LF_INFO("loaded ", loaded.what, " (", loaded.config.num_parameters(), " parameters, ", be.name(), ", ",
           o.bf16 ? "bf16" : "fp32", ") in ",
           std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), " s");
-  if (tok) {
-    LF_CHECK(tok->vocab_size() <= loaded.config.vocab_size, "the tokenizer has ", tok->vocab_size(),
-             " ids, the model's vocabulary only ", loaded.config.vocab_size,
-             lf::hint("use the tokenizer the model was trained with"));
-    if (auto eod = tok->eod_id()) o.gen.stop_ids.push_back(*eod);
-    for (const auto& s : o.stop) {
-      auto ids = tok->encode(s);
-      LF_CHECK(ids.size() == 1, "--stop '", s, "' is ", ids.size(), " tokens; stop strings must be one token");
-      o.gen.stop_ids.push_back(ids[0]);
-    }
-  }
+  LF_CHECK(!tok || tok->vocab_size() <= loaded.config.vocab_size, "the tokenizer has ", tok ? tok->vocab_size() : 0,
+           " ids, the model's vocabulary only ", loaded.config.vocab_size,
+           lf::hint("use the tokenizer the model was trained with"));
   o.gen.use_kv_cache = !o.no_kv_cache;
 
   if (!o.input_ids.empty()) {

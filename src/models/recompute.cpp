@@ -5,6 +5,7 @@
 #include <torch/csrc/autograd/autograd.h>
 #include <torch/csrc/autograd/custom_function.h>
 
+#include <algorithm>
 #include <map>
 #include <optional>
 #include <string>
@@ -104,6 +105,41 @@ at::Tensor recompute(RecomputeFn fn, const std::vector<at::Tensor>& inputs,
   replay->rng = rng;
   replay->streams = streams;
   return RecomputeFunction::apply(replay, at::TensorList(inputs));
+}
+
+at::Tensor run_blocks(int64_t n, at::Tensor x, const RecomputeOptions& r, const BlockFn& block,
+                      const std::vector<int64_t>& exposed, const std::function<void(int64_t, const at::Tensor&)>& after) {
+  const bool full = r.granularity == RecomputeOptions::Granularity::full;
+  for (int64_t i = 0; i < n;) {
+    int64_t group = 1;
+    bool again = false;
+    if (full && r.method == RecomputeOptions::Method::uniform) {
+      group = std::min(std::max<int64_t>(r.num_layers, 1), n - i);
+      again = true;
+    } else if (full && i < r.num_layers) {
+      again = true;
+    }
+    for (int64_t j = i; j < i + group - 1; ++j)
+      if (std::find(exposed.begin(), exposed.end(), j) != exposed.end()) {
+        group = j - i + 1;
+        break;
+      }
+    if (!again) {
+      x = block(i, x);
+    } else {
+      const int64_t first = i;
+      x = recompute(
+          [block, first, group](const std::vector<at::Tensor>& v) {
+            at::Tensor y = v[0];
+            for (int64_t j = first; j < first + group; ++j) y = block(j, y);
+            return y;
+          },
+          {x});
+    }
+    i += group;
+    if (after) after(i - 1, x);
+  }
+  return x;
 }
 
 }  // namespace lf::models

@@ -148,7 +148,8 @@ at::Tensor InternVisionEncoder::forward(const at::Tensor& rows, const at::Tensor
   // The features: hidden state k (0: the embeddings, k: after layer k), or the last output normed.
   const int64_t layers = c_.num_hidden_layers, f = c_.vision_feature_layer;
   const int64_t run = f == -1 ? layers : f >= 0 ? f : layers + 1 + f;
-  for (int64_t i = 0; i < run; ++i) x = block(blocks_[static_cast<size_t>(i)], x);
+  x = run_blocks(run, x, recompute_,
+                 [this](int64_t i, const at::Tensor& in) { return block(blocks_[static_cast<size_t>(i)], in); });
   if (f == -1 && !c_.use_mean_pooling) x = final_norm_(be, x);
   // transformers' pixel_shuffle on [tiles, g, g, h] (the CLS token dropped), scale 1 / m.
   const int64_t gs = g / m;

@@ -231,12 +231,14 @@ at::Tensor Qwen25VisionEncoder::forward(const at::Tensor& pixel_values, const at
   auto cos = angles.cos().to(device, x.scalar_type()), sin = angles.sin().to(device, x.scalar_type());
 
   const std::set<int64_t> full(c_.fullatt_block_indexes.begin(), c_.fullatt_block_indexes.end());
-  for (size_t i = 0; i < blocks_.size(); ++i) {
-    const auto& blk = blocks_[i];
-    const auto& segments = full.count(static_cast<int64_t>(i)) ? layout.frames : layout.windows;
-    x = x + attention(blk, blk.norm1(be, x), cos, sin, segments);
-    x = x + blk.mlp.forward(be, tp_, blk.norm2(be, x));
-  }
+  // The blocks (run again in backward under recomputation: they own what they read).
+  x = run_blocks(static_cast<int64_t>(blocks_.size()), x, recompute_,
+                 [this, full, frames = layout.frames, windows = layout.windows, cos, sin](int64_t i, const at::Tensor& in) {
+                   const auto& be = *backend_;
+                   const auto& blk = blocks_[static_cast<size_t>(i)];
+                   at::Tensor y = in + attention(blk, blk.norm1(be, in), cos, sin, full.count(i) ? frames : windows);
+                   return y + blk.mlp.forward(be, tp_, blk.norm2(be, y));
+                 });
   // Merger: each merge unit's m^2 consecutive tokens (in window order, units stay whole) as one row.
   const int64_t units = n / (m * m);
   auto merged = ln_q_(be, x).reshape({units, 1, -1});                // [units, 1, m^2 hidden]

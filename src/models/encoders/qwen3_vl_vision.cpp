@@ -259,13 +259,20 @@ Qwen3VisionOutput Qwen3VisionEncoder::forward(const at::Tensor& pixel_values, co
 
   Qwen3VisionOutput out;
   out.deepstack.resize(deepstack_.size());
-  for (size_t i = 0; i < blocks_.size(); ++i) {
-    const auto& blk = blocks_[i];
-    x = x + attention(blk, blk.norm1(be, x), cos, sin, layout.frames);
-    x = x + mlp(blk, blk.norm2(be, x));
-    for (size_t k = 0; k < deepstack_.size(); ++k)
-      if (c_.deepstack_visual_indexes[k] == static_cast<int64_t>(i)) out.deepstack[k] = merge(deepstack_[k], x);
-  }
+  // The blocks (run again in backward under recomputation: they own what they read); a
+  // recomputed group ends at each DeepStack block, whose output is merged.
+  x = run_blocks(
+      static_cast<int64_t>(blocks_.size()), x, recompute_,
+      [this, frames = layout.frames, cos, sin](int64_t i, const at::Tensor& in) {
+        const auto& be = *backend_;
+        const auto& blk = blocks_[static_cast<size_t>(i)];
+        at::Tensor y = in + attention(blk, blk.norm1(be, in), cos, sin, frames);
+        return y + mlp(blk, blk.norm2(be, y));
+      },
+      c_.deepstack_visual_indexes, [&](int64_t i, const at::Tensor& y) {
+        for (size_t k = 0; k < deepstack_.size(); ++k)
+          if (c_.deepstack_visual_indexes[k] == i) out.deepstack[k] = merge(deepstack_[k], y);
+      });
   out.merged = merge(merger_, x);
   return out;
 }

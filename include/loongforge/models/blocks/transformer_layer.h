@@ -16,21 +16,10 @@
 #include "loongforge/models/blocks/mlp.h"
 #include "loongforge/models/blocks/moe.h"
 #include "loongforge/models/blocks/norms.h"
+#include "loongforge/models/recompute.h"
 #include "loongforge/parallel/tensor/random.h"
 
 namespace lf::models {
-
-// Activation recomputation (Megatron's --recompute-*). full: a layer keeps only its input and
-// recomputes everything in backward; method uniform groups num_layers consecutive layers per
-// checkpoint, block checkpoints the first num_layers layers only. selective: recompute the parts
-// whose activations are large and cheap to redo: RoPE + core attention and the MLP activation.
-struct RecomputeOptions {
-  enum class Granularity { none, full, selective };
-  enum class Method { uniform, block };
-  Granularity granularity = Granularity::none;
-  Method method = Method::uniform;
-  int64_t num_layers = 1;
-};
 
 struct TransformerLayerConfig {
   NormSpec norm;

@@ -59,6 +59,11 @@ class InternVl : public VisionLm {
   void load_hf_state(const std::map<std::string, at::Tensor>& tensors, const std::string& text_architecture);
 
   const InternVisionEncoder& vision_encoder() const { return *encoder_; }
+  // The job's recomputation: the decoder's layers and the tower's blocks (its full recomputation).
+  void set_recompute(const RecomputeOptions& r) override {
+    CausalLm::set_recompute(r);
+    if (encoder_) encoder_->set_recompute(r);
+  }
   const InternVlConfig& own_config() const { return config_; }
 
  protected:

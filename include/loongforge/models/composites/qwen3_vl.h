@@ -84,6 +84,11 @@ class Qwen3Vl : public VisionLm {
 
   // The first pipeline stage only (every stage with --enable-full-hetero-dp).
   const Qwen3VisionEncoder& vision_encoder() const { return *encoder_; }
+  // The job's recomputation: the decoder's layers and the tower's blocks (its full recomputation).
+  void set_recompute(const RecomputeOptions& r) override {
+    CausalLm::set_recompute(r);
+    if (encoder_) encoder_->set_recompute(r);
+  }
   const Qwen3VlConfig& own_config() const { return config_; }  // image / video ids
 
  protected:

@@ -19,6 +19,7 @@
 #include "loongforge/backend/device_backend.h"
 #include "loongforge/core/config/schema.h"
 #include "loongforge/models/blocks/norms.h"
+#include "loongforge/models/recompute.h"
 #include "loongforge/parallel/sharding.h"
 
 namespace lf::models {
@@ -117,6 +118,8 @@ class InternVisionEncoder {
                      const std::string& projector_prefix = "model.multi_modal_projector.");
 
   const InternVisionConfig& config() const { return c_; }
+  // The job's full recomputation applied to the blocks (models/recompute.h run_blocks).
+  void set_recompute(const RecomputeOptions& r) { recompute_ = r; }
   const std::vector<lf::parallel::Parameter>& parameters() const { return params_; }
 
  private:
@@ -127,6 +130,7 @@ class InternVisionEncoder {
   at::Tensor block(const Block& blk, const at::Tensor& x) const;
 
   InternVisionConfig c_;
+  RecomputeOptions recompute_;
   std::string name_;
   const lf::backend::DeviceBackend* backend_ = nullptr;
   at::Tensor patch_embed_, patch_bias_, cls_, pos_embed_;

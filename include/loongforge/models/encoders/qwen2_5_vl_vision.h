@@ -15,6 +15,7 @@
 #include "loongforge/core/config/schema.h"
 #include "loongforge/models/blocks/mlp.h"
 #include "loongforge/models/blocks/norms.h"
+#include "loongforge/models/recompute.h"
 
 namespace lf::models {
 
@@ -86,6 +87,8 @@ class Qwen25VisionEncoder {
   void load_hf_state(const std::map<std::string, at::Tensor>& tensors, const std::string& prefix = "visual.");
 
   const Qwen25VisionConfig& config() const { return c_; }
+  // The job's full recomputation applied to the blocks (models/recompute.h run_blocks).
+  void set_recompute(const RecomputeOptions& r) { recompute_ = r; }
   // This encoder's parameter records (shards), in registration order.
   const std::vector<lf::parallel::Parameter>& parameters() const { return params_; }
 
@@ -100,6 +103,7 @@ class Qwen25VisionEncoder {
                        const std::vector<int64_t>& segments) const;
 
   Qwen25VisionConfig c_;
+  RecomputeOptions recompute_;
   std::string name_;
   const lf::backend::DeviceBackend* backend_ = nullptr;
   lf::parallel::TensorParallel tp_;

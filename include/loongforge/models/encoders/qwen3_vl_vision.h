@@ -18,6 +18,7 @@
 #include "loongforge/core/config/schema.h"
 #include "loongforge/models/blocks/mlp.h"
 #include "loongforge/models/blocks/norms.h"
+#include "loongforge/models/recompute.h"
 
 namespace lf::models {
 
@@ -102,6 +103,8 @@ class Qwen3VisionEncoder {
   void load_hf_state(const std::map<std::string, at::Tensor>& tensors, const std::string& prefix = "model.visual.");
 
   const Qwen3VisionConfig& config() const { return c_; }
+  // The job's full recomputation applied to the blocks (models/recompute.h run_blocks).
+  void set_recompute(const RecomputeOptions& r) { recompute_ = r; }
   const std::vector<lf::parallel::Parameter>& parameters() const { return params_; }
 
  private:
@@ -121,6 +124,7 @@ class Qwen3VisionEncoder {
   Merger make_merger(ParamBuilder& b, const std::string& prefix, bool postshuffle) const;
 
   Qwen3VisionConfig c_;
+  RecomputeOptions recompute_;
   std::string name_;
   const lf::backend::DeviceBackend* backend_ = nullptr;
   lf::parallel::TensorParallel tp_;

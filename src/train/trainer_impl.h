@@ -115,23 +115,27 @@ struct Trainer::Impl {
   std::vector<lf::data::Batch> read_step();
   // 1 / (units of each term over the global batch) x the loss scale.
   std::map<std::string, double> loss_weights(const std::vector<lf::data::Batch>& batches) const;
+  // Each loss term's detached sum over the step's micro-batches, kept on the device: a micro-batch
+  // reads nothing back to the host (no synchronisation between micro-batches); finish_step reads
+  // them once.
+  using TermSums = std::map<std::string, at::Tensor>;
   // Sum of w_t * term_t (the scalar to backpropagate); adds the detached sums to `sums`.
   at::Tensor objective(const std::vector<lf::models::LossTerm>& terms, const std::map<std::string, double>& weights,
-                       std::map<std::string, double>& sums) const;
+                       TermSums& sums) const;
 
   // One forward/backward over the step, gradients reduced; returns the step's total loss.
   double forward_backward();
   // pp 1, the MoE overlap across micro-batches: forward 0, then forward m + 1 paired with
   // backward m, then the last backward.
   void forward_backward_paired(const std::vector<lf::data::Batch>& batches,
-                               const std::map<std::string, double>& weights, std::map<std::string, double>& sums);
+                               const std::map<std::string, double>& weights, TermSums& sums);
   double forward_backward_pipelined(const std::vector<lf::data::Batch>& batches,
-                                    const std::map<std::string, double>& weights, std::map<std::string, double>& sums);
+                                    const std::map<std::string, double>& weights, TermSums& sums);
   double forward_backward_chunkpipe(const std::vector<lf::data::Batch>& batches,
-                                    const std::map<std::string, double>& weights, std::map<std::string, double>& sums);
+                                    const std::map<std::string, double>& weights, TermSums& sums);
   // The tied embedding's gradient sum, every buffer's reduction, the term sums reduced to every
   // rank: the step's loss per term.
-  double finish_step(std::map<std::string, double>& sums, const std::map<std::string, double>& weights);
+  double finish_step(TermSums& sums, const std::map<std::string, double>& weights);
 
   // Evaluation: one micro-batch's metrics on this rank (the last stage's; zeros elsewhere).
   void evaluate_batch(const lf::data::Batch& batch, int64_t index, int64_t iters, lf::models::Metrics& out);

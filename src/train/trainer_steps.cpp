@@ -52,12 +52,14 @@ std::map<std::string, double> Trainer::Impl::loss_weights(const std::vector<lf::
 
 at::Tensor Trainer::Impl::objective(const std::vector<lf::models::LossTerm>& terms,
                                     const std::map<std::string, double>& weights,
-                                    std::map<std::string, double>& sums) const {
+                                    TermSums& sums) const {
   at::Tensor total;
   for (const auto& t : terms) {
     auto it = weights.find(t.name);
     LF_CHECK(it != weights.end(), "the model returned loss term '", t.name, "', which its loss_counts() does not count");
-    sums[t.name] += t.sum.detach().to(at::kDouble).item<double>();
+    at::Tensor& sum = sums[t.name];
+    const at::Tensor value = t.sum.detach().to(at::kDouble).reshape({});
+    sum = sum.defined() ? sum + value : value;
     at::Tensor scaled = t.sum * it->second;
     total = total.defined() ? total + scaled : scaled;
   }
@@ -107,8 +109,8 @@ double Trainer::Impl::forward_backward() {
     ModelWeights(lf::models::Model& m, const std::map<std::string, double>* w) : model(m) { model.set_loss_weights(w); }
     ~ModelWeights() { model.set_loss_weights(nullptr); }
   } model_weights(model, &weights);
-  std::map<std::string, double> sums;
-  for (const auto& [name, w] : weights) sums[name] = 0;
+  TermSums sums;
+  for (const auto& [name, w] : weights) sums[name] = at::Tensor();  // undefined: no micro-batch counted it yet
   model.begin_step(batches);
   if (job.parallel.chunkpipe_chunk_size) return forward_backward_chunkpipe(batches, weights, sums);
   if (exchange) return forward_backward_pipelined(batches, weights, sums);
@@ -147,7 +149,7 @@ void Trainer::Impl::log_pairing() {
 
 void Trainer::Impl::forward_backward_paired(const std::vector<lf::data::Batch>& batches,
                                             const std::map<std::string, double>& weights,
-                                            std::map<std::string, double>& sums) {
+                                            TermSums& sums) {
   auto forward = [&](int64_t m) {
     auto out = model.forward_step(batches[static_cast<size_t>(m)], lf::models::Pass::train);
     return objective(out.losses, weights, sums);
@@ -170,7 +172,7 @@ void Trainer::Impl::forward_backward_paired(const std::vector<lf::data::Batch>& 
 // pp > 1: this stage's part of the step under 1F1B, or interleaved 1F1B over its model chunks.
 double Trainer::Impl::forward_backward_pipelined(const std::vector<lf::data::Batch>& batches,
                                                  const std::map<std::string, double>& weights,
-                                                 std::map<std::string, double>& sums) {
+                                                 TermSums& sums) {
   namespace pl = lf::parallel::pipeline;
   const int chunks = static_cast<int>(model.num_model_chunks());
   auto run = [&](int chunk, int64_t m, const TensorMap& input) {
@@ -205,7 +207,7 @@ double Trainer::Impl::forward_backward_pipelined(const std::vector<lf::data::Bat
 // the stages (pipeline/chunkpipe.h), every chunk's loss weighted as in the unchunked step.
 double Trainer::Impl::forward_backward_chunkpipe(const std::vector<lf::data::Batch>& batches,
                                                  const std::map<std::string, double>& weights,
-                                                 std::map<std::string, double>& sums) {
+                                                 TermSums& sums) {
   namespace pl = lf::parallel::pipeline;
   LF_CHECK(model.supports_chunkpipe(), "model type ", model.type(), " does not run under ChunkPipe",
            lf::hint("drop --chunkpipe-chunk-size"));
@@ -230,7 +232,7 @@ double Trainer::Impl::forward_backward_chunkpipe(const std::vector<lf::data::Bat
   return finish_step(sums, weights);
 }
 
-double Trainer::Impl::finish_step(std::map<std::string, double>& sums, const std::map<std::string, double>& weights) {
+double Trainer::Impl::finish_step(TermSums& sums, const std::map<std::string, double>& weights) {
   model.end_backward();  // the backward of what begin_step ran, before any gradient is reduced
   train_data->report_compute_seconds(
       std::chrono::duration<double>(std::chrono::steady_clock::now() - compute_start).count());
@@ -247,11 +249,12 @@ double Trainer::Impl::finish_step(std::map<std::string, double>& sums, const std
         }
     }
   for (auto& b : buffers) b.grads->finish_grad_sync();
-  // Losses computed inside layers (MoE) come from every stage; the others from the last.
+  // Losses computed inside layers (MoE) come from every stage (host values); the others from the
+  // last stage's objective (device tensors).
+  std::map<std::string, double> host;
   for (const auto& [name, s] : model.internal_loss_sums()) {
-    auto it = sums.find(name);
-    LF_CHECK(it != sums.end(), "the model computed loss term '", name, "', which its loss_counts() does not count");
-    it->second += s;
+    LF_CHECK(sums.count(name), "the model computed loss term '", name, "', which its loss_counts() does not count");
+    host[name] += s;
   }
   // MoE: tokens per expert over the global batch (the expert-bias rule), and the load balance of
   // this stage's layers for the log.
@@ -272,10 +275,16 @@ double Trainer::Impl::finish_step(std::map<std::string, double>& sums, const std
   // The terms' sums: each stage's share summed over the pipeline (the last stage's terms are zero
   // elsewhere), then over DP (and CP); the load statistics ride along (summed over the pipeline only).
   std::vector<double> v;
-  for (const auto& [name, s] : sums) v.push_back(s);
+  std::vector<at::Tensor> on_device;
+  const auto f64 = at::TensorOptions().dtype(at::kDouble).device(backend.device());
+  for (const auto& [name, s] : sums) {
+    v.push_back(host.count(name) ? host.at(name) : 0.0);
+    on_device.push_back(s.defined() ? s.reshape({1}) : at::zeros({1}, f64));
+  }
   v.push_back(load_ratio_sum);
   v.push_back(moe_layers);
-  auto t = at::tensor(v, at::TensorOptions().dtype(at::kDouble)).to(backend.device());
+  on_device.push_back(at::zeros({2}, f64));
+  auto t = at::tensor(v, at::TensorOptions().dtype(at::kDouble)).to(backend.device()) + at::cat(on_device);
   if (exchange) ctx.pp().all_reduce(t, lf::backend::ReduceOp::sum);
   const int64_t n = static_cast<int64_t>(sums.size());
   {

@@ -597,7 +597,14 @@ VlmHfModel read_vlm_hf(const std::string& hf_dir, const ReadOptions& options) {
   return out;
 }
 
-void check_vlm_hf_form(const VlmConfig& config) { (void)text_mapping_for(architecture_of(config), config.foundation); }
+// The language model's config.json fields through the decoder mapping (M-RoPE is written apart).
+static json text_json(const VlmConfig& config, const Mapping& mapping, at::ScalarType dtype) {
+  DecoderConfig text = config.foundation;
+  text.mrope_section.clear();
+  text.mrope_interleaved = false;
+  return config_to_json(text, mapping.impl(), dtype);
+}
+void check_vlm_hf_form(const VlmConfig& c) { (void)text_json(c, text_mapping_for(architecture_of(c), c.foundation), at::kFloat); }
 void write_vlm_hf(const std::string& out_dir, const VlmConfig& config, const NamedTensors& full,
                   const WriteOptions& options) {
   const VlmArchitecture* a = &architecture_of(config);
@@ -631,12 +638,7 @@ void write_vlm_hf(const std::string& out_dir, const VlmConfig& config, const Nam
     LF_CHECK(read.count(name), "tensor '", name, "' has no place in the ", mapping.model_type(), " mapping (",
              mapping.path(), ") of the language model",
              lf::hint("the configuration does not match the tensors (e.g. num_layers)"));
-
-  // config.json, transformers 5's layout.
-  DecoderConfig text = config.foundation;
-  text.mrope_section.clear();  // the decoder mapping has no M-RoPE; written below
-  text.mrope_interleaved = false;
-  json t = config_to_json(text, mapping.impl(), options.dtype);
+  json t = text_json(config, mapping, options.dtype);  // config.json, transformers 5's layout
   json rope = {{"rope_type", "default"}, {"rope_theta", t["rope_theta"]}};
   if (t.contains("rope_scaling") && t["rope_scaling"].is_object())
     for (const auto& [k, v] : t["rope_scaling"].items()) rope[k] = v;
@@ -724,17 +726,14 @@ std::optional<VlmConfig> vlm_config_from_model_section(const std::string& yaml_t
   out.own = mc->own_fields<Qwen25VlConfig>();
   return out;
 }
-
 std::map<std::string, lf::parallel::Sharding> vlm_shardings(const VlmConfig& config) {
   auto out = causal_lm_shardings(config.foundation);
   for (const auto& [name, shape] : tower_tensors(config)) out[kVision + name] = lf::parallel::Sharding::replicated();
   return out;
 }
-
 void load_full_vlm(Qwen25Vl& model, const std::map<std::string, at::Tensor>& full) { load_full(model, full); }
 void load_full_vlm(Qwen3Vl& model, const std::map<std::string, at::Tensor>& full) { load_full(model, full); }
 void load_full_vlm(InternVl& model, const std::map<std::string, at::Tensor>& full) { load_full(model, full); }
-
 DecoderConfig load_vlm_hf_into(CausalLm& model, const std::string& hf_dir) {
   const VlmConfig have = read_vlm_hf_config(hf_dir);
   const VlmArchitecture& a = *by_composite(have.type);

@@ -128,6 +128,11 @@ TEST(GenerateVlm, GreedyTokensEqualTransformers) {
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find(ids("images_greedy") + "\n"), std::string::npos)
       << "transformers: " << ids("images_greedy") << "\n" << r.output;
+  // A vision-language model recomputes the whole sequence per token already.
+  argv.push_back("--no-kv-cache");
+  r = run_command(argv, {{"OMP_NUM_THREADS", "1"}});
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.output.find("--no-kv-cache: a vision-language model recomputes"), std::string::npos) << r.output;
 }
 
 // hf2lf writes a qwen2_5_vl checkpoint (and carries preprocessor_config.json); generate from it
@@ -168,9 +173,11 @@ TEST(ConvertVlm, TrainLoadsTheCheckpointAndSavesTheSameModel) {
          "  eval_iters: 0\noptimizer:\n  lr: 0.0\n  min_lr: 0.0\n  lr_warmup_iters: 0\ndata:\n  mock_data: true\n";
   }
   r = run_command({bin("loongforge-train"), "--config-file", work + "/train.yaml", "--load", work + "/lf", "--finetune",
-                   "--save", work + "/trained", "--data-cache-path", work},
+                   "--save", work + "/trained", "--data-cache-path", work, "--save-hf", work + "/savehf"},
                   {{"OMP_NUM_THREADS", "1"}}, std::chrono::seconds(300));
   ASSERT_EQ(r.exit_code, 0) << r.output;
+  // --save-hf carries the image processor's settings of the checkpoint it started from, as lf2hf.
+  EXPECT_EQ(read_text(work + "/savehf/preprocessor_config.json"), read_text(oracle() + "/hf/preprocessor_config.json"));
   EXPECT_EQ(max_diff(dump(image_args(work + "/trained"), work + "/a.safetensors"),
                      dump(image_args(oracle() + "/hf"), work + "/b.safetensors")),
             0.0);
@@ -183,7 +190,8 @@ TEST(ConvertVlm, TrainLoadsTheCheckpointAndSavesTheSameModel) {
   EXPECT_NE(cmp.output.find("tensors 69 69 equal 69\n"), std::string::npos) << cmp.output;
 }
 
-// --save-hf of the three vision-language composites (at PP 2 for one) writes what lf2hf writes from
+// --save-hf of the three vision-language composites (one at PP 2 with the tower on both stages,
+// --enable-full-hetero-dp, whose copies are written once) writes what lf2hf writes from
 // the run's own checkpoint: config.json and every tensor, bit for bit. It used to fail after the
 // run ("vision_encoder.* has no place in the qwen2 mapping"); composites without an HF form are
 // refused before training.
@@ -203,7 +211,7 @@ TEST(ConvertVlm, SaveHfWritesWhatLf2hfWritesFromTheCheckpoint) {
     argv.insert(argv.end(), {bin("loongforge-train"), "--config-file",
                              lf::testing::source_dir() + "/configs/examples/" + config + ".yaml", "--train-iters", "3",
                              "--eval-iters", "0", "--save", d + "/ck", "--save-hf", d + "/hf"});
-    if (procs > 1) argv.insert(argv.end(), {"--pipeline-model-parallel-size", "2"});
+    if (procs > 1) argv.insert(argv.end(), {"--pipeline-model-parallel-size", "2", "--enable-full-hetero-dp"});
     auto r = run_command(argv, {{"OMP_NUM_THREADS", "1"}}, std::chrono::seconds(300));
     ASSERT_EQ(r.exit_code, 0) << config << "\n" << r.output;
     r = run_command({bin("loongforge-convert"), "lf2hf", "--load", d + "/ck", "--out", d + "/rt", "--dtype", "fp32"});

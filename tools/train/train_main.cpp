@@ -5,6 +5,7 @@
 #include <exception>
 #include <filesystem>
 #include <iostream>
+#include <set>
 #include <sstream>
 
 #include "data_source.h"
@@ -69,6 +70,21 @@ void check_job(const lf::config::JobConfig& job, const lf::config::Node& resolve
                "data.valid_data_path names token datasets, and model type " + plan.config().type +
                    " reads none: its validation samples are the --split share of its own data (or of the mock data)",
                "drop --valid-data-path");
+  // --save-hf: a model with an HF form (--dry-run reports it; the causal_lm mapping is checked once
+  // the model is built, before training).
+  if (job.checkpoint.save_hf) {
+    try {
+      if (const auto vlm = lf::models::hf::vlm_config_from_model_section(lf::config::to_yaml(resolved), "the job"))
+        lf::models::hf::check_vlm_hf_form(*vlm);
+      else
+        LF_CHECK(plan.config().type == "causal_lm", "model type ", plan.config().type,
+                 " has no HF form: --save-hf exports causal_lm models and the vision-language models of "
+                 "docs/conversion.md");
+    } catch (const lf::Error& e) {
+      errors.add("checkpoint.save_hf", origin_of(resolved, "checkpoint.save_hf"), "--save-hf: " + e.message(),
+                 "drop --save-hf (save a checkpoint with --save instead), or train a model an HF family expresses");
+    }
+  }
   if (job.parallel.enable_encoder_hetero_dp && !needs.vision_tower)
     errors.add("parallel.enable_encoder_hetero_dp", origin_of(resolved, "parallel.enable_encoder_hetero_dp"),
                "--enable-encoder-hetero-dp spreads a vision tower's media over the foundation's TP group; model type " +
@@ -128,8 +144,6 @@ void check_job(const lf::config::JobConfig& job, const lf::config::Node& resolve
   errors.throw_if_any();
 }
 
-// The end-of-document id the reset/eod flags need: the tokenizer's (--tokenizer-type), or the
-// mock dataset's (0). Also checks that the tokenizer's ids fit the model's vocabulary.
 // --save-hf of a vision-language model: the image processor's settings of the model it started
 // from (an HF directory, or a checkpoint of loongforge-convert hf2lf), as lf2hf copies them.
 void copy_preprocessor_config(const lf::config::CheckpointConfig& c, const std::string& out) {
@@ -144,6 +158,8 @@ void copy_preprocessor_config(const lf::config::CheckpointConfig& c, const std::
   }
 }
 
+// The end-of-document id the reset/eod flags need: the tokenizer's (--tokenizer-type), or the
+// mock dataset's (0). Also checks that the tokenizer's ids fit the model's vocabulary.
 std::optional<int64_t> end_of_document(const lf::config::JobConfig& job, const lf::config::Node& resolved,
                                        const lf::models::ModelPlan& plan) {
   const bool wants = job.data.eod_mask_loss || job.data.reset_position_ids || job.data.reset_attention_mask;
@@ -296,24 +312,20 @@ int train_main(const lf::config::TrainCommandLine& cl, const lf::train::TrainerH
     if (env.rank == 0) LF_INFO("loaded HF weights from ", *job.checkpoint.load, "; starting at iteration 0");
     trainer_job.checkpoint.load.reset();
   }
-  // --save-hf: the export's HF form is settled before training, not after it (a vision-language
-  // model's through the VLM table, as loongforge-convert lf2hf writes it).
+  // --save-hf: the export's form (check_job refused models without one): a vision-language model
+  // through the VLM table, as loongforge-convert lf2hf writes it; a causal_lm's mapping is checked
+  // here, before training, not after it.
   std::optional<lf::models::hf::VlmConfig> vlm_export;
   if (job.checkpoint.save_hf) {
-    try {
-      vlm_export = lf::models::hf::vlm_config_from_model_section(lf::config::to_yaml(loaded.resolved), "the job");
-      if (vlm_export) {
-        lf::models::hf::check_vlm_hf_form(*vlm_export);
-      } else {
-        LF_CHECK(causal != nullptr && model->type() == "causal_lm", "model type ", model->type(),
-                 " has no HF form: --save-hf exports causal_lm models and the vision-language models of "
-                 "docs/conversion.md");
+    vlm_export = lf::models::hf::vlm_config_from_model_section(lf::config::to_yaml(loaded.resolved), "the job");
+    if (!vlm_export) {
+      try {
         (void)lf::models::hf::mapping_for_config(causal->config());
+      } catch (const lf::Error& e) {
+        LF_FAIL("--save-hf ", *job.checkpoint.save_hf, ": ", e.message(),
+                lf::hint("drop --save-hf (save a checkpoint with --save instead), or train a model an HF family "
+                         "expresses (the reasons above)"));
       }
-    } catch (const lf::Error& e) {
-      LF_FAIL("--save-hf ", *job.checkpoint.save_hf, ": ", e.message(),
-              lf::hint("drop --save-hf (save a checkpoint with --save instead), or train a model an HF family "
-                       "expresses (the reasons above)"));
     }
   }
   auto data = make_data_sources(job, *plan, ctx, eod);
@@ -336,6 +348,9 @@ int train_main(const lf::config::TrainCommandLine& cl, const lf::train::TrainerH
         lf::models::hf::WriteOptions wo;
         wo.dtype = job.training.bf16 ? at::kBFloat16 : job.training.fp16 ? at::kHalf : at::kFloat;
         if (vlm_export) {
+          // With the tower on every stage (--enable-full-hetero-dp), each stage sent its copy.
+          std::set<std::string> seen;
+          std::erase_if(full, [&seen](const auto& named) { return !seen.insert(named.first).second; });
           lf::models::hf::write_vlm_hf(*job.checkpoint.save_hf, *vlm_export, full, wo);
           copy_preprocessor_config(job.checkpoint, *job.checkpoint.save_hf);
         } else {

@@ -112,6 +112,11 @@ void check_inert_keys(Checker& c, const JobConfig& job) {
     if (c.ok({"checkpoint.finetune", "checkpoint.pretrained_checkpoint"}) && k.finetune && !k.pretrained_checkpoint)
       c.fail("checkpoint.finetune", "--finetune is set, but checkpoint.load is not set: there are no weights to load",
              "add --load DIR (the checkpoint to fine-tune from), or drop --finetune");
+  } else if (c.ok({"checkpoint.load", "checkpoint.finetune"}) && k.finetune) {
+    for (const auto& [key, on] : {std::pair<const char*, bool>{"checkpoint.no_load_optim", k.no_load_optim},
+                                  {"checkpoint.no_load_rng", k.no_load_rng}})
+      if (c.ok({key}) && on)
+        c.fail(key, c.show(key) + ", and --finetune loads the weights only: it would do nothing", "drop it");
   }
   if (c.ok({"optimizer.optimizer", "optimizer.sgd_momentum"}) && o.optimizer != "sgd" && c.given("optimizer.sgd_momentum"))
     c.fail("optimizer.sgd_momentum", c.show("optimizer.sgd_momentum") + ", but the optimizer is " + o.optimizer,

@@ -166,11 +166,14 @@ TEST(ConfigJob, KeysThatWouldDoNothingAloneAreRefused) {
   auto [chunk, chunk_text] = keys_of({"--chunkpipe-chunk-size", "16", "--recompute-granularity", "full",
                                       "--recompute-method", "uniform", "--recompute-num-layers", "1"});
   EXPECT_EQ(chunk, (std::vector<std::string>{"training.recompute_granularity"})) << chunk_text;
+  // --finetune loads the weights only: the optimizer and RNG load options do nothing beside it.
+  auto [ft, ft_text] = keys_of({"--load", "ck", "--finetune", "--no-load-optim", "--no-load-rng"});
+  EXPECT_EQ(ft, (std::vector<std::string>{"checkpoint.no_load_optim", "checkpoint.no_load_rng"})) << ft_text;
   // With their partners, the same keys load.
   ComposeOptions o = demo();
   o.overrides = parse_train_command_line(std::vector<std::string>{
                     "--save", "ck", "--save-interval", "5", "--no-save-optim", "--ckpt-keep-last", "2", "--async-save",
-                    "--load", "ck", "--no-load-optim", "--no-load-rng", "--exit-on-missing-checkpoint", "--finetune",
+                    "--load", "ck", "--no-load-optim", "--no-load-rng", "--exit-on-missing-checkpoint",
                     "--optimizer", "sgd", "--sgd-momentum", "0.9", "--lr-decay-style", "WSD", "--lr-wsd-decay-iters",
                     "3", "--fp16", "--loss-scale-window", "50", "--chunkpipe-chunk-size", "16",
                     "--recompute-granularity", "selective"})

@@ -89,6 +89,7 @@ class Qwen25VisionEncoder {
   const Qwen25VisionConfig& config() const { return c_; }
   // The job's full recomputation applied to the blocks (models/recompute.h run_blocks).
   void set_recompute(const RecomputeOptions& r) { recompute_ = r; }
+  const RecomputeOptions& recompute() const { return recompute_; }
   // This encoder's parameter records (shards), in registration order.
   const std::vector<lf::parallel::Parameter>& parameters() const { return params_; }
 

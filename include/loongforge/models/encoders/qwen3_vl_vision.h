@@ -105,6 +105,7 @@ class Qwen3VisionEncoder {
   const Qwen3VisionConfig& config() const { return c_; }
   // The job's full recomputation applied to the blocks (models/recompute.h run_blocks).
   void set_recompute(const RecomputeOptions& r) { recompute_ = r; }
+  const RecomputeOptions& recompute() const { return recompute_; }
   const std::vector<lf::parallel::Parameter>& parameters() const { return params_; }
 
  private:

@@ -125,6 +125,14 @@ TEST(Fp8Training, ParallelLayoutsEqualSingleProcess) {
   // of one micro-batch), so only the gradient sums' order differs.
   expect_fp8_equivalent(one, train(2, fp8, "dp2"), "FP8 tensorwise, DP 2");
   expect_fp8_equivalent(one, lf::testing::train(2, 2, 2, fp8, "fp8-pp2"), "FP8 tensorwise, PP 2");
+  // CP: each rank holds other tokens, so the amax is reduced over TP x CP (Megatron's amax
+  // reduction group with context parallelism); without it the first step's loss was 1.3e-5 off.
+  // Ulysses (a2a) attends per head over the whole sequence as one process does (measured: first
+  // loss 1e-8 relative); ring attention's blockwise softmax sums in another order, and FP8 rounding
+  // flips make its first gradient norm 3e-5 off, above this check's 1e-5.
+  auto cp = fp8;
+  cp.insert(cp.end(), {"--context-parallel-size", "2", "--cp-comm-type", "a2a"});
+  expect_fp8_equivalent(one, train(2, cp, "cp2a2a"), "FP8 tensorwise, CP 2 (a2a)");
   const std::vector<std::string> blockwise{"--fp8-format", "e4m3", "--fp8-recipe", "blockwise"};
   auto dp = blockwise;
   dp.insert(dp.end(), {"--use-distributed-optimizer"});

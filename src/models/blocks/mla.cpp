@@ -126,7 +126,7 @@ at::Tensor MlaAttention::forward(const lf::backend::DeviceBackend& be, const lf:
   // A column-parallel up projection inside the TP region (its input already whole on every rank):
   // in FP8 with each operand's amax reduced over TP, as column_parallel_linear's GEMM.
   auto up = [&](const at::Tensor& in_, const at::Tensor& w) {
-    return fp8_up ? lf::ops::fp8_linear(in_, w, {}, *fp8_up, nullptr, tp.size() > 1 ? tp.tp : nullptr)
+    return fp8_up ? lf::ops::fp8_linear(in_, w, {}, *fp8_up, nullptr, tp.amax_group())
                   : at::matmul(in_, w.t());
   };
   // Enter the TP region once: the full sequence (SP: gathered) on every rank. The normed latents

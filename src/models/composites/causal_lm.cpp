@@ -24,6 +24,7 @@ lf::parallel::TensorParallel tensor_parallel_of(const lf::dist::ParallelContext*
     tp.tp = &parallel->tp();
     tp.sequence_parallel = sequence_parallel;
   }
+  if (parallel && parallel->cp_size() > 1) tp.fp8_amax = &parallel->tp_cp();  // each CP rank holds other tokens
   return tp;
 }
 

@@ -261,7 +261,7 @@ at::Tensor WanDit::cross_attention(const Attention& a, const at::Tensor& x, cons
   auto context = [&](const at::Tensor& t, const at::Tensor& w, const at::Tensor& bias) {
     const auto* f = pick(fp8, lf::ops::Fp8Gemm::qkv, t.size(0) * t.size(1));
     if (tp_.sequence_parallel && tp_.size() > 1)
-      return f ? lf::ops::fp8_linear(t, w, bias, *f, nullptr, tp_.tp) : at::linear(t, w, bias);
+      return f ? lf::ops::fp8_linear(t, w, bias, *f, nullptr, tp_.amax_group()) : at::linear(t, w, bias);
     lf::parallel::TensorParallel plain = tp_;
     plain.sequence_parallel = false;
     return column_parallel_linear(t, w, bias, plain, false, slots_, f);

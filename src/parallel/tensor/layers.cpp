@@ -16,10 +16,10 @@ int TensorParallel::rank() const { return tp ? tp->rank() : 0; }
 
 namespace {
 // This rank's GEMM: in FP8 under `fp8` (the amax of each operand reduced over TP, whose ranks
-// hold shards of one tensor), else lf::ops::linear.
+// hold shards of one tensor, and CP, whose ranks hold other tokens), else lf::ops::linear.
 at::Tensor shard_linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b, const TensorParallel& tp,
                         const lf::ops::WeightGradSlots* slots, const lf::ops::Fp8Recipe* fp8) {
-  if (fp8) return lf::ops::fp8_linear(x, w, b, *fp8, slots, tp.size() > 1 ? tp.tp : nullptr);
+  if (fp8) return lf::ops::fp8_linear(x, w, b, *fp8, slots, tp.amax_group());
   return lf::ops::linear(x, w, b, slots);
 }
 }  // namespace

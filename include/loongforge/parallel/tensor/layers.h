@@ -37,8 +37,13 @@ struct TensorParallel {
   bool ep_allgather = true;  // the token dispatcher: all-gather (else all-to-all)
   int ep_overlap_chunks = 0;  // all-to-all: > 0 overlaps the dispatch of that many token chunks with the experts (CCT)
   bool ep_delay_wgrad = false;  // overlapped: the expert weights' gradients after every chunk's input gradient
+  // FP8 tensorwise scaling under context parallelism: the ranks whose amaxes make one tensor's,
+  // tp x cp (Megatron's amax reduction group with context parallelism); null: tp.
+  Communicator* fp8_amax = nullptr;
   int size() const;
   int rank() const;
+  // The group an FP8 GEMM's tensorwise amax is reduced over (null: none).
+  Communicator* amax_group() const { return fp8_amax ? fp8_amax : size() > 1 ? tp : nullptr; }
 };
 
 // Y = X W^T (+ b) with W split along its output dim (rows): weight_shard [out / tp, in],

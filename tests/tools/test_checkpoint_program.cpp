@@ -350,6 +350,10 @@ TEST(LoadSemantics, FinetuneNoLoadOptimAndMissingCheckpoints) {
   auto d = tmp("semantics");
   auto base = train(1, d + "/base", {"--save", d + "/ck", "--exit-interval", "10"});
   ASSERT_EQ(base.exit_code, 0) << base.output;
+  // The checkpoint's config.yaml (every key written out, defaults included) runs again as a job file.
+  auto rerun = lf::testing::run_command({lf::testing::bin("loongforge-train"), "--config-file",
+                                         d + "/ck/iter_0000010/config.yaml", "--dry-run"});
+  EXPECT_EQ(rerun.exit_code, 0) << rerun.output;
   auto straight = train(1, d + "/straight", {"--exit-interval", "12"});
   // --no-load-optim: the iteration and weights continue (same loss at 11), fresh Adam moments
   // change iteration 12. As in Megatron the LR scheduler's state goes with the optimizer's, so

@@ -15,16 +15,21 @@ namespace {
 
 class Checker {
  public:
-  Checker(const Node& resolved, ErrorList& errors) : resolved_(resolved), errors_(errors) {}
+  Checker(const Node& resolved, ErrorList& errors)
+      : resolved_(resolved), defaults_(defaults_node<JobConfig>()), errors_(errors) {}
 
   Origin origin(const std::string& key) const {
     const Node* n = resolved_.find_path(key);
     return n ? n->origin() : Origin{};
   }
-  // The key was written by the user (a file, flag or override), not left at its default.
+  // The key was written by the user (a file, flag or override) with another value than its
+  // default: a value that restates the default changes nothing, and a checkpoint's config.yaml
+  // (every key written out) runs again as a job file.
   bool given(const std::string& key) const {
     const Node* n = resolved_.find_path(key);
-    return n && n->origin().kind != Origin::Kind::default_;
+    if (!n || n->origin().kind == Origin::Kind::default_) return false;
+    const Node* d = defaults_.find_path(key);
+    return !d || to_yaml(*n) != to_yaml(*d);
   }
   // "optimizer.lr = 0.0003 (configs/train/base.yaml:12)"
   std::string show(const std::string& key) const {
@@ -49,6 +54,7 @@ class Checker {
 
  private:
   const Node& resolved_;
+  const Node defaults_;
   ErrorList& errors_;
   std::set<std::string> bad_;
 };

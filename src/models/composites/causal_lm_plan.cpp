@@ -66,8 +66,10 @@ CausalLmPlan::CausalLmPlan(std::shared_ptr<const ModelConfig> config, const Plan
                  "overlap), and the overlap is off",
                  "add --overlap-moe-expert-parallel-comm (with --expert-model-parallel-size N > 1), or drop "
                  "--delay-wgrad-compute");
-    const bool given_pairing = origin("parallel.moe_overlap_micro_batches").kind != lf::config::Origin::Kind::default_;
-    if (given_pairing && !par.overlap_moe_expert_parallel_comm)
+    // Values that differ from the defaults (a checkpoint's config.yaml, which writes every key, runs
+    // again as a job file).
+    const lf::config::ParallelConfig defaults;
+    if (par.moe_overlap_micro_batches != defaults.moe_overlap_micro_batches && !par.overlap_moe_expert_parallel_comm)
       errors.add("parallel.moe_overlap_micro_batches", origin("parallel.moe_overlap_micro_batches"),
                  "parallel.moe_overlap_micro_batches is set but the MoE communication overlap is off",
                  "add --overlap-moe-expert-parallel-comm, or drop parallel.moe_overlap_micro_batches");
@@ -88,7 +90,7 @@ CausalLmPlan::CausalLmPlan(std::shared_ptr<const ModelConfig> config, const Plan
       errors.add("parallel.moe_overlap_num_chunks", origin("parallel.moe_overlap_num_chunks"),
                  "--moe-overlap-num-chunks is set but the MoE communication overlap is off",
                  "add --overlap-moe-expert-parallel-comm, or drop --moe-overlap-num-chunks");
-    if (!expert_parallel_ && origin("parallel.moe_token_dispatcher_type").kind != lf::config::Origin::Kind::default_)
+    if (!expert_parallel_ && par.moe_token_dispatcher_type != defaults.moe_token_dispatcher_type)
       errors.add("parallel.moe_token_dispatcher_type", origin("parallel.moe_token_dispatcher_type"),
                  "no tokens are dispatched: every rank holds every expert (expert parallelism is off)",
                  "drop --moe-token-dispatcher-type, or add --expert-model-parallel-size N");

@@ -31,7 +31,9 @@ inline void refuse_expert_settings(const std::string& type, const lf::config::Jo
   if (p.expert_tensor_parallel_size)
     refuse("parallel.expert_tensor_parallel_size", type + " has no MoE experts to split",
            "drop --expert-tensor-parallel-size");
-  if (given("parallel.moe_token_dispatcher_type"))
+  // Given with another value than the default (a checkpoint's config.yaml writes the default out).
+  if (given("parallel.moe_token_dispatcher_type") &&
+      p.moe_token_dispatcher_type != lf::config::ParallelConfig{}.moe_token_dispatcher_type)
     refuse("parallel.moe_token_dispatcher_type", type + " has no MoE experts: no tokens are dispatched",
            "drop --moe-token-dispatcher-type");
   if (p.overlap_moe_expert_parallel_comm)

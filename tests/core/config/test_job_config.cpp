@@ -158,7 +158,7 @@ TEST(ConfigJob, KeysThatWouldDoNothingAloneAreRefused) {
   EXPECT_EQ(pre, (std::vector<std::string>{"checkpoint.no_load_optim"})) << pre_text;
   EXPECT_NE(pre_text.find("loads weights only"), std::string::npos) << pre_text;
   auto [other, other_text] =
-      keys_of({"--sgd-momentum", "0.9", "--lr-wsd-decay-iters", "3", "--fp16", "--loss-scale", "128",
+      keys_of({"--sgd-momentum", "0.5", "--lr-wsd-decay-iters", "3", "--fp16", "--loss-scale", "128",
                "--loss-scale-window", "50", "--tokenizer-type", "ByteTokenizer", "--tokenizer-model", "tok"});
   EXPECT_EQ(other, (std::vector<std::string>{"optimizer.sgd_momentum", "optimizer.lr_wsd_decay_iters",
                                              "training.loss_scale_window", "data.tokenizer_model"}))

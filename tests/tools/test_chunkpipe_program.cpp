@@ -129,7 +129,7 @@ TEST(ChunkPipeProgram, LayoutClashesAreConfigurationErrors) {
            {{"--chunkpipe-chunk-size", "17", "--seq-length", "68", "--tensor-model-parallel-size", "2",
              "--sequence-parallel"},
             "the chunk size must be a multiple of the TP size: parallel.chunkpipe_chunk_size = 17"},
-           {{"--chunkpipe-chunk-size", "16", "--context-parallel-size", "2", "--cp-comm-type", "p2p"},
+           {{"--chunkpipe-chunk-size", "16", "--context-parallel-size", "2", "--cp-comm-type", "a2a"},
             "under ChunkPipe context-parallel ranks all-gather each chunk's keys and values"},
            {{"--chunkpipe-chunk-size", "16", "--pipeline-model-parallel-size", "2",
              "--num-layers-per-virtual-pipeline-stage", "1"},

@@ -681,4 +681,14 @@ void write_hf_files(const std::string& out_dir, const std::string& config_text, 
   }
 }
 
+bool copy_preprocessor_config(const std::string& from, const std::string& to) {
+  const fs::path src = fs::path(from) / "preprocessor_config.json";
+  std::error_code ec;
+  if (!fs::is_regular_file(src, ec)) return false;
+  fs::create_directories(to);
+  fs::copy_file(src, fs::path(to) / "preprocessor_config.json", fs::copy_options::overwrite_existing, ec);
+  LF_CHECK(!ec, "cannot copy ", src.string(), " to ", to, ": ", ec.message());
+  return true;
+}
+
 }  // namespace lf::models::hf

@@ -107,18 +107,18 @@ at::Tensor recompute(RecomputeFn fn, const std::vector<at::Tensor>& inputs,
   return RecomputeFunction::apply(replay, at::TensorList(inputs));
 }
 
+BlockGroup recompute_group(const RecomputeOptions& r, int64_t i, int64_t n) {
+  if (r.granularity != RecomputeOptions::Granularity::full) return {};
+  if (r.method == RecomputeOptions::Method::uniform) return {std::min(std::max<int64_t>(r.num_layers, 1), n - i), true};
+  return {1, i < r.num_layers};
+}
+
 at::Tensor run_blocks(int64_t n, at::Tensor x, const RecomputeOptions& r, const BlockFn& block,
                       const std::vector<int64_t>& exposed, const std::function<void(int64_t, const at::Tensor&)>& after) {
-  const bool full = r.granularity == RecomputeOptions::Granularity::full;
   for (int64_t i = 0; i < n;) {
-    int64_t group = 1;
-    bool again = false;
-    if (full && r.method == RecomputeOptions::Method::uniform) {
-      group = std::min(std::max<int64_t>(r.num_layers, 1), n - i);
-      again = true;
-    } else if (full && i < r.num_layers) {
-      again = true;
-    }
+    const BlockGroup g = recompute_group(r, i, n);
+    int64_t group = g.size;
+    const bool again = g.recomputed;
     for (int64_t j = i; j < i + group - 1; ++j)
       if (std::find(exposed.begin(), exposed.end(), j) != exposed.end()) {
         group = j - i + 1;

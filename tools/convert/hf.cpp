@@ -65,18 +65,6 @@ struct Hf2LfArgs {
   int tp = 1, pp = 1;
 };
 
-// The image preprocessing settings travel with the weights (loongforge-generate --image reads
-// them from --load): preprocessor_config.json is copied when `from` has one.
-void copy_preprocessor_config(const std::string& from, const std::string& to) {
-  namespace fs = std::filesystem;
-  const fs::path src = fs::path(from) / "preprocessor_config.json";
-  std::error_code ec;
-  if (!fs::is_regular_file(src, ec)) return;
-  fs::create_directories(to);
-  fs::copy_file(src, fs::path(to) / "preprocessor_config.json", fs::copy_options::overwrite_existing, ec);
-  LF_CHECK(!ec, "cannot copy ", src.string(), " to ", to, ": ", ec.message());
-}
-
 void check_layout(const lf::models::DecoderConfig& c, int tp, int pp) {
   // The layout checks the decoder would make at load time, made now (before writing anything).
   LF_CHECK(c.num_attention_heads % tp == 0 && c.query_groups() % tp == 0 && c.ffn_hidden_size % tp == 0,
@@ -92,7 +80,7 @@ void run_hf2lf_vlm(const Hf2LfArgs& a, const hf::ReadOptions& options) {
   check_layout(m.config.foundation, a.tp, a.pp);
   lf::train::write_model_checkpoint(a.out, /*iteration=*/0, m.tensors, hf::vlm_shardings(m.config),
                                     hf::vlm_model_section_yaml(m.config), a.tp, a.pp);
-  copy_preprocessor_config(a.hf_dir, a.out);
+  hf::copy_preprocessor_config(a.hf_dir, a.out);
   std::printf("converted %s (%s: %lld values, %lld layers, vision depth %lld) from %s to %s (tp %d, pp %d)\n",
               m.architecture.c_str(), m.config.type.c_str(), static_cast<long long>(count(m.tensors)),
               static_cast<long long>(m.config.foundation.num_layers),
@@ -291,7 +279,7 @@ void run_lf2hf(const Lf2HfArgs& a) {
     LF_CHECK(!base, a.load, " is a LoRA checkpoint of a ", vlm->type, " model; LoRA export is built for causal_lm",
              lf::hint("export a full checkpoint"));
     hf::write_vlm_hf(a.out, *vlm, m.tensors, options);
-    copy_preprocessor_config(a.load, a.out);
+    hf::copy_preprocessor_config(a.load, a.out);
     std::printf("exported iteration %lld of %s (%s, %lld values) to %s as %s\n", static_cast<long long>(m.iteration),
                 a.load.c_str(), vlm->type.c_str(), static_cast<long long>(count(m.tensors)), a.out.c_str(),
                 a.dtype.c_str());

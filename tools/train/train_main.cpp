@@ -3,7 +3,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
-#include <filesystem>
 #include <iostream>
 #include <set>
 #include <sstream>
@@ -142,20 +141,6 @@ void check_job(const lf::config::JobConfig& job, const lf::config::Node& resolve
                "--reset-position-ids needs whole sequences (ChunkPipe keeps one position stream)",
                "drop --reset-position-ids or --chunkpipe-chunk-size");
   errors.throw_if_any();
-}
-
-// --save-hf of a vision-language model: the image processor's settings of the model it started
-// from (an HF directory, or a checkpoint of loongforge-convert hf2lf), as lf2hf copies them.
-void copy_preprocessor_config(const lf::config::CheckpointConfig& c, const std::string& out) {
-  namespace fs = std::filesystem;
-  for (const auto& from : {c.load, c.pretrained_checkpoint}) {
-    std::error_code ec;
-    if (!from || !fs::is_regular_file(fs::path(*from) / "preprocessor_config.json", ec)) continue;
-    fs::copy_file(fs::path(*from) / "preprocessor_config.json", fs::path(out) / "preprocessor_config.json",
-                  fs::copy_options::overwrite_existing, ec);
-    LF_CHECK(!ec, "cannot copy ", *from, "/preprocessor_config.json to ", out, ": ", ec.message());
-    return;
-  }
 }
 
 // The end-of-document id the reset/eod flags need: the tokenizer's (--tokenizer-type), or the
@@ -352,7 +337,10 @@ int train_main(const lf::config::TrainCommandLine& cl, const lf::train::TrainerH
           std::set<std::string> seen;
           std::erase_if(full, [&seen](const auto& named) { return !seen.insert(named.first).second; });
           lf::models::hf::write_vlm_hf(*job.checkpoint.save_hf, *vlm_export, full, wo);
-          copy_preprocessor_config(job.checkpoint, *job.checkpoint.save_hf);
+          // The image processor's settings of the model it started from (an HF directory, or a
+          // checkpoint of loongforge-convert hf2lf), as lf2hf copies them.
+          for (const auto& from : {job.checkpoint.load, job.checkpoint.pretrained_checkpoint})
+            if (from && lf::models::hf::copy_preprocessor_config(*from, *job.checkpoint.save_hf)) break;
         } else {
           lf::models::hf::write_hf(*job.checkpoint.save_hf, causal->config(), full, wo);
         }

@@ -63,6 +63,11 @@ std::string hf_config_json(const DecoderConfig& config, const Mapping& mapping,
 // model.safetensors.index.json): for programs that accept either a native checkpoint or HF.
 bool is_hf_model_dir(const std::string& dir);
 
+// The image processor's settings travel with the weights (loongforge-generate --image reads them
+// from --load): copies from/preprocessor_config.json into `to` (created) when there is one;
+// returns whether it did.
+bool copy_preprocessor_config(const std::string& from, const std::string& to);
+
 struct ReadOptions {
   std::string configs_root;
   // The vocabulary tables get padded_vocab_size(vocab_tp) rows (zero padding), the rows the

@@ -49,6 +49,15 @@ at::Tensor recompute(RecomputeFn fn, const std::vector<at::Tensor>& inputs,
 // blocks, one at a time; else, and for selective, plainly). A group ends at every index of
 // `exposed`, and after(i, x) sees the output of each block that ends a group (its last one's
 // included). `block` runs again in backward: it must own (capture by value) what it reads.
+// The blocks from index i of n that one checkpoint covers, and whether they are recomputed: full
+// uniform, min(num_layers, n - i) recomputed; full block, one, recomputed while i < num_layers;
+// otherwise one, kept.
+struct BlockGroup {
+  int64_t size = 1;
+  bool recomputed = false;
+};
+BlockGroup recompute_group(const RecomputeOptions& options, int64_t i, int64_t n);
+
 using BlockFn = std::function<at::Tensor(int64_t index, const at::Tensor& x)>;
 at::Tensor run_blocks(int64_t n, at::Tensor x, const RecomputeOptions& options, const BlockFn& block,
                       const std::vector<int64_t>& exposed = {},

@@ -232,7 +232,6 @@ Qwen3VisionOutput Qwen3VisionEncoder::forward(const at::Tensor& pixel_values, co
   LF_CHECK(n == pixel_values.size(0), "qwen3_vl_vision ", name_, ": grid_thw covers ", n,
            " patches but pixel_values has ", pixel_values.size(0), " rows");
   const auto layout = vision_layout(grids, m);
-  const auto& be = *backend_;
   const auto device = patch_embed_.device();
   const auto dtype = patch_embed_.scalar_type();
 

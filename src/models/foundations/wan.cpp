@@ -391,19 +391,12 @@ WanTokens WanDit::forward_tokens(const WanInputs& in) const {
 
   // Recomputation: full, per block (uniform: groups of num_layers blocks; block: the first
   // num_layers blocks).
-  const auto& r = recompute_;
-  const bool full = r.granularity == RecomputeOptions::Granularity::full && training_;
+  const RecomputeOptions r = training_ ? recompute_ : RecomputeOptions{};
   const int64_t nl = static_cast<int64_t>(blocks_.size());
   for (int64_t i = 0; i < nl;) {
-    int64_t group = 1;
-    bool again = false;
-    if (full && r.method == RecomputeOptions::Method::uniform) {
-      group = std::min(std::max<int64_t>(r.num_layers, 1), nl - i);
-      again = true;
-    } else if (full && i < r.num_layers) {
-      again = true;
-    }
-    if (!again) {
+    const BlockGroup g = recompute_group(r, i, nl);
+    const int64_t group = g.size;
+    if (!g.recomputed) {
       x = block_forward(blocks_[i], x, mod, text, image, cos, sin);
     } else {
       const int64_t first = i;
